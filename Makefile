@@ -1,0 +1,38 @@
+# eks-ddp: `make demo` and `make test` work on a fresh machine with only Python 3.11+ and pip.
+PYTHON ?= python3
+VENV := .venv
+SCAN_VENV := .venv-scan
+BIN := $(VENV)/bin
+STACK ?= dev
+OUT ?= plan-out
+
+.PHONY: install test lint demo plan bench clean
+
+install: $(VENV)/.installed $(SCAN_VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip==25.2
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
+	touch $@
+
+# checkov's own pins clash with pulumi's, so it lives in a separate environment.
+$(SCAN_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(SCAN_VENV)
+	$(SCAN_VENV)/bin/pip install --quiet $$($(PYTHON) -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml","rb"))["tool"]["eks-ddp"]["isolated-tools"]))')
+	touch $@
+
+lint: install
+	$(BIN)/ruff check components training tests bench __main__.py
+
+test: install lint
+	$(BIN)/python -m pytest
+
+demo: install
+	$(BIN)/python -m components.plan --stack $(STACK) --out $(OUT)
+
+plan: install
+	$(BIN)/python -m components.plan --stack $(STACK) --out $(OUT)
+
+clean:
+	rm -rf $(VENV) $(SCAN_VENV) plan-out demo-out .pytest_cache .ruff_cache

@@ -1,0 +1,161 @@
+"""eks-ddp: reads the stack config, composes the components, exports the outputs.
+
+No logic beyond wiring lives here: every decision is in ``components/``.
+"""
+
+import pulumi
+import pulumi_aws as aws
+import pulumi_kubernetes as k8s
+from pulumi.runtime.config import CONFIG, get_config_env
+
+from components import (
+    ClusterAddons,
+    ClusterAddonsArgs,
+    EfsStore,
+    EfsStoreArgs,
+    EksCluster,
+    EksClusterArgs,
+    ElasticJob,
+    ElasticJobArgs,
+    EtcdRendezvous,
+    EtcdRendezvousArgs,
+    GpuNodeGroup,
+    GpuNodeGroupArgs,
+    Network,
+    NetworkArgs,
+    TrainerImage,
+    TrainerImageArgs,
+    cost,
+    preflight,
+)
+from components.config import PROJECT, ConfigError, load_stack_config
+from components.namespace import training_namespace
+
+# --- config: the only place that reads Pulumi config -----------------------------------------
+raw = {k: v for k, v in {**get_config_env(), **CONFIG.get()}.items() if k.startswith(PROJECT + ":")}
+try:
+    cfg = load_stack_config(raw, region=pulumi.Config("aws").get("region"))
+except ConfigError as err:
+    raise pulumi.RunError(str(err)) from None
+
+if cfg.preflight:
+    preflight.run_or_raise(cfg)
+
+stack = pulumi.get_stack()
+cluster_name = f"eks-ddp-{stack}"
+zones = list(cfg.network.availability_zones) or aws.get_availability_zones(state="available").names[
+    : cfg.network.az_count]
+
+# --- AWS infrastructure ------------------------------------------------------------------------
+network = Network("network", NetworkArgs(
+    cluster_name=cluster_name,
+    availability_zones=zones,
+    vpc_cidr=cfg.network.vpc_cidr,
+    nat_gateways=cfg.network.nat_gateways,
+    vpc_id=cfg.network.vpc_id,
+    public_subnet_ids=cfg.network.public_subnet_ids,
+    private_subnet_ids=cfg.network.private_subnet_ids,
+))
+
+cluster = EksCluster("cluster", EksClusterArgs(
+    cluster_name=cluster_name,
+    vpc_id=network.vpc_id,
+    public_subnet_ids=network.public_subnet_ids,
+    private_subnet_ids=network.private_subnet_ids,
+    kubernetes_version=cfg.cluster.kubernetes_version,
+    public_access_cidrs=cfg.cluster.public_access_cidrs,
+    system_instance_type=cfg.cluster.system_instance_type,
+    system_node_count=cfg.cluster.system_node_count,
+    log_retention_days=cfg.cluster.log_retention_days,
+))
+
+gpu_groups = [
+    GpuNodeGroup(f"gpu-{g.name}", GpuNodeGroupArgs(
+        group_name=g.name,
+        cluster_name=cluster.cluster_name,
+        node_role_arn=cluster.node_role_arn,
+        subnet_ids=network.private_subnet_ids,
+        subnet_by_az=network.private_subnet_by_az,
+        node_security_group_id=cluster.node_security_group_id,
+        instance_type=g.instance_type,
+        min_size=g.min_size,
+        desired_size=g.desired_size,
+        max_size=g.max_size,
+        capacity_type=g.capacity_type,
+        efa=g.efa,
+        capacity_reservation_id=g.capacity_reservation_id,
+        availability_zone=g.availability_zone,
+        root_volume_gib=g.root_volume_gib,
+    ), opts=pulumi.ResourceOptions(depends_on=[cluster]))
+    for g in cfg.node_groups
+]
+
+k8s_provider = k8s.Provider("k8s", kubeconfig=cluster.kubeconfig, enable_server_side_apply=True)
+k8s_opts = pulumi.ResourceOptions(provider=k8s_provider)
+
+addons = ClusterAddons("addons", ClusterAddonsArgs(
+    cluster_name=cluster.cluster_name,
+    efa=cfg.uses_efa,
+), opts=pulumi.ResourceOptions(providers={"kubernetes": k8s_provider}, depends_on=[cluster]))
+
+namespace = training_namespace(cfg.job.namespace, opts=k8s_opts)
+
+storage = EfsStore("storage", EfsStoreArgs(
+    cluster_name=cluster.cluster_name,
+    vpc_id=network.vpc_id,
+    subnet_ids=network.private_subnet_ids,
+    node_security_group_id=cluster.node_security_group_id,
+    oidc_provider_arn=cluster.oidc_provider_arn,
+    oidc_provider_url=cluster.oidc_provider_url,
+    namespace=namespace.metadata.name,
+    retain_on_destroy=cfg.storage.retain_on_destroy,
+), opts=pulumi.ResourceOptions(providers={"kubernetes": k8s_provider}, depends_on=[cluster]))
+
+image = TrainerImage("trainer-image", TrainerImageArgs(
+    prebuilt=cfg.image.prebuilt,
+    keep_images=cfg.image.keep_images,
+    force_delete=cfg.image.force_delete,
+    node_role_name=cluster.node_role_name,
+))
+
+# --- Kubernetes workloads ------------------------------------------------------------------------
+job_group = cfg.job_group
+etcd = None
+if cfg.job.rdzv_backend == "etcd-v2":
+    etcd = EtcdRendezvous("rendezvous", EtcdRendezvousArgs(
+        namespace=namespace.metadata.name,
+        replicas=cfg.etcd.replicas,
+        node_selector=cluster.system_node_labels,
+    ), opts=pulumi.ResourceOptions(provider=k8s_provider, depends_on=[addons]))
+
+job = ElasticJob("training", ElasticJobArgs(
+    namespace=namespace.metadata.name,
+    image=image.image_ref,
+    pvc_name=storage.pvc_name,
+    instance_type=job_group.instance_type,
+    efa=job_group.efa,
+    node_selector=gpu_groups[cfg.node_groups.index(job_group)].node_labels,
+    nodes=cfg.job.nodes,
+    min_nodes=cfg.job.min_nodes,
+    max_restarts=cfg.job.max_restarts,
+    run_id=cfg.job.run_id,
+    rdzv_backend=cfg.job.rdzv_backend,
+    rdzv_endpoint=etcd.endpoint if etcd else None,
+    epochs=cfg.job.epochs,
+    batch_size=cfg.job.batch_size,
+    model=cfg.job.model,
+    learning_rate=cfg.job.learning_rate,
+    compile=cfg.job.compile,
+), opts=pulumi.ResourceOptions(provider=k8s_provider, depends_on=[addons, *gpu_groups]))
+
+# --- outputs ------------------------------------------------------------------------------------
+pulumi.export("clusterName", cluster.cluster_name)
+pulumi.export("kubeconfig", pulumi.Output.secret(cluster.kubeconfig))
+pulumi.export("nodeGroupNames", [g.node_group_name for g in gpu_groups])
+pulumi.export("efsId", storage.file_system_id)
+pulumi.export("pvcName", storage.pvc_name)
+pulumi.export("imageRef", image.image_ref)
+pulumi.export("kubectl", cluster.cluster_name.apply(
+    lambda n: f"aws eks update-kubeconfig --region {cfg.region} --name {n} && kubectl -n {cfg.job.namespace} get pods"))
+pulumi.export("followTraining", job.follow_command)
+pulumi.export("costEstimate", cost.estimate(cfg).as_dict())

@@ -1,0 +1,77 @@
+"""Test helpers: stack configs as dicts, path edits, and program runs under fresh mocks."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from components.mocks import PROJECT_ROOT, ProgramResult, run_program
+from components.plan import load_stack_file
+
+ROOT = PROJECT_ROOT
+
+
+def stack_config(stack: str = "dev") -> dict[str, Any]:
+    """The stack file's config with objects decoded, preflight off (no AWS here)."""
+    raw = load_stack_file(stack)
+    out: dict[str, Any] = {}
+    for k, v in raw.items():
+        try:
+            out[k] = json.loads(v)
+        except (TypeError, json.JSONDecodeError):
+            out[k] = v
+    out["eks-ddp:preflight"] = False
+    return out
+
+
+def set_path(config: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
+    """Copy of ``config`` with ``path`` set, e.g. ``eks-ddp:nodeGroups[0].efa``."""
+    new = copy.deepcopy(config)
+    key, _, rest = path.partition(".")
+    m = re.match(r"^(.*?)((\[\d+\])*)$", key)
+    top, idx = m.group(1), m.group(2)
+    parts: list[Any] = [int(i) for i in re.findall(r"\[(\d+)\]", idx)]
+    parts += [p for p in rest.split(".") if p] if rest else []
+    if not parts:
+        new[top] = value
+        return new
+    target = new.setdefault(top, {})
+    for p in parts[:-1]:
+        target = target[p]
+    target[parts[-1]] = value
+    return new
+
+
+def drop_path(config: dict[str, Any], path: str) -> dict[str, Any]:
+    new = copy.deepcopy(config)
+    top, _, rest = path.partition(".")
+    target = new[top]
+    parts = rest.split(".")
+    for p in parts[:-1]:
+        target = target[int(p)] if p.isdigit() else target[p]
+    del target[parts[-1]]
+    return new
+
+
+def run(config: dict[str, Any], stack: str = "dev") -> ProgramResult:
+    region = config.get("aws:region", "us-west-2")
+    return run_program(config, stack=stack, region=region)
+
+
+def parent_chain(result: ProgramResult, urn: str) -> list[str]:
+    """Types from a resource's parent up to the root."""
+    chain = []
+    r = result.by_urn(urn)
+    while r is not None and r.parent_urn:
+        parent = result.by_urn(r.parent_urn)
+        if parent is None:
+            break
+        chain.append(parent.type)
+        r = parent
+    return chain
+
+
+__all__ = ["ROOT", "Path", "stack_config", "set_path", "drop_path", "run", "parent_chain"]
