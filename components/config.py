@@ -15,7 +15,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Literal, get_args
 
 from components import catalog
@@ -44,9 +44,9 @@ class ConfigError(ValueError):
         super().__init__("invalid stack config:\n" + "\n".join(f"  - {p}" for p in problems))
 
 
-def _doc(text: str, **kw: Any) -> Any:
-    """A dataclass field carrying its documentation (for errors and the README)."""
-    return field(metadata={"doc": text}, **kw)
+def _doc(text: str, *, key: str | None = None, **kw: Any) -> Any:
+    """A dataclass field carrying its documentation and, if not plain camelCase, its YAML key."""
+    return field(metadata={"doc": text, "key": key}, **kw)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,7 +94,8 @@ class NodeGroupConfig:
         "On-demand capacity reservation or capacity block (cr-...) to launch into.", default=None)
     availability_zone: str | None = _doc(
         "Pin the group to one zone (required with capacityReservationId).", default=None)
-    root_volume_gib: int = _doc("gp3 root volume size in GiB (images are multi-GB).", default=200)
+    root_volume_gib: int = _doc("gp3 root volume size in GiB (images are multi-GB).", default=200,
+                                key="rootVolumeGiB")
 
     @property
     def instance(self) -> catalog.InstanceType:
@@ -187,6 +188,11 @@ def camel(name: str) -> str:
     return head + "".join(p[:1].upper() + p[1:] for p in rest)
 
 
+def yaml_key(f: Any) -> str:
+    """The YAML key of a config dataclass field."""
+    return f.metadata.get("key") or camel(f.name)
+
+
 class _Reader:
     """Turns one raw object into a dataclass, collecting problems instead of stopping."""
 
@@ -200,9 +206,9 @@ class _Reader:
         if raw is None:
             raw = {}
         if not isinstance(raw, dict):
-            self.bad(prefix, raw, "an object with keys " + ", ".join(camel(f.name) for f in fields(cls)))
+            self.bad(prefix, raw, "an object with keys " + ", ".join(yaml_key(f) for f in fields(cls)))
             raw = {}
-        known = {camel(f.name): f for f in fields(cls)}
+        known = {yaml_key(f): f for f in fields(cls)}
         for key in raw:
             if key not in known:
                 self.bad(f"{prefix}.{key}", raw[key], "one of the known keys: " + ", ".join(known)
@@ -211,7 +217,7 @@ class _Reader:
         for ykey, f in known.items():
             full = f"{prefix}.{ykey}"
             if ykey not in raw:
-                if f.default is f.default_factory:  # dataclasses.MISSING for both: required
+                if f.default is MISSING and f.default_factory is MISSING:
                     self.problems.append(f"{full}: required; {f.metadata['doc']}")
                 continue
             values[f.name] = self.value(full, raw[ykey], f.type)

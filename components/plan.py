@@ -98,7 +98,7 @@ def plan(stack: str, root: Path = PROJECT_ROOT, overrides: dict[str, Any] | None
 
     config = load_stack_file(stack, root)
     # Preflight calls AWS; offline there is nothing to ask. `pulumi up` runs it.
-    config[f"{'eks-ddp'}:preflight"] = "false"
+    config["eks-ddp:preflight"] = "false"
     config.update(overrides or {})
     region = config.get("aws:region", "us-west-2")
     try:
@@ -111,10 +111,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="eks-ddp-plan", description=__doc__.split("\n\n")[0])
     parser.add_argument("--stack", default="dev", help="stack name: reads Pulumi.<stack>.yaml (default: dev)")
     parser.add_argument("--out", type=Path, help="write rendered Kubernetes manifests to this folder")
+    parser.add_argument("--project-dir", type=Path, default=PROJECT_ROOT,
+                        help="folder holding __main__.py and the Pulumi.<stack>.yaml files (default: this project)")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     try:
-        result = plan(args.stack)
+        result = plan(args.stack, args.project_dir)
     except PlanError as err:
         print(f"eks-ddp-plan: {err}", file=sys.stderr)
         return 2

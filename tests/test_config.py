@@ -1,0 +1,202 @@
+"""Stack config schema: every rejection names the key, the bad value and what is allowed."""
+
+from __future__ import annotations
+
+import pytest
+
+from components import catalog
+from components.config import ConfigError, load_stack_config
+from tests.util import drop_path, set_path, stack_config
+
+
+def load(cfg: dict):
+    cfg = dict(cfg)
+    region = cfg.pop("aws:region", None)
+    return load_stack_config(cfg, region=region)
+
+
+def rejects(cfg: dict, *fragments: str) -> str:
+    """Assert ``cfg`` is rejected with one message containing every fragment; return it."""
+    with pytest.raises(ConfigError) as info:
+        load(cfg)
+    matching = [p for p in info.value.problems if all(f in p for f in fragments)]
+    assert matching, f"no problem mentions {fragments}: {info.value.problems}"
+    return matching[0]
+
+
+@pytest.fixture
+def dev():
+    return stack_config("dev")
+
+
+def test_example_stacks_are_valid():
+    dev = load(stack_config("dev"))
+    assert [g.instance_type for g in dev.node_groups] == ["g4dn.xlarge"]
+    assert dev.job.nodes == 2 and dev.job_group.desired_size == 2
+    p4de = load(stack_config("p4de"))
+    assert p4de.job_group.efa and p4de.job_group.capacity_reservation_id
+
+
+def test_defaults_fill_missing_keys(dev):
+    cfg = load(drop_path(dev, "eks-ddp:job.epochs"))
+    assert cfg.job.epochs == 10
+    assert load({"aws:region": "us-west-2", "eks-ddp:cluster": {"publicAccessCidrs": ["198.51.100.7/32"]},
+                 "eks-ddp:nodeGroups": [{"name": "gpu", "instanceType": "g5.xlarge"}]}).job.nodes == 2
+
+
+def test_unknown_top_level_key_is_a_typo(dev):
+    cfg = dict(dev, **{"eks-ddp:nodeGroup": []})
+    msg = rejects(cfg, "eks-ddp:nodeGroup", "unknown key")
+    assert "did you mean 'nodeGroups'" in msg
+
+
+def test_unknown_nested_key_is_a_typo(dev):
+    msg = rejects(set_path(dev, "eks-ddp:job.epoch", 3), "job.epoch", "known keys")
+    assert "did you mean 'epochs'" in msg
+
+
+@pytest.mark.parametrize("path,value,key,allowed", [
+    ("eks-ddp:job.epochs", "ten", "job.epochs", "whole number"),
+    ("eks-ddp:nodeGroups[0].efa", "yes", "nodeGroups[0].efa", "true or false"),
+    ("eks-ddp:nodeGroups[0].capacityType", "reserved", "nodeGroups[0].capacityType", "'spot'"),
+    ("eks-ddp:cluster.publicAccessCidrs", "10.0.0.0/8", "cluster.publicAccessCidrs", "list of strings"),
+    ("eks-ddp:job.model", "vit", "job.model", "'resnet18'"),
+    ("eks-ddp:job.learningRate", "fast", "job.learningRate", "a number"),
+])
+def test_wrong_types(dev, path, value, key, allowed):
+    rejects(set_path(dev, path, value), key, repr(value), allowed)
+
+
+def test_bool_is_not_a_count(dev):
+    rejects(set_path(dev, "eks-ddp:job.nodes", True), "job.nodes", "True", "whole number")
+
+
+@pytest.mark.parametrize("path,key", [
+    ("eks-ddp:job.nodes", "job.nodes"),
+    ("eks-ddp:job.epochs", "job.epochs"),
+    ("eks-ddp:job.batchSize", "job.batchSize"),
+    ("eks-ddp:nodeGroups[0].maxSize", "nodeGroups[0].maxSize"),
+    ("eks-ddp:cluster.systemNodeCount", "cluster.systemNodeCount"),
+])
+@pytest.mark.parametrize("bad", [0, -1])
+def test_zero_or_negative_counts(dev, path, key, bad):
+    rejects(set_path(dev, path, bad), key, f"got {bad}", ">= 1")
+
+
+def test_negative_min_size(dev):
+    rejects(set_path(dev, "eks-ddp:nodeGroups[0].minSize", -1), "nodeGroups[0].minSize", "got -1", ">= 0")
+
+
+def test_group_min_greater_than_max(dev):
+    cfg = set_path(set_path(dev, "eks-ddp:nodeGroups[0].minSize", 3), "eks-ddp:nodeGroups[0].maxSize", 2)
+    cfg = set_path(cfg, "eks-ddp:job.nodes", 1)
+    rejects(cfg, "nodeGroups[0].minSize", "got 3", "<= maxSize (2)")
+
+
+def test_job_min_nodes_greater_than_nodes(dev):
+    rejects(set_path(dev, "eks-ddp:job.minNodes", 3), "job.minNodes", "got 3", "<= job.nodes (2)")
+
+
+@pytest.mark.parametrize("desired", [3, -1])
+def test_desired_outside_min_max(dev, desired):
+    cfg = set_path(dev, "eks-ddp:nodeGroups[0].minSize", 0)
+    rejects(set_path(cfg, "eks-ddp:nodeGroups[0].desiredSize", desired), "nodeGroups[0].desiredSize",
+            f"got {desired}", "between minSize (0) and maxSize (2)")
+
+
+def test_more_job_nodes_than_group_can_hold(dev):
+    rejects(set_path(dev, "eks-ddp:job.nodes", 3), "job.nodes", "got 3", "maxSize", "'gpu' (2)")
+
+
+def test_unknown_instance_type(dev):
+    msg = rejects(set_path(dev, "eks-ddp:nodeGroups[0].instanceType", "g4dn.huge"),
+                  "nodeGroups[0].instanceType", "'g4dn.huge'")
+    assert "g4dn.xlarge" in msg and "p4de.24xlarge" in msg  # lists what is allowed
+
+
+def test_cpu_type_is_not_a_gpu_group(dev):
+    rejects(set_path(dev, "eks-ddp:nodeGroups[0].instanceType", "m6i.large"), "nodeGroups[0].instanceType",
+            "'m6i.large'", "GPU type")
+
+
+def test_efa_on_type_without_efa(dev):
+    msg = rejects(set_path(dev, "eks-ddp:nodeGroups[0].efa", True), "nodeGroups[0].efa", "'g4dn.xlarge'",
+                  "no EFA")
+    assert "p4de.24xlarge" in msg
+
+
+def test_capacity_reservation_without_zone(dev):
+    cfg = set_path(dev, "eks-ddp:nodeGroups[0].capacityReservationId", "cr-0123456789abcdef0")
+    rejects(cfg, "nodeGroups[0].availabilityZone", "required with capacityReservationId", "cr-0123456789abcdef0")
+
+
+def test_capacity_block_needs_reservation(dev):
+    rejects(set_path(dev, "eks-ddp:nodeGroups[0].capacityType", "capacityBlock"),
+            "nodeGroups[0].capacityReservationId", "required with capacityType 'capacityBlock'")
+
+
+def test_spot_with_reservation(dev):
+    cfg = set_path(dev, "eks-ddp:nodeGroups[0].capacityReservationId", "cr-0123456789abcdef0")
+    cfg = set_path(cfg, "eks-ddp:nodeGroups[0].availabilityZone", "us-west-2a")
+    rejects(set_path(cfg, "eks-ddp:nodeGroups[0].capacityType", "spot"), "nodeGroups[0].capacityType", "'spot'")
+
+
+def test_zone_of_another_region(dev):
+    cfg = set_path(dev, "eks-ddp:nodeGroups[0].availabilityZone", "eu-west-1a")
+    rejects(cfg, "nodeGroups[0].availabilityZone", "'eu-west-1a'", "'us-west-2'")
+
+
+def test_missing_required_public_access_cidrs(dev):
+    rejects(drop_path(dev, "eks-ddp:cluster.publicAccessCidrs"), "cluster.publicAccessCidrs", "required")
+
+
+def test_bad_cidr(dev):
+    rejects(set_path(dev, "eks-ddp:cluster.publicAccessCidrs", ["300.1.1.1/32"]), "cluster.publicAccessCidrs[0]",
+            "'300.1.1.1/32'")
+
+
+def test_missing_region(dev):
+    cfg = dict(dev)
+    del cfg["aws:region"]
+    rejects(cfg, "aws:region", "required")
+
+
+def test_duplicate_group_names(dev):
+    groups = dev["eks-ddp:nodeGroups"] * 2
+    rejects(set_path(dev, "eks-ddp:nodeGroups", groups), "nodeGroups[1].name", "'gpu'", "not used by another")
+
+
+def test_job_on_unknown_group(dev):
+    rejects(set_path(dev, "eks-ddp:job.nodeGroup", "a100"), "job.nodeGroup", "'a100'", "gpu")
+
+
+def test_prebuilt_image_must_be_pinned_by_digest(dev):
+    rejects(set_path(dev, "eks-ddp:image", {"prebuilt": "trainer:latest"}), "image.prebuilt", "'trainer:latest'",
+            "digest")
+
+
+def test_etcd_replicas(dev):
+    rejects(set_path(dev, "eks-ddp:etcd.replicas", 2), "etcd.replicas", "got 2", "1 or 3")
+
+
+def test_unsupported_kubernetes_version(dev):
+    rejects(set_path(dev, "eks-ddp:cluster.kubernetesVersion", "1.20"), "cluster.kubernetesVersion", "'1.20'")
+
+
+def test_all_problems_reported_together(dev):
+    cfg = set_path(set_path(dev, "eks-ddp:job.epochs", 0), "eks-ddp:nodeGroups[0].instanceType", "x1.huge")
+    with pytest.raises(ConfigError) as info:
+        load(cfg)
+    text = str(info.value)
+    assert "job.epochs" in text and "nodeGroups[0].instanceType" in text
+
+
+def test_catalog_drives_efa_and_gpus():
+    assert catalog.lookup("p4de.24xlarge").efa_interfaces == 4
+    assert catalog.lookup("p5.48xlarge").efa_interfaces == 32
+    assert catalog.lookup("g4dn.xlarge").efa_interfaces == 0
+    assert catalog.lookup("g4dn.metal").gpus == 8
+    assert catalog.lookup("g4dn.12xlarge").quota_class == "G"
+    assert catalog.lookup("p4d.24xlarge").quota_class == "P"
+    with pytest.raises(KeyError, match="g4dn.xlarge"):
+        catalog.lookup("nope.large")
