@@ -107,8 +107,8 @@ class RecordingMocks(pulumi.runtime.Mocks):
             self.calls.append((args.token, dict(args.args)))
         handler = _INVOKES.get(args.token)
         if handler is None:
-            return {}, None
-        return handler(self, args.args), None
+            return {}, []  # no check failures (None would break the mock monitor)
+        return handler(self, args.args), []
 
 
 # Type-specific outputs: type token -> (mocks, name, inputs) -> (id, extra outputs).
@@ -162,6 +162,13 @@ def _efs(m: RecordingMocks, name: str, inputs: dict) -> tuple[str, dict]:
     return fs_id, {"dnsName": f"{fs_id}.efs.{m.region}.amazonaws.com"}
 
 
+def _node_group(m: RecordingMocks, name: str, inputs: dict) -> tuple[str, dict]:
+    """A managed node group: autonamed like the provider does when nodeGroupName is unset."""
+    group = inputs.get("nodeGroupName") or f"{name}-{_digest(name)[:8]}"
+    cluster = inputs.get("clusterName", "cluster")
+    return f"{cluster}:{group}", {"nodeGroupName": group, "status": "ACTIVE"}
+
+
 def _named(m: RecordingMocks, name: str, inputs: dict) -> tuple[str, dict]:
     """Resources whose id is their (possibly generated) name."""
     n = inputs.get("name") or inputs.get("clusterName") or name
@@ -184,9 +191,19 @@ _OUTPUTS = {
     "aws:efs/accessPoint:AccessPoint": _with_prefix("fsap"),
     "aws:ecr/repository:Repository": _ecr_repository,
     "aws:iam/role:Role": _named,
-    "aws:eks/nodeGroup:NodeGroup": _named,
+    "aws:eks/nodeGroup:NodeGroup": _node_group,
     "docker-build:index:Image": _docker_image,
 }
+
+
+def _subnet(m: RecordingMocks, args: dict) -> dict:
+    """An existing subnet: zones handed out in order of first lookup, so two ids land in two zones."""
+    subnet_id = args.get("id", "subnet-unknown")
+    with m._lock:
+        seen = m.__dict__.setdefault("_subnet_zones", {})
+        zone = seen.setdefault(subnet_id, m.zones[len(seen) % len(m.zones)])
+    return {"id": subnet_id, "availabilityZone": zone, "vpcId": "vpc-existing", "cidrBlock": "10.0.0.0/20",
+            "availableIpAddressCount": 4000, "mapPublicIpOnLaunch": False}
 
 
 def _policy_document(m: RecordingMocks, args: dict) -> dict:
@@ -216,6 +233,7 @@ _INVOKES = {
     "aws:index/getPartition:getPartition": lambda m, a: {
         "partition": "aws", "dnsSuffix": "amazonaws.com", "id": "aws"},
     "aws:iam/getPolicyDocument:getPolicyDocument": _policy_document,
+    "aws:ec2/getSubnet:getSubnet": _subnet,
     "aws:ecr/getAuthorizationToken:getAuthorizationToken": lambda m, a: {
         "userName": "AWS", "password": "mock-token", "authorizationToken": "QVdTOm1vY2s=",
         "proxyEndpoint": f"https://{ACCOUNT}.dkr.ecr.{m.region}.amazonaws.com", "expiresAt": "2099-01-01T00:00:00Z",

@@ -1,0 +1,108 @@
+"""Cluster add-ons the GPU nodes and the training job need.
+
+* **NVIDIA device plugin** (pinned Helm release): advertises ``nvidia.com/gpu``
+  on the GPU nodes. It tolerates the GPU taint and is pinned by node affinity to
+  ``eks-ddp/pool=gpu``: the chart's default affinity wants Node Feature
+  Discovery labels that EKS nodes lack, so the default would schedule nowhere.
+* **EFA device plugin** (pinned Helm release, only with ``efa``): advertises
+  ``vpc.amazonaws.com/efa``; the chart itself limits it to EFA instance types.
+* **metrics-server** as the EKS add-on: AWS ships it as an EKS community add-on
+  (``aws eks describe-addon-versions --addon-name metrics-server``), so it is
+  versioned and upgraded like the other add-ons, with no chart repository to
+  trust. It runs on the system nodes.
+
+The Kubernetes provider comes from ``opts`` (``providers={"kubernetes": ...}``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_aws as aws
+import pulumi_kubernetes as k8s
+
+NVIDIA_DEVICE_PLUGIN_CHART = "nvidia-device-plugin"
+NVIDIA_DEVICE_PLUGIN_REPO = "https://nvidia.github.io/k8s-device-plugin"
+NVIDIA_DEVICE_PLUGIN_VERSION = "0.17.2"
+"""Chart version (no leading 'v' in NVIDIA's index)."""
+
+EFA_DEVICE_PLUGIN_CHART = "aws-efa-k8s-device-plugin"
+EFA_DEVICE_PLUGIN_REPO = "https://aws.github.io/eks-charts"
+EFA_DEVICE_PLUGIN_VERSION = "v0.5.20"
+"""Chart version as eks-charts publishes it (with a leading 'v')."""
+
+METRICS_SERVER_ADDON_VERSION = "v0.8.0-eksbuild.2"
+"""metrics-server EKS community add-on build available for Kubernetes 1.33."""
+
+ADDON_NAMESPACE = "kube-system"
+GPU_POOL_LABEL = ("eks-ddp/pool", "gpu")
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterAddonsArgs:
+    """Inputs of :class:`ClusterAddons`."""
+
+    cluster_name: pulumi.Input[str]
+    """EKS cluster for the EKS add-ons."""
+    efa: bool = False
+    """Install the EFA device plugin (any node group uses EFA)."""
+
+
+def gpu_daemonset_values() -> dict:
+    """Scheduling values shared by the device plugin charts: GPU nodes only, tolerating their taint."""
+    key, value = GPU_POOL_LABEL
+    return {
+        "tolerations": [dict(GPU_TOLERATION)],
+        "nodeSelector": {key: value},
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": key, "operator": "In", "values": [value]}]}]}}},
+    }
+
+
+class ClusterAddons(pulumi.ComponentResource):
+    """Device plugins (NVIDIA, optionally EFA) and metrics-server."""
+
+    release_names: list[pulumi.Output[str]]
+
+    def __init__(self, name: str, args: ClusterAddonsArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("eks-ddp:addons:ClusterAddons", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+
+        nvidia = k8s.helm.v3.Release(
+            f"{name}-nvidia-device-plugin",
+            name="nvidia-device-plugin",
+            chart=NVIDIA_DEVICE_PLUGIN_CHART,
+            version=NVIDIA_DEVICE_PLUGIN_VERSION,
+            repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=NVIDIA_DEVICE_PLUGIN_REPO),
+            namespace=ADDON_NAMESPACE,
+            values=gpu_daemonset_values(),
+            atomic=True,
+            opts=child)
+        self.release_names = [nvidia.name]
+
+        if args.efa:
+            efa = k8s.helm.v3.Release(
+                f"{name}-efa-device-plugin",
+                name="aws-efa-k8s-device-plugin",
+                chart=EFA_DEVICE_PLUGIN_CHART,
+                version=EFA_DEVICE_PLUGIN_VERSION,
+                repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=EFA_DEVICE_PLUGIN_REPO),
+                namespace=ADDON_NAMESPACE,
+                # The chart builds its own instance-type affinity; it reads only these two scheduling values.
+                values={k: v for k, v in gpu_daemonset_values().items() if k in ("tolerations", "nodeSelector")},
+                atomic=True,
+                opts=child)
+            self.release_names.append(efa.name)
+
+        aws.eks.Addon(
+            f"{name}-metrics-server",
+            cluster_name=args.cluster_name,
+            addon_name="metrics-server",
+            addon_version=METRICS_SERVER_ADDON_VERSION,
+            resolve_conflicts_on_create="OVERWRITE",
+            resolve_conflicts_on_update="PRESERVE",
+            opts=child)
+
+        self.register_outputs({"release_names": self.release_names})

@@ -1,0 +1,303 @@
+"""The EKS control plane, the node IAM role and security group, and the CPU system node group.
+
+``pulumi_eks.Cluster`` runs the control plane with no default node group, API
+authentication (access entries, no aws-auth ConfigMap), an OIDC provider for
+IRSA, all control-plane log types (kept ``log_retention_days`` in CloudWatch),
+Kubernetes secrets encrypted with a KMS key of its own (rotation on), and an API
+endpoint that is private plus public only to ``public_access_cidrs``.
+
+Security groups are ours, not pulumi_eks's defaults, so every rule is visible
+and testable: every node carries the EKS-created *cluster* security group (which
+lets the control plane and the nodes talk, as EKS sets it up for managed node
+groups) and our *node* security group, which admits traffic only from itself and
+is what EFS and EFA open to. No rule admits 0.0.0.0/0.
+
+The node role gets the two AWS policies a node needs (worker, VPC CNI) plus an
+inline policy that pulls images only from the regional EKS add-on registry
+(``ADDON_REGISTRY_ACCOUNTS``). It deliberately lacks AmazonEC2ContainerRegistryReadOnly
+(pull from every repository in the account): the trainer image component grants
+pull on its own repository to ``node_role_name``.
+
+The system node group (``eks-ddp/pool=system``) runs CoreDNS, add-on controllers
+and etcd; GPU groups are :class:`components.gpu_nodegroup.GpuNodeGroup`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_aws as aws
+import pulumi_eks as eks
+
+LOG_TYPES = ("api", "audit", "authenticator", "controllerManager", "scheduler")
+"""Every EKS control-plane log type."""
+
+CLOUDWATCH_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192,
+                             2557, 2922, 3288, 3653)
+"""The only retention values CloudWatch Logs accepts."""
+
+SYSTEM_POOL_LABELS = {"eks-ddp/pool": "system"}
+SYSTEM_AMI_TYPE = "AL2023_x86_64_STANDARD"
+SYSTEM_ROOT_VOLUME_GIB = 50
+
+DEFAULT_ADDON_REGISTRY_ACCOUNT = "602401143452"
+ADDON_REGISTRY_ACCOUNTS = {
+    # Regions whose EKS add-on images live outside the default account, from the AWS EKS user guide
+    # "View Amazon container image registries for Amazon EKS add-ons" (add-ons-images.html).
+    "af-south-1": "877085696533",
+    "ap-east-1": "800184023465",
+    "ap-south-2": "900889452093",
+    "ap-southeast-3": "296578399912",
+    "ap-southeast-4": "491585149902",
+    "ap-southeast-5": "151610086707",
+    "ap-southeast-7": "121268973566",
+    "ca-west-1": "761377655185",
+    "cn-north-1": "918309763551",
+    "cn-northwest-1": "961992271922",
+    "eu-central-2": "900612956339",
+    "eu-south-1": "590381155156",
+    "eu-south-2": "455263428931",
+    "il-central-1": "066635153087",
+    "me-central-1": "759879836304",
+    "me-south-1": "558608220178",
+    "mx-central-1": "730335286997",
+    "us-gov-east-1": "151742754352",
+    "us-gov-west-1": "013241004608",
+}
+
+EFA_PLUGIN_IMAGE_REPOSITORY_ARN = "arn:aws:ecr:us-west-2:602401143452:repository/eks/aws-efa-k8s-device-plugin"
+"""The EFA device plugin chart pulls from the us-west-2 EKS registry in every region (its values.yaml default)."""
+
+
+def addon_registry_account(region: str) -> str:
+    """AWS account of the EKS add-on image registry in ``region``."""
+    return ADDON_REGISTRY_ACCOUNTS.get(region, DEFAULT_ADDON_REGISTRY_ACCOUNT)
+
+
+def node_image_pull_policy(region: str, partition: str = "aws") -> dict:
+    """Least-privilege image pulls for nodes: the EKS add-on registry of ``region`` and the EFA plugin image."""
+    account = addon_registry_account(region)
+    efa_repo = EFA_PLUGIN_IMAGE_REPOSITORY_ARN.replace("arn:aws:", f"arn:{partition}:", 1)
+    return {
+        "Version": "2012-10-17",
+        "Statement": [
+            # GetAuthorizationToken has no resource-level permissions: "*" is the only valid resource.
+            {"Sid": "EcrLogin", "Effect": "Allow", "Action": ["ecr:GetAuthorizationToken"], "Resource": "*"},
+            {"Sid": "PullEksAddonImages", "Effect": "Allow",
+             "Action": ["ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer", "ecr:BatchCheckLayerAvailability"],
+             "Resource": sorted({f"arn:{partition}:ecr:{region}:{account}:repository/*", efa_repo})},
+        ],
+    }
+
+
+@dataclass(frozen=True, kw_only=True)
+class EksClusterArgs:
+    """Inputs of :class:`EksCluster`."""
+
+    cluster_name: str
+    """Physical EKS cluster name (fixed, so log group and tags can name it up front)."""
+    vpc_id: pulumi.Input[str]
+    """VPC of the cluster."""
+    public_subnet_ids: Sequence[pulumi.Input[str]]
+    """Public subnets, for internet-facing load balancers only (no nodes go there)."""
+    private_subnet_ids: Sequence[pulumi.Input[str]]
+    """Private subnets for the control-plane ENIs and every node."""
+    public_access_cidrs: Sequence[str]
+    """CIDRs allowed to reach the public API endpoint, e.g. your IP as a /32."""
+    kubernetes_version: str = "1.33"
+    """Pinned EKS Kubernetes version; upgrade deliberately."""
+    system_instance_type: str = "t3.large"
+    """CPU instance type of the system node group."""
+    system_node_count: int = 2
+    """Nodes in the system node group."""
+    log_retention_days: int = 30
+    """CloudWatch retention of the control-plane logs (one of CloudWatch's allowed values)."""
+    tags: dict[str, str] | None = None
+    """Extra tags for the AWS resources."""
+
+
+def validate(args: EksClusterArgs) -> None:
+    """Raise ValueError naming the bad field."""
+    if not args.cluster_name:
+        raise ValueError("cluster_name: got ''; expected a name")
+    if not args.public_access_cidrs:
+        raise ValueError("public_access_cidrs: got []; expected at least one CIDR such as 198.51.100.7/32")
+    for i, c in enumerate(args.public_access_cidrs):
+        try:
+            ipaddress.ip_network(c)
+        except ValueError:
+            raise ValueError(f"public_access_cidrs[{i}]: got {c!r}; expected a CIDR such as 198.51.100.7/32") from None
+    if len(list(args.private_subnet_ids)) < 2:
+        raise ValueError("private_subnet_ids: expected at least 2 subnets in 2 zones (EKS requires two)")
+    if args.system_node_count < 1:
+        raise ValueError(f"system_node_count: got {args.system_node_count}; expected >= 1 (CoreDNS and etcd run there)")
+    if args.log_retention_days not in CLOUDWATCH_RETENTION_DAYS:
+        raise ValueError(f"log_retention_days: got {args.log_retention_days}; expected one of "
+                         + ", ".join(map(str, CLOUDWATCH_RETENTION_DAYS)))
+
+
+def _assume_role_policy(service: str) -> str:
+    return json.dumps({"Version": "2012-10-17", "Statement": [
+        {"Effect": "Allow", "Principal": {"Service": service}, "Action": "sts:AssumeRole"}]})
+
+
+class EksCluster(pulumi.ComponentResource):
+    """An EKS cluster with a CPU system node group; GPU groups attach to its node role and security group."""
+
+    cluster_name: pulumi.Output[str]
+    kubeconfig: pulumi.Output[str]
+    """The kubeconfig as a JSON string (secret)."""
+    node_role_arn: pulumi.Output[str]
+    node_role_name: pulumi.Output[str]
+    node_security_group_id: pulumi.Output[str]
+    """Our node security group: ingress only from itself."""
+    cluster_security_group_id: pulumi.Output[str]
+    """The EKS-created cluster security group (control plane <-> nodes)."""
+    oidc_provider_arn: pulumi.Output[str]
+    oidc_provider_url: pulumi.Output[str]
+    system_node_labels: dict[str, str]
+
+    def __init__(self, name: str, args: EksClusterArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("eks-ddp:cluster:EksCluster", name, None, opts)
+        validate(args)
+        self._name, self._args = name, args
+        self._tags = {"eks-ddp/cluster": args.cluster_name, **(args.tags or {})}
+        child = pulumi.ResourceOptions(parent=self)
+
+        secrets_key = aws.kms.Key(
+            f"{name}-secrets", description=f"Envelope encryption of Kubernetes secrets in {args.cluster_name}",
+            enable_key_rotation=True, deletion_window_in_days=30, tags=self._tags, opts=child)
+        # EKS creates this group on first log write with no expiry; creating it first sets the retention.
+        log_group = aws.cloudwatch.LogGroup(
+            f"{name}-logs", name=f"/aws/eks/{args.cluster_name}/cluster", retention_in_days=args.log_retention_days,
+            tags=self._tags, opts=child)
+
+        self._create_node_role()
+        node_sg = self._create_node_security_group()
+
+        cluster = eks.Cluster(
+            name,
+            name=args.cluster_name,
+            version=args.kubernetes_version,
+            vpc_id=args.vpc_id,
+            public_subnet_ids=list(args.public_subnet_ids),
+            private_subnet_ids=list(args.private_subnet_ids),
+            skip_default_node_group=True,
+            # Our node security group (below) instead of pulumi_eks's, so every rule is visible here.
+            skip_default_security_groups=True,
+            authentication_mode=eks.AuthenticationMode.API,
+            create_oidc_provider=True,
+            enabled_cluster_log_types=list(LOG_TYPES),
+            encryption_config_key_arn=secrets_key.arn,
+            endpoint_private_access=True,
+            endpoint_public_access=True,
+            public_access_cidrs=list(args.public_access_cidrs),
+            tags=self._tags,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[log_group]),
+        )
+        # Derived from a cluster output so dependents wait for the control plane.
+        self.cluster_name = cluster.cluster_security_group_id.apply(lambda _: args.cluster_name)
+        self.cluster_security_group_id = cluster.cluster_security_group_id
+        self.kubeconfig = pulumi.Output.secret(cluster.kubeconfig_json)
+        self.oidc_provider_arn = cluster.oidc_provider_arn
+        self.oidc_provider_url = cluster.oidc_provider_url
+        self.node_security_group_id = node_sg.id
+
+        node_access = aws.eks.AccessEntry(
+            f"{name}-nodes", cluster_name=self.cluster_name, principal_arn=self.node_role_arn, type="EC2_LINUX",
+            tags=self._tags, opts=child)
+        self.system_node_labels = dict(SYSTEM_POOL_LABELS)
+        self._create_system_node_group(node_access)
+
+        self.register_outputs({
+            "cluster_name": self.cluster_name,
+            "kubeconfig": self.kubeconfig,
+            "node_role_arn": self.node_role_arn,
+            "node_role_name": self.node_role_name,
+            "node_security_group_id": self.node_security_group_id,
+            "cluster_security_group_id": self.cluster_security_group_id,
+            "oidc_provider_arn": self.oidc_provider_arn,
+            "oidc_provider_url": self.oidc_provider_url,
+            "system_node_labels": self.system_node_labels,
+        })
+
+    def _create_node_role(self) -> None:
+        name = self._name
+        child = pulumi.ResourceOptions(parent=self)
+        role = aws.iam.Role(f"{name}-node", assume_role_policy=_assume_role_policy("ec2.amazonaws.com"),
+                            description="EKS worker nodes (system and GPU groups)", tags=self._tags, opts=child)
+        self._node_policy_attachments = [
+            aws.iam.RolePolicyAttachment(f"{name}-node-{short}", role=role.name,
+                                         policy_arn=f"arn:aws:iam::aws:policy/{policy}", opts=child)
+            for short, policy in (("worker", "AmazonEKSWorkerNodePolicy"), ("cni", "AmazonEKS_CNI_Policy"))
+        ]
+        invoke = pulumi.InvokeOptions(parent=self)
+        region = aws.get_region(opts=invoke).region
+        partition = aws.get_partition(opts=invoke).partition
+        self._node_policy_attachments.append(aws.iam.RolePolicy(
+            f"{name}-node-addon-images", role=role.id,
+            policy=json.dumps(node_image_pull_policy(region, partition)), opts=child))
+        self.node_role_arn = role.arn
+        self.node_role_name = role.name
+
+    def _create_node_security_group(self) -> aws.ec2.SecurityGroup:
+        name = self._name
+        child = pulumi.ResourceOptions(parent=self)
+        sg = aws.ec2.SecurityGroup(
+            f"{name}-node", vpc_id=self._args.vpc_id,
+            description=f"Nodes of {self._args.cluster_name}: traffic between nodes; EFS and EFA open to it",
+            tags={**self._tags, "Name": f"{self._args.cluster_name}-node"}, opts=child)
+        # Pod-to-pod and node-to-node traffic (NCCL, etcd, rendezvous) on any port, only among our nodes.
+        aws.vpc.SecurityGroupIngressRule(
+            f"{name}-node-from-nodes", security_group_id=sg.id, referenced_security_group_id=sg.id,
+            ip_protocol="-1", description="All traffic between cluster nodes", opts=child)
+        # Egress stays open: nodes pull images and reach AWS APIs through NAT and the S3 endpoint.
+        aws.vpc.SecurityGroupEgressRule(
+            f"{name}-node-egress", security_group_id=sg.id, cidr_ipv4="0.0.0.0/0", ip_protocol="-1",
+            description="Outbound: image registries, AWS APIs (through NAT)", opts=child)
+        return sg
+
+    def _create_system_node_group(self, node_access: aws.eks.AccessEntry) -> None:
+        name, args = self._name, self._args
+        child = pulumi.ResourceOptions(parent=self)
+        lt = aws.ec2.LaunchTemplate(
+            f"{name}-system",
+            description=f"System nodes of {args.cluster_name}",
+            # IMDSv2 only, hop limit 1: pods on the system nodes (CoreDNS, etcd, controllers with IRSA) need
+            # no instance metadata, and a hop limit of 1 keeps pods from borrowing the node role's credentials.
+            metadata_options=aws.ec2.LaunchTemplateMetadataOptionsArgs(
+                http_endpoint="enabled", http_tokens="required", http_put_response_hop_limit=1,
+                instance_metadata_tags="disabled"),
+            block_device_mappings=[aws.ec2.LaunchTemplateBlockDeviceMappingArgs(
+                device_name="/dev/xvda",
+                ebs=aws.ec2.LaunchTemplateBlockDeviceMappingEbsArgs(
+                    volume_size=SYSTEM_ROOT_VOLUME_GIB, volume_type="gp3", encrypted="true",
+                    delete_on_termination="true"))],
+            vpc_security_group_ids=[self.cluster_security_group_id, self.node_security_group_id],
+            tag_specifications=[aws.ec2.LaunchTemplateTagSpecificationArgs(
+                resource_type="instance", tags={**self._tags, "Name": f"{args.cluster_name}-system"})],
+            update_default_version=True,
+            tags=self._tags,
+            opts=child)
+        self.system_node_group = aws.eks.NodeGroup(
+            f"{name}-system",
+            cluster_name=self.cluster_name,
+            node_role_arn=self.node_role_arn,
+            subnet_ids=list(args.private_subnet_ids),
+            ami_type=SYSTEM_AMI_TYPE,
+            capacity_type="ON_DEMAND",
+            instance_types=[args.system_instance_type],
+            scaling_config=aws.eks.NodeGroupScalingConfigArgs(
+                min_size=args.system_node_count, desired_size=args.system_node_count,
+                max_size=args.system_node_count),
+            update_config=aws.eks.NodeGroupUpdateConfigArgs(max_unavailable=1),
+            labels=dict(SYSTEM_POOL_LABELS),
+            launch_template=aws.eks.NodeGroupLaunchTemplateArgs(id=lt.id, version=lt.latest_version.apply(str)),
+            tags=self._tags,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[node_access, *self._node_policy_attachments],
+                                        ignore_changes=["scalingConfig.desiredSize"]),
+        )

@@ -1,0 +1,187 @@
+"""Shared storage: an encrypted EFS file system, the EFS CSI driver, a StorageClass and an RWX claim.
+
+The trainer's pods on every node mount one ReadWriteMany volume (``/shared``:
+dataset, checkpoints, metrics). EFS gives that without a storage operator:
+
+* an ``aws.efs.FileSystem`` encrypted with a KMS key of its own (rotation on),
+  elastic throughput (pay per use; bursts for checkpoint writes);
+* a mount target in every private subnet, behind a security group that admits
+  NFS (tcp 2049) only from the cluster's node security group;
+* the EFS CSI driver as an EKS add-on (pinned ``EFS_CSI_ADDON_VERSION``) whose
+  controller assumes its own IAM role through IRSA (only the service account
+  ``kube-system:efs-csi-controller-sa`` may assume it);
+* a StorageClass that provisions one EFS access point per volume, owned by
+  uid/gid 1000 (the non-root trainer) with mode 700, reclaim policy Retain;
+* a PersistentVolumeClaim ``shared`` in the training namespace.
+
+Keeping data on ``pulumi destroy``
+----------------------------------
+With ``retain_on_destroy`` (the default) ``pulumi destroy`` removes the
+mount targets, the claim and the driver, but leaves the file system and its KMS
+key in the account (Pulumi's ``retain_on_delete``), and the Retain reclaim
+policy keeps the access point behind the volume. Checkpoints survive an
+accidental destroy; the file system keeps costing its storage.
+
+To delete them on purpose: either set ``eks-ddp:storage.retainOnDestroy false``,
+run ``pulumi up`` (it records the new option) and then ``pulumi destroy``; or,
+after a destroy, delete by hand: ``aws efs describe-access-points --file-system-id
+<id>`` + ``aws efs delete-access-point``, ``aws efs delete-file-system
+--file-system-id <id>``, and ``aws kms schedule-key-deletion --key-id <key>``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_aws as aws
+import pulumi_kubernetes as k8s
+
+EFS_CSI_ADDON_VERSION = "v2.1.10-eksbuild.1"
+"""aws-efs-csi-driver EKS add-on build for Kubernetes 1.33 (``aws eks describe-addon-versions``)."""
+EFS_CSI_CONTROLLER_SA = "efs-csi-controller-sa"
+EFS_CSI_NAMESPACE = "kube-system"
+EFS_CSI_POLICY_ARN = "arn:aws:iam::aws:policy/service-role/AmazonEFSCSIDriverPolicy"
+NFS_PORT = 2049
+TRAINER_UID = 1000
+TRAINER_GID = 1000
+STORAGE_CLASS_NAME = "efs-shared"
+CLAIM_SIZE = "100Gi"
+"""Required by Kubernetes; EFS is elastic and ignores it."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class EfsStoreArgs:
+    """Inputs of :class:`EfsStore`."""
+
+    cluster_name: pulumi.Input[str]
+    """EKS cluster that gets the CSI driver add-on."""
+    vpc_id: pulumi.Input[str]
+    """VPC of the mount targets."""
+    subnet_ids: Sequence[pulumi.Input[str]]
+    """Private subnets: one mount target in each (a plain list)."""
+    node_security_group_id: pulumi.Input[str]
+    """The nodes' security group: the only source NFS admits."""
+    oidc_provider_arn: pulumi.Input[str]
+    """The cluster's IAM OIDC provider (IRSA)."""
+    oidc_provider_url: pulumi.Input[str]
+    """The cluster's OIDC issuer URL (with or without https://)."""
+    namespace: pulumi.Input[str]
+    """Namespace of the claim (the training namespace)."""
+    claim_name: str = "shared"
+    """Name of the ReadWriteMany PersistentVolumeClaim."""
+    retain_on_destroy: bool = True
+    """Keep the file system and its key on ``pulumi destroy`` (see the module docstring)."""
+    tags: dict[str, str] | None = None
+    """Extra tags for the AWS resources."""
+
+
+def validate(args: EfsStoreArgs) -> None:
+    """Raise ValueError naming the bad field."""
+    if not list(args.subnet_ids):
+        raise ValueError("subnet_ids: got []; expected the private subnets (one mount target per zone)")
+    if not args.claim_name:
+        raise ValueError("claim_name: got ''; expected a name such as 'shared'")
+
+
+def irsa_trust_policy(oidc_provider_arn: str, issuer_url: str, namespace: str, service_account: str) -> str:
+    """Trust policy letting exactly one Kubernetes service account assume a role through the OIDC provider."""
+    issuer = issuer_url.removeprefix("https://")
+    return json.dumps({"Version": "2012-10-17", "Statement": [{
+        "Effect": "Allow",
+        "Principal": {"Federated": oidc_provider_arn},
+        "Action": "sts:AssumeRoleWithWebIdentity",
+        "Condition": {"StringEquals": {
+            f"{issuer}:sub": f"system:serviceaccount:{namespace}:{service_account}",
+            f"{issuer}:aud": "sts.amazonaws.com",
+        }},
+    }]})
+
+
+class EfsStore(pulumi.ComponentResource):
+    """Encrypted EFS + CSI driver + StorageClass + RWX claim."""
+
+    file_system_id: pulumi.Output[str]
+    pvc_name: pulumi.Output[str]
+    storage_class_name: pulumi.Output[str]
+
+    def __init__(self, name: str, args: EfsStoreArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("eks-ddp:efs:EfsStore", name, None, opts)
+        validate(args)
+        tags = {"eks-ddp/storage": name, **(args.tags or {})}
+        child = pulumi.ResourceOptions(parent=self)
+        keep = pulumi.ResourceOptions(parent=self, retain_on_delete=args.retain_on_destroy)
+
+        # Retained with the file system: without its key the data could not be read.
+        key = aws.kms.Key(f"{name}-efs", description=f"EFS encryption for {name}", enable_key_rotation=True,
+                          deletion_window_in_days=30, tags=tags, opts=keep)
+        fs = aws.efs.FileSystem(f"{name}-fs", encrypted=True, kms_key_id=key.arn, throughput_mode="elastic",
+                                performance_mode="generalPurpose", tags={**tags, "Name": f"{name}-shared"},
+                                opts=keep)
+
+        nfs_sg = aws.ec2.SecurityGroup(f"{name}-nfs", vpc_id=args.vpc_id,
+                                       description="NFS to the EFS mount targets, from cluster nodes only",
+                                       tags={**tags, "Name": f"{name}-nfs"}, opts=child)
+        aws.vpc.SecurityGroupIngressRule(
+            f"{name}-nfs-from-nodes", security_group_id=nfs_sg.id,
+            referenced_security_group_id=args.node_security_group_id, ip_protocol="tcp",
+            from_port=NFS_PORT, to_port=NFS_PORT, description="NFS from cluster nodes", opts=child)
+
+        mount_targets = [
+            aws.efs.MountTarget(f"{name}-mt-{i}", file_system_id=fs.id, subnet_id=subnet_id,
+                                security_groups=[nfs_sg.id], opts=child)
+            for i, subnet_id in enumerate(args.subnet_ids)
+        ]
+
+        role = aws.iam.Role(
+            f"{name}-efs-csi",
+            description="EFS CSI controller (IRSA): creates and deletes access points",
+            assume_role_policy=pulumi.Output.all(args.oidc_provider_arn, args.oidc_provider_url).apply(
+                lambda a: irsa_trust_policy(a[0], a[1], EFS_CSI_NAMESPACE, EFS_CSI_CONTROLLER_SA)),
+            tags=tags, opts=child)
+        attach = aws.iam.RolePolicyAttachment(f"{name}-efs-csi", role=role.name, policy_arn=EFS_CSI_POLICY_ARN,
+                                              opts=child)
+        addon = aws.eks.Addon(
+            f"{name}-efs-csi-driver",
+            cluster_name=args.cluster_name,
+            addon_name="aws-efs-csi-driver",
+            addon_version=EFS_CSI_ADDON_VERSION,
+            service_account_role_arn=role.arn,
+            # The node plugin must also run on the tainted GPU nodes, where the trainer mounts the volume.
+            configuration_values=json.dumps({"node": {"tolerations": [{"operator": "Exists"}]}}),
+            resolve_conflicts_on_create="OVERWRITE",
+            resolve_conflicts_on_update="PRESERVE",
+            tags=tags,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[attach]))
+
+        sc = k8s.storage.v1.StorageClass(
+            f"{name}-sc",
+            metadata=k8s.meta.v1.ObjectMetaArgs(name=STORAGE_CLASS_NAME, labels={"app.kubernetes.io/part-of": "eks-ddp"}),
+            provisioner="efs.csi.aws.com",
+            parameters={
+                "provisioningMode": "efs-ap",
+                "fileSystemId": fs.id,
+                "directoryPerms": "700",
+                "uid": str(TRAINER_UID),
+                "gid": str(TRAINER_GID),
+                "basePath": "/eks-ddp",
+            },
+            reclaim_policy="Retain",
+            volume_binding_mode="Immediate",
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[addon]))
+        pvc = k8s.core.v1.PersistentVolumeClaim(
+            f"{name}-pvc",
+            metadata=k8s.meta.v1.ObjectMetaArgs(name=args.claim_name, namespace=args.namespace,
+                                                labels={"app.kubernetes.io/part-of": "eks-ddp"}),
+            spec=k8s.core.v1.PersistentVolumeClaimSpecArgs(
+                access_modes=["ReadWriteMany"], storage_class_name=sc.metadata.name,
+                resources=k8s.core.v1.VolumeResourceRequirementsArgs(requests={"storage": CLAIM_SIZE})),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[addon, *mount_targets]))
+
+        self.file_system_id = fs.id
+        self.pvc_name = pvc.metadata.name
+        self.storage_class_name = sc.metadata.name
+        self.register_outputs({"file_system_id": self.file_system_id, "pvc_name": self.pvc_name,
+                               "storage_class_name": self.storage_class_name})

@@ -1,0 +1,249 @@
+"""A GPU managed node group: ``aws.eks.NodeGroup`` plus its own launch template.
+
+Every property is set here, where it can be read and tested:
+
+* AMI ``AL2023_x86_64_NVIDIA`` (NVIDIA driver, container toolkit, EFA software).
+* IMDSv2 required with a hop limit of 1: nothing in a training pod needs the
+  instance's credentials or metadata (the device plugins talk to the kubelet and
+  the devices, not IMDS), and hop limit 1 stops containers from reaching IMDS and
+  borrowing the node role.
+* An encrypted gp3 root volume sized for multi-GB training images.
+* Taint ``nvidia.com/gpu=true:NoSchedule`` (only pods that tolerate it land here)
+  and labels ``eks-ddp/node-group``, ``eks-ddp/pool=gpu`` and the instance type,
+  used as the job's nodeSelector.
+* ``min_size`` may be 0 (pay nothing while idle); ``desired_size`` applies at
+  creation only (``ignore_changes``), so scaling by hand or by an autoscaler sticks.
+* Capacity: ``ON_DEMAND``, ``SPOT``, or ``CAPACITY_BLOCK`` (market type
+  ``capacity-block`` and the block's reservation as target). An on-demand
+  capacity reservation (``capacity_reservation_id``) is targeted the same way.
+* EFA: one interface per EFA-capable network card from the catalog (device index
+  0 on card 0, 1 on the others, as AWS documents for multi-card types such as
+  p4d/p5), a *cluster* placement group, and a security group open only to itself
+  (EFA traffic must be allowed to and from the group) on every interface. With
+  interfaces in the launch template, security groups go on the interfaces.
+* Single-zone groups (EFA, a reservation, or an explicit ``availability_zone``)
+  use only the private subnet of that zone; others use every private subnet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import pulumi
+import pulumi_aws as aws
+
+from components import catalog
+
+CapacityType = Literal["onDemand", "spot", "capacityBlock"]
+
+GPU_AMI_TYPE = "AL2023_x86_64_NVIDIA"
+GPU_TAINT_KEY = "nvidia.com/gpu"
+GPU_POOL = "gpu"
+IMDS_HOP_LIMIT = 1
+MIN_ROOT_VOLUME_GIB = 50
+
+_EKS_CAPACITY = {"onDemand": "ON_DEMAND", "spot": "SPOT", "capacityBlock": "CAPACITY_BLOCK"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuNodeGroupArgs:
+    """Inputs of :class:`GpuNodeGroup`."""
+
+    group_name: str
+    """Short name of the group (a DNS label): the ``eks-ddp/node-group`` label value."""
+    cluster_name: pulumi.Input[str]
+    """EKS cluster to join."""
+    node_role_arn: pulumi.Input[str]
+    """IAM role of the nodes (needs an EC2_LINUX access entry on the cluster)."""
+    subnet_ids: Sequence[pulumi.Input[str]]
+    """Private subnets the group may use (all zones)."""
+    subnet_by_az: Mapping[str, pulumi.Input[str]]
+    """Zone -> private subnet, for single-zone groups (EFA, reservations)."""
+    node_security_group_id: pulumi.Input[str]
+    """The cluster's node security group (EFS and node-to-node traffic)."""
+    cluster_security_group_id: pulumi.Input[str]
+    """The EKS cluster security group: EKS adds it only when a template sets no groups, so we add it."""
+    instance_type: str
+    """GPU instance type from the catalog."""
+    vpc_id: pulumi.Input[str] | None = None
+    """VPC of the subnets; required with ``efa`` (for the EFA security group)."""
+    min_size: int = 0
+    """Minimum nodes; 0 lets the group scale to zero."""
+    desired_size: int = 0
+    """Nodes at creation; ignored afterwards."""
+    max_size: int = 2
+    """Maximum nodes."""
+    capacity_type: CapacityType = "onDemand"
+    """'onDemand', 'spot' or 'capacityBlock'."""
+    efa: bool = False
+    """Attach the type's EFA interfaces, a cluster placement group, and keep the group in one zone."""
+    capacity_reservation_id: str | None = None
+    """On-demand capacity reservation or capacity block (cr-...) to launch into."""
+    availability_zone: str | None = None
+    """Pin the group to this zone (the reservation's zone when one is given)."""
+    root_volume_gib: int = 200
+    """gp3 root volume size in GiB."""
+    tags: dict[str, str] | None = None
+    """Extra tags for the AWS resources."""
+
+
+def validate(args: GpuNodeGroupArgs) -> catalog.InstanceType:
+    """Raise ValueError naming the bad field; return the catalog entry."""
+    it = catalog.CATALOG.get(args.instance_type)
+    if it is None or it.gpus == 0:
+        raise ValueError(f"instance_type: got {args.instance_type!r}; expected a GPU type from the catalog: "
+                         + ", ".join(catalog.gpu_types()))
+    if args.min_size < 0:
+        raise ValueError(f"min_size: got {args.min_size}; expected >= 0")
+    if args.max_size < 1:
+        raise ValueError(f"max_size: got {args.max_size}; expected >= 1")
+    if args.min_size > args.max_size:
+        raise ValueError(f"min_size: got {args.min_size}; expected <= max_size ({args.max_size})")
+    if not args.min_size <= args.desired_size <= args.max_size:
+        raise ValueError(f"desired_size: got {args.desired_size}; expected between min_size ({args.min_size}) "
+                         f"and max_size ({args.max_size})")
+    if args.capacity_type not in _EKS_CAPACITY:
+        raise ValueError(f"capacity_type: got {args.capacity_type!r}; expected one of {', '.join(_EKS_CAPACITY)}")
+    if args.efa and not it.has_efa:
+        raise ValueError(f"efa: got True for {args.instance_type!r}, which has no EFA interfaces; expected False "
+                         "or an EFA type (" + ", ".join(n for n in catalog.gpu_types() if catalog.CATALOG[n].has_efa)
+                         + ")")
+    if args.capacity_type == "capacityBlock" and not args.capacity_reservation_id:
+        raise ValueError("capacity_reservation_id: required with capacity_type 'capacityBlock'")
+    if args.capacity_reservation_id and args.capacity_type == "spot":
+        raise ValueError("capacity_type: got 'spot' with capacity_reservation_id; expected 'onDemand' or "
+                         "'capacityBlock'")
+    if args.capacity_reservation_id and not args.availability_zone:
+        raise ValueError("availability_zone: required with capacity_reservation_id (the reservation's zone)")
+    if args.root_volume_gib < MIN_ROOT_VOLUME_GIB:
+        raise ValueError(f"root_volume_gib: got {args.root_volume_gib}; expected >= {MIN_ROOT_VOLUME_GIB} "
+                         "(the GPU AMI and training images are large)")
+    if not args.subnet_ids:
+        raise ValueError("subnet_ids: got []; expected the cluster's private subnets")
+    if args.availability_zone is not None and args.availability_zone not in args.subnet_by_az:
+        raise ValueError(f"availability_zone: got {args.availability_zone!r}; expected a zone with a private "
+                         f"subnet: {', '.join(args.subnet_by_az) or '(none)'}")
+    if args.efa and args.vpc_id is None:
+        raise ValueError("vpc_id: required with efa (the EFA security group lives in the VPC)")
+    if args.efa and not args.availability_zone and not args.subnet_by_az:
+        raise ValueError("subnet_by_az: got {}; expected zone -> subnet so the EFA group can stay in one zone")
+    return it
+
+
+def efa_device_index(card: int) -> int:
+    """Device index of the EFA interface on network card ``card``: 0 on the primary card, 1 elsewhere."""
+    return 0 if card == 0 else 1
+
+
+class GpuNodeGroup(pulumi.ComponentResource):
+    """A tainted GPU managed node group with its own launch template (optionally EFA, reservation, spot)."""
+
+    node_group_name: pulumi.Output[str]
+    node_labels: dict[str, str]
+    """Labels every node of the group carries (the job's nodeSelector)."""
+    zone: str | None
+    """The single zone of the group, or None when it spans every private subnet."""
+
+    def __init__(self, name: str, args: GpuNodeGroupArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("eks-ddp:gpu_nodegroup:GpuNodeGroup", name, None, opts)
+        it = validate(args)
+        self._name, self._args = name, args
+        self._tags = {"eks-ddp/node-group": args.group_name, **(args.tags or {})}
+        child = pulumi.ResourceOptions(parent=self)
+
+        single_zone = args.efa or args.capacity_reservation_id is not None or args.availability_zone is not None
+        self.zone = (args.availability_zone or next(iter(args.subnet_by_az))) if single_zone else None
+        subnet_ids = [args.subnet_by_az[self.zone]] if self.zone else list(args.subnet_ids)
+
+        self.node_labels = {
+            "eks-ddp/node-group": args.group_name,
+            "eks-ddp/pool": GPU_POOL,
+            "eks-ddp/instance-type": args.instance_type,
+        }
+
+        placement = None
+        network_interfaces = None
+        node_sgs = [args.cluster_security_group_id, args.node_security_group_id]
+        if args.efa:
+            pg = aws.ec2.PlacementGroup(f"{name}-pg", strategy="cluster", tags=self._tags, opts=child)
+            efa_sg = self._create_efa_security_group()
+            placement = aws.ec2.LaunchTemplatePlacementArgs(group_name=pg.name, availability_zone=self.zone)
+            network_interfaces = [
+                aws.ec2.LaunchTemplateNetworkInterfaceArgs(
+                    network_card_index=card, device_index=efa_device_index(card), interface_type="efa",
+                    delete_on_termination="true", associate_public_ip_address="false",
+                    security_groups=[*node_sgs, efa_sg.id])
+                for card in range(it.efa_interfaces)
+            ]
+        elif self.zone is not None:
+            placement = aws.ec2.LaunchTemplatePlacementArgs(availability_zone=self.zone)
+
+        reservation = None
+        if args.capacity_reservation_id:
+            reservation = aws.ec2.LaunchTemplateCapacityReservationSpecificationArgs(
+                capacity_reservation_target=aws.ec2.LaunchTemplateCapacityReservationSpecificationCapacityReservationTargetArgs(  # noqa: E501
+                    capacity_reservation_id=args.capacity_reservation_id))
+        capacity_block = args.capacity_type == "capacityBlock"
+
+        lt = aws.ec2.LaunchTemplate(
+            f"{name}-lt",
+            description=f"GPU nodes {args.group_name} ({args.instance_type})",
+            metadata_options=aws.ec2.LaunchTemplateMetadataOptionsArgs(
+                http_endpoint="enabled", http_tokens="required", http_put_response_hop_limit=IMDS_HOP_LIMIT,
+                instance_metadata_tags="disabled"),
+            block_device_mappings=[aws.ec2.LaunchTemplateBlockDeviceMappingArgs(
+                device_name="/dev/xvda",
+                ebs=aws.ec2.LaunchTemplateBlockDeviceMappingEbsArgs(
+                    volume_size=args.root_volume_gib, volume_type="gp3", encrypted="true",
+                    delete_on_termination="true"))],
+            # With interfaces in the template, groups must go on the interfaces, not here.
+            vpc_security_group_ids=None if network_interfaces else node_sgs,
+            network_interfaces=network_interfaces,
+            placement=placement,
+            capacity_reservation_specification=reservation,
+            instance_market_options=aws.ec2.LaunchTemplateInstanceMarketOptionsArgs(market_type="capacity-block")
+            if capacity_block else None,
+            # EKS wants a capacity block's instance type in the template, not on the node group.
+            instance_type=args.instance_type if capacity_block else None,
+            tag_specifications=[aws.ec2.LaunchTemplateTagSpecificationArgs(
+                resource_type="instance", tags={**self._tags, "Name": f"{name}"})],
+            update_default_version=True,
+            tags=self._tags,
+            opts=child)
+
+        group = aws.eks.NodeGroup(
+            f"{name}",
+            cluster_name=args.cluster_name,
+            node_role_arn=args.node_role_arn,
+            subnet_ids=subnet_ids,
+            ami_type=GPU_AMI_TYPE,
+            capacity_type=_EKS_CAPACITY[args.capacity_type],
+            instance_types=None if capacity_block else [args.instance_type],
+            scaling_config=aws.eks.NodeGroupScalingConfigArgs(
+                min_size=args.min_size, desired_size=args.desired_size, max_size=args.max_size),
+            update_config=aws.eks.NodeGroupUpdateConfigArgs(max_unavailable=1),
+            labels=dict(self.node_labels),
+            taints=[aws.eks.NodeGroupTaintArgs(key=GPU_TAINT_KEY, value="true", effect="NO_SCHEDULE")],
+            launch_template=aws.eks.NodeGroupLaunchTemplateArgs(id=lt.id, version=lt.latest_version.apply(str)),
+            tags=self._tags,
+            opts=pulumi.ResourceOptions(parent=self, ignore_changes=["scalingConfig.desiredSize"]),
+        )
+        self.node_group_name = group.node_group_name
+        self.register_outputs({"node_group_name": self.node_group_name, "node_labels": self.node_labels})
+
+    def _create_efa_security_group(self) -> aws.ec2.SecurityGroup:
+        name = self._name
+        child = pulumi.ResourceOptions(parent=self)
+        sg = aws.ec2.SecurityGroup(f"{name}-efa", vpc_id=self._args.vpc_id,
+                                   description=f"EFA traffic within node group {self._args.group_name}",
+                                   tags={**self._tags, "Name": f"{name}-efa"}, opts=child)
+        # EFA's OS-bypass traffic is only allowed between interfaces whose groups admit each other.
+        aws.vpc.SecurityGroupIngressRule(f"{name}-efa-in", security_group_id=sg.id,
+                                         referenced_security_group_id=sg.id, ip_protocol="-1",
+                                         description="All traffic from EFA peers", opts=child)
+        aws.vpc.SecurityGroupEgressRule(f"{name}-efa-out", security_group_id=sg.id,
+                                        referenced_security_group_id=sg.id, ip_protocol="-1",
+                                        description="All traffic to EFA peers", opts=child)
+        return sg

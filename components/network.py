@@ -1,0 +1,185 @@
+"""The VPC the cluster lives in: a new one over N zones, or one you bring.
+
+A new VPC gets, per zone, a public subnet (NAT gateway, internet-facing load
+balancers) and a larger private subnet (nodes, pods, EFS mount targets), from
+the pure layout in :mod:`components.cidr`. Private subnets reach the internet
+through NAT: one gateway by default (cheapest; a zone outage cuts egress of the
+other zones), or one per zone (``nat_gateways="perAz"``). S3 traffic skips NAT
+through a free gateway endpoint, which also saves NAT data charges on datasets
+and checkpoints. Subnets carry the tags the AWS load balancer integrations look
+for.
+
+Bring your own VPC by setting ``vpc_id`` and the subnet ids: nothing is
+created, and each private subnet's zone is looked up (``aws.ec2.get_subnet``)
+so single-zone GPU groups (EFA, capacity reservations) pick the right subnet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import pulumi
+import pulumi_aws as aws
+
+from components import cidr
+
+NatMode = Literal["single", "perAz"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class NetworkArgs:
+    """Inputs of :class:`Network`."""
+
+    cluster_name: str
+    """EKS cluster name, for the ``kubernetes.io/cluster/<name>`` subnet tags."""
+    availability_zones: Sequence[str]
+    """Zones of the new VPC, one public and one private subnet each (ignored with ``vpc_id``)."""
+    vpc_cidr: str = "10.0.0.0/16"
+    """CIDR of the new VPC."""
+    nat_gateways: NatMode = "single"
+    """'single': one NAT gateway (cheapest); 'perAz': one per zone (survives a zone outage)."""
+    vpc_id: str | None = None
+    """Existing VPC to use; then nothing is created."""
+    public_subnet_ids: Sequence[str] = field(default_factory=tuple)
+    """Existing public subnets (with ``vpc_id``); may be empty for a private-only cluster."""
+    private_subnet_ids: Sequence[str] = field(default_factory=tuple)
+    """Existing private subnets for nodes (with ``vpc_id``), in at least two zones."""
+
+    @property
+    def bring_your_own(self) -> bool:
+        return self.vpc_id is not None
+
+
+def validate(args: NetworkArgs) -> None:
+    """Raise ValueError naming the bad field."""
+    if args.nat_gateways not in ("single", "perAz"):
+        raise ValueError(f"nat_gateways: got {args.nat_gateways!r}; expected 'single' or 'perAz'")
+    if args.bring_your_own:
+        if len(args.private_subnet_ids) < 2:
+            raise ValueError(f"private_subnet_ids: got {list(args.private_subnet_ids)!r}; expected at least 2 "
+                             "subnets (EKS needs two zones) with vpc_id")
+        return
+    if args.public_subnet_ids or args.private_subnet_ids:
+        raise ValueError("private_subnet_ids: subnet ids given without vpc_id; expected both or neither")
+    zones = list(args.availability_zones)
+    if len(zones) < 2:
+        raise ValueError(f"availability_zones: got {zones!r}; expected at least 2 zones (EKS requires two)")
+    if len(set(zones)) != len(zones):
+        raise ValueError(f"availability_zones: got {zones!r}; expected distinct zones")
+    cidr.plan_subnets(args.vpc_cidr, len(zones))  # raises CidrError (a ValueError) naming vpc_cidr
+
+
+class Network(pulumi.ComponentResource):
+    """A VPC with public and private subnets over several zones (or an existing one)."""
+
+    vpc_id: pulumi.Output[str]
+    public_subnet_ids: list[pulumi.Input[str]]
+    """Public subnet ids, in zone order (a plain list, so callers can loop over it)."""
+    private_subnet_ids: list[pulumi.Input[str]]
+    """Private subnet ids, in zone order."""
+    private_subnet_by_az: dict[str, pulumi.Input[str]]
+    """Zone -> the private subnet in it (the first one, when several share a zone)."""
+
+    def __init__(self, name: str, args: NetworkArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("eks-ddp:network:Network", name, None, opts)
+        validate(args)
+        self._name = name
+        self._args = args
+        if args.bring_your_own:
+            self._adopt()
+        else:
+            self._create()
+        self.register_outputs({
+            "vpc_id": self.vpc_id,
+            "public_subnet_ids": self.public_subnet_ids,
+            "private_subnet_ids": self.private_subnet_ids,
+            "private_subnet_by_az": self.private_subnet_by_az,
+        })
+
+    # -- bring your own ------------------------------------------------------------------------
+    def _adopt(self) -> None:
+        args = self._args
+        self.vpc_id = pulumi.Output.from_input(args.vpc_id)
+        self.public_subnet_ids = list(args.public_subnet_ids)
+        self.private_subnet_ids = list(args.private_subnet_ids)
+        by_az: dict[str, pulumi.Input[str]] = {}
+        invoke_opts = pulumi.InvokeOptions(parent=self)
+        for subnet_id in args.private_subnet_ids:
+            # A plain invoke (not get_subnet_output): the zone is a dict key that drives which
+            # subnet a single-zone node group uses, so it must be known while the program runs.
+            zone = aws.ec2.get_subnet(id=subnet_id, opts=invoke_opts).availability_zone
+            by_az.setdefault(zone, subnet_id)
+        self.private_subnet_by_az = by_az
+
+    # -- a new VPC -------------------------------------------------------------------------------
+    def _create(self) -> None:
+        args, name = self._args, self._name
+        zones = list(args.availability_zones)
+        layout = cidr.plan_subnets(args.vpc_cidr, len(zones))
+        child = pulumi.ResourceOptions(parent=self)
+        cluster_tag = {f"kubernetes.io/cluster/{args.cluster_name}": "shared"}
+
+        vpc = aws.ec2.Vpc(f"{name}-vpc", cidr_block=args.vpc_cidr, enable_dns_hostnames=True,
+                          enable_dns_support=True, tags={"Name": f"{args.cluster_name}-vpc"}, opts=child)
+        igw = aws.ec2.InternetGateway(f"{name}-igw", vpc_id=vpc.id,
+                                      tags={"Name": f"{args.cluster_name}-igw"}, opts=child)
+
+        public_rt = aws.ec2.RouteTable(f"{name}-public-rt", vpc_id=vpc.id,
+                                       tags={"Name": f"{args.cluster_name}-public"}, opts=child)
+        aws.ec2.Route(f"{name}-public-default", route_table_id=public_rt.id, destination_cidr_block="0.0.0.0/0",
+                      gateway_id=igw.id, opts=child)
+
+        public_subnets: list[aws.ec2.Subnet] = []
+        private_subnets: list[aws.ec2.Subnet] = []
+        for zone, block in zip(zones, layout, strict=True):
+            pub = aws.ec2.Subnet(
+                f"{name}-public-{zone}", vpc_id=vpc.id, cidr_block=block.public, availability_zone=zone,
+                # Nothing launched here needs a public IP by default: NAT gateways use Elastic IPs.
+                map_public_ip_on_launch=False,
+                tags={"Name": f"{args.cluster_name}-public-{zone}", "kubernetes.io/role/elb": "1", **cluster_tag},
+                opts=child)
+            aws.ec2.RouteTableAssociation(f"{name}-public-{zone}", subnet_id=pub.id, route_table_id=public_rt.id,
+                                          opts=child)
+            priv = aws.ec2.Subnet(
+                f"{name}-private-{zone}", vpc_id=vpc.id, cidr_block=block.private, availability_zone=zone,
+                map_public_ip_on_launch=False,
+                tags={"Name": f"{args.cluster_name}-private-{zone}", "kubernetes.io/role/internal-elb": "1",
+                      **cluster_tag},
+                opts=child)
+            public_subnets.append(pub)
+            private_subnets.append(priv)
+
+        nat_zones = zones if args.nat_gateways == "perAz" else zones[:1]
+        nats: dict[str, aws.ec2.NatGateway] = {}
+        for zone, pub in zip(zones, public_subnets, strict=True):
+            if zone not in nat_zones:
+                continue
+            eip = aws.ec2.Eip(f"{name}-nat-{zone}", domain="vpc", tags={"Name": f"{args.cluster_name}-nat-{zone}"},
+                              opts=child)
+            nats[zone] = aws.ec2.NatGateway(
+                f"{name}-nat-{zone}", allocation_id=eip.id, subnet_id=pub.id,
+                tags={"Name": f"{args.cluster_name}-nat-{zone}"},
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[igw]))
+
+        private_rts: list[aws.ec2.RouteTable] = []
+        for zone, priv in zip(zones, private_subnets, strict=True):
+            rt = aws.ec2.RouteTable(f"{name}-private-rt-{zone}", vpc_id=vpc.id,
+                                    tags={"Name": f"{args.cluster_name}-private-{zone}"}, opts=child)
+            nat = nats.get(zone) or nats[nat_zones[0]]
+            aws.ec2.Route(f"{name}-private-default-{zone}", route_table_id=rt.id, destination_cidr_block="0.0.0.0/0",
+                          nat_gateway_id=nat.id, opts=child)
+            aws.ec2.RouteTableAssociation(f"{name}-private-{zone}", subnet_id=priv.id, route_table_id=rt.id,
+                                          opts=child)
+            private_rts.append(rt)
+
+        region = aws.get_region(opts=pulumi.InvokeOptions(parent=self)).region
+        aws.ec2.VpcEndpoint(f"{name}-s3", vpc_id=vpc.id, service_name=f"com.amazonaws.{region}.s3",
+                            vpc_endpoint_type="Gateway", route_table_ids=[rt.id for rt in private_rts],
+                            tags={"Name": f"{args.cluster_name}-s3"}, opts=child)
+
+        self.vpc_id = vpc.id
+        self.public_subnet_ids = [s.id for s in public_subnets]
+        self.private_subnet_ids = [s.id for s in private_subnets]
+        self.private_subnet_by_az = {zone: s.id for zone, s in zip(zones, private_subnets, strict=True)}
