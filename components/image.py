@@ -1,0 +1,270 @@
+"""TrainerImage: the trainer image in a private ECR repository, referenced by digest.
+
+``pulumi up`` builds ``docker/Dockerfile`` with BuildKit (``pulumi_docker_build.Image``), pushes it to an
+ECR repository with immutable tags, and exposes ``image_ref`` = ``<repository>@sha256:<digest>``: the jobs
+run exactly the image that was built. A stack may instead name a prebuilt image (``repo@sha256:...``);
+then nothing is built and no repository is created.
+
+The image tag is a hash of the build inputs (``docker/`` and ``training/``) computed here, in plain Python,
+while the program runs: immutable tags need a new tag for every content change, and a preview shows it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import pulumi
+import pulumi_aws as aws
+import pulumi_docker_build as docker_build
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+DOCKERFILE = "docker/Dockerfile"
+"""The Dockerfile, relative to the build context (the repository root)."""
+SOURCE_DIRS = ("docker", "training")
+"""What the image is built from; everything else in the context is excluded by .dockerignore."""
+PLATFORM = docker_build.Platform.LINUX_AMD64
+"""Every GPU instance type in the catalog is x86_64."""
+CACHE_TAG = "buildcache"
+"""Tag of the BuildKit layer cache in the cache repository."""
+TAG_PREFIX = "src-"
+TAG_HASH_CHARS = 20
+
+PULL_ACTIONS = ("ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer", "ecr:BatchCheckLayerAvailability")
+"""What a node needs to pull one repository's images."""
+
+_IMAGE_BY_DIGEST = re.compile(r"^[^\s@]+@sha256:[0-9a-f]{64}$")
+_ECR_IMAGE = re.compile(
+    r"^(?P<account>\d{12})\.dkr\.ecr(?:-fips)?\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(?P<cn>\.cn)?"
+    r"/(?P<repo>[^@]+)@sha256:[0-9a-f]{64}$")
+# Build outputs and editor files that .dockerignore keeps out of the context (and so out of the hash).
+_IGNORED_DIRS = {"__pycache__", ".pytest_cache", ".ruff_cache", ".mypy_cache", ".ipynb_checkpoints"}
+_IGNORED_SUFFIXES = (".pyc", ".pyo", ".pyd", ".swp")
+_IGNORED_NAMES = {".DS_Store"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainerImageArgs:
+    """Arguments of :class:`TrainerImage`."""
+
+    prebuilt: str | None = None
+    """Use this image (``repo@sha256:<64 hex>``) instead of building one: no repository, no build."""
+    keep_images: int = 10
+    """Images the ECR lifecycle policy keeps (the newest); older ones are expired."""
+    force_delete: bool = False
+    """Let ``pulumi destroy`` delete the repository while it still holds images."""
+    node_role_name: pulumi.Input[str] | None = None
+    """IAM role of the nodes that run the jobs: gets a pull-only policy on this image's repository."""
+    kms_key_arn: pulumi.Input[str] | None = None
+    """KMS key that encrypts the repositories; default: the AWS managed key for ECR (aws/ecr)."""
+    context_dir: str = str(PROJECT_ROOT)
+    """Build context: the repository root, holding ``docker/`` and ``training/``."""
+
+
+def source_files(context_dir: str | Path, dirs: tuple[str, ...] = SOURCE_DIRS) -> list[Path]:
+    """The files under ``dirs`` that the build reads, as paths relative to ``context_dir``, sorted."""
+    root = Path(context_dir)
+    out: list[Path] = []
+    for top in dirs:
+        for dirpath, dirnames, filenames in os.walk(root / top):
+            dirnames[:] = sorted(d for d in dirnames if d not in _IGNORED_DIRS)
+            for name in filenames:
+                if name in _IGNORED_NAMES or name.endswith(_IGNORED_SUFFIXES):
+                    continue
+                path = Path(dirpath) / name
+                if path.is_file():
+                    out.append(path.relative_to(root))
+    return sorted(out, key=lambda p: p.as_posix())
+
+
+def source_hash(context_dir: str | Path, dirs: tuple[str, ...] = SOURCE_DIRS) -> str:
+    """SHA-256 over the build inputs' relative paths and contents: changes exactly when the image would."""
+    root = Path(context_dir)
+    files = source_files(root, dirs)
+    if not any(p.as_posix() == DOCKERFILE for p in files):
+        raise ValueError(f"TrainerImageArgs.context_dir: {root} has no {DOCKERFILE}")
+    h = hashlib.sha256()
+    for rel in files:
+        data = (root / rel).read_bytes()
+        h.update(rel.as_posix().encode() + b"\0" + str(len(data)).encode() + b"\0" + data)
+    return h.hexdigest()
+
+
+def image_tag(context_dir: str | Path) -> str:
+    """The immutable tag for the current sources, e.g. ``src-3f2a...``."""
+    return TAG_PREFIX + source_hash(context_dir)[:TAG_HASH_CHARS]
+
+
+def ecr_repository_arn(image_ref: str) -> str | None:
+    """ARN of the ECR repository an image reference points into, or None for other registries."""
+    m = _ECR_IMAGE.match(image_ref)
+    if m is None:
+        return None
+    repo = re.sub(r":[^/:]+$", "", m["repo"])  # repo:tag@sha256:... -> the tag is not part of the name
+    partition = "aws-cn" if m["cn"] else "aws"
+    return f"arn:{partition}:ecr:{m['region']}:{m['account']}:repository/{repo}"
+
+
+def pull_policy(repository_arn: str) -> str:
+    """Node policy: pull from one repository; GetAuthorizationToken cannot be scoped to a resource."""
+    return json.dumps({
+        "Version": "2012-10-17",
+        "Statement": [
+            {"Sid": "PullTrainerImage", "Effect": "Allow", "Action": list(PULL_ACTIONS),
+             "Resource": repository_arn},
+            {"Sid": "EcrLogin", "Effect": "Allow", "Action": "ecr:GetAuthorizationToken", "Resource": "*"},
+        ],
+    })
+
+
+def lifecycle_policy(keep_images: int) -> str:
+    """Keep the newest ``keep_images`` images; the jobs only ever run the newest."""
+    return json.dumps({"rules": [{
+        "rulePriority": 1,
+        "description": f"keep the newest {keep_images} trainer images",
+        "selection": {"tagStatus": "any", "countType": "imageCountMoreThan", "countNumber": keep_images},
+        "action": {"type": "expire"},
+    }]})
+
+
+def cache_lifecycle_policy() -> str:
+    """Each build re-tags the cache; the cache it replaced is untagged and goes after a day."""
+    return json.dumps({"rules": [{
+        "rulePriority": 1,
+        "description": "expire replaced build caches",
+        "selection": {"tagStatus": "untagged", "countType": "sinceImagePushed", "countUnit": "days",
+                      "countNumber": 1},
+        "action": {"type": "expire"},
+    }]})
+
+
+def _validate(args: TrainerImageArgs) -> None:
+    if args.prebuilt is not None and not _IMAGE_BY_DIGEST.match(args.prebuilt):
+        raise ValueError(f"TrainerImageArgs.prebuilt: got {args.prebuilt!r}; expected an image pinned by digest, "
+                         "e.g. 123456789012.dkr.ecr.us-west-2.amazonaws.com/trainer@sha256:<64 hex>")
+    if isinstance(args.keep_images, bool) or not isinstance(args.keep_images, int) or args.keep_images < 1:
+        raise ValueError(f"TrainerImageArgs.keep_images: got {args.keep_images!r}; expected a whole number >= 1")
+
+
+class TrainerImage(pulumi.ComponentResource):
+    """The trainer image: built and pushed to ECR on ``pulumi up``, or a prebuilt reference."""
+
+    image_ref: pulumi.Output[str]
+    """``<repository>@sha256:<digest>``: what the jobs run."""
+    repository_url: pulumi.Output[str] | None
+    """The ECR repository's URL; None with a prebuilt image."""
+    repository_arn: pulumi.Output[str] | None
+    """The repository the nodes may pull from (ours, or a prebuilt image's ECR repository)."""
+
+    def __init__(self, name: str, args: TrainerImageArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("eks-ddp:image:TrainerImage", name, None, opts)
+        _validate(args)
+        self._name = name
+        self._args = args
+        self.repository = self.cache_repository = self.image = self.node_policy = None
+
+        if args.prebuilt is not None:
+            self.image_ref = pulumi.Output.from_input(args.prebuilt)
+            self.repository_url = None
+            arn = ecr_repository_arn(args.prebuilt)
+            self.repository_arn = pulumi.Output.from_input(arn) if arn else None
+        else:
+            self.repository = self._create_repository()
+            self.cache_repository = self._create_cache_repository()
+            self.image = self._create_image(image_tag(args.context_dir))
+            self.repository_url = self.repository.repository_url
+            self.repository_arn = self.repository.arn
+            # A pure digest reference: what runs can never change under a tag.
+            self.image_ref = pulumi.Output.concat(self.repository.repository_url, "@", self.image.digest)
+
+        if args.node_role_name is not None and self.repository_arn is not None:
+            self.node_policy = aws.iam.RolePolicy(
+                f"{name}-node-pull",
+                role=args.node_role_name,
+                policy=self.repository_arn.apply(pull_policy),
+                opts=pulumi.ResourceOptions(parent=self),
+            )
+
+        self.register_outputs({
+            "image_ref": self.image_ref,
+            "repository_url": self.repository_url,
+            "repository_arn": self.repository_arn,
+        })
+
+    def _encryption(self) -> list[aws.ecr.RepositoryEncryptionConfigurationArgs]:
+        return [aws.ecr.RepositoryEncryptionConfigurationArgs(encryption_type="KMS", kms_key=self._args.kms_key_arn)]
+
+    def _create_repository(self) -> aws.ecr.Repository:
+        repo = aws.ecr.Repository(
+            f"{self._name}-repo",
+            image_tag_mutability="IMMUTABLE",
+            image_scanning_configuration=aws.ecr.RepositoryImageScanningConfigurationArgs(scan_on_push=True),
+            encryption_configurations=self._encryption(),
+            force_delete=self._args.force_delete,
+            tags={"app.kubernetes.io/part-of": "eks-ddp"},
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        aws.ecr.LifecyclePolicy(
+            f"{self._name}-lifecycle",
+            repository=repo.name,
+            policy=lifecycle_policy(self._args.keep_images),
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        return repo
+
+    def _create_cache_repository(self) -> aws.ecr.Repository:
+        # BuildKit rewrites one cache tag on every build, which an IMMUTABLE repository refuses; so the
+        # cache lives in its own repository that nodes cannot pull from and that holds nothing of value.
+        cache = aws.ecr.Repository(
+            f"{self._name}-cache",
+            image_tag_mutability="MUTABLE",
+            encryption_configurations=self._encryption(),
+            force_delete=True,
+            tags={"app.kubernetes.io/part-of": "eks-ddp"},
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        aws.ecr.LifecyclePolicy(
+            f"{self._name}-cache-lifecycle",
+            repository=cache.name,
+            policy=cache_lifecycle_policy(),
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        return cache
+
+    def _create_image(self, tag: str) -> docker_build.Image:
+        repo, cache = self.repository, self.cache_repository
+        auth = aws.ecr.get_authorization_token_output(registry_id=repo.registry_id,
+                                                      opts=pulumi.InvokeOutputOptions(parent=self))
+        cache_ref = cache.repository_url.apply(lambda url: f"{url}:{CACHE_TAG}")
+        context = Path(self._args.context_dir)
+        # Relative paths keep the resource's inputs identical on every machine (the program runs from the
+        # project directory), so a checkout elsewhere does not look like a change and trigger a rebuild.
+        location = os.path.relpath(context, os.getcwd())
+        return docker_build.Image(
+            f"{self._name}-build",
+            context=docker_build.BuildContextArgs(location=location),
+            dockerfile=docker_build.DockerfileArgs(location=os.path.normpath(os.path.join(location, DOCKERFILE))),
+            platforms=[PLATFORM],
+            push=True,
+            tags=[repo.repository_url.apply(lambda url: f"{url}:{tag}")],
+            labels={"org.opencontainers.image.version": tag},
+            registries=[docker_build.RegistryArgs(
+                address=repo.repository_url.apply(lambda url: url.split("/", 1)[0]),
+                username=auth.user_name,
+                password=pulumi.Output.secret(auth.password),
+            )],
+            cache_from=[docker_build.CacheFromArgs(registry=docker_build.CacheFromRegistryArgs(ref=cache_ref))],
+            # ECR accepts a registry cache only as an OCI image manifest; a failed cache export must not
+            # fail the deployment, it only makes the next build slower.
+            cache_to=[docker_build.CacheToArgs(registry=docker_build.CacheToRegistryArgs(
+                ref=cache_ref, mode=docker_build.CacheMode.MAX, image_manifest=True, oci_media_types=True,
+                ignore_error=True))],
+            # A multi-GB CUDA build on every preview is slow; the tag above already shows a content change.
+            build_on_preview=False,
+            opts=pulumi.ResourceOptions(parent=self),
+        )
