@@ -41,6 +41,12 @@ class Recorded:
     inputs: dict[str, Any]
     outputs: dict[str, Any]
     provider: str = ""
+    ignore_changes: list[str] = field(default_factory=list)
+    """Property paths registered with ``ignore_changes``."""
+    retain_on_delete: bool = False
+    """Whether the resource was registered with ``retain_on_delete``."""
+    dependencies: list[str] = field(default_factory=list)
+    """URNs the resource depends on (``depends_on`` and the resources behind its input Outputs)."""
 
     @property
     def parent_type(self) -> str:
@@ -258,7 +264,10 @@ class _RecordingMonitor(_mocks.MockMonitor):
         with self._rec_lock:
             self.recorded.append(Recorded(urn=response.urn, type=request.type, name=request.name,
                                           custom=bool(request.custom), parent_urn=request.parent,
-                                          inputs=inputs, outputs=dict(reg.state), provider=request.provider))
+                                          inputs=inputs, outputs=dict(reg.state), provider=request.provider,
+                                          ignore_changes=list(request.ignoreChanges),
+                                          retain_on_delete=bool(request.retainOnDelete),
+                                          dependencies=list(request.dependencies)))
         return response
 
 

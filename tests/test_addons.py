@@ -1,0 +1,80 @@
+"""ClusterAddons under mocks: pinned device plugin releases, EFA only on demand, metrics-server add-on."""
+
+from __future__ import annotations
+
+import pulumi
+import pulumi_kubernetes as k8s
+import pytest
+
+from components import addons as addons_mod
+from components.addons import ClusterAddons, ClusterAddonsArgs
+from components.mocks import run_program
+
+RELEASE = "kubernetes:helm.sh/v3:Release"
+PARENT = "eks-ddp:addons:ClusterAddons"
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+
+
+def _run(efa: bool):
+    def program():
+        provider = k8s.Provider("k8s", kubeconfig="{}")
+        ClusterAddons("addons", ClusterAddonsArgs(cluster_name="eks-ddp-test", efa=efa),
+                      opts=pulumi.ResourceOptions(providers={"kubernetes": provider}))
+
+    return run_program({}, program=program)
+
+
+@pytest.fixture(scope="module")
+def plain():
+    return _run(efa=False)
+
+
+@pytest.fixture(scope="module")
+def with_efa():
+    return _run(efa=True)
+
+
+def _release(result, chart):
+    return next(r for r in result.of_type(RELEASE) if r.inputs["chart"] == chart)
+
+
+def test_nvidia_device_plugin_pinned_tolerates_taint_and_selects_gpu_nodes(plain):
+    rel = _release(plain, "nvidia-device-plugin").inputs
+    assert rel["version"] == addons_mod.NVIDIA_DEVICE_PLUGIN_VERSION
+    assert rel["version"][0].isdigit()  # NVIDIA's index has no leading "v"
+    assert rel["repositoryOpts"]["repo"] == "https://nvidia.github.io/k8s-device-plugin"
+    values = rel["values"]
+    assert GPU_TOLERATION in values["tolerations"]
+    assert values["nodeSelector"] == {"eks-ddp/pool": "gpu"}
+    term = values["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert term == [{"matchExpressions": [{"key": "eks-ddp/pool", "operator": "In", "values": ["gpu"]}]}]
+
+
+def test_no_efa_plugin_without_efa(plain):
+    assert [r.inputs["chart"] for r in plain.of_type(RELEASE)] == ["nvidia-device-plugin"]
+
+
+def test_efa_plugin_pinned_when_efa(with_efa):
+    rel = _release(with_efa, "aws-efa-k8s-device-plugin").inputs
+    assert rel["version"] == addons_mod.EFA_DEVICE_PLUGIN_VERSION
+    assert rel["repositoryOpts"]["repo"] == "https://aws.github.io/eks-charts"
+    assert rel["values"] == {"tolerations": [GPU_TOLERATION], "nodeSelector": {"eks-ddp/pool": "gpu"}}
+
+
+def test_metrics_server_is_a_pinned_eks_addon(plain):
+    addon = plain.one("aws:eks/addon:Addon").inputs
+    assert addon["addonName"] == "metrics-server"
+    assert addon["addonVersion"] == addons_mod.METRICS_SERVER_ADDON_VERSION
+    assert addon["clusterName"] == "eks-ddp-test"
+
+
+def test_every_version_is_pinned(with_efa):
+    for r in with_efa.of_type(RELEASE):
+        assert r.inputs.get("version"), r.name
+        assert r.inputs["version"] != "latest"
+
+
+def test_every_child_has_the_addons_as_parent(with_efa):
+    for r in with_efa.resources:
+        if r.type not in (PARENT, "pulumi:providers:kubernetes"):
+            assert r.parent_type == PARENT, r.urn

@@ -1,0 +1,146 @@
+"""Network: the pure CIDR layout, and the VPC component under mocks (new VPC and bring-your-own)."""
+
+from __future__ import annotations
+
+import ipaddress
+
+import pytest
+
+from components import cidr
+from components.mocks import run_program
+from components.network import Network, NetworkArgs
+
+VPC = "aws:ec2/vpc:Vpc"
+SUBNET = "aws:ec2/subnet:Subnet"
+NAT = "aws:ec2/natGateway:NatGateway"
+ROUTE = "aws:ec2/route:Route"
+ROUTE_TABLE = "aws:ec2/routeTable:RouteTable"
+ENDPOINT = "aws:ec2/vpcEndpoint:VpcEndpoint"
+ZONES2 = ["us-west-2a", "us-west-2b"]
+ZONES3 = ["us-west-2a", "us-west-2b", "us-west-2c"]
+
+
+# --- pure CIDR math ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("vpc,zones", [("10.0.0.0/16", 2), ("10.0.0.0/16", 3), ("10.0.0.0/16", 6),
+                                       ("172.16.0.0/20", 4), ("192.168.0.0/24", 6), ("10.1.0.0/16", 1)])
+def test_layout_is_disjoint_inside_the_vpc_one_pair_per_zone(vpc, zones):
+    layout = cidr.plan_subnets(vpc, zones)
+    assert len(layout) == zones
+    all_cidrs = [z.public for z in layout] + [z.private for z in layout]
+    assert not cidr.overlaps(all_cidrs)
+    net = ipaddress.ip_network(vpc)
+    for c in all_cidrs:
+        sub = ipaddress.ip_network(c)
+        assert sub.subnet_of(net), c
+        assert sub.prefixlen <= cidr.AWS_SMALLEST_SUBNET_PREFIX, c
+
+
+def test_16_over_3_zones_private_larger_than_public():
+    layout = cidr.plan_subnets("10.0.0.0/16", 3)
+    assert [z.private for z in layout] == ["10.0.0.0/19", "10.0.32.0/19", "10.0.64.0/19"]
+    assert [z.public for z in layout] == ["10.0.128.0/21", "10.0.136.0/21", "10.0.144.0/21"]
+    for z in layout:
+        assert ipaddress.ip_network(z.private).num_addresses > ipaddress.ip_network(z.public).num_addresses
+
+
+def test_16_over_2_zones_gives_18s_for_nodes():
+    layout = cidr.plan_subnets("10.0.0.0/16", 2)
+    assert [z.private for z in layout] == ["10.0.0.0/18", "10.0.64.0/18"]
+    assert [z.public for z in layout] == ["10.0.128.0/20", "10.0.144.0/20"]
+
+
+def test_overlaps_detects_overlap():
+    assert cidr.overlaps(["10.0.0.0/16", "10.0.3.0/24"])
+    assert not cidr.overlaps(["10.0.0.0/24", "10.0.1.0/24"])
+
+
+@pytest.mark.parametrize("vpc,zones,field", [("10.0.0.0/27", 2, "vpc_cidr"), ("not-a-cidr", 2, "vpc_cidr"),
+                                             ("10.0.0.1/16", 2, "vpc_cidr"), ("fd00::/56", 2, "vpc_cidr"),
+                                             ("10.0.0.0/16", 0, "zones")])
+def test_layout_rejects_bad_input_naming_the_field(vpc, zones, field):
+    with pytest.raises(cidr.CidrError, match=f"^{field}:"):
+        cidr.plan_subnets(vpc, zones)
+
+
+# --- component under mocks -----------------------------------------------------------------------
+
+def _run(args: NetworkArgs):
+    holder = {}
+
+    def program():
+        holder["net"] = Network("network", args)
+
+    return run_program({}, program=program), holder["net"]
+
+
+def test_new_vpc_creates_public_and_private_subnets_per_zone_with_eks_tags():
+    result, _ = _run(NetworkArgs(cluster_name="demo", availability_zones=ZONES3))
+    assert len(result.of_type(VPC)) == 1
+    subnets = result.of_type(SUBNET)
+    public = [s for s in subnets if "kubernetes.io/role/elb" in s.inputs["tags"]]
+    private = [s for s in subnets if "kubernetes.io/role/internal-elb" in s.inputs["tags"]]
+    assert len(public) == 3 and len(private) == 3
+    assert sorted(s.inputs["availabilityZone"] for s in private) == ZONES3
+    for s in subnets:
+        assert s.inputs["tags"]["kubernetes.io/cluster/demo"] == "shared"
+        assert s.inputs["mapPublicIpOnLaunch"] is False
+    assert {s.inputs["cidrBlock"] for s in private} == {z.private for z in cidr.plan_subnets("10.0.0.0/16", 3)}
+
+
+def test_single_nat_by_default_and_every_private_route_goes_through_it():
+    result, _ = _run(NetworkArgs(cluster_name="demo", availability_zones=ZONES3))
+    assert len(result.of_type(NAT)) == 1
+    nat_routes = [r for r in result.of_type(ROUTE) if r.inputs.get("natGatewayId")]
+    assert len(nat_routes) == 3
+    assert len({r.inputs["natGatewayId"] for r in nat_routes}) == 1
+    igw_routes = [r for r in result.of_type(ROUTE) if r.inputs.get("gatewayId")]
+    assert len(igw_routes) == 1
+
+
+def test_per_az_nat_puts_one_gateway_in_each_zone():
+    result, _ = _run(NetworkArgs(cluster_name="demo", availability_zones=ZONES3, nat_gateways="perAz"))
+    nats = result.of_type(NAT)
+    assert len(nats) == 3
+    nat_routes = [r for r in result.of_type(ROUTE) if r.inputs.get("natGatewayId")]
+    assert len({r.inputs["natGatewayId"] for r in nat_routes}) == 3
+
+
+def test_s3_gateway_endpoint_on_private_route_tables():
+    result, _ = _run(NetworkArgs(cluster_name="demo", availability_zones=ZONES2))
+    ep = result.one(ENDPOINT)
+    assert ep.inputs["vpcEndpointType"] == "Gateway"
+    assert ep.inputs["serviceName"] == "com.amazonaws.us-west-2.s3"
+    private_rts = [r.outputs["id"] for r in result.of_type(ROUTE_TABLE) if "private" in r.name]
+    assert sorted(ep.inputs["routeTableIds"]) == sorted(private_rts)
+
+
+def test_every_child_has_the_network_as_parent():
+    result, _ = _run(NetworkArgs(cluster_name="demo", availability_zones=ZONES2))
+    for r in result.resources:
+        if r.type != "eks-ddp:network:Network":
+            assert r.parent_type == "eks-ddp:network:Network", r.urn
+
+
+def test_bring_your_own_vpc_creates_nothing_and_maps_subnets_to_zones():
+    result, net = _run(NetworkArgs(cluster_name="demo", availability_zones=[], vpc_id="vpc-123",
+                                   public_subnet_ids=["subnet-p1", "subnet-p2"],
+                                   private_subnet_ids=["subnet-a", "subnet-b"]))
+    assert [r.type for r in result.resources] == ["eks-ddp:network:Network"]
+    assert net.private_subnet_ids == ["subnet-a", "subnet-b"]
+    assert net.private_subnet_by_az == {"us-west-2a": "subnet-a", "us-west-2b": "subnet-b"}
+    assert [a["id"] for t, a in result.calls if t == "aws:ec2/getSubnet:getSubnet"] == ["subnet-a", "subnet-b"]
+
+
+@pytest.mark.parametrize("args,field", [
+    (NetworkArgs(cluster_name="c", availability_zones=["us-west-2a"]), "availability_zones"),
+    (NetworkArgs(cluster_name="c", availability_zones=["us-west-2a", "us-west-2a"]), "availability_zones"),
+    (NetworkArgs(cluster_name="c", availability_zones=ZONES2, vpc_cidr="10.0.0.0/29"), "vpc_cidr"),
+    (NetworkArgs(cluster_name="c", availability_zones=ZONES2, nat_gateways="two"), "nat_gateways"),  # type: ignore[arg-type]
+    (NetworkArgs(cluster_name="c", availability_zones=ZONES2, private_subnet_ids=["subnet-a"]), "private_subnet_ids"),
+    (NetworkArgs(cluster_name="c", availability_zones=[], vpc_id="vpc-1", private_subnet_ids=["subnet-a"]),
+     "private_subnet_ids"),
+])
+def test_validation_names_the_field(args, field):
+    with pytest.raises(ValueError, match=f"^{field}"):
+        _run(args)
