@@ -14,9 +14,10 @@ import hashlib
 import json
 import runpy
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pulumi
 from pulumi.runtime import mocks as _mocks
