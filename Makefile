@@ -28,8 +28,11 @@ lint: install
 test: install lint
 	$(BIN)/python -m pytest
 
-demo: install
-	$(BIN)/python -m components.plan --stack $(STACK) --out $(OUT)
+# The real elastic job on this machine: etcd, two torchrun agents and the trainer (synthetic data
+# unless ./data holds cifar-10-batches-py); one worker is killed mid-run to show recovery.
+DEMO_ARGS ?= --kill-worker-at-step 30
+demo: $(VENV)/.installed
+	$(BIN)/python -m training.local --out demo-out $(DEMO_ARGS)
 
 plan: install
 	$(BIN)/python -m components.plan --stack $(STACK) --out $(OUT)

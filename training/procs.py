@@ -1,0 +1,91 @@
+"""Process bookkeeping for the local runner, read from /proc (no psutil in the image).
+
+torchrun starts every worker in its own session, so signalling an agent's process
+group does not reach its workers: the runner finds them as descendants of the agent
+and signals them by pid.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+
+def _stat_fields(pid: int | str) -> list[str]:
+    """The fields of /proc/<pid>/stat after the command name (which may hold spaces and parentheses)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return []
+    return stat[stat.rfind(")") + 2:].split()
+
+
+def proc_table() -> dict[int, int]:
+    """pid -> parent pid for every live (non-zombie) process."""
+    table = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            fields = _stat_fields(entry.name)
+            if fields and fields[0] != "Z":
+                table[int(entry.name)] = int(fields[1])
+    return table
+
+
+def descendants(root: int, table: dict[int, int] | None = None) -> list[int]:
+    """Children, grandchildren, ... of ``root``, sorted by pid."""
+    table = proc_table() if table is None else table
+    children: dict[int, list[int]] = {}
+    for pid, ppid in table.items():
+        children.setdefault(ppid, []).append(pid)
+    out, todo = [], list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, []))
+    return sorted(out)
+
+
+def cmdline(pid: int) -> str:
+    """The process's arguments joined by spaces ("" when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def executable_name(pid: int) -> str:
+    first = cmdline(pid).split(" ", 1)[0]
+    return os.path.basename(first)
+
+
+def alive(pid: int) -> bool:
+    """Running; a zombie is not (it only waits for its parent to reap it)."""
+    fields = _stat_fields(pid)
+    return bool(fields) and fields[0] != "Z"
+
+
+def send(pid: int, sig: int, *, group: bool = False) -> None:
+    """Signal a process (or the process group it leads), ignoring one that is already gone."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if group:
+            os.killpg(pid, sig)
+        else:
+            os.kill(pid, sig)
+
+
+def listening(port: int) -> bool:
+    """Whether some socket listens on TCP ``port`` (IPv4 or IPv6), from /proc/net/tcp*."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            cols = row.split()
+            # st == 0A is TCP_LISTEN; local_address is HEXIP:HEXPORT.
+            if len(cols) > 3 and cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
+                return True
+    return False
