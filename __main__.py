@@ -39,7 +39,8 @@ except ConfigError as err:
     raise pulumi.RunError(str(err)) from None
 
 if cfg.preflight:
-    preflight.run_or_raise(cfg)
+    # Same account as the provider: a stack that sets aws:profile must be checked with that profile.
+    preflight.run_or_raise(cfg, profile=pulumi.Config("aws").get("profile"))
 
 stack = pulumi.get_stack()
 cluster_name = f"eks-ddp-{stack}"

@@ -133,9 +133,16 @@ def main(argv: list[str] | None = None) -> int:
     print("\n## Outputs")
     for key, value in sorted(result.outputs.items()):
         shown = "[secret]" if key in result.secret_outputs else value
+        if key == "costEstimate":
+            shown = "(see Cost estimate below)"
         if isinstance(shown, (dict, list)):
             shown = json.dumps(shown, indent=2)
         print(f"{key}: {shown}")
+    if "costEstimate" in result.outputs:
+        from components import cost
+
+        print("\n## Cost estimate")
+        print(cost.render(result.outputs["costEstimate"]))
     print("\npreflight: skipped offline (runs on `pulumi up` unless eks-ddp:preflight is false)")
     if args.out:
         paths = write_manifests(render_manifests(result), args.out)

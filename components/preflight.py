@@ -1,0 +1,411 @@
+"""Preflight: check, before anything billable exists, what otherwise fails 15 minutes into ``pulumi up``.
+
+For the stack's region it asks EC2 and Service Quotas whether
+
+- every node group's instance type is offered in each zone its nodes may land in
+  (the group's ``availabilityZone``, else ``network.availabilityZones``, else the
+  region's first ``azCount`` available zones, the same zones ``__main__.py`` picks);
+- the type supports EFA where the group asks for it;
+- running + requested vCPUs fit the on-demand or spot vCPU quota of the type's
+  class (G and VT, P, Standard), counting every group at ``maxSize``;
+- a named capacity reservation exists, is active, matches the group's type and
+  zone, and has at least ``desiredSize`` instances free.
+
+:func:`check` is pure (clients in, :class:`Report` out, no Pulumi) so tests drive
+it with moto; :func:`run_or_raise` is what ``__main__.py`` calls. Every failure is
+one line naming the stack key to change. API errors (no credentials, no network,
+a denied action) become warnings naming what could not be checked: preflight
+never stops a deployment it could not evaluate.
+
+IAM actions used (all read-only): ec2:DescribeAvailabilityZones, ec2:DescribeSubnets,
+ec2:DescribeInstanceTypeOfferings, ec2:DescribeInstanceTypes, ec2:DescribeInstances,
+ec2:DescribeCapacityReservations, servicequotas:GetServiceQuota,
+servicequotas:GetAWSDefaultServiceQuota.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+
+from components import catalog
+from components.config import NodeGroupConfig, StackConfig
+
+# EC2 vCPU quotas (Service Quotas, service code "ec2") per (quota class, market).
+# Codes as listed by `aws service-quotas list-service-quotas --service-code ec2`.
+QUOTAS: dict[tuple[str, str], tuple[str, str]] = {
+    ("G", "onDemand"): ("L-DB2E81BA", "Running On-Demand G and VT instances"),
+    ("P", "onDemand"): ("L-417A185B", "Running On-Demand P instances"),
+    ("G", "spot"): ("L-3819A6DF", "All G and VT Spot Instance Requests"),
+    ("P", "spot"): ("L-7212CCBC", "All P Spot Instance Requests"),
+    ("Standard", "onDemand"): ("L-1216C47A", "Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances"),
+    ("Standard", "spot"): ("L-34B43A08", "All Standard (A, C, D, H, I, M, R, T, Z) Spot Instance Requests"),
+}
+
+# Families whose first letter looks Standard/G/P but that have quotas of their own.
+_OWN_QUOTA_PREFIXES = ("inf", "trn", "dl", "hpc", "mac", "u-", "u7", "x", "f")
+# Errors after which the same service will not answer either: say so once, skip its other calls.
+_UNREACHABLE = ("EndpointConnectionError", "ConnectTimeoutError", "ConnectionClosedError", "ReadTimeoutError")
+
+
+@dataclass
+class Report:
+    """What preflight found: failures stop the deployment, warnings do not."""
+
+    failures: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+
+def quota_class(instance_type: str) -> str | None:
+    """EC2 vCPU quota class of any instance type ('G', 'P', 'Standard'), None for classes we do not track."""
+    family = instance_type.split(".", 1)[0].lower()
+    if family.startswith("vt") or family.startswith("g"):
+        return "G"
+    if family.startswith(_OWN_QUOTA_PREFIXES):
+        return None
+    if family.startswith("p"):
+        return "P"
+    if family[:1] in "acdhimrtz":
+        return "Standard"
+    return None
+
+
+def _market(capacity_type: str) -> str | None:
+    """Quota market of a node group; Capacity Blocks draw on no vCPU quota."""
+    return {"onDemand": "onDemand", "spot": "spot"}.get(capacity_type)
+
+
+def _join(items: list[str] | tuple[str, ...]) -> str:
+    return ", ".join(items) if items else "none"
+
+
+class _Checker:
+    """One preflight pass: shared caches, and the guard that turns API errors into warnings."""
+
+    def __init__(self, cfg: StackConfig, ec2: Any, quotas: Any):
+        self.cfg = cfg
+        self.ec2 = ec2
+        self.quotas = quotas
+        self.report = Report()
+        self._down: set[str] = set()
+        self._no_credentials = False
+        self._offered: dict[str, list[str] | None] = {}
+        self._reservations: dict[int, dict[str, Any]] = {}
+
+    # -- plumbing -------------------------------------------------------------------------------
+    def fail(self, message: str) -> None:
+        self.report.failures.append(message)
+
+    def warn(self, message: str) -> None:
+        self.report.warnings.append(message)
+
+    def attempt(self, service: str, action: str, what: str, fn: Callable[[], Any]) -> Any:
+        """Run one API call; on an API/network error record a warning and return None."""
+        if self._no_credentials or service in self._down:
+            return None
+        try:
+            return fn()
+        except NoCredentialsError:
+            self._no_credentials = True
+            self.warn(f"preflight: no AWS credentials found, so nothing was checked (first: {what}). "
+                      "Configure credentials (aws configure / AWS_PROFILE) or set eks-ddp:preflight false")
+        except ClientError as err:
+            code = err.response.get("Error", {}).get("Code", "Unknown")
+            text = err.response.get("Error", {}).get("Message", "")
+            hint = f"; allow {service}:{action}" if "Denied" in code or "Unauthorized" in code else ""
+            self.warn(f"preflight: could not check {what} ({service}:{action}: {code} {text}){hint}".rstrip())
+        except BotoCoreError as err:
+            if type(err).__name__ in _UNREACHABLE:
+                self._down.add(service)
+                self.warn(f"preflight: could not reach the {service} API in {self.cfg.region} ({err}); "
+                          f"{what} and the other {service} checks were skipped")
+            else:
+                self.warn(f"preflight: could not check {what} ({service}:{action}: {err})")
+        return None
+
+    # -- zones ------------------------------------------------------------------------------------
+    def zones(self) -> tuple[list[str], str] | None:
+        """The zones the cluster's subnets span, and the stack key that sets them."""
+        net = self.cfg.network
+        available = self.attempt("ec2", "DescribeAvailabilityZones", f"the zones of {self.cfg.region}",
+                                 lambda: [z["ZoneName"] for z in self.ec2.describe_availability_zones(Filters=[
+                                     {"Name": "state", "Values": ["available"]},
+                                     {"Name": "zone-type", "Values": ["availability-zone"]}],
+                                 )["AvailabilityZones"]])
+        if net.availability_zones:
+            if available is not None:
+                for i, az in enumerate(net.availability_zones):
+                    if az not in available:
+                        self.fail(f"network.availabilityZones[{i}]: {az} is not an available zone of "
+                                  f"{self.cfg.region}; available: {_join(available)}")
+            return list(net.availability_zones), "network.availabilityZones"
+        if net.bring_your_own:
+            subnets = self.attempt("ec2", "DescribeSubnets", "the zones of network.privateSubnetIds",
+                                   lambda: self.ec2.describe_subnets(
+                                       SubnetIds=list(net.private_subnet_ids))["Subnets"])
+            if subnets is None:
+                return None
+            return sorted({s["AvailabilityZone"] for s in subnets}), "network.privateSubnetIds"
+        if available is None:
+            return None
+        if len(available) < net.az_count:
+            self.fail(f"network.azCount: {net.az_count} zones asked, but {self.cfg.region} has only "
+                      f"{len(available)} available ({_join(available)}); lower network.azCount")
+        return available[: net.az_count], "network.availabilityZones"
+
+    def offered_in(self, instance_type: str) -> list[str] | None:
+        if instance_type not in self._offered:
+            def fetch() -> list[str]:
+                pages = self.ec2.get_paginator("describe_instance_type_offerings").paginate(
+                    LocationType="availability-zone",
+                    Filters=[{"Name": "instance-type", "Values": [instance_type]}])
+                return sorted(o["Location"] for page in pages for o in page["InstanceTypeOfferings"])
+            self._offered[instance_type] = self.attempt(
+                "ec2", "DescribeInstanceTypeOfferings", f"where {instance_type} is offered", fetch)
+        return self._offered[instance_type]
+
+    def check_offered(self, key: str, instance_type: str, zones: list[str], fix: str) -> None:
+        offered = self.offered_in(instance_type)
+        if offered is None:
+            return
+        missing = [z for z in zones if z not in offered]
+        if not missing:
+            return
+        if not offered:
+            self.fail(f"{key}: {instance_type} is not offered in any zone of {self.cfg.region}; "
+                      f"choose another {key} or region")
+            return
+        self.fail(f"{key}: {instance_type} is not offered in {_join(missing)}; offered in: {_join(offered)}. {fix}")
+
+    # -- checks -------------------------------------------------------------------------------------
+    def check_offerings(self, zones: tuple[list[str], str] | None) -> None:
+        cluster_zones, zones_key = zones if zones else (None, "network.availabilityZones")
+        for i, g in enumerate(self.cfg.node_groups):
+            key = f"nodeGroups[{i}]"
+            if g.availability_zone is not None:
+                self.check_offered(f"{key}.instanceType", g.instance_type, [g.availability_zone],
+                                   f"Set {key}.availabilityZone to one of those, or choose another {key}.instanceType")
+            elif cluster_zones is not None:
+                self.check_offered(f"{key}.instanceType", g.instance_type, cluster_zones,
+                                   f"Set {key}.availabilityZone or {zones_key}")
+        if cluster_zones is not None:
+            self.check_offered("cluster.systemInstanceType", self.cfg.cluster.system_instance_type, cluster_zones,
+                               f"Choose another cluster.systemInstanceType or set {zones_key}")
+
+    def check_efa(self) -> None:
+        for i, g in enumerate(self.cfg.node_groups):
+            if not g.efa:
+                continue
+            info = self.attempt("ec2", "DescribeInstanceTypes", f"EFA support of {g.instance_type}",
+                                lambda t=g.instance_type: self.ec2.describe_instance_types(
+                                    InstanceTypes=[t])["InstanceTypes"])
+            if not info:
+                continue
+            network = info[0].get("NetworkInfo", {})
+            if not network.get("EfaSupported", False):
+                efa_types = [n for n in catalog.gpu_types() if catalog.CATALOG[n].has_efa]
+                self.fail(f"nodeGroups[{i}].efa: {g.instance_type} does not support EFA; set nodeGroups[{i}].efa "
+                          f"false, or choose an EFA type for nodeGroups[{i}].instanceType: {_join(efa_types)}")
+                continue
+            wanted = catalog.CATALOG[g.instance_type].efa_interfaces if g.instance_type in catalog.CATALOG else 0
+            most = network.get("EfaInfo", {}).get("MaximumEfaInterfaces")
+            if most is not None and wanted > most:
+                self.warn(f"nodeGroups[{i}].efa: the catalog gives {g.instance_type} {wanted} EFA interfaces, "
+                          f"AWS reports at most {most}; the launch template may be rejected")
+
+    def check_reservations(self) -> None:
+        for i, g in enumerate(self.cfg.node_groups):
+            if g.capacity_reservation_id is not None:
+                self._check_reservation(i, g)
+
+    def _check_reservation(self, i: int, g: NodeGroupConfig) -> None:
+        key, cr_id = f"nodeGroups[{i}]", g.capacity_reservation_id
+        try:
+            found = self.attempt("ec2", "DescribeCapacityReservations", f"capacity reservation {cr_id}",
+                                 lambda: self._describe_reservation(cr_id))
+        except _ReservationNotFound as err:
+            self.fail(f"{key}.capacityReservationId: {cr_id} was not found in {self.cfg.region} ({err}); "
+                      f"check the id and aws:region, or remove {key}.capacityReservationId")
+            return
+        if found is None:
+            return
+        state = found.get("State", "unknown")
+        cr_type, cr_az = found.get("InstanceType"), found.get("AvailabilityZone")
+        free, total = int(found.get("AvailableInstanceCount", 0)), int(found.get("TotalInstanceCount", 0))
+        is_block = found.get("ReservationType") == "capacity-block"
+        if state != "active":
+            if is_block and state == "scheduled" and g.desired_size == 0:
+                self.warn(f"{key}.capacityReservationId: capacity block {cr_id} starts at {found.get('StartDate')}; "
+                          "nodes cannot launch before then")
+            else:
+                extra = f" (starts {found.get('StartDate')}); set {key}.desiredSize 0 until then" \
+                    if state == "scheduled" else ""
+                self.fail(f"{key}.capacityReservationId: {cr_id} is {state}, not active{extra}; "
+                          f"use an active reservation or remove {key}.capacityReservationId")
+        if cr_type != g.instance_type:
+            self.fail(f"{key}.instanceType: {g.instance_type}, but capacity reservation {cr_id} reserves {cr_type}; "
+                      f"set {key}.instanceType to {cr_type} or use a reservation for {g.instance_type}")
+        if cr_az != g.availability_zone:
+            self.fail(f"{key}.availabilityZone: {g.availability_zone}, but capacity reservation {cr_id} is in "
+                      f"{cr_az}; set {key}.availabilityZone to {cr_az}")
+        if is_block != (g.capacity_type == "capacityBlock"):
+            want = "capacityBlock" if is_block else "onDemand"
+            self.fail(f"{key}.capacityType: {g.capacity_type}, but {cr_id} is "
+                      f"{'a capacity block' if is_block else 'an on-demand capacity reservation'}; "
+                      f"set {key}.capacityType to {want}")
+        if free < g.desired_size:
+            self.fail(f"{key}.desiredSize: {g.desired_size} nodes, but capacity reservation {cr_id} has only "
+                      f"{free} of {total} instances free; lower {key}.desiredSize to {free} or free instances")
+        elif free < g.max_size:
+            self.warn(f"{key}.maxSize: {g.max_size} nodes, but capacity reservation {cr_id} has {free} instances "
+                      f"free; nodes beyond {free} will not launch into it")
+        self._reservations[i] = found
+
+    def _describe_reservation(self, cr_id: str) -> dict[str, Any]:
+        try:
+            found = self.ec2.describe_capacity_reservations(CapacityReservationIds=[cr_id])["CapacityReservations"]
+        except ClientError as err:
+            code = err.response.get("Error", {}).get("Code", "")
+            if code.startswith("InvalidCapacityReservationId"):
+                raise _ReservationNotFound(code) from None
+            raise
+        if not found:
+            raise _ReservationNotFound("no such reservation")
+        return found[0]
+
+    def check_quotas(self) -> None:
+        demand: dict[tuple[str, str], list[tuple[str, str, int, int]]] = {}
+        for i, g in enumerate(self.cfg.node_groups):
+            market, it = _market(g.capacity_type), catalog.CATALOG.get(g.instance_type)
+            if market is None or it is None:
+                continue
+            nodes = g.max_size
+            # Free slots of an on-demand reservation already count against the quota (AWS charges a
+            # reservation's vCPUs to it from creation), so only nodes beyond them are new demand.
+            reserved = self._reservations.get(i)
+            if reserved is not None:
+                nodes = max(0, nodes - int(reserved.get("AvailableInstanceCount", 0)))
+            if nodes:
+                demand.setdefault((it.quota_class, market), []).append(
+                    (f"nodeGroups[{i}].maxSize", g.instance_type, nodes, it.vcpus))
+        system = catalog.CATALOG.get(self.cfg.cluster.system_instance_type)
+        if system is not None:
+            demand.setdefault((system.quota_class, "onDemand"), []).append(
+                ("cluster.systemNodeCount", system.name, self.cfg.cluster.system_node_count, system.vcpus))
+        if not demand:
+            return
+        running = self.attempt("ec2", "DescribeInstances", "the vCPUs of running instances", self._running_vcpus)
+        for (qclass, market), parts in demand.items():
+            if (qclass, market) not in QUOTAS:
+                continue
+            code, name = QUOTAS[(qclass, market)]
+            limit = self.attempt("servicequotas", "GetServiceQuota", f"the '{name}' quota ({code})",
+                                 lambda c=code: self._quota_value(c))
+            if limit is None:
+                continue
+            requested = sum(n * v for _, _, n, v in parts)
+            in_use = (running or {}).get((qclass, market), 0)
+            if in_use + requested <= limit:
+                continue
+            keys = " and ".join(k for k, _, _, _ in parts)
+            breakdown = " + ".join(f"{n} x {t} ({v} vCPUs)" for _, t, n, v in parts)
+            also = f" on top of {in_use} vCPUs already running" if in_use else ""
+            self.fail(f"{keys}: {requested} vCPUs of '{name}' ({code}) needed for {breakdown}{also}, but the quota "
+                      f"in {self.cfg.region} is {limit:g}; lower {keys}, or request an increase: aws service-quotas "
+                      f"request-service-quota-increase --region {self.cfg.region} --service-code ec2 "
+                      f"--quota-code {code} --desired-value {in_use + requested}")
+
+    def _quota_value(self, code: str) -> float:
+        try:
+            return float(self.quotas.get_service_quota(ServiceCode="ec2", QuotaCode=code)["Quota"]["Value"])
+        except ClientError as err:
+            # Quotas never raised in this account may only have their AWS default.
+            if err.response.get("Error", {}).get("Code") != "NoSuchResourceException":
+                raise
+            return float(self.quotas.get_aws_default_service_quota(ServiceCode="ec2", QuotaCode=code)
+                         ["Quota"]["Value"])
+
+    def _running_vcpus(self) -> dict[tuple[str, str], int]:
+        """vCPUs of running/pending instances per (quota class, market)."""
+        totals: dict[tuple[str, str], int] = {}
+        pages = self.ec2.get_paginator("describe_instances").paginate(
+            Filters=[{"Name": "instance-state-name", "Values": ["pending", "running"]}])
+        for page in pages:
+            for res in page["Reservations"]:
+                for inst in res["Instances"]:
+                    qclass = quota_class(inst["InstanceType"])
+                    lifecycle = inst.get("InstanceLifecycle")
+                    if qclass is None or lifecycle == "capacity-block":
+                        continue
+                    market = "spot" if lifecycle == "spot" else "onDemand"
+                    totals[(qclass, market)] = totals.get((qclass, market), 0) + self._vcpus_of(inst)
+        return totals
+
+    def _vcpus_of(self, inst: dict[str, Any]) -> int:
+        cpu = inst.get("CpuOptions") or {}
+        if cpu.get("CoreCount") and cpu.get("ThreadsPerCore"):
+            return int(cpu["CoreCount"]) * int(cpu["ThreadsPerCore"])
+        known = catalog.CATALOG.get(inst["InstanceType"])
+        if known is not None:
+            return known.vcpus
+        info = self.ec2.describe_instance_types(InstanceTypes=[inst["InstanceType"]])["InstanceTypes"]
+        return int(info[0]["VCpuInfo"]["DefaultVCpus"]) if info else 0
+
+
+class _ReservationNotFound(Exception):
+    """The reservation id does not exist for this account and region."""
+
+
+def check(cfg: StackConfig, *, ec2: Any, quotas: Any) -> Report:
+    """Run every preflight check with the given boto3 ``ec2`` and ``service-quotas`` clients."""
+    c = _Checker(cfg, ec2, quotas)
+    zones = c.zones()
+    c.check_offerings(zones)
+    c.check_efa()
+    c.check_reservations()
+    c.check_quotas()
+    return c.report
+
+
+def clients(region: str, profile: str | None = None) -> tuple[Any, Any]:
+    """boto3 clients with short timeouts: an unreachable endpoint becomes a warning in seconds, not minutes."""
+    import boto3
+    from botocore.config import Config
+
+    config = Config(region_name=region, connect_timeout=5, read_timeout=15,
+                    retries={"max_attempts": 3, "mode": "standard"})
+    session = boto3.Session(profile_name=profile) if profile else boto3.Session()
+    return session.client("ec2", config=config), session.client("service-quotas", config=config)
+
+
+def run_or_raise(cfg: StackConfig, *, profile: str | None = None, ec2: Any = None, quotas: Any = None) -> Report:
+    """Run the checks; log warnings; raise pulumi.RunError (no traceback) listing every failure.
+
+    ``profile`` is the stack's ``aws:profile`` (so the checks ask the account the provider deploys
+    to); ``ec2``/``quotas`` replace the boto3 clients, for tests.
+    """
+    import pulumi
+
+    if ec2 is None or quotas is None:
+        try:
+            made_ec2, made_quotas = clients(cfg.region, profile)
+        except BotoCoreError as err:  # e.g. ProfileNotFound
+            pulumi.log.warn(f"preflight: could not create AWS clients ({err}); nothing was checked")
+            return Report(warnings=[str(err)])
+        ec2, quotas = ec2 or made_ec2, quotas or made_quotas
+    report = check(cfg, ec2=ec2, quotas=quotas)
+    for message in report.warnings:
+        pulumi.log.warn(message)
+    if report.failures:
+        raise pulumi.RunError(
+            f"preflight found {len(report.failures)} problem(s) in {cfg.region}; nothing was created:\n"
+            + "\n".join(f"  - {f}" for f in report.failures)
+            + "\n(fix the keys named above; eks-ddp:preflight false skips these checks)")
+    return report
