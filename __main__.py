@@ -161,4 +161,5 @@ pulumi.export("imageRef", image.image_ref)
 pulumi.export("kubectl", cluster.cluster_name.apply(
     lambda n: f"aws eks update-kubeconfig --region {cfg.region} --name {n} && kubectl -n {cfg.job.namespace} get pods"))
 pulumi.export("followTraining", job.follow_command)
+pulumi.export("evaluateCommand", job.evaluate_command)  # re-runs the test-set evaluation
 pulumi.export("costEstimate", cost.estimate(cfg).as_dict())

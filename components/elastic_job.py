@@ -1,0 +1,424 @@
+"""ElasticJob: data preparation, then an elastic torchrun training job, plus evaluation on demand.
+
+``pulumi up`` creates, in order:
+
+1. a Job running ``python -m training.prepare_data`` (idempotent, checksum-verified) that Pulumi
+   *awaits*, so training never starts on a missing or half-written dataset;
+2. the training Job: an Indexed Job with one torchrun agent per node (``--nnodes=min:max``), which
+   Pulumi does *not* await (``pulumi.com/skipAwait``); follow it with the ``follow_command`` output;
+3. a suspended CronJob that re-runs the test-set evaluation of the run on demand::
+
+       kubectl -n <namespace> create job --from=cronjob/<name>-evaluate <name>-evaluate-$(date +%s)
+
+   (the ``evaluate_command`` output). Training's rank 0 already evaluates once at the end.
+
+Every pod runs the trainer image by digest as uid 1000 on a read-only root filesystem, with writable
+``emptyDir`` volumes for ``/tmp`` (HOME and caches) and ``/dev/shm``, the shared volume at ``/shared``,
+no service-account token, and a NetworkPolicy of its own.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from components import catalog
+from components.etcd import CLIENT_PORT as ETCD_CLIENT_PORT
+from components.etcd import DEFAULT_CLIENT_LABELS
+from components.torchrun import (
+    AGENT_ENV,
+    CLUSTER_TIMEOUTS,
+    DATA_SUBDIR,
+    RUNS_SUBDIR,
+    SHARED_ROOT,
+    AgentOptions,
+    TrainerOptions,
+    job_command,
+)
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+TRAINER_UID = 1000
+"""The trainer image's user and group."""
+C10D_PORT = 29400
+GPU_RESOURCE = "nvidia.com/gpu"
+EFA_RESOURCE = "vpc.amazonaws.com/efa"
+GPUDIRECT_RDMA_FAMILIES = ("p4d", "p4de", "p5")
+"""Instance families whose EFA supports GPUDirect RDMA (FI_EFA_USE_DEVICE_RDMA=1)."""
+DATA_DIR = f"{SHARED_ROOT}/{DATA_SUBDIR}"
+_PART_OF = {"app.kubernetes.io/part-of": "eks-ddp"}
+PREPARE_LABELS = {"app.kubernetes.io/name": "eks-ddp-prepare-data", **_PART_OF}
+EVALUATE_LABELS = {"app.kubernetes.io/name": "eks-ddp-evaluate", **_PART_OF}
+TRAINER_LABELS: Mapping[str, str] = {**DEFAULT_CLIENT_LABELS, **_PART_OF}
+"""Every training pod carries these; EtcdRendezvous admits exactly them on its client port."""
+# Exit codes no retry can fix: 2 is argparse's usage error (torchrun's own flags are wrong),
+# 126/127 are "not executable"/"not found". A failed worker makes torchrun exit 1, which is retried.
+BUG_EXIT_CODES = [2, 126, 127]
+# Writable paths on the read-only root filesystem; the image sets the same.
+_CACHE_ENV = {"HOME": "/tmp", "XDG_CACHE_HOME": "/tmp/.cache", "TORCH_HOME": "/tmp/torch",
+              "TORCHINDUCTOR_CACHE_DIR": "/tmp/torchinductor", "TRITON_CACHE_DIR": "/tmp/triton",
+              "MPLCONFIGDIR": "/tmp/matplotlib", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ElasticJobArgs:
+    """Inputs of :class:`ElasticJob`."""
+
+    namespace: pulumi.Input[str]
+    """Namespace of every object (Pod Security 'restricted')."""
+    image: pulumi.Input[str]
+    """Trainer image by digest (``repo@sha256:...``)."""
+    pvc_name: pulumi.Input[str]
+    """ReadWriteMany claim mounted at /shared (dataset, checkpoints, results)."""
+    instance_type: str
+    """GPU instance type of the job's node group: drives --nproc-per-node, GPU/EFA/CPU/memory sizing."""
+    efa: bool = False
+    """The node group attaches EFA interfaces: request them and configure NCCL for libfabric."""
+    node_selector: pulumi.Input[Mapping[str, str]] | None = None
+    """Labels of the job's GPU node group."""
+    nodes: int = 2
+    """torchrun agents (one pod per node): the max of --nnodes."""
+    min_nodes: int = 1
+    """Fewest agents training continues with: the min of --nnodes."""
+    max_restarts: int = 3
+    """torchrun --max-restarts."""
+    run_id: str = "run-1"
+    """Run name: the run directory is /shared/runs/<run_id>; part of the Job's name."""
+    rdzv_backend: Literal["etcd-v2", "c10d"] = "etcd-v2"
+    """'etcd-v2' (needs rdzv_endpoint) or 'c10d' (the agent of index 0 hosts the store)."""
+    rdzv_endpoint: pulumi.Input[str] | None = None
+    """etcd client endpoint host:port (EtcdRendezvous.endpoint); None with c10d."""
+    epochs: int = 10
+    """Training epochs."""
+    batch_size: int = 512
+    """Batch size per GPU process."""
+    model: str = "resnet-small"
+    """Trainer model name."""
+    learning_rate: float | None = None
+    """Peak learning rate; None: the trainer's tuned default."""
+    compile: bool = False
+    """torch.compile the model."""
+    backoff_limit_per_index: int = 2
+    """Pod failures one index may have (beyond node losses, which do not count) before it is failed."""
+    ttl_seconds_after_finished: int = 7 * 24 * 3600
+    """Seconds a finished Job (and its pod logs) is kept. Once it is gone, ``pulumi up --refresh`` creates it
+    again, and the new Job resumes the run from its newest checkpoint."""
+    data_prep_timeout: str = "40m"
+    """How long ``pulumi up`` waits for data preparation (fresh nodes pull a multi-GB image first); longer
+    than the Job's own 30-minute deadline, so a stuck download surfaces as the Job's failure."""
+
+
+def pod_resources(it: catalog.InstanceType) -> tuple[int, int, int]:
+    """(CPU cores, memory GiB, /dev/shm GiB) for one training pod on a whole node of type ``it``.
+
+    Leaves a tenth of the vCPUs (at least 1) and a quarter of the memory to the kubelet, the OS and the
+    node daemons (VPC CNI, kube-proxy, EFS CSI, device plugins). /dev/shm (NCCL's intra-node transport)
+    is memory-backed and counts against the pod's memory limit.
+    """
+    cpu = it.vcpus - max(1, it.vcpus // 10)
+    memory = it.memory_gib * 3 // 4
+    return cpu, memory, min(2 * it.gpus, max(1, memory // 4))
+
+
+def nccl_env(it: catalog.InstanceType, efa: bool) -> dict[str, str]:
+    """NCCL/libfabric environment: NCCL over the EFA libfabric provider (aws-ofi-nccl) when ``efa``."""
+    env = {"NCCL_DEBUG": "WARN"}
+    if efa:
+        env.update({
+            "FI_PROVIDER": "efa",
+            # The trainer forks (torchrun workers); keeps registered memory safe across fork.
+            "FI_EFA_FORK_SAFE": "1",
+            # NCCL's bootstrap and out-of-band sockets use the pod's VPC interface; EFA carries the data.
+            "NCCL_SOCKET_IFNAME": "^lo",
+        })
+        if it.family in GPUDIRECT_RDMA_FAMILIES:
+            env["FI_EFA_USE_DEVICE_RDMA"] = "1"
+    return env
+
+
+def _resources(cpu: str, memory: str, extra: Mapping[str, int] | None = None) -> k8s.core.v1.ResourceRequirementsArgs:
+    # Limits equal requests: Guaranteed QoS, so the kubelet evicts these pods last under node pressure.
+    amounts = {"cpu": cpu, "memory": memory, **{k: str(v) for k, v in (extra or {}).items()}}
+    return k8s.core.v1.ResourceRequirementsArgs(requests=dict(amounts), limits=dict(amounts))
+
+
+class ElasticJob(pulumi.ComponentResource):
+    """Data preparation Job → elastic training Job → evaluation CronJob, with their NetworkPolicies."""
+
+    job_name: str
+    follow_command: pulumi.Output[str]
+    """``kubectl logs -f`` over every agent of the training Job."""
+    evaluate_command: pulumi.Output[str]
+    """``kubectl create job --from=cronjob/...``: re-runs the evaluation. A shell line (it names the Job
+    after ``$(date +%s)``): ``eval "$(pulumi stack output evaluateCommand)"``."""
+
+    def __init__(self, name: str, args: ElasticJobArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("eks-ddp:elastic_job:ElasticJob", name, None, opts)
+        self._args = a = args
+        self._it = _validate(name, args)
+        self.job_name = f"{name}-{a.run_id}"
+        self._prepare_name = f"{name}-prepare-data"
+        self._evaluate_name = f"{name}-evaluate"
+        self._run_dir = f"{SHARED_ROOT}/{RUNS_SUBDIR}/{a.run_id}"
+        self._train_labels = {**TRAINER_LABELS, "app.kubernetes.io/instance": self.job_name,
+                              "app.kubernetes.io/component": "train"}
+        child = pulumi.ResourceOptions(parent=self)
+
+        sa = k8s.core.v1.ServiceAccount(f"{name}-sa", metadata=self._meta(f"{name}-trainer", _PART_OF),
+                                        automount_service_account_token=False, opts=child)
+        self._sa_name = sa.metadata.name
+        self._create_network_policies(name, child)
+        prepare = self._create_prepare_job(name, child)
+        endpoint: pulumi.Input[str]
+        if a.rdzv_backend == "c10d":
+            endpoint = self._create_headless_service(name, child).apply(
+                lambda svc: f"{self.job_name}-0.{svc}:{C10D_PORT}")
+        else:
+            endpoint = a.rdzv_endpoint  # type: ignore[assignment]
+        self._create_train_job(name, endpoint, prepare, child)
+        self._create_evaluate_cronjob(name, child)
+
+        ns = pulumi.Output.from_input(a.namespace)
+        self.follow_command = ns.apply(
+            lambda n: f"kubectl -n {n} logs -f --prefix --max-log-requests={a.nodes + 1} "
+                      f"-l app.kubernetes.io/instance={self.job_name}")
+        self.evaluate_command = ns.apply(
+            lambda n: f"kubectl -n {n} create job --from=cronjob/{self._evaluate_name} "
+                      f"{self._evaluate_name}-$(date +%s)")
+        self.register_outputs({"job_name": self.job_name, "follow_command": self.follow_command,
+                               "evaluate_command": self.evaluate_command})
+
+    # --- shared pod pieces -----------------------------------------------------------------------
+    def _meta(self, name: str, labels: Mapping[str, str], annotations: Mapping[str, str] | None = None
+              ) -> k8s.meta.v1.ObjectMetaArgs:
+        return k8s.meta.v1.ObjectMetaArgs(name=name, namespace=self._args.namespace, labels=dict(labels),
+                                          annotations=dict(annotations) if annotations else None)
+
+    def _pod(self, labels: Mapping[str, str], name: str, command: pulumi.Input[list[str]],
+             resources: k8s.core.v1.ResourceRequirementsArgs, *, env: Mapping[str, str] | None = None,
+             field_env: Mapping[str, str] | None = None, shm_gib: int = 1, restart_policy: str = "Never",
+             grace_seconds: int = 30, ports: list[k8s.core.v1.ContainerPortArgs] | None = None,
+             affinity: k8s.core.v1.AffinityArgs | None = None, subdomain: pulumi.Input[str] | None = None
+             ) -> k8s.core.v1.PodTemplateSpecArgs:
+        """A hardened single-container pod of the trainer image with /shared, /tmp and /dev/shm."""
+        v1 = k8s.core.v1
+        env_vars = [v1.EnvVarArgs(name=k, value=v) for k, v in {**_CACHE_ENV, **(env or {})}.items()]
+        env_vars += [v1.EnvVarArgs(name=k, value_from=v1.EnvVarSourceArgs(
+            field_ref=v1.ObjectFieldSelectorArgs(field_path=path))) for k, path in (field_env or {}).items()]
+        container = v1.ContainerArgs(
+            name=name, image=self._args.image, image_pull_policy="IfNotPresent", command=command,
+            working_dir="/app", env=env_vars, resources=resources, ports=ports,
+            volume_mounts=[v1.VolumeMountArgs(name="shared", mount_path=SHARED_ROOT),
+                           v1.VolumeMountArgs(name="tmp", mount_path="/tmp"),
+                           v1.VolumeMountArgs(name="dshm", mount_path="/dev/shm")],
+            security_context=v1.SecurityContextArgs(
+                run_as_non_root=True, run_as_user=TRAINER_UID, run_as_group=TRAINER_UID,
+                allow_privilege_escalation=False, read_only_root_filesystem=True,
+                capabilities=v1.CapabilitiesArgs(drop=["ALL"]),
+                seccomp_profile=v1.SeccompProfileArgs(type="RuntimeDefault")))
+        tolerations = [v1.TolerationArgs(key=key, operator="Exists", effect="NoSchedule")
+                       for key in (GPU_RESOURCE, *([EFA_RESOURCE] if self._args.efa else []))]
+        return v1.PodTemplateSpecArgs(
+            metadata=k8s.meta.v1.ObjectMetaArgs(labels=dict(labels)),
+            spec=v1.PodSpecArgs(
+                restart_policy=restart_policy, service_account_name=self._sa_name,
+                automount_service_account_token=False, enable_service_links=False,
+                node_selector=self._args.node_selector, tolerations=tolerations, affinity=affinity,
+                subdomain=subdomain, termination_grace_period_seconds=grace_seconds,
+                security_context=v1.PodSecurityContextArgs(
+                    run_as_non_root=True, run_as_user=TRAINER_UID, run_as_group=TRAINER_UID, fs_group=TRAINER_UID,
+                    fs_group_change_policy="OnRootMismatch",
+                    seccomp_profile=v1.SeccompProfileArgs(type="RuntimeDefault")),
+                containers=[container],
+                volumes=[
+                    v1.VolumeArgs(name="shared", persistent_volume_claim=v1.PersistentVolumeClaimVolumeSourceArgs(
+                        claim_name=self._args.pvc_name)),
+                    v1.VolumeArgs(name="tmp", empty_dir=v1.EmptyDirVolumeSourceArgs(size_limit="20Gi")),
+                    v1.VolumeArgs(name="dshm", empty_dir=v1.EmptyDirVolumeSourceArgs(
+                        medium="Memory", size_limit=f"{shm_gib}Gi")),
+                ]))
+
+    # --- 1. data preparation --------------------------------------------------------------------
+    def _create_prepare_job(self, name: str, child: pulumi.ResourceOptions) -> k8s.batch.v1.Job:
+        template = self._pod(
+            PREPARE_LABELS, "prepare-data", ["python", "-m", "training.prepare_data", f"--data-dir={DATA_DIR}"],
+            k8s.core.v1.ResourceRequirementsArgs(requests={"cpu": "500m", "memory": "1Gi"},
+                                                 limits={"cpu": "1", "memory": "2Gi"}), restart_policy="OnFailure")
+        # Runs on the job's GPU nodes without taking a GPU: the multi-GB image it pulls there is then
+        # already cached when the training pods start.
+        return k8s.batch.v1.Job(
+            f"{name}-prepare-data",
+            metadata=self._meta(self._prepare_name, PREPARE_LABELS),
+            spec=k8s.batch.v1.JobSpecArgs(
+                backoff_limit=3, active_deadline_seconds=1800, ttl_seconds_after_finished=24 * 3600,
+                template=template),
+            # Awaited (no skipAwait): the training Job depends on it, so it starts only on a verified dataset.
+            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
+                delete_before_replace=True,
+                custom_timeouts=pulumi.CustomTimeouts(create=self._args.data_prep_timeout,
+                                                      update=self._args.data_prep_timeout))))
+
+    # --- 2. training ----------------------------------------------------------------------------
+    def _create_headless_service(self, name: str, child: pulumi.ResourceOptions) -> pulumi.Output[str]:
+        # c10d: the Job's subdomain gives the pod of index 0 the stable name <job>-0.<service>.
+        svc = k8s.core.v1.Service(
+            f"{name}-rdzv",
+            metadata=self._meta(self.job_name, self._train_labels),
+            spec=k8s.core.v1.ServiceSpecArgs(
+                cluster_ip="None", publish_not_ready_addresses=True,
+                selector={"app.kubernetes.io/instance": self.job_name},
+                ports=[k8s.core.v1.ServicePortArgs(name="rdzv", port=C10D_PORT, target_port=C10D_PORT)]),
+            opts=child)
+        return svc.metadata.name
+
+    def train_command(self, endpoint: str) -> list[str]:
+        """The agent's command line, from the one shared builder (components/torchrun.py)."""
+        a = self._args
+        agent = AgentOptions(
+            min_nodes=a.min_nodes, max_nodes=a.nodes, nproc_per_node=self._it.gpus,
+            rdzv_backend=a.rdzv_backend, rdzv_endpoint=endpoint,
+            # $(VAR) is expanded by the kubelet: the Job's uid is unique per Job, stable across pod retries.
+            rdzv_id="$(JOB_UID)", local_addr="$(POD_IP)",
+            max_restarts=a.max_restarts, timeouts=CLUSTER_TIMEOUTS)
+        trainer = TrainerOptions(data_dir=DATA_DIR, run_dir=self._run_dir, epochs=a.epochs,
+                                 batch_size=a.batch_size, model=a.model, learning_rate=a.learning_rate,
+                                 compile=a.compile)
+        return job_command(agent, trainer)
+
+    def _create_train_job(self, name: str, endpoint: pulumi.Input[str], prepare: k8s.batch.v1.Job,
+                          child: pulumi.ResourceOptions) -> k8s.batch.v1.Job:
+        a, it = self._args, self._it
+        c10d = a.rdzv_backend == "c10d"
+        cpu, memory, shm = pod_resources(it)
+        devices = {GPU_RESOURCE: it.gpus, **({EFA_RESOURCE: it.efa_interfaces} if a.efa else {})}
+        # EFA needs an unlimited RLIMIT_MEMLOCK to register memory; a non-root container cannot raise it
+        # (and 'restricted' forbids IPC_LOCK), so it comes from the node's container runtime.
+        env = {**AGENT_ENV, **nccl_env(it, a.efa)}
+        field_env = {"POD_IP": "status.podIP", "JOB_UID": "metadata.labels['batch.kubernetes.io/controller-uid']"}
+        # One agent per node: GPU limits alone would allow two agents on an 8-GPU node asking for 4.
+        affinity = k8s.core.v1.AffinityArgs(pod_anti_affinity=k8s.core.v1.PodAntiAffinityArgs(
+            required_during_scheduling_ignored_during_execution=[k8s.core.v1.PodAffinityTermArgs(
+                topology_key="kubernetes.io/hostname",
+                label_selector=k8s.meta.v1.LabelSelectorArgs(
+                    match_labels={"app.kubernetes.io/instance": self.job_name}))]))
+        template = self._pod(
+            self._train_labels, "trainer", pulumi.Output.from_input(endpoint).apply(self.train_command),
+            _resources(str(cpu), f"{memory}Gi", devices), env=env, field_env=field_env, shm_gib=shm,
+            grace_seconds=60, affinity=affinity, subdomain=self.job_name if c10d else None,
+            ports=[k8s.core.v1.ContainerPortArgs(name="rdzv", container_port=C10D_PORT)] if c10d else None)
+        # Failure handling (restartPolicy Never: each failure is a new pod, and the index is recreated):
+        # - a pod lost with its node, drained or preempted gets the DisruptionTarget condition: Ignore, i.e.
+        #   recreate it without counting; torchrun's survivors keep training with >= min_nodes and the
+        #   replacement rejoins at the next rendezvous round;
+        # - exit codes that mean a broken command fail the whole Job at once;
+        # - anything else (torchrun exhausted --max-restarts, rendezvous error, OOM) counts against that
+        #   index's backoffLimitPerIndex, and more than nodes - min_nodes failed indexes fail the Job,
+        #   since training cannot continue below min_nodes.
+        # podReplacementPolicy Failed: a replacement starts only once the old pod is gone, so two agents of
+        # one index never compete for a rendezvous slot.
+        failure_policy = k8s.batch.v1.PodFailurePolicyArgs(rules=[
+            k8s.batch.v1.PodFailurePolicyRuleArgs(action="Ignore", on_pod_conditions=[
+                k8s.batch.v1.PodFailurePolicyOnPodConditionsPatternArgs(type="DisruptionTarget", status="True")]),
+            k8s.batch.v1.PodFailurePolicyRuleArgs(action="FailJob", on_exit_codes=(
+                k8s.batch.v1.PodFailurePolicyOnExitCodesRequirementArgs(
+                    container_name="trainer", operator="In", values=BUG_EXIT_CODES))),
+        ])
+        return k8s.batch.v1.Job(
+            f"{name}-train",
+            # Not awaited: `pulumi up` returns once the Job exists; training runs for as long as it needs.
+            metadata=self._meta(self.job_name, self._train_labels, {"pulumi.com/skipAwait": "true"}),
+            spec=k8s.batch.v1.JobSpecArgs(
+                completion_mode="Indexed", completions=a.nodes, parallelism=a.nodes,
+                backoff_limit_per_index=a.backoff_limit_per_index, max_failed_indexes=a.nodes - a.min_nodes,
+                pod_failure_policy=failure_policy, pod_replacement_policy="Failed",
+                ttl_seconds_after_finished=a.ttl_seconds_after_finished, template=template),
+            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
+                depends_on=[prepare], delete_before_replace=True)))
+
+    # --- 3. evaluation on demand ----------------------------------------------------------------
+    def _create_evaluate_cronjob(self, name: str, child: pulumi.ResourceOptions) -> None:
+        it = self._it
+        cpu = min(4, pod_resources(it)[0])
+        template = self._pod(
+            EVALUATE_LABELS, "evaluate",
+            ["python", "-m", "training.evaluate", f"--data-dir={DATA_DIR}", f"--run-dir={self._run_dir}"],
+            _resources(str(cpu), f"{min(16, it.memory_gib // 2)}Gi", {GPU_RESOURCE: 1}))
+        k8s.batch.v1.CronJob(
+            f"{name}-evaluate",
+            metadata=self._meta(self._evaluate_name, EVALUATE_LABELS),
+            spec=k8s.batch.v1.CronJobSpecArgs(
+                # Suspended: never fires on its own; the schedule is required by the API only.
+                suspend=True, schedule="0 0 1 1 *", concurrency_policy="Forbid",
+                successful_jobs_history_limit=1, failed_jobs_history_limit=1,
+                job_template=k8s.batch.v1.JobTemplateSpecArgs(
+                    metadata=k8s.meta.v1.ObjectMetaArgs(labels=EVALUATE_LABELS),
+                    spec=k8s.batch.v1.JobSpecArgs(
+                        backoff_limit=1, active_deadline_seconds=3600, ttl_seconds_after_finished=24 * 3600,
+                        template=template))),
+            opts=child)
+
+    # --- network policies ---------------------------------------------------------------------------
+    def _create_network_policies(self, name: str, child: pulumi.ResourceOptions) -> None:
+        net = k8s.networking.v1
+        dns = net.NetworkPolicyEgressRuleArgs(ports=[net.NetworkPolicyPortArgs(port=53, protocol="UDP"),
+                                                     net.NetworkPolicyPortArgs(port=53, protocol="TCP")])
+        peers = [net.NetworkPolicyPeerArgs(pod_selector=k8s.meta.v1.LabelSelectorArgs(
+            match_labels={"app.kubernetes.io/instance": self.job_name}))]
+        # Agents talk to each other on any port (rendezvous store, NCCL/gloo sockets); EFA traffic bypasses
+        # the IP stack. Out of the namespace they reach only DNS and etcd.
+        train_egress = [dns, net.NetworkPolicyEgressRuleArgs(to=peers)]
+        if self._args.rdzv_backend == "etcd-v2":
+            train_egress.append(net.NetworkPolicyEgressRuleArgs(
+                ports=[net.NetworkPolicyPortArgs(port=ETCD_CLIENT_PORT, protocol="TCP")]))
+        # Data preparation downloads CIFAR-10 over HTTPS (through the NAT gateway); never the instance
+        # metadata service.
+        internet = net.NetworkPolicyEgressRuleArgs(
+            to=[net.NetworkPolicyPeerArgs(ip_block=net.IPBlockArgs(cidr="0.0.0.0/0", except_=["169.254.0.0/16"]))],
+            ports=[net.NetworkPolicyPortArgs(port=443, protocol="TCP"), net.NetworkPolicyPortArgs(port=80, protocol="TCP")])
+        for suffix, labels, ingress, egress in (
+            ("train", {"app.kubernetes.io/instance": self.job_name}, [net.NetworkPolicyIngressRuleArgs(from_=peers)],
+             train_egress),
+            ("prepare-data", PREPARE_LABELS, [], [dns, internet]),
+            ("evaluate", EVALUATE_LABELS, [], [dns]),
+        ):
+            net.NetworkPolicy(
+                f"{name}-{suffix}-netpol",
+                metadata=self._meta(f"{name}-{suffix}", labels),
+                spec=net.NetworkPolicySpecArgs(
+                    pod_selector=k8s.meta.v1.LabelSelectorArgs(match_labels=dict(labels)),
+                    policy_types=["Ingress", "Egress"], ingress=ingress, egress=egress),
+                opts=child)
+
+
+def _validate(name: str, a: ElasticJobArgs) -> catalog.InstanceType:
+    try:
+        it = catalog.lookup(a.instance_type)
+    except KeyError as err:
+        raise ValueError(f"instance_type: {err.args[0]}") from None
+    if it.gpus < 1:
+        raise ValueError(f"instance_type: got {a.instance_type!r}, which has no GPU; expected a GPU type")
+    if a.efa and not it.has_efa:
+        raise ValueError(f"efa: got True for {a.instance_type!r}, which has no EFA interfaces")
+    if not 1 <= a.min_nodes <= a.nodes:
+        raise ValueError(f"min_nodes: got {a.min_nodes}; expected 1 <= min_nodes <= nodes ({a.nodes})")
+    for key in ("max_restarts", "backoff_limit_per_index"):
+        if getattr(a, key) < 0:
+            raise ValueError(f"{key}: got {getattr(a, key)}; expected a whole number >= 0")
+    if a.rdzv_backend not in ("etcd-v2", "c10d"):
+        raise ValueError(f"rdzv_backend: got {a.rdzv_backend!r}; expected 'etcd-v2' or 'c10d'")
+    if a.rdzv_backend == "etcd-v2" and a.rdzv_endpoint is None:
+        raise ValueError("rdzv_endpoint: required with rdzv_backend 'etcd-v2' (EtcdRendezvous.endpoint)")
+    if a.rdzv_backend == "c10d" and a.rdzv_endpoint is not None:
+        raise ValueError(f"rdzv_endpoint: got {a.rdzv_endpoint!r}; expected None with 'c10d' "
+                         "(the agent of index 0 hosts the store)")
+    if isinstance(a.image, str) and "@sha256:" not in a.image:
+        raise ValueError(f"image: got {a.image!r}; expected an image pinned by digest (repo@sha256:...)")
+    # Pod hostnames are <job>-<index>; both must stay DNS labels.
+    if not _DNS_LABEL.match(a.run_id) or len(f"{name}-{a.run_id}-{a.nodes}") > 63:
+        raise ValueError(f"run_id: got {a.run_id!r}; expected lowercase letters, digits and '-' making "
+                         f"'{name}-<run_id>-<index>' at most 63 characters (pod host names)")
+    return it

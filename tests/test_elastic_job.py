@@ -1,0 +1,277 @@
+"""ElasticJob alone under mocks: the torchrun agent, failure policy, EFA wiring, ordering, hardening."""
+
+from __future__ import annotations
+
+import pulumi
+import pytest
+
+from components import catalog
+from components.elastic_job import (
+    EFA_RESOURCE,
+    GPU_RESOURCE,
+    TRAINER_LABELS,
+    ElasticJob,
+    ElasticJobArgs,
+    nccl_env,
+    pod_resources,
+)
+from components.etcd import DEFAULT_CLIENT_LABELS
+from components.mocks import ProgramResult, Recorded, run_program
+from components.torchrun import AGENT_ENV, CLUSTER_TIMEOUTS
+
+IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/eks-ddp-trainer@sha256:" + "ab" * 32
+GPU_NODES = {"eks-ddp/node-group": "gpu"}
+ETCD = "rendezvous-etcd.training.svc.cluster.local:2379"
+JOB = "kubernetes:batch/v1:Job"
+NETPOL = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
+
+
+def run_job(**overrides) -> ProgramResult:
+    def program() -> None:
+        args = {"namespace": "training", "image": IMAGE, "pvc_name": "shared", "instance_type": "g4dn.xlarge",
+                "node_selector": GPU_NODES, "nodes": 2, "min_nodes": 1, "rdzv_endpoint": ETCD, **overrides}
+        job = ElasticJob("training", ElasticJobArgs(**args))
+        pulumi.export("follow", job.follow_command)
+        pulumi.export("evaluate", job.evaluate_command)
+
+    return run_program({}, program=program)
+
+
+def train_job(result: ProgramResult) -> Recorded:
+    return result.one(JOB, "training-train")
+
+
+def prepare_job(result: ProgramResult) -> Recorded:
+    return result.one(JOB, "training-prepare-data")
+
+
+def pod_templates(result: ProgramResult) -> dict[str, dict]:
+    cron = result.one("kubernetes:batch/v1:CronJob").inputs["spec"]["jobTemplate"]["spec"]["template"]
+    return {"train": train_job(result).inputs["spec"]["template"],
+            "prepare": prepare_job(result).inputs["spec"]["template"], "evaluate": cron}
+
+
+def trainer(result: ProgramResult) -> dict:
+    return train_job(result).inputs["spec"]["template"]["spec"]["containers"][0]
+
+
+def flags(command: list[str]) -> dict[str, str]:
+    agent = command[1:command.index("-m")]
+    return dict(a.removeprefix("--").split("=", 1) for a in agent)
+
+
+def env_of(container: dict) -> dict[str, dict]:
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+def test_agent_command_is_the_shared_torchrun_builder():
+    result = run_job(nodes=3, min_nodes=2, max_restarts=5, run_id="exp-7", epochs=4, batch_size=256,
+                     learning_rate=0.1, compile=True)
+    cmd = trainer(result)["command"]
+    assert cmd[0] == "torchrun" and cmd[cmd.index("-m") + 1] == "training.train"
+    f = flags(cmd)
+    assert f["nnodes"] == "2:3"
+    assert f["nproc-per-node"] == "1"  # g4dn.xlarge: one T4
+    assert f["rdzv-backend"] == "etcd-v2" and f["rdzv-endpoint"] == ETCD
+    assert f["rdzv-id"] == "$(JOB_UID)" and f["local-addr"] == "$(POD_IP)"
+    assert f["rdzv-conf"] == CLUSTER_TIMEOUTS.conf()
+    assert f["max-restarts"] == "5"
+    trainer_args = cmd[cmd.index("-m") + 2:]
+    for expected in ("--data-dir=/shared/data", "--run-dir=/shared/runs/exp-7", "--epochs=4", "--batch-size=256",
+                     "--model=resnet-small", "--lr=0.1", "--compile"):
+        assert expected in trainer_args
+
+
+def test_rendezvous_id_and_address_come_from_the_downward_api():
+    container = trainer(run_job())
+    env = env_of(container)
+    assert len(env) == len(container["env"]), "duplicate env names"
+    assert env["JOB_UID"]["valueFrom"]["fieldRef"]["fieldPath"] == \
+        "metadata.labels['batch.kubernetes.io/controller-uid']"
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    for name, value in AGENT_ENV.items():
+        assert env[name]["value"] == value
+    assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"]["value"] == "1"
+
+
+def test_c10d_uses_index_zero_and_no_etcd():
+    result = run_job(rdzv_backend="c10d", rdzv_endpoint=None)
+    cmd = trainer(result)["command"]
+    f = flags(cmd)
+    svc = result.one("kubernetes:core/v1:Service").inputs
+    assert f["rdzv-backend"] == "c10d"
+    assert f["rdzv-endpoint"] == f"training-run-1-0.{svc['metadata']['name']}:29400"
+    assert not any("etcd" in a or "2379" in a for a in cmd)
+    pod = train_job(result).inputs["spec"]["template"]
+    assert pod["spec"]["subdomain"] == svc["metadata"]["name"]
+    assert svc["spec"]["clusterIP"] == "None"
+    assert all(pod["metadata"]["labels"].get(k) == v for k, v in svc["spec"]["selector"].items())
+    policy = result.one(NETPOL, "training-train-netpol").inputs["spec"]
+    assert not any(int(p["port"]) == 2379 for r in policy["egress"] for p in r.get("ports", []))
+
+
+def test_etcd_mode_has_no_rendezvous_service():
+    result = run_job()
+    assert not result.of_type("kubernetes:core/v1:Service")
+    assert "subdomain" not in train_job(result).inputs["spec"]["template"]["spec"]
+
+
+def test_efa_resources_and_environment_only_with_efa():
+    with_efa = trainer(run_job(instance_type="p4de.24xlarge", efa=True))
+    assert with_efa["resources"]["limits"][EFA_RESOURCE] == "4"
+    assert with_efa["resources"]["limits"][GPU_RESOURCE] == "8"
+    env = env_of(with_efa)
+    assert env["FI_PROVIDER"]["value"] == "efa"
+    assert env["FI_EFA_USE_DEVICE_RDMA"]["value"] == "1"
+    assert "NCCL_SOCKET_IFNAME" in env
+    assert flags(with_efa["command"])["nproc-per-node"] == "8"
+
+    for overrides in ({"instance_type": "p4de.24xlarge", "efa": False}, {"instance_type": "g4dn.xlarge"}):
+        plain = trainer(run_job(**overrides))
+        assert EFA_RESOURCE not in plain["resources"]["limits"]
+        assert not {"FI_PROVIDER", "FI_EFA_USE_DEVICE_RDMA"} & set(env_of(plain))
+
+
+def test_gpudirect_rdma_only_on_families_that_support_it():
+    assert nccl_env(catalog.lookup("p5.48xlarge"), True)["FI_EFA_USE_DEVICE_RDMA"] == "1"
+    g5 = nccl_env(catalog.lookup("g5.8xlarge"), True)
+    assert g5["FI_PROVIDER"] == "efa" and "FI_EFA_USE_DEVICE_RDMA" not in g5
+
+
+def test_resources_come_from_the_catalog_with_headroom():
+    for instance_type in ("g4dn.xlarge", "p4de.24xlarge"):
+        it = catalog.lookup(instance_type)
+        c = trainer(run_job(instance_type=instance_type))
+        assert c["resources"]["requests"] == c["resources"]["limits"]  # Guaranteed QoS
+        cpu, memory, shm = pod_resources(it)
+        assert c["resources"]["limits"]["cpu"] == str(cpu) and 1 <= cpu < it.vcpus
+        assert c["resources"]["limits"]["memory"] == f"{memory}Gi" and memory < it.memory_gib
+        assert c["resources"]["limits"][GPU_RESOURCE] == str(it.gpus)
+        assert shm < memory
+
+
+def test_only_the_training_job_skips_await_and_it_waits_for_data():
+    result = run_job()
+    train, prepare = train_job(result), prepare_job(result)
+    assert train.inputs["metadata"]["annotations"] == {"pulumi.com/skipAwait": "true"}
+    assert "pulumi.com/skipAwait" not in (prepare.inputs["metadata"].get("annotations") or {})
+    assert prepare.urn in train.dependencies
+    prepare_cmd = prepare.inputs["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert prepare_cmd == ["python", "-m", "training.prepare_data", "--data-dir=/shared/data"]
+
+
+def test_failure_policy_ignores_node_loss_and_fails_fast_on_bugs():
+    spec = train_job(run_job(nodes=4, min_nodes=2)).inputs["spec"]
+    assert spec["completionMode"] == "Indexed"
+    assert int(spec["completions"]) == int(spec["parallelism"]) == 4
+    assert spec["template"]["spec"]["restartPolicy"] == "Never"
+    ignore, fail = spec["podFailurePolicy"]["rules"]
+    assert ignore == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
+    assert fail["action"] == "FailJob" and fail["onExitCodes"]["containerName"] == "trainer"
+    assert 1 not in fail["onExitCodes"]["values"]  # a failed worker group is retried
+    assert int(spec["maxFailedIndexes"]) == 2 and int(spec["backoffLimitPerIndex"]) >= 1
+    assert spec["podReplacementPolicy"] == "Failed"
+    assert int(spec["ttlSecondsAfterFinished"]) > 0
+
+
+def test_one_agent_per_gpu_node():
+    pod = train_job(run_job()).inputs["spec"]["template"]
+    [term] = pod["spec"]["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert all(pod["metadata"]["labels"][k] == v for k, v in term["labelSelector"]["matchLabels"].items())
+    assert pod["spec"]["nodeSelector"] == GPU_NODES
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["spec"]["tolerations"]
+
+
+def test_training_pods_carry_the_labels_etcd_admits():
+    labels = train_job(run_job()).inputs["spec"]["template"]["metadata"]["labels"]
+    assert all(labels[k] == v for k, v in DEFAULT_CLIENT_LABELS.items())
+    assert all(labels[k] == v for k, v in TRAINER_LABELS.items())
+
+
+def test_every_pod_is_hardened():
+    result = run_job()
+    sa = result.one("kubernetes:core/v1:ServiceAccount").inputs
+    assert sa["automountServiceAccountToken"] is False
+    for name, template in pod_templates(result).items():
+        spec = template["spec"]
+        [c] = spec["containers"]
+        assert spec["serviceAccountName"] == sa["metadata"]["name"], name
+        assert spec["automountServiceAccountToken"] is False, name
+        psc, csc = spec["securityContext"], c["securityContext"]
+        assert psc["runAsNonRoot"] is True and int(psc["runAsUser"]) == int(psc["fsGroup"]) == 1000, name
+        assert psc["seccompProfile"]["type"] == "RuntimeDefault", name
+        assert csc["readOnlyRootFilesystem"] is True and csc["allowPrivilegeEscalation"] is False, name
+        assert csc["capabilities"]["drop"] == ["ALL"], name
+        assert c["image"] == IMAGE and c["imagePullPolicy"] == "IfNotPresent", name
+        assert {"cpu", "memory"} <= set(c["resources"]["requests"]) and {"cpu", "memory"} <= set(
+            c["resources"]["limits"]), name
+        mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        assert volumes[mounts["/shared"]]["persistentVolumeClaim"]["claimName"] == "shared", name
+        assert "emptyDir" in volumes[mounts["/tmp"]], name
+        if "/dev/shm" in mounts:
+            assert volumes[mounts["/dev/shm"]]["emptyDir"]["medium"] == "Memory", name
+            assert volumes[mounts["/dev/shm"]]["emptyDir"]["sizeLimit"], name
+    assert "/dev/shm" in {m["mountPath"] for m in trainer(result)["volumeMounts"]}
+
+
+def test_every_pod_has_a_network_policy():
+    result = run_job()
+    policies = [r.inputs["spec"] for r in result.of_type(NETPOL)]
+    for name, template in pod_templates(result).items():
+        labels = template["metadata"]["labels"]
+        selecting = [p for p in policies
+                     if all(labels.get(k) == v for k, v in p["podSelector"]["matchLabels"].items())]
+        assert len(selecting) == 1, name
+        assert set(selecting[0]["policyTypes"]) == {"Ingress", "Egress"}, name
+    train = result.one(NETPOL, "training-train-netpol").inputs["spec"]
+    [ingress] = train["ingress"]
+    assert ingress["from"] == [{"podSelector": {"matchLabels": {"app.kubernetes.io/instance": "training-run-1"}}}]
+    prepare = result.one(NETPOL, "training-prepare-data-netpol").inputs["spec"]
+    assert prepare["ingress"] == [] and any(
+        int(p["port"]) == 443 for r in prepare["egress"] for p in r.get("ports", []))
+
+
+def test_evaluation_runs_on_demand_from_a_suspended_cronjob():
+    result = run_job(run_id="exp-7")
+    cron = result.one("kubernetes:batch/v1:CronJob").inputs
+    assert cron["spec"]["suspend"] is True
+    c = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]
+    assert c["command"] == ["python", "-m", "training.evaluate", "--data-dir=/shared/data",
+                            "--run-dir=/shared/runs/exp-7"]
+    assert c["resources"]["limits"][GPU_RESOURCE] == "1"
+    name = cron["metadata"]["name"]
+    assert result.outputs["evaluate"].startswith(f"kubectl -n training create job --from=cronjob/{name} ")
+
+
+def test_follow_command_selects_the_job_pods():
+    result = run_job()
+    labels = train_job(result).inputs["spec"]["template"]["metadata"]["labels"]
+    follow = result.outputs["follow"]
+    assert follow.startswith("kubectl -n training logs -f ")
+    selector = follow.split(" -l ", 1)[1]
+    key, value = selector.split("=")
+    assert labels[key] == value
+
+
+def test_children_are_parented_to_the_component():
+    result = run_job()
+    assert all(r.parent_type == "eks-ddp:elastic_job:ElasticJob" for r in result.resources if r.custom)
+
+
+@pytest.mark.parametrize("overrides, field", [
+    ({"rdzv_endpoint": None}, "rdzv_endpoint"),
+    ({"rdzv_backend": "c10d"}, "rdzv_endpoint"),
+    ({"efa": True}, "efa"),
+    ({"instance_type": "t3.large"}, "instance_type"),
+    ({"instance_type": "x9.huge"}, "instance_type"),
+    ({"min_nodes": 3}, "min_nodes"),
+    ({"image": "trainer:latest"}, "image"),
+    ({"run_id": "r" * 60}, "run_id"),
+    ({"run_id": "Run_1"}, "run_id"),
+    ({"max_restarts": -1}, "max_restarts"),
+])
+def test_rejects_bad_args(overrides, field):
+    with pytest.raises(ValueError, match=f"^{field}:"):
+        run_job(**overrides)

@@ -1,0 +1,148 @@
+"""The Kubernetes manifests the dev and p4de stacks would apply: schema, security scan, torchrun command.
+
+Manifests come from the offline plan (components.plan.render_manifests) of the whole program.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes_validate import latest_version, validate
+from kubernetes_validate.utils import major_minor
+from torch.distributed.run import get_args_parser
+
+from components import catalog
+from components.config import PROJECT, SUPPORTED_KUBERNETES_VERSIONS, StackConfig, load_stack_config
+from components.plan import load_stack_file, render_manifests, write_manifests
+from tests.util import ROOT
+
+CHECKOV = ROOT / ".venv-scan" / "bin" / "checkov"
+SKIPS_FILE = Path(__file__).with_name("checkov-skips.yaml")
+STACKS = ("dev", "p4de")
+EXPECTED_GPUS = {"dev": 1, "p4de": 8}
+OUR_KINDS = {"Job", "CronJob", "StatefulSet", "Service", "ServiceAccount", "NetworkPolicy"}
+
+
+def as_applied(value: Any) -> Any:
+    """Undo the mock engine's number encoding (ints arrive as floats); the real engine sends ints.
+
+    Left as 2.0, the API server would reject ``completions`` and checkov would misjudge ``runAsUser``.
+    """
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: as_applied(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [as_applied(v) for v in value]
+    return value
+
+
+def stack(name: str) -> StackConfig:
+    raw = load_stack_file(name)
+    ours = {k: v for k, v in raw.items() if k.startswith(PROJECT + ":")}  # as __main__.py reads it
+    return load_stack_config(ours, region=raw.get("aws:region"))
+
+
+@pytest.fixture(scope="module")
+def manifests(dev_result, p4de_result) -> dict[str, list[dict]]:
+    return {"dev": as_applied(render_manifests(dev_result)), "p4de": as_applied(render_manifests(p4de_result))}
+
+
+@pytest.fixture(scope="module")
+def manifest_dir(manifests, tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("manifests")
+    for name, docs in manifests.items():
+        write_manifests(docs, root / name)
+    return root
+
+
+def training_job(docs: list[dict]) -> dict:
+    [job] = [m for m in docs if m["kind"] == "Job"
+             and (m["metadata"].get("annotations") or {}).get("pulumi.com/skipAwait") == "true"]
+    return job
+
+
+def test_kubernetes_validate_knows_every_supported_version():
+    assert all(major_minor(v) <= major_minor(latest_version()) for v in SUPPORTED_KUBERNETES_VERSIONS)
+
+
+@pytest.mark.parametrize("name", STACKS)
+def test_every_manifest_passes_the_strict_schema(name, manifest_dir):
+    version = stack(name).cluster.kubernetes_version
+    files = sorted((manifest_dir / name).glob("*.yaml"))
+    kinds = set()
+    errors = []
+    for path in files:
+        doc = yaml.safe_load(path.read_text())
+        kinds.add(doc["kind"])
+        try:
+            validate(doc, version, strict=True)  # unknown kinds raise SchemaNotFoundError: no silent pass
+        except Exception as err:  # noqa: BLE001 - collect every failure with its file
+            errors.append(f"{path.name}: {getattr(err, 'message', err)}")
+    assert not errors, "\n".join(errors)
+    assert OUR_KINDS <= kinds, f"missing kinds: {OUR_KINDS - kinds}"
+
+
+def test_checkov_finds_nothing_beyond_the_documented_skips(manifest_dir):
+    skips = yaml.safe_load(SKIPS_FILE.read_text())
+    assert isinstance(skips, dict) and skips, f"{SKIPS_FILE.name}: expected a mapping check id -> reason"
+    for check_id, reason in skips.items():
+        assert isinstance(reason, str) and len(reason.split()) >= 10, f"{check_id}: write down why it is skipped"
+    assert CHECKOV.exists(), f"{CHECKOV} missing: run `make install` (checkov lives in its own environment)"
+    proc = subprocess.run(
+        [str(CHECKOV), "-d", str(manifest_dir), "--framework", "kubernetes", "--skip-download", "--output", "json"],
+        capture_output=True, text=True, timeout=300, check=False)
+    assert proc.stdout.strip(), proc.stderr
+    reports = json.loads(proc.stdout)
+    reports = reports if isinstance(reports, list) else [reports]
+    failed = [c for r in reports for c in r["results"]["failed_checks"]]
+    passed = sum(r["summary"]["passed"] for r in reports)
+    unexpected = [f"{c['check_id']} {c['check_name']}: {c['resource']} ({c['file_path']})"
+                  for c in failed if c["check_id"] not in skips]
+    skipped = [c for c in failed if c["check_id"] in skips]
+    print(f"\ncheckov: {passed} passed, {len(unexpected)} failed, {len(skipped)} skipped "
+          f"({', '.join(sorted({c['check_id'] for c in skipped}))})")
+    assert not unexpected, "\n".join(unexpected)
+    stale = set(skips) - {c["check_id"] for c in failed}
+    assert not stale, f"skips that no longer fail, remove them from {SKIPS_FILE.name}: {sorted(stale)}"
+    assert passed > 100  # the scan saw the manifests
+
+
+@pytest.mark.parametrize("name", STACKS)
+def test_training_command_is_valid_for_torchrun(name, manifests):
+    cfg = stack(name)
+    docs = manifests[name]
+    [container] = training_job(docs)["spec"]["template"]["spec"]["containers"]
+    command = container["command"]
+    assert command[0] == "torchrun"
+    parser = get_args_parser()
+    agent_flags = command[1:command.index("-m")]
+    # Exact option names (argparse would also accept abbreviations and silently misread them).
+    unknown = [f for f in agent_flags if f.split("=", 1)[0] not in parser._option_string_actions]
+    assert not unknown, f"not torchrun options: {unknown}"
+    args = parser.parse_args(command[1:])
+    assert args.module and args.training_script == "training.train"
+    assert args.nnodes == f"{cfg.job.min_nodes}:{cfg.job.nodes}"
+    gpus = catalog.lookup(cfg.job_group.instance_type).gpus
+    assert args.nproc_per_node == str(gpus) == str(EXPECTED_GPUS[name])
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == str(gpus)
+    assert args.rdzv_backend == cfg.job.rdzv_backend
+    assert args.rdzv_id == "$(JOB_UID)" and args.local_addr == "$(POD_IP)"
+    assert args.max_restarts == cfg.job.max_restarts
+    if cfg.job.rdzv_backend == "etcd-v2":
+        [etcd] = [m for m in docs if m["kind"] == "Service" and m["spec"].get("type") == "ClusterIP"
+                  and any(p["port"] == 2379 for p in m["spec"]["ports"])]
+        assert args.rdzv_endpoint.startswith(f"{etcd['metadata']['name']}.{cfg.job.namespace}.svc")
+    env = {e["name"] for e in container["env"]}
+    assert ("FI_PROVIDER" in env) == cfg.job_group.efa
+
+    from training.train import parse_args  # the trainer's own parser accepts what the job passes
+
+    trainer = parse_args(args.training_script_args)
+    assert trainer.data_dir == "/shared/data" and trainer.run_dir == f"/shared/runs/{cfg.job.run_id}"
+    assert (trainer.epochs, trainer.batch_size, trainer.model) == (cfg.job.epochs, cfg.job.batch_size, cfg.job.model)
