@@ -24,7 +24,7 @@ import pytest
 from components.torchrun import AGENT_ENV, LOCAL_TIMEOUTS, AgentOptions, TrainerOptions, job_command
 from tests.util import ROOT
 from training import local
-from training.plot import metrics_table, plot_history, read_history
+from training.plot import metrics_table, plot_history, read_history, read_test_accuracy
 from training.procs import alive, descendants, listening
 from training.progress import Progress, parse_record
 
@@ -76,6 +76,7 @@ def test_history_keeps_the_last_record_per_step(tmp_path):
     history = tmp_path / "history.jsonl"
     history.write_text("\n".join(json.dumps(r) for r in rows) + '\n{"step": 11, "lo')  # cut by a kill
     assert [(r["step"], r["loss"]) for r in read_history(history)] == [(5, 2.0), (10, 1.4)]
+    assert read_test_accuracy(history) == (10, 0.6)
     png = plot_history(history, tmp_path / "curve.png", marks={"worker killed": 7})
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -285,8 +285,12 @@ def rendezvous(kind: str, work: Path) -> Iterator[str]:
 
         yield f"127.0.0.1:{free_port()}"
         return
-    from training.etcd_local import start_etcd
+    from training.etcd_local import find_etcd, start_etcd
 
+    try:
+        find_etcd()
+    except FileNotFoundError as err:
+        raise SystemExit(f"eks-ddp-local: {err}; or run with --rdzv c10d") from None
     with start_etcd(work) as endpoint:
         yield endpoint
 

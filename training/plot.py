@@ -25,6 +25,19 @@ def read_history(path: Path) -> list[dict[str, Any]]:
     return [by_step[s] for s in sorted(by_step)]
 
 
+def read_test_accuracy(path: Path) -> tuple[int, float] | None:
+    """(step, accuracy) of the last evaluation record, if the run got that far."""
+    found = None
+    for raw in Path(path).read_text().splitlines():
+        try:
+            rec = json.loads(raw)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict) and rec.get("kind") == "eval" and rec.get("accuracy") is not None:
+            found = (int(rec.get("step") or 0), float(rec["accuracy"]))
+    return found
+
+
 def plot_history(history: Path, png: Path, *, title: str = "training curve",
                  marks: dict[str, float] | None = None) -> Path:
     """Write a two-panel PNG (loss; accuracy) of the history; marks are labelled vertical lines at steps."""
@@ -45,9 +58,13 @@ def plot_history(history: Path, png: Path, *, title: str = "training curve",
     if acc:
         ax_acc.plot([s for s, _ in acc], [100 * a for _, a in acc], color="tab:green", marker=".", lw=1.5,
                     label="training accuracy")
+    test = read_test_accuracy(history)
+    if test is not None:
+        ax_acc.plot([test[0]], [100 * test[1]], marker="*", ms=14, color="tab:orange", ls="none",
+                    label=f"test accuracy {100 * test[1]:.1f}%")
     ax_acc.set_ylabel("accuracy (%)")
     ax_acc.set_xlabel("optimizer step")
-    ax_acc.set_ylim(0, 100)
+    ax_acc.set_ylim(0, 104)  # room for a marker at 100%
     worlds = sorted({int(r["world"]) for r in records if r.get("world") is not None})
     if len(worlds) > 1:
         ax_acc.text(0.01, 0.95, "world sizes seen: " + ", ".join(map(str, worlds)), transform=ax_acc.transAxes,
@@ -59,7 +76,7 @@ def plot_history(history: Path, png: Path, *, title: str = "training curve",
                          textcoords="offset points", color="tab:red", fontsize=9)
     for ax in (ax_loss, ax_acc):
         ax.grid(True, alpha=0.3)
-    if acc:
+    if acc or test is not None:
         ax_acc.legend(loc="lower right")
     png = Path(png)
     png.parent.mkdir(parents=True, exist_ok=True)
