@@ -196,6 +196,9 @@ class EksCluster(pulumi.ComponentResource):
             endpoint_private_access=True,
             endpoint_public_access=True,
             public_access_cidrs=list(args.public_access_cidrs),
+            # Without this the VPC CNI accepts NetworkPolicy objects but does not enforce them, and
+            # etcd and the trainers would be reachable from every pod in the cluster.
+            vpc_cni_options=eks.VpcCniOptionsArgs(enable_network_policy=True),
             tags=self._tags,
             opts=pulumi.ResourceOptions(parent=self, depends_on=[log_group]),
         )

@@ -55,10 +55,23 @@ def render_manifests(result: ProgramResult) -> list[dict[str, Any]]:
 
 
 def _manifest(r: Recorded) -> dict[str, Any]:
-    body = {k: v for k, v in r.inputs.items() if k not in ("apiVersion", "kind", "metadata")}
-    metadata = dict(r.inputs.get("metadata") or {})
+    inputs = _ints(r.inputs)
+    body = {k: v for k, v in inputs.items() if k not in ("apiVersion", "kind", "metadata")}
+    metadata = dict(inputs.get("metadata") or {})
     metadata.setdefault("name", r.name)
-    return {"apiVersion": r.inputs.get("apiVersion"), "kind": r.inputs.get("kind"), "metadata": metadata, **body}
+    return {"apiVersion": inputs.get("apiVersion"), "kind": inputs.get("kind"), "metadata": metadata, **body}
+
+
+def _ints(value: Any) -> Any:
+    """Whole-number floats back to ints: the engine's wire format carries every number as a float,
+    and the API server (and scanners) reject ``replicas: 1.0``."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _ints(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_ints(v) for v in value]
+    return value
 
 
 def _tree_lines(result: ProgramResult) -> list[str]:

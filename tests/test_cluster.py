@@ -64,6 +64,11 @@ def test_control_plane_is_private_encrypted_logged_and_pinned(result):
     assert eks["encryptionConfigKeyArn"] == key.outputs["arn"]
 
 
+def test_vpc_cni_enforces_network_policies(result):
+    # NetworkPolicies (etcd, trainers) are only enforced when the VPC CNI's policy agent is on.
+    assert result.one("eks:index:Cluster").inputs["vpcCniOptions"]["enableNetworkPolicy"] is True
+
+
 def test_log_group_sets_retention_before_eks_creates_it(result):
     lg = result.one("aws:cloudwatch/logGroup:LogGroup").inputs
     assert lg["name"] == "/aws/eks/eks-ddp-test/cluster"

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -28,20 +27,6 @@ EXPECTED_GPUS = {"dev": 1, "p4de": 8}
 OUR_KINDS = {"Job", "CronJob", "StatefulSet", "Service", "ServiceAccount", "NetworkPolicy"}
 
 
-def as_applied(value: Any) -> Any:
-    """Undo the mock engine's number encoding (ints arrive as floats); the real engine sends ints.
-
-    Left as 2.0, the API server would reject ``completions`` and checkov would misjudge ``runAsUser``.
-    """
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, dict):
-        return {k: as_applied(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [as_applied(v) for v in value]
-    return value
-
-
 def stack(name: str) -> StackConfig:
     raw = load_stack_file(name)
     ours = {k: v for k, v in raw.items() if k.startswith(PROJECT + ":")}  # as __main__.py reads it
@@ -50,7 +35,7 @@ def stack(name: str) -> StackConfig:
 
 @pytest.fixture(scope="module")
 def manifests(dev_result, p4de_result) -> dict[str, list[dict]]:
-    return {"dev": as_applied(render_manifests(dev_result)), "p4de": as_applied(render_manifests(p4de_result))}
+    return {"dev": render_manifests(dev_result), "p4de": render_manifests(p4de_result)}
 
 
 @pytest.fixture(scope="module")

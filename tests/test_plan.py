@@ -61,3 +61,22 @@ def test_dev_plan_prints_tree_counts_and_writes_manifests(tmp_path):
     assert {"Job", "StatefulSet", "Service", "NetworkPolicy", "PersistentVolumeClaim"} <= kinds
     # The design target is < 10 s on a 2-core machine, imports included.
     assert elapsed < 10, f"offline plan took {elapsed:.1f} s"
+
+
+def test_rendered_manifests_carry_ints_not_floats(dev_result):
+    from components.plan import render_manifests
+
+    def floats(value, path="$"):
+        if isinstance(value, float):
+            yield path
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                yield from floats(v, f"{path}.{k}")
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                yield from floats(v, f"{path}[{i}]")
+
+    docs = render_manifests(dev_result)
+    job = next(d for d in docs if d["kind"] == "Job" and d["spec"].get("completionMode") == "Indexed")
+    assert isinstance(job["spec"]["completions"], int)
+    assert [p for d in docs for p in floats(d)] == []
