@@ -27,6 +27,7 @@ Every property is set here, where it can be read and tested:
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -209,6 +210,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
             instance_type=args.instance_type if capacity_block else None,
             tag_specifications=[aws.ec2.LaunchTemplateTagSpecificationArgs(
                 resource_type="instance", tags={**self._tags, "Name": f"{name}"})],
+            user_data=efa_user_data() if args.efa else None,
             update_default_version=True,
             tags=self._tags,
             opts=child)
@@ -247,3 +249,37 @@ class GpuNodeGroup(pulumi.ComponentResource):
                                         referenced_security_group_id=sg.id, ip_protocol="-1",
                                         description="All traffic to EFA peers", opts=child)
         return sg
+
+
+# EFA registers memory with the NIC, which needs an unlimited RLIMIT_MEMLOCK. The trainer runs
+# non-root under Pod Security 'restricted' (no IPC_LOCK), so it cannot raise the limit itself:
+# nodeadm merges this into containerd's base runtime spec, the default rlimits of every container.
+# Managed node groups merge MIME parts of type application/node.eks.aws with their own config.
+_EFA_NODECONFIG = """\
+MIME-Version: 1.0
+Content-Type: multipart/mixed; boundary="EKSDDP"
+
+--EKSDDP
+Content-Type: application/node.eks.aws
+
+apiVersion: node.eks.aws/v1alpha1
+kind: NodeConfig
+spec:
+  containerd:
+    baseRuntimeSpec:
+      process:
+        rlimits:
+          - type: RLIMIT_MEMLOCK
+            hard: 18446744073709551615
+            soft: 18446744073709551615
+          - type: RLIMIT_NOFILE
+            hard: 1048576
+            soft: 65536
+
+--EKSDDP--
+"""
+
+
+def efa_user_data() -> str:
+    """Base64 launch-template user data giving EFA nodes' containers an unlimited memlock."""
+    return base64.b64encode(_EFA_NODECONFIG.encode()).decode()

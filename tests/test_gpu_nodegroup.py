@@ -183,3 +183,20 @@ def test_every_child_has_the_group_as_parent():
 def test_validation_names_the_field(change, field):
     with pytest.raises(ValueError, match=f"^{field}"):
         _run(dataclasses.replace(BASE, **change))
+
+
+def test_efa_nodes_give_containers_unlimited_memlock():
+    # Non-root EFA pods cannot raise RLIMIT_MEMLOCK themselves; the node's containerd default must.
+    import base64
+
+    import yaml
+
+    result, _ = _run(EFA)
+    text = base64.b64decode(result.one(LT).inputs["userData"]).decode()
+    assert "Content-Type: application/node.eks.aws" in text
+    doc = yaml.safe_load(text.split("application/node.eks.aws", 1)[1].split("--EKSDDP--")[0])
+    assert doc["kind"] == "NodeConfig"
+    limits = {r["type"]: r for r in doc["spec"]["containerd"]["baseRuntimeSpec"]["process"]["rlimits"]}
+    assert limits["RLIMIT_MEMLOCK"]["hard"] == limits["RLIMIT_MEMLOCK"]["soft"] == 2**64 - 1
+    plain, _ = _run(BASE)
+    assert "userData" not in plain.one(LT).inputs
