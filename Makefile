@@ -30,7 +30,7 @@ test: install lint
 
 # The real elastic job on this machine: etcd, two torchrun agents and the trainer (synthetic data
 # unless ./data holds cifar-10-batches-py); one worker is killed mid-run to show recovery.
-DEMO_ARGS ?= --kill-worker-at-step 30
+DEMO_ARGS ?= --kill-worker-at-step 25
 demo: $(VENV)/.installed
 	$(BIN)/python -m training.local --out demo-out $(DEMO_ARGS)
 
