@@ -380,13 +380,16 @@ def run(o: argparse.Namespace, progress: Progress | None = None) -> RunResult:
                 job.start_agents(command)
                 reason = job.supervise()
             finally:
+                if job.stop_signal is not None:
+                    progress.message(f"{signal.Signals(job.stop_signal).name}: stopping the agents, their workers "
+                                     "and the rendezvous")
                 job.stop_all()
-                while True:  # the last lines of the agents' logs
+                while True:  # the agents' last lines (not their tracebacks about being stopped on request)
                     try:
                         i, text = job.lines.get_nowait()
                     except queue.Empty:
                         break
-                    if text is not None:
+                    if text is not None and job.stop_signal is None:
                         job._handle(i, text)
     finally:
         for s, handler in previous.items():
