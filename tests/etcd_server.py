@@ -1,0 +1,183 @@
+"""Real etcd and real torchrun agents for the trainer tests and the recovery benchmark.
+
+etcd start/stop lives in training/etcd_local.py (shared with the local runner); this module
+adds the pytest fixture and a small harness around torchrun agent processes: each agent
+runs in its own process group so a test can kill a whole "node", every wait is bounded,
+and everything started is killed at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from components.torchrun import AGENT_ENV, LOCAL_TIMEOUTS, AgentOptions, TrainerOptions, job_command
+from training.etcd_local import start_etcd
+
+ROOT = Path(__file__).resolve().parent.parent
+TORCHRUN = str(Path(sys.executable).parent / "torchrun")
+
+
+@pytest.fixture
+def etcd_endpoint(tmp_path: Path) -> Iterator[str]:
+    """A real etcd (v2 API on) on 127.0.0.1 for one test; stopped and reaped afterwards."""
+    with start_etcd(tmp_path / "etcd") as endpoint:
+        yield endpoint
+
+
+def trainer_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}
+    env.update(AGENT_ENV)
+    env.update({"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""})
+    env.update(extra or {})
+    return env
+
+
+def _processes() -> list[tuple[int, int, bytes]]:
+    """(pid, ppid, cmdline) of every process we can read."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            out.append((int(entry.name), ppid, (entry / "cmdline").read_bytes()))
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
+
+
+class Agent:
+    """One torchrun agent (a "node"), in its own process group, output to a log file."""
+
+    def __init__(self, name: str, cmd: list[str], log_path: Path, env: dict[str, str]) -> None:
+        self.name, self.cmd, self.log_path = name, cmd, log_path
+        with open(log_path, "wb") as log:
+            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def workers(self) -> list[int]:
+        """PIDs of this agent's trainer processes (its direct children running training.train)."""
+        return [pid for pid, ppid, cmdline in _processes() if ppid == self.pid and b"training.train" in cmdline]
+
+    def kill_group(self, sig: int = signal.SIGKILL) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, sig)
+
+    def kill_node(self) -> None:
+        """Lose the whole node: the agent's process group and its workers' (torchrun starts each worker in a
+        session of its own, so killing the agent's group alone would leave them training)."""
+        workers = self.workers()
+        self.kill_group(signal.SIGKILL)
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+
+    def wait(self, timeout_s: float) -> int:
+        return self.proc.wait(timeout=timeout_s)
+
+    def stop(self) -> None:
+        workers = self.workers()
+        if self.proc.poll() is None:
+            self.kill_group(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        self.kill_group(signal.SIGKILL)
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=5)
+
+
+class Job:
+    """N agents of one elastic job against a real etcd; ``close()`` kills everything it started."""
+
+    def __init__(self, tmp: Path, endpoint: str, trainer: TrainerOptions, *, nodes: int = 2, min_nodes: int = 1,
+                 max_nodes: int = 2, max_restarts: int = 3, env: dict[str, str] | None = None,
+                 rdzv_id: str | None = None) -> None:
+        self.tmp, self.trainer = tmp, trainer
+        self.run_dir = Path(trainer.run_dir)
+        agent = AgentOptions(min_nodes=min_nodes, max_nodes=max_nodes, nproc_per_node=1, rdzv_backend="etcd-v2",
+                             rdzv_endpoint=endpoint, rdzv_id=rdzv_id or f"run-{os.getpid()}-{time.time_ns()}",
+                             max_restarts=max_restarts, local_addr="127.0.0.1", timeouts=LOCAL_TIMEOUTS)
+        self.cmd = job_command(agent, trainer, torchrun=TORCHRUN)
+        self.agents: list[Agent] = []
+        for i in range(nodes):
+            self.agents.append(Agent(f"agent{i}", self.cmd, tmp / f"agent{i}.log", trainer_env(env)))
+
+    def history(self) -> list[dict[str, Any]]:
+        path = self.run_dir / "history.jsonl"
+        if not path.exists():
+            return []
+        out = []
+        for line in path.read_text().splitlines():
+            with contextlib.suppress(json.JSONDecodeError):  # a line being appended right now
+                out.append(json.loads(line))
+        return out
+
+    def wait_for(self, predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            value = predicate()
+            if value:
+                return value
+            if all(a.proc.poll() is not None for a in self.agents):
+                break
+            time.sleep(0.02)
+        raise AssertionError(f"timed out waiting for {what}\n{self.logs()}")
+
+    def wait_step(self, step: int, timeout_s: float = 60.0) -> dict[str, Any]:
+        return self.wait_for(lambda: next((r for r in self.history() if r.get("kind") == "step"
+                                           and r["step"] >= step), None), timeout_s, f"step {step}")
+
+    def wait_all(self, timeout_s: float) -> list[int]:
+        deadline = time.monotonic() + timeout_s
+        codes = []
+        for a in self.agents:
+            try:
+                codes.append(a.wait(max(0.1, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                raise AssertionError(f"{a.name} did not finish in {timeout_s} s\n{self.logs()}") from None
+        return codes
+
+    def logs(self) -> str:
+        return "\n".join(f"----- {a.name} (rc={a.proc.poll()}) -----\n{a.log()[-4000:]}" for a in self.agents)
+
+    def close(self) -> None:
+        for a in self.agents:
+            a.stop()
+        # Workers whose agent died first are re-parented; find them by this job's unique run dir.
+        mark = f"--run-dir={self.run_dir}".encode()
+        for pid, _, cmdline in _processes():
+            if b"training.train" in cmdline and mark + b"\0" in cmdline + b"\0":
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def jobs() -> Iterator[list[Job]]:
+    """Jobs appended to this list are torn down (every process group killed) when the test ends."""
+    started: list[Job] = []
+    yield started
+    for job in started:
+        job.close()

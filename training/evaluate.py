@@ -1,0 +1,106 @@
+"""Test-set evaluation: overall and per-class accuracy, shared by the trainer and the standalone command.
+
+    python -m training.evaluate --data-dir /shared/data --run-dir /shared/runs/<run-id>
+
+reads ``<run-dir>/model.pt``, evaluates it on the test batch, prints the table and
+(re)writes ``<run-dir>/metrics.json`` atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from training.checkpoint import atomic_write_bytes
+from training.data import Split, load_cifar, normalize
+from training.dist import all_reduce_sum
+from training.model import Precision, build_model, precision_for
+
+MODEL_FILE = "model.pt"
+METRICS_FILE = "metrics.json"
+
+
+@torch.no_grad()
+def evaluate_model(model: nn.Module, split: Split, classes: list[str], *, precision: Precision,
+                   batch_size: int = 1000, rank: int = 0, world: int = 1, tta: bool = True) -> dict[str, Any]:
+    """Accuracy over ``split``. With world > 1 each rank takes every world-th image and counts are summed."""
+    was_training = model.training
+    model.eval()
+    dev = split.images.device
+    n_cls = len(classes)
+    correct = torch.zeros(n_cls, dtype=torch.float64, device=dev)
+    total = torch.zeros(n_cls, dtype=torch.float64, device=dev)
+    idx = torch.arange(rank, len(split), world, device=dev)
+    for chunk in idx.split(batch_size):
+        x = normalize(split.images[chunk]).contiguous(memory_format=torch.channels_last)
+        y = split.labels[chunk]
+        with precision.autocast(dev.type):
+            logits = model(x).float()
+            if tta:
+                # Mirror-image test-time augmentation: the net saw flips in training, averaging costs one pass.
+                logits = logits + model(x.flip(-1)).float()
+        hit = (logits.argmax(1) == y).double()
+        correct.index_add_(0, y, hit)
+        total.index_add_(0, y, torch.ones_like(hit))
+    all_reduce_sum(correct)
+    all_reduce_sum(total)
+    model.train(was_training)
+    c, t = correct.cpu().tolist(), total.cpu().tolist()
+    return {
+        "accuracy": sum(c) / max(1.0, sum(t)),
+        "correct": int(sum(c)),
+        "total": int(sum(t)),
+        "per_class": {name: (c[i] / t[i] if t[i] else None) for i, name in enumerate(classes)},
+        "per_class_total": {name: int(t[i]) for i, name in enumerate(classes)},
+    }
+
+
+def format_table(metrics: dict[str, Any]) -> str:
+    lines = [f"[eval] acc={metrics['accuracy']:.4f} correct={metrics['correct']} total={metrics['total']}",
+             f"{'class':<12} {'acc':>7} {'n':>6}"]
+    for name, acc in metrics["per_class"].items():
+        shown = "-" if acc is None else f"{acc:.4f}"
+        lines.append(f"{name:<12} {shown:>7} {metrics['per_class_total'][name]:>6}")
+    return "\n".join(lines)
+
+
+def write_metrics(run_dir: str | Path, metrics: dict[str, Any]) -> Path:
+    path = Path(run_dir) / METRICS_FILE
+    atomic_write_bytes(path, (json.dumps(metrics, indent=2, sort_keys=True) + "\n").encode())
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m training.evaluate", description=__doc__.split("\n")[0])
+    p.add_argument("--data-dir", required=True, help="directory containing cifar-10-batches-py")
+    p.add_argument("--run-dir", required=True, help="run directory holding model.pt")
+    p.add_argument("--eval-batch-size", type=int, default=1000)
+    p.add_argument("--no-tta", action="store_true", help="no mirror test-time augmentation")
+    args = p.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model_path = Path(args.run_dir) / MODEL_FILE
+    if not model_path.exists():
+        print(f"[eval] {model_path}: no final model (has the run finished?)", file=sys.stderr)
+        return 2
+    saved = torch.load(model_path, map_location=device, weights_only=True)
+    cfg = saved["config"]
+    model = build_model(cfg["model"], cfg["num_classes"], cfg.get("width"))
+    model.load_state_dict(saved["model"])
+    model.to(device, memory_format=torch.channels_last)
+    data = load_cifar(args.data_dir, device, train=False)
+    metrics = evaluate_model(model, data.test, data.classes, precision=precision_for(device),
+                             batch_size=args.eval_batch_size, tta=not args.no_tta)
+    metrics.update(model=cfg["model"], width=cfg.get("width"), step=saved.get("step"), source="training.evaluate")
+    print(format_table(metrics), flush=True)
+    write_metrics(args.run_dir, metrics)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
