@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from components.torchrun import AGENT_ENV, LOCAL_TIMEOUTS, TRAIN_MODULE, AgentOptions, TrainerOptions, job_command
-from training.procs import alive, cmdline, descendants, executable_name, proc_table, send
+from training.procs import cmdline, descendants, executable_name, kill_tagged, proc_table, send, stop_agents
 from training.progress import Progress, format_duration
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -242,40 +242,16 @@ class LocalJob:
             if now > deadline:
                 return f"timed out after {self.o.timeout:.0f} s (--timeout)"
 
-    def stop_all(self) -> None:
-        """SIGTERM agent groups and workers, wait, then SIGKILL whatever is left (also processes that lost
-        their parent: anything whose command line carries this run's id)."""
+    def _workers(self) -> list[int]:
         self._scan()
-        workers = [p for p in self.started["workers"] if alive(p)]
-        running = [a for a in self.agents if a.poll() is None]
-        for a in running:
-            send(a.pid, signal.SIGTERM, group=True)
-        for pid in workers:
-            send(pid, signal.SIGTERM)
-        signals_before = self.signals_seen
-        end = time.monotonic() + GRACE_S
-        while time.monotonic() < end and self.signals_seen == signals_before:  # a second Ctrl-C: no more waiting
-            if all(a.poll() is not None for a in self.agents) and not any(alive(p) for p in workers):
-                break
-            time.sleep(0.1)
-        self._scan()
-        for a in self.agents:
-            if a.poll() is None:
-                send(a.pid, signal.SIGKILL, group=True)
-        for pid in self.started["workers"]:
-            if alive(pid) and self.run_id in cmdline(pid):  # the run id guards against a reused pid
-                send(pid, signal.SIGKILL, group=True)
-                send(pid, signal.SIGKILL)
-        self.sweep(exclude_etcd=True)
-        for a in self.agents:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                a.wait(timeout=5)
+        return self.started["workers"]
 
-    def sweep(self, *, exclude_etcd: bool = False) -> None:
-        etcd = set(self.started["etcd"]) if exclude_etcd else set()
-        for pid in proc_table():
-            if pid != os.getpid() and pid not in etcd and self.run_id in cmdline(pid):
-                send(pid, signal.SIGKILL)
+    def stop_all(self) -> None:
+        """Stop agents and workers (a second Ctrl-C cuts the grace period short), then anything else that
+        carries this run's id, such as a worker whose agent died before it was seen."""
+        seen = self.signals_seen
+        stop_agents(self.agents, self._workers, self.run_id, grace_s=GRACE_S, hurry=lambda: self.signals_seen > seen)
+        kill_tagged(self.run_id, spare=self.started["etcd"])
 
 
 @contextlib.contextmanager
@@ -296,30 +272,29 @@ def rendezvous(kind: str, work: Path) -> Iterator[str]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="eks-ddp-local", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--agents", type=int, default=2, help="torchrun agents (the cluster's nodes)")
-    p.add_argument("--min-agents", type=int, default=None, help="agents the rendezvous waits for (default: --agents)")
-    p.add_argument("--nproc-per-node", type=int, default=1, help="trainer workers per agent")
-    p.add_argument("--rdzv", choices=("etcd", "c10d"), default="etcd", help="rendezvous backend")
-    p.add_argument("--data", type=Path, default=None,
-                   help="folder holding cifar-10-batches-py (default ./data; synthetic data when absent)")
-    p.add_argument("--synthetic", action="store_true", help="use generated data even if CIFAR-10 is present")
-    p.add_argument("--synthetic-train", type=int, default=4096, help="generated training images")
-    p.add_argument("--synthetic-test", type=int, default=1024, help="generated test images")
-    p.add_argument("--out", type=Path, default=Path("local-out"), help="output folder")
-    p.add_argument("--epochs", type=int, default=4)
-    p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--model", default="resnet-small")
-    p.add_argument("--width", type=int, default=8, help="channel width of resnet-small (small: fast on a CPU)")
-    p.add_argument("--max-steps", type=int, default=None)
-    p.add_argument("--log-every", type=int, default=5)
-    p.add_argument("--checkpoint-every", type=int, default=10)
-    p.add_argument("--max-restarts", type=int, default=3)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--kill-worker-at-step", type=int, default=None, metavar="N",
-                   help="SIGKILL one trainer worker once step N is logged, to show recovery")
-    p.add_argument("--timeout", type=float, default=900, help="seconds before the run is stopped")
+    p = argparse.ArgumentParser(prog="eks-ddp-local", description="Run the cluster's elastic training job on this "
+                                "machine: etcd, torchrun agents and the trainer, then the evaluation table and a plot.")
+    arg = p.add_argument
+    arg("--agents", type=int, default=2, help="torchrun agents, the cluster's nodes (2)")
+    arg("--min-agents", type=int, help="agents the rendezvous needs (default: --agents)")
+    arg("--nproc-per-node", type=int, default=1, help="trainer workers per agent (1)")
+    arg("--rdzv", choices=("etcd", "c10d"), default="etcd", help="rendezvous: etcd (v2 API, as on the cluster) or c10d")
+    arg("--data", type=Path, help="folder holding cifar-10-batches-py (default ./data; generated data when absent)")
+    arg("--synthetic", action="store_true", help="use generated data even when CIFAR-10 is there")
+    arg("--synthetic-train", type=int, default=4096, help="generated training images (4096)")
+    arg("--synthetic-test", type=int, default=1024, help="generated test images (1024)")
+    arg("--out", type=Path, default=Path("local-out"), help="output folder (local-out)")
+    arg("--epochs", type=int, default=4, help="(4)")
+    arg("--batch-size", type=int, default=128, help="per worker (128)")
+    arg("--model", default="resnet-small", help="resnet-small, resnet18 or workshop-cnn (resnet-small)")
+    arg("--width", type=int, default=8, help="resnet-small base channels; small is fast on a CPU (8)")
+    arg("--max-steps", type=int, help="stop after this many steps")
+    arg("--log-every", type=int, default=5, help="steps between log records (5)")
+    arg("--checkpoint-every", type=int, default=10, help="steps between checkpoints (10)")
+    arg("--max-restarts", type=int, default=3, help="worker-group restarts torchrun allows (3)")
+    arg("--seed", type=int, default=0)
+    arg("--kill-worker-at-step", type=int, metavar="N", help="SIGKILL one trainer worker at step N to show recovery")
+    arg("--timeout", type=float, default=900, help="seconds before the run is stopped (900)")
     args = p.parse_args(argv)
     for name in ("agents", "nproc_per_node", "epochs", "batch_size"):
         if getattr(args, name) < 1:
@@ -394,7 +369,7 @@ def run(o: argparse.Namespace, progress: Progress | None = None) -> RunResult:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-        job.sweep()
+        kill_tagged(job.run_id)  # etcd too, should stopping it have failed
         shutil.rmtree(etcd_dir, ignore_errors=True)
         progress.close()
 

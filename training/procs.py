@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Sequence
 
 
 def _stat_fields(pid: int | str) -> list[str]:
@@ -89,3 +93,39 @@ def listening(port: int) -> bool:
             if len(cols) > 3 and cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
                 return True
     return False
+
+
+def stop_agents(agents: Sequence[subprocess.Popen], workers: Callable[[], list[int]], token: str, *,
+                grace_s: float, hurry: Callable[[], bool] = lambda: False) -> None:
+    """SIGTERM the agents' process groups and their workers, wait up to ``grace_s`` (less once ``hurry()``),
+    then SIGKILL what is left. A worker pid is killed only while its command line still carries ``token``
+    (the run id): by then the pid may belong to someone else."""
+    live = [p for p in workers() if alive(p)]
+    for a in agents:
+        if a.poll() is None:
+            send(a.pid, signal.SIGTERM, group=True)
+    for pid in live:
+        send(pid, signal.SIGTERM)
+    end = time.monotonic() + grace_s
+    while time.monotonic() < end and not hurry():
+        if all(a.poll() is not None for a in agents) and not any(alive(p) for p in live):
+            break
+        time.sleep(0.1)
+    for a in agents:
+        if a.poll() is None:
+            send(a.pid, signal.SIGKILL, group=True)
+    for pid in workers():
+        if alive(pid) and token in cmdline(pid):
+            send(pid, signal.SIGKILL, group=True)  # torchrun makes each worker a session (and group) leader
+            send(pid, signal.SIGKILL)
+    for a in agents:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            a.wait(timeout=5)
+
+
+def kill_tagged(token: str, *, spare: Iterable[int] = ()) -> None:
+    """SIGKILL every process (but this one and ``spare``) whose command line carries ``token``."""
+    keep = {os.getpid(), *spare}
+    for pid in proc_table():
+        if pid not in keep and token in cmdline(pid):
+            send(pid, signal.SIGKILL)
