@@ -1,6 +1,6 @@
 """Run the elastic training job on this machine: the out-of-the-box demo (``make demo``).
 
-    python -m training.local [--agents 2] [--rdzv etcd|c10d] [--data ./data] [--out local-out]
+    python -m training.local [--agents 2] [--rdzv etcd|c10d] [--data ./data] [--out demo-out]
                              [--kill-worker-at-step N]
 
 The job is the one the EKS ElasticJob runs: the agents' command line comes from
@@ -283,7 +283,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     arg("--synthetic", action="store_true", help="use generated data even when CIFAR-10 is there")
     arg("--synthetic-train", type=int, default=4096, help="generated training images (4096)")
     arg("--synthetic-test", type=int, default=1024, help="generated test images (1024)")
-    arg("--out", type=Path, default=Path("local-out"), help="output folder (local-out)")
+    arg("--out", type=Path, default=Path("demo-out"), help="output folder (demo-out)")
     arg("--epochs", type=int, default=4, help="(4)")
     arg("--batch-size", type=int, default=128, help="per worker (128)")
     arg("--model", default="resnet-small", help="resnet-small, resnet18 or workshop-cnn (resnet-small)")
