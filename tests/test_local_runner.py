@@ -23,7 +23,7 @@ import pytest
 
 from components.torchrun import AGENT_ENV, LOCAL_TIMEOUTS, AgentOptions, TrainerOptions, job_command
 from tests.util import ROOT
-from training import local
+from training import local, procs
 from training.plot import metrics_table, plot_history, read_history, read_test_accuracy
 from training.procs import alive, descendants, listening
 from training.progress import Progress, parse_record
@@ -122,7 +122,9 @@ def test_agents_run_the_cluster_command(tmp_path):
         local.parse_args(["--agents", "2", "--min-agents", "3"])
 
 
-def test_descendants_and_alive():
+@pytest.mark.parametrize("source", ["proc", "ps"])
+def test_descendants_and_alive(source, monkeypatch):
+    monkeypatch.setattr(procs, "HAVE_PROC", source == "proc")  # "ps": the path for machines without /proc
     proc = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; subprocess.run(['sleep', '30'])"])
     try:
         deadline = time.monotonic() + 10
@@ -130,6 +132,7 @@ def test_descendants_and_alive():
             time.sleep(0.05)
         (child,) = descendants(proc.pid)
         assert alive(proc.pid) and alive(child)
+        assert procs.cmdline(child) == "sleep 30"
     finally:
         proc.kill()
         proc.wait()

@@ -1,4 +1,5 @@
-"""Process bookkeeping for the local runner, read from /proc (no psutil in the image).
+"""Process bookkeeping for the local runner, read from /proc (no psutil in the image), or from
+``ps`` where there is no /proc (macOS laptops).
 
 torchrun starts every worker in its own session, so signalling an agent's process
 group does not reach its workers: the runner finds them as descendants of the agent
@@ -25,9 +26,26 @@ def _stat_fields(pid: int | str) -> list[str]:
     return stat[stat.rfind(")") + 2:].split()
 
 
+HAVE_PROC = os.path.isdir("/proc/self")
+
+
+def _ps(*args: str) -> list[str]:
+    try:
+        out = subprocess.run(["ps", *args], capture_output=True, text=True, timeout=10, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return out.splitlines()
+
+
 def proc_table() -> dict[int, int]:
     """pid -> parent pid for every live (non-zombie) process."""
     table = {}
+    if not HAVE_PROC:
+        for row in _ps("-A", "-o", "pid=,ppid=,stat="):
+            cols = row.split()
+            if len(cols) >= 3 and cols[0].isdigit() and not cols[2].startswith("Z"):
+                table[int(cols[0])] = int(cols[1])
+        return table
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
             fields = _stat_fields(entry.name)
@@ -52,6 +70,8 @@ def descendants(root: int, table: dict[int, int] | None = None) -> list[int]:
 
 def cmdline(pid: int) -> str:
     """The process's arguments joined by spaces ("" when it is gone)."""
+    if not HAVE_PROC:
+        return " ".join(_ps("-o", "command=", "-p", str(pid))).strip()
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
@@ -66,6 +86,9 @@ def executable_name(pid: int) -> str:
 
 def alive(pid: int) -> bool:
     """Running; a zombie is not (it only waits for its parent to reap it)."""
+    if not HAVE_PROC:
+        state = "".join(_ps("-o", "stat=", "-p", str(pid))).strip()
+        return bool(state) and not state.startswith("Z")
     fields = _stat_fields(pid)
     return bool(fields) and fields[0] != "Z"
 
