@@ -116,6 +116,7 @@ class Job:
                  max_nodes: int = 2, max_restarts: int = 3, env: dict[str, str] | None = None,
                  rdzv_id: str | None = None) -> None:
         self.tmp, self.trainer = tmp, trainer
+        tmp.mkdir(parents=True, exist_ok=True)
         self.run_dir = Path(trainer.run_dir)
         agent = AgentOptions(min_nodes=min_nodes, max_nodes=max_nodes, nproc_per_node=1, rdzv_backend="etcd-v2",
                              rdzv_endpoint=endpoint, rdzv_id=rdzv_id or f"run-{os.getpid()}-{time.time_ns()}",

@@ -107,3 +107,16 @@ def test_resume_at_other_world_size_continues_from_global_step(data_dir, tmp_pat
     assert last["sample_in_epoch"] == last["samples_seen"]  # still in epoch 0 of 320 samples
     steps = [r["step"] for r in _history(run) if r.get("kind") == "step"]
     assert steps == list(range(1, 11)), "the step counter continues, no step is repeated or skipped"
+
+
+def test_tensorboard_flag_says_when_tensorboard_is_missing(tmp_path, capsys):
+    import importlib.util
+
+    log = train.RunLog(tmp_path, enabled=True, tensorboard=True)
+    if importlib.util.find_spec("tensorboard") is None:
+        assert log.tb is None and "tensorboard package is not installed" in capsys.readouterr().out
+    else:
+        assert log.tb is not None
+    log.record("train", None, kind="step", step=1, loss=1.0, acc=0.5, lr=0.1, img_s=10.0)
+    log.close()
+    assert json.loads((tmp_path / train.HISTORY_FILE).read_text())["step"] == 1
