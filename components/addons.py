@@ -70,30 +70,22 @@ class ClusterAddons(pulumi.ComponentResource):
         super().__init__("eks-ddp:addons:ClusterAddons", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
 
-        nvidia = k8s.helm.v3.Release(
-            f"{name}-nvidia-device-plugin",
-            name="nvidia-device-plugin",
-            chart=NVIDIA_DEVICE_PLUGIN_CHART,
-            version=NVIDIA_DEVICE_PLUGIN_VERSION,
-            repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=NVIDIA_DEVICE_PLUGIN_REPO),
-            namespace=ADDON_NAMESPACE,
-            values=gpu_daemonset_values(),
-            atomic=True,
-            opts=child)
+        def release(suffix: str, release_name: str, chart: str, version: str, repo: str,
+                    values: dict) -> k8s.helm.v3.Release:
+            return k8s.helm.v3.Release(
+                f"{name}-{suffix}", name=release_name, chart=chart, version=version,
+                repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=repo), namespace=ADDON_NAMESPACE,
+                values=values, atomic=True, opts=child)
+
+        nvidia = release("nvidia-device-plugin", "nvidia-device-plugin", NVIDIA_DEVICE_PLUGIN_CHART,
+                         NVIDIA_DEVICE_PLUGIN_VERSION, NVIDIA_DEVICE_PLUGIN_REPO, gpu_daemonset_values())
         self.release_names = [nvidia.name]
 
         if args.efa:
-            efa = k8s.helm.v3.Release(
-                f"{name}-efa-device-plugin",
-                name="aws-efa-k8s-device-plugin",
-                chart=EFA_DEVICE_PLUGIN_CHART,
-                version=EFA_DEVICE_PLUGIN_VERSION,
-                repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=EFA_DEVICE_PLUGIN_REPO),
-                namespace=ADDON_NAMESPACE,
-                # The chart builds its own instance-type affinity; it reads only these two scheduling values.
-                values={k: v for k, v in gpu_daemonset_values().items() if k in ("tolerations", "nodeSelector")},
-                atomic=True,
-                opts=child)
+            # The chart builds its own instance-type affinity; it reads only these two scheduling values.
+            scheduling = {k: v for k, v in gpu_daemonset_values().items() if k in ("tolerations", "nodeSelector")}
+            efa = release("efa-device-plugin", "aws-efa-k8s-device-plugin", EFA_DEVICE_PLUGIN_CHART,
+                          EFA_DEVICE_PLUGIN_VERSION, EFA_DEVICE_PLUGIN_REPO, scheduling)
             self.release_names.append(efa.name)
 
         aws.eks.Addon(
