@@ -34,8 +34,14 @@ DEMO_ARGS ?= --kill-worker-at-step 25
 demo: $(VENV)/.installed
 	$(BIN)/python -m training.local --out demo-out $(DEMO_ARGS)
 
-plan: install
+plan: $(VENV)/.installed
 	$(BIN)/python -m components.plan --stack $(STACK) --out $(OUT)
+
+# Trainer benchmarks (several minutes on 2 cores); results and the machine go to bench/RESULTS.md.
+bench: $(VENV)/.installed
+	$(BIN)/python bench/throughput.py
+	$(BIN)/python bench/time_to_loss.py
+	$(BIN)/python bench/recovery.py
 
 clean:
 	rm -rf $(VENV) $(SCAN_VENV) plan-out demo-out .pytest_cache .ruff_cache
