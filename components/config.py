@@ -389,9 +389,13 @@ def _check_cluster(c: ClusterConfig) -> list[str]:
         p.append("cluster.publicAccessCidrs: got []; expected at least one CIDR such as 198.51.100.7/32")
     for i, cidr in enumerate(c.public_access_cidrs):
         try:
-            ipaddress.ip_network(cidr)
+            net = ipaddress.ip_network(cidr, strict=False)
         except ValueError:
             p.append(f"cluster.publicAccessCidrs[{i}]: got {cidr!r}; expected a CIDR such as 198.51.100.7/32")
+            continue
+        if net.prefixlen == 0:
+            p.append(f"cluster.publicAccessCidrs[{i}]: got {cidr!r}, which opens the Kubernetes API endpoint to "
+                     "the whole internet; expected your network's CIDR, e.g. your IP as 198.51.100.7/32")
     if c.kubernetes_version not in SUPPORTED_KUBERNETES_VERSIONS:
         p.append(f"cluster.kubernetesVersion: got {c.kubernetes_version!r}; expected one of "
                  + ", ".join(SUPPORTED_KUBERNETES_VERSIONS))

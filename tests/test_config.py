@@ -155,6 +155,12 @@ def test_bad_cidr(dev):
             "'300.1.1.1/32'")
 
 
+@pytest.mark.parametrize("cidr", ["0.0.0.0/0", "::/0"])
+def test_world_open_api_endpoint(dev, cidr):
+    rejects(set_path(dev, "eks-ddp:cluster.publicAccessCidrs", [cidr]), "cluster.publicAccessCidrs[0]",
+            repr(cidr), "whole internet")
+
+
 def test_missing_region(dev):
     cfg = dict(dev)
     del cfg["aws:region"]
