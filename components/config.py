@@ -30,7 +30,7 @@ RdzvBackend = Literal["etcd-v2", "c10d"]
 DEFAULT_KUBERNETES_VERSION = "1.33"
 SUPPORTED_KUBERNETES_VERSIONS = ("1.31", "1.32", "1.33", "1.34")
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _AZ = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$")
 _ODCR = re.compile(r"^cr-[0-9a-f]{8,17}$")
 _IMAGE_BY_DIGEST = re.compile(r"^[^\s@]+@sha256:[0-9a-f]{64}$")
@@ -409,7 +409,7 @@ def _check_cluster(c: ClusterConfig) -> list[str]:
 
 def _check_group(g: NodeGroupConfig, key: str, region: str) -> list[str]:
     p: list[str] = []
-    if not _DNS_LABEL.match(g.name) or len(g.name) > 40:
+    if not DNS_LABEL.match(g.name) or len(g.name) > 40:
         p.append(f"{key}.name: got {g.name!r}; expected lowercase letters, digits and '-' (max 40)")
     it = catalog.CATALOG.get(g.instance_type)
     if it is None or it.gpus == 0:
@@ -461,9 +461,9 @@ def _check_job(cfg: StackConfig) -> list[str]:
         p.append(f"job.minNodes: got {j.min_nodes}; expected <= job.nodes ({j.nodes})")
     if j.learning_rate is not None and not 0 < j.learning_rate < 10:
         p.append(f"job.learningRate: got {j.learning_rate!r}; expected a number in (0, 10)")
-    if not _DNS_LABEL.match(j.run_id) or len(j.run_id) > 40:
+    if not DNS_LABEL.match(j.run_id) or len(j.run_id) > 40:
         p.append(f"job.runId: got {j.run_id!r}; expected lowercase letters, digits and '-' (max 40)")
-    if not _DNS_LABEL.match(j.namespace):
+    if not DNS_LABEL.match(j.namespace):
         p.append(f"job.namespace: got {j.namespace!r}; expected a DNS label")
     if j.node_group is None or j.node_group in names:
         g = cfg.node_group(j.node_group or names[0])

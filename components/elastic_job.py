@@ -19,7 +19,6 @@ no service-account token, and a NetworkPolicy of its own.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -28,8 +27,10 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from components import catalog
+from components.config import DNS_LABEL
 from components.etcd import CLIENT_PORT as ETCD_CLIENT_PORT
 from components.etcd import DEFAULT_CLIENT_LABELS
+from components.namespace import restricted_container_security, restricted_pod_security
 from components.torchrun import (
     AGENT_ENV,
     CLUSTER_TIMEOUTS,
@@ -41,7 +42,6 @@ from components.torchrun import (
     job_command,
 )
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 TRAINER_UID = 1000
 """The trainer image's user and group."""
 C10D_PORT = 29400
@@ -215,11 +215,7 @@ class ElasticJob(pulumi.ComponentResource):
             volume_mounts=[v1.VolumeMountArgs(name="shared", mount_path=SHARED_ROOT),
                            v1.VolumeMountArgs(name="tmp", mount_path="/tmp"),
                            v1.VolumeMountArgs(name="dshm", mount_path="/dev/shm")],
-            security_context=v1.SecurityContextArgs(
-                run_as_non_root=True, run_as_user=TRAINER_UID, run_as_group=TRAINER_UID,
-                allow_privilege_escalation=False, read_only_root_filesystem=True,
-                capabilities=v1.CapabilitiesArgs(drop=["ALL"]),
-                seccomp_profile=v1.SeccompProfileArgs(type="RuntimeDefault")))
+            security_context=restricted_container_security(TRAINER_UID))
         tolerations = [v1.TolerationArgs(key=key, operator="Exists", effect="NoSchedule")
                        for key in (GPU_RESOURCE, *([EFA_RESOURCE] if self._args.efa else []))]
         return v1.PodTemplateSpecArgs(
@@ -229,10 +225,8 @@ class ElasticJob(pulumi.ComponentResource):
                 automount_service_account_token=False, enable_service_links=False,
                 node_selector=self._args.node_selector, tolerations=tolerations, affinity=affinity,
                 subdomain=subdomain, termination_grace_period_seconds=grace_seconds,
-                security_context=v1.PodSecurityContextArgs(
-                    run_as_non_root=True, run_as_user=TRAINER_UID, run_as_group=TRAINER_UID, fs_group=TRAINER_UID,
-                    fs_group_change_policy="OnRootMismatch",
-                    seccomp_profile=v1.SeccompProfileArgs(type="RuntimeDefault")),
+                # OnRootMismatch: skip re-chowning the whole shared volume on every pod start.
+                security_context=restricted_pod_security(TRAINER_UID, fs_group_change_policy="OnRootMismatch"),
                 containers=[container],
                 volumes=[
                     v1.VolumeArgs(name="shared", persistent_volume_claim=v1.PersistentVolumeClaimVolumeSourceArgs(
@@ -418,7 +412,7 @@ def _validate(name: str, a: ElasticJobArgs) -> catalog.InstanceType:
     if isinstance(a.image, str) and "@sha256:" not in a.image:
         raise ValueError(f"image: got {a.image!r}; expected an image pinned by digest (repo@sha256:...)")
     # Pod hostnames are <job>-<index>; both must stay DNS labels.
-    if not _DNS_LABEL.match(a.run_id) or len(f"{name}-{a.run_id}-{a.nodes}") > 63:
+    if not DNS_LABEL.match(a.run_id) or len(f"{name}-{a.run_id}-{a.nodes}") > 63:
         raise ValueError(f"run_id: got {a.run_id!r}; expected lowercase letters, digits and '-' making "
                          f"'{name}-<run_id>-<index>' at most 63 characters (pod host names)")
     return it

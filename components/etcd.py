@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 import pulumi
 import pulumi_kubernetes as k8s
 
+from components.namespace import restricted_container_security, restricted_pod_security
+
 ETCD_IMAGE = ("quay.io/coreos/etcd:v3.5.18"
               "@sha256:d0a641d5fbcc89678c931a61b7de7b8a1cf097149f135c9c73bc81d076a1494b")
 """etcd 3.5 (3.6 removed the v2 API torch's etcd-v2 backend needs), pinned by tag and digest. The image
@@ -166,11 +168,7 @@ class EtcdRendezvous(pulumi.ComponentResource):
                 http_get=k8s.core.v1.HTTPGetActionArgs(path="/health?serializable=true", **probe),
                 initial_delay_seconds=15, period_seconds=10, timeout_seconds=5, failure_threshold=6),
             resources=_RESOURCES,
-            security_context=k8s.core.v1.SecurityContextArgs(
-                run_as_non_root=True, run_as_user=ETCD_UID, run_as_group=ETCD_UID,
-                allow_privilege_escalation=False, read_only_root_filesystem=True,
-                capabilities=k8s.core.v1.CapabilitiesArgs(drop=["ALL"]),
-                seccomp_profile=k8s.core.v1.SeccompProfileArgs(type="RuntimeDefault")),
+            security_context=restricted_container_security(ETCD_UID),
             volume_mounts=[k8s.core.v1.VolumeMountArgs(name="data", mount_path=DATA_DIR)],
         )
         spec = k8s.core.v1.PodSpecArgs(
@@ -186,9 +184,7 @@ class EtcdRendezvous(pulumi.ComponentResource):
                     weight=100, pod_affinity_term=k8s.core.v1.PodAffinityTermArgs(
                         topology_key="kubernetes.io/hostname",
                         label_selector=k8s.meta.v1.LabelSelectorArgs(match_labels=self._selector)))])),
-            security_context=k8s.core.v1.PodSecurityContextArgs(
-                run_as_non_root=True, run_as_user=ETCD_UID, run_as_group=ETCD_UID, fs_group=ETCD_UID,
-                seccomp_profile=k8s.core.v1.SeccompProfileArgs(type="RuntimeDefault")),
+            security_context=restricted_pod_security(ETCD_UID),
             termination_grace_period_seconds=30,
             containers=[container],
             volumes=[k8s.core.v1.VolumeArgs(
