@@ -12,7 +12,7 @@ import torch
 from components.torchrun import TrainerOptions
 from tests.etcd_server import ROOT, TORCHRUN, trainer_env
 from training import checkpoint as ckpt
-from training import evaluate, train
+from training import evaluate, exitcodes, train
 from training.data import write_synthetic_cifar
 
 LINE = re.compile(r"^\[train\] epoch=\d+ step=\d+ loss=\d+\.\d{4} acc=\d\.\d{3} img_s=\d+ world=\d+ lr=\d+\.\d{4}$")
@@ -30,19 +30,21 @@ def _history(run_dir):
 
 
 def test_contract_flags_from_torchrun_builder_parse():
-    opts = TrainerOptions(data_dir="d", run_dir="r", epochs=2, batch_size=8, learning_rate=0.1, compile=True,
-                          checkpoint_every=4, keep_checkpoints=2, log_every=3, max_steps=7, width=8, seed=1)
+    opts = TrainerOptions(data_dir="d", run_dir="r", epochs=2, global_batch_size=8, learning_rate=0.1, compile=True,
+                          checkpoint_every=4, keep_checkpoints=2, log_every=3, max_steps=7, width=8, seed=1,
+                          bn_group=4, min_steps=0)
     a = train.parse_args(opts.args())
-    assert (a.data_dir, a.run_dir, a.epochs, a.batch_size, a.lr, a.compile, a.checkpoint_every, a.keep_checkpoints,
-            a.log_every, a.max_steps, a.width, a.seed, a.model) == ("d", "r", 2, 8, 0.1, True, 4, 2, 3, 7, 8, 1,
-                                                                    "resnet-small")
+    assert (a.data_dir, a.run_dir, a.epochs, a.global_batch_size, a.lr, a.compile, a.checkpoint_every,
+            a.keep_checkpoints, a.log_every, a.max_steps, a.width, a.seed, a.model, a.bn_group, a.min_steps) == (
+        "d", "r", 2, 8, 0.1, True, 4, 2, 3, 7, 8, 1, "airnet", 4, 0)
+    assert train.parse_args(TrainerOptions(data_dir="d", run_dir="r").args()).global_batch_size == 1024
 
 
 def test_single_process_trains_evaluates_and_resumes_finished(data_dir, tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("MASTER_ADDR", raising=False)
     torch.set_num_threads(1)
     run = tmp_path / "run"
-    args = [f"--data-dir={data_dir}", f"--run-dir={run}", "--epochs=3", "--batch-size=32", "--width=8",
+    args = [f"--data-dir={data_dir}", f"--run-dir={run}", "--epochs=3", "--global-batch-size=32", "--width=8", "--lr=30",
             "--log-every=2", "--keep-checkpoints=2"]
     assert train.main(args) == 0
     out = capsys.readouterr().out.splitlines()
@@ -73,20 +75,21 @@ def test_single_process_trains_evaluates_and_resumes_finished(data_dir, tmp_path
     assert [p.name for p in ckpt.list_checkpoints(run)][-1] == "ckpt-000000030.pt"
 
 
-def test_other_model_or_width_in_same_run_dir_is_refused(data_dir, tmp_path, monkeypatch):
+def test_other_model_or_width_in_same_run_dir_is_refused(data_dir, tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("MASTER_ADDR", raising=False)
     run = tmp_path / "run"
-    base = [f"--data-dir={data_dir}", f"--run-dir={run}", "--epochs=1", "--batch-size=64", "--max-steps=1"]
+    base = [f"--data-dir={data_dir}", f"--run-dir={run}", "--epochs=1", "--global-batch-size=64", "--max-steps=1"]
     assert train.main([*base, "--width=4"]) == 0
-    with pytest.raises(SystemExit, match="new --run-dir"):
-        train.main([*base, "--width=8"])
+    assert train.main([*base, "--width=8"]) == exitcodes.CONFIG_ERROR
+    assert "new --run-dir" in capsys.readouterr().err
 
 
 @pytest.mark.slow
 def test_resume_at_other_world_size_continues_from_global_step(data_dir, tmp_path, monkeypatch):
-    """Two processes (DDP, gloo) stop at step 6; one process resumes there and counts samples on."""
+    """Two processes (DDP, gloo) stop at step 6; one process resumes there with the same global batch."""
     run = tmp_path / "run"
-    common = [f"--data-dir={data_dir}", f"--run-dir={run}", "--epochs=2", "--batch-size=8", "--width=4",
+    common = [f"--data-dir={data_dir}", f"--run-dir={run}", "--epochs=2", "--global-batch-size=16", "--bn-group=8",
+              "--min-steps=0", "--width=4",
               "--checkpoint-every=3", "--log-every=1"]
     cmd = [TORCHRUN, "--standalone", "--nnodes=1", "--nproc-per-node=2", "-m", "training.train", *common,
            "--max-steps=6"]
@@ -94,7 +97,7 @@ def test_resume_at_other_world_size_continues_from_global_step(data_dir, tmp_pat
                           start_new_session=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     first, _ = ckpt.load_latest(run)
-    assert (first["step"], first["samples_seen"], first["config"]["world_size"]) == (6, 6 * 2 * 8, 2)
+    assert (first["step"], first["samples_seen"], first["config"]["world_size"]) == (6, 6 * 16, 2)
 
     monkeypatch.delenv("MASTER_ADDR", raising=False)
     torch.set_num_threads(1)
@@ -103,7 +106,7 @@ def test_resume_at_other_world_size_continues_from_global_step(data_dir, tmp_pat
     assert (start["world"], start["resumed_step"]) == (1, 6)
     last, _ = ckpt.load_latest(run)
     assert last["step"] == 10
-    assert last["samples_seen"] == 6 * 2 * 8 + 4 * 8
+    assert last["samples_seen"] == 10 * 16, "the global batch is the same at world 1"
     assert last["sample_in_epoch"] == last["samples_seen"]  # still in epoch 0 of 320 samples
     steps = [r["step"] for r in _history(run) if r.get("kind") == "step"]
     assert steps == list(range(1, 11)), "the step counter continues, no step is repeated or skipped"

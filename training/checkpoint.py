@@ -3,8 +3,11 @@
 Only global rank 0 writes. A checkpoint is written to a temp file in the same directory,
 flushed and fsynced, then ``os.replace``d over its final name and the directory fsynced:
 a reader sees either the whole file or nothing, whatever moment the writer dies at.
-Loading walks from the newest file down and skips any that does not load (a file written
-by something else, a truncated copy), so one bad file never stops a resume.
+Loading walks from the newest file down; a file that does not load (written by something
+else, a truncated copy) is renamed aside with a warning naming it, never deleted. When
+checkpoints exist and none loads, the resume fails (:class:`CheckpointError`) rather than
+silently training from scratch. Retention only ever deletes files older than the one just
+written, so the newest valid checkpoint is never deleted.
 """
 
 from __future__ import annotations
@@ -23,12 +26,19 @@ log = logging.getLogger(__name__)
 
 CKPT_DIR = "checkpoints"
 _NAME = re.compile(r"^ckpt-(\d{9})\.pt$")
-FORMAT = 1
+FORMAT = 2
+UNREADABLE_SUFFIX = ".unreadable"
 REQUIRED = ("format", "model", "optimizer", "step", "epoch", "sample_in_epoch", "config")
 
 # Test hook: pause rank 0 between writing the temp file and replacing, so a test can kill it mid-save.
 PAUSE_STEP_ENV = "EKS_DDP_TEST_PAUSE_SAVE_STEP"
 PAUSE_MARKER_ENV = "EKS_DDP_TEST_PAUSE_MARKER"
+# Test hook: every checkpoint write takes this many seconds longer (a slow shared volume).
+SLOW_SAVE_ENV = "EKS_DDP_TEST_SLOW_SAVE_S"
+
+
+class CheckpointError(Exception):
+    """Checkpoints exist but none can be loaded; the message names the files."""
 
 
 def ckpt_dir(run_dir: str | os.PathLike) -> Path:
@@ -101,10 +111,19 @@ def save_checkpoint(run_dir: str | os.PathLike, state: dict[str, Any], *, keep: 
     for stale in d.glob(".ckpt-*.tmp-*"):
         stale.unlink(missing_ok=True)
     path = ckpt_path(run_dir, step)
+    time.sleep(float(os.environ.get(SLOW_SAVE_ENV, "0")))
     atomic_write_bytes(path, buf.getvalue(), before_replace=_pause_hook(step))
-    for old in list_checkpoints(run_dir)[:-keep]:
+    # Only files older than the one just written (a valid one) are candidates: a file with a higher
+    # step is not ours to judge, and the newest valid checkpoint is never among those deleted.
+    older = [p for p in list_checkpoints(run_dir) if _step_of(p) < step]
+    for old in older[:max(0, len(older) - (keep - 1))]:
         old.unlink(missing_ok=True)
     return path
+
+
+def _step_of(path: Path) -> int:
+    m = _NAME.match(path.name)
+    return int(m.group(1)) if m else -1
 
 
 def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
@@ -116,12 +135,29 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
     return state
 
 
-def load_latest(run_dir: str | os.PathLike,
-                map_location: str | torch.device = "cpu") -> tuple[dict[str, Any], Path] | None:
-    """The newest checkpoint that loads; corrupt ones are skipped with a warning. None when there is none."""
+def load_latest(run_dir: str | os.PathLike, map_location: str | torch.device = "cpu", *, set_aside: bool = False,
+                allow_none_valid: bool = False) -> tuple[dict[str, Any], Path] | None:
+    """The newest checkpoint that loads, or None when there is no checkpoint file at all.
+
+    Unreadable files are logged by name (and with ``set_aside`` renamed to ``*.unreadable``, out of
+    the way of retention). If there are checkpoint files and none loads, raises CheckpointError
+    unless ``allow_none_valid`` (then returns None: train from scratch).
+    """
+    bad: list[Path] = []
+    reasons: list[str] = []
+    found = None
     for path in reversed(list_checkpoints(run_dir)):
         try:
-            return load_checkpoint(path, map_location), path
-        except Exception as e:  # a bad file of any kind must not stop the resume
-            log.warning("skipping unreadable checkpoint %s: %s", path, e)
-    return None
+            found = load_checkpoint(path, map_location), path
+            break
+        except Exception as e:  # any failure to load is reported with the file's name
+            log.warning("unreadable checkpoint %s: %s", path, e)
+            bad.append(path)
+            reasons.append(f"{path}: {type(e).__name__}: {e}")
+    if bad and found is None and not allow_none_valid:
+        # Left in place: a retry must fail the same way, not find an empty folder and start over.
+        raise CheckpointError("no readable checkpoint; unreadable: " + "; ".join(reasons))
+    if set_aside:
+        for path in bad:
+            path.rename(path.with_name(path.name + UNREADABLE_SUFFIX))
+    return found

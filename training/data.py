@@ -34,17 +34,32 @@ def _get(d: dict, key: str):
     return d[key.encode()]
 
 
+class DataError(ValueError):
+    """A data set file is unreadable; the message names it."""
+
+
 def _read_pickle(path: Path) -> dict:
-    with open(path, "rb") as f:
-        return pickle.load(f, encoding="bytes")
+    try:
+        with open(path, "rb") as f:
+            d = pickle.load(f, encoding="bytes")
+    except (OSError, pickle.UnpicklingError, EOFError, ValueError, AttributeError, ImportError) as e:
+        raise DataError(f"{path}: unreadable ({type(e).__name__}: {e})") from e
+    if not isinstance(d, dict):
+        raise DataError(f"{path}: not a CIFAR batch (a {type(d).__name__}, expected a dict)")
+    return d
 
 
 def _read_split(paths: list[Path]) -> tuple[np.ndarray, np.ndarray]:
     xs, ys = [], []
     for p in paths:
         d = _read_pickle(p)
-        xs.append(np.asarray(_get(d, "data"), dtype=np.uint8).reshape(-1, 3, 32, 32))
-        ys.append(np.asarray(_get(d, "labels"), dtype=np.int64))
+        try:
+            xs.append(np.asarray(_get(d, "data"), dtype=np.uint8).reshape(-1, 3, 32, 32))
+            ys.append(np.asarray(_get(d, "labels"), dtype=np.int64))
+        except (KeyError, ValueError, TypeError) as e:
+            raise DataError(f"{p}: not a CIFAR batch ({type(e).__name__}: {e})") from e
+        if len(xs[-1]) != len(ys[-1]):
+            raise DataError(f"{p}: {len(xs[-1])} images but {len(ys[-1])} labels")
     return np.concatenate(xs), np.concatenate(ys)
 
 
@@ -141,37 +156,73 @@ def epoch_permutation(n: int, epoch: int, seed: int) -> torch.Tensor:
     return torch.randperm(n, generator=g)
 
 
-def steps_in_epoch(n: int, world: int, batch_size: int) -> int:
-    """Global steps per epoch. A tail smaller than the world size joins the previous step (no rank gets 0)."""
-    gb = world * batch_size
-    full, rem = divmod(n, gb)
-    return max(1, full + (1 if rem >= world else 0))
+@dataclass(frozen=True)
+class Batching:
+    """How an epoch of ``n`` samples is cut into optimizer steps, independently of the world size.
+
+    The epoch's order is cut into BatchNorm groups of ``group`` samples (the last group also takes
+    the ``n % group`` left over, so every sample is used once per epoch); a step takes
+    ``global_batch // group`` consecutive groups (the epoch's last step may take fewer). The
+    processes of a step share its groups, contiguous runs whose counts differ by at most one; a
+    process left without a group (more processes than groups) trains on an empty batch.
+    """
+
+    n: int
+    global_batch: int
+    group: int
+
+    def __post_init__(self) -> None:
+        if self.group < 1 or self.global_batch % self.group:
+            raise ValueError(f"global batch {self.global_batch} must be a multiple of the BN group {self.group}")
+
+    @property
+    def groups_per_epoch(self) -> int:
+        return max(1, self.n // self.group)
+
+    @property
+    def groups_per_step(self) -> int:
+        return self.global_batch // self.group
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return -(-self.groups_per_epoch // self.groups_per_step)
+
+    def _group_start(self, i: int) -> int:
+        return self.n if i >= self.groups_per_epoch else i * self.group
+
+    def step_of(self, pos: int) -> int:
+        """The step (within the epoch) that starts at sample position ``pos``."""
+        step, rem = divmod(pos, self.groups_per_step * self.group)
+        if rem or step >= self.steps_per_epoch:
+            raise ValueError(f"sample position {pos} is not the start of a step of {self}")
+        return step
+
+    def step_range(self, step: int) -> tuple[int, int]:
+        """[start, end) sample positions of the epoch's ``step``."""
+        first = step * self.groups_per_step
+        return self._group_start(first), self._group_start(first + self.groups_per_step)
+
+    def rank_range(self, step: int, world: int, rank: int) -> tuple[int, int]:
+        """[start, end) sample positions of this rank's part of ``step`` (whole groups; may be empty)."""
+        first = step * self.groups_per_step
+        count = min(self.groups_per_step, self.groups_per_epoch - first)
+        a, b = rank_slice(count, world, rank)
+        return self._group_start(first + a), self._group_start(first + b)
 
 
-def step_span(n: int, pos: int, world: int, batch_size: int) -> int:
-    """How many global samples the step starting at sample ``pos`` of the epoch consumes."""
-    gb = world * batch_size
-    left = n - pos
-    if left <= 0:
-        return 0
-    # Last step: take everything that is left if the remainder after one more full step would be < world.
-    if left < gb + world:
-        return left
-    return gb
-
-
-def rank_slice(span: int, world: int, rank: int) -> tuple[int, int]:
-    """[start, end) of this rank's part of a step of ``span`` samples (parts differ by at most one)."""
-    base, extra = divmod(span, world)
+def rank_slice(count: int, world: int, rank: int) -> tuple[int, int]:
+    """[start, end) of this rank's part of ``count`` items (parts differ by at most one)."""
+    base, extra = divmod(count, world)
     start = rank * base + min(rank, extra)
     return start, start + base + (1 if rank < extra else 0)
 
 
-def rank_indices(perm: torch.Tensor, pos: int, world: int, rank: int, batch_size: int) -> tuple[torch.Tensor, int]:
-    """This rank's sample indices for the step starting at global position ``pos``, and the step's span."""
-    span = step_span(len(perm), pos, world, batch_size)
-    a, b = rank_slice(span, world, rank)
-    return perm[pos + a: pos + b], span
+def rank_indices(perm: torch.Tensor, pos: int, world: int, rank: int, batching: Batching) -> tuple[torch.Tensor, int]:
+    """This rank's sample indices for the step starting at epoch position ``pos``, and the step's span."""
+    step = batching.step_of(pos)
+    start, end = batching.step_range(step)
+    a, b = batching.rank_range(step, world, rank)
+    return perm[a:b], end - start
 
 
 # ---------------------------------------------------------------------------- augmentation
@@ -182,20 +233,94 @@ def normalize(x_u8: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.T
     return (x_u8.to(dtype) - mean) / std
 
 
-def augment(x_u8: torch.Tensor, generator: torch.Generator | None = None, pad: int = 4) -> torch.Tensor:
-    """Random crop after reflect padding, and random horizontal flip, on the device; returns normalized float32."""
+@dataclass(frozen=True)
+class StepNoise:
+    """The random part of one step's augmentation, drawn for the whole step so that it does not depend
+    on how the step is split between processes: a translation per sample, in [-pad, pad]."""
+
+    dy: torch.Tensor
+    dx: torch.Tensor
+
+    @staticmethod
+    def draw(span: int, pad: int, generator: torch.Generator, device: torch.device) -> StepNoise:
+        d = torch.randint(-pad, pad + 1, (2, span), device=device, generator=generator)
+        return StepNoise(d[0], d[1])
+
+    def part(self, a: int, b: int) -> StepNoise:
+        return StepNoise(self.dy[a:b], self.dx[a:b])
+
+
+def augment(x_u8: torch.Tensor, noise: StepNoise, flip: torch.Tensor, pad: int = 2) -> torch.Tensor:
+    """Translate each image by (dy, dx) with reflect padding and mirror those with ``flip``; normalized float32."""
     x = normalize(x_u8)
     n, _, h, w = x.shape
     if n == 0:
         return x
     padded = F.pad(x, (pad, pad, pad, pad), mode="reflect")
     dev = x.device
-    oy = torch.randint(0, 2 * pad + 1, (n,), device=dev, generator=generator)
-    ox = torch.randint(0, 2 * pad + 1, (n,), device=dev, generator=generator)
-    rows = (oy[:, None] + torch.arange(h, device=dev))[:, None, :, None]
-    cols = (ox[:, None] + torch.arange(w, device=dev))[:, None, None, :]
-    flip = torch.rand(n, device=dev, generator=generator) < 0.5
+    rows = (noise.dy[:, None] + pad + torch.arange(h, device=dev))[:, None, :, None]
+    cols = (noise.dx[:, None] + pad + torch.arange(w, device=dev))[:, None, None, :]
     cols = torch.where(flip[:, None, None, None], cols.flip(-1), cols)
     bidx = torch.arange(n, device=dev)[:, None, None, None]
     cidx = torch.arange(3, device=dev)[None, :, None, None]
     return padded[bidx, cidx, rows, cols]
+
+
+def flip_parity(n: int, seed: int) -> torch.Tensor:
+    """A fixed random bit per sample; epoch e mirrors sample i iff bit[i] differs from e's parity.
+
+    Alternating flips (Jordan 2024, section 3.6): every sample is seen mirrored and unmirrored in
+    consecutive epochs instead of by coin toss.
+    """
+    g = torch.Generator().manual_seed(seed * 7_919 + 17)
+    return torch.randint(0, 2, (n,), generator=g, dtype=torch.uint8).bool()
+
+
+# ---------------------------------------------------------------------------- batch planning
+
+DEFAULT_GLOBAL_BATCH = 1024
+DEFAULT_BN_GROUP = 32
+MIN_STEPS = 400
+"""Fewest optimizer steps a run is planned with: on a small data set the global batch shrinks (in whole
+BN groups) until the run has at least this many steps. airbench94 trains ~490 steps of 1,024 on CIFAR-10;
+a 1,300-image set at batch 512 would get 30 steps, far too few to converge."""
+
+
+def plan_batching(n: int, epochs: int, global_batch: int = DEFAULT_GLOBAL_BATCH,
+                  group: int = DEFAULT_BN_GROUP, min_steps: int = MIN_STEPS) -> Batching:
+    """The batching a run of ``epochs`` over ``n`` samples uses: ``global_batch``, capped for small data sets
+    so that the run has at least ``min_steps`` steps (0: no cap).
+
+    Depends on the data set and the flags only, never on the world size, so a resize keeps it.
+    """
+    group = min(group, global_batch)
+    cap = max(group, n * epochs // min_steps // group * group) if min_steps else global_batch
+    return Batching(n, min(global_batch // group * group, cap), group)
+
+
+def write_digits_cifar(data_dir: str | os.PathLike, n_test: int = 500, seed: int = 0) -> Path:
+    """scikit-learn's handwritten digits (1,797 real 8x8 images) as a CIFAR-format set, for tests and benchmarks.
+
+    Upsampled bilinearly to 32x32 and repeated over three channels; split 1,297 train / ``n_test``
+    test, stratified, with ``seed``. Needs scikit-learn (the dev extra), which the image does not ship.
+    Returns the ``cifar-10-batches-py`` directory.
+    """
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    digits = load_digits()
+    x = torch.from_numpy(digits.images).float()[:, None] * (255 / 16)
+    x = F.interpolate(x, size=(32, 32), mode="bilinear", align_corners=False).clamp(0, 255).round()
+    x = x.to(torch.uint8).expand(-1, 3, -1, -1).reshape(len(x), -1).numpy()
+    y = digits.target.astype(np.int64)
+    x_tr, x_te, y_tr, y_te = train_test_split(x, y, test_size=n_test, random_state=seed, stratify=y)
+    root = batches_root(data_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    for i, chunk in enumerate(np.array_split(np.arange(len(y_tr)), len(TRAIN_FILES))):
+        with open(root / TRAIN_FILES[i], "wb") as f:
+            pickle.dump({"data": x_tr[chunk], "labels": y_tr[chunk].tolist()}, f)
+    with open(root / TEST_FILE, "wb") as f:
+        pickle.dump({"data": x_te, "labels": y_te.tolist()}, f)
+    with open(root / META_FILE, "wb") as f:
+        pickle.dump({"label_names": [str(d) for d in range(10)]}, f)
+    return root

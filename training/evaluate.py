@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from training.checkpoint import atomic_write_bytes
-from training.data import Split, load_cifar, normalize
-from training.dist import all_reduce_sum
-from training.model import Precision, build_model, precision_for
+from .checkpoint import atomic_write_bytes
+from .data import Split, load_cifar, normalize
+from .dist import all_reduce_sum
+from .model import Precision, build_model, precision_for
 
 MODEL_FILE = "model.pt"
 METRICS_FILE = "metrics.json"
@@ -41,10 +42,7 @@ def evaluate_model(model: nn.Module, split: Split, classes: list[str], *, precis
         x = normalize(split.images[chunk]).contiguous(memory_format=torch.channels_last)
         y = split.labels[chunk]
         with precision.autocast(dev.type):
-            logits = model(x).float()
-            if tta:
-                # Mirror-image test-time augmentation: the net saw flips in training, averaging costs one pass.
-                logits = logits + model(x.flip(-1)).float()
+            logits = tta_logits(model, x) if tta else model(x).float()
         hit = (logits.argmax(1) == y).double()
         correct.index_add_(0, y, hit)
         total.index_add_(0, y, torch.ones_like(hit))
@@ -59,6 +57,24 @@ def evaluate_model(model: nn.Module, split: Split, classes: list[str], *, precis
         "per_class": {name: (c[i] / t[i] if t[i] else None) for i, name in enumerate(classes)},
         "per_class_total": {name: int(t[i]) for i, name in enumerate(classes)},
     }
+
+
+def _mirror(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return 0.5 * (model(x).float() + model(x.flip(-1)).float())
+
+
+def tta_logits(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Flip-and-translate test-time augmentation (airbench's level 2, arXiv 2404.00498 section 3.7).
+
+    Six views: the image and its mirror, unshifted (weight 1/2) and shifted one pixel up-left and
+    down-right (1/4 each). The net was trained on mirrored and translated images, so it costs
+    six forward passes and no training.
+    """
+    padded = F.pad(x, (1, 1, 1, 1), mode="reflect")
+    h, w = x.shape[-2:]
+    shifted = 0.5 * (_mirror(model, padded[..., :h, :w].contiguous(memory_format=torch.channels_last)) +
+                     _mirror(model, padded[..., 2:, 2:].contiguous(memory_format=torch.channels_last)))
+    return 0.5 * _mirror(model, x) + 0.5 * shifted
 
 
 def format_table(metrics: dict[str, Any]) -> str:
@@ -81,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data-dir", required=True, help="directory containing cifar-10-batches-py")
     p.add_argument("--run-dir", required=True, help="run directory holding model.pt")
     p.add_argument("--eval-batch-size", type=int, default=1000)
-    p.add_argument("--no-tta", action="store_true", help="no mirror test-time augmentation")
+    p.add_argument("--no-tta", action="store_true", help="no flip-and-translate test-time augmentation")
     args = p.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model_path = Path(args.run_dir) / MODEL_FILE
@@ -90,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     saved = torch.load(model_path, map_location=device, weights_only=True)
     cfg = saved["config"]
-    model = build_model(cfg["model"], cfg["num_classes"], cfg.get("width"))
+    model = build_model(cfg["model"], cfg["num_classes"], cfg.get("width"), cfg.get("bn_group", 32))
     model.load_state_dict(saved["model"])
     model.to(device, memory_format=torch.channels_last)
     data = load_cifar(args.data_dir, device, train=False)

@@ -24,8 +24,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from training.checkpoint import atomic_write_bytes, fsync_dir
-from training.data import BATCHES_DIR
+from .checkpoint import atomic_write_bytes, fsync_dir
+from .data import BATCHES_DIR
 
 URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 ARCHIVE = "cifar-10-python.tar.gz"
