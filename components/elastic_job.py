@@ -20,21 +20,21 @@ no service-account token, and a NetworkPolicy of its own.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import pulumi
 import pulumi_kubernetes as k8s
 
-from components import catalog
-from components.config import DNS_LABEL
-from components.etcd import CLIENT_PORT as ETCD_CLIENT_PORT
-from components.etcd import DEFAULT_CLIENT_LABELS
-from components.namespace import restricted_container_security, restricted_pod_security
-from components.torchrun import (
+from . import catalog, rules
+from .config import DNS_LABEL
+from .etcd import DEFAULT_CLIENT_LABELS, SERVER_LABELS, etcd_client_egress
+from .namespace import dns_egress, restricted_container_security, restricted_pod_security
+from .torchrun import (
     AGENT_ENV,
     CLUSTER_TIMEOUTS,
     DATA_SUBDIR,
+    DEFAULT_MAX_RESTARTS,
     RUNS_SUBDIR,
     SHARED_ROOT,
     AgentOptions,
@@ -55,9 +55,19 @@ PREPARE_LABELS = {"app.kubernetes.io/name": "eks-ddp-prepare-data", **_PART_OF}
 EVALUATE_LABELS = {"app.kubernetes.io/name": "eks-ddp-evaluate", **_PART_OF}
 TRAINER_LABELS: Mapping[str, str] = {**DEFAULT_CLIENT_LABELS, **_PART_OF}
 """Every training pod carries these; EtcdRendezvous admits exactly them on its client port."""
-# Exit codes no retry can fix: 2 is argparse's usage error (torchrun's own flags are wrong),
-# 126/127 are "not executable"/"not found". A failed worker makes torchrun exit 1, which is retried.
-BUG_EXIT_CODES = [2, 126, 127]
+TRAINER_FATAL_EXIT_CODES = (3, 4, 5)
+"""training/exitcodes.FATAL (config error, divergence, unreadable input), mirrored because the library never
+imports the trainer package; tests/test_elastic_job.py keeps the two equal."""
+USAGE_EXIT_CODE = 2
+"""argparse's usage error: the agent's own command line is wrong."""
+BUG_EXIT_CODES = [USAGE_EXIT_CODE, *TRAINER_FATAL_EXIT_CODES]
+"""Exit codes no retry can fix: the pod failure policy fails the Job on them. (A missing or non-executable
+binary is a container StartError, not an exit code 126/127, and a worker's own exit reaches the pod only
+through the launcher, which passes these codes on.)"""
+EVAL_RUN_DIR_ENV = "RUN_DIR"
+"""The evaluation pod's run directory (default: this stack's run); override it per Job to evaluate another run."""
+DEFAULT_FAULT_BUDGET = 20
+"""Pod failures a run absorbs by default: spot capacity can take a node many times in one run."""
 # Writable paths on the read-only root filesystem; the image sets the same.
 _CACHE_ENV = {"HOME": "/tmp", "XDG_CACHE_HOME": "/tmp/.cache", "TORCH_HOME": "/tmp/torch",
               "TORCHINDUCTOR_CACHE_DIR": "/tmp/torchinductor", "TRITON_CACHE_DIR": "/tmp/triton",
@@ -80,36 +90,59 @@ class ElasticJobArgs:
     """The node group attaches EFA interfaces: request them and configure NCCL for libfabric."""
     node_selector: pulumi.Input[Mapping[str, str]] | None = None
     """Labels of the job's GPU node group."""
+    system_node_selector: pulumi.Input[Mapping[str, str]] | None = None
+    """Labels of the CPU system nodes. Data preparation runs there: it needs no GPU, and a GPU group scaled
+    to zero would leave it Pending (and ``pulumi up``, which awaits it, hanging). None: no nodeSelector; the
+    pod still never lands on a GPU node, since it does not tolerate their taint."""
     nodes: int = 2
     """torchrun agents (one pod per node): the max of --nnodes."""
     min_nodes: int = 1
     """Fewest agents training continues with: the min of --nnodes."""
-    max_restarts: int = 3
-    """torchrun --max-restarts."""
+    max_restarts: int = DEFAULT_MAX_RESTARTS
+    """torchrun --max-restarts: the fault budget per agent (each crash or lost node costs one restart)."""
     run_id: str = "run-1"
     """Run name: the run directory is /shared/runs/<run_id>; part of the Job's name."""
     rdzv_backend: Literal["etcd-v2", "c10d"] = "etcd-v2"
     """'etcd-v2' (needs rdzv_endpoint) or 'c10d' (the agent of index 0 hosts the store)."""
     rdzv_endpoint: pulumi.Input[str] | None = None
     """etcd client endpoint host:port (EtcdRendezvous.endpoint); None with c10d."""
+    rdzv_server_labels: Mapping[str, str] = field(default_factory=lambda: dict(SERVER_LABELS))
+    """Labels of the etcd pods (same namespace) the training pods may reach on the client port
+    (EtcdRendezvous.pod_labels carry them)."""
     epochs: int = 10
     """Training epochs."""
-    batch_size: int = 512
-    """Batch size per GPU process."""
-    model: str = "resnet-small"
+    global_batch_size: int = 1024
+    """Images per optimizer step over all GPUs."""
+    model: str = "airnet"
     """Trainer model name."""
     learning_rate: float | None = None
     """Peak learning rate; None: the trainer's tuned default."""
     compile: bool = False
     """torch.compile the model."""
-    backoff_limit_per_index: int = 2
-    """Pod failures one index may have (beyond node losses, which do not count) before it is failed."""
+    results_role_arn: pulumi.Input[str] | None = None
+    """IAM role (IRSA) the trainer's service account assumes to upload results (components/results.py)."""
+    results_url: pulumi.Input[str] | None = None
+    """``s3://<bucket>/runs/<run_id>/``: rank 0 uploads the run's results there at the end (HTTPS egress opened)."""
+    fault_budget: int = DEFAULT_FAULT_BUDGET
+    """Pod failures the whole run may have before the Job fails (the Job's backoffLimit). Pods lost with
+    their node, drained, evicted or preempted never count; exit codes in ``BUG_EXIT_CODES`` fail at once."""
+    active_deadline_hours: float | None = 48
+    """Hours the training Job may stay active, Pending time included, before Kubernetes stops it
+    (DeadlineExceeded); None: no limit. Bounds a job whose pods wait for GPU capacity that never comes."""
     ttl_seconds_after_finished: int = 7 * 24 * 3600
     """Seconds a finished Job (and its pod logs) is kept. Once it is gone, ``pulumi up --refresh`` creates it
     again, and the new Job resumes the run from its newest checkpoint."""
     data_prep_timeout: str = "40m"
     """How long ``pulumi up`` waits for data preparation (fresh nodes pull a multi-GB image first); longer
     than the Job's own 30-minute deadline, so a stuck download surfaces as the Job's failure."""
+    fabric_check: bool = False
+    """Run ``training.fabric_check`` on every node of the job first, in a Job Pulumi awaits: the training Job
+    is created only after it passed (EFA transport when ``efa``, the catalog's bandwidth floor)."""
+    fabric_check_timeout: str = "40m"
+    """How long ``pulumi up`` waits for the fabric check (nodes may be launching and pulling the image)."""
+
+    def __post_init__(self) -> None:
+        _check_rules(self)  # a bad value fails where the Args are built, naming the field
 
 
 def pod_resources(it: catalog.InstanceType) -> tuple[int, int, int]:
@@ -124,6 +157,10 @@ def pod_resources(it: catalog.InstanceType) -> tuple[int, int, int]:
     return cpu, memory, min(2 * it.gpus, max(1, memory // 4))
 
 
+NCCL_NET_PLUGIN = "ofi"
+"""NCCL loads ``libnccl-net-<name>.so``: the aws-ofi-nccl plugin the trainer image installs."""
+
+
 def nccl_env(it: catalog.InstanceType, efa: bool) -> dict[str, str]:
     """NCCL/libfabric environment: NCCL over the EFA libfabric provider (aws-ofi-nccl) when ``efa``."""
     env = {"NCCL_DEBUG": "WARN"}
@@ -134,6 +171,9 @@ def nccl_env(it: catalog.InstanceType, efa: bool) -> dict[str, str]:
             "FI_EFA_FORK_SAFE": "1",
             # NCCL's bootstrap and out-of-band sockets use the pod's VPC interface; EFA carries the data.
             "NCCL_SOCKET_IFNAME": "^lo",
+            # Load aws-ofi-nccl by name (libnccl-net-ofi.so, which the image's build checks is in the linker's
+            # path) instead of relying on a libnccl-net.so alias.
+            "NCCL_NET_PLUGIN": NCCL_NET_PLUGIN,
         })
         if it.family in GPUDIRECT_RDMA_FAMILIES:
             env["FI_EFA_USE_DEVICE_RDMA"] = "1"
@@ -168,17 +208,24 @@ class ElasticJob(pulumi.ComponentResource):
                               "app.kubernetes.io/component": "train"}
         child = pulumi.ResourceOptions(parent=self)
 
-        sa = k8s.core.v1.ServiceAccount(f"{name}-sa", metadata=self._meta(f"{name}-trainer", _PART_OF),
+        irsa = {"eks.amazonaws.com/role-arn": a.results_role_arn} if a.results_role_arn is not None else None
+        sa = k8s.core.v1.ServiceAccount(f"{name}-sa", metadata=self._meta(f"{name}-trainer", _PART_OF, irsa),
                                         automount_service_account_token=False, opts=child)
         self._sa_name = sa.metadata.name
         self._create_network_policies(name, child)
         prepare = self._create_prepare_job(name, child)
         endpoint: pulumi.Input[str]
         if a.rdzv_backend == "c10d":
-            endpoint = self._create_headless_service(name, child).apply(
-                lambda svc: f"{self.job_name}-0.{svc}:{C10D_PORT}")
+            # The FQDN: kubelet writes it into the pod's /etc/hosts, so index 0 recognises itself as the
+            # store's host without DNS (a short name can hit a cached NXDOMAIN from before the pod existed).
+            endpoint = pulumi.Output.all(self._create_headless_service(name, child), a.namespace).apply(
+                lambda v: f"{self.job_name}-0.{v[0]}.{v[1]}.svc.cluster.local:{C10D_PORT}")
         else:
             endpoint = a.rdzv_endpoint  # type: ignore[assignment]
+        # The fabric-check gate lives in fabric_gate.py (imported here: it builds on this module).
+        from .fabric_gate import create_fabric_check
+
+        self._gates = create_fabric_check(self, name, child) if a.fabric_check else []
         self._create_train_job(name, endpoint, prepare, child)
         self._create_evaluate_cronjob(name, child)
 
@@ -202,9 +249,10 @@ class ElasticJob(pulumi.ComponentResource):
              resources: k8s.core.v1.ResourceRequirementsArgs, *, env: Mapping[str, str] | None = None,
              field_env: Mapping[str, str] | None = None, shm_gib: int = 1, restart_policy: str = "Never",
              grace_seconds: int = 30, ports: list[k8s.core.v1.ContainerPortArgs] | None = None,
-             affinity: k8s.core.v1.AffinityArgs | None = None, subdomain: pulumi.Input[str] | None = None
-             ) -> k8s.core.v1.PodTemplateSpecArgs:
-        """A hardened single-container pod of the trainer image with /shared, /tmp and /dev/shm."""
+             affinity: k8s.core.v1.AffinityArgs | None = None, subdomain: pulumi.Input[str] | None = None,
+             on_gpu_nodes: bool = True) -> k8s.core.v1.PodTemplateSpecArgs:
+        """A hardened single-container pod of the trainer image with /shared, /tmp and /dev/shm; on the job's
+        GPU nodes (their selector, tolerating their taints), or with ``on_gpu_nodes=False`` on the system nodes."""
         v1 = k8s.core.v1
         env_vars = [v1.EnvVarArgs(name=k, value=v) for k, v in {**_CACHE_ENV, **(env or {})}.items()]
         env_vars += [v1.EnvVarArgs(name=k, value_from=v1.EnvVarSourceArgs(
@@ -217,15 +265,18 @@ class ElasticJob(pulumi.ComponentResource):
                            v1.VolumeMountArgs(name="dshm", mount_path="/dev/shm")],
             security_context=restricted_container_security(TRAINER_UID))
         tolerations = [v1.TolerationArgs(key=key, operator="Exists", effect="NoSchedule")
-                       for key in (GPU_RESOURCE, *([EFA_RESOURCE] if self._args.efa else []))]
+                       for key in (GPU_RESOURCE, *([EFA_RESOURCE] if self._args.efa else []))] if on_gpu_nodes else None
+        node_selector = self._args.node_selector if on_gpu_nodes else self._args.system_node_selector
         return v1.PodTemplateSpecArgs(
             metadata=k8s.meta.v1.ObjectMetaArgs(labels=dict(labels)),
             spec=v1.PodSpecArgs(
                 restart_policy=restart_policy, service_account_name=self._sa_name,
                 automount_service_account_token=False, enable_service_links=False,
-                node_selector=self._args.node_selector, tolerations=tolerations, affinity=affinity,
+                node_selector=node_selector, tolerations=tolerations, affinity=affinity,
                 subdomain=subdomain, termination_grace_period_seconds=grace_seconds,
-                # OnRootMismatch: skip re-chowning the whole shared volume on every pod start.
+                # fsGroup is a no-op on the EFS volume (the CSI driver declares no fsGroupPolicy, so kubelet never
+                # chowns an RWX volume without fsType): every NFS call runs as the access point's PosixUser
+                # 1000:1000, which is why uid 1000 can write there. It still owns the emptyDirs.
                 security_context=restricted_pod_security(TRAINER_UID, fs_group_change_policy="OnRootMismatch"),
                 containers=[container],
                 volumes=[
@@ -241,12 +292,16 @@ class ElasticJob(pulumi.ComponentResource):
         template = self._pod(
             PREPARE_LABELS, "prepare-data", ["python", "-m", "training.prepare_data", f"--data-dir={DATA_DIR}"],
             k8s.core.v1.ResourceRequirementsArgs(requests={"cpu": "500m", "memory": "1Gi"},
-                                                 limits={"cpu": "1", "memory": "2Gi"}), restart_policy="OnFailure")
-        # Runs on the job's GPU nodes without taking a GPU: the multi-GB image it pulls there is then
-        # already cached when the training pods start.
+                                                 limits={"cpu": "1", "memory": "2Gi"}), restart_policy="OnFailure",
+            on_gpu_nodes=False)
+        # On the system nodes, never the GPU nodes: GPU groups idle at zero nodes and only the cluster
+        # autoscaler brings them up, for pods that ask for GPUs. A prep pod pinned to them would stay
+        # Pending and `pulumi up` (which awaits this Job) would hang until the Job's deadline.
         return k8s.batch.v1.Job(
             f"{name}-prepare-data",
-            metadata=self._meta(self._prepare_name, PREPARE_LABELS),
+            # replaceUnready: a prep Job that failed (download host down, deadline passed) is replaced on the next
+            # `pulumi up` instead of being awaited again and failing it at once.
+            metadata=self._meta(self._prepare_name, PREPARE_LABELS, {"pulumi.com/replaceUnready": "true"}),
             spec=k8s.batch.v1.JobSpecArgs(
                 backoff_limit=3, active_deadline_seconds=1800, ttl_seconds_after_finished=24 * 3600,
                 template=template),
@@ -279,7 +334,7 @@ class ElasticJob(pulumi.ComponentResource):
             rdzv_id="$(JOB_UID)", local_addr="$(POD_IP)",
             max_restarts=a.max_restarts, timeouts=CLUSTER_TIMEOUTS)
         trainer = TrainerOptions(data_dir=DATA_DIR, run_dir=self._run_dir, epochs=a.epochs,
-                                 batch_size=a.batch_size, model=a.model, learning_rate=a.learning_rate,
+                                 global_batch_size=a.global_batch_size, model=a.model, learning_rate=a.learning_rate,
                                  compile=a.compile)
         return job_command(agent, trainer)
 
@@ -292,6 +347,8 @@ class ElasticJob(pulumi.ComponentResource):
         # EFA needs an unlimited RLIMIT_MEMLOCK to register memory; a non-root container cannot raise it
         # (and 'restricted' forbids IPC_LOCK), so it comes from the node's container runtime.
         env = {**AGENT_ENV, **nccl_env(it, a.efa)}
+        if a.results_url is not None:
+            env["EKS_DDP_RESULTS_URL"] = a.results_url  # type: ignore[assignment]  # an Output is a valid value
         field_env = {"POD_IP": "status.podIP", "JOB_UID": "metadata.labels['batch.kubernetes.io/controller-uid']"}
         # One agent per node: GPU limits alone would allow two agents on an 8-GPU node asking for 4.
         affinity = k8s.core.v1.AffinityArgs(pod_anti_affinity=k8s.core.v1.PodAntiAffinityArgs(
@@ -304,43 +361,62 @@ class ElasticJob(pulumi.ComponentResource):
             _resources(str(cpu), f"{memory}Gi", devices), env=env, field_env=field_env, shm_gib=shm,
             grace_seconds=60, affinity=affinity, subdomain=self.job_name if c10d else None,
             ports=[k8s.core.v1.ContainerPortArgs(name="rdzv", container_port=C10D_PORT)] if c10d else None)
-        # Failure handling (restartPolicy Never: each failure is a new pod, and the index is recreated):
-        # - a pod lost with its node, drained or preempted gets the DisruptionTarget condition: Ignore, i.e.
-        #   recreate it without counting; torchrun's survivors keep training with >= min_nodes and the
-        #   replacement rejoins at the next rendezvous round;
-        # - exit codes that mean a broken command fail the whole Job at once;
-        # - anything else (torchrun exhausted --max-restarts, rendezvous error, OOM) counts against that
-        #   index's backoffLimitPerIndex, and more than nodes - min_nodes failed indexes fail the Job,
-        #   since training cannot continue below min_nodes.
+        # Failure handling (restartPolicy Never: a failed pod is replaced by a new pod of the same index, which
+        # joins the running job at its next rendezvous round; the launcher never closes the rendezvous on a
+        # transient failure, so the replacement can join):
+        # - a pod lost with its node, drained, evicted or preempted gets the DisruptionTarget condition:
+        #   Ignore, i.e. replace it without counting; the survivors keep training with >= min_nodes;
+        # - exit codes no retry can fix (BUG_EXIT_CODES) fail the whole Job at once;
+        # - any other pod failure (an OOM kill, the launcher giving up) counts against backoffLimit, the
+        #   run's fault budget. One budget for the run, not backoffLimitPerIndex: the Job controller checks
+        #   failed indexes before the success policy, so an index that spent its budget would turn a
+        #   finished run into Failed (FailedIndexes) however the other agents ended.
         # podReplacementPolicy Failed: a replacement starts only once the old pod is gone, so two agents of
         # one index never compete for a rendezvous slot.
         failure_policy = k8s.batch.v1.PodFailurePolicyArgs(rules=[
-            k8s.batch.v1.PodFailurePolicyRuleArgs(action="Ignore", on_pod_conditions=[
-                k8s.batch.v1.PodFailurePolicyOnPodConditionsPatternArgs(type="DisruptionTarget", status="True")]),
             k8s.batch.v1.PodFailurePolicyRuleArgs(action="FailJob", on_exit_codes=(
                 k8s.batch.v1.PodFailurePolicyOnExitCodesRequirementArgs(
                     container_name="trainer", operator="In", values=BUG_EXIT_CODES))),
+            k8s.batch.v1.PodFailurePolicyRuleArgs(action="Ignore", on_pod_conditions=[
+                k8s.batch.v1.PodFailurePolicyOnPodConditionsPatternArgs(type="DisruptionTarget", status="True")]),
         ])
+        # Success: the first agent to exit 0 means training is done (an agent exits 0 only after its worker
+        # group finished, and the trainer's last barrier follows rank 0's final writes). The controller then
+        # stops the lingering pods, a replacement still Pending included, and the Job is Complete; once
+        # SuccessCriteriaMet is set no later pod failure is evaluated.
+        success_policy = k8s.batch.v1.SuccessPolicyArgs(rules=[k8s.batch.v1.SuccessPolicyRuleArgs(succeeded_count=1)])
+        deadline = None if a.active_deadline_hours is None else int(a.active_deadline_hours * 3600)
+        annotations = {
+            # Not awaited: `pulumi up` returns once the Job exists; training runs for as long as it needs.
+            "pulumi.com/skipAwait": "true",
+            # A spec change replaces the Job under the same name (delete, then create). With the default
+            # foreground deletion the old Job lingers until its pods are gone and the create fails with 409
+            # "object is being deleted"; background deletion removes the Job at once (Jobs carry no finalizer)
+            # and the garbage collector removes its pods.
+            "pulumi.com/deletionPropagationPolicy": "background",
+        }
         return k8s.batch.v1.Job(
             f"{name}-train",
-            # Not awaited: `pulumi up` returns once the Job exists; training runs for as long as it needs.
-            metadata=self._meta(self.job_name, self._train_labels, {"pulumi.com/skipAwait": "true"}),
+            metadata=self._meta(self.job_name, self._train_labels, annotations),
             spec=k8s.batch.v1.JobSpecArgs(
                 completion_mode="Indexed", completions=a.nodes, parallelism=a.nodes,
-                backoff_limit_per_index=a.backoff_limit_per_index, max_failed_indexes=a.nodes - a.min_nodes,
+                backoff_limit=a.fault_budget, success_policy=success_policy, active_deadline_seconds=deadline,
                 pod_failure_policy=failure_policy, pod_replacement_policy="Failed",
                 ttl_seconds_after_finished=a.ttl_seconds_after_finished, template=template),
             opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
-                depends_on=[prepare], delete_before_replace=True)))
+                depends_on=[prepare, *self._gates], delete_before_replace=True)))
 
     # --- 3. evaluation on demand ----------------------------------------------------------------
     def _create_evaluate_cronjob(self, name: str, child: pulumi.ResourceOptions) -> None:
         it = self._it
         cpu = min(4, pod_resources(it)[0])
+        # $(RUN_DIR) is expanded by the kubelet from the pod's env: this run by default; another run's directory
+        # by setting RUN_DIR on the Job created from the CronJob (README "Evaluation").
         template = self._pod(
             EVALUATE_LABELS, "evaluate",
-            ["python", "-m", "training.evaluate", f"--data-dir={DATA_DIR}", f"--run-dir={self._run_dir}"],
-            _resources(str(cpu), f"{min(16, it.memory_gib // 2)}Gi", {GPU_RESOURCE: 1}))
+            ["python", "-m", "training.evaluate", f"--data-dir={DATA_DIR}", f"--run-dir=$({EVAL_RUN_DIR_ENV})"],
+            _resources(str(cpu), f"{min(16, it.memory_gib // 2)}Gi", {GPU_RESOURCE: 1}),
+            env={EVAL_RUN_DIR_ENV: self._run_dir})
         k8s.batch.v1.CronJob(
             f"{name}-evaluate",
             metadata=self._meta(self._evaluate_name, EVALUATE_LABELS),
@@ -358,16 +434,14 @@ class ElasticJob(pulumi.ComponentResource):
     # --- network policies ---------------------------------------------------------------------------
     def _create_network_policies(self, name: str, child: pulumi.ResourceOptions) -> None:
         net = k8s.networking.v1
-        dns = net.NetworkPolicyEgressRuleArgs(ports=[net.NetworkPolicyPortArgs(port=53, protocol="UDP"),
-                                                     net.NetworkPolicyPortArgs(port=53, protocol="TCP")])
+        dns = dns_egress()
         peers = [net.NetworkPolicyPeerArgs(pod_selector=k8s.meta.v1.LabelSelectorArgs(
             match_labels={"app.kubernetes.io/instance": self.job_name}))]
         # Agents talk to each other on any port (rendezvous store, NCCL/gloo sockets); EFA traffic bypasses
         # the IP stack. Out of the namespace they reach only DNS and etcd.
         train_egress = [dns, net.NetworkPolicyEgressRuleArgs(to=peers)]
         if self._args.rdzv_backend == "etcd-v2":
-            train_egress.append(net.NetworkPolicyEgressRuleArgs(
-                ports=[net.NetworkPolicyPortArgs(port=ETCD_CLIENT_PORT, protocol="TCP")]))
+            train_egress.append(etcd_client_egress(self._args.rdzv_server_labels))
         # Data preparation downloads CIFAR-10 over HTTPS (through the NAT gateway); never the instance
         # metadata service.
         internet = net.NetworkPolicyEgressRuleArgs(
@@ -375,7 +449,7 @@ class ElasticJob(pulumi.ComponentResource):
             ports=[net.NetworkPolicyPortArgs(port=443, protocol="TCP"), net.NetworkPolicyPortArgs(port=80, protocol="TCP")])
         for suffix, labels, ingress, egress in (
             ("train", {"app.kubernetes.io/instance": self.job_name}, [net.NetworkPolicyIngressRuleArgs(from_=peers)],
-             train_egress),
+             train_egress + ([internet] if self._args.results_url is not None else [])),  # S3 + STS upload
             ("prepare-data", PREPARE_LABELS, [], [dns, internet]),
             ("evaluate", EVALUATE_LABELS, [], [dns]),
         ):
@@ -388,7 +462,20 @@ class ElasticJob(pulumi.ComponentResource):
                 opts=child)
 
 
+def _check_rules(a: ElasticJobArgs) -> None:
+    # The stack config's rules, under the Python field names (components/rules.py holds each one once).
+    rules.require(
+        rules.whole("nodes", a.nodes), rules.whole("min_nodes", a.min_nodes),
+        rules.whole("max_restarts", a.max_restarts, 0), rules.whole("epochs", a.epochs),
+        rules.global_batch("global_batch_size", a.global_batch_size), rules.model("model", a.model),
+        rules.learning_rate("learning_rate", a.learning_rate),
+        rules.namespace("namespace", a.namespace) if isinstance(a.namespace, str) else None,
+        rules.image_by_digest("image", a.image) if isinstance(a.image, str) else None,
+    )
+
+
 def _validate(name: str, a: ElasticJobArgs) -> catalog.InstanceType:
+    _check_rules(a)
     try:
         it = catalog.lookup(a.instance_type)
     except KeyError as err:
@@ -399,9 +486,11 @@ def _validate(name: str, a: ElasticJobArgs) -> catalog.InstanceType:
         raise ValueError(f"efa: got True for {a.instance_type!r}, which has no EFA interfaces")
     if not 1 <= a.min_nodes <= a.nodes:
         raise ValueError(f"min_nodes: got {a.min_nodes}; expected 1 <= min_nodes <= nodes ({a.nodes})")
-    for key in ("max_restarts", "backoff_limit_per_index"):
+    for key in ("max_restarts", "fault_budget"):
         if getattr(a, key) < 0:
             raise ValueError(f"{key}: got {getattr(a, key)}; expected a whole number >= 0")
+    if a.active_deadline_hours is not None and not a.active_deadline_hours * 3600 >= 1:
+        raise ValueError(f"active_deadline_hours: got {a.active_deadline_hours}; expected None or at least 1 second")
     if a.rdzv_backend not in ("etcd-v2", "c10d"):
         raise ValueError(f"rdzv_backend: got {a.rdzv_backend!r}; expected 'etcd-v2' or 'c10d'")
     if a.rdzv_backend == "etcd-v2" and a.rdzv_endpoint is None:
@@ -409,8 +498,6 @@ def _validate(name: str, a: ElasticJobArgs) -> catalog.InstanceType:
     if a.rdzv_backend == "c10d" and a.rdzv_endpoint is not None:
         raise ValueError(f"rdzv_endpoint: got {a.rdzv_endpoint!r}; expected None with 'c10d' "
                          "(the agent of index 0 hosts the store)")
-    if isinstance(a.image, str) and "@sha256:" not in a.image:
-        raise ValueError(f"image: got {a.image!r}; expected an image pinned by digest (repo@sha256:...)")
     # Pod hostnames are <job>-<index>; both must stay DNS labels.
     if not DNS_LABEL.match(a.run_id) or len(f"{name}-{a.run_id}-{a.nodes}") > 63:
         raise ValueError(f"run_id: got {a.run_id!r}; expected lowercase letters, digits and '-' making "

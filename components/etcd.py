@@ -1,17 +1,18 @@
-"""EtcdRendezvous: an etcd 3.5 StatefulSet serving the v2 API that torchrun's ``etcd-v2`` rendezvous speaks.
+"""EtcdRendezvous: an etcd 3.5 member serving the v2 API that torchrun's ``etcd-v2`` rendezvous speaks.
 
-One member by default, or 3 (or 5) for a quorum that survives a lost member. Members run on the
-system nodes, non-root on a read-only root filesystem, and a NetworkPolicy admits only the training
-pods (by label) on the client port and the members themselves on the peer port.
+One member, on the system nodes, non-root on a read-only root filesystem. A NetworkPolicy admits only
+the training pods (by label) on the client port; it is the only access control: etcd serves plain HTTP
+without authentication (the trainer's python-etcd client has no TLS settings wired).
 
-Data lives on an ``emptyDir``: rendezvous state is ephemeral (a run's rendezvous keys only matter while
-its agents are alive; checkpoints live on the shared volume), so a persistent volume would cost an
-EBS CSI driver and a volume per member for nothing. The trade-off: a member whose *pod* is deleted
-(node lost or drained) comes back empty. With 1 member that is a fresh store the agents rejoin on their
-next rendezvous round. With 3 members an empty member cannot rejoin under its old identity (etcd refuses
-a member that lost its log); recover by deleting all members at once
-(``kubectl -n <ns> delete pod -l app.kubernetes.io/instance=<name>-etcd``) so they bootstrap a new cluster.
-Container restarts keep the ``emptyDir`` and need nothing.
+Why one member and not a 3-member quorum: the store holds only the rendezvous of running jobs (a few
+KiB; checkpoints live on the shared volume), and the training launcher rides out a store restart. A quorum would need, to be correct, a data volume per
+member (an EBS CSI driver), required anti-affinity over at least 3 system nodes, and an init step that
+removes and re-adds a member that lost its data (``member remove``/``member add``,
+``--initial-cluster-state=existing``): etcd refuses a bootstrapped member that comes back empty, so on
+``emptyDir`` every rescheduled member crash-loops. One member has no such failure mode: its data dir
+(``emptyDir``) survives container restarts, and a rescheduled pod bootstraps a fresh single-member
+cluster in seconds. A PodDisruptionBudget keeps drains and evictions from taking it while it is the
+only member, and a PriorityClass keeps node-pressure eviction and preemption from choosing it first.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from dataclasses import dataclass, field
 import pulumi
 import pulumi_kubernetes as k8s
 
-from components.namespace import restricted_container_security, restricted_pod_security
+from . import rules
+from .namespace import dns_egress, restricted_container_security, restricted_pod_security
 
 ETCD_IMAGE = ("quay.io/coreos/etcd:v3.5.18"
               "@sha256:d0a641d5fbcc89678c931a61b7de7b8a1cf097149f135c9c73bc81d076a1494b")
@@ -37,13 +39,19 @@ DATA_DIR = "/var/run/etcd"
 
 DEFAULT_CLIENT_LABELS: Mapping[str, str] = {"app.kubernetes.io/name": "eks-ddp-trainer"}
 """Labels of the pods allowed to reach the client port: the ElasticJob's training pods carry them."""
+SERVER_LABELS: Mapping[str, str] = {"app.kubernetes.io/name": "etcd", "app.kubernetes.io/component": "rendezvous",
+                                    "app.kubernetes.io/part-of": "eks-ddp"}
+"""Labels every member carries: the training pods' egress rule to the client port selects them."""
+PRIORITY = 1_000_000
+"""Above every workload pod (0), below the system-*-critical classes (2,000,000,000+)."""
 
 _RESOURCES = k8s.core.v1.ResourceRequirementsArgs(
     requests={"cpu": "100m", "memory": "128Mi"},
     limits={"cpu": "1", "memory": "512Mi"},
 )
 _QUOTA_BYTES = 256 * 1024 * 1024
-"""Backend quota: rendezvous keys are a few KiB per run; a small quota keeps the emptyDir bounded."""
+"""Quota of the v3 backend (bbolt) only. torch's rendezvous uses the v2 store, which lives in memory and is
+bounded by the container's memory limit (512Mi) alone; it holds a few KiB per run."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,13 +61,16 @@ class EtcdRendezvousArgs:
     namespace: pulumi.Input[str]
     """Namespace of the StatefulSet, Services and NetworkPolicy (the training namespace)."""
     replicas: int = 1
-    """etcd members: 1, or an odd number up to 7 (3 tolerates one lost member)."""
+    """etcd members: 1 (see the module docstring for why not a quorum)."""
     node_selector: pulumi.Input[Mapping[str, str]] | None = None
     """Node labels the members must run on (the system node group)."""
     client_labels: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_CLIENT_LABELS))
     """Labels of the pods (in the same namespace) the NetworkPolicy admits on the client port."""
     image: str = ETCD_IMAGE
     """etcd 3.5 image, pinned by digest."""
+
+    def __post_init__(self) -> None:
+        _validate("EtcdRendezvousArgs", self)  # a bad value fails where the Args are built, naming the field
 
 
 class EtcdRendezvous(pulumi.ComponentResource):
@@ -76,8 +87,7 @@ class EtcdRendezvous(pulumi.ComponentResource):
         self._args = args
         self.service_name = f"{name}-etcd"
         self._peer_service = f"{name}-etcd-peers"
-        self.pod_labels = {"app.kubernetes.io/name": "etcd", "app.kubernetes.io/instance": self.service_name,
-                           "app.kubernetes.io/component": "rendezvous", "app.kubernetes.io/part-of": "eks-ddp"}
+        self.pod_labels = {**SERVER_LABELS, "app.kubernetes.io/instance": self.service_name}
         self._selector = {k: self.pod_labels[k] for k in ("app.kubernetes.io/name", "app.kubernetes.io/instance")}
         child = pulumi.ResourceOptions(parent=self)
 
@@ -93,7 +103,21 @@ class EtcdRendezvous(pulumi.ComponentResource):
                 ports=[k8s.core.v1.ServicePortArgs(name="client", port=CLIENT_PORT, target_port="client")]),
             opts=child)
         self._create_network_policy(name, child)
-        sts = self._create_statefulset(name, sa, peers, child)
+        priority = k8s.scheduling.v1.PriorityClass(
+            f"{name}-etcd-priority",
+            metadata=k8s.meta.v1.ObjectMetaArgs(name=f"eks-ddp-{self.service_name}", labels=self.pod_labels),
+            value=PRIORITY, global_default=False, preemption_policy="PreemptLowerPriority",
+            description="eks-ddp rendezvous store: every agent of a running job depends on it.", opts=child)
+        sts = self._create_statefulset(name, sa, peers, priority, child)
+        # minAvailable 1: a drain or eviction waits while the only member serves (delete the pod by hand, or
+        # drain with --disable-eviction, between runs). A StatefulSet update is not an eviction: it still
+        # restarts the member, which the launcher rides out.
+        k8s.policy.v1.PodDisruptionBudget(
+            f"{name}-etcd-pdb",
+            metadata=self._meta(self.service_name),
+            spec=k8s.policy.v1.PodDisruptionBudgetSpecArgs(
+                min_available=args.replicas, selector=k8s.meta.v1.LabelSelectorArgs(match_labels=self._selector)),
+            opts=child)
 
         # Built from the Service and the StatefulSet so that consumers wait for ready members.
         self.endpoint = pulumi.Output.all(client.metadata.name, sts.metadata.name, args.namespace).apply(
@@ -137,15 +161,14 @@ class EtcdRendezvous(pulumi.ComponentResource):
                 egress=[
                     k8s.networking.v1.NetworkPolicyEgressRuleArgs(
                         to=[members], ports=[k8s.networking.v1.NetworkPolicyPortArgs(port=PEER_PORT, protocol=tcp)]),
-                    # DNS: members resolve each other's names.
-                    k8s.networking.v1.NetworkPolicyEgressRuleArgs(ports=[
-                        k8s.networking.v1.NetworkPolicyPortArgs(port=53, protocol="UDP"),
-                        k8s.networking.v1.NetworkPolicyPortArgs(port=53, protocol=tcp)]),
+                    # DNS: the member resolves its own advertised name.
+                    dns_egress(),
                 ]),
             opts=child)
 
     def _create_statefulset(self, name: str, sa: k8s.core.v1.ServiceAccount, peers: k8s.core.v1.Service,
-                            child: pulumi.ResourceOptions) -> k8s.apps.v1.StatefulSet:
+                            priority: k8s.scheduling.v1.PriorityClass, child: pulumi.ResourceOptions
+                            ) -> k8s.apps.v1.StatefulSet:
         a = self._args
         probe = dict(port="client", scheme="HTTP")
         container = k8s.core.v1.ContainerArgs(
@@ -178,12 +201,7 @@ class EtcdRendezvous(pulumi.ComponentResource):
             node_selector=a.node_selector,
             # System pools are commonly tainted CriticalAddonsOnly; the rendezvous is such an add-on.
             tolerations=[k8s.core.v1.TolerationArgs(key="CriticalAddonsOnly", operator="Exists")],
-            affinity=k8s.core.v1.AffinityArgs(pod_anti_affinity=k8s.core.v1.PodAntiAffinityArgs(
-                # Preferred, not required: 3 members must still start on a 2-node system pool.
-                preferred_during_scheduling_ignored_during_execution=[k8s.core.v1.WeightedPodAffinityTermArgs(
-                    weight=100, pod_affinity_term=k8s.core.v1.PodAffinityTermArgs(
-                        topology_key="kubernetes.io/hostname",
-                        label_selector=k8s.meta.v1.LabelSelectorArgs(match_labels=self._selector)))])),
+            priority_class_name=priority.metadata.name,
             security_context=restricted_pod_security(ETCD_UID),
             termination_grace_period_seconds=30,
             containers=[container],
@@ -223,20 +241,24 @@ def etcd_args(statefulset: str, peer_service: str, namespace: str, replicas: int
         f"--listen-peer-urls=http://0.0.0.0:{PEER_PORT}",
         f"--initial-advertise-peer-urls={member_url(peer_service, namespace, me, PEER_PORT)}",
         f"--initial-cluster={cluster}",
+        # 'new' is right for every start of a single member: with data it is ignored (etcd restarts from its
+        # WAL), and an empty data dir bootstraps a fresh one-member cluster.
         "--initial-cluster-state=new",
         f"--initial-cluster-token={statefulset}.{namespace}",
         # torch's etcd-v2 rendezvous speaks only the v2 API, off by default since 3.4.
         "--enable-v2=true",
         f"--quota-backend-bytes={_QUOTA_BYTES}",
-        # Fewer entries between snapshots keeps memory and the emptyDir small for a tiny key space.
+        # Fewer entries between snapshots keeps memory and the WAL in the emptyDir small for a tiny key space.
         "--snapshot-count=10000",
         "--log-level=warn",
     ]
 
 
 def _validate(name: str, a: EtcdRendezvousArgs) -> None:
-    if a.replicas not in (1, 3, 5, 7):
-        raise ValueError(f"replicas: got {a.replicas!r}; expected 1, 3, 5 or 7 (an odd member count keeps a quorum)")
+    rules.require(rules.namespace("namespace", a.namespace) if isinstance(a.namespace, str) else None)
+    if a.replicas != 1:
+        raise ValueError(f"replicas: got {a.replicas!r}; expected 1 (a quorum of members on emptyDir cannot "
+                         "take back a rescheduled member; see the EtcdRendezvous docstring)")
     if not a.client_labels:
         raise ValueError("client_labels: got {}; expected the training pods' labels (an empty selector "
                          "would admit every pod in the namespace)")
@@ -244,3 +266,13 @@ def _validate(name: str, a: EtcdRendezvousArgs) -> None:
         raise ValueError(f"image: got {a.image!r}; expected an image pinned by digest (repo:tag@sha256:...)")
     if len(f"{name}-etcd-peers") > 63 or len(f"{name}-etcd-{a.replicas - 1}") > 63:
         raise ValueError(f"name: got {name!r}; expected at most 51 characters (names become DNS labels)")
+
+
+def etcd_client_egress(server_labels: Mapping[str, str]) -> k8s.networking.v1.NetworkPolicyEgressRuleArgs:
+    """The clients' egress rule: the client port of the pods with ``server_labels`` (same namespace), never
+    2379 anywhere else. The Service's ClusterIP resolves to the same pods, and python-etcd then talks to the
+    member's advertised per-pod URL."""
+    net = k8s.networking.v1
+    return net.NetworkPolicyEgressRuleArgs(
+        to=[net.NetworkPolicyPeerArgs(pod_selector=k8s.meta.v1.LabelSelectorArgs(match_labels=dict(server_labels)))],
+        ports=[net.NetworkPolicyPortArgs(port=CLIENT_PORT, protocol="TCP")])

@@ -2,13 +2,18 @@
 
 The cluster's ElasticJob pods and the local runner (``python -m training.local``)
 both call :func:`job_command`, so the job tested on a laptop is the job that
-runs on EKS. Pure Python: no Pulumi, no torch.
+runs on EKS. The agent is ``python -m training.launch`` (torchrun's flags, the Job's
+exit-code contract, an etcd rendezvous that survives etcd restarting). Pure Python: no Pulumi, no torch.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+LAUNCH_MODULE = "training.launch"
+"""The agent: torchrun with the Job's exit-code contract and the store-tolerant rendezvous (training/launch.py)."""
+ETCD_BACKEND = "eks-etcd"
+"""``etcd-v2`` as agents run it: torch's etcd-v2 rendezvous with retries (training/rendezvous.py)."""
 TRAIN_MODULE = "training.train"
 """The trainer, run by torchrun as ``-m training.train`` from the image's WORKDIR."""
 
@@ -19,25 +24,45 @@ RUNS_SUBDIR = "runs"
 
 @dataclass(frozen=True, kw_only=True)
 class RdzvTimeouts:
-    """Rendezvous timing; torch's defaults (600 s join, 30 s last call) make recovery slow."""
+    """Rendezvous timing (``--rdzv-conf``); torch's defaults (600 s join, 30 s last call) make recovery slow.
+
+    A lost node costs about ``keep_alive_interval * keep_alive_max_attempt`` (until the survivors drop
+    it from the rendezvous) + ``last_call`` + worker start-up; see README "Resilience".
+    """
 
     join: int = 900
     """Seconds a rendezvous may take to complete (pulling images on fresh nodes is slow)."""
-    last_call: int = 5
-    """Seconds to wait for more nodes once the minimum has joined."""
+    last_call: int = 1
+    """Seconds to wait for more nodes once the minimum has joined, in every round but the first."""
+    first_round: int = 300
+    """Seconds the first round waits for all max nodes (image pulls), so a job starts at full size."""
     close: int = 30
-    keep_alive_interval: int = 5
-    """Seconds between heartbeats; a node missing keep_alive_max_attempt of them is dropped."""
-    keep_alive_max_attempt: int = 3
+    keep_alive_interval: int = 1
+    """Seconds between an agent's heartbeats to etcd; a node missing keep_alive_max_attempt of them is
+    dropped. The agent beats from a thread of its own, so slow training never delays it."""
+    keep_alive_max_attempt: int = 4
+    store_retry: int = 60
+    """Seconds an agent retries a failing etcd call before giving up (an etcd restart takes 1-3 s)."""
+    read_timeout: int = 5
+    """Seconds one etcd request may take: a partitioned etcd fails over to a retry instead of hanging."""
 
     def conf(self) -> str:
         return (f"join_timeout={self.join},last_call_timeout={self.last_call},"
-                f"close_timeout={self.close},keep_alive_interval={self.keep_alive_interval},"
-                f"keep_alive_max_attempt={self.keep_alive_max_attempt}")
+                f"first_round_timeout={self.first_round},close_timeout={self.close},"
+                f"keep_alive_interval={self.keep_alive_interval},keep_alive_max_attempt={self.keep_alive_max_attempt},"
+                f"store_retry_timeout={self.store_retry},read_timeout={self.read_timeout}")
 
 
 CLUSTER_TIMEOUTS = RdzvTimeouts()
-LOCAL_TIMEOUTS = RdzvTimeouts(join=120, last_call=1, close=10, keep_alive_interval=1, keep_alive_max_attempt=3)
+"""What the EKS training Job runs, and what tests/test_resilience.py and bench/recovery.py measure."""
+LOCAL_TIMEOUTS = RdzvTimeouts(join=120, last_call=1, first_round=30, close=10)
+"""The local runner: the cluster's detection timings, shorter waits for agents that never come."""
+
+DEFAULT_MAX_RESTARTS = 20
+"""Worker-group restarts per agent: each fault (a crash, a lost node, a spot interruption) costs one,
+a node joining costs none. Transient faults never end the run before this; FATAL codes end it at once."""
+PEER_DEADLINE_S = 5
+"""Seconds a worker waits for a silent peer's heartbeat before re-forming the group (training/watchdog.py)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,8 +72,13 @@ class TrainerOptions:
     data_dir: str
     run_dir: str
     epochs: int = 10
-    batch_size: int = 512
-    model: str = "resnet-small"
+    global_batch_size: int = 1024
+    """Images per optimizer step over all processes; the trainer splits it, so a resize keeps it."""
+    bn_group: int | None = None
+    """Images per BatchNorm statistics group; default: the trainer's (32)."""
+    min_steps: int | None = None
+    """Fewest optimizer steps (the trainer shrinks the global batch for small data sets); 0: never shrink."""
+    model: str = "airnet"
     learning_rate: float | None = None
     compile: bool = False
     checkpoint_every: int | None = None
@@ -58,19 +88,20 @@ class TrainerOptions:
     max_steps: int | None = None
     """Stop after this many optimizer steps (tests and demos)."""
     width: int | None = None
-    """Channel width multiplier of resnet-small (tests and demos use a tiny model)."""
+    """Base width of airnet or resnet-small (tests and demos use a tiny model)."""
     seed: int = 0
 
     def args(self) -> list[str]:
         out = [f"--data-dir={self.data_dir}", f"--run-dir={self.run_dir}", f"--epochs={self.epochs}",
-               f"--batch-size={self.batch_size}", f"--model={self.model}",
+               f"--global-batch-size={self.global_batch_size}", f"--model={self.model}",
                f"--keep-checkpoints={self.keep_checkpoints}", f"--seed={self.seed}"]
         if self.learning_rate is not None:
             out.append(f"--lr={self.learning_rate}")
         if self.compile:
             out.append("--compile")
         for flag, value in (("--checkpoint-every", self.checkpoint_every), ("--log-every", self.log_every),
-                            ("--max-steps", self.max_steps), ("--width", self.width)):
+                            ("--max-steps", self.max_steps), ("--width", self.width),
+                            ("--bn-group", self.bn_group), ("--min-steps", self.min_steps)):
             if value is not None:
                 out.append(f"{flag}={value}")
         return out
@@ -86,7 +117,7 @@ class AgentOptions:
     rdzv_backend: str
     rdzv_endpoint: str
     rdzv_id: str
-    max_restarts: int
+    max_restarts: int = DEFAULT_MAX_RESTARTS
     local_addr: str | None = None
     timeouts: RdzvTimeouts = CLUSTER_TIMEOUTS
     monitor_interval: float = 0.5
@@ -101,7 +132,7 @@ def torchrun_args(a: AgentOptions) -> list[str]:
     out = [
         f"--nnodes={a.min_nodes}:{a.max_nodes}",
         f"--nproc-per-node={a.nproc_per_node}",
-        f"--rdzv-backend={a.rdzv_backend}",
+        f"--rdzv-backend={ETCD_BACKEND if a.rdzv_backend == 'etcd-v2' else a.rdzv_backend}",
         f"--rdzv-endpoint={a.rdzv_endpoint}",
         f"--rdzv-id={a.rdzv_id}",
         f"--rdzv-conf={a.timeouts.conf()}",
@@ -113,14 +144,58 @@ def torchrun_args(a: AgentOptions) -> list[str]:
     return out
 
 
-def job_command(agent: AgentOptions, trainer: TrainerOptions, *, torchrun: str = "torchrun") -> list[str]:
-    """The full agent command: ``torchrun <flags> -m training.train <trainer flags>``."""
-    return [torchrun, *torchrun_args(agent), "-m", TRAIN_MODULE, *trainer.args()]
+def module_command(agent: AgentOptions, module: str, args: list[str], *, python: str = "python") -> list[str]:
+    """``python -m training.launch <torchrun flags> -m <module> <args>``: every agent command line comes from here."""
+    return [python, "-m", LAUNCH_MODULE, *torchrun_args(agent), "-m", module, *args]
+
+
+def job_command(agent: AgentOptions, trainer: TrainerOptions, *, python: str = "python") -> list[str]:
+    """The full agent command: ``python -m training.launch <torchrun flags> -m training.train <trainer flags>``."""
+    return module_command(agent, TRAIN_MODULE, trainer.args(), python=python)
+
+
+FABRIC_CHECK_MODULE = "training.fabric_check"
+"""The fabric check (all-reduce sweep, transport, bandwidth floor), run by the same agents as training."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class FabricCheckOptions:
+    """Arguments of ``training/fabric_check.py``."""
+
+    run_dir: str
+    """Where ``fabric.json`` goes: the training run's directory."""
+    require_efa: bool = False
+    """Fail unless every rank has EFA devices and NCCL picked the OFI/EFA transport."""
+    min_busbw_gbs: float | None = None
+    """Fail below this peak all-reduce bus bandwidth (GB/s): the instance type's catalog floor."""
+    instance_type: str | None = None
+    max_bytes: int | None = None
+    """Largest message; default 1 GiB on GPUs, 4 MiB on CPU."""
+    factor: int | None = None
+    iters: int | None = None
+    warmup: int | None = None
+
+    def args(self) -> list[str]:
+        out = [f"--run-dir={self.run_dir}"]
+        if self.require_efa:
+            out.append("--require-efa")
+        for flag, value in (("--min-busbw-gbs", self.min_busbw_gbs), ("--instance-type", self.instance_type),
+                            ("--max-bytes", self.max_bytes), ("--factor", self.factor), ("--iters", self.iters),
+                            ("--warmup", self.warmup)):
+            if value is not None:
+                out.append(f"{flag}={value}")
+        return out
+
+
+def fabric_check_command(agent: AgentOptions, check: FabricCheckOptions, *, python: str = "python") -> list[str]:
+    """The fabric check's agent command: the training command's agent flags, ``-m training.fabric_check``."""
+    return module_command(agent, FABRIC_CHECK_MODULE, check.args(), python=python)
 
 
 # Environment every agent needs. Without TORCH_DISABLE_SHARE_RDZV_TCP_STORE a restart after a
 # worker failure reuses stale TCPStore addresses and burns the restart budget (pytorch#135712).
 AGENT_ENV = {
     "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+    "EKS_DDP_PEER_DEADLINE_S": str(PEER_DEADLINE_S),
     "PYTHONUNBUFFERED": "1",
 }

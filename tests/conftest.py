@@ -1,6 +1,25 @@
+import os
+import shutil
+import tempfile
+
 import pytest
 
 from tests.util import run, stack_config
+from training.snapshot import DIR_ENV
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _snapshots_in_a_temp_dir():
+    """Trainers started by tests (and their subprocesses) keep node-local snapshots here, not in /dev/shm."""
+    d = tempfile.mkdtemp(prefix="eks-ddp-snap-")
+    old = os.environ.get(DIR_ENV)
+    os.environ[DIR_ENV] = d
+    yield
+    if old is None:
+        os.environ.pop(DIR_ENV, None)
+    else:
+        os.environ[DIR_ENV] = old
+    shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

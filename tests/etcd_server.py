@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from components.torchrun import AGENT_ENV, LOCAL_TIMEOUTS, AgentOptions, TrainerOptions, job_command
+from components.torchrun import AGENT_ENV, LOCAL_TIMEOUTS, AgentOptions, RdzvTimeouts, TrainerOptions, job_command
 from training.etcd_local import start_etcd
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -114,17 +114,24 @@ class Job:
 
     def __init__(self, tmp: Path, endpoint: str, trainer: TrainerOptions, *, nodes: int = 2, min_nodes: int = 1,
                  max_nodes: int = 2, max_restarts: int = 3, env: dict[str, str] | None = None,
-                 rdzv_id: str | None = None) -> None:
+                 rdzv_id: str | None = None, timeouts: RdzvTimeouts = LOCAL_TIMEOUTS) -> None:
         self.tmp, self.trainer = tmp, trainer
         tmp.mkdir(parents=True, exist_ok=True)
         self.run_dir = Path(trainer.run_dir)
         agent = AgentOptions(min_nodes=min_nodes, max_nodes=max_nodes, nproc_per_node=1, rdzv_backend="etcd-v2",
                              rdzv_endpoint=endpoint, rdzv_id=rdzv_id or f"run-{os.getpid()}-{time.time_ns()}",
-                             max_restarts=max_restarts, local_addr="127.0.0.1", timeouts=LOCAL_TIMEOUTS)
-        self.cmd = job_command(agent, trainer, torchrun=TORCHRUN)
+                             max_restarts=max_restarts, local_addr="127.0.0.1", timeouts=timeouts)
+        self.env = trainer_env(env)
+        self.cmd = job_command(agent, trainer, python=sys.executable)
         self.agents: list[Agent] = []
-        for i in range(nodes):
-            self.agents.append(Agent(f"agent{i}", self.cmd, tmp / f"agent{i}.log", trainer_env(env)))
+        for _ in range(nodes):
+            self.add_agent()
+
+    def add_agent(self) -> Agent:
+        """Start one more agent of this job (a replacement or late node)."""
+        i = len(self.agents)
+        self.agents.append(Agent(f"agent{i}", self.cmd, self.tmp / f"agent{i}.log", self.env))
+        return self.agents[-1]
 
     def history(self) -> list[dict[str, Any]]:
         path = self.run_dir / "history.jsonl"
@@ -182,3 +189,57 @@ def jobs() -> Iterator[list[Job]]:
     yield started
     for job in started:
         job.close()
+
+
+class RestartableEtcd:
+    """One etcd member on a fixed port and data dir that a test can SIGKILL and start again (an etcd pod
+    restart). ``prefix`` runs it under e.g. ``ip netns exec NS``; ``host`` is the address it listens on."""
+
+    def __init__(self, data_dir: Path, *, host: str = "127.0.0.1", prefix: list[str] | None = None) -> None:
+        from training.etcd_local import find_etcd, free_port
+
+        self.data_dir, self.host, self.prefix = data_dir, host, prefix or []
+        self.client, self.peer = free_port(), free_port()
+        self.endpoint = f"{host}:{self.client}"
+        self.binary = find_etcd()
+        self.proc: subprocess.Popen | None = None
+        data_dir.mkdir(parents=True, exist_ok=True)
+
+    def start(self, timeout_s: float = 30.0) -> None:
+        from training.etcd_local import _healthy
+
+        cmd = [*self.prefix, self.binary, "--name=local", f"--data-dir={self.data_dir / 'member'}", "--enable-v2=true",
+               f"--listen-client-urls=http://{self.endpoint}", f"--advertise-client-urls=http://{self.endpoint}",
+               f"--listen-peer-urls=http://{self.host}:{self.peer}",
+               f"--initial-advertise-peer-urls=http://{self.host}:{self.peer}",
+               f"--initial-cluster=local=http://{self.host}:{self.peer}"]
+        with open(self.data_dir / "etcd.log", "ab") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            if not self.prefix and _healthy(self.endpoint):
+                return
+            if self.prefix and subprocess.run([*self.prefix, sys.executable, "-c",
+                                               "import sys, urllib.request; urllib.request.urlopen("
+                                               f"'http://{self.endpoint}/health', timeout=1)"],
+                                              capture_output=True).returncode == 0:
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"etcd did not start: {(self.data_dir / 'etcd.log').read_text()[-2000:]}")
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+
+@pytest.fixture
+def restartable_etcd(tmp_path: Path) -> Iterator[RestartableEtcd]:
+    etcd = RestartableEtcd(tmp_path / "etcd-r")
+    try:
+        etcd.start()
+        yield etcd
+    finally:
+        etcd.kill()

@@ -7,15 +7,17 @@ import pytest
 
 from components import catalog
 from components.elastic_job import (
+    DEFAULT_FAULT_BUDGET,
     EFA_RESOURCE,
     GPU_RESOURCE,
+    TRAINER_FATAL_EXIT_CODES,
     TRAINER_LABELS,
     ElasticJob,
     ElasticJobArgs,
     nccl_env,
     pod_resources,
 )
-from components.etcd import DEFAULT_CLIENT_LABELS
+from components.etcd import DEFAULT_CLIENT_LABELS, SERVER_LABELS
 from components.mocks import ProgramResult, Recorded, run_program
 from components.torchrun import AGENT_ENV, CLUSTER_TIMEOUTS
 
@@ -56,7 +58,8 @@ def trainer(result: ProgramResult) -> dict:
 
 
 def flags(command: list[str]) -> dict[str, str]:
-    agent = command[1:command.index("-m")]
+    assert command[:3] == ["python", "-m", "training.launch"]
+    agent = command[3:command.index("-m", 3)]
     return dict(a.removeprefix("--").split("=", 1) for a in agent)
 
 
@@ -65,20 +68,21 @@ def env_of(container: dict) -> dict[str, dict]:
 
 
 def test_agent_command_is_the_shared_torchrun_builder():
-    result = run_job(nodes=3, min_nodes=2, max_restarts=5, run_id="exp-7", epochs=4, batch_size=256,
+    result = run_job(nodes=3, min_nodes=2, max_restarts=5, run_id="exp-7", epochs=4, global_batch_size=256,
                      learning_rate=0.1, compile=True)
     cmd = trainer(result)["command"]
-    assert cmd[0] == "torchrun" and cmd[cmd.index("-m") + 1] == "training.train"
+    assert cmd[:3] == ["python", "-m", "training.launch"] and cmd[cmd.index("-m", 3) + 1] == "training.train"
     f = flags(cmd)
     assert f["nnodes"] == "2:3"
     assert f["nproc-per-node"] == "1"  # g4dn.xlarge: one T4
-    assert f["rdzv-backend"] == "etcd-v2" and f["rdzv-endpoint"] == ETCD
+    # etcd-v2 as the agent runs it: the same rendezvous with etcd calls retried (training/rendezvous.py)
+    assert f["rdzv-backend"] == "eks-etcd" and f["rdzv-endpoint"] == ETCD
     assert f["rdzv-id"] == "$(JOB_UID)" and f["local-addr"] == "$(POD_IP)"
     assert f["rdzv-conf"] == CLUSTER_TIMEOUTS.conf()
     assert f["max-restarts"] == "5"
-    trainer_args = cmd[cmd.index("-m") + 2:]
-    for expected in ("--data-dir=/shared/data", "--run-dir=/shared/runs/exp-7", "--epochs=4", "--batch-size=256",
-                     "--model=resnet-small", "--lr=0.1", "--compile"):
+    trainer_args = cmd[cmd.index("-m", 3) + 2:]
+    for expected in ("--data-dir=/shared/data", "--run-dir=/shared/runs/exp-7", "--epochs=4", "--global-batch-size=256",
+                     "--model=airnet", "--lr=0.1", "--compile"):
         assert expected in trainer_args
 
 
@@ -100,7 +104,8 @@ def test_c10d_uses_index_zero_and_no_etcd():
     f = flags(cmd)
     svc = result.one("kubernetes:core/v1:Service").inputs
     assert f["rdzv-backend"] == "c10d"
-    assert f["rdzv-endpoint"] == f"training-run-1-0.{svc['metadata']['name']}:29400"
+    # Finding B-11: the FQDN, which kubelet puts in the pod's /etc/hosts (no DNS race for index 0).
+    assert f["rdzv-endpoint"] == f"training-run-1-0.{svc['metadata']['name']}.training.svc.cluster.local:29400"
     assert not any("etcd" in a or "2379" in a for a in cmd)
     pod = train_job(result).inputs["spec"]["template"]
     assert pod["spec"]["subdomain"] == svc["metadata"]["name"]
@@ -124,6 +129,7 @@ def test_efa_resources_and_environment_only_with_efa():
     assert env["FI_PROVIDER"]["value"] == "efa"
     assert env["FI_EFA_USE_DEVICE_RDMA"]["value"] == "1"
     assert "NCCL_SOCKET_IFNAME" in env
+    assert env["NCCL_NET_PLUGIN"]["value"] == "ofi"  # libnccl-net-ofi.so, the image's aws-ofi-nccl
     assert flags(with_efa["command"])["nproc-per-node"] == "8"
 
     for overrides in ({"instance_type": "p4de.24xlarge", "efa": False}, {"instance_type": "g4dn.xlarge"}):
@@ -153,7 +159,7 @@ def test_resources_come_from_the_catalog_with_headroom():
 def test_only_the_training_job_skips_await_and_it_waits_for_data():
     result = run_job()
     train, prepare = train_job(result), prepare_job(result)
-    assert train.inputs["metadata"]["annotations"] == {"pulumi.com/skipAwait": "true"}
+    assert train.inputs["metadata"]["annotations"]["pulumi.com/skipAwait"] == "true"
     assert "pulumi.com/skipAwait" not in (prepare.inputs["metadata"].get("annotations") or {})
     assert prepare.urn in train.dependencies
     prepare_cmd = prepare.inputs["spec"]["template"]["spec"]["containers"][0]["command"]
@@ -165,13 +171,64 @@ def test_failure_policy_ignores_node_loss_and_fails_fast_on_bugs():
     assert spec["completionMode"] == "Indexed"
     assert int(spec["completions"]) == int(spec["parallelism"]) == 4
     assert spec["template"]["spec"]["restartPolicy"] == "Never"
-    ignore, fail = spec["podFailurePolicy"]["rules"]
+    fail, ignore = spec["podFailurePolicy"]["rules"]
     assert ignore == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
     assert fail["action"] == "FailJob" and fail["onExitCodes"]["containerName"] == "trainer"
-    assert 1 not in fail["onExitCodes"]["values"]  # a failed worker group is retried
-    assert int(spec["maxFailedIndexes"]) == 2 and int(spec["backoffLimitPerIndex"]) >= 1
+    assert fail["onExitCodes"]["operator"] == "In"
+    assert 1 not in fail["onExitCodes"]["values"]  # a crashed launcher is retried
     assert spec["podReplacementPolicy"] == "Failed"
     assert int(spec["ttlSecondsAfterFinished"]) > 0
+
+
+def test_fail_job_on_the_trainer_exit_codes_and_nothing_that_cannot_occur():
+    # Finding B-14: 126/127 never reach an exec-form container (a missing binary is a StartError), while
+    # the trainer's own fatal codes (config error 3, divergence 4, bad input 5) must fail the Job at once.
+    from training import exitcodes
+
+    assert set(TRAINER_FATAL_EXIT_CODES) == set(exitcodes.FATAL)  # the library's mirror of training/exitcodes.py
+    spec = train_job(run_job()).inputs["spec"]
+    [fail] = [r for r in spec["podFailurePolicy"]["rules"] if r["action"] == "FailJob"]
+    codes = {int(v) for v in fail["onExitCodes"]["values"]}
+    assert set(exitcodes.FATAL) <= codes
+    assert exitcodes.CONFIG_ERROR in codes
+    assert not {126, 127} & codes
+    assert codes == {2, *exitcodes.FATAL}
+
+
+def test_fault_budget_is_one_budget_for_the_run():
+    # Finding B-3: at least 20 pod failures per run by default, configurable; per-index limits are gone
+    # because a failed index turns a finished run into Failed (FailedIndexes is checked before success).
+    spec = train_job(run_job()).inputs["spec"]
+    assert int(spec["backoffLimit"]) == DEFAULT_FAULT_BUDGET >= 20
+    assert "backoffLimitPerIndex" not in spec and "maxFailedIndexes" not in spec
+    assert int(train_job(run_job(fault_budget=55)).inputs["spec"]["backoffLimit"]) == 55
+
+
+def test_first_agent_to_finish_completes_the_job():
+    # Finding B-4: a late or replacement agent never turns a finished run into Failed.
+    spec = train_job(run_job(nodes=3)).inputs["spec"]
+    assert spec["completionMode"] == "Indexed"  # successPolicy needs it
+    [rule] = spec["successPolicy"]["rules"]
+    assert int(rule["succeededCount"]) == 1 and "succeededIndexes" not in rule
+
+
+def test_active_deadline_bounds_a_job_that_never_gets_nodes():
+    spec = train_job(run_job()).inputs["spec"]
+    assert int(spec["activeDeadlineSeconds"]) == 48 * 3600
+    assert int(train_job(run_job(active_deadline_hours=2)).inputs["spec"]["activeDeadlineSeconds"]) == 7200
+    assert "activeDeadlineSeconds" not in train_job(run_job(active_deadline_hours=None)).inputs["spec"]
+
+
+def test_training_job_replace_deletes_in_the_background():
+    # Finding B-2: a replace under the same name must not race a foreground delete (409 AlreadyExists).
+    annotations = train_job(run_job()).inputs["metadata"]["annotations"]
+    assert annotations["pulumi.com/deletionPropagationPolicy"] == "background"
+
+
+def test_a_failed_prepare_job_is_replaced_on_the_next_up():
+    # Finding B-8: an awaited Job left Failed would fail every later `pulumi up`.
+    prepare = prepare_job(run_job()).inputs
+    assert prepare["metadata"]["annotations"]["pulumi.com/replaceUnready"] == "true"
 
 
 def test_one_agent_per_gpu_node():
@@ -233,13 +290,31 @@ def test_every_pod_has_a_network_policy():
         int(p["port"]) == 443 for r in prepare["egress"] for p in r.get("ports", []))
 
 
+@pytest.mark.parametrize("overrides", [{}, {"rdzv_backend": "c10d", "rdzv_endpoint": None}])
+def test_every_egress_rule_names_its_destination(overrides):
+    # Finding B-18: the 2379 rule had no `to`, i.e. port 2379 anywhere, the internet included.
+    result = run_job(**overrides)
+    for policy in result.of_type(NETPOL):
+        for rule in policy.inputs["spec"]["egress"]:
+            assert rule.get("to"), f"{policy.name}: egress rule without a destination: {rule}"
+    train = result.one(NETPOL, "training-train-netpol").inputs["spec"]
+    etcd_rules = [r for r in train["egress"] if any(int(p["port"]) == 2379 for p in r.get("ports", []))]
+    if overrides:
+        assert not etcd_rules
+    else:
+        [rule] = etcd_rules
+        assert rule["to"] == [{"podSelector": {"matchLabels": dict(SERVER_LABELS)}}]
+
+
 def test_evaluation_runs_on_demand_from_a_suspended_cronjob():
     result = run_job(run_id="exp-7")
     cron = result.one("kubernetes:batch/v1:CronJob").inputs
     assert cron["spec"]["suspend"] is True
     c = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]
-    assert c["command"] == ["python", "-m", "training.evaluate", "--data-dir=/shared/data",
-                            "--run-dir=/shared/runs/exp-7"]
+    # Finding B-13: the run directory comes from RUN_DIR (this run by default), so a Job created from the
+    # CronJob can evaluate another run.
+    assert c["command"] == ["python", "-m", "training.evaluate", "--data-dir=/shared/data", "--run-dir=$(RUN_DIR)"]
+    assert env_of(c)["RUN_DIR"]["value"] == "/shared/runs/exp-7"
     assert c["resources"]["limits"][GPU_RESOURCE] == "1"
     name = cron["metadata"]["name"]
     assert result.outputs["evaluate"].startswith(f"kubectl -n training create job --from=cronjob/{name} ")
@@ -271,7 +346,103 @@ def test_children_are_parented_to_the_component():
     ({"run_id": "r" * 60}, "run_id"),
     ({"run_id": "Run_1"}, "run_id"),
     ({"max_restarts": -1}, "max_restarts"),
+    ({"fault_budget": -1}, "fault_budget"),
+    ({"active_deadline_hours": 0}, "active_deadline_hours"),
 ])
 def test_rejects_bad_args(overrides, field):
     with pytest.raises(ValueError, match=f"^{field}:"):
         run_job(**overrides)
+
+
+# --- the fabric-check gate -------------------------------------------------------------------------------
+
+FABRIC = "training-fabric-check"
+
+
+def test_fabric_check_gates_the_training_job():
+    result = run_job(instance_type="p4de.24xlarge", efa=True, fabric_check=True, run_id="r1")
+    gate = result.one(JOB, FABRIC)
+    # Awaited by Pulumi (no skipAwait), re-run after a failure (replaceUnready), and training waits for it.
+    annotations = gate.inputs["metadata"]["annotations"]
+    assert "pulumi.com/skipAwait" not in annotations and annotations["pulumi.com/replaceUnready"] == "true"
+    assert gate.urn in train_job(result).dependencies
+    spec = gate.inputs["spec"]
+    assert spec["completionMode"] == "Indexed" and spec["completions"] == spec["parallelism"] == 2
+    assert spec["backoffLimit"] == 0
+    [container] = spec["template"]["spec"]["containers"]
+    cmd = container["command"]
+    assert cmd[cmd.index("-m", 3) + 1] == "training.fabric_check"
+    f = flags(cmd)
+    # Every node of the job, and a failure is final (no worker restarts).
+    assert f["nnodes"] == "2:2" and f["nproc-per-node"] == "8" and f["max-restarts"] == "0"
+    assert f["rdzv-id"] == "$(JOB_UID)" and f["rdzv-endpoint"] == ETCD
+    check_args = cmd[cmd.index("-m", 3) + 2:]
+    assert check_args == ["--run-dir=/shared/runs/r1", "--require-efa", "--min-busbw-gbs=12.5",
+                          "--instance-type=p4de.24xlarge"]
+    from training.fabric_check import _parse
+
+    assert _parse(check_args).min_busbw_gbs == catalog.fabric_floor_gbs("p4de.24xlarge")
+    # Shaped like a training pod: all GPUs and EFA devices, the same NCCL/EFA environment, one per node.
+    assert container["resources"]["limits"][GPU_RESOURCE] == "8"
+    assert container["resources"]["limits"][EFA_RESOURCE] == "4"
+    assert env_of(container)["NCCL_NET_PLUGIN"]["value"] == "ofi"
+    labels = spec["template"]["metadata"]["labels"]
+    assert DEFAULT_CLIENT_LABELS.items() <= labels.items()  # admitted by etcd's NetworkPolicy
+    anti = spec["template"]["spec"]["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert anti[0]["labelSelector"]["matchLabels"] == {"app.kubernetes.io/instance": labels["app.kubernetes.io/instance"]}
+
+
+def test_fabric_check_has_its_own_network_policy():
+    result = run_job(instance_type="p4de.24xlarge", efa=True, fabric_check=True)
+    gate_labels = result.one(JOB, FABRIC).inputs["spec"]["template"]["metadata"]["labels"]
+    [pol] = [p for p in result.of_type(NETPOL) if p.name == "training-fabric-netpol"]
+    selector = pol.inputs["spec"]["podSelector"]["matchLabels"]
+    assert selector.items() <= gate_labels.items()
+    ports = [p["port"] for rule in pol.inputs["spec"]["egress"] for p in rule.get("ports", [])]
+    assert 2379 in ports and 53 in ports
+
+
+def test_fabric_check_with_c10d_gets_its_own_rendezvous_host():
+    result = run_job(instance_type="p4de.24xlarge", efa=True, fabric_check=True, rdzv_backend="c10d",
+                     rdzv_endpoint=None)
+    gate = result.one(JOB, FABRIC)
+    name = gate.inputs["metadata"]["name"]
+    assert flags(gate.inputs["spec"]["template"]["spec"]["containers"][0]["command"])["rdzv-endpoint"] \
+        .startswith(f"{name}-0.")
+    assert gate.inputs["spec"]["template"]["spec"]["subdomain"] == name
+
+
+def test_no_fabric_check_unless_asked():
+    result = run_job(instance_type="p4de.24xlarge", efa=True)
+    assert [j.name for j in result.of_type(JOB) if "fabric" in j.name] == []
+    # Without EFA the check measures but requires neither EFA nor a floor.
+    result = run_job(fabric_check=True)
+    args = result.one(JOB, FABRIC).inputs["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert "--require-efa" not in args and not any(a.startswith("--min-busbw-gbs") for a in args)
+
+
+def test_fabric_check_name_must_fit_a_label():
+    with pytest.raises(ValueError, match="^run_id"):
+        run_job(fabric_check=True, run_id="r" * 47)
+
+
+def test_data_prep_runs_on_the_system_nodes_not_the_gpu_nodes():
+    """Review B-9: prep pinned to the GPU group hung `pulumi up` for 30 min with the group at zero."""
+    system = {"eks-ddp/pool": "system"}
+    prep = pod_templates(run_job(system_node_selector=system))["prepare"]["spec"]
+    assert prep["nodeSelector"] == system
+    assert not prep.get("tolerations"), "prep must not tolerate the GPU taint: it would then land on GPU nodes"
+    assert not any("nvidia.com/gpu" in (c["resources"].get("requests") or {}) for c in prep["containers"])
+    # Without a selector it still stays off GPU nodes (no toleration), and the training pods keep theirs.
+    templates = pod_templates(run_job())
+    assert "nodeSelector" not in templates["prepare"]["spec"] and not templates["prepare"]["spec"].get("tolerations")
+    assert templates["train"]["spec"]["nodeSelector"] == GPU_NODES
+
+
+def test_component_default_fault_budget_fits_spot_capacity():
+    """A program that imports ElasticJob without setting max_restarts gets the same >= 20-fault budget as
+    the stack config, not torchrun's 3 (the 4th spot interruption would end the run)."""
+    from components.torchrun import DEFAULT_MAX_RESTARTS
+
+    assert DEFAULT_MAX_RESTARTS >= 20
+    assert flags(trainer(run_job())["command"])["max-restarts"] == str(DEFAULT_MAX_RESTARTS)

@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ import pytest
 from components.torchrun import TrainerOptions
 from tests.etcd_server import Job, etcd_endpoint, jobs  # noqa: F401  (pytest fixtures)
 from training import checkpoint as ckpt
+from training import snapshot
 from training.data import write_synthetic_cifar
 
 pytestmark = pytest.mark.slow
@@ -31,8 +33,8 @@ def data_dir(tmp_path_factory) -> Path:
 
 
 def _trainer(data_dir: Path, run_dir: Path, epochs: int = 6) -> TrainerOptions:
-    return TrainerOptions(data_dir=str(data_dir), run_dir=str(run_dir), epochs=epochs, batch_size=16, width=8,
-                          checkpoint_every=5, log_every=2, keep_checkpoints=3)
+    return TrainerOptions(data_dir=str(data_dir), run_dir=str(run_dir), epochs=epochs, global_batch_size=16,
+                          bn_group=8, min_steps=0, width=8, checkpoint_every=5, log_every=2, keep_checkpoints=3)
 
 
 def _starts_after(job: Job, t: float) -> list[dict]:
@@ -64,18 +66,25 @@ def test_two_agents_complete_and_loss_falls(tmp_path, etcd_endpoint, jobs, data_
     assert "[eval] acc=" in job.logs()
 
 
-def test_worker_sigkill_resumes_from_checkpoint_with_one_restart(tmp_path, etcd_endpoint, jobs, data_dir):  # noqa: F811
-    job = Job(tmp_path, etcd_endpoint, _trainer(data_dir, tmp_path / "run"))
+def test_worker_sigkill_resumes_from_a_snapshot_with_one_restart(tmp_path, etcd_endpoint, jobs, data_dir):  # noqa: F811
+    job = Job(tmp_path, etcd_endpoint, replace(_trainer(data_dir, tmp_path / "run"), log_every=1))
     jobs.append(job)
     job.wait_step(6, 90)
     job.wait_for(lambda: ckpt.list_checkpoints(job.run_dir), 30, "a first checkpoint")
     victim = job.wait_for(lambda: job.agents[1].workers(), 10, "agent1's worker")
+    # Mid-way between two durable checkpoints (every 5 steps), where resuming from one redoes 2-4 steps.
+    def newest() -> int:
+        steps = [r["step"] for r in job.history() if r.get("kind") == "step" and r["world"] == 2]
+        return steps[-1] if steps and steps[-1] % 5 == 3 else 0
+    last = job.wait_for(newest, 60, "a step between checkpoints")
     killed_at = time.time()
     os.kill(victim[0], signal.SIGKILL)  # the trainer process, not its agent
 
     start = job.wait_for(lambda: _starts_after(job, killed_at), 90, "a restarted worker group")[0]
     assert job.wait_all(150) == [0, 0], job.logs()
     assert start["resumed_step"] > 0, "must resume from a checkpoint, not from scratch"
+    # From the peers' node-local snapshots, not the last durable checkpoint (every 5 steps): <= 1 step redone.
+    assert last - start["resumed_step"] <= 1, (last, start["resumed_step"])
     assert max(r["restart"] for r in job.history() if r.get("kind") == "start") == 1
     assert "exitcode: -9" in job.agents[1].log()
     next_step = next(r for r in job.history() if r.get("kind") == "step" and r["time"] > start["time"])
@@ -108,7 +117,8 @@ def test_rank0_killed_while_writing_checkpoint_resumes_from_previous(tmp_path, e
                                                                       data_dir):
     marker = tmp_path / "paused-in-save"
     job = Job(tmp_path, etcd_endpoint, _trainer(data_dir, tmp_path / "run"), nodes=1, min_nodes=1, max_nodes=1,
-              max_restarts=1, env={ckpt.PAUSE_STEP_ENV: "10", ckpt.PAUSE_MARKER_ENV: str(marker)})
+              max_restarts=1, env={ckpt.PAUSE_STEP_ENV: "10", ckpt.PAUSE_MARKER_ENV: str(marker),
+                                   snapshot.DIR_ENV: "off"})  # the durable checkpoints alone
     jobs.append(job)
     job.wait_for(marker.exists, 90, "rank 0 to pause inside the save of step 10")
     pid = job.wait_for(lambda: marker.read_text().strip(), 5, "the writer's pid")

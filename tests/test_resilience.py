@@ -1,0 +1,211 @@
+"""Real faults against the cluster's agent command: real etcd 3.5.1, two real agents, gloo on CPU.
+
+Every agent runs ``python -m training.launch`` with CLUSTER_TIMEOUTS and AGENT_ENV, exactly the command
+and environment components/torchrun.py renders into the EKS Job. Where a test starts one agent of a
+two-node job on purpose, the first-round wait (300 s on the cluster, for image pulls) is shortened;
+nothing else differs. The longer fault series (SIGSTOP, netns partition, 20 kills) live in bench/recovery.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from components.torchrun import AGENT_ENV, CLUSTER_TIMEOUTS, DEFAULT_MAX_RESTARTS, PEER_DEADLINE_S, TrainerOptions
+from tests.etcd_server import Job, RestartableEtcd, etcd_endpoint, jobs, restartable_etcd  # noqa: F401
+from training import exitcodes, watchdog
+from training.data import write_synthetic_cifar
+
+pytestmark = pytest.mark.slow
+ONE_AGENT_FIRST = dataclasses.replace(CLUSTER_TIMEOUTS, first_round=2)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("cifar")
+    write_synthetic_cifar(d, n_train=480, n_test=100, seed=0)
+    return d
+
+
+def _trainer(data_dir: Path, run_dir: Path, epochs: int = 4, **kw) -> TrainerOptions:
+    return TrainerOptions(data_dir=str(data_dir), run_dir=str(run_dir), epochs=epochs, global_batch_size=16,
+                          bn_group=8, min_steps=0, width=8, checkpoint_every=5, log_every=1, keep_checkpoints=3, **kw)
+
+
+def _job(tmp: Path, endpoint: str, trainer: TrainerOptions, env_extra: dict[str, str] | None = None, **kw) -> Job:
+    kw.setdefault("timeouts", CLUSTER_TIMEOUTS)
+    kw.setdefault("max_restarts", DEFAULT_MAX_RESTARTS)
+    return Job(tmp, endpoint, trainer, env={**AGENT_ENV, **(env_extra or {})}, **kw)
+
+
+def _starts(job: Job) -> list[dict]:
+    return [r for r in job.history() if r.get("kind") == "start"]
+
+
+def test_cluster_env_and_watchdog_agree():
+    assert AGENT_ENV[watchdog.DEADLINE_ENV] == str(PEER_DEADLINE_S)
+    assert DEFAULT_MAX_RESTARTS >= 20
+    assert watchdog.PEER_LOST not in exitcodes.FATAL
+
+
+def test_fatal_trainer_code_fails_the_agent_at_once_with_that_code(tmp_path, etcd_endpoint, jobs, data_dir):  # noqa: F811
+    # A config error is not worth 20 restarts: the pod exits 3 at once, for the Job's FailJob rule.
+    job = _job(tmp_path, etcd_endpoint, _trainer(data_dir, tmp_path / "run", learning_rate=-1.0), nodes=1,
+               min_nodes=1, max_nodes=1)
+    jobs.append(job)
+    t0 = time.monotonic()
+    assert job.wait_all(60) == [exitcodes.CONFIG_ERROR], job.logs()
+    assert time.monotonic() - t0 < 45
+    assert "will restart worker group" not in job.agents[0].log()
+
+
+def test_spent_budget_leaves_the_run_open_and_a_late_joiner_after_completion_exits_0(  # noqa: F811
+        tmp_path, etcd_endpoint, jobs, data_dir):  # noqa: F811
+    # Review B-3: an agent that gives up must not close the rendezvous for the replacement pod.
+    job = _job(tmp_path, etcd_endpoint, _trainer(data_dir, tmp_path / "run", epochs=2), nodes=1, max_restarts=0,
+               timeouts=ONE_AGENT_FIRST)
+    jobs.append(job)
+    job.wait_step(2, 90)
+    os.kill(job.wait_for(lambda: job.agents[0].workers(), 10, "the worker")[0], signal.SIGKILL)
+    assert job.agents[0].wait(60) == 1, job.logs()
+    assert "RendezvousClosedError" not in job.agents[0].log()
+
+    replacement = job.add_agent()
+    assert replacement.wait(150) == 0, job.logs()
+    assert (job.run_dir / "metrics.json").exists()
+    # Review B-4: a pod that arrives after the run finished finds it closed and exits 0, quickly.
+    late = job.add_agent()
+    t0 = time.monotonic()
+    assert late.wait(60) == 0, job.logs()
+    assert time.monotonic() - t0 < 30
+    assert "already finished" in late.log()
+
+
+def test_first_round_waits_for_every_node(tmp_path, etcd_endpoint, jobs, data_dir):  # noqa: F811
+    # Review B-10: the second node arrives 8 s late (its image pull); training still starts at world 2, once.
+    job = _job(tmp_path, etcd_endpoint, _trainer(data_dir, tmp_path / "run", epochs=1), nodes=1)
+    jobs.append(job)
+    time.sleep(8)
+    assert not _starts(job), "the first round must not complete with one of two nodes"
+    job.add_agent()
+    assert job.wait_all(150) == [0, 0], job.logs()
+    starts = _starts(job)
+    assert [(s["world"], s["restart"]) for s in starts] == [(2, 0)], starts
+
+
+def test_etcd_restart_costs_no_agent_and_no_restart(tmp_path, restartable_etcd: RestartableEtcd, jobs,  # noqa: F811
+                                                    data_dir):
+    job = _job(tmp_path, restartable_etcd.endpoint, _trainer(data_dir, tmp_path / "run", epochs=3))
+    jobs.append(job)
+    job.wait_for(lambda: [r for r in job.history() if r.get("kind") == "step" and r["world"] == 2 and r["step"] >= 3],
+                 90, "world-2 training")
+    restartable_etcd.kill()
+    time.sleep(3)
+    assert all(a.proc.poll() is None for a in job.agents), job.logs()
+    restartable_etcd.start()
+    assert job.wait_all(150) == [0, 0], job.logs()
+    assert [(s["world"], s["restart"]) for s in _starts(job)] == [(2, 0)]
+
+
+def test_silent_node_is_dropped_within_15_s(tmp_path, etcd_endpoint, jobs, data_dir):  # noqa: F811
+    # SIGSTOP of a node's agent and workers: no TCP reset ever comes; only the heartbeat can tell.
+    job = _job(tmp_path, etcd_endpoint, _trainer(data_dir, tmp_path / "run", epochs=6))
+    jobs.append(job)
+    job.wait_for(lambda: [r for r in job.history() if r.get("kind") == "step" and r["world"] == 2 and r["step"] >= 3],
+                 90, "world-2 training")
+    victim = job.agents[1]
+    pids = victim.workers()
+    stopped = time.time()
+    victim.kill_group(signal.SIGSTOP)
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    step = job.wait_for(lambda: [r for r in job.history() if r.get("kind") == "step" and r["time"] > stopped
+                                 and r["world"] == 1], 60, "training at world 1")[0]
+    print(f"[measure] sigstop_to_next_step={step['time'] - stopped:.2f}s")
+    assert step["time"] - stopped <= 15
+    victim.kill_node()
+    assert job.agents[0].wait(150) == 0, job.logs()
+
+
+def test_checkpoint_write_longer_than_the_detection_window_causes_no_restart(tmp_path, etcd_endpoint, jobs,  # noqa: F811
+                                                                             data_dir):
+    job = _job(tmp_path, etcd_endpoint, _trainer(data_dir, tmp_path / "run", epochs=1),
+               env_extra={"EKS_DDP_TEST_SLOW_SAVE_S": str(PEER_DEADLINE_S + 4)})
+    jobs.append(job)
+    assert job.wait_all(150) == [0, 0], job.logs()
+    assert [(s["world"], s["restart"]) for s in _starts(job)] == [(2, 0)]
+    assert "[watchdog]" not in job.logs()
+
+
+@pytest.fixture
+def two_namespaces():
+    """Two network namespaces ("nodes") joined by one veth pair, 10.213.x only inside them; always removed."""
+    import uuid
+
+    tag = uuid.uuid4().hex[:6]
+    ns = [f"eksddp-{tag}-a", f"eksddp-{tag}-b"]
+    links = (f"ed{tag}a", f"ed{tag}b")
+    addrs = ("10.213.0.1", "10.213.0.2")
+
+    def ip(*args: str) -> None:
+        subprocess.run(["ip", *args], check=True, capture_output=True, timeout=10)
+
+    try:
+        for n in ns:
+            ip("netns", "add", n)
+            ip("-n", n, "link", "set", "lo", "up")
+        ip("link", "add", links[0], "netns", ns[0], "type", "veth", "peer", "name", links[1], "netns", ns[1])
+        for n, link, addr in zip(ns, links, addrs, strict=True):
+            ip("-n", n, "addr", "add", f"{addr}/24", "dev", link)
+            ip("-n", n, "link", "set", link, "up")
+        yield ns, links, addrs
+    finally:
+        for n in ns:
+            subprocess.run(["ip", "netns", "pids", n], capture_output=True)
+            pids = subprocess.run(["ip", "netns", "pids", n], capture_output=True, text=True).stdout.split()
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, ValueError):
+                    os.kill(int(pid), signal.SIGKILL)
+            subprocess.run(["ip", "netns", "del", n], capture_output=True, timeout=10)
+
+
+def test_network_partition_of_one_node_is_detected_within_15_s(tmp_path, two_namespaces, data_dir):
+    from components.torchrun import AgentOptions, job_command
+    from tests.etcd_server import Agent, trainer_env
+
+    ns, links, addrs = two_namespaces
+    etcd = RestartableEtcd(tmp_path / "etcd", host=addrs[0], prefix=["ip", "netns", "exec", ns[0]])
+    agents: list[Agent] = []
+    try:
+        etcd.start()
+        trainer = _trainer(data_dir, tmp_path / "run", epochs=6)
+        for i in range(2):
+            opts = AgentOptions(min_nodes=1, max_nodes=2, nproc_per_node=1, rdzv_backend="etcd-v2",
+                                rdzv_endpoint=etcd.endpoint, rdzv_id="partition", local_addr=addrs[i],
+                                timeouts=CLUSTER_TIMEOUTS)
+            cmd = ["ip", "netns", "exec", ns[i], *job_command(opts, trainer, python=sys.executable)]
+            # gloo would pick the host name's address (loopback); pin it to the node's veth.
+            env = trainer_env({**AGENT_ENV, "GLOO_SOCKET_IFNAME": links[i]})
+            agents.append(Agent(f"agent{i}", cmd, tmp_path / f"agent{i}.log", env))
+        job = Job.__new__(Job)  # reuse the history/wait helpers over these agents
+        job.agents, job.run_dir = agents, Path(trainer.run_dir)
+        job.wait_for(lambda: [r for r in job.history() if r.get("kind") == "step" and r["world"] == 2
+                              and r["step"] >= 3], 120, "world-2 training across the namespaces")
+        cut = time.time()
+        subprocess.run(["ip", "-n", ns[1], "link", "set", links[1], "down"], check=True, timeout=10)
+        step = job.wait_for(lambda: [r for r in job.history() if r.get("kind") == "step" and r["time"] > cut
+                                     and r["world"] == 1], 60, "training at world 1 on the connected node")[0]
+        print(f"[measure] partition_to_next_step={step['time'] - cut:.2f}s")
+        assert step["time"] - cut <= 15
+    finally:
+        for a in agents:
+            a.stop()
+        etcd.kill()

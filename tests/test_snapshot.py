@@ -1,0 +1,86 @@
+"""Node-local snapshots: written off the training thread, read back, agreed on across ranks, never non-finite."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from training.dist import DistEnv
+from training.snapshot import Snapshots, agree
+
+IDENT = {"model": "m", "seed": 0}
+
+
+def _state(step: int, value: float = 1.0) -> dict:
+    return {"step": step, "epoch": 0, "sample_in_epoch": step * 16, "samples_seen": step * 16,
+            "model": {"w": torch.full((3,), value)}, "optimizer": {"state": {}, "param_groups": []},
+            "config": {"identity": IDENT}}
+
+
+def test_write_then_read_returns_the_newest_offered_state(tmp_path):
+    s = Snapshots(tmp_path / "run", rank=0, root=str(tmp_path / "shm"))
+    live = _state(3)
+    assert s.offer(lambda: live)
+    live["model"]["w"].fill_(9.0)  # training goes on: the snapshot holds the copy taken at offer time
+    s.writer.wait()
+    got = s.read(IDENT)
+    assert got["step"] == 3 and torch.equal(got["model"]["w"], torch.ones(3))
+    assert s.read({"model": "other"}) is None, "another run's snapshot is not used"
+    s.remove()
+    assert s.read(IDENT) is None
+
+
+def test_non_finite_state_is_never_written(tmp_path):
+    s = Snapshots(tmp_path / "run", rank=0, root=str(tmp_path / "shm"))
+    s.offer(lambda: _state(2))
+    s.writer.wait()
+    s.offer(lambda: _state(3, float("nan")))
+    s.writer.wait()
+    assert s.read(IDENT)["step"] == 2
+
+
+def test_only_one_write_in_flight(tmp_path, monkeypatch):
+    s = Snapshots(tmp_path / "run", rank=0, root=str(tmp_path / "shm"))
+    monkeypatch.setattr(s.writer, "busy", lambda: True)
+    assert not s.offer(lambda: _state(1))
+    assert Snapshots(tmp_path / "run", 0, root="off").offer(lambda: _state(1)) is False
+
+
+def _worker(rank: int, port: int, root: str, steps: list[int], durable: int, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=len(steps))
+    try:
+        env = DistEnv(rank, 0, len(steps), torch.device("cpu"), "gloo", 0)
+        s = Snapshots(Path(root) / "run", rank, root=root)
+        if steps[rank] >= 0:
+            s.offer(lambda: _state(steps[rank], float(rank)))
+            s.writer.wait()
+        got = agree(env, s.read(IDENT), durable)
+        Path(out, f"{rank}").write_text("none" if got is None else f"{got['step']} {got['model']['w'][0].item()}")
+    finally:
+        dist.destroy_process_group()
+
+
+def _agree(tmp_path: Path, steps: list[int], durable: int) -> list[str]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    mp.spawn(_worker, args=(port, str(tmp_path), steps, durable, str(tmp_path)), nprocs=len(steps))
+    return [(tmp_path / f"{r}").read_text() for r in range(len(steps))]
+
+
+@pytest.mark.slow  # two or three gloo processes
+def test_ranks_agree_on_the_newest_snapshot_from_the_lowest_rank_holding_it(tmp_path):
+    # rank 0 has none (its node was replaced), ranks 1 and 2 hold step 7: rank 1's copy goes to all.
+    assert _agree(tmp_path, [-1, 7, 7], durable=5) == ["7 1.0"] * 3
+
+
+@pytest.mark.slow  # two or three gloo processes
+def test_no_snapshot_newer_than_the_durable_checkpoint_means_the_checkpoint(tmp_path):
+    assert _agree(tmp_path, [5, 4], durable=5) == ["none", "none"]
