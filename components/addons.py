@@ -16,11 +16,14 @@ The Kubernetes provider comes from ``opts`` (``providers={"kubernetes": ...}``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
+
+from . import k8s_versions
 
 NVIDIA_DEVICE_PLUGIN_CHART = "nvidia-device-plugin"
 NVIDIA_DEVICE_PLUGIN_REPO = "https://nvidia.github.io/k8s-device-plugin"
@@ -32,11 +35,12 @@ EFA_DEVICE_PLUGIN_REPO = "https://aws.github.io/eks-charts"
 EFA_DEVICE_PLUGIN_VERSION = "v0.5.20"
 """Chart version as eks-charts publishes it (with a leading 'v')."""
 
-METRICS_SERVER_ADDON_VERSION = "v0.8.0-eksbuild.2"
-"""metrics-server EKS community add-on build available for Kubernetes 1.33."""
 
 ADDON_NAMESPACE = "kube-system"
 GPU_POOL_LABEL = ("eks-ddp/pool", "gpu")
+DEVICE_PLUGIN_TIMEOUT_S = 900
+"""Helm wait for the device-plugin DaemonSets (default 300 s): room for a GPU node that joins late to pull
+the plugin image and become ready before the atomic release gives up."""
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 
 
@@ -48,6 +52,11 @@ class ClusterAddonsArgs:
     """EKS cluster for the EKS add-ons."""
     efa: bool = False
     """Install the EFA device plugin (any node group uses EFA)."""
+    kubernetes_version: str = k8s_versions.DEFAULT_VERSION
+    """The cluster's Kubernetes version: picks the EKS add-on builds made for it."""
+    gpu_node_groups: Sequence[pulumi.Resource] = ()
+    """GPU node groups the device-plugin releases wait for: a node joining while Helm waits on the
+    DaemonSet has a not-yet-ready pod, and an atomic release then rolls back and fails ``pulumi up``."""
 
 
 def gpu_daemonset_values() -> dict:
@@ -75,7 +84,8 @@ class ClusterAddons(pulumi.ComponentResource):
             return k8s.helm.v3.Release(
                 f"{name}-{suffix}", name=release_name, chart=chart, version=version,
                 repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=repo), namespace=ADDON_NAMESPACE,
-                values=values, atomic=True, opts=child)
+                values=values, atomic=True, timeout=DEVICE_PLUGIN_TIMEOUT_S,
+                opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.gpu_node_groups)))
 
         nvidia = release("nvidia-device-plugin", "nvidia-device-plugin", NVIDIA_DEVICE_PLUGIN_CHART,
                          NVIDIA_DEVICE_PLUGIN_VERSION, NVIDIA_DEVICE_PLUGIN_REPO, gpu_daemonset_values())
@@ -92,7 +102,8 @@ class ClusterAddons(pulumi.ComponentResource):
             f"{name}-metrics-server",
             cluster_name=args.cluster_name,
             addon_name="metrics-server",
-            addon_version=METRICS_SERVER_ADDON_VERSION,
+            addon_version=k8s_versions.addon_version(k8s_versions.METRICS_SERVER, args.kubernetes_version,
+                                                     opts=pulumi.InvokeOptions(parent=self)),
             resolve_conflicts_on_create="OVERWRITE",
             resolve_conflicts_on_update="PRESERVE",
             opts=child)

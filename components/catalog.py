@@ -8,6 +8,7 @@ few percent); the cost estimate says so when it prints.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 PRICE_DATE = "2025-10-01"
@@ -36,6 +37,8 @@ class InstanceType:
     """On-demand $/hour (see ``PRICE_DATE`` and ``PRICE_SOURCE``)."""
     bf16: bool = False
     """Whether the GPU does bf16 matmuls natively (Ampere and newer)."""
+    efa_only_secondary: bool = False
+    """EFA interfaces on cards > 0 are ``efa-only`` (no IP address), as AWS configures p5 for full bandwidth."""
 
     @property
     def family(self) -> str:
@@ -95,7 +98,9 @@ _TYPES: tuple[InstanceType, ...] = (
     # NVIDIA A100 / H100
     _gpu("p4d.24xlarge", 8, "A100", 40, 96, 1152, 4, 21.96, True),
     _gpu("p4de.24xlarge", 8, "A100", 80, 96, 1152, 4, 27.447, True),
-    _gpu("p5.48xlarge", 8, "H100", 80, 192, 2048, 32, 55.04, True),
+    # p5: AWS "EFA configuration for P5 and P5e instances" (EC2 User Guide, efa-acc-inst-types): EFA-only
+    # interfaces on the non-primary cards; 32 'efa' interfaces would also take 32 subnet IPs per node.
+    dataclasses.replace(_gpu("p5.48xlarge", 8, "H100", 80, 192, 2048, 32, 55.04, True), efa_only_secondary=True),
     # CPU types for the system node group
     _cpu("t3.medium", 2, 4, 0.0416),
     _cpu("t3.large", 2, 8, 0.0832),
@@ -108,6 +113,39 @@ _TYPES: tuple[InstanceType, ...] = (
 )
 
 CATALOG: dict[str, InstanceType] = {t.name: t for t in _TYPES}
+
+# --- fabric floors: the fabric check's pass mark ---------------------------------------------------------
+#
+# Per-node network bandwidth (Gbps) of the EFA-capable GPU types, as AWS lists it ("Network bandwidth")
+# in the Amazon EC2 instance type specifications for accelerated computing
+# (https://docs.aws.amazon.com/ec2/latest/instancetypes/ac.html) and on the P4, P5, G4dn, G5 and G6
+# product pages. Across nodes an all-reduce's bus bandwidth (nccl-tests doc/PERFORMANCE.md: "busbw",
+# comparable to the hardware's peak) is bounded by this line rate / 8 (GB/s).
+NETWORK_GBPS: dict[str, int] = {
+    "p4d.24xlarge": 400, "p4de.24xlarge": 400, "p5.48xlarge": 3200,
+    "g4dn.8xlarge": 50, "g4dn.12xlarge": 50, "g4dn.16xlarge": 50, "g4dn.metal": 100,
+    "g5.8xlarge": 25, "g5.12xlarge": 40, "g5.24xlarge": 50, "g5.48xlarge": 100,
+    "g6.8xlarge": 25, "g6.12xlarge": 40, "g6.24xlarge": 50, "g6.48xlarge": 100,
+}
+NETWORK_SOURCE = "AWS EC2 instance type specifications, accelerated computing: network bandwidth"
+# The floor is a quarter of the line rate: far enough below what a healthy EFA fabric reaches at large
+# messages that tuning noise never trips it, high enough that a fabric running at a fraction of its speed
+# (one NIC of four, a wrong placement) does. TCP fallback is caught by the transport check, not the floor.
+FABRIC_FLOOR_FRACTION = 0.25
+
+
+def fabric_floor_gbs(name: str) -> float | None:
+    """Lowest acceptable peak all-reduce bus bandwidth (GB/s) across nodes of ``name``; None without EFA."""
+    gbps = NETWORK_GBPS.get(name)
+    return None if gbps is None else gbps / 8 * FABRIC_FLOOR_FRACTION
+
+
+def fabric_floor_source(name: str) -> str:
+    gbps = NETWORK_GBPS.get(name)
+    if gbps is None:
+        return f"{name}: no EFA, no floor"
+    return (f"{name}: {gbps} Gbps per node ({NETWORK_SOURCE}) / 8 x {FABRIC_FLOOR_FRACTION} "
+            f"= {fabric_floor_gbs(name)} GB/s")
 
 
 def lookup(name: str) -> InstanceType:

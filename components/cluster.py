@@ -12,7 +12,9 @@ lets the control plane and the nodes talk, as EKS sets it up for managed node
 groups) and our *node* security group, which admits traffic only from itself and
 is what EFS and EFA open to. No rule admits 0.0.0.0/0.
 
-The node role gets the two AWS policies a node needs (worker, VPC CNI) plus an
+The node role gets the two AWS policies a node needs (worker, VPC CNI: kept on the node role rather
+than given to ``aws-node`` through IRSA, because the vpc-cni add-on is pulumi_eks's and the IMDS hop
+limit of 1 already keeps pods from borrowing the node's credentials; only host-network pods could) plus an
 inline policy that pulls images only from the regional EKS add-on registry
 (``ADDON_REGISTRY_ACCOUNTS``). It deliberately lacks AmazonEC2ContainerRegistryReadOnly
 (pull from every repository in the account): the trainer image component grants
@@ -24,7 +26,6 @@ and etcd; GPU groups are :class:`components.gpu_nodegroup.GpuNodeGroup`.
 
 from __future__ import annotations
 
-import ipaddress
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,16 +34,18 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_eks as eks
 
+from . import k8s_versions, rules
+
 LOG_TYPES = ("api", "audit", "authenticator", "controllerManager", "scheduler")
 """Every EKS control-plane log type."""
 
-CLOUDWATCH_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192,
-                             2557, 2922, 3288, 3653)
-"""The only retention values CloudWatch Logs accepts."""
+CLOUDWATCH_RETENTION_DAYS = rules.CLOUDWATCH_RETENTION_DAYS
 
 SYSTEM_POOL_LABELS = {"eks-ddp/pool": "system"}
 SYSTEM_AMI_TYPE = "AL2023_x86_64_STANDARD"
 SYSTEM_ROOT_VOLUME_GIB = 50
+
+CLUSTER_ADMIN_POLICY_ARN = "arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy"
 
 DEFAULT_ADDON_REGISTRY_ACCOUNT = "602401143452"
 ADDON_REGISTRY_ACCOUNTS = {
@@ -50,10 +53,12 @@ ADDON_REGISTRY_ACCOUNTS = {
     # "View Amazon container image registries for Amazon EKS add-ons" (add-ons-images.html).
     "af-south-1": "877085696533",
     "ap-east-1": "800184023465",
+    "ap-east-2": "533267051163",
     "ap-south-2": "900889452093",
     "ap-southeast-3": "296578399912",
     "ap-southeast-4": "491585149902",
     "ap-southeast-5": "151610086707",
+    "ap-southeast-6": "333609536671",
     "ap-southeast-7": "121268973566",
     "ca-west-1": "761377655185",
     "cn-north-1": "918309763551",
@@ -108,14 +113,23 @@ class EksClusterArgs:
     """Private subnets for the control-plane ENIs and every node."""
     public_access_cidrs: Sequence[str]
     """CIDRs allowed to reach the public API endpoint, e.g. your IP as a /32."""
-    kubernetes_version: str = "1.33"
+    kubernetes_version: str = k8s_versions.DEFAULT_VERSION
     """Pinned EKS Kubernetes version; upgrade deliberately."""
+    upgrade_policy: k8s_versions.SupportType = k8s_versions.DEFAULT_SUPPORT_TYPE
+    """``STANDARD``: EKS upgrades the cluster at the end of standard support ($0.10/h); ``EXTENDED`` (the
+    EKS default when unset, so always set here) keeps the version and bills extended support ($0.60/h)."""
     system_instance_type: str = "t3.large"
     """CPU instance type of the system node group."""
     system_node_count: int = 2
     """Nodes in the system node group."""
     log_retention_days: int = 30
     """CloudWatch retention of the control-plane logs (one of CloudWatch's allowed values)."""
+    aws_profile: str | None = None
+    """The stack's ``aws:profile``: the kubeconfig's ``aws eks get-token`` runs with it, so the Kubernetes
+    provider authenticates as the same principal as the AWS provider (not the default credential chain)."""
+    admin_principal_arns: Sequence[str] = ()
+    """IAM roles/users that get cluster-admin (an access entry with AmazonEKSClusterAdminPolicy), besides the
+    principal that creates the cluster: a teammate or a CI role."""
     tags: dict[str, str] | None = None
     """Extra tags for the AWS resources."""
 
@@ -124,25 +138,26 @@ def validate(args: EksClusterArgs) -> None:
     """Raise ValueError naming the bad field."""
     if not args.cluster_name:
         raise ValueError("cluster_name: got ''; expected a name")
-    if not args.public_access_cidrs:
-        raise ValueError("public_access_cidrs: got []; expected at least one CIDR such as 198.51.100.7/32")
-    for i, c in enumerate(args.public_access_cidrs):
-        try:
-            ipaddress.ip_network(c)
-        except ValueError:
-            raise ValueError(f"public_access_cidrs[{i}]: got {c!r}; expected a CIDR such as 198.51.100.7/32") from None
+    # Documentation-range placeholders are the stack config's to reject (its message says which
+    # `pulumi config set` fixes them); the offline plan renders example stacks that still hold them.
+    rules.require(rules.public_access_cidrs("public_access_cidrs", args.public_access_cidrs, placeholders_ok=True),
+                  rules.retention_days("log_retention_days", args.log_retention_days))
     if len(list(args.private_subnet_ids)) < 2:
         raise ValueError("private_subnet_ids: expected at least 2 subnets in 2 zones (EKS requires two)")
     if args.system_node_count < 1:
         raise ValueError(f"system_node_count: got {args.system_node_count}; expected >= 1 (CoreDNS and etcd run there)")
-    if args.log_retention_days not in CLOUDWATCH_RETENTION_DAYS:
-        raise ValueError(f"log_retention_days: got {args.log_retention_days}; expected one of "
-                         + ", ".join(map(str, CLOUDWATCH_RETENTION_DAYS)))
+    if args.upgrade_policy not in ("STANDARD", "EXTENDED"):
+        raise ValueError(f"upgrade_policy: got {args.upgrade_policy!r}; expected 'STANDARD' or 'EXTENDED'")
 
 
 def _assume_role_policy(service: str) -> str:
     return json.dumps({"Version": "2012-10-17", "Statement": [
         {"Effect": "Allow", "Principal": {"Service": service}, "Action": "sts:AssumeRole"}]})
+
+
+def log_group_name(cluster_name: str) -> str:
+    """The CloudWatch log group EKS writes a cluster's control-plane logs to."""
+    return f"/aws/eks/{cluster_name}/cluster"
 
 
 class EksCluster(pulumi.ComponentResource):
@@ -171,10 +186,7 @@ class EksCluster(pulumi.ComponentResource):
         secrets_key = aws.kms.Key(
             f"{name}-secrets", description=f"Envelope encryption of Kubernetes secrets in {args.cluster_name}",
             enable_key_rotation=True, deletion_window_in_days=30, tags=self._tags, opts=child)
-        # EKS creates this group on first log write with no expiry; creating it first sets the retention.
-        log_group = aws.cloudwatch.LogGroup(
-            f"{name}-logs", name=f"/aws/eks/{args.cluster_name}/cluster", retention_in_days=args.log_retention_days,
-            tags=self._tags, opts=child)
+        log_group = self._create_log_group()
 
         self._create_node_role()
         node_sg = self._create_node_security_group()
@@ -183,6 +195,8 @@ class EksCluster(pulumi.ComponentResource):
             name,
             name=args.cluster_name,
             version=args.kubernetes_version,
+            # pulumi-eks passes an unset policy through, and EKS then defaults to EXTENDED support.
+            upgrade_policy=aws.eks.ClusterUpgradePolicyArgs(support_type=args.upgrade_policy),
             vpc_id=args.vpc_id,
             public_subnet_ids=list(args.public_subnet_ids),
             private_subnet_ids=list(args.private_subnet_ids),
@@ -199,22 +213,31 @@ class EksCluster(pulumi.ComponentResource):
             # Without this the VPC CNI accepts NetworkPolicy objects but does not enforce them, and
             # etcd and the trainers would be reachable from every pod in the cluster.
             vpc_cni_options=eks.VpcCniOptionsArgs(enable_network_policy=True),
+            access_entries={
+                f"admin-{i}": eks.AccessEntryArgs(
+                    principal_arn=arn,
+                    access_policies={"cluster-admin": eks.AccessPolicyAssociationArgs(
+                        policy_arn=CLUSTER_ADMIN_POLICY_ARN,
+                        access_scope=aws.eks.AccessPolicyAssociationAccessScopeArgs(type="cluster"))})
+                for i, arn in enumerate(args.admin_principal_arns)},
             tags=self._tags,
             opts=pulumi.ResourceOptions(parent=self, depends_on=[log_group]),
         )
         # Derived from a cluster output so dependents wait for the control plane.
         self.cluster_name = cluster.cluster_security_group_id.apply(lambda _: args.cluster_name)
         self.cluster_security_group_id = cluster.cluster_security_group_id
-        self.kubeconfig = pulumi.Output.secret(cluster.kubeconfig_json)
+        # pulumi-eks's kubeconfig output never names a profile (it is built for the default chain).
+        self.kubeconfig = pulumi.Output.secret(
+            cluster.get_kubeconfig(profile_name=args.aws_profile) if args.aws_profile else cluster.kubeconfig_json)
         self.oidc_provider_arn = cluster.oidc_provider_arn
         self.oidc_provider_url = cluster.oidc_provider_url
         self.node_security_group_id = node_sg.id
 
-        node_access = aws.eks.AccessEntry(
-            f"{name}-nodes", cluster_name=self.cluster_name, principal_arn=self.node_role_arn, type="EC2_LINUX",
-            tags=self._tags, opts=child)
+        # No EC2_LINUX access entry for the node role: EKS creates (and owns) one for every managed node
+        # group's role; a second owner would delete EKS's entry on destroy.
         self.system_node_labels = dict(SYSTEM_POOL_LABELS)
-        self._create_system_node_group(node_access)
+        self._create_system_node_group()
+        self._create_coredns_addon()
 
         self.register_outputs({
             "cluster_name": self.cluster_name,
@@ -227,6 +250,19 @@ class EksCluster(pulumi.ComponentResource):
             "oidc_provider_url": self.oidc_provider_url,
             "system_node_labels": self.system_node_labels,
         })
+
+    def _create_log_group(self) -> aws.cloudwatch.LogGroup:
+        # EKS creates this group on first log write with no expiry; creating it first sets the retention.
+        # EKS also re-creates it while a deleted control plane flushes its last logs, so a deleted group
+        # comes back and the next `pulumi up` of the stack would fail with ResourceAlreadyExists. So the
+        # group is never deleted (skip_destroy; it expires by retention) and an existing one is adopted.
+        log_name = log_group_name(self._args.cluster_name)
+        found = aws.cloudwatch.get_log_groups(log_group_name_prefix=log_name, opts=pulumi.InvokeOptions(parent=self))
+        existing = log_name in (found.log_group_names or [])
+        return aws.cloudwatch.LogGroup(
+            f"{self._name}-logs", name=log_name, retention_in_days=self._args.log_retention_days,
+            skip_destroy=True, tags=self._tags,
+            opts=pulumi.ResourceOptions(parent=self, import_=log_name if existing else None))
 
     def _create_node_role(self) -> None:
         name = self._name
@@ -264,7 +300,22 @@ class EksCluster(pulumi.ComponentResource):
             description="Outbound: image registries, AWS APIs (through NAT)", opts=child)
         return sg
 
-    def _create_system_node_group(self, node_access: aws.eks.AccessEntry) -> None:
+    def _create_coredns_addon(self) -> None:
+        # pulumi_eks makes CoreDNS a managed add-on only with a default node group; without one CoreDNS would
+        # stay the unmanaged bootstrap copy that no add-on update ever touches. Created once the system nodes
+        # exist (its pods need them to become ACTIVE), taking over the bootstrap copy (OVERWRITE).
+        self.coredns_addon = aws.eks.Addon(
+            f"{self._name}-coredns",
+            cluster_name=self.cluster_name,
+            addon_name=k8s_versions.COREDNS,
+            addon_version=k8s_versions.addon_version(k8s_versions.COREDNS, self._args.kubernetes_version,
+                                                     opts=pulumi.InvokeOptions(parent=self)),
+            resolve_conflicts_on_create="OVERWRITE",
+            resolve_conflicts_on_update="PRESERVE",
+            tags=self._tags,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.system_node_group]))
+
+    def _create_system_node_group(self) -> None:
         name, args = self._name, self._args
         child = pulumi.ResourceOptions(parent=self)
         lt = aws.ec2.LaunchTemplate(
@@ -301,6 +352,6 @@ class EksCluster(pulumi.ComponentResource):
             labels=dict(SYSTEM_POOL_LABELS),
             launch_template=aws.eks.NodeGroupLaunchTemplateArgs(id=lt.id, version=lt.latest_version.apply(str)),
             tags=self._tags,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[node_access, *self._node_policy_attachments],
+            opts=pulumi.ResourceOptions(parent=self, depends_on=list(self._node_policy_attachments),
                                         ignore_changes=["scalingConfig.desiredSize"]),
         )

@@ -5,13 +5,20 @@ dataset, checkpoints, metrics). EFS gives that without a storage operator:
 
 * an ``aws.efs.FileSystem`` encrypted with a KMS key of its own (rotation on),
   elastic throughput (pay per use; bursts for checkpoint writes);
-* a mount target in every private subnet, behind a security group that admits
-  NFS (tcp 2049) only from the cluster's node security group;
-* the EFS CSI driver as an EKS add-on (pinned ``EFS_CSI_ADDON_VERSION``) whose
+* one mount target per zone (EFS allows one per zone; with several private
+  subnets in a zone, the first), behind a security group that admits NFS
+  (tcp 2049) only from the cluster's node security group;
+* the EFS CSI driver as an EKS add-on (build per Kubernetes version: ``k8s_versions.ADDON_VERSIONS``) whose
   controller assumes its own IAM role through IRSA (only the service account
-  ``kube-system:efs-csi-controller-sa`` may assume it);
+  ``kube-system:efs-csi-controller-sa`` may assume it). Deliberately narrower than AWS's
+  documented ``StringLike efs-csi-*`` trust, which also admits the node service account: the
+  nodes only mount (plain NFS over TLS to the mount target in their zone), which needs no AWS
+  call; the ``iam`` mount option or efs-utils' mount-target-IP fallback would need it, and then
+  the node SA must be added here;
 * a StorageClass that provisions one EFS access point per volume, owned by
-  uid/gid 1000 (the non-root trainer) with mode 700, reclaim policy Retain;
+  uid/gid 1000 (the non-root trainer) with mode 700, reclaim policy Retain, at
+  the stable path ``/eks-ddp/<namespace>/<claim>`` (``subPathPattern``, no
+  unique suffix), so a new claim of the same name sees the earlier data;
 * a PersistentVolumeClaim ``shared`` in the training namespace.
 
 Keeping data on ``pulumi destroy``
@@ -21,6 +28,12 @@ mount targets, the claim and the driver, but leaves the file system and its KMS
 key in the account (Pulumi's ``retain_on_delete``), and the Retain reclaim
 policy keeps the access point behind the volume. Checkpoints survive an
 accidental destroy; the file system keeps costing its storage.
+
+Re-attaching after a destroy: a later ``pulumi up`` creates a *new* file system
+unless ``file_system_id`` (``eks-ddp:storage.fileSystemId``) names the kept one.
+Then nothing is created for the file system or its key; mount targets go into
+the new VPC, and the claim lands on the same ``/eks-ddp/<namespace>/<claim>``
+directory, so a run with the same ``runId`` resumes from its checkpoints.
 
 To delete them on purpose: either set ``eks-ddp:storage.retainOnDestroy false``,
 run ``pulumi up`` (it records the new option) and then ``pulumi destroy``; or,
@@ -32,6 +45,7 @@ after a destroy, delete by hand: ``aws efs describe-access-points --file-system-
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -39,8 +53,9 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
-EFS_CSI_ADDON_VERSION = "v2.1.10-eksbuild.1"
-"""aws-efs-csi-driver EKS add-on build for Kubernetes 1.33 (``aws eks describe-addon-versions``)."""
+from . import k8s_versions
+
+_FS_ID = re.compile(r"^fs-[0-9a-f]{8,40}$")
 EFS_CSI_CONTROLLER_SA = "efs-csi-controller-sa"
 EFS_CSI_NAMESPACE = "kube-system"
 EFS_CSI_POLICY_ARN = "arn:aws:iam::aws:policy/service-role/AmazonEFSCSIDriverPolicy"
@@ -61,7 +76,7 @@ class EfsStoreArgs:
     vpc_id: pulumi.Input[str]
     """VPC of the mount targets."""
     subnet_ids: Sequence[pulumi.Input[str]]
-    """Private subnets: one mount target in each (a plain list)."""
+    """Private subnets, one per zone: one mount target in each (EFS allows one per zone)."""
     node_security_group_id: pulumi.Input[str]
     """The nodes' security group: the only source NFS admits."""
     oidc_provider_arn: pulumi.Input[str]
@@ -74,6 +89,11 @@ class EfsStoreArgs:
     """Name of the ReadWriteMany PersistentVolumeClaim."""
     retain_on_destroy: bool = True
     """Keep the file system and its key on ``pulumi destroy`` (see the module docstring)."""
+    kubernetes_version: str = k8s_versions.DEFAULT_VERSION
+    """The cluster's Kubernetes version: picks the CSI driver add-on build made for it."""
+    file_system_id: str | None = None
+    """Use this existing file system (e.g. one kept by an earlier ``pulumi destroy``) instead of creating one;
+    it is never deleted by this stack."""
     tags: dict[str, str] | None = None
     """Extra tags for the AWS resources."""
 
@@ -82,6 +102,8 @@ def validate(args: EfsStoreArgs) -> None:
     """Raise ValueError naming the bad field."""
     if not list(args.subnet_ids):
         raise ValueError("subnet_ids: got []; expected the private subnets (one mount target per zone)")
+    if args.file_system_id is not None and not _FS_ID.match(args.file_system_id):
+        raise ValueError(f"file_system_id: got {args.file_system_id!r}; expected an EFS id such as fs-0123456789abcdef0")
     if not args.claim_name:
         raise ValueError("claim_name: got ''; expected a name such as 'shared'")
 
@@ -114,12 +136,16 @@ class EfsStore(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
         keep = pulumi.ResourceOptions(parent=self, retain_on_delete=args.retain_on_destroy)
 
-        # Retained with the file system: without its key the data could not be read.
-        key = aws.kms.Key(f"{name}-efs", description=f"EFS encryption for {name}", enable_key_rotation=True,
-                          deletion_window_in_days=30, tags=tags, opts=keep)
-        fs = aws.efs.FileSystem(f"{name}-fs", encrypted=True, kms_key_id=key.arn, throughput_mode="elastic",
-                                performance_mode="generalPurpose", tags={**tags, "Name": f"{name}-shared"},
-                                opts=keep)
+        if args.file_system_id is not None:
+            # Adopted, not imported: this stack never owns (or deletes) a file system it did not create.
+            fs_id: pulumi.Input[str] = args.file_system_id
+        else:
+            # Retained with the file system: without its key the data could not be read.
+            key = aws.kms.Key(f"{name}-efs", description=f"EFS encryption for {name}", enable_key_rotation=True,
+                              deletion_window_in_days=30, tags=tags, opts=keep)
+            fs_id = aws.efs.FileSystem(
+                f"{name}-fs", encrypted=True, kms_key_id=key.arn, throughput_mode="elastic",
+                performance_mode="generalPurpose", tags={**tags, "Name": f"{name}-shared"}, opts=keep).id
 
         nfs_sg = aws.ec2.SecurityGroup(f"{name}-nfs", vpc_id=args.vpc_id,
                                        description="NFS to the EFS mount targets, from cluster nodes only",
@@ -130,7 +156,7 @@ class EfsStore(pulumi.ComponentResource):
             from_port=NFS_PORT, to_port=NFS_PORT, description="NFS from cluster nodes", opts=child)
 
         mount_targets = [
-            aws.efs.MountTarget(f"{name}-mt-{i}", file_system_id=fs.id, subnet_id=subnet_id,
+            aws.efs.MountTarget(f"{name}-mt-{i}", file_system_id=fs_id, subnet_id=subnet_id,
                                 security_groups=[nfs_sg.id], opts=child)
             for i, subnet_id in enumerate(args.subnet_ids)
         ]
@@ -147,7 +173,8 @@ class EfsStore(pulumi.ComponentResource):
             f"{name}-efs-csi-driver",
             cluster_name=args.cluster_name,
             addon_name="aws-efs-csi-driver",
-            addon_version=EFS_CSI_ADDON_VERSION,
+            addon_version=k8s_versions.addon_version(k8s_versions.EFS_CSI_DRIVER, args.kubernetes_version,
+                                                     opts=pulumi.InvokeOptions(parent=self)),
             service_account_role_arn=role.arn,
             # The node plugin must also run on the tainted GPU nodes, where the trainer mounts the volume.
             configuration_values=json.dumps({"node": {"tolerations": [{"operator": "Exists"}]}}),
@@ -162,11 +189,15 @@ class EfsStore(pulumi.ComponentResource):
             provisioner="efs.csi.aws.com",
             parameters={
                 "provisioningMode": "efs-ap",
-                "fileSystemId": fs.id,
+                "fileSystemId": fs_id,
                 "directoryPerms": "700",
                 "uid": str(TRAINER_UID),
                 "gid": str(TRAINER_GID),
                 "basePath": "/eks-ddp",
+                # A stable directory per claim: the driver's default (the PV name plus a unique suffix) would
+                # hide every earlier checkpoint from a re-created claim or a new stack on a kept file system.
+                "subPathPattern": "${.PVC.namespace}/${.PVC.name}",
+                "ensureUniqueDirectory": "false",
             },
             reclaim_policy="Retain",
             volume_binding_mode="Immediate",
@@ -180,7 +211,7 @@ class EfsStore(pulumi.ComponentResource):
                 resources=k8s.core.v1.VolumeResourceRequirementsArgs(requests={"storage": CLAIM_SIZE})),
             opts=pulumi.ResourceOptions(parent=self, depends_on=[addon, *mount_targets]))
 
-        self.file_system_id = fs.id
+        self.file_system_id = pulumi.Output.from_input(fs_id)
         self.pvc_name = pvc.metadata.name
         self.storage_class_name = sc.metadata.name
         self.register_outputs({"file_system_id": self.file_system_id, "pvc_name": self.pvc_name,

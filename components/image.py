@@ -7,6 +7,10 @@ then nothing is built and no repository is created.
 
 The image tag is a hash of the build inputs (``docker/`` and ``training/``) computed here, in plain Python,
 while the program runs: immutable tags need a new tag for every content change, and a preview shows it.
+The hash covers file **modes** as well as paths and contents, like pulumi-docker-build's own context hash:
+that provider rebuilds and pushes whenever its hash changes (a chmod, a checkout with another umask), and
+pushing an existing tag into an immutable repository fails even for an identical image, so every change the
+provider sees must also be a new tag here. Directory modes are included too (more rebuilds, never a re-push).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,8 +61,12 @@ class TrainerImageArgs:
     """Use this image (``repo@sha256:<64 hex>``) instead of building one: no repository, no build."""
     keep_images: int = 10
     """Images the ECR lifecycle policy keeps (the newest); older ones are expired."""
-    force_delete: bool = False
-    """Let ``pulumi destroy`` delete the repository while it still holds images."""
+    retain_repository: bool = False
+    """Keep the repository and its images on ``pulumi destroy`` (Pulumi forgets them: delete by hand later).
+
+    Otherwise ``pulumi destroy`` deletes the repository with its images: ECR refuses to delete a repository
+    that holds images unless forced, and every earlier build stays in it (a new tag is an update), so an
+    unforced delete would stop ``pulumi destroy`` half way."""
     node_role_name: pulumi.Input[str] | None = None
     """IAM role of the nodes that run the jobs: gets a pull-only policy on this image's repository."""
     kms_key_arn: pulumi.Input[str] | None = None
@@ -83,16 +92,28 @@ def source_files(context_dir: str | Path, dirs: tuple[str, ...] = SOURCE_DIRS) -
 
 
 def source_hash(context_dir: str | Path, dirs: tuple[str, ...] = SOURCE_DIRS) -> str:
-    """SHA-256 over the build inputs' relative paths and contents: changes exactly when the image would."""
+    """SHA-256 over the build inputs' relative paths, modes and contents, and their directories' modes.
+
+    Changes whenever the image or pulumi-docker-build's context hash would (both see modes)."""
     root = Path(context_dir)
     files = source_files(root, dirs)
     if not any(p.as_posix() == DOCKERFILE for p in files):
         raise ValueError(f"TrainerImageArgs.context_dir: {root} has no {DOCKERFILE}")
     h = hashlib.sha256()
+    parents = sorted({parent for rel in files for parent in rel.parents if parent != Path(".")},
+                     key=lambda p: p.as_posix())
+    for rel in parents:
+        h.update(b"d\0" + rel.as_posix().encode() + b"\0" + _mode(root / rel) + b"\0")
     for rel in files:
         data = (root / rel).read_bytes()
-        h.update(rel.as_posix().encode() + b"\0" + str(len(data)).encode() + b"\0" + data)
+        h.update(b"f\0" + rel.as_posix().encode() + b"\0" + _mode(root / rel) + b"\0"
+                 + str(len(data)).encode() + b"\0" + data)
     return h.hexdigest()
+
+
+def _mode(path: Path) -> bytes:
+    """The permission string, as Go's ``fs.FileMode.String()`` (which docker-build hashes) spells it."""
+    return stat.filemode(path.stat().st_mode).encode()
 
 
 def image_tag(context_dir: str | Path) -> str:
@@ -199,21 +220,25 @@ class TrainerImage(pulumi.ComponentResource):
     def _encryption(self) -> list[aws.ecr.RepositoryEncryptionConfigurationArgs]:
         return [aws.ecr.RepositoryEncryptionConfigurationArgs(encryption_type="KMS", kms_key=self._args.kms_key_arn)]
 
+    def _keep_opts(self) -> pulumi.ResourceOptions:
+        # "Kept" means kept: destroy leaves the repository (and its expiry rule) in AWS and drops it from state.
+        return pulumi.ResourceOptions(parent=self, retain_on_delete=self._args.retain_repository)
+
     def _create_repository(self) -> aws.ecr.Repository:
         repo = aws.ecr.Repository(
             f"{self._name}-repo",
             image_tag_mutability="IMMUTABLE",
             image_scanning_configuration=aws.ecr.RepositoryImageScanningConfigurationArgs(scan_on_push=True),
             encryption_configurations=self._encryption(),
-            force_delete=self._args.force_delete,
+            force_delete=not self._args.retain_repository,
             tags={"app.kubernetes.io/part-of": "eks-ddp"},
-            opts=pulumi.ResourceOptions(parent=self),
+            opts=self._keep_opts(),
         )
         aws.ecr.LifecyclePolicy(
             f"{self._name}-lifecycle",
             repository=repo.name,
             policy=lifecycle_policy(self._args.keep_images),
-            opts=pulumi.ResourceOptions(parent=self),
+            opts=self._keep_opts(),
         )
         return repo
 

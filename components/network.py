@@ -23,9 +23,24 @@ from typing import Literal
 import pulumi
 import pulumi_aws as aws
 
-from components import cidr
+from . import cidr, rules
 
 NatMode = Literal["single", "perAz"]
+
+EKS_UNSUPPORTED_ZONE_IDS = ("use1-az3", "usw1-az2", "cac1-az3")
+"""Zone IDs where EKS refuses cluster subnets (UnsupportedAvailabilityZoneException), from the EKS user guide
+"VPC and subnet requirements". Zone *names* map to IDs differently in each account, so filter by ID."""
+STANDARD_ZONE_FILTERS = ({"name": "opt-in-status", "values": ["opt-in-not-required"]},)
+"""Regular zones only: Local and Wavelength Zones are opt-in, and an opted-in one (``us-west-2-lax-1a``)
+sorts before ``us-west-2a``."""
+
+
+def standard_zones(opts: pulumi.InvokeOptions | None = None) -> list[str]:
+    """The region's available regular zones where EKS accepts subnets, in EC2's order."""
+    found = aws.get_availability_zones(
+        state="available", filters=[aws.GetAvailabilityZonesFilterArgs(**f) for f in STANDARD_ZONE_FILTERS],
+        exclude_zone_ids=list(EKS_UNSUPPORTED_ZONE_IDS), opts=opts)
+    return list(found.names)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,6 +83,7 @@ def validate(args: NetworkArgs) -> None:
         raise ValueError(f"availability_zones: got {zones!r}; expected at least 2 zones (EKS requires two)")
     if len(set(zones)) != len(zones):
         raise ValueError(f"availability_zones: got {zones!r}; expected distinct zones")
+    rules.require(rules.vpc_cidr("vpc_cidr", args.vpc_cidr))  # the stack config's rule: a private range
     cidr.plan_subnets(args.vpc_cidr, len(zones))  # raises CidrError (a ValueError) naming vpc_cidr
 
 

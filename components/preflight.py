@@ -9,7 +9,11 @@ For the stack's region it asks EC2 and Service Quotas whether
 - running + requested vCPUs fit the on-demand or spot vCPU quota of the type's
   class (G and VT, P, Standard), counting every group at ``maxSize``;
 - a named capacity reservation exists, is active, matches the group's type and
-  zone, and has at least ``desiredSize`` instances free.
+  zone, and has at least ``desiredSize`` instances free;
+- the group's ``placementGroupName`` is the placement group the reservation was
+  created in (instances that target such a reservation must launch in that group,
+  so a mismatch or a missing name cannot use the reservation), and a named
+  placement group exists in the region (a *cluster* group for EFA).
 
 :func:`check` is pure (clients in, :class:`Report` out, no Pulumi) so tests drive
 it with moto; :func:`run_or_raise` is what ``__main__.py`` calls. Every failure is
@@ -19,20 +23,22 @@ never stops a deployment it could not evaluate.
 
 IAM actions used (all read-only): ec2:DescribeAvailabilityZones, ec2:DescribeSubnets,
 ec2:DescribeInstanceTypeOfferings, ec2:DescribeInstanceTypes, ec2:DescribeInstances,
-ec2:DescribeCapacityReservations, servicequotas:GetServiceQuota,
+ec2:DescribeCapacityReservations, ec2:DescribePlacementGroups, servicequotas:GetServiceQuota,
 servicequotas:GetAWSDefaultServiceQuota.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
-from components import catalog
-from components.config import NodeGroupConfig, StackConfig
+from . import catalog, k8s_versions
+from .config import NodeGroupConfig, StackConfig
+from .network import EKS_UNSUPPORTED_ZONE_IDS
 
 # EC2 vCPU quotas (Service Quotas, service code "ec2") per (quota class, market).
 # Codes as listed by `aws service-quotas list-service-quotas --service-code ec2`.
@@ -134,15 +140,22 @@ class _Checker:
     def zones(self) -> tuple[list[str], str] | None:
         """The zones the cluster's subnets span, and the stack key that sets them."""
         net = self.cfg.network
-        available = self.attempt("ec2", "DescribeAvailabilityZones", f"the zones of {self.cfg.region}",
-                                 lambda: [z["ZoneName"] for z in self.ec2.describe_availability_zones(Filters=[
-                                     {"Name": "state", "Values": ["available"]},
-                                     {"Name": "zone-type", "Values": ["availability-zone"]}],
-                                 )["AvailabilityZones"]])
+        listed = self.attempt("ec2", "DescribeAvailabilityZones", f"the zones of {self.cfg.region}",
+                              lambda: self.ec2.describe_availability_zones(Filters=[
+                                  {"Name": "state", "Values": ["available"]},
+                                  {"Name": "zone-type", "Values": ["availability-zone"]},
+                                  {"Name": "opt-in-status", "Values": ["opt-in-not-required"]}],
+                              )["AvailabilityZones"])
+        # Names map to IDs per account; EKS refuses subnets by ID (UnsupportedAvailabilityZoneException).
+        zone_id = {z["ZoneName"]: z.get("ZoneId", "") for z in listed or []}
+        available = None if listed is None else [z for z, i in zone_id.items() if i not in EKS_UNSUPPORTED_ZONE_IDS]
         if net.availability_zones:
-            if available is not None:
+            if listed is not None:
                 for i, az in enumerate(net.availability_zones):
-                    if az not in available:
+                    if zone_id.get(az) in EKS_UNSUPPORTED_ZONE_IDS:
+                        self.fail(f"network.availabilityZones[{i}]: {az} is zone ID {zone_id[az]} in this account, "
+                                  f"where EKS does not accept cluster subnets; choose from {_join(available)}")
+                    elif az not in zone_id:
                         self.fail(f"network.availabilityZones[{i}]: {az} is not an available zone of "
                                   f"{self.cfg.region}; available: {_join(available)}")
             return list(net.availability_zones), "network.availabilityZones"
@@ -152,6 +165,11 @@ class _Checker:
                                        SubnetIds=list(net.private_subnet_ids))["Subnets"])
             if subnets is None:
                 return None
+            for s in subnets:
+                if s.get("AvailabilityZoneId") in EKS_UNSUPPORTED_ZONE_IDS:
+                    self.fail(f"network.privateSubnetIds: {s['SubnetId']} is in zone ID {s['AvailabilityZoneId']} "
+                              f"({s['AvailabilityZone']}), where EKS does not accept cluster subnets; "
+                              "use subnets in other zones")
             return sorted({s["AvailabilityZone"] for s in subnets}), "network.privateSubnetIds"
         if available is None:
             return None
@@ -260,13 +278,62 @@ class _Checker:
             self.fail(f"{key}.capacityType: {g.capacity_type}, but {cr_id} is "
                       f"{'a capacity block' if is_block else 'an on-demand capacity reservation'}; "
                       f"set {key}.capacityType to {want}")
-        if free < g.desired_size:
-            self.fail(f"{key}.desiredSize: {g.desired_size} nodes, but capacity reservation {cr_id} has only "
-                      f"{free} of {total} instances free; lower {key}.desiredSize to {free} or free instances")
+        self._check_reservation_placement(key, g, cr_id, found)
+        # GPU groups start at zero: what must fit is what the autoscaler will ask for when the job runs.
+        need, need_key = g.desired_size, f"{key}.desiredSize"
+        if g.name == self.cfg.job_group.name and self.cfg.job.nodes > need:
+            need, need_key = self.cfg.job.nodes, "job.nodes"
+        if state == "active" and free < need:  # an inactive reservation failed above; its counts mean nothing
+            self.fail(f"{need_key}: {need} nodes, but capacity reservation {cr_id} has only "
+                      f"{free} of {total} instances free; lower {need_key} to {free} or free instances")
         elif free < g.max_size:
             self.warn(f"{key}.maxSize: {g.max_size} nodes, but capacity reservation {cr_id} has {free} instances "
                       f"free; nodes beyond {free} will not launch into it")
         self._reservations[i] = found
+
+    def _check_reservation_placement(self, key: str, g: NodeGroupConfig, cr_id: str, found: dict[str, Any]) -> None:
+        cr_pg = placement_group_of(found.get("PlacementGroupArn"))
+        if cr_pg is not None and g.placement_group_name != cr_pg:
+            got = f"{g.placement_group_name!r}" if g.placement_group_name else "not set"
+            self.fail(f"{key}.placementGroupName: {got}, but capacity reservation {cr_id} was created in placement "
+                      f"group {cr_pg!r}; instances that target it must launch there: set {key}.placementGroupName "
+                      f"to {cr_pg}")
+        elif cr_pg is None and g.placement_group_name is not None:
+            self.warn(f"{key}.placementGroupName: {g.placement_group_name!r}, but capacity reservation {cr_id} is not "
+                      "in a placement group, so co-location of its instances is not reserved; launches into the "
+                      f"group may not find capacity. Remove {key}.placementGroupName or use a reservation created "
+                      "in that group")
+
+    def check_placement_groups(self) -> None:
+        for i, g in enumerate(self.cfg.node_groups):
+            if g.placement_group_name is None:
+                continue
+            key, name = f"nodeGroups[{i}].placementGroupName", g.placement_group_name
+            try:
+                found = self.attempt("ec2", "DescribePlacementGroups", f"placement group {name}",
+                                     lambda n=name: self._describe_placement_group(n))
+            except _PlacementGroupNotFound:
+                self.fail(f"{key}: placement group {name!r} was not found in {self.cfg.region}; create it (or the "
+                          f"reservation in it) first, or remove {key}")
+                continue
+            if found is None:
+                continue
+            if found.get("State") not in (None, "available"):
+                self.fail(f"{key}: placement group {name!r} is {found.get('State')}, not available")
+            if g.efa and found.get("Strategy") != "cluster":
+                self.fail(f"{key}: placement group {name!r} has strategy {found.get('Strategy')!r}; EFA needs a "
+                          "'cluster' group (all nodes on one low-latency segment)")
+
+    def _describe_placement_group(self, name: str) -> dict[str, Any]:
+        try:
+            found = self.ec2.describe_placement_groups(GroupNames=[name])["PlacementGroups"]
+        except ClientError as err:
+            if err.response.get("Error", {}).get("Code", "") == "InvalidPlacementGroup.Unknown":
+                raise _PlacementGroupNotFound(name) from None
+            raise
+        if not found:
+            raise _PlacementGroupNotFound(name)
+        return found[0]
 
     def _describe_reservation(self, cr_id: str) -> dict[str, Any]:
         try:
@@ -363,13 +430,30 @@ class _ReservationNotFound(Exception):
     """The reservation id does not exist for this account and region."""
 
 
-def check(cfg: StackConfig, *, ec2: Any, quotas: Any) -> Report:
+class _PlacementGroupNotFound(Exception):
+    """The placement group does not exist for this account and region."""
+
+
+def placement_group_of(arn: str | None) -> str | None:
+    """The name in ``arn:aws:ec2:<region>:<account>:placement-group/<name>``, None for no ARN."""
+    if not arn:
+        return None
+    return arn.split(":placement-group/", 1)[-1]
+
+
+def check(cfg: StackConfig, *, ec2: Any, quotas: Any, today: dt.date | None = None) -> Report:
     """Run every preflight check with the given boto3 ``ec2`` and ``service-quotas`` clients."""
     c = _Checker(cfg, ec2, quotas)
+    # Extended support bills the control plane $0.60/h instead of $0.10/h: say so before anything is created.
+    notice = k8s_versions.support_notice(cfg.cluster.kubernetes_version, cfg.cluster.upgrade_policy,
+                                         today or dt.date.today())
+    if notice:
+        c.warn(notice)
     zones = c.zones()
     c.check_offerings(zones)
     c.check_efa()
     c.check_reservations()
+    c.check_placement_groups()
     c.check_quotas()
     return c.report
 

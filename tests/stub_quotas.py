@@ -2,6 +2,7 @@
 
 - Service Quotas: moto knows only the "vpc" service's quotas, not EC2's vCPU quotas.
 - EC2 capacity reservations: moto implements neither create_ nor describe_capacity_reservations.
+- EC2 placement groups: moto implements neither create_ nor describe_placement_groups.
 
 :class:`StubQuotas` stands in for the ``service-quotas`` client. :func:`add_reservations`
 answers ``DescribeCapacityReservations`` on a (moto) EC2 client from a list of dicts
@@ -56,9 +57,13 @@ class StubQuotas:
 
 
 def reservation(cr_id: str, instance_type: str, zone: str, *, total: int = 2, available: int | None = None,
-                state: str = "active", reservation_type: str = "default") -> dict[str, Any]:
-    """One entry of DescribeCapacityReservations' ``CapacityReservations``."""
-    return {
+                state: str = "active", reservation_type: str = "default",
+                placement_group: str | None = None) -> dict[str, Any]:
+    """One entry of DescribeCapacityReservations' ``CapacityReservations`` (``placement_group``: the
+    cluster placement group it was created in, returned as ``PlacementGroupArn``)."""
+    extra = {"PlacementGroupArn": f"arn:aws:ec2:{zone[:-1]}:123456789012:placement-group/{placement_group}"} \
+        if placement_group else {}
+    return extra | {
         "CapacityReservationId": cr_id,
         "InstanceType": instance_type,
         "InstancePlatform": "Linux/UNIX",
@@ -89,6 +94,24 @@ def add_reservations(ec2: Any, reservations: list[dict[str, Any]]) -> None:
 
     # A before-call handler that returns (http, parsed) stands in for the HTTP request.
     ec2.meta.events.register("before-call.ec2.DescribeCapacityReservations", answer)
+
+
+def add_placement_groups(ec2: Any, groups: dict[str, str]) -> None:
+    """Answer DescribePlacementGroups on ``ec2`` from ``{name: strategy}`` (real error code for unknown names)."""
+
+    def answer(params: dict[str, Any], **_: Any) -> tuple[Any, dict[str, Any]]:
+        body = params.get("body") or {}
+        names = [v for k, v in sorted(body.items()) if k.startswith("GroupName.")] or list(groups)
+        missing = [n for n in names if n not in groups]
+        if missing:
+            raise client_error("InvalidPlacementGroup.Unknown", "DescribePlacementGroups",
+                               f"The Placement Group '{missing[0]}' is unknown.")
+        return AWSResponse("https://ec2.amazonaws.com/", 200, {}, None), {
+            "PlacementGroups": [{"GroupName": n, "State": "available", "Strategy": groups[n],
+                                 "GroupId": f"pg-{i:017x}"} for i, n in enumerate(names)],
+            "ResponseMetadata": {"HTTPStatusCode": 200}}
+
+    ec2.meta.events.register("before-call.ec2.DescribePlacementGroups", answer)
 
 
 def deny(ec2: Any, operation: str, code: str = "UnauthorizedOperation") -> None:

@@ -10,15 +10,15 @@ import pytest
 
 from components import cluster as cluster_mod
 from components.cluster import EksCluster, EksClusterArgs
-from components.mocks import run_program
+from components.mocks import RecordingMocks, run_program
 
 ARGS = EksClusterArgs(
     cluster_name="eks-ddp-test",
     vpc_id="vpc-123",
     public_subnet_ids=["subnet-p1", "subnet-p2"],
     private_subnet_ids=["subnet-a", "subnet-b"],
-    public_access_cidrs=["203.0.113.10/32"],
-    kubernetes_version="1.33",
+    public_access_cidrs=["1.2.3.4/32"],
+    kubernetes_version="1.35",
     system_instance_type="t3.large",
     system_node_count=2,
     log_retention_days=30,
@@ -26,7 +26,7 @@ ARGS = EksClusterArgs(
 PARENT = "eks-ddp:cluster:EksCluster"
 
 
-def _run(args: EksClusterArgs = ARGS, region: str = "us-west-2"):
+def _run(args: EksClusterArgs = ARGS, region: str = "us-west-2", mocks: RecordingMocks | None = None):
     holder = {}
 
     def program():
@@ -39,7 +39,7 @@ def _run(args: EksClusterArgs = ARGS, region: str = "us-west-2"):
         pulumi.export("clusterSg", c.cluster_security_group_id)
         pulumi.export("oidcArn", c.oidc_provider_arn)
 
-    return run_program({}, program=program, region=region), holder["c"]
+    return run_program({}, program=program, region=region, mocks=mocks), holder["c"]
 
 
 @pytest.fixture(scope="module")
@@ -53,10 +53,10 @@ def test_control_plane_is_private_encrypted_logged_and_pinned(result):
     assert eks["skipDefaultSecurityGroups"] is True
     assert eks["authenticationMode"] == "API"
     assert eks["createOidcProvider"] is True
-    assert eks["version"] == "1.33"
+    assert eks["version"] == "1.35"
     assert eks["name"] == "eks-ddp-test"
     assert eks["endpointPrivateAccess"] is True
-    assert eks["publicAccessCidrs"] == ["203.0.113.10/32"]
+    assert eks["publicAccessCidrs"] == ["1.2.3.4/32"]
     assert sorted(eks["enabledClusterLogTypes"]) == sorted(cluster_mod.LOG_TYPES)
     assert eks["privateSubnetIds"] == ["subnet-a", "subnet-b"]
     key = result.one("aws:kms/key:Key")
@@ -73,6 +73,26 @@ def test_log_group_sets_retention_before_eks_creates_it(result):
     lg = result.one("aws:cloudwatch/logGroup:LogGroup").inputs
     assert lg["name"] == "/aws/eks/eks-ddp-test/cluster"
     assert lg["retentionInDays"] == 30
+
+
+def test_log_group_survives_destroy_and_is_adopted_on_the_next_up(result):
+    # EKS re-creates the group while a deleted control plane flushes logs; a re-up that creates it again
+    # fails with ResourceAlreadyExists (review M5). So: never deleted, and adopted when it exists.
+    lg = result.one("aws:cloudwatch/logGroup:LogGroup")
+    assert lg.inputs["skipDestroy"] is True
+    assert lg.import_id == "", "a fresh account has no group to adopt"
+    mocks = RecordingMocks()
+    mocks.log_groups = ["/aws/eks/eks-ddp-test/cluster", "/aws/eks/eks-ddp-test/cluster-other"]
+    again, _ = _run(mocks=mocks)
+    lg = again.one("aws:cloudwatch/logGroup:LogGroup")
+    assert lg.import_id == "/aws/eks/eks-ddp-test/cluster"
+    assert lg.inputs["skipDestroy"] is True
+    (call,) = [a for t, a in again.calls if t == "aws:cloudwatch/getLogGroups:getLogGroups"]
+    assert call["logGroupNamePrefix"] == "/aws/eks/eks-ddp-test/cluster"
+    # Only an exact name match is adopted, not another group sharing the prefix.
+    mocks = RecordingMocks()
+    mocks.log_groups = ["/aws/eks/eks-ddp-test/cluster-other"]
+    assert _run(mocks=mocks)[0].one("aws:cloudwatch/logGroup:LogGroup").import_id == ""
 
 
 def test_node_role_has_worker_and_cni_policies_but_not_registry_wide_read(result):
@@ -107,12 +127,35 @@ def test_registry_account_follows_the_region():
     assert "arn:aws:ecr:eu-south-1:590381155156:repository/*" in doc["Statement"][1]["Resource"]
 
 
-def test_node_role_gets_an_ec2_linux_access_entry(result):
-    entry = result.one("aws:eks/accessEntry:AccessEntry").inputs
-    assert entry["type"] == "EC2_LINUX"
-    role = result.one("aws:iam/role:Role")
-    assert entry["principalArn"] == role.outputs["arn"]
-    assert entry["clusterName"] == "eks-ddp-test"
+def test_registries_of_the_newer_regions():
+    """Review m4: without these, add-on image pulls are AccessDenied and nodes never become Ready."""
+    assert cluster_mod.addon_registry_account("ap-east-2") == "533267051163"
+    assert cluster_mod.addon_registry_account("ap-southeast-6") == "333609536671"
+
+
+def test_no_hand_made_access_entry_for_managed_node_groups(result):
+    """Review m5: EKS creates the node role's EC2_LINUX entry for every managed node group and owns it."""
+    assert result.of_type("aws:eks/accessEntry:AccessEntry") == []
+    ng = result.one("aws:eks/nodeGroup:NodeGroup")
+    assert ng.inputs["nodeRoleArn"] == result.one("aws:iam/role:Role").outputs["arn"]
+
+
+def test_coredns_is_a_managed_addon_created_after_the_system_nodes(result):
+    """Review m7: pulumi_eks leaves CoreDNS unmanaged without a default node group."""
+    [addon] = [a for a in result.of_type("aws:eks/addon:Addon") if a.inputs["addonName"] == "coredns"]
+    assert addon.inputs["resolveConflictsOnCreate"] == "OVERWRITE"
+    assert addon.inputs["addonVersion"] == f"v0.0.0-eksbuild.default-{ARGS.kubernetes_version}"
+    assert result.one("aws:eks/nodeGroup:NodeGroup").urn in addon.dependencies
+
+
+def test_admin_principals_get_cluster_admin_access_entries():
+    """Review m8: besides the creator, named roles (a teammate, CI) can use the cluster."""
+    arn = "arn:aws:iam::123456789012:role/ci-deployer"
+    result, _ = _run(dataclasses.replace(ARGS, admin_principal_arns=[arn]))
+    entries = result.one("eks:index:Cluster").inputs["accessEntries"]
+    assert entries == {"admin-0": {"principalArn": arn, "accessPolicies": {"cluster-admin": {
+        "policyArn": "arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy",
+        "accessScope": {"type": "cluster"}}}}}
 
 
 def test_node_security_group_admits_only_itself(result):
@@ -172,3 +215,27 @@ def test_every_child_has_the_cluster_as_parent(result):
 def test_validation_names_the_field(change, field):
     with pytest.raises(ValueError, match=f"^{field}"):
         _run(dataclasses.replace(ARGS, **change))
+
+
+def _provider_kubeconfig(result) -> dict:
+    kubeconfig = result.one("pulumi:providers:kubernetes", "k8s").inputs["kubeconfig"]
+    if isinstance(kubeconfig, dict) and "value" in kubeconfig and "users" not in kubeconfig:
+        kubeconfig = kubeconfig["value"]  # the secret envelope
+    return json.loads(kubeconfig) if isinstance(kubeconfig, str) else kubeconfig
+
+
+def test_kubernetes_provider_authenticates_with_the_stacks_aws_profile():
+    # Review M8: pulumi-eks's kubeconfig output has no profile, so `aws eks get-token` used the default
+    # credential chain instead of the stack's aws:profile: Unauthorized on every Kubernetes resource.
+    from tests.util import stack_config
+
+    raw = {**stack_config("dev"), "aws:profile": "training-admin"}
+    result = run_program(raw)
+    user = _provider_kubeconfig(result)["users"][0]["user"]["exec"]
+    assert {"name": "AWS_PROFILE", "value": "training-admin"} in user.get("env", [])
+    assert "kubeconfig" in result.secret_outputs
+
+
+def test_without_a_profile_the_default_credential_chain_is_used(dev_result):
+    user = _provider_kubeconfig(dev_result)["users"][0]["user"]["exec"]
+    assert not any(e["name"] == "AWS_PROFILE" for e in user.get("env") or [])

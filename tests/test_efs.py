@@ -69,7 +69,8 @@ def test_nfs_open_only_to_the_node_security_group(result):
 def test_csi_driver_addon_pinned_with_irsa_role_for_the_controller_only(result):
     addon = result.one("aws:eks/addon:Addon").inputs
     assert addon["addonName"] == "aws-efs-csi-driver"
-    assert addon["addonVersion"] == efs_mod.EFS_CSI_ADDON_VERSION
+    # The default version 1.35 has no confirmed pin: EKS's default build for 1.35 (M12).
+    assert addon["addonVersion"] == "v0.0.0-eksbuild.default-1.35"
     role = result.one("aws:iam/role:Role")
     assert addon["serviceAccountRoleArn"] == role.outputs["arn"]
     trust = json.loads(role.inputs["assumeRolePolicy"])["Statement"]
@@ -120,7 +121,51 @@ def test_every_child_has_the_store_as_parent(result):
             assert r.parent_type == PARENT, r.urn
 
 
-@pytest.mark.parametrize("change,field", [({"subnet_ids": []}, "subnet_ids"), ({"claim_name": ""}, "claim_name")])
+@pytest.mark.parametrize("change,field", [({"subnet_ids": []}, "subnet_ids"), ({"claim_name": ""}, "claim_name"),
+                                          ({"file_system_id": "vol-1"}, "file_system_id")])
 def test_validation_names_the_field(change, field):
     with pytest.raises(ValueError, match=f"^{field}"):
         _run(dataclasses.replace(ARGS, **change))
+
+
+# --- review M7: one mount target per zone, also for a brought VPC ----------------------------------------
+
+def test_brought_vpc_with_two_private_subnets_in_one_zone_gets_one_mount_target_per_zone():
+    from components.mocks import RecordingMocks
+    from tests.util import set_path, stack_config
+
+    mocks = RecordingMocks(zones=2)  # the mock hands out zones in turn: subnet-c shares subnet-a's zone
+    config = set_path(stack_config("dev"), "eks-ddp:network", {
+        "vpcId": "vpc-0123456789abcdef0", "privateSubnetIds": ["subnet-a", "subnet-b", "subnet-c"]})
+    result = run_program(config, mocks=mocks)
+    mts = result.of_type("aws:efs/mountTarget:MountTarget")
+    # EFS refuses a second mount target in a zone (MountTargetConflict).
+    assert sorted(m.inputs["subnetId"] for m in mts) == ["subnet-a", "subnet-b"]
+
+
+# --- review M11 + B12: a kept file system is re-attached at stable paths -----------------------------------
+
+def test_existing_file_system_is_used_and_never_created_or_owned():
+    result = _run(dataclasses.replace(ARGS, file_system_id="fs-0123456789abcdef0"))
+    assert result.of_type("aws:efs/fileSystem:FileSystem") == [] and result.of_type("aws:kms/key:Key") == []
+    assert {m.inputs["fileSystemId"] for m in result.of_type("aws:efs/mountTarget:MountTarget")} == {
+        "fs-0123456789abcdef0"}
+    sc = result.one("kubernetes:storage.k8s.io/v1:StorageClass").inputs
+    assert sc["parameters"]["fileSystemId"] == "fs-0123456789abcdef0"
+    assert result.outputs["fs"] == "fs-0123456789abcdef0"
+
+
+def test_access_point_directory_is_stable_per_claim():
+    params = _run().one("kubernetes:storage.k8s.io/v1:StorageClass").inputs["parameters"]
+    # /eks-ddp/<namespace>/<claim>: the same directory for a re-created claim or a new stack on a kept file
+    # system, instead of the driver's default <pv-name>-<unique id>.
+    assert params["subPathPattern"] == "${.PVC.namespace}/${.PVC.name}"
+    assert params["ensureUniqueDirectory"] == "false"
+
+
+def test_file_system_id_is_a_config_key():
+    from tests.util import run, set_path, stack_config
+
+    result = run(set_path(stack_config("dev"), "eks-ddp:storage.fileSystemId", "fs-0123456789abcdef0"))
+    assert result.of_type("aws:efs/fileSystem:FileSystem") == []
+    assert result.outputs["efsId"] == "fs-0123456789abcdef0"

@@ -84,7 +84,6 @@ def test_repository_is_immutable_scanned_and_kms_encrypted(built):
     assert repo.inputs["imageTagMutability"] == "IMMUTABLE"
     assert repo.inputs["imageScanningConfiguration"] == {"scanOnPush": True}
     assert [c["encryptionType"] for c in repo.inputs["encryptionConfigurations"]] == ["KMS"]
-    assert repo.inputs["forceDelete"] is False
 
 
 def test_every_repository_is_kms_encrypted_and_only_the_cache_is_mutable(built):
@@ -98,10 +97,26 @@ def test_every_repository_is_kms_encrypted_and_only_the_cache_is_mutable(built):
         "only the build-cache repository may have mutable tags (BuildKit re-tags the cache each build)"
 
 
-@pytest.mark.parametrize("force", [False, True])
-def test_force_delete_follows_config(force):
-    result, _ = build(force_delete=force)
-    assert trainer_repo(result).inputs["forceDelete"] is force
+def test_destroy_deletes_the_repository_with_its_images_by_default(built):
+    # ECR refuses DeleteRepository on a repository holding images unless forced, and every earlier build
+    # stays in it: an unforced, unretained repository would stop `pulumi destroy` (review M4).
+    result, _ = built
+    repo = trainer_repo(result)
+    assert repo.inputs["forceDelete"] is True
+    assert not repo.retain_on_delete
+    for r in result.of_type(REPO):
+        assert r.inputs["forceDelete"] is True or r.retain_on_delete, r.name
+
+
+def test_retained_repository_is_kept_not_deleted():
+    # "Kept" means kept: Pulumi leaves the repository and its expiry rule in AWS instead of failing to
+    # delete a non-empty repository.
+    result, _ = build(retain_repository=True)
+    repo = trainer_repo(result)
+    assert repo.retain_on_delete
+    assert repo.inputs["forceDelete"] is False
+    (policy,) = [p for p in result.of_type(LIFECYCLE) if p.inputs["repository"] == repo.outputs["name"]]
+    assert policy.retain_on_delete
 
 
 @pytest.mark.parametrize("keep", [1, 7, 25])
@@ -183,6 +198,21 @@ def test_tag_changes_with_the_sources_and_ignores_caches(tmp_path):
         f.write("\n# changed\n")
     assert image_tag(tmp_path) != before
     assert image_tag(tmp_path).startswith("src-")
+
+
+@pytest.mark.parametrize("target", ["training/__init__.py", "docker/Dockerfile", "training"])
+def test_tag_changes_with_a_mode_change(tmp_path, target):
+    # pulumi-docker-build hashes file modes: a chmod or another umask makes it rebuild and push; the push
+    # must go to a new tag, since an immutable repository refuses an existing one (review M3).
+    for top in ("docker", "training"):
+        shutil.copytree(ROOT / top, tmp_path / top, ignore=shutil.ignore_patterns("__pycache__"))
+    path = tmp_path / target
+    path.chmod(0o755 if path.is_file() else 0o775)
+    before = image_tag(tmp_path)
+    path.chmod(0o644 if path.is_file() else 0o755)
+    assert image_tag(tmp_path) != before
+    path.chmod(0o755 if path.is_file() else 0o775)
+    assert image_tag(tmp_path) == before
 
 
 def test_context_without_dockerfile_is_rejected(tmp_path):

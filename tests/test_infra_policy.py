@@ -153,12 +153,15 @@ def test_infrastructure_children_name_their_component(result):
         "eks:index:Cluster": "eks-ddp:cluster:EksCluster",
         "aws:efs/fileSystem:FileSystem": "eks-ddp:efs:EfsStore",
         "aws:efs/mountTarget:MountTarget": "eks-ddp:efs:EfsStore",
-        "kubernetes:helm.sh/v3:Release": "eks-ddp:addons:ClusterAddons",
     }
     for typ, parent in expect.items():
         found = result.of_type(typ)
         assert found, typ
         assert all(r.parent_type == parent for r in found), typ
+    releases = result.of_type("kubernetes:helm.sh/v3:Release")
+    assert releases and all(r.parent_type == ("eks-ddp:autoscaler:ClusterAutoscaler" if r.inputs["chart"] ==
+                                              "cluster-autoscaler" else "eks-ddp:addons:ClusterAddons")
+                            for r in releases)
     for ng in result.of_type(NG):
         assert ng.parent_type in ("eks-ddp:cluster:EksCluster", "eks-ddp:gpu_nodegroup:GpuNodeGroup")
 
@@ -171,14 +174,15 @@ def _gpu_template(result: ProgramResult, group: str):
     return ng, lt
 
 
-def test_p4de_group_has_4_efa_interfaces_a_cluster_placement_group_and_one_zone(p4de_result):
+def test_p4de_group_has_4_efa_interfaces_the_reservations_placement_and_one_zone(p4de_result):
     ng, lt = _gpu_template(p4de_result, "a100")
     nics = lt.inputs["networkInterfaces"]
     assert len(nics) == 4 and all(n["interfaceType"] == "efa" for n in nics)
     assert [int(n["networkCardIndex"]) for n in nics] == [0, 1, 2, 3]
-    pg = p4de_result.one(PG)
-    assert pg.inputs["strategy"] == "cluster"
-    assert lt.inputs["placement"]["groupName"] == pg.outputs["name"]
+    # The group launches into its reservation: no new placement group (it could never be the reservation's).
+    assert not p4de_result.of_type(PG)
+    assert "groupName" not in lt.inputs["placement"]
+    assert ng.inputs["updateConfig"]["updateStrategy"] == "MINIMAL"
     assert lt.inputs["placement"]["availabilityZone"] == "us-east-1a"
     assert len(ng.inputs["subnetIds"]) == 1
     zone = next(s.inputs["availabilityZone"] for s in p4de_result.of_type(SUBNET)
@@ -187,7 +191,7 @@ def test_p4de_group_has_4_efa_interfaces_a_cluster_placement_group_and_one_zone(
     assert lt.inputs["capacityReservationSpecification"]["capacityReservationTarget"]["capacityReservationId"] \
         == "cr-0123456789abcdef0"
     releases = {r.inputs["chart"] for r in p4de_result.of_type("kubernetes:helm.sh/v3:Release")}
-    assert releases == {"nvidia-device-plugin", "aws-efa-k8s-device-plugin"}
+    assert releases == {"nvidia-device-plugin", "aws-efa-k8s-device-plugin", "cluster-autoscaler"}
 
 
 def test_dev_g4dn_group_has_no_efa_and_spans_zones(dev_result):

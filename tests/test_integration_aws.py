@@ -1,4 +1,4 @@
-"""Real AWS: `pulumi up` the dev stack through the Automation API, check it, destroy it.
+"""Real AWS: the dev stack's whole lifecycle through the Automation API.
 
 Skipped unless the `pulumi` CLI is on PATH and AWS credentials are available, because it
 creates billable resources (an EKS cluster, GPU nodes) for 30-60 minutes. Run it deliberately:
@@ -6,8 +6,16 @@ creates billable resources (an EKS cluster, GPU nodes) for 30-60 minutes. Run it
     EKS_DDP_IT_CIDR=$(curl -s https://checkip.amazonaws.com)/32 \
     .venv/bin/python -m pytest tests/test_integration_aws.py -m integration -s
 
-It uses a throw-away stack named ``it-<random>`` with a local file backend, scales the GPU group
-to the job's 2 nodes, waits for the training job to finish, and always destroys the stack.
+It uses a throw-away stack named ``it-<random>`` with a local file backend and runs
+
+    up -> the job completes -> change job.epochs -> up -> the job completes again (resumed)
+       -> destroy -> nothing is left -> up (same stack: a re-deploy after destroy) -> the job completes
+       -> destroy -> nothing is left
+
+"Nothing is left" is asked of AWS directly: no EKS cluster, no VPC named for it, no ECR repository, no
+EFS file system (the test sets ``storage.retainOnDestroy false``). The control-plane log group is kept on
+purpose (EKS re-creates it while the cluster is deleted; the next up adopts it): the test checks that the
+second up adopted it and deletes it at the end. The stack is always destroyed, even when a step fails.
 """
 
 from __future__ import annotations
@@ -16,7 +24,9 @@ import json
 import os
 import shutil
 import subprocess
+import time
 import uuid
+from typing import Any
 
 import pytest
 
@@ -41,6 +51,10 @@ pytestmark = [
 ]
 
 
+JOB_TIMEOUT_S = 3600
+GONE_TIMEOUT_S = 900
+
+
 @pytest.fixture
 def stack(tmp_path):
     from pulumi import automation as auto
@@ -54,28 +68,138 @@ def stack(tmp_path):
     config = stack_config("dev")
     config["eks-ddp:cluster"]["publicAccessCidrs"] = [os.environ["EKS_DDP_IT_CIDR"]]
     config["eks-ddp:job"]["epochs"] = 2
+    config["eks-ddp:storage"] = {**config.get("eks-ddp:storage", {}), "retainOnDestroy": False}
     config["eks-ddp:preflight"] = True
     for key, value in config.items():
-        text = value if isinstance(value, str) else json.dumps(value)
-        st.set_config(key, auto.ConfigValue(value=text), path=False)
+        set_config(st, key, value)
     try:
         yield st
     finally:
-        st.destroy(on_output=print)
-        st.workspace.remove_stack(name)
+        outputs = {}
+        try:
+            outputs = {k: v.value for k, v in st.outputs().items()}
+        finally:
+            st.destroy(on_output=print)
+            _delete_log_group(st)
+            _delete_results_bucket(st, outputs)  # retained by design: the test removes what it made
+            st.workspace.remove_stack(name)
 
 
-def test_dev_stack_up_trains_and_destroys(stack, tmp_path):
-    result = stack.up(on_output=print)
-    outputs = result.outputs
+def set_config(st: Any, key: str, value: Any) -> None:
+    from pulumi import automation as auto
+
+    text = value if isinstance(value, str) else json.dumps(value)
+    st.set_config(key, auto.ConfigValue(value=text), path=False)
+
+
+def _region(st: Any) -> str:
+    return st.get_config("aws:region").value
+
+
+def _cluster_name(st: Any) -> str:
+    from components.config import cluster_name_for
+
+    return cluster_name_for(st.name)
+
+
+def _delete_log_group(st: Any) -> None:
+    import boto3
+
+    logs = boto3.client("logs", region_name=_region(st))
+    try:
+        logs.delete_log_group(logGroupName=f"/aws/eks/{_cluster_name(st)}/cluster")
+    except logs.exceptions.ResourceNotFoundException:
+        pass
+
+
+def _delete_results_bucket(st: Any, outputs: dict[str, Any]) -> None:
+    import boto3
+
+    bucket = (outputs.get("results") or {}).get("bucket")
+    if not bucket:
+        return
+    s3 = boto3.resource("s3", region_name=_region(st)).Bucket(bucket)
+    s3.object_versions.delete()  # versioned: every version and delete marker
+    s3.delete()
+
+
+def up_and_train(st: Any, tmp_path) -> dict[str, Any]:
+    """`pulumi up`, then wait for the training Job to complete; returns the outputs."""
+    outputs = st.up(on_output=print).outputs
     assert outputs["kubeconfig"].secret
-    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig = tmp_path / f"kubeconfig-{uuid.uuid4().hex[:4]}"
     kubeconfig.write_text(outputs["kubeconfig"].value)
     env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
-    ns = stack_config("dev")["eks-ddp:job"].get("namespace", "training")
-    job = f"train-{stack_config('dev')['eks-ddp:job']['runId']}"
-    subprocess.run(["kubectl", "-n", ns, "wait", "--for=condition=complete", f"job/{job}", "--timeout=3600s"],
-                   env=env, check=True)
-    logs = subprocess.run(["kubectl", "-n", ns, "logs", f"job/{job}"], env=env, check=True,
-                          capture_output=True, text=True).stdout
-    assert "[eval] acc=" in logs
+    job_cfg = json.loads(st.get_config("eks-ddp:job").value)
+    ns = job_cfg.get("namespace", "training")
+    job = outputs["trainingJobName"].value  # the name the component gave the Job, not a guess
+    subprocess.run(["kubectl", "-n", ns, "wait", "--for=condition=complete", f"job/{job}",
+                    f"--timeout={JOB_TIMEOUT_S}s"], env=env, check=True)
+    # Results land in the stack's bucket: the run's metrics.json is the proof the trainer finished
+    # (pod logs may already be gone once the success policy ended the lingering pods).
+    import boto3
+
+    results = outputs["results"].value
+    s3 = boto3.client("s3", region_name=_region(st))
+    metrics = json.loads(s3.get_object(Bucket=results["bucket"], Key=f"{results['prefix']}metrics.json")["Body"].read())
+    assert metrics["epochs"] == job_cfg["epochs"], metrics
+    assert 0.0 <= metrics["accuracy"] <= 1.0 and metrics["total"] == 10000, metrics
+    return {k: v.value for k, v in outputs.items()}
+
+
+def assert_nothing_left(st: Any, outputs: dict[str, Any]) -> None:
+    """After destroy: every billable resource of the stack is gone from AWS (bounded wait)."""
+    import boto3
+    from botocore.exceptions import ClientError
+
+    region, name = _region(st), _cluster_name(st)
+    eks, ec2 = boto3.client("eks", region_name=region), boto3.client("ec2", region_name=region)
+    ecr, efs = boto3.client("ecr", region_name=region), boto3.client("efs", region_name=region)
+    repo = outputs["imageRef"].split("/", 1)[1].split("@", 1)[0]
+
+    def gone(call, missing: tuple[str, ...]) -> bool:
+        try:
+            call()
+        except ClientError as err:
+            return err.response["Error"]["Code"] in missing
+        return False
+
+    checks = {
+        "EKS cluster": lambda: gone(lambda: eks.describe_cluster(name=name), ("ResourceNotFoundException",)),
+        "ECR repository": lambda: gone(lambda: ecr.describe_repositories(repositoryNames=[repo]),
+                                       ("RepositoryNotFoundException",)),
+        "EFS file system": lambda: gone(lambda: efs.describe_file_systems(FileSystemId=outputs["efsId"]),
+                                        ("FileSystemNotFound",)),
+        "VPC": lambda: not ec2.describe_vpcs(Filters=[{"Name": "tag:Name", "Values": [f"{name}-vpc"]}])["Vpcs"],
+    }
+    deadline = time.monotonic() + GONE_TIMEOUT_S
+    left = [what for what in checks if not checks[what]()]
+    while left and time.monotonic() < deadline:  # deletions settle (ENIs, mount targets): bounded wait
+        time.sleep(30)
+        left = [what for what in left if not checks[what]()]
+    assert not left, f"left behind after pulumi destroy: {left}"
+    assert st.export_stack().deployment.get("resources") in (None, []), "the stack still holds resources"
+    # The results bucket is kept on purpose ("kept" means kept): it must still be there, then the test removes it.
+    s3 = boto3.client("s3", region_name=region)
+    s3.head_bucket(Bucket=outputs["results"]["bucket"])
+    _delete_results_bucket(st, outputs)
+
+
+def test_dev_stack_lifecycle(stack, tmp_path):
+    first = up_and_train(stack, tmp_path)
+
+    # A config change is an update of the running stack: the job is re-created and resumes.
+    job = json.loads(stack.get_config("eks-ddp:job").value)
+    set_config(stack, "eks-ddp:job", {**job, "epochs": job["epochs"] + 1})
+    up_and_train(stack, tmp_path)
+
+    stack.destroy(on_output=print)
+    assert_nothing_left(stack, first)
+
+    # A re-deploy of the same stack after destroy (same cluster name, the kept log group is adopted).
+    again = up_and_train(stack, tmp_path)
+    resources = stack.export_stack().deployment["resources"]
+    assert any(r["type"] == "aws:cloudwatch/logGroup:LogGroup" for r in resources)
+
+    stack.destroy(on_output=print)
+    assert_nothing_left(stack, again)

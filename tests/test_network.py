@@ -144,3 +144,20 @@ def test_bring_your_own_vpc_creates_nothing_and_maps_subnets_to_zones():
 def test_validation_names_the_field(args, field):
     with pytest.raises(ValueError, match=f"^{field}"):
         _run(args)
+
+
+def test_default_zones_are_regular_zones_where_eks_accepts_subnets():
+    """Review M6: never a Local Zone, never use1-az3/usw1-az2/cac1-az3 (their names differ per account)."""
+    from components.mocks import RecordingMocks
+    from tests.util import stack_config
+
+    mocks = RecordingMocks(region="us-east-1")
+    mocks.zone_ids = ["use1-az3", "use1-az1", "use1-az2", "use1-az4"]  # this account's us-east-1a is use1-az3
+    config = {**stack_config("dev"), "aws:region": "us-east-1"}
+    result = run_program(config, region="us-east-1", mocks=mocks)
+    [args] = [a for t, a in result.calls if t == "aws:index/getAvailabilityZones:getAvailabilityZones"]
+    assert args["state"] == "available"
+    assert {"name": "opt-in-status", "values": ["opt-in-not-required"]} in args["filters"]
+    assert set(args["excludeZoneIds"]) == {"use1-az3", "usw1-az2", "cac1-az3"}
+    zones = sorted({s.inputs["availabilityZone"] for s in result.of_type("aws:ec2/subnet:Subnet")})
+    assert "us-east-1a" not in zones and len(zones) == stack_config("dev")["eks-ddp:network"]["azCount"]

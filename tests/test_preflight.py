@@ -16,7 +16,7 @@ from moto import mock_aws
 
 from components import preflight
 from components.config import StackConfig, load_stack_config
-from tests.stub_quotas import StubQuotas, add_reservations, client_error, deny, reservation
+from tests.stub_quotas import StubQuotas, add_placement_groups, add_reservations, client_error, deny, reservation
 from tests.util import drop_path, set_path, stack_config
 
 CR = "cr-0123456789abcdef0"
@@ -186,8 +186,8 @@ def test_spot_quota_exceeded(aws, path_value, code, name):
 
 def test_system_group_counts_against_the_standard_quota(aws):
     cfg = config(stack_config("dev"))
-    msg = only(preflight.check(cfg, ec2=aws(cfg), quotas=StubQuotas({"L-1216C47A": 2})))
-    assert msg.startswith("cluster.systemNodeCount: 4 vCPUs of 'Running On-Demand Standard")
+    msg = only(preflight.check(cfg, ec2=aws(cfg), quotas=StubQuotas({"L-1216C47A": 1})))
+    assert msg.startswith("cluster.systemNodeCount: 2 vCPUs of 'Running On-Demand Standard")
 
 
 # --- capacity reservations -------------------------------------------------------------------------------
@@ -227,7 +227,7 @@ def test_reservation_wrong_zone(aws):
 
 def test_reservation_too_few_free_instances(aws):
     msg = only(check_with(aws, [reservation(CR, "p4de.24xlarge", "us-east-1b", total=4, available=1)]))
-    assert msg.startswith(f"nodeGroups[0].desiredSize: 2 nodes, but capacity reservation {CR} has only "
+    assert msg.startswith(f"job.nodes: 2 nodes, but capacity reservation {CR} has only "
                           "1 of 4 instances free")
 
 
@@ -245,8 +245,8 @@ def test_all_failures_are_reported_together(aws):
     add_reservations(ec2, [reservation(CR, "p4d.24xlarge", "us-east-1c", total=2, available=0, state="pending")])
     failures = preflight.check(cfg, ec2=ec2, quotas=StubQuotas({"L-1216C47A": 1})).failures
     keys = sorted(f.split(":", 1)[0] for f in failures)
-    assert keys == ["cluster.systemNodeCount", "nodeGroups[0].availabilityZone", "nodeGroups[0].capacityReservationId",
-                    "nodeGroups[0].desiredSize", "nodeGroups[0].instanceType", "nodeGroups[0].instanceType"]
+    assert keys == ["cluster.systemNodeCount", "nodeGroups[0].availabilityZone",
+                    "nodeGroups[0].capacityReservationId", "nodeGroups[0].instanceType", "nodeGroups[0].instanceType"]
 
 
 # --- API errors become warnings -----------------------------------------------------------------------------
@@ -334,3 +334,101 @@ def test_quota_class_of_arbitrary_types():
     assert [preflight.quota_class(t) for t in ("g6e.xlarge", "vt1.3xlarge", "p5.48xlarge", "m7i.large",
                                                "inf2.xlarge", "trn1.32xlarge", "x2idn.16xlarge")] == \
         ["G", "G", "P", "Standard", None, None, None]
+
+
+# --- placement groups (review A-M2) -------------------------------------------------------------------
+
+def _p4de_in(placement_group: str | None) -> dict:
+    raw = set_path(p4de_raw(), "eks-ddp:nodeGroups[0].capacityReservationId", CR)
+    return set_path(raw, "eks-ddp:nodeGroups[0].placementGroupName", placement_group) if placement_group else raw
+
+
+def test_reservation_in_a_placement_group_needs_that_group_named(aws):
+    cfg = config(_p4de_in(None))
+    ec2 = aws(cfg)
+    add_reservations(ec2, [reservation(CR, "p4de.24xlarge", "us-east-1b", placement_group="a100-cpg")])
+    msg = only(preflight.check(cfg, ec2=ec2, quotas=StubQuotas()))
+    assert msg.startswith("nodeGroups[0].placementGroupName: not set") and "'a100-cpg'" in msg
+    assert "set nodeGroups[0].placementGroupName to a100-cpg" in msg
+
+
+def test_reservation_in_another_placement_group_fails(aws):
+    cfg = config(_p4de_in("other-cpg"))
+    ec2 = aws(cfg)
+    add_placement_groups(ec2, {"other-cpg": "cluster", "a100-cpg": "cluster"})
+    add_reservations(ec2, [reservation(CR, "p4de.24xlarge", "us-east-1b", placement_group="a100-cpg")])
+    msg = only(preflight.check(cfg, ec2=ec2, quotas=StubQuotas()))
+    assert "'other-cpg'" in msg and "'a100-cpg'" in msg
+
+
+def test_reservation_in_the_named_placement_group_passes(aws):
+    cfg = config(_p4de_in("a100-cpg"))
+    ec2 = aws(cfg)
+    add_placement_groups(ec2, {"a100-cpg": "cluster"})
+    add_reservations(ec2, [reservation(CR, "p4de.24xlarge", "us-east-1b", placement_group="a100-cpg")])
+    report = preflight.check(cfg, ec2=ec2, quotas=StubQuotas())
+    assert report.failures == [] and report.warnings == []
+
+
+def test_placement_group_with_a_reservation_outside_any_group_is_a_warning(aws):
+    cfg = config(_p4de_in("a100-cpg"))
+    ec2 = aws(cfg)
+    add_placement_groups(ec2, {"a100-cpg": "cluster"})
+    add_reservations(ec2, [reservation(CR, "p4de.24xlarge", "us-east-1b")])
+    report = preflight.check(cfg, ec2=ec2, quotas=StubQuotas())
+    assert report.failures == []
+    assert len(report.warnings) == 1 and "not in a placement group" in report.warnings[0]
+
+
+def test_named_placement_group_must_exist_and_be_cluster_for_efa(aws):
+    raw = set_path(p4de_raw(), "eks-ddp:nodeGroups[0].placementGroupName", "missing-pg")
+    raw = drop_path(raw, "eks-ddp:nodeGroups.0.capacityReservationId")
+    cfg = config(raw)
+    ec2 = aws(cfg)
+    add_placement_groups(ec2, {})
+    msg = only(preflight.check(cfg, ec2=ec2, quotas=StubQuotas()))
+    assert msg.startswith("nodeGroups[0].placementGroupName: placement group 'missing-pg' was not found")
+    cfg = config(set_path(raw, "eks-ddp:nodeGroups[0].placementGroupName", "spread-pg"))
+    ec2 = aws(cfg)
+    add_placement_groups(ec2, {"spread-pg": "spread"})
+    msg = only(preflight.check(cfg, ec2=ec2, quotas=StubQuotas()))
+    assert "strategy 'spread'" in msg and "'cluster'" in msg
+
+
+def test_placement_group_name_of_an_arn():
+    assert preflight.placement_group_of("arn:aws:ec2:us-east-1:123456789012:placement-group/a100-cpg") == "a100-cpg"
+    assert preflight.placement_group_of(None) is None
+
+
+# --- zones EKS refuses (review M6) ------------------------------------------------------------------------
+
+def test_explicit_zone_with_an_unsupported_zone_id_fails(aws):
+    # moto's us-east-1e is use1-az3, one of the zone IDs where EKS refuses cluster subnets.
+    raw = set_path(set_path(stack_config("dev"), "aws:region", "us-east-1"),
+                   "eks-ddp:network.availabilityZones", ["us-east-1a", "us-east-1e"])
+    cfg = config(raw)
+    failures = preflight.check(cfg, ec2=aws(cfg), quotas=StubQuotas()).failures
+    assert any(f.startswith("network.availabilityZones[1]: us-east-1e is zone ID use1-az3") for f in failures), failures
+
+
+def test_default_zones_skip_unsupported_zone_ids(aws):
+    raw = set_path(set_path(stack_config("dev"), "aws:region", "us-east-1"), "eks-ddp:network.azCount", 6)
+    cfg = config(raw)
+    msg = only(preflight.check(cfg, ec2=aws(cfg), quotas=StubQuotas()))
+    # Six zones asked, five usable: us-east-1e (use1-az3) is not counted.
+    assert msg.startswith("network.azCount: 6 zones asked, but us-east-1 has only 5 available"), msg
+    assert "us-east-1e" not in msg
+
+
+# --- Kubernetes support phase (review M1) -----------------------------------------------------------------
+
+def test_version_in_extended_support_warns_with_its_price(aws):
+    import datetime as dt
+
+    cfg = config(set_path(set_path(stack_config("dev"), "eks-ddp:cluster.kubernetesVersion", "1.33"),
+                          "eks-ddp:cluster.upgradePolicy", "EXTENDED"))
+    report = preflight.check(cfg, ec2=aws(cfg), quotas=StubQuotas(), today=dt.date(2026, 11, 22))
+    assert report.ok
+    assert [w for w in report.warnings if "left EKS standard support on 2026-07-29" in w and "$0.60/h" in w]
+    default = config(stack_config("dev"))
+    assert preflight.check(default, ec2=aws(default), quotas=StubQuotas(), today=dt.date(2026, 11, 22)).warnings == []
