@@ -18,9 +18,20 @@ Every property is set here, where it can be read and tested:
   capacity reservation (``capacity_reservation_id``) is targeted the same way.
 * EFA: one interface per EFA-capable network card from the catalog (device index
   0 on card 0, 1 on the others, as AWS documents for multi-card types such as
-  p4d/p5), a *cluster* placement group, and a security group open only to itself
-  (EFA traffic must be allowed to and from the group) on every interface. With
-  interfaces in the launch template, security groups go on the interfaces.
+  p4d/p5; ``efa-only`` on the other cards where the catalog says so, p5), and a
+  security group open only to itself (EFA traffic must be allowed to and from the
+  group) on every interface. With interfaces in the launch template, security
+  groups go on the interfaces. No public-IP flag: EC2 rejects it on multi-interface
+  launches and the private subnets assign none anyway.
+* Placement: ``placement_group_name`` (an existing group, e.g. the one an on-demand
+  capacity reservation was created in: instances that target such a reservation
+  must launch in it) is used as is. Otherwise an EFA group without a reservation
+  gets a new *cluster* placement group; with a reservation none is created (a new
+  group can never be the reservation's), and never with a capacity block (blocks
+  are already co-located in an UltraCluster).
+* Updates: groups in a reservation or capacity block replace nodes with the
+  ``MINIMAL`` strategy (terminate, then launch): a full reservation has no room for
+  the surge instances the default strategy launches first.
 * Single-zone groups (EFA, a reservation, or an explicit ``availability_zone``)
   use only the private subnet of that zone; others use every private subnet.
 """
@@ -35,7 +46,7 @@ from typing import Literal
 import pulumi
 import pulumi_aws as aws
 
-from components import catalog
+from . import catalog, rules, scheduling
 
 CapacityType = Literal["onDemand", "spot", "capacityBlock"]
 
@@ -43,7 +54,7 @@ GPU_AMI_TYPE = "AL2023_x86_64_NVIDIA"
 GPU_TAINT_KEY = "nvidia.com/gpu"
 GPU_POOL = "gpu"
 IMDS_HOP_LIMIT = 1
-MIN_ROOT_VOLUME_GIB = 50
+MIN_ROOT_VOLUME_GIB = rules.MIN_ROOT_VOLUME_GIB
 
 _EKS_CAPACITY = {"onDemand": "ON_DEMAND", "spot": "SPOT", "capacityBlock": "CAPACITY_BLOCK"}
 
@@ -84,8 +95,14 @@ class GpuNodeGroupArgs:
     """On-demand capacity reservation or capacity block (cr-...) to launch into."""
     availability_zone: str | None = None
     """Pin the group to this zone (the reservation's zone when one is given)."""
+    placement_group_name: str | None = None
+    """Existing placement group to launch into (the reservation's, if it was made in one); not with a capacity block."""
     root_volume_gib: int = 200
     """gp3 root volume size in GiB."""
+    spot_instance_types: Sequence[str] = ()
+    """More types a ``spot`` group may launch besides ``instance_type`` (EKS recommends several for spot:
+    fewer interruptions and InsufficientCapacity): each with the same GPU count and model, so the job's
+    processes per node and its labels hold on every node."""
     tags: dict[str, str] | None = None
     """Extra tags for the AWS resources."""
 
@@ -111,16 +128,25 @@ def validate(args: GpuNodeGroupArgs) -> catalog.InstanceType:
         raise ValueError(f"efa: got True for {args.instance_type!r}, which has no EFA interfaces; expected False "
                          "or an EFA type (" + ", ".join(n for n in catalog.gpu_types() if catalog.CATALOG[n].has_efa)
                          + ")")
+    for i, other in enumerate(args.spot_instance_types):
+        alt = catalog.CATALOG.get(other)
+        if args.capacity_type != "spot":
+            raise ValueError(f"spot_instance_types: got {list(args.spot_instance_types)!r} with capacity_type "
+                             f"{args.capacity_type!r}; expected capacity_type 'spot' (or no extra types)")
+        if alt is None or (alt.gpus, alt.gpu_model) != (it.gpus, it.gpu_model) or other == args.instance_type:
+            raise ValueError(f"spot_instance_types[{i}]: got {other!r}; expected another catalog type with "
+                             f"{it.gpus} x {it.gpu_model} GPU like {args.instance_type}")
     if args.capacity_type == "capacityBlock" and not args.capacity_reservation_id:
         raise ValueError("capacity_reservation_id: required with capacity_type 'capacityBlock'")
     if args.capacity_reservation_id and args.capacity_type == "spot":
         raise ValueError("capacity_type: got 'spot' with capacity_reservation_id; expected 'onDemand' or "
                          "'capacityBlock'")
+    if args.placement_group_name and args.capacity_type == "capacityBlock":
+        raise ValueError(f"placement_group_name: got {args.placement_group_name!r} with capacity_type "
+                         "'capacityBlock'; expected None (capacity blocks are already co-located)")
     if args.capacity_reservation_id and not args.availability_zone:
         raise ValueError("availability_zone: required with capacity_reservation_id (the reservation's zone)")
-    if args.root_volume_gib < MIN_ROOT_VOLUME_GIB:
-        raise ValueError(f"root_volume_gib: got {args.root_volume_gib}; expected >= {MIN_ROOT_VOLUME_GIB} "
-                         "(the GPU AMI and training images are large)")
+    rules.require(rules.root_volume_gib("root_volume_gib", args.root_volume_gib))
     if not args.subnet_ids:
         raise ValueError("subnet_ids: got []; expected the cluster's private subnets")
     if args.availability_zone is not None and args.availability_zone not in args.subnet_by_az:
@@ -136,6 +162,16 @@ def validate(args: GpuNodeGroupArgs) -> catalog.InstanceType:
 def efa_device_index(card: int) -> int:
     """Device index of the EFA interface on network card ``card``: 0 on the primary card, 1 elsewhere."""
     return 0 if card == 0 else 1
+
+
+def efa_interface_type(it: catalog.InstanceType, card: int) -> str:
+    """``efa`` on the primary card; ``efa-only`` (no IP address, EFA traffic only) elsewhere where the type wants it."""
+    return "efa-only" if card > 0 and it.efa_only_secondary else "efa"
+
+
+def update_strategy(args: GpuNodeGroupArgs) -> str:
+    """``MINIMAL`` in a reservation or capacity block (no room to surge), else EKS's ``DEFAULT``."""
+    return "MINIMAL" if args.capacity_reservation_id else "DEFAULT"
 
 
 class GpuNodeGroup(pulumi.ComponentResource):
@@ -164,22 +200,28 @@ class GpuNodeGroup(pulumi.ComponentResource):
             "eks-ddp/instance-type": args.instance_type,
         }
 
+        # The label the autoscaler's AWS provider reads to know a node has GPUs: it then waits for the device
+        # plugin to advertise them on a new node instead of launching more nodes for the still-Pending pods.
+        group_labels = {**self.node_labels, scheduling.AWS_GPU_LABEL: f"nvidia-{it.gpu_model.lower()}"}
+
         placement = None
         network_interfaces = None
         node_sgs = [args.cluster_security_group_id, args.node_security_group_id]
-        if args.efa:
+        pg_name: pulumi.Input[str] | None = args.placement_group_name
+        if args.efa and pg_name is None and args.capacity_reservation_id is None:
             pg = aws.ec2.PlacementGroup(f"{name}-pg", strategy="cluster", tags=self._tags, opts=child)
+            pg_name = pg.name
+        if args.efa:
             efa_sg = self._create_efa_security_group()
-            placement = aws.ec2.LaunchTemplatePlacementArgs(group_name=pg.name, availability_zone=self.zone)
             network_interfaces = [
                 aws.ec2.LaunchTemplateNetworkInterfaceArgs(
-                    network_card_index=card, device_index=efa_device_index(card), interface_type="efa",
-                    delete_on_termination="true", associate_public_ip_address="false",
+                    network_card_index=card, device_index=efa_device_index(card),
+                    interface_type=efa_interface_type(it, card), delete_on_termination="true",
                     security_groups=[*node_sgs, efa_sg.id])
                 for card in range(it.efa_interfaces)
             ]
-        elif self.zone is not None:
-            placement = aws.ec2.LaunchTemplatePlacementArgs(availability_zone=self.zone)
+        if pg_name is not None or self.zone is not None:
+            placement = aws.ec2.LaunchTemplatePlacementArgs(group_name=pg_name, availability_zone=self.zone)
 
         reservation = None
         if args.capacity_reservation_id:
@@ -222,18 +264,33 @@ class GpuNodeGroup(pulumi.ComponentResource):
             subnet_ids=subnet_ids,
             ami_type=GPU_AMI_TYPE,
             capacity_type=_EKS_CAPACITY[args.capacity_type],
-            instance_types=None if capacity_block else [args.instance_type],
+            instance_types=None if capacity_block else [args.instance_type, *args.spot_instance_types],
             scaling_config=aws.eks.NodeGroupScalingConfigArgs(
                 min_size=args.min_size, desired_size=args.desired_size, max_size=args.max_size),
-            update_config=aws.eks.NodeGroupUpdateConfigArgs(max_unavailable=1),
-            labels=dict(self.node_labels),
+            update_config=aws.eks.NodeGroupUpdateConfigArgs(max_unavailable=1, update_strategy=update_strategy(args)),
+            labels=group_labels,
             taints=[aws.eks.NodeGroupTaintArgs(key=GPU_TAINT_KEY, value="true", effect="NO_SCHEDULE")],
             launch_template=aws.eks.NodeGroupLaunchTemplateArgs(id=lt.id, version=lt.latest_version.apply(str)),
             tags=self._tags,
             opts=pulumi.ResourceOptions(parent=self, ignore_changes=["scalingConfig.desiredSize"]),
         )
         self.node_group_name = group.node_group_name
+        self._tag_node_template(group, scheduling.node_template_tags(
+            labels=group_labels, taints=[(GPU_TAINT_KEY, "true", "NoSchedule")], instance_type=args.instance_type,
+            efa=args.efa, root_volume_gib=args.root_volume_gib))
         self.register_outputs({"node_group_name": self.node_group_name, "node_labels": self.node_labels})
+
+    def _tag_node_template(self, group: aws.eks.NodeGroup, tags: Mapping[str, str]) -> None:
+        """Node-template tags on the group's Auto Scaling group, so the cluster autoscaler can scale it up from
+        zero (see components/scheduling.py). EKS does not copy node group tags to the ASG; the tag list is
+        fixed here, only the ASG name is known after the group exists."""
+        asg_name = group.resources.apply(lambda r: r[0].autoscaling_groups[0].name)
+        for key, value in sorted(tags.items()):
+            # Named by the tag key, not its position: adding a label later must not re-key the other tags.
+            short = key.removeprefix(scheduling.TAG_PREFIX + "node-template/").replace("/", "-")
+            aws.autoscaling.Tag(f"{self._name}-{short}", autoscaling_group_name=asg_name,
+                                tag=aws.autoscaling.TagTagArgs(key=key, value=value, propagate_at_launch=False),
+                                opts=pulumi.ResourceOptions(parent=self))
 
     def _create_efa_security_group(self) -> aws.ec2.SecurityGroup:
         name = self._name
@@ -255,7 +312,16 @@ class GpuNodeGroup(pulumi.ComponentResource):
 # non-root under Pod Security 'restricted' (no IPC_LOCK), so it cannot raise the limit itself:
 # nodeadm merges this into containerd's base runtime spec, the default rlimits of every container.
 # Managed node groups merge MIME parts of type application/node.eks.aws with their own config.
-_EFA_NODECONFIG = """\
+#
+# Every number here passes through nodeadm's merge, which decodes JSON into Go float64 and writes
+# it back with Go's shortest float formatting; containerd then decodes the file into uint64
+# fields. RLIM_INFINITY (2^64-1) comes out as 18446744073709552000, which overflows uint64, so
+# containerd refuses the spec and the node never becomes Ready. 2^53-1 is the largest integer
+# that every float64 JSON path carries exactly; as bytes (8 PiB) it is unlimited in practice.
+MEMLOCK_BYTES = 2**53 - 1
+NOFILE_SOFT, NOFILE_HARD = 65536, 1048576  # nodeadm's own defaults, restated since the list is replaced whole
+
+_EFA_NODECONFIG = f"""\
 MIME-Version: 1.0
 Content-Type: multipart/mixed; boundary="EKSDDP"
 
@@ -270,11 +336,11 @@ spec:
       process:
         rlimits:
           - type: RLIMIT_MEMLOCK
-            hard: 18446744073709551615
-            soft: 18446744073709551615
+            hard: {MEMLOCK_BYTES}
+            soft: {MEMLOCK_BYTES}
           - type: RLIMIT_NOFILE
-            hard: 1048576
-            soft: 65536
+            hard: {NOFILE_HARD}
+            soft: {NOFILE_SOFT}
 
 --EKSDDP--
 """

@@ -17,15 +17,15 @@ from pathlib import Path
 import pytest
 
 from components.image import DOCKERFILE, source_files
-from components.torchrun import TRAIN_MODULE, AgentOptions, TrainerOptions, job_command
+from components.torchrun import LAUNCH_MODULE, TRAIN_MODULE, AgentOptions, TrainerOptions, job_command
 from tests.util import ROOT
 
 HADOLINT = ROOT / ".venv" / "bin" / "hadolint"
 CHECKOV = ROOT / ".venv-scan" / "bin" / "checkov"
 CHECKOV_SKIPS = ROOT / "tests" / "checkov-dockerfile-skips.yaml"
 
-# Modules the jobs run: torchrun -m training.train (TRAIN_MODULE), then data prep and evaluation.
-JOB_MODULES = (TRAIN_MODULE, "training.prepare_data", "training.evaluate")
+# Modules the jobs run: the agent (LAUNCH_MODULE) with -m training.train (TRAIN_MODULE), then data prep and evaluation.
+JOB_MODULES = (LAUNCH_MODULE, TRAIN_MODULE, "training.prepare_data", "training.evaluate")
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,8 @@ def final(instructions) -> list[Instruction]:
 
 
 def project_pins() -> dict[str, str]:
-    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    deps = project["dependencies"] + project["optional-dependencies"]["trainer"]
     return dict(d.split("==", 1) for d in deps)
 
 
@@ -252,7 +253,7 @@ def test_healthcheck_and_default_command(final):
 
 
 def test_job_commands_resolve_in_the_image(final):
-    """The modules the jobs run are copied under WORKDIR, and torchrun is the base image's."""
+    """The modules the jobs run are copied under WORKDIR, and python is the base image's."""
     workdirs = [i.value for i in final if i.keyword == "WORKDIR"]
     assert workdirs and workdirs[-1] == "/app"
     workdir = workdirs[-1]
@@ -264,8 +265,8 @@ def test_job_commands_resolve_in_the_image(final):
         AgentOptions(min_nodes=1, max_nodes=2, nproc_per_node=1, rdzv_backend="etcd-v2",
                      rdzv_endpoint="etcd:2379", rdzv_id="run-1", max_restarts=3),
         TrainerOptions(data_dir="/shared/data", run_dir="/shared/runs/run-1"))
-    assert cmd[0] == "torchrun" and cmd[cmd.index("-m") + 1] == TRAIN_MODULE
-    # torchrun is on PATH because the base image is the official PyTorch image (checked above).
+    assert cmd[:3] == ["python", "-m", LAUNCH_MODULE] and cmd[cmd.index("-m", 3) + 1] == TRAIN_MODULE
+    # python (with torch) is on PATH because the base image is the official PyTorch image (checked above).
     assert re.match(r"pytorch/pytorch:", [i for i in final if i.keyword == "FROM"][0].value)
 
     for module in JOB_MODULES:
@@ -384,3 +385,55 @@ def test_parser_handles_continuations_and_stages():
 def test_requirements_file_is_used(instructions):
     assert any(i.keyword == "COPY" and "docker/requirements.txt" in i.value for i in instructions)
     assert Path(ROOT / "docker" / "requirements.txt").is_file()
+
+
+# --- the EFA stack (review A-M9 / B-7) ------------------------------------------------------------------------
+
+
+def test_efa_installer_is_pinned_by_version_and_checksum_in_its_own_stage(instructions):
+    version = arg_default(instructions, "EFA_INSTALLER_VERSION")
+    assert re.fullmatch(r"\d+\.\d+\.\d+", version), "a released installer version, never 'latest'"
+    sha = arg_default(instructions, "EFA_INSTALLER_SHA256")
+    assert re.fullmatch(r"[0-9a-f]{64}", sha)
+    efa_stage = {i.stage for i in instructions if i.keyword == "FROM" and i.value.endswith(" AS efa")}
+    assert len(efa_stage) == 1
+    download = [i for i in instructions if i.stage in efa_stage and i.keyword == "RUN"]
+    text = " ".join(i.value for i in download)
+    assert "aws-efa-installer-${EFA_INSTALLER_VERSION}.tar.gz" in text and "latest" not in text
+    # The checksum is verified before the tarball is unpacked, in the same step as the download.
+    assert text.index("sha256sum --check") < text.index("tar -x")
+
+
+def test_final_image_installs_libfabric_and_aws_ofi_nccl_with_the_container_flags(final):
+    runs = [i for i in final if i.keyword == "RUN" and "efa_installer.sh" in i.value]
+    assert len(runs) == 1
+    run = runs[0].value
+    # AWS "Install the EFA software in a container": no kernel module, no ulimit config, no lspci check.
+    m = re.search(r"efa_installer\.sh ([^&]*)", run)
+    flags_ = m[1].split()
+    assert {"-y", "--skip-kmod", "--skip-limit-conf", "--no-verify"} <= set(flags_)
+    assert "--minimal" not in flags_, "--minimal leaves libfabric out"
+    # The installer comes from the verified stage by bind mount: no tarball or .deb in a layer.
+    assert "--mount=type=bind,from=efa" in run
+    assert "rm -rf /var/lib/apt/lists" in run
+    # The build proves the stack is there: libfabric at the installer's version, the NCCL plugin, a torch NCCL
+    # new enough for the plugin.
+    assert 'fi_info --version' in run and "${EFA_LIBFABRIC_VERSION}" in run
+    assert "libnccl-net-ofi.so" in run and "torch.cuda.nccl.version()" in run
+
+
+def test_efa_is_installed_before_the_code_so_code_changes_reuse_it(final):
+    order = [i for i in final if i.keyword in ("RUN", "COPY")]
+    efa = next(n for n, i in enumerate(order) if "efa_installer.sh" in i.value)
+    code = next(n for n, i in enumerate(order) if i.keyword == "COPY" and "training/" in i.value)
+    wheels = next(n for n, i in enumerate(order) if "--find-links" in i.value)
+    assert efa < wheels < code
+
+
+def test_pods_load_the_plugin_the_image_installs():
+    from components.elastic_job import NCCL_NET_PLUGIN
+
+    text = (ROOT / DOCKERFILE).read_text()
+    # NCCL dlopens libnccl-net-<NCCL_NET_PLUGIN>.so; the build checks that exact file is in the linker cache.
+    assert f"libnccl-net-{NCCL_NET_PLUGIN}.so" in text
+    assert "/opt/amazon/efa/lib" in text and "ldconfig" in text

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pulumi
 import pytest
 
 from components import catalog
-from components.gpu_nodegroup import GpuNodeGroup, GpuNodeGroupArgs, efa_device_index
+from components.gpu_nodegroup import MEMLOCK_BYTES, GpuNodeGroup, GpuNodeGroupArgs, efa_device_index
 from components.mocks import run_program
+from tests.nodeadm_roundtrip import go_decode_integer, merged_base_runtime_spec, node_configs, numbers, through_float64
 
 LT = "aws:ec2/launchTemplate:LaunchTemplate"
 NG = "aws:eks/nodeGroup:NodeGroup"
@@ -74,15 +76,16 @@ def test_labels_taint_and_scale_to_zero():
     result, group = _run(BASE)
     ng = result.one(NG)
     assert ng.inputs["labels"] == {"eks-ddp/node-group": "gpu", "eks-ddp/pool": "gpu",
-                                   "eks-ddp/instance-type": "g4dn.xlarge"}
-    assert group.node_labels == ng.inputs["labels"]
+                                   "eks-ddp/instance-type": "g4dn.xlarge", "k8s.amazonaws.com/accelerator": "nvidia-t4"}
+    # The job selects on the group's own labels; the accelerator label is for the cluster autoscaler.
+    assert group.node_labels.items() <= ng.inputs["labels"].items()
     assert ng.inputs["taints"] == [{"key": "nvidia.com/gpu", "value": "true", "effect": "NO_SCHEDULE"}]
     scaling = ng.inputs["scalingConfig"]
     assert (int(scaling["minSize"]), int(scaling["desiredSize"]), int(scaling["maxSize"])) == (0, 2, 2)
     assert ng.ignore_changes == ["scalingConfig.desiredSize"]
 
 
-def test_p4de_efa_interfaces_placement_group_single_zone():
+def test_p4de_efa_interfaces_single_zone_no_public_ip_flag():
     result, group = _run(EFA)
     lt = result.one(LT).inputs
     nics = lt["networkInterfaces"]
@@ -93,14 +96,49 @@ def test_p4de_efa_interfaces_placement_group_single_zone():
     efa_sg = result.one(SG)
     for n in nics:
         assert sorted(n["securityGroups"]) == sorted(["sg-cluster", "sg-node", efa_sg.outputs["id"]])
-        assert n["associatePublicIpAddress"] == "false"
+        # Review A-m1: EC2 rejects AssociatePublicIpAddress on multi-interface launches; leave it out.
+        assert "associatePublicIpAddress" not in n
     # Groups on the interfaces, never at the top level alongside them.
     assert "vpcSecurityGroupIds" not in lt
-    pg = result.one(PG)
-    assert pg.inputs["strategy"] == "cluster"
-    assert lt["placement"] == {"groupName": pg.outputs["name"], "availabilityZone": "us-west-2b"}
     assert result.one(NG).inputs["subnetIds"] == ["subnet-b"]
     assert group.zone == "us-west-2b"
+
+
+def test_efa_without_reservation_gets_a_new_cluster_placement_group():
+    result, _ = _run(dataclasses.replace(EFA, capacity_reservation_id=None))
+    pg = result.one(PG)
+    assert pg.inputs["strategy"] == "cluster"
+    assert result.one(LT).inputs["placement"] == {"groupName": pg.outputs["name"], "availabilityZone": "us-west-2b"}
+
+
+def test_reservation_uses_its_own_placement_group_and_creates_none():
+    # Review A-M2: a new group can never be the one the reservation was created in.
+    result, _ = _run(EFA)
+    assert not result.of_type(PG)
+    assert result.one(LT).inputs["placement"] == {"availabilityZone": "us-west-2b"}
+    result, _ = _run(dataclasses.replace(EFA, placement_group_name="a100-cpg"))
+    assert not result.of_type(PG)
+    assert result.one(LT).inputs["placement"] == {"groupName": "a100-cpg", "availabilityZone": "us-west-2b"}
+
+
+def test_capacity_block_gets_no_placement_group():
+    # Review A-m14: blocks are already co-located; a placement group is refused.
+    result, _ = _run(dataclasses.replace(EFA, capacity_type="capacityBlock"))
+    assert not result.of_type(PG)
+    assert "groupName" not in result.one(LT).inputs["placement"]
+    with pytest.raises(ValueError, match="^placement_group_name"):
+        _run(dataclasses.replace(EFA, capacity_type="capacityBlock", placement_group_name="a100-cpg"))
+
+
+@pytest.mark.parametrize("change,strategy", [
+    ({}, "MINIMAL"),  # on-demand capacity reservation
+    ({"capacity_type": "capacityBlock"}, "MINIMAL"),
+    ({"capacity_reservation_id": None}, "DEFAULT"),
+])
+def test_reserved_groups_update_without_surge(change, strategy):
+    # Review A-M10: a full reservation has no room for the surge nodes of the DEFAULT strategy.
+    result, _ = _run(dataclasses.replace(EFA, **change))
+    assert result.one(NG).inputs["updateConfig"] == {"maxUnavailable": 1, "updateStrategy": strategy}
 
 
 def test_efa_security_group_admits_and_reaches_only_itself():
@@ -153,10 +191,12 @@ def test_p5_gets_32_efa_interfaces():
     nics = result.one(LT).inputs["networkInterfaces"]
     assert len(nics) == 32
     assert [int(n["deviceIndex"]) for n in nics] == [efa_device_index(i) for i in range(32)]
+    # Review A-m11: EFA-only interfaces (no IP address) on the non-primary cards.
+    assert [n["interfaceType"] for n in nics] == ["efa"] + ["efa-only"] * 31
 
 
 def test_every_child_has_the_group_as_parent():
-    result, _ = _run(EFA)
+    result, _ = _run(dataclasses.replace(EFA, capacity_reservation_id=None))
     children = [r for r in result.resources if r.type != PARENT]
     assert {r.type for r in children} >= {LT, NG, SG, PG, INGRESS, EGRESS}
     for r in children:
@@ -185,18 +225,99 @@ def test_validation_names_the_field(change, field):
         _run(dataclasses.replace(BASE, **change))
 
 
-def test_efa_nodes_give_containers_unlimited_memlock():
-    # Non-root EFA pods cannot raise RLIMIT_MEMLOCK themselves; the node's containerd default must.
-    import base64
+def _rlimits(spec_json: str) -> dict[str, dict[str, int]]:
+    """containerd's view of the merged spec: rlimit values decoded as Go uint64."""
+    out = {}
+    for lit_r in json.loads(spec_json, parse_int=str, parse_float=str)["process"]["rlimits"]:
+        out[lit_r["type"]] = {k: go_decode_integer(lit_r[k], unsigned=True) for k in ("hard", "soft")}
+    return out
 
-    import yaml
 
+def test_efa_memlock_survives_nodeadms_float64_merge_and_containerds_uint64_decode():
+    # Review A-B1: nodeadm merges the NodeConfig's baseRuntimeSpec through Go float64; containerd
+    # decodes the result into uint64. 2^64-1 came out as 18446744073709552000 and no node got Ready.
     result, _ = _run(EFA)
-    text = base64.b64decode(result.one(LT).inputs["userData"]).decode()
-    assert "Content-Type: application/node.eks.aws" in text
-    doc = yaml.safe_load(text.split("application/node.eks.aws", 1)[1].split("--EKSDDP--")[0])
-    assert doc["kind"] == "NodeConfig"
-    limits = {r["type"]: r for r in doc["spec"]["containerd"]["baseRuntimeSpec"]["process"]["rlimits"]}
-    assert limits["RLIMIT_MEMLOCK"]["hard"] == limits["RLIMIT_MEMLOCK"]["soft"] == 2**64 - 1
+    docs = node_configs(result.one(LT).inputs["userData"])
+    assert [d["kind"] for d in docs] == ["NodeConfig"]
+    merged = merged_base_runtime_spec(docs[0])
+    limits = _rlimits(merged)  # raises like containerd does when a value does not decode
+    assert limits["RLIMIT_MEMLOCK"] == {"hard": MEMLOCK_BYTES, "soft": MEMLOCK_BYTES}
+    assert MEMLOCK_BYTES >= 2**50  # a petabyte: unlimited for any instance's memory
+    assert limits["RLIMIT_NOFILE"] == {"hard": 1048576, "soft": 65536}
     plain, _ = _run(BASE)
     assert "userData" not in plain.one(LT).inputs
+
+
+def test_every_number_in_the_user_data_survives_the_float64_round_trip_exactly():
+    result, _ = _run(EFA)
+    for doc in node_configs(result.one(LT).inputs["userData"]):
+        values = numbers(doc)
+        assert values, "the NodeConfig carries numbers"
+        for v in values:
+            literal = through_float64(v)
+            assert go_decode_integer(literal, unsigned=v >= 0) == v, f"{v} becomes {literal} in nodeadm's merge"
+
+
+def test_the_round_trip_model_reproduces_the_corruption_nodeadm_showed():
+    # The model must be able to fail: RLIM_INFINITY turns into the literal the review saw on a node.
+    assert through_float64(2**64 - 1) == "18446744073709552000"
+    with pytest.raises(ValueError, match="uint64"):
+        go_decode_integer(through_float64(2**64 - 1), unsigned=True)
+    assert through_float64(2**63 - 1) == "9223372036854776000"  # decodes, but not to the value written
+    assert through_float64(10**21) == "1e+21"
+    bad = {"spec": {"containerd": {"baseRuntimeSpec": {"process": {"rlimits": [
+        {"type": "RLIMIT_MEMLOCK", "hard": 2**64 - 1, "soft": 2**64 - 1}]}}}}}
+    with pytest.raises(ValueError, match="18446744073709552000"):
+        _rlimits(merged_base_runtime_spec(bad))
+    # mergo.WithOverride replaces the whole list and keeps the default spec's other keys.
+    merged = json.loads(merged_base_runtime_spec(bad))
+    assert [r["type"] for r in merged["process"]["rlimits"]] == ["RLIMIT_MEMLOCK"]
+    assert merged["ociVersion"] and merged["process"]["capabilities"]
+
+
+def test_node_template_tag_resources_are_named_by_key_not_position():
+    """A tag added to the template (here EFA's) must not rename, and so replace, the other tags' resources:
+    a replaced Tag deleted after its successor set the same key would remove that key from the group."""
+    def names(args):
+        result, _ = _run(args)
+        return {r.name: r.inputs["tag"]["key"] for r in result.of_type("aws:autoscaling/tag:Tag")}
+
+    plain = names(dataclasses.replace(EFA, efa=False))
+    with_efa = names(EFA)
+    assert len(with_efa) == len(plain) + 1
+    assert plain.items() <= with_efa.items()
+    assert any("taint" in name for name in plain)
+
+
+# --- spot: several instance types (review m12) ----------------------------------------------------------
+
+
+def _spot_raw(types):
+    from tests.util import set_path, stack_config
+
+    raw = set_path(stack_config("dev"), "eks-ddp:nodeGroups[0].capacityType", "spot")
+    raw = set_path(raw, "eks-ddp:nodeGroups[0].instanceType", "g5.xlarge")
+    return set_path(raw, "eks-ddp:nodeGroups[0].spotInstanceTypes", types)
+
+
+def test_spot_group_launches_from_several_instance_types():
+    # EKS recommends several types for spot: one type means frequent interruptions and InsufficientCapacity.
+    from components.mocks import run_program
+
+    result = run_program(_spot_raw(["g5.2xlarge", "g5.4xlarge"]))
+    (group,) = [g for g in result.of_type("aws:eks/nodeGroup:NodeGroup") if g.inputs.get("capacityType") == "SPOT"]
+    assert group.inputs["instanceTypes"] == ["g5.xlarge", "g5.2xlarge", "g5.4xlarge"]
+
+
+@pytest.mark.parametrize("types,capacity,match", [
+    (["g4dn.xlarge"], "spot", r"spotInstanceTypes\[0\].*'g4dn.xlarge'.*1 x A10G"),   # another GPU model
+    (["g5.12xlarge"], "spot", r"spotInstanceTypes\[0\].*'g5.12xlarge'"),            # 4 GPUs, not 1
+    (["g5.2xlarge"], "onDemand", r"spotInstanceTypes.*capacityType 'onDemand'"),
+])
+def test_spot_types_must_match_the_gpu_shape_and_be_spot(types, capacity, match):
+    from components.config import ConfigError, load_stack_config
+    from tests.util import set_path
+
+    raw = set_path(_spot_raw(types), "eks-ddp:nodeGroups[0].capacityType", capacity)
+    with pytest.raises(ConfigError, match=match):
+        load_stack_config({k: v for k, v in raw.items() if k.startswith("eks-ddp:")}, region=raw["aws:region"])

@@ -1,0 +1,302 @@
+"""Fabric check: prove the job's network before an expensive training run starts on it.
+
+Run by torchrun on every node of the job (``python -m training.fabric_check`` as the worker module,
+the same agent command line as training), one process per GPU. It
+
+1. records which transport the collective library picked on each rank: NCCL writes its INIT/NET log
+   to a file (``NCCL_DEBUG_FILE``) that is parsed for ``Using network AWS Libfabric`` and
+   ``NET/OFI Selected provider is efa`` (aws-ofi-nccl over EFA) versus ``Using network Socket``
+   (TCP); gloo (CPU) is TCP by construction;
+2. counts the EFA devices the pod was given (``/dev/infiniband/uverbs*``, what the EFA device plugin
+   mounts);
+3. times an all-reduce (sum, float32) over a sweep of message sizes, 8 B to 1 GiB on GPUs (4 MiB on
+   CPU), and reports per size, as nccl-tests does (NVIDIA nccl-tests ``doc/PERFORMANCE.md``):
+   ``time`` (the slowest rank's mean per iteration), algorithm bandwidth ``algbw = bytes / time``
+   and bus bandwidth ``busbw = algbw * 2 (n - 1) / n`` for n ranks, the figure comparable with the
+   hardware's link speed whatever the rank count;
+4. fails (exit code :data:`FABRIC_FAILED`) when ``--require-efa`` and a rank has no EFA device or
+   did not get the OFI/EFA transport, or when the peak bus bandwidth is below ``--min-busbw-gbs``
+   (the instance type's floor, passed by the Job from the catalog).
+
+Rank 0 writes ``fabric.json`` to ``--run-dir`` (atomically) and prints a table; every rank exits
+with the same code, so torchrun, the Job and ``pulumi up`` all see the verdict.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import re
+import socket
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .exitcodes import FABRIC_FAILED
+
+FABRIC_JSON = "fabric.json"
+GPU_MAX_BYTES = 1 << 30
+CPU_MAX_BYTES = 4 << 20
+DTYPE_BYTES = 4  # float32
+
+_NETWORK = re.compile(r"Using network (.+?)\s*$", re.M)
+_OFI_PROVIDER = re.compile(r"NET/OFI Selected [Pp]rovider is (\w[\w-]*)")
+
+
+@dataclass
+class RankInfo:
+    rank: int
+    host: str
+    node_rank: int
+    """torchrun's GROUP_RANK: which agent (node) this rank belongs to."""
+    local_rank: int
+    backend: str
+    transport: str
+    """'efa', 'ofi:<provider>', 'socket', 'ib', 'gloo-tcp' or 'unknown'."""
+    network: str | None = None
+    """NCCL's 'Using network ...' name."""
+    ofi_provider: str | None = None
+    efa_devices: int = 0
+
+
+@dataclass
+class SizeResult:
+    bytes: int
+    count: int
+    time_us: float
+    algbw_gbs: float
+    busbw_gbs: float
+
+
+@dataclass
+class Report:
+    passed: bool
+    reasons: list[str]
+    backend: str
+    world_size: int
+    nodes: int
+    require_efa: bool
+    floor_busbw_gbs: float | None
+    peak_busbw_gbs: float
+    transports: list[str]
+    instance_type: str | None
+    ranks: list[RankInfo] = field(default_factory=list)
+    results: list[SizeResult] = field(default_factory=list)
+    iters: int = 0
+    warmup: int = 0
+    duration_s: float = 0.0
+    torch_version: str = ""
+    nccl_version: str | None = None
+
+
+def sweep(min_bytes: int, max_bytes: int, factor: int = 2) -> list[int]:
+    """Message sizes from ``min_bytes`` to ``max_bytes`` (both included), multiplied by ``factor``."""
+    if min_bytes < DTYPE_BYTES or max_bytes < min_bytes or factor < 2:
+        raise ValueError(f"sweep: got {min_bytes}..{max_bytes} x{factor}; expected {DTYPE_BYTES} <= min <= max, "
+                         "factor >= 2")
+    out, size = [], min_bytes
+    while size <= max_bytes:
+        out.append(size)
+        size *= factor
+    return out
+
+
+def bus_bandwidth(algbw: float, world_size: int) -> float:
+    """nccl-tests' all-reduce bus bandwidth: each byte crosses 2 (n-1)/n of the ring."""
+    return algbw * 2 * (world_size - 1) / world_size if world_size > 1 else 0.0
+
+
+def parse_nccl_log(text: str) -> tuple[str, str | None, str | None]:
+    """(transport, network, OFI provider) from NCCL's INIT/NET log lines."""
+    networks = _NETWORK.findall(text)
+    providers = _OFI_PROVIDER.findall(text)
+    network = networks[-1].strip() if networks else None
+    provider = providers[-1] if providers else None
+    if network is None:
+        return "unknown", None, provider
+    low = network.lower()
+    if "libfabric" in low or "ofi" in low:
+        return ("efa" if provider == "efa" else f"ofi:{provider or 'unknown'}"), network, provider
+    if low == "socket":
+        return "socket", network, provider
+    if low.startswith("ib"):
+        return "ib", network, provider
+    return "unknown", network, provider
+
+
+def count_efa_devices(dev_dir: str = "/dev/infiniband") -> int:
+    """EFA devices in this container: the uverbs character devices the EFA device plugin mounts."""
+    return len(glob.glob(os.path.join(dev_dir, "uverbs*")))
+
+
+def evaluate(ranks: list[RankInfo], results: list[SizeResult], *, require_efa: bool,
+             floor_busbw_gbs: float | None) -> list[str]:
+    """Reasons the fabric is not fit for training (empty: it passed)."""
+    reasons = []
+    if require_efa:
+        no_dev = sorted({r.host for r in ranks if r.efa_devices == 0})
+        if no_dev:
+            reasons.append("no EFA devices in the pod on " + ", ".join(no_dev) + " (/dev/infiniband/uverbs* "
+                           "missing): the pod did not get vpc.amazonaws.com/efa devices, or the node has no EFA "
+                           "interfaces or device plugin")
+        wrong = sorted({f"{r.transport} on {r.host}" for r in ranks if r.transport != "efa"})
+        if wrong:
+            hint = ("NCCL fell back to TCP sockets (NET/Socket): the aws-ofi-nccl plugin or libfabric's EFA "
+                    "provider did not load" if any(r.transport == "socket" for r in ranks) else "")
+            reasons.append("transport is not OFI/EFA: " + ", ".join(wrong) + (f"; {hint}" if hint else ""))
+    peak = max((r.busbw_gbs for r in results), default=0.0)
+    if floor_busbw_gbs is not None and peak < floor_busbw_gbs:
+        reasons.append(f"low bandwidth: peak all-reduce bus bandwidth {peak:.2f} GB/s is below the floor "
+                       f"{floor_busbw_gbs:.2f} GB/s for this instance type")
+    return reasons
+
+
+def table(report: Report) -> str:
+    lines = [f"{'size':>12} {'count':>12} {'time(us)':>12} {'algbw(GB/s)':>12} {'busbw(GB/s)':>12}"]
+    for r in report.results:
+        lines.append(f"{_human(r.bytes):>12} {r.count:>12} {r.time_us:>12.1f} {r.algbw_gbs:>12.3f} "
+                     f"{r.busbw_gbs:>12.3f}")
+    floor = f"{report.floor_busbw_gbs:.2f}" if report.floor_busbw_gbs is not None else "none"
+    lines.append(f"ranks={report.world_size} nodes={report.nodes} backend={report.backend} "
+                 f"transport={','.join(report.transports)} peak busbw={report.peak_busbw_gbs:.3f} GB/s "
+                 f"floor={floor} GB/s")
+    lines.append("FABRIC CHECK PASSED" if report.passed else "FABRIC CHECK FAILED: " + "; ".join(report.reasons))
+    return "\n".join(lines)
+
+
+def _human(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:g} {unit}"
+    return f"{n} B"
+
+
+def write_report(run_dir: Path, report: Report) -> Path:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / FABRIC_JSON
+    fd, tmp = tempfile.mkstemp(dir=run_dir, prefix=".fabric.", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(asdict(report), f, indent=2)
+    os.replace(tmp, path)
+    return path
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m training.fabric_check", description=__doc__.split("\n\n")[0])
+    p.add_argument("--run-dir", required=True, help="where fabric.json is written (the training run's directory)")
+    p.add_argument("--require-efa", action="store_true", help="fail unless every rank has EFA devices and NCCL "
+                   "picked the OFI/EFA transport")
+    p.add_argument("--min-busbw-gbs", type=float, default=None, help="fail below this peak bus bandwidth (GB/s)")
+    p.add_argument("--instance-type", default=None, help="recorded in fabric.json")
+    p.add_argument("--min-bytes", type=int, default=8)
+    p.add_argument("--max-bytes", type=int, default=None,
+                   help=f"largest message; default {_human(GPU_MAX_BYTES)} on GPUs, {_human(CPU_MAX_BYTES)} on CPU")
+    p.add_argument("--factor", type=int, default=2, help="size step of the sweep")
+    p.add_argument("--iters", type=int, default=20, help="timed all-reduces per size")
+    p.add_argument("--warmup", type=int, default=5, help="untimed all-reduces per size")
+    p.add_argument("--timeout-s", type=float, default=600.0, help="process-group timeout")
+    return p.parse_args(argv)
+
+
+def _nccl_log_setup() -> Path:
+    # Before the process group exists: NCCL reads these when it initialises. The log goes to a file of
+    # our own so the transport can be read back, not only printed.
+    log = Path(tempfile.gettempdir()) / f"nccl-fabric-{os.getpid()}.log"
+    os.environ["NCCL_DEBUG"] = "INFO"
+    os.environ["NCCL_DEBUG_SUBSYS"] = "INIT,NET"
+    os.environ["NCCL_DEBUG_FILE"] = str(log)
+    return log
+
+
+def _measure(torch: Any, dist: Any, device: Any, sizes: list[int], iters: int, warmup: int,
+             world: int) -> list[SizeResult]:
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    results = []
+    for size in sizes:
+        count = max(1, size // DTYPE_BYTES)
+        buf = torch.ones(count, dtype=torch.float32, device=device)
+        for _ in range(warmup):
+            dist.all_reduce(buf)
+        sync()
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(iters):
+            dist.all_reduce(buf)
+        sync()
+        elapsed = torch.tensor([(time.perf_counter() - start) / iters], dtype=torch.float64, device=device)
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
+        seconds = float(elapsed.item())
+        nbytes = count * DTYPE_BYTES
+        algbw = nbytes / seconds / 1e9
+        results.append(SizeResult(bytes=nbytes, count=count, time_us=round(seconds * 1e6, 2),
+                                  algbw_gbs=round(algbw, 4), busbw_gbs=round(bus_bandwidth(algbw, world), 4)))
+        del buf
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    log_path = _nccl_log_setup()
+    started = time.monotonic()
+
+    import torch
+    import torch.distributed as dist
+
+    from .dist import process_group
+
+    with process_group(timeout_s=args.timeout_s) as env:
+        if not env.distributed:
+            print("fabric_check: not launched by torchrun (no MASTER_ADDR): measuring a world of one",
+                  file=sys.stderr)
+        world = env.world_size
+        max_bytes = args.max_bytes or (GPU_MAX_BYTES if env.device.type == "cuda" else CPU_MAX_BYTES)
+        sizes = sweep(args.min_bytes, max_bytes, args.factor)
+        if env.distributed:
+            results = _measure(torch, dist, env.device, sizes, args.iters, args.warmup, world)
+        else:
+            results = []
+        if env.backend == "nccl":
+            transport, network, provider = parse_nccl_log(log_path.read_text(errors="replace")
+                                                          if log_path.exists() else "")
+        else:
+            transport, network, provider = "gloo-tcp", None, None
+        mine = RankInfo(rank=env.rank, host=socket.gethostname(), node_rank=int(os.environ.get("GROUP_RANK", "0")),
+                        local_rank=env.local_rank, backend=env.backend,
+                        transport=transport, network=network, ofi_provider=provider,
+                        efa_devices=count_efa_devices())
+        ranks: list[Any] = [None] * world
+        if env.distributed:
+            dist.all_gather_object(ranks, asdict(mine))
+        else:
+            ranks = [asdict(mine)]
+        infos = [RankInfo(**r) for r in ranks]
+        reasons = evaluate(infos, results, require_efa=args.require_efa, floor_busbw_gbs=args.min_busbw_gbs)
+        nccl = None
+        if env.backend == "nccl":
+            nccl = ".".join(map(str, torch.cuda.nccl.version()))
+        report = Report(
+            passed=not reasons, reasons=reasons, backend=env.backend, world_size=world,
+            nodes=len({r.node_rank for r in infos}), require_efa=args.require_efa,
+            floor_busbw_gbs=args.min_busbw_gbs, peak_busbw_gbs=max((r.busbw_gbs for r in results), default=0.0),
+            transports=sorted({r.transport for r in infos}), instance_type=args.instance_type, ranks=infos,
+            results=results, iters=args.iters, warmup=args.warmup,
+            duration_s=round(time.monotonic() - started, 2), torch_version=torch.__version__, nccl_version=nccl)
+        if env.is_main:
+            path = write_report(Path(args.run_dir), report)
+            print(table(report))
+            print(f"fabric_check: wrote {path}")
+        if env.distributed:
+            dist.barrier()  # nobody tears the group down while rank 0 still writes
+    return 0 if report.passed else FABRIC_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())
