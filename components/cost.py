@@ -7,21 +7,25 @@ Instance prices come from the catalog (``catalog.PRICE_DATE``, ``catalog.PRICE_S
 everything else from :data:`PRICES` below, dated :data:`PRICE_DATE`. All are us-east-1
 list prices in USD; other regions differ, usually by a few percent, and the estimate
 says so. "Training" counts the job's node group at ``job.nodes`` nodes and other GPU
-groups at ``desiredSize``; "idle" counts GPU groups at ``minSize`` (0: scaled to zero).
+groups at ``desiredSize``; "idle" counts GPU groups at ``minSize`` (0: the autoscaler removed them).
 The system nodes, control plane, NAT gateways and storage cost the same either way.
 
 The per-run figure rests on an *estimated* training throughput per GPU model
 (:data:`IMAGES_PER_SECOND`): ``epochs x 50,000`` CIFAR-10 images at that rate times
-the job's GPUs, plus a fixed start-up overhead. Pure module: no Pulumi, no AWS calls.
+the job's GPUs. A run is billed for its GPU nodes from launch to termination (:func:`timeline`):
+node start-up, image pull, training, evaluation and the scale-down tail (``cluster.scaleDownUnneededTime``
+plus draining). The control plane is priced by support type and phase (``k8s_versions``).
+Pure module: no Pulumi, no AWS calls.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
-from components import catalog
-from components.config import StackConfig
+from . import catalog, k8s_versions
+from .config import StackConfig, duration_minutes
 
 PRICE_DATE = "2025-10-01"
 PRICE_REGION = "us-east-1"
@@ -29,7 +33,10 @@ HOURS_PER_MONTH = 730  # AWS's own monthly convention for $/month -> $/hour
 
 # Non-instance prices, us-east-1, from each service's pricing page on PRICE_DATE.
 PRICES: dict[str, tuple[float, str]] = {
-    "eks_cluster_hour": (0.10, "EKS control plane, standard support (aws.amazon.com/eks/pricing)"),
+    "eks_cluster_hour": (k8s_versions.STANDARD_SUPPORT_USD_PER_HOUR,
+                         "EKS control plane, standard support (aws.amazon.com/eks/pricing)"),
+    "eks_cluster_extended_hour": (k8s_versions.EXTENDED_SUPPORT_USD_PER_HOUR,
+                                  "EKS control plane, extended support (aws.amazon.com/eks/pricing)"),
     "nat_gateway_hour": (0.045, "NAT gateway hour (aws.amazon.com/vpc/pricing)"),
     "nat_gateway_gb": (0.045, "NAT gateway data processed, per GB (aws.amazon.com/vpc/pricing)"),
     "public_ipv4_hour": (0.005, "public IPv4 address hour, here the NAT gateways' EIPs (aws.amazon.com/vpc/pricing)"),
@@ -63,15 +70,29 @@ IMAGES_PER_SECOND: dict[str, float] = {
     "H100": 48_000,
 }
 # resnet18 with a 32x32 stem does ~1.5x the FLOPs of resnet-small per image, with more layers at full resolution.
-MODEL_SPEED = {"resnet-small": 1.0, "resnet18": 0.6}
+# airnet (the trainer's default) does 0.236 GFLOPs per image forward against resnet-small's 0.759
+# (measured with torch's FlopCounter, bench/RESULTS.md): credited 3x, below the FLOPs ratio, since small
+# convs use a GPU less well. The workshop CNN is far smaller still; it is capped at the same 3x.
+MODEL_SPEED = {"airnet": 3.0, "resnet-small": 1.0, "resnet18": 0.6, "workshop-cnn": 3.0}
 # Data-parallel efficiency: gradient all-reduce over TCP between nodes without EFA costs ~15 %
 # for this small model (a 26 MB fp32 all-reduce per step); NVLink within a node or EFA ~5 %.
 SCALING_TCP = 0.85
 SCALING_FAST = 0.95
 CIFAR10_TRAIN_IMAGES = 50_000
-# Per run, beyond the epochs: data preparation job, pulling the multi-GB image onto fresh
-# nodes, rendezvous and CUDA start-up, final evaluation and model save.
-RUN_OVERHEAD_MINUTES = 10
+# A run's timeline on GPU nodes, beyond the epochs (estimates; each is named in the assumptions):
+# the autoscaler sees the Pending pods within its 10 s scan and asks the Auto Scaling group for nodes;
+# EC2 launch, boot and kubelet join take ~4 min for a single-GPU node and longer for 8-GPU EFA types
+# (more devices and interfaces to bring up, the NVIDIA and EFA device plugins to register).
+NODE_START_MINUTES = 4
+NODE_START_MINUTES_8GPU = 8
+# Pulling the CUDA PyTorch trainer image (~ECR_ASSUMED_GB compressed, about twice that unpacked) onto
+# a fresh gp3 root volume (125 MB/s baseline): a few minutes. Data prep ran beforehand on the system nodes.
+IMAGE_PULL_MINUTES = 3
+# Rendezvous, CUDA start-up, the final evaluation and the model save.
+RUN_OVERHEAD_MINUTES = 3
+# After the last pod ends: the node sits unneeded for cluster.scaleDownUnneededTime, then the autoscaler
+# drains it and EC2 terminates it (shutting-down is still billed): about a minute more.
+SCALE_DOWN_TERMINATE_MINUTES = 1
 
 
 def price(key: str) -> float:
@@ -106,7 +127,11 @@ class Estimate:
     items: tuple[LineItem, ...]
     run_images: int
     images_per_second: float
-    overhead_hours: float
+    timeline: tuple[tuple[str, float], ...]
+    """(phase, minutes) the job's GPU nodes are billed for one run: start-up, image pull, training,
+    evaluation, scale-down tail. Data preparation runs on the system nodes before them."""
+    back_to_idle_minutes: float
+    """Minutes from the end of a run until its GPU nodes are gone (the scale-down tail)."""
     assumptions: tuple[str, ...] = field(default=())
     not_included: tuple[str, ...] = field(default=())
 
@@ -119,12 +144,19 @@ class Estimate:
         return sum(i.idle_per_hour for i in self.items)
 
     @property
+    def train_hours(self) -> float:
+        """Pure training time of a run at the estimated throughput."""
+        return self.run_images / self.images_per_second / 3600
+
+    @property
     def run_hours(self) -> float:
-        return self.run_images / self.images_per_second / 3600 + self.overhead_hours
+        """How long a run keeps GPU nodes billed: from the scale-up to their termination."""
+        return sum(m for _, m in self.timeline) / 60
 
     @property
     def per_run(self) -> float:
-        return self.training_per_hour * self.run_hours
+        """What a run adds to the idle stack: the GPU nodes (and their volumes) for :attr:`run_hours`."""
+        return (self.training_per_hour - self.idle_per_hour) * self.run_hours
 
     def as_dict(self) -> dict[str, Any]:
         r = lambda x: round(x, 4)  # noqa: E731
@@ -140,6 +172,8 @@ class Estimate:
             "idle_per_month": round(self.idle_per_hour * HOURS_PER_MONTH, 2),
             "per_run": r(self.per_run),
             "run_hours": r(self.run_hours),
+            "run_timeline_minutes": {k: round(m, 1) for k, m in self.timeline},
+            "back_to_idle_minutes": round(self.back_to_idle_minutes, 1),
             "run_images": self.run_images,
             "images_per_second": round(self.images_per_second, 1),
             "line_items": [{"name": i.name, "unit": i.unit, "unit_price_per_hour": round(i.unit_price, 6),
@@ -159,8 +193,24 @@ def _gb_month(key: str) -> float:
     return price(key) / HOURS_PER_MONTH
 
 
-def _items(cfg: StackConfig) -> list[LineItem]:
-    items = [LineItem("EKS control plane (standard support)", "cluster", price("eks_cluster_hour"), 1, 1)]
+def control_plane(cfg: StackConfig, day: dt.date) -> LineItem:
+    """The control plane at the rate of its support phase on ``day``: extended support ($0.60/h) only with
+    ``upgradePolicy: EXTENDED`` once the version is past standard support; a STANDARD cluster is upgraded by
+    EKS at that point instead and stays at the standard rate."""
+    version = cfg.cluster.kubernetes_version
+    phase = k8s_versions.support_on(version, day) if version in k8s_versions.CALENDAR else "standard"
+    if cfg.cluster.upgrade_policy == "EXTENDED" and phase in ("extended", "ended"):
+        return LineItem("EKS control plane (extended support)", "cluster", price("eks_cluster_extended_hour"), 1, 1,
+                        note=f"Kubernetes {version} is past standard support on {day}")
+    note = ""
+    if cfg.cluster.upgrade_policy == "EXTENDED":
+        end = k8s_versions.CALENDAR[version].end_of_standard
+        note = f"${price('eks_cluster_extended_hour'):.2f}/h from {end}, when {version} leaves standard support"
+    return LineItem("EKS control plane (standard support)", "cluster", price("eks_cluster_hour"), 1, 1, note=note)
+
+
+def _items(cfg: StackConfig, day: dt.date) -> list[LineItem]:
+    items = [control_plane(cfg, day)]
     net = cfg.network
     zones = len(net.availability_zones) or net.az_count
     nats = 0 if net.bring_your_own else (zones if net.nat_gateways == "perAz" else 1)
@@ -217,21 +267,49 @@ def throughput(cfg: StackConfig) -> tuple[float, str]:
     return per_gpu * gpus * efficiency, how
 
 
-def estimate(cfg: StackConfig) -> Estimate:
-    """The stack's cost estimate from the catalog and :data:`PRICES`."""
+def scale_down_minutes(cfg: StackConfig) -> float:
+    """Minutes a GPU node sits empty before the autoscaler removes it (``cluster.scaleDownUnneededTime``)."""
+    return duration_minutes(cfg.cluster.scale_down_unneeded_time)
+
+
+def timeline(cfg: StackConfig, rate: float) -> tuple[tuple[str, float], ...]:
+    """(phase, minutes) the job's GPU nodes are billed for one run."""
+    it = catalog.lookup(cfg.job_group.instance_type)
+    images = cfg.job.epochs * CIFAR10_TRAIN_IMAGES
+    return (
+        ("node start-up", float(NODE_START_MINUTES_8GPU if it.gpus >= 8 else NODE_START_MINUTES)),
+        ("image pull", float(IMAGE_PULL_MINUTES)),
+        ("training", images / rate / 60),
+        ("start-up and evaluation", float(RUN_OVERHEAD_MINUTES)),
+        ("scale-down tail", scale_down_minutes(cfg) + SCALE_DOWN_TERMINATE_MINUTES),
+    )
+
+
+def estimate(cfg: StackConfig, *, day: dt.date | None = None) -> Estimate:
+    """The stack's cost estimate from the catalog and :data:`PRICES`, with the control plane priced for its
+    support phase on ``day`` (default: today)."""
+    day = day or dt.date.today()
     rate, how = throughput(cfg)
     images = cfg.job.epochs * CIFAR10_TRAIN_IMAGES
+    phases = timeline(cfg, rate)
     assumptions = [
         f"prices are {PRICE_REGION} list prices (instances: {catalog.PRICE_SOURCE}, {catalog.PRICE_DATE}; "
         f"other services: {PRICE_DATE})"
         + ("" if cfg.region == PRICE_REGION else f"; {cfg.region} prices may differ by a few percent"),
         f"training: group '{cfg.job_group.name}' at job.nodes ({cfg.job.nodes}), other GPU groups at desiredSize; "
-        "idle: GPU groups at minSize",
+        "idle: GPU groups at minSize (the cluster autoscaler removes the rest)",
         f"a run: {cfg.job.epochs} epochs x {CIFAR10_TRAIN_IMAGES:,} images = {images:,} images at ~{rate:,.0f} "
-        f"images/s ({how}) plus {RUN_OVERHEAD_MINUTES} min start-up and evaluation",
+        f"images/s ({how})",
+        "a run's GPU-node time: " + ", ".join(f"{k} {m:.1f} min" for k, m in phases)
+        + f" (the tail: cluster.scaleDownUnneededTime {cfg.cluster.scale_down_unneeded_time} plus ~"
+        f"{SCALE_DOWN_TERMINATE_MINUTES} min to drain and terminate); data preparation runs on the system nodes",
         f"sizes not fixed by the stack: EFS {EFS_ASSUMED_GB} GB, ECR {ECR_ASSUMED_GB} GB, "
         f"control-plane logs {LOGS_ASSUMED_GB_PER_DAY:g} GB/day; {HOURS_PER_MONTH} hours per month",
     ]
+    if cfg.job_group.capacity_reservation_id:
+        assumptions.append(f"group '{cfg.job_group.name}' launches into {cfg.job_group.capacity_reservation_id}: "
+                           "the reservation bills its instances whether a run uses them or not, so the per-run "
+                           "figure is what the run's node time is worth, not extra spend")
     not_included = [
         f"NAT gateway data processing (${price('nat_gateway_gb')}/GB)",
         f"EFS Elastic Throughput (${price('efs_elastic_read_gb')}/GB read, ${price('efs_elastic_write_gb')}/GB write)",
@@ -241,9 +319,10 @@ def estimate(cfg: StackConfig) -> Estimate:
         if g.capacity_reservation_id:
             it = catalog.lookup(g.instance_type)
             not_included.append(f"capacity reservation {g.capacity_reservation_id}: ${it.price_per_hour:g}/h per "
-                                f"reserved {it.name} from its start to its end, nodes running or not (idle too)")
-    return Estimate(region=cfg.region, items=tuple(_items(cfg)), run_images=images, images_per_second=rate,
-                    overhead_hours=RUN_OVERHEAD_MINUTES / 60, assumptions=tuple(assumptions),
+                                f"reserved {it.name} from its start to its end, nodes running or not (idle too); "
+                                "removing idle nodes frees the reservation, it saves nothing")
+    return Estimate(region=cfg.region, items=tuple(_items(cfg, day)), run_images=images, images_per_second=rate,
+                    timeline=phases, back_to_idle_minutes=phases[-1][1], assumptions=tuple(assumptions),
                     not_included=tuple(not_included))
 
 
@@ -254,8 +333,10 @@ def render(data: dict[str, Any]) -> str:
         + ("" if data["region"] == data["price_region"] else f"; stack region {data['region']} may differ") + ")",
         f"  while training: ${data['training_per_hour']:.2f}/hour",
         f"  while idle:     ${data['idle_per_hour']:.2f}/hour (~${data['idle_per_month']:,.0f}/month)",
-        f"  per run:        ${data['per_run']:.2f} ({data['run_hours'] * 60:.0f} min: {int(data['run_images']):,} images "
-        f"at ~{data['images_per_second']:,.0f} images/s, estimated, plus start-up)",
+        f"  after a run:    back to idle in ~{data['back_to_idle_minutes']:.0f} min (the autoscaler removes the GPU nodes)",
+        f"  per run:        ${data['per_run']:.2f} on top of idle (GPU nodes for {data['run_hours'] * 60:.0f} min: "
+        + ", ".join(f"{k} {m:.1f}" for k, m in data["run_timeline_minutes"].items())
+        + f"; {int(data['run_images']):,} images at ~{data['images_per_second']:,.0f} images/s, estimated)",
         "",
         f"  {'item':<58} {'$/h training':>12} {'$/h idle':>9}",
     ]

@@ -1,0 +1,170 @@
+"""Cluster autoscaler: GPU nodes appear for Pending pods and leave after the run.
+
+* The upstream Helm chart (kubernetes/autoscaler ``cluster-autoscaler``), pinned, with the
+  autoscaler image whose minor version matches the cluster's (:data:`IMAGE_TAGS`: the autoscaler
+  simulates the scheduler of its own minor version, so a mismatch is unsupported upstream).
+* Runs on the system nodes (nodeSelector), never on the GPU nodes it removes.
+* Discovers node groups by the tags EKS puts on every managed group's Auto Scaling group
+  (``k8s.io/cluster-autoscaler/enabled``, ``k8s.io/cluster-autoscaler/<cluster>``); scale from
+  zero works through the node-template tags (``components/scheduling.py``, ``gpu_nodegroup.py``).
+* IRSA role of least privilege (:func:`iam_policy`): the read-only Describe calls on ``*`` (they
+  take no resource ARNs), and the two mutating calls only on Auto Scaling groups tagged
+  ``k8s.io/cluster-autoscaler/<cluster>: owned``, i.e. this cluster's managed node groups.
+* ``scale-down-unneeded-time`` from config: how long a GPU node sits empty before it is removed.
+
+Reserved and capacity-block groups work the same way: the autoscaler raises their desired size
+when pods are Pending, and the instances launch into the reservation/block; it removes them when
+idle. Their capacity is billed anyway (reservation until its end, block up front), so removing
+idle nodes saves nothing there but frees the reservation for other users of the account.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_aws as aws
+import pulumi_kubernetes as k8s
+
+from .efs import irsa_trust_policy
+
+CHART = "cluster-autoscaler"
+CHART_REPO = "https://kubernetes.github.io/autoscaler"
+CHART_VERSION = "9.46.6"
+"""Chart version; the image is set per cluster version below, not the chart's appVersion."""
+IMAGE_REPOSITORY = "registry.k8s.io/autoscaling/cluster-autoscaler"
+IMAGE_TAGS: dict[str, str] = {
+    "1.31": "v1.31.1",
+    "1.32": "v1.32.7",
+    "1.33": "v1.33.5",
+    "1.34": "v1.34.4",
+    "1.35": "v1.35.1",
+    "1.36": "v1.36.0",
+}
+"""Autoscaler release per Kubernetes minor version (newest patch known to be published)."""
+NAMESPACE = "kube-system"
+SERVICE_ACCOUNT = "cluster-autoscaler"
+# Requests measured from upstream's examples (100m / 300Mi for clusters of this size); the limit leaves room
+# for a burst of Pending pods to simulate.
+RESOURCES = {"requests": {"cpu": "100m", "memory": "300Mi"}, "limits": {"memory": "600Mi"}}
+
+DESCRIBE_ACTIONS = (
+    "autoscaling:DescribeAutoScalingGroups",
+    "autoscaling:DescribeAutoScalingInstances",
+    "autoscaling:DescribeLaunchConfigurations",
+    "autoscaling:DescribeScalingActivities",
+    "autoscaling:DescribeTags",
+    "ec2:DescribeImages",
+    "ec2:DescribeInstanceTypes",
+    "ec2:DescribeLaunchTemplateVersions",
+    "ec2:GetInstanceTypesFromInstanceRequirements",
+)
+"""Read-only calls from the autoscaler's AWS README (auto-discovery, launch templates) that take no resource ARN."""
+NODEGROUP_ACTION = "eks:DescribeNodegroup"
+"""Read of a managed group's labels and taints (scale from zero); it takes a node group ARN, so it is scoped."""
+MUTATING_ACTIONS = ("autoscaling:SetDesiredCapacity", "autoscaling:TerminateInstanceInAutoScalingGroup")
+
+
+def image_tag(kubernetes_version: str) -> str:
+    """The autoscaler image tag for a cluster's Kubernetes minor version."""
+    try:
+        return IMAGE_TAGS[kubernetes_version]
+    except KeyError:
+        raise ValueError(f"kubernetes_version: got {kubernetes_version!r}; the cluster autoscaler is pinned for "
+                         + ", ".join(IMAGE_TAGS)) from None
+
+
+def owner_tag(cluster_name: str) -> str:
+    return f"k8s.io/cluster-autoscaler/{cluster_name}"
+
+
+def partition(region: str) -> str:
+    """The AWS partition of a region (ARNs name it)."""
+    return "aws-cn" if region.startswith("cn-") else "aws-us-gov" if region.startswith("us-gov-") else "aws"
+
+
+def iam_policy(cluster_name: str, region: str) -> dict:
+    """Least privilege: describe what takes no ARN, read only this cluster's node groups, change only this
+    cluster's Auto Scaling groups (by the owner tag)."""
+    return {"Version": "2012-10-17", "Statement": [
+        {"Sid": "Describe", "Effect": "Allow", "Action": list(DESCRIBE_ACTIONS), "Resource": "*"},
+        {"Sid": "DescribeOwnNodeGroups", "Effect": "Allow", "Action": [NODEGROUP_ACTION],
+         "Resource": f"arn:{partition(region)}:eks:{region}:*:nodegroup/{cluster_name}/*/*"},
+        {"Sid": "ScaleOwnNodeGroups", "Effect": "Allow", "Action": list(MUTATING_ACTIONS), "Resource": "*",
+         "Condition": {"StringEquals": {f"aws:ResourceTag/{owner_tag(cluster_name)}": "owned"}}},
+    ]}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterAutoscalerArgs:
+    """Inputs of :class:`ClusterAutoscaler`."""
+
+    cluster_name: str
+    """EKS cluster name: the auto-discovery tag and the IAM condition name it."""
+    region: str
+    """AWS region of the cluster (the chart's ``awsRegion``)."""
+    kubernetes_version: str
+    """Cluster minor version, e.g. ``1.33``: picks the image tag."""
+    oidc_provider_arn: pulumi.Input[str]
+    oidc_provider_url: pulumi.Input[str]
+    node_selector: Mapping[str, str]
+    """Labels of the system nodes."""
+    scale_down_unneeded_time: str = "10m"
+    """How long a node must be unneeded before it is removed (Go duration)."""
+
+
+def helm_values(args: ClusterAutoscalerArgs, role_arn: pulumi.Input[str]) -> dict:
+    """The chart values (names from the chart's values.yaml)."""
+    return {
+        "cloudProvider": "aws",
+        "awsRegion": args.region,
+        "autoDiscovery": {"clusterName": args.cluster_name,
+                          "tags": ["k8s.io/cluster-autoscaler/enabled", owner_tag(args.cluster_name)]},
+        "image": {"repository": IMAGE_REPOSITORY, "tag": image_tag(args.kubernetes_version)},
+        "rbac": {"serviceAccount": {"create": True, "name": SERVICE_ACCOUNT,
+                                    "annotations": {"eks.amazonaws.com/role-arn": role_arn}}},
+        "nodeSelector": dict(args.node_selector),
+        "resources": RESOURCES,
+        "extraArgs": {
+            "scale-down-unneeded-time": args.scale_down_unneeded_time,
+            # After a scale-up, scale-down waits this long; the same as unneeded-time, so a short run's nodes
+            # leave the configured time after it, not a fixed 10 min after they came.
+            "scale-down-delay-after-add": args.scale_down_unneeded_time,
+            # Among groups that fit a Pending pod, the one wasting the least CPU/memory.
+            "expander": "least-waste",
+            # p4de/p5 nodes can take longer than the default 15 min to boot and register their devices.
+            "max-node-provision-time": "25m",
+        },
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 65534, "runAsGroup": 65534,
+                            "seccompProfile": {"type": "RuntimeDefault"}},
+        "containerSecurityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                     "capabilities": {"drop": ["ALL"]}},
+    }
+
+
+class ClusterAutoscaler(pulumi.ComponentResource):
+    """The cluster autoscaler Helm release with its IRSA role."""
+
+    role_arn: pulumi.Output[str]
+
+    def __init__(self, name: str, args: ClusterAutoscalerArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("eks-ddp:autoscaler:ClusterAutoscaler", name, None, opts)
+        image_tag(args.kubernetes_version)
+        child = pulumi.ResourceOptions(parent=self)
+        role = aws.iam.Role(
+            f"{name}-role",
+            description="Cluster autoscaler (IRSA): scales this cluster's node groups",
+            assume_role_policy=pulumi.Output.all(args.oidc_provider_arn, args.oidc_provider_url).apply(
+                lambda a: irsa_trust_policy(a[0], a[1], NAMESPACE, SERVICE_ACCOUNT)),
+            opts=child)
+        policy = aws.iam.RolePolicy(f"{name}-policy", role=role.id, policy=json.dumps(iam_policy(args.cluster_name, args.region)),
+                                    opts=child)
+        k8s.helm.v3.Release(
+            f"{name}-release", name="cluster-autoscaler", chart=CHART, version=CHART_VERSION,
+            repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=CHART_REPO), namespace=NAMESPACE,
+            values=helm_values(args, role.arn), atomic=True,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[policy]))
+        self.role_arn = role.arn
+        self.register_outputs({"role_arn": self.role_arn})
