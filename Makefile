@@ -13,7 +13,7 @@ install: $(VENV)/.installed $(SCAN_VENV)/.installed
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip==25.2
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev,trainer]'
 	touch $@
 
 # checkov's own pins clash with pulumi's, so it lives in a separate environment.
@@ -40,7 +40,7 @@ plan: $(VENV)/.installed
 # Trainer benchmarks (several minutes on 2 cores); results and the machine go to bench/RESULTS.md.
 bench: $(VENV)/.installed
 	$(BIN)/python bench/throughput.py
-	$(BIN)/python bench/time_to_loss.py
+	$(BIN)/python bench/digits.py
 	$(BIN)/python bench/recovery.py
 
 clean:

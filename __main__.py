@@ -3,14 +3,17 @@
 No logic beyond wiring lives here: every decision is in ``components/``.
 """
 
+import os
+
 import pulumi
-import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 from pulumi.runtime.config import CONFIG, get_config_env
 
 from components import (
     ClusterAddons,
     ClusterAddonsArgs,
+    ClusterAutoscaler,
+    ClusterAutoscalerArgs,
     EfsStore,
     EfsStoreArgs,
     EksCluster,
@@ -23,18 +26,22 @@ from components import (
     GpuNodeGroupArgs,
     Network,
     NetworkArgs,
+    ResultsBucket,
+    ResultsBucketArgs,
     TrainerImage,
     TrainerImageArgs,
     cost,
     preflight,
 )
-from components.config import PROJECT, ConfigError, load_stack_config
+from components.config import OFFLINE_PLAN_ENV, PROJECT, ConfigError, choose_zones, cluster_name_for, load_stack_config
 from components.namespace import training_namespace
+from components.network import standard_zones
 
 # --- config: the only place that reads Pulumi config -----------------------------------------
 raw = {k: v for k, v in {**get_config_env(), **CONFIG.get()}.items() if k.startswith(PROJECT + ":")}
 try:
-    cfg = load_stack_config(raw, region=pulumi.Config("aws").get("region"))
+    cfg = load_stack_config(raw, region=pulumi.Config("aws").get("region"), stack=pulumi.get_stack(),
+                            placeholders_ok=os.environ.get(OFFLINE_PLAN_ENV) == "1")
 except ConfigError as err:
     raise pulumi.RunError(str(err)) from None
 
@@ -43,9 +50,9 @@ if cfg.preflight:
     preflight.run_or_raise(cfg, profile=pulumi.Config("aws").get("profile"))
 
 stack = pulumi.get_stack()
-cluster_name = f"eks-ddp-{stack}"
-zones = list(cfg.network.availability_zones) or aws.get_availability_zones(state="available").names[
-    : cfg.network.az_count]
+cluster_name = cluster_name_for(stack)
+# Regular zones where EKS accepts subnets: never a Local Zone, never an unsupported zone ID.
+zones = choose_zones(cfg, [] if cfg.network.availability_zones else standard_zones())
 
 # --- AWS infrastructure ------------------------------------------------------------------------
 network = Network("network", NetworkArgs(
@@ -64,10 +71,13 @@ cluster = EksCluster("cluster", EksClusterArgs(
     public_subnet_ids=network.public_subnet_ids,
     private_subnet_ids=network.private_subnet_ids,
     kubernetes_version=cfg.cluster.kubernetes_version,
+    upgrade_policy=cfg.cluster.upgrade_policy,
     public_access_cidrs=cfg.cluster.public_access_cidrs,
     system_instance_type=cfg.cluster.system_instance_type,
     system_node_count=cfg.cluster.system_node_count,
     log_retention_days=cfg.cluster.log_retention_days,
+    aws_profile=pulumi.Config("aws").get("profile"),
+    admin_principal_arns=cfg.cluster.admin_principal_arns,
 ))
 
 gpu_groups = [
@@ -88,7 +98,9 @@ gpu_groups = [
         efa=g.efa,
         capacity_reservation_id=g.capacity_reservation_id,
         availability_zone=g.availability_zone,
+        placement_group_name=g.placement_group_name,
         root_volume_gib=g.root_volume_gib,
+        spot_instance_types=g.spot_instance_types,
     ), opts=pulumi.ResourceOptions(depends_on=[cluster]))
     for g in cfg.node_groups
 ]
@@ -99,6 +111,19 @@ k8s_opts = pulumi.ResourceOptions(provider=k8s_provider)
 addons = ClusterAddons("addons", ClusterAddonsArgs(
     cluster_name=cluster.cluster_name,
     efa=cfg.uses_efa,
+    kubernetes_version=cfg.cluster.kubernetes_version,
+    gpu_node_groups=gpu_groups,
+), opts=pulumi.ResourceOptions(providers={"kubernetes": k8s_provider}, depends_on=[cluster]))
+
+# GPU groups idle at zero nodes; the autoscaler brings them up for Pending training pods and removes them after.
+autoscaler = ClusterAutoscaler("autoscaler", ClusterAutoscalerArgs(
+    cluster_name=cluster_name,
+    region=cfg.region,
+    kubernetes_version=cfg.cluster.kubernetes_version,
+    oidc_provider_arn=cluster.oidc_provider_arn,
+    oidc_provider_url=cluster.oidc_provider_url,
+    node_selector=cluster.system_node_labels,
+    scale_down_unneeded_time=cfg.cluster.scale_down_unneeded_time,
 ), opts=pulumi.ResourceOptions(providers={"kubernetes": k8s_provider}, depends_on=[cluster]))
 
 namespace = training_namespace(cfg.job.namespace, opts=k8s_opts)
@@ -106,18 +131,21 @@ namespace = training_namespace(cfg.job.namespace, opts=k8s_opts)
 storage = EfsStore("storage", EfsStoreArgs(
     cluster_name=cluster.cluster_name,
     vpc_id=network.vpc_id,
-    subnet_ids=network.private_subnet_ids,
+    # EFS allows one mount target per zone; a brought VPC may have several private subnets in one.
+    subnet_ids=list(network.private_subnet_by_az.values()),
     node_security_group_id=cluster.node_security_group_id,
     oidc_provider_arn=cluster.oidc_provider_arn,
     oidc_provider_url=cluster.oidc_provider_url,
     namespace=namespace.metadata.name,
     retain_on_destroy=cfg.storage.retain_on_destroy,
+    file_system_id=cfg.storage.file_system_id,
+    kubernetes_version=cfg.cluster.kubernetes_version,
 ), opts=pulumi.ResourceOptions(providers={"kubernetes": k8s_provider}, depends_on=[cluster]))
 
 image = TrainerImage("trainer-image", TrainerImageArgs(
     prebuilt=cfg.image.prebuilt,
     keep_images=cfg.image.keep_images,
-    force_delete=cfg.image.force_delete,
+    retain_repository=cfg.image.retain_repository,
     node_role_name=cluster.node_role_name,
 ))
 
@@ -131,24 +159,42 @@ if cfg.job.rdzv_backend == "etcd-v2":
         node_selector=cluster.system_node_labels,
     ), opts=pulumi.ResourceOptions(provider=k8s_provider, depends_on=[addons]))
 
-job = ElasticJob("training", ElasticJobArgs(
+# Results leave the cluster: rank 0 uploads them to s3://<bucket>/runs/<runId>/ with a role that may write
+# only there. The bucket is retained on destroy.
+JOB_NAME = "training"
+results = ResultsBucket("results", ResultsBucketArgs(
+    oidc_provider_arn=cluster.oidc_provider_arn,
+    oidc_provider_url=cluster.oidc_provider_url,
+    namespace=namespace.metadata.name,
+    service_account=f"{JOB_NAME}-trainer",  # ElasticJob's service account for its trainer pods
+    run_id=cfg.job.run_id,
+))
+results_url = pulumi.Output.concat("s3://", results.bucket_name, "/", results.prefix)
+
+job = ElasticJob(JOB_NAME, ElasticJobArgs(
     namespace=namespace.metadata.name,
     image=image.image_ref,
     pvc_name=storage.pvc_name,
     instance_type=job_group.instance_type,
     efa=job_group.efa,
+    fabric_check=cfg.fabric_check,
     node_selector=gpu_groups[cfg.node_groups.index(job_group)].node_labels,
+    system_node_selector=cluster.system_node_labels,
     nodes=cfg.job.nodes,
     min_nodes=cfg.job.min_nodes,
     max_restarts=cfg.job.max_restarts,
+    fault_budget=cfg.job.fault_budget,
+    active_deadline_hours=cfg.job.active_deadline_hours,
     run_id=cfg.job.run_id,
     rdzv_backend=cfg.job.rdzv_backend,
     rdzv_endpoint=etcd.endpoint if etcd else None,
     epochs=cfg.job.epochs,
-    batch_size=cfg.job.batch_size,
+    global_batch_size=cfg.job.global_batch_size,
     model=cfg.job.model,
     learning_rate=cfg.job.learning_rate,
     compile=cfg.job.compile,
+    results_role_arn=results.role_arn,
+    results_url=results_url,
 ), opts=pulumi.ResourceOptions(provider=k8s_provider, depends_on=[addons, *gpu_groups]))
 
 # --- outputs ------------------------------------------------------------------------------------
@@ -161,5 +207,9 @@ pulumi.export("imageRef", image.image_ref)
 pulumi.export("kubectl", cluster.cluster_name.apply(
     lambda n: f"aws eks update-kubeconfig --region {cfg.region} --name {n} && kubectl -n {cfg.job.namespace} get pods"))
 pulumi.export("followTraining", job.follow_command)
+pulumi.export("trainingJobName", job.job_name)
 pulumi.export("evaluateCommand", job.evaluate_command)  # re-runs the test-set evaluation
+pulumi.export("results", {"bucket": results.bucket_name, "prefix": results.prefix, "url": results_url})
+pulumi.export("fetchResults", results_url.apply(  # eval "$(pulumi stack output fetchResults)"
+    lambda url: f"python -m training.fetch_results {url} --region {cfg.region} --out results/{cfg.job.run_id}"))
 pulumi.export("costEstimate", cost.estimate(cfg).as_dict())

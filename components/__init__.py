@@ -20,9 +20,11 @@ _EXPORTS = {
     "GpuNodeGroup": "gpu_nodegroup", "GpuNodeGroupArgs": "gpu_nodegroup",
     "EfsStore": "efs", "EfsStoreArgs": "efs",
     "ClusterAddons": "addons", "ClusterAddonsArgs": "addons",
+    "ClusterAutoscaler": "autoscaler", "ClusterAutoscalerArgs": "autoscaler",
     "TrainerImage": "image", "TrainerImageArgs": "image",
     "EtcdRendezvous": "etcd", "EtcdRendezvousArgs": "etcd",
     "ElasticJob": "elastic_job", "ElasticJobArgs": "elastic_job",
+    "ResultsBucket": "results", "ResultsBucketArgs": "results",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -32,4 +34,4 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'components' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"components.{module}"), name)
+    return getattr(importlib.import_module(f".{module}", __name__), name)

@@ -12,28 +12,37 @@ in Python. The README's "Config reference" table documents every key.
 
 from __future__ import annotations
 
-import ipaddress
 import json
+import math
 import re
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Literal, get_args
 
-from components import catalog
+from . import catalog, k8s_versions, rules
 
 PROJECT = "eks-ddp"
 
+#: Set while the offline plan (``components/plan.py``) runs the program: nothing is created then, so
+#: the example stacks' placeholder CIDRs are reported as a note instead of stopping the plan.
+OFFLINE_PLAN_ENV = "EKS_DDP_OFFLINE_PLAN"
+
 CapacityType = Literal["onDemand", "spot", "capacityBlock"]
 NatMode = Literal["single", "perAz"]
-ModelName = Literal["resnet-small", "resnet18"]
+ModelName = Literal["airnet", "resnet-small", "resnet18", "workshop-cnn"]
 RdzvBackend = Literal["etcd-v2", "c10d"]
 
-DEFAULT_KUBERNETES_VERSION = "1.33"
-SUPPORTED_KUBERNETES_VERSIONS = ("1.31", "1.32", "1.33", "1.34")
+DEFAULT_KUBERNETES_VERSION = k8s_versions.DEFAULT_VERSION
+SUPPORTED_KUBERNETES_VERSIONS = k8s_versions.SUPPORTED_VERSIONS
+UpgradePolicy = Literal["STANDARD", "EXTENDED"]
 
-DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DNS_LABEL = rules.DNS_LABEL
+_INT_TEXT = re.compile(r"^-?\d+$")
 _AZ = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$")
 _ODCR = re.compile(r"^cr-[0-9a-f]{8,17}$")
-_IMAGE_BY_DIGEST = re.compile(r"^[^\s@]+@sha256:[0-9a-f]{64}$")
+_IAM_PRINCIPAL = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:(role|user)/[\w+=,.@/-]+$")
+_EFS_ID = re.compile(r"^fs-[0-9a-f]{8,40}$")
+_PLACEMENT_GROUP = re.compile(r"^[\x21-\x7e]{1,255}$")
+_DURATION = re.compile(r"^(\d+h)?(\d+m)?(\d+s)?$(?<!^)")
 
 
 class ConfigError(ValueError):
@@ -56,7 +65,7 @@ class NetworkConfig:
     vpc_cidr: str = _doc("CIDR of the new VPC (/16 to /24).", default="10.0.0.0/16")
     az_count: int = _doc("Availability zones the new VPC spans (2-6).", default=2)
     availability_zones: tuple[str, ...] = _doc(
-        "Explicit zones; default: the region's first azCount zones.", default=())
+        "Explicit zones; default: the region's first azCount regular zones EKS accepts.", default=())
     nat_gateways: NatMode = _doc("'single' (cheaper) or 'perAz' (zone-failure tolerant).", default="single")
     vpc_id: str | None = _doc("Existing VPC to use instead of creating one.", default=None)
     public_subnet_ids: tuple[str, ...] = _doc("Existing public subnets (with vpcId).", default=())
@@ -74,9 +83,18 @@ class ClusterConfig:
     public_access_cidrs: tuple[str, ...] = _doc(
         "CIDRs allowed to reach the Kubernetes API endpoint (required), e.g. your IP as a /32.")
     kubernetes_version: str = _doc("EKS Kubernetes version.", default=DEFAULT_KUBERNETES_VERSION)
+    upgrade_policy: UpgradePolicy = _doc(
+        "'STANDARD': EKS upgrades the cluster when standard support ends ($0.10/h); 'EXTENDED': keeps the "
+        "version and bills extended support ($0.60/h).", default=k8s_versions.DEFAULT_SUPPORT_TYPE)
     system_instance_type: str = _doc("CPU instance type of the system node group.", default="t3.large")
     system_node_count: int = _doc("Nodes in the system node group (etcd, CoreDNS, add-ons).", default=2)
     log_retention_days: int = _doc("CloudWatch retention of control-plane logs.", default=30)
+    admin_principal_arns: tuple[str, ...] = _doc(
+        "IAM role/user ARNs given cluster-admin besides the creator of the cluster (a teammate, a CI role).",
+        default=())
+    scale_down_unneeded_time: str = _doc(
+        "How long a GPU node must sit unneeded before the cluster autoscaler removes it (e.g. 10m, 1h): "
+        "the idle tail after a run; longer keeps nodes warm between runs.", default="10m")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,13 +107,20 @@ class NodeGroupConfig:
     desired_size: int = _doc("Nodes at creation; ignored afterwards (the autoscaler or you own it).", default=0)
     max_size: int = _doc("Maximum nodes.", default=2)
     capacity_type: CapacityType = _doc("'onDemand', 'spot' or 'capacityBlock'.", default="onDemand")
-    efa: bool = _doc("Attach the type's EFA interfaces, a cluster placement group, one AZ.", default=False)
+    efa: bool = _doc("Attach the type's EFA interfaces, keep one AZ; a new cluster placement group unless "
+                     "placementGroupName or a reservation is given.", default=False)
     capacity_reservation_id: str | None = _doc(
         "On-demand capacity reservation or capacity block (cr-...) to launch into.", default=None)
     availability_zone: str | None = _doc(
         "Pin the group to one zone (required with capacityReservationId).", default=None)
+    placement_group_name: str | None = _doc(
+        "Existing placement group to launch into: the reservation's, if it was created in one (preflight "
+        "checks); not with capacityBlock.", default=None)
     root_volume_gib: int = _doc("gp3 root volume size in GiB (images are multi-GB).", default=200,
                                 key="rootVolumeGiB")
+    spot_instance_types: tuple[str, ...] = _doc(
+        "More types a spot group may launch (fewer interruptions): catalog types with the same GPU count "
+        "and model as instanceType.", default=())
 
     @property
     def instance(self) -> catalog.InstanceType:
@@ -108,6 +133,9 @@ class StorageConfig:
 
     retain_on_destroy: bool = _doc(
         "Keep the EFS file system (checkpoints, data) on 'pulumi destroy'.", default=True)
+    file_system_id: str | None = _doc(
+        "Existing EFS file system to use (e.g. one kept by an earlier 'pulumi destroy'): its checkpoints are "
+        "seen again; none is created.", default=None)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -116,14 +144,17 @@ class ImageConfig:
 
     prebuilt: str | None = _doc("Use this image (repo@sha256:digest) instead of building one.", default=None)
     keep_images: int = _doc("Images the ECR lifecycle policy keeps.", default=10)
-    force_delete: bool = _doc("Let 'pulumi destroy' delete the ECR repository with its images.", default=False)
+    retain_repository: bool = _doc(
+        "Keep the ECR repository and its images on 'pulumi destroy' (then delete it by hand); default: "
+        "destroy deletes them.", default=False)
 
 
 @dataclass(frozen=True, kw_only=True)
 class EtcdConfig:
     """``eks-ddp:etcd``: the rendezvous server."""
 
-    replicas: int = _doc("etcd members: 1, or 3 for a fault-tolerant quorum.", default=1)
+    replicas: int = _doc("etcd members: 1 (the rendezvous store is one member; README 'Rendezvous store').",
+                         default=1)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -133,15 +164,26 @@ class JobConfig:
     node_group: str | None = _doc("GPU node group the job runs on; default: the first.", default=None)
     nodes: int = _doc("Pods (torchrun agents, one per node) the job runs: the max of --nnodes.", default=2)
     min_nodes: int = _doc("Fewest nodes training continues with: the min of --nnodes.", default=1)
-    max_restarts: int = _doc("torchrun --max-restarts: worker-group restarts before the job fails.", default=3)
+    max_restarts: int = _doc("Fault budget per agent (--max-restarts): each crash or lost node costs one restart, a "
+                             "joining node none; a FATAL trainer exit code fails at once.", default=20)
+    fault_budget: int = _doc("Pod failures the run absorbs before the Job fails (its backoffLimit); lost nodes, "
+                             "drains and preemptions never count, trainer exit codes 2-5 fail at once.", default=20)
+    active_deadline_hours: float = _doc("Hours the training Job may stay active, waiting for nodes included, "
+                                        "before Kubernetes stops it.", default=48)
     run_id: str = _doc("Run name: checkpoints under /shared/runs/<runId>; a new id starts fresh.", default="run-1")
     epochs: int = _doc("Training epochs.", default=10)
-    batch_size: int = _doc("Batch size per GPU process.", default=512)
-    model: ModelName = _doc("'resnet-small' (fast CIFAR ResNet) or 'resnet18'.", default="resnet-small")
-    learning_rate: float | None = _doc("Peak learning rate; default: the model's tuned value.", default=None)
+    global_batch_size: int = _doc("Images per optimizer step over all GPUs (the trainer caps it on small data "
+                                  "sets); a resize keeps it.", default=1024)
+    model: ModelName = _doc("'airnet' (airbench94-class CIFAR net), 'resnet-small', 'resnet18' or 'workshop-cnn'.",
+                            default="airnet")
+    learning_rate: float | None = _doc("Peak learning rate per 1,024 images; default: the model's recipe.",
+                                       default=None)
     rdzv_backend: RdzvBackend = _doc("'etcd-v2' (EtcdRendezvous) or 'c10d' (no etcd).", default="etcd-v2")
     namespace: str = _doc("Kubernetes namespace of the training workloads.", default="training")
     compile: bool = _doc("Use torch.compile in the trainer.", default=False)
+    fabric_check: bool | None = _doc(
+        "Run the fabric check (all-reduce sweep, EFA transport, bandwidth floor; writes fabric.json) on every "
+        "node before training starts; default: true when the job's group has efa.", default=None)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -164,6 +206,11 @@ class StackConfig:
     @property
     def job_group(self) -> NodeGroupConfig:
         return self.node_group(self.job.node_group or self.node_groups[0].name)
+
+    @property
+    def fabric_check(self) -> bool:
+        """``job.fabricCheck``, defaulting to the job group's ``efa``."""
+        return self.job.fabric_check if self.job.fabric_check is not None else self.job_group.efa
 
     @property
     def uses_efa(self) -> bool:
@@ -232,16 +279,28 @@ class _Reader:
                 return value
             self.bad(key, value, "true or false")
         elif typ == "int":
+            # `pulumi config set --path` stores what it cannot read as an int as a string: accept "20".
+            if isinstance(value, str) and _INT_TEXT.match(value.strip()):
+                return int(value)
             if isinstance(value, int) and not isinstance(value, bool):
                 return value
             if isinstance(value, float) and value.is_integer():
                 return int(value)
             self.bad(key, value, "a whole number")
         elif typ == "float":
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
+            # ... and every non-integer number too: `--path job.learningRate 0.1` arrives as "0.1".
+            if isinstance(value, str):
+                try:
+                    value = float(value)
+                except ValueError:
+                    pass
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
                 return float(value)
-            self.bad(key, value, "a number")
+            self.bad(key, value, "a number (finite)")
         elif typ == "str":
+            # ... while a digit-only value (runId 2024) arrives as an int.
+            if isinstance(value, int) and not isinstance(value, bool):
+                return str(value)
             if isinstance(value, str) and value:
                 return value
             self.bad(key, value, "a non-empty string")
@@ -260,7 +319,7 @@ def _resolve(annotation: Any) -> Any:
     """Map a field annotation (a string under ``from __future__``) to a check kind."""
     text = str(annotation).replace(" | None", "")
     literals = {"CapacityType": CapacityType, "NatMode": NatMode, "ModelName": ModelName,
-                "RdzvBackend": RdzvBackend}
+                "RdzvBackend": RdzvBackend, "UpgradePolicy": UpgradePolicy}
     if text in literals:
         return get_args(literals[text])
     if text.startswith("tuple"):
@@ -295,13 +354,23 @@ def _parse_raw(raw: dict[str, str]) -> tuple[dict[str, Any], list[str]]:
     return out, problems
 
 
-def load_stack_config(raw: dict[str, Any], *, region: str | None) -> StackConfig:
-    """Parse and validate the stack's ``eks-ddp:*`` config; raise ConfigError on any problem."""
+def load_stack_config(raw: dict[str, Any], *, region: str | None, stack: str | None = None,
+                      placeholders_ok: bool = False) -> StackConfig:
+    """Parse and validate the stack's ``eks-ddp:*`` config; raise ConfigError on any problem.
+
+    ``stack`` (the Pulumi stack name) is checked too: it becomes part of the EKS cluster's name.
+    ``placeholders_ok`` accepts the example stacks' documentation-range CIDRs (offline plan only).
+    """
     data, problems = _parse_raw(raw)
     r = _Reader()
     r.problems.extend(problems)
     if not region:
         r.problems.append("aws:region: required; set it with 'pulumi config set aws:region us-west-2'")
+    elif bad := rules.region("aws:region", region):
+        r.problems.append(bad)
+    if stack is not None and (bad := rules.cluster_name("stack name", cluster_name_for(stack))):
+        r.problems.append(f"{bad} (the cluster is named eks-ddp-<stack>: rename the stack with "
+                          "'pulumi stack rename')")
     network = r.obj(NetworkConfig, data.get("network"), "network")
     cluster = r.obj(ClusterConfig, data.get("cluster"), "cluster")
     groups_raw = data.get("nodeGroups")
@@ -323,19 +392,59 @@ def load_stack_config(raw: dict[str, Any], *, region: str | None) -> StackConfig
         raise ConfigError(r.problems)
     cfg = StackConfig(region=region or "", network=network, cluster=cluster, node_groups=tuple(groups),
                       storage=storage, image=image, etcd=etcd, job=job, preflight=bool(preflight))
-    problems = validate(cfg)
+    problems = validate(cfg, placeholders_ok=placeholders_ok) + _ignored_settings(cfg, data)
     if problems:
         raise ConfigError(problems)
     return cfg
 
 
+def cluster_name_for(stack: str) -> str:
+    """The EKS cluster's name for a stack."""
+    return f"{PROJECT}-{stack}"
+
+
+def _ignored_settings(cfg: StackConfig, data: dict[str, Any]) -> list[str]:
+    """Keys that are set but would have no effect: say so instead of ignoring them silently."""
+    p: list[str] = []
+    net = data.get("network") if isinstance(data.get("network"), dict) else {}
+    if cfg.network.bring_your_own:
+        for key in ("vpcCidr", "azCount", "availabilityZones", "natGateways"):
+            if key in net:
+                p.append(f"network.{key}: set together with network.vpcId, which uses your VPC as it is; "
+                         f"expected no network.{key} (it only shapes a new VPC)")
+    if cfg.job.rdzv_backend == "c10d" and data.get("etcd"):
+        p.append(f"etcd: got {data['etcd']!r} with job.rdzvBackend 'c10d', which deploys no etcd; "
+                 "expected no eks-ddp:etcd, or job.rdzvBackend 'etcd-v2'")
+    return p
+
+
+def choose_zones(cfg: StackConfig, available: list[str]) -> list[str]:
+    """The new VPC's zones: the explicit list, else the zones groups are pinned to, then the first available.
+
+    Zones a group pins (a reservation's zone) always get subnets, so a reservation in a third zone
+    works without listing every zone by hand.
+    """
+    if cfg.network.availability_zones:
+        return list(cfg.network.availability_zones)
+    zones: list[str] = []
+    for g in cfg.node_groups:
+        if g.availability_zone and g.availability_zone not in zones:
+            zones.append(g.availability_zone)
+    for z in available:
+        if len(zones) >= cfg.network.az_count:
+            break
+        if z not in zones:
+            zones.append(z)
+    return zones
+
+
 # --- semantic checks: pure functions over the typed config -------------------------------
 
-def validate(cfg: StackConfig) -> list[str]:
+def validate(cfg: StackConfig, *, placeholders_ok: bool = False) -> list[str]:
     """Cross-field checks; one message per problem, each naming its key."""
     p: list[str] = []
     p += _check_network(cfg.network, cfg.region)
-    p += _check_cluster(cfg.cluster)
+    p += _check_cluster(cfg.cluster, placeholders_ok)
     names: set[str] = set()
     for i, g in enumerate(cfg.node_groups):
         p += _check_group(g, f"nodeGroups[{i}]", cfg.region)
@@ -343,13 +452,26 @@ def validate(cfg: StackConfig) -> list[str]:
             p.append(f"nodeGroups[{i}].name: got {g.name!r}; expected a name not used by another group")
         names.add(g.name)
     p += _check_job(cfg)
-    if cfg.image.prebuilt is not None and not _IMAGE_BY_DIGEST.match(cfg.image.prebuilt):
-        p.append(f"image.prebuilt: got {cfg.image.prebuilt!r}; expected an image pinned by digest, "
-                 "e.g. 123456789012.dkr.ecr.us-west-2.amazonaws.com/trainer@sha256:<64 hex>")
+    if cfg.image.prebuilt is not None and (bad := rules.image_by_digest("image.prebuilt", cfg.image.prebuilt)):
+        p.append(bad)
+    fs_id = cfg.storage.file_system_id
+    if fs_id is not None and not _EFS_ID.match(fs_id):
+        p.append(f"storage.fileSystemId: got {fs_id!r}; expected an EFS file system id like fs-0123456789abcdef0")
+    pinned = {g.availability_zone for g in cfg.node_groups if g.availability_zone}
+    if not cfg.network.availability_zones and len(pinned) > cfg.network.az_count:
+        p.append(f"network.azCount: got {cfg.network.az_count}; expected at least the {len(pinned)} zones node "
+                 f"groups are pinned to ({', '.join(sorted(pinned))})")
+    for i, g in enumerate(cfg.node_groups):
+        if cfg.network.availability_zones and g.availability_zone \
+                and g.availability_zone not in cfg.network.availability_zones:
+            p.append(f"nodeGroups[{i}].availabilityZone: got {g.availability_zone!r}; expected one of "
+                     f"network.availabilityZones ({', '.join(cfg.network.availability_zones)}): the group's "
+                     "nodes need a subnet there")
     if cfg.image.keep_images < 1:
         p.append(f"image.keepImages: got {cfg.image.keep_images!r}; expected a whole number >= 1")
-    if cfg.etcd.replicas not in (1, 3):
-        p.append(f"etcd.replicas: got {cfg.etcd.replicas!r}; expected 1 or 3")
+    if cfg.etcd.replicas != 1:
+        p.append(f"etcd.replicas: got {cfg.etcd.replicas!r}; expected 1 (a quorum of etcd members on emptyDir "
+                 "cannot take back a rescheduled member; the launcher rides out a restart of the one member)")
     return p
 
 
@@ -359,17 +481,18 @@ def _positive(key: str, value: int, minimum: int = 1) -> list[str]:
 
 def _check_network(n: NetworkConfig, region: str) -> list[str]:
     p: list[str] = []
-    try:
-        net = ipaddress.ip_network(n.vpc_cidr)
-        if net.version != 4 or not 16 <= net.prefixlen <= 24:
-            p.append(f"network.vpcCidr: got {n.vpc_cidr!r}; expected an IPv4 CIDR from /16 to /24")
-    except ValueError:
-        p.append(f"network.vpcCidr: got {n.vpc_cidr!r}; expected an IPv4 CIDR such as 10.0.0.0/16")
+    if bad := rules.vpc_cidr("network.vpcCidr", n.vpc_cidr):
+        p.append(bad)
     if not 2 <= n.az_count <= 6:
         p.append(f"network.azCount: got {n.az_count!r}; expected 2 to 6 (EKS needs subnets in 2 zones)")
     for i, az in enumerate(n.availability_zones):
         if not _AZ.match(az) or (region and not az.startswith(region)):
             p.append(f"network.availabilityZones[{i}]: got {az!r}; expected a zone of region {region!r}")
+    seen: set[str] = set()
+    for i, az in enumerate(n.availability_zones):
+        if az in seen:
+            p.append(f"network.availabilityZones[{i}]: got {az!r} twice; expected distinct zones")
+        seen.add(az)
     if n.availability_zones and len(n.availability_zones) != n.az_count:
         p.append(f"network.availabilityZones: got {len(n.availability_zones)} zones; "
                  f"expected exactly azCount ({n.az_count})")
@@ -383,19 +506,13 @@ def _check_network(n: NetworkConfig, region: str) -> list[str]:
     return p
 
 
-def _check_cluster(c: ClusterConfig) -> list[str]:
+def _check_cluster(c: ClusterConfig, placeholders_ok: bool = False) -> list[str]:
     p: list[str] = []
-    if not c.public_access_cidrs:
-        p.append("cluster.publicAccessCidrs: got []; expected at least one CIDR such as 198.51.100.7/32")
-    for i, cidr in enumerate(c.public_access_cidrs):
-        try:
-            net = ipaddress.ip_network(cidr, strict=False)
-        except ValueError:
-            p.append(f"cluster.publicAccessCidrs[{i}]: got {cidr!r}; expected a CIDR such as 198.51.100.7/32")
-            continue
-        if net.prefixlen == 0:
-            p.append(f"cluster.publicAccessCidrs[{i}]: got {cidr!r}, which opens the Kubernetes API endpoint to "
-                     "the whole internet; expected your network's CIDR, e.g. your IP as 198.51.100.7/32")
+    p += rules.public_access_cidrs("cluster.publicAccessCidrs", c.public_access_cidrs, placeholders_ok=placeholders_ok)
+    for i, arn in enumerate(c.admin_principal_arns):
+        if not _IAM_PRINCIPAL.match(arn):
+            p.append(f"cluster.adminPrincipalArns[{i}]: got {arn!r}; expected an IAM role or user ARN such as "
+                     "arn:aws:iam::123456789012:role/ci-deployer")
     if c.kubernetes_version not in SUPPORTED_KUBERNETES_VERSIONS:
         p.append(f"cluster.kubernetesVersion: got {c.kubernetes_version!r}; expected one of "
                  + ", ".join(SUPPORTED_KUBERNETES_VERSIONS))
@@ -403,8 +520,19 @@ def _check_cluster(c: ClusterConfig) -> list[str]:
         p.append(f"cluster.systemInstanceType: got {c.system_instance_type!r}; expected one of "
                  + ", ".join(catalog.cpu_types()))
     p += _positive("cluster.systemNodeCount", c.system_node_count)
-    p += _positive("cluster.logRetentionDays", c.log_retention_days)
+    if bad := rules.retention_days("cluster.logRetentionDays", c.log_retention_days):
+        p.append(bad)
+    scale_down = c.scale_down_unneeded_time
+    if not _DURATION.match(scale_down) or not 0 < duration_minutes(scale_down) <= 24 * 60:
+        p.append(f"cluster.scaleDownUnneededTime: got {c.scale_down_unneeded_time!r}; expected a duration of at "
+                 "most 24h such as 10m, 90s, 1h or 1h30m")
     return p
+
+
+def duration_minutes(text: str) -> float:
+    """Minutes in a duration such as ``10m``, ``90s`` or ``1h30m`` (the autoscaler's Go duration subset)."""
+    units = {"h": 60.0, "m": 1.0, "s": 1 / 60}
+    return sum(int(n) * units[u] for n, u in re.findall(r"(\d+)([hms])", text))
 
 
 def _check_group(g: NodeGroupConfig, key: str, region: str) -> list[str]:
@@ -412,12 +540,23 @@ def _check_group(g: NodeGroupConfig, key: str, region: str) -> list[str]:
     if not DNS_LABEL.match(g.name) or len(g.name) > 40:
         p.append(f"{key}.name: got {g.name!r}; expected lowercase letters, digits and '-' (max 40)")
     it = catalog.CATALOG.get(g.instance_type)
+    for i, other in enumerate(g.spot_instance_types):
+        alt = catalog.CATALOG.get(other)
+        if g.capacity_type != "spot":
+            p.append(f"{key}.spotInstanceTypes: got {list(g.spot_instance_types)!r} with capacityType "
+                     f"{g.capacity_type!r}; expected capacityType 'spot', or no spotInstanceTypes")
+            break
+        if it is not None and (alt is None or (alt.gpus, alt.gpu_model) != (it.gpus, it.gpu_model)
+                               or other == g.instance_type):
+            p.append(f"{key}.spotInstanceTypes[{i}]: got {other!r}; expected another catalog type with "
+                     f"{it.gpus} x {it.gpu_model} GPU like {g.instance_type}")
     if it is None or it.gpus == 0:
         p.append(f"{key}.instanceType: got {g.instance_type!r}; expected a GPU type from the catalog: "
                  + ", ".join(catalog.gpu_types()))
     p += _positive(f"{key}.minSize", g.min_size, 0)
     p += _positive(f"{key}.maxSize", g.max_size, 1)
-    p += _positive(f"{key}.rootVolumeGiB", g.root_volume_gib, 50)
+    if bad := rules.root_volume_gib(f"{key}.rootVolumeGiB", g.root_volume_gib):
+        p.append(bad)
     if g.min_size > g.max_size:
         p.append(f"{key}.minSize: got {g.min_size}; expected <= maxSize ({g.max_size})")
     if not g.min_size <= g.desired_size <= g.max_size:
@@ -437,9 +576,15 @@ def _check_group(g: NodeGroupConfig, key: str, region: str) -> list[str]:
         if g.capacity_type == "spot":
             p.append(f"{key}.capacityType: got 'spot' with capacityReservationId; "
                      "expected 'onDemand' or 'capacityBlock'")
+        if g.placement_group_name is not None and g.capacity_type == "capacityBlock":
+            p.append(f"{key}.placementGroupName: got {g.placement_group_name!r} with capacityType 'capacityBlock'; "
+                     "expected no placementGroupName (a capacity block is already co-located in an UltraCluster)")
     elif g.capacity_type == "capacityBlock":
         p.append(f"{key}.capacityReservationId: required with capacityType 'capacityBlock'; "
                  "expected the capacity block's reservation id (cr-...)")
+    if g.placement_group_name is not None and not _PLACEMENT_GROUP.match(g.placement_group_name):
+        p.append(f"{key}.placementGroupName: got {g.placement_group_name!r}; expected a placement group name "
+                 "(1-255 printable ASCII characters, no spaces)")
     if g.availability_zone is not None and (not _AZ.match(g.availability_zone)
                                             or (region and not g.availability_zone.startswith(region))):
         p.append(f"{key}.availabilityZone: got {g.availability_zone!r}; expected a zone of region {region!r}")
@@ -455,16 +600,20 @@ def _check_job(cfg: StackConfig) -> list[str]:
     p += _positive("job.nodes", j.nodes)
     p += _positive("job.minNodes", j.min_nodes)
     p += _positive("job.maxRestarts", j.max_restarts, 0)
+    p += _positive("job.faultBudget", j.fault_budget, 0)
+    if not 0 < j.active_deadline_hours <= 24 * 365:
+        p.append(f"job.activeDeadlineHours: got {j.active_deadline_hours!r}; expected a number of hours in (0, 8760]")
     p += _positive("job.epochs", j.epochs)
-    p += _positive("job.batchSize", j.batch_size)
+    if bad := rules.global_batch("job.globalBatchSize", j.global_batch_size):
+        p.append(bad)
     if j.min_nodes > j.nodes:
         p.append(f"job.minNodes: got {j.min_nodes}; expected <= job.nodes ({j.nodes})")
-    if j.learning_rate is not None and not 0 < j.learning_rate < 10:
-        p.append(f"job.learningRate: got {j.learning_rate!r}; expected a number in (0, 10)")
+    if bad := rules.learning_rate("job.learningRate", j.learning_rate):
+        p.append(bad)
     if not DNS_LABEL.match(j.run_id) or len(j.run_id) > 40:
         p.append(f"job.runId: got {j.run_id!r}; expected lowercase letters, digits and '-' (max 40)")
-    if not DNS_LABEL.match(j.namespace):
-        p.append(f"job.namespace: got {j.namespace!r}; expected a DNS label")
+    if bad := rules.namespace("job.namespace", j.namespace):
+        p.append(bad)
     if j.node_group is None or j.node_group in names:
         g = cfg.node_group(j.node_group or names[0])
         if j.nodes > g.max_size:

@@ -48,6 +48,8 @@ class Recorded:
     """Whether the resource was registered with ``retain_on_delete``."""
     dependencies: list[str] = field(default_factory=list)
     """URNs the resource depends on (``depends_on`` and the resources behind its input Outputs)."""
+    import_id: str = ""
+    """The ``import_`` ID the resource was registered with (adopting an existing cloud resource)."""
 
     @property
     def parent_type(self) -> str:
@@ -81,14 +83,29 @@ def _fake_kubeconfig(name: str) -> dict[str, Any]:
     }
 
 
+def _profile_kubeconfig(args: dict[str, Any]) -> dict[str, Any]:
+    """pulumi-eks's ``getKubeconfig``: the exec user runs ``aws eks get-token`` with the given profile."""
+    cfg = _fake_kubeconfig("mock-cluster")
+    user = cfg["users"][0]["user"]["exec"]
+    if args.get("profileName"):
+        user["env"] = [{"name": "AWS_PROFILE", "value": args["profileName"]}]
+    if args.get("roleArn"):
+        user["args"] += ["--role", args["roleArn"]]
+    return cfg
+
+
 class RecordingMocks(pulumi.runtime.Mocks):
     """Mocks that fill cloud-assigned outputs and answer the program's invokes."""
 
     def __init__(self, region: str = "us-west-2", zones: int = 4):
         self.region = region
         self.zones = [f"{region}{c}" for c in "abcdef"[:zones]]
+        self.zone_ids = [f"usw2-az{i + 1}" for i in range(len(self.zones))]
+        """Zone IDs in the order of ``zones`` (an account's name-to-ID mapping); tests may replace it."""
         self.inputs: dict[tuple[str, str], dict[str, Any]] = {}
         self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.log_groups: list[str] = []
+        """CloudWatch log groups that already exist in the account (``getLogGroups`` answers from it)."""
         self._lock = threading.Lock()
 
     # -- resources ---------------------------------------------------------------------------
@@ -173,7 +190,15 @@ def _node_group(m: RecordingMocks, name: str, inputs: dict) -> tuple[str, dict]:
     """A managed node group: autonamed like the provider does when nodeGroupName is unset."""
     group = inputs.get("nodeGroupName") or f"{name}-{_digest(name)[:8]}"
     cluster = inputs.get("clusterName", "cluster")
-    return f"{cluster}:{group}", {"nodeGroupName": group, "status": "ACTIVE"}
+    # EKS names the group's Auto Scaling group eks-<group>-<uuid>.
+    asg = f"eks-{group}-{_digest(group + 'asg')[:8]}"
+    return f"{cluster}:{group}", {"nodeGroupName": group, "status": "ACTIVE",
+                                  "resources": [{"autoscalingGroups": [{"name": asg}]}]}
+
+
+def _s3_bucket(m: RecordingMocks, name: str, inputs: dict) -> tuple[str, dict]:
+    n = inputs.get("bucket") or f"{inputs.get('bucketPrefix', '')}{_digest(name)[:12]}"
+    return n, {"bucket": n, "arn": f"arn:aws:s3:::{n}"}
 
 
 def _named(m: RecordingMocks, name: str, inputs: dict) -> tuple[str, dict]:
@@ -198,6 +223,7 @@ _OUTPUTS = {
     "aws:efs/accessPoint:AccessPoint": _with_prefix("fsap"),
     "aws:ecr/repository:Repository": _ecr_repository,
     "aws:iam/role:Role": _named,
+    "aws:s3/bucket:Bucket": _s3_bucket,
     "aws:eks/nodeGroup:NodeGroup": _node_group,
     "docker-build:index:Image": _docker_image,
 }
@@ -230,17 +256,30 @@ def _policy_document(m: RecordingMocks, args: dict) -> dict:
     return {"json": doc, "minifiedJson": doc, "id": _digest(doc)[:16]}
 
 
+def _availability_zones(m: RecordingMocks, a: dict) -> dict:
+    """Zones as EC2 lists them, honouring ``excludeZoneIds`` (as the provider does) so tests see it work."""
+    excluded = set(a.get("excludeZoneIds") or [])
+    pairs = [(n, i) for n, i in zip(m.zones, m.zone_ids, strict=True) if i not in excluded]
+    return {"names": [n for n, _ in pairs], "zoneIds": [i for _, i in pairs], "state": "available", "id": m.region}
+
+
 _INVOKES = {
-    "aws:index/getAvailabilityZones:getAvailabilityZones": lambda m, a: {
-        "names": m.zones, "zoneIds": [f"usw2-az{i + 1}" for i in range(len(m.zones))], "state": "available",
-        "id": m.region},
+    "aws:index/getAvailabilityZones:getAvailabilityZones": _availability_zones,
     "aws:index/getRegion:getRegion": lambda m, a: {"name": m.region, "region": m.region, "id": m.region},
     "aws:index/getCallerIdentity:getCallerIdentity": lambda m, a: {
         "accountId": ACCOUNT, "arn": f"arn:aws:iam::{ACCOUNT}:user/mock", "userId": "AIDMOCK", "id": ACCOUNT},
+    # EKS's default build of an add-on for a Kubernetes version; recognisable, so tests can tell it from a pin.
+    "aws:eks/getAddonVersion:getAddonVersion": lambda m, a: {
+        "addonName": a.get("addonName"), "kubernetesVersion": a.get("kubernetesVersion"),
+        "version": f"v0.0.0-eksbuild.default-{a.get('kubernetesVersion')}", "id": a.get("addonName")},
     "aws:index/getPartition:getPartition": lambda m, a: {
         "partition": "aws", "dnsSuffix": "amazonaws.com", "id": "aws"},
     "aws:iam/getPolicyDocument:getPolicyDocument": _policy_document,
     "aws:ec2/getSubnet:getSubnet": _subnet,
+    "eks:index:Cluster/getKubeconfig": lambda m, a: {"result": json.dumps(_profile_kubeconfig(a))},
+    "aws:cloudwatch/getLogGroups:getLogGroups": lambda m, a: {
+        "logGroupNames": [g for g in m.log_groups if g.startswith(a.get("logGroupNamePrefix", ""))],
+        "arns": [], "id": m.region},
     "aws:ecr/getAuthorizationToken:getAuthorizationToken": lambda m, a: {
         "userName": "AWS", "password": "mock-token", "authorizationToken": "QVdTOm1vY2s=",
         "proxyEndpoint": f"https://{ACCOUNT}.dkr.ecr.{m.region}.amazonaws.com", "expiresAt": "2099-01-01T00:00:00Z",
@@ -268,8 +307,32 @@ class _RecordingMonitor(_mocks.MockMonitor):
                                           inputs=inputs, outputs=dict(reg.state), provider=request.provider,
                                           ignore_changes=list(request.ignoreChanges),
                                           retain_on_delete=bool(request.retainOnDelete),
-                                          dependencies=list(request.dependencies)))
+                                          dependencies=list(request.dependencies),
+                                          import_id=request.importId))
         return response
+
+    def Invoke(self, request):  # noqa: N802 (gRPC method name)
+        if request.tok == "pulumi:pulumi:getResource":  # rehydrating a resource reference: recorded for tests
+            with self.mocks._lock:
+                self.mocks.calls.append((request.tok, {}))
+        return super().Invoke(request)
+
+    def Call(self, request):  # noqa: N802 (gRPC method name)
+        """Resource methods (``Cluster.get_kubeconfig``): answered like invokes, from ``_INVOKES``."""
+        from google.protobuf import struct_pb2
+        from pulumi.runtime.proto import provider_pb2
+
+        _mocks._ensure_event_loop()
+        # Drop the ``__self__`` resource reference before deserialising: rebuilding it would start a
+        # ``getResource`` task on this worker thread's event loop, which the program's loop later awaits
+        # ("attached to a different loop"). The mocks answer from the other arguments alone.
+        raw = struct_pb2.Struct()
+        raw.CopyFrom(request.args)
+        if "__self__" in raw.fields:
+            del raw.fields["__self__"]
+        args = rpc.deserialize_properties(raw)
+        ret, _ = self.mocks.call(_mocks.MockCallArgs(token=request.tok, args=args, provider=request.provider))
+        return provider_pb2.CallResponse(**{"return": _sync_await(rpc.serialize_properties(ret, {}))})
 
 
 @dataclass
@@ -302,7 +365,7 @@ class ProgramResult:
 
 def run_program(config: dict[str, Any], *, stack: str = "dev", project: str = "eks-ddp",
                 program: Path | Callable[[], None] | None = None, region: str = "us-west-2",
-                mocks: RecordingMocks | None = None) -> ProgramResult:
+                mocks: RecordingMocks | None = None, recorded: list[Recorded] | None = None) -> ProgramResult:
     """Run ``__main__.py`` (or ``program``: a file, or a function) under fresh mocks.
 
     ``config`` maps full keys ("eks-ddp:job", "aws:region") to values; objects and
@@ -312,6 +375,8 @@ def run_program(config: dict[str, Any], *, stack: str = "dev", project: str = "e
     program = program or PROJECT_ROOT / "__main__.py"
     mocks = mocks or RecordingMocks(region=region)
     monitor = _RecordingMonitor(mocks)
+    if recorded is not None:  # the caller sees what was registered even when the program fails
+        monitor.recorded = recorded
     encoded = {k: v if isinstance(v, str) else json.dumps(v) for k, v in config.items()}
     set_all_config(encoded, [])
     settings.ROOT.set(None)  # a fresh root Stack for this run

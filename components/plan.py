@@ -11,7 +11,10 @@ Bad config exits 2 with the config error alone.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
+import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -19,7 +22,9 @@ from typing import Any
 
 import yaml
 
-from components.mocks import PROJECT_ROOT, ProgramResult, Recorded
+from . import k8s_versions
+from .config import OFFLINE_PLAN_ENV
+from .mocks import PROJECT_ROOT, ProgramResult, Recorded
 
 # Not manifests: providers, and Helm releases (their charts render in the cluster).
 _NOT_MANIFESTS = ("pulumi:providers:", "kubernetes:helm.sh/")
@@ -29,19 +34,52 @@ class PlanError(Exception):
     """A stack that cannot be planned (missing file, bad config)."""
 
 
+class _Yaml12Loader(yaml.SafeLoader):
+    """YAML as Pulumi reads stack files (YAML 1.2): only true/false are booleans, so `yes` stays a string."""
+
+
+_Yaml12Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Yaml12Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+
+
+
 def load_stack_file(stack: str, root: Path = PROJECT_ROOT) -> dict[str, Any]:
     """The stack's config as Pulumi hands it to the program: full keys, JSON for objects."""
     path = root / f"Pulumi.{stack}.yaml"
     if not path.exists():
         known = ", ".join(sorted(p.name[len("Pulumi."):-len(".yaml")] for p in root.glob("Pulumi.*.yaml")))
         raise PlanError(f"--stack: no file {path.name}; stacks here: {known}")
-    doc = yaml.safe_load(path.read_text()) or {}
+    try:
+        doc = yaml.load(path.read_text(), Loader=_Yaml12Loader) or {}
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{path.name}:{mark.line + 1}:{mark.column + 1}" if mark else path.name
+        problem = getattr(err, "problem", None) or str(err)
+        raise PlanError(f"{where}: not valid YAML ({problem})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("config") or {}, dict):
+        raise PlanError(f"{path.name}: expected a mapping with a 'config:' mapping of keys")
     config: dict[str, Any] = {}
     for key, value in (doc.get("config") or {}).items():
         if isinstance(value, dict) and set(value) == {"secure"}:
             value = "[secret]"
         config[key] = value if isinstance(value, str) else json.dumps(value)
     return config
+
+
+def placeholder_notes(config: dict[str, Any]) -> list[str]:
+    """What ``pulumi up`` would reject that the offline plan let through (the example stacks' placeholders)."""
+    from .rules import public_access_cidrs
+
+    try:
+        cluster = json.loads(config.get("eks-ddp:cluster", "{}"))
+        cidrs = cluster.get("publicAccessCidrs") or []
+    except (AttributeError, TypeError, json.JSONDecodeError):
+        return []
+    return [f"`pulumi up` rejects {p}" for p in public_access_cidrs("cluster.publicAccessCidrs", cidrs)]
 
 
 def render_manifests(result: ProgramResult) -> list[dict[str, Any]]:
@@ -107,17 +145,38 @@ def plan(stack: str, root: Path = PROJECT_ROOT, overrides: dict[str, Any] | None
     """Run the program offline for ``stack``; raise PlanError on bad config."""
     import pulumi
 
-    from components.mocks import run_program
+    from .mocks import run_program
 
     config = load_stack_file(stack, root)
-    # Preflight calls AWS; offline there is nothing to ask. `pulumi up` runs it.
-    config["eks-ddp:preflight"] = "false"
+    # Preflight calls AWS; offline there is nothing to ask. `pulumi up` runs it. A value that is not a
+    # boolean stays, so the plan rejects it as `pulumi up` would.
+    if config.get("eks-ddp:preflight", "true") in ("true", "false"):
+        config["eks-ddp:preflight"] = "false"
     config.update(overrides or {})
     region = config.get("aws:region", "us-west-2")
+    previous = os.environ.get(OFFLINE_PLAN_ENV)
+    os.environ[OFFLINE_PLAN_ENV] = "1"
     try:
         return run_program(config, stack=stack, program=root / "__main__.py", region=region)
     except pulumi.RunError as err:
         raise PlanError(str(err)) from None
+    finally:
+        if previous is None:
+            os.environ.pop(OFFLINE_PLAN_ENV, None)
+        else:
+            os.environ[OFFLINE_PLAN_ENV] = previous
+
+
+def version_warnings(stack: str, root: Path = PROJECT_ROOT, today: dt.date | None = None) -> list[str]:
+    """The Kubernetes support notice for the stack's version and upgrade policy (extended support costs 6x)."""
+    from .config import load_stack_config
+
+    config = load_stack_file(stack, root)
+    cfg = load_stack_config({k: v for k, v in config.items() if k.startswith("eks-ddp:")},
+                            region=config.get("aws:region", "us-west-2"), placeholders_ok=True)
+    notice = k8s_versions.support_notice(cfg.cluster.kubernetes_version, cfg.cluster.upgrade_policy,
+                                         today or dt.date.today())
+    return [notice] if notice else []
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -152,10 +211,14 @@ def main(argv: list[str] | None = None) -> int:
             shown = json.dumps(shown, indent=2)
         print(f"{key}: {shown}")
     if "costEstimate" in result.outputs:
-        from components import cost
+        from . import cost
 
         print("\n## Cost estimate")
         print(cost.render(result.outputs["costEstimate"]))
+    for notice in version_warnings(args.stack, args.project_dir):
+        print(f"\nWARNING: {notice}")
+    for note in placeholder_notes(load_stack_file(args.stack, args.project_dir)):
+        print(f"\nnote: {note}")
     print("\npreflight: skipped offline (runs on `pulumi up` unless eks-ddp:preflight is false)")
     if args.out:
         paths = write_manifests(render_manifests(result), args.out)

@@ -32,7 +32,7 @@ def dev():
 def test_example_stacks_are_valid():
     dev = load(stack_config("dev"))
     assert [g.instance_type for g in dev.node_groups] == ["g4dn.xlarge"]
-    assert dev.job.nodes == 2 and dev.job_group.desired_size == 2
+    assert dev.job.nodes == 2 and dev.job_group.max_size == 2 and dev.job_group.desired_size == 0
     p4de = load(stack_config("p4de"))
     assert p4de.job_group.efa and p4de.job_group.capacity_reservation_id
 
@@ -40,7 +40,7 @@ def test_example_stacks_are_valid():
 def test_defaults_fill_missing_keys(dev):
     cfg = load(drop_path(dev, "eks-ddp:job.epochs"))
     assert cfg.job.epochs == 10
-    assert load({"aws:region": "us-west-2", "eks-ddp:cluster": {"publicAccessCidrs": ["198.51.100.7/32"]},
+    assert load({"aws:region": "us-west-2", "eks-ddp:cluster": {"publicAccessCidrs": ["1.2.3.4/32"]},
                  "eks-ddp:nodeGroups": [{"name": "gpu", "instanceType": "g5.xlarge"}]}).job.nodes == 2
 
 
@@ -74,7 +74,7 @@ def test_bool_is_not_a_count(dev):
 @pytest.mark.parametrize("path,key", [
     ("eks-ddp:job.nodes", "job.nodes"),
     ("eks-ddp:job.epochs", "job.epochs"),
-    ("eks-ddp:job.batchSize", "job.batchSize"),
+    ("eks-ddp:job.globalBatchSize", "job.globalBatchSize"),
     ("eks-ddp:nodeGroups[0].maxSize", "nodeGroups[0].maxSize"),
     ("eks-ddp:cluster.systemNodeCount", "cluster.systemNodeCount"),
 ])
@@ -135,6 +135,19 @@ def test_capacity_block_needs_reservation(dev):
             "nodeGroups[0].capacityReservationId", "required with capacityType 'capacityBlock'")
 
 
+def test_placement_group_with_capacity_block(dev):
+    cfg = set_path(dev, "eks-ddp:nodeGroups[0].capacityType", "capacityBlock")
+    cfg = set_path(cfg, "eks-ddp:nodeGroups[0].capacityReservationId", "cr-0123456789abcdef0")
+    cfg = set_path(cfg, "eks-ddp:nodeGroups[0].availabilityZone", "us-west-2a")
+    rejects(set_path(cfg, "eks-ddp:nodeGroups[0].placementGroupName", "a100-cpg"),
+            "nodeGroups[0].placementGroupName", "'a100-cpg'", "capacity block is already co-located")
+
+
+def test_placement_group_name_shape(dev):
+    rejects(set_path(dev, "eks-ddp:nodeGroups[0].placementGroupName", "my group"),
+            "nodeGroups[0].placementGroupName", "'my group'", "no spaces")
+
+
 def test_spot_with_reservation(dev):
     cfg = set_path(dev, "eks-ddp:nodeGroups[0].capacityReservationId", "cr-0123456789abcdef0")
     cfg = set_path(cfg, "eks-ddp:nodeGroups[0].availabilityZone", "us-west-2a")
@@ -182,7 +195,17 @@ def test_prebuilt_image_must_be_pinned_by_digest(dev):
 
 
 def test_etcd_replicas(dev):
-    rejects(set_path(dev, "eks-ddp:etcd.replicas", 2), "etcd.replicas", "got 2", "1 or 3")
+    rejects(set_path(dev, "eks-ddp:etcd.replicas", 2), "etcd.replicas", "got 2", "expected 1")
+    rejects(set_path(dev, "eks-ddp:etcd.replicas", 3), "etcd.replicas", "got 3", "expected 1")
+
+
+def test_fault_budget_and_deadline_of_the_training_job(dev):
+    cfg = load(dev)
+    assert cfg.job.fault_budget >= 20 and cfg.job.active_deadline_hours > 0
+    assert load(set_path(dev, "eks-ddp:job.faultBudget", 50)).job.fault_budget == 50
+    assert load(set_path(dev, "eks-ddp:job.activeDeadlineHours", 1.5)).job.active_deadline_hours == 1.5
+    rejects(set_path(dev, "eks-ddp:job.faultBudget", -1), "job.faultBudget", "got -1")
+    rejects(set_path(dev, "eks-ddp:job.activeDeadlineHours", 0), "job.activeDeadlineHours", "got 0")
 
 
 def test_unsupported_kubernetes_version(dev):
@@ -206,3 +229,15 @@ def test_catalog_drives_efa_and_gpus():
     assert catalog.lookup("p4d.24xlarge").quota_class == "P"
     with pytest.raises(KeyError, match="g4dn.xlarge"):
         catalog.lookup("nope.large")
+
+
+@pytest.mark.parametrize("value", ["10m", "90s", "1h30m", "24h"])
+def test_scale_down_time_accepts_durations(value):
+    cfg = load(set_path(stack_config("dev"), "eks-ddp:cluster.scaleDownUnneededTime", value))
+    assert cfg.cluster.scale_down_unneeded_time == value
+
+
+@pytest.mark.parametrize("value", ["", "10", "ten minutes", "0m", "25h", "-5m"])
+def test_scale_down_time_rejects_non_durations(value):
+    with pytest.raises(ConfigError, match=r"cluster\.scaleDownUnneededTime: got"):
+        load(set_path(stack_config("dev"), "eks-ddp:cluster.scaleDownUnneededTime", value))

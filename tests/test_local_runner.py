@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -112,8 +113,8 @@ def test_agents_run_the_cluster_command(tmp_path):
                      rdzv_endpoint="127.0.0.1:2379", rdzv_id=job.run_id, max_restarts=opts.max_restarts,
                      timeouts=LOCAL_TIMEOUTS, local_addr="127.0.0.1"),
         TrainerOptions(data_dir=str(tmp_path / "data"), run_dir=str(job.run_dir), epochs=2,
-                       batch_size=opts.batch_size, width=opts.width, checkpoint_every=opts.checkpoint_every,
-                       log_every=opts.log_every), torchrun=command[0])
+                       global_batch_size=opts.global_batch_size, bn_group=opts.bn_group, width=opts.width,
+                       checkpoint_every=opts.checkpoint_every, log_every=opts.log_every), python=command[0])
     assert command == expected
     env = job.agent_env()
     assert all(env[k] == v for k, v in AGENT_ENV.items())
@@ -145,7 +146,7 @@ def test_descendants_and_alive(source, monkeypatch):
 def _runner(out: Path, *extra: str) -> tuple[subprocess.Popen[str], list[str]]:
     """Start the runner; its output lines collect in the returned list."""
     cmd = [sys.executable, "-m", "training.local", "--out", str(out), "--synthetic", "--synthetic-train", "2048",
-           "--synthetic-test", "512", "--batch-size", "64", "--log-every", "2", "--checkpoint-every", "6",
+           "--synthetic-test", "512", "--global-batch-size", "64", "--log-every", "2", "--checkpoint-every", "6",
            "--timeout", "240", *extra]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
@@ -159,8 +160,21 @@ def _runner(out: Path, *extra: str) -> tuple[subprocess.Popen[str], list[str]]:
     return proc, lines
 
 
+def _run_dir(out: Path) -> Path:
+    """The run's own folder: <out>/<run-id>/ (one per run)."""
+    (run_dir,) = [p for p in out.iterdir() if p.is_dir()]
+    return run_dir
+
+
+def _wait_for(proc: subprocess.Popen, lines: list[str], text: str, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while not any(text in line for line in lines):
+        assert proc.poll() is None and time.monotonic() < deadline, "\n".join(lines[-50:])
+        time.sleep(0.2)
+
+
 def _assert_nothing_left(out: Path) -> dict:
-    pids = json.loads((out / "pids.json").read_text())
+    pids = json.loads((_run_dir(out) / "pids.json").read_text())
     started = pids["etcd"] + pids["agents"] + pids["workers"]
     deadline = time.monotonic() + 10
     while any(alive(p) for p in started) and time.monotonic() < deadline:
@@ -182,15 +196,19 @@ def test_killed_worker_recovers_and_the_job_finishes(tmp_path):
         proc.kill()
     log = "\n".join(lines)
     assert rc == 0, log[-5000:]
-    result = json.loads((out / "result.json").read_text())
+    run_dir = _run_dir(out)
+    result = json.loads((run_dir / "result.json").read_text())
     assert result["returncode"] == 0 and result["agent_returncodes"] == [0, 0]
     assert result["kill_step"] >= 10 and 0 < result["recovery_s"] < 120, result
     assert result["resumed_step"] > 0  # resumed from a checkpoint, not from scratch
-    assert "recovered in" in log and "[agent0] " in log and "[agent1] " in log
+    assert "recovered in" in log and "[agent0] " in log
+    assert "[agent1] worker pid " in log and "exited with -9 (SIGKILL)" in log  # torchrun's report, one line
     metrics = json.loads(Path(result["metrics"]).read_text())
     assert len(metrics["per_class"]) == 10 and metrics["accuracy"] > 0.3
-    assert "test accuracy" in log and f"metrics: {result['metrics']}" in log
-    png = out / "training-curve.png"
+    assert log.count("test accuracy") == 1 and f"metrics: {result['metrics']}" in log  # one table
+    assert len([ln for ln in log.splitlines() if "Traceback" in ln]) == 0  # peers' tracebacks: one line each
+    assert "Traceback" in (run_dir / "logs" / "agent0.log").read_text() + (run_dir / "logs" / "agent1.log").read_text()
+    png = run_dir / "training-curve.png"
     assert Path(result["plot"]) == png and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     pids = _assert_nothing_left(out)
     assert len(pids["agents"]) == 2 and len(pids["etcd"]) == 1
@@ -203,10 +221,7 @@ def test_sigint_mid_run_stops_everything(tmp_path):
     out = tmp_path / "out"
     proc, lines = _runner(out, "--agents", "2", "--epochs", "200")
     try:
-        deadline = time.monotonic() + 180
-        while not any("[train] epoch=" in line for line in lines):
-            assert proc.poll() is None and time.monotonic() < deadline, "\n".join(lines[-50:])
-            time.sleep(0.2)
+        _wait_for(proc, lines, "[train] epoch=")
         os.kill(proc.pid, signal.SIGINT)
         rc = proc.wait(timeout=60)
     finally:
@@ -215,3 +230,120 @@ def test_sigint_mid_run_stops_everything(tmp_path):
     assert any("stopped by SIGINT" in line for line in lines)
     pids = _assert_nothing_left(out)
     assert len(pids["agents"]) == 2 and len(pids["workers"]) >= 2 and len(pids["etcd"]) == 1
+
+
+def test_bad_model_is_one_line_and_starts_nothing(tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "training.local", "--out", str(out), "--model", "resnet50"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "--model resnet50: unknown" in proc.stderr, proc.stderr
+    assert not out.exists()  # nothing started, nothing retried
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGKILL])
+def test_runner_killed_leaves_no_process_and_no_temp_dir(tmp_path, sig):
+    """A closed terminal (SIGHUP) or SIGKILL of the runner: etcd, agents and workers die with it."""
+    out = tmp_path / "out"
+    proc, lines = _runner(out, "--agents", "2", "--epochs", "200")
+    try:
+        _wait_for(proc, lines, "[train] epoch=")
+        run_id = _run_dir(out).name
+        assert list(Path(tempfile.gettempdir()).glob(f"eks-ddp-etcd-{run_id}-*"))
+        os.kill(proc.pid, sig)
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    pids = _assert_nothing_left(out)  # waits up to 10 s, then asserts every pid gone and the etcd port closed
+    assert len(pids["agents"]) == 2 and len(pids["workers"]) >= 2 and len(pids["etcd"]) == 1
+    deadline = time.monotonic() + 10
+    while list(Path(tempfile.gettempdir()).glob(f"eks-ddp-etcd-{run_id}-*")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not list(Path(tempfile.gettempdir()).glob(f"eks-ddp-etcd-{run_id}-*"))
+
+
+def _failed_line(lines: list[str]) -> str:
+    failed = [ln for ln in lines if ln.startswith("[local] FAILED: ")]
+    assert len(failed) == 1, "\n".join(lines[-60:])
+    return failed[0]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_etcd_killed_gives_a_one_line_cause(tmp_path):
+    out = tmp_path / "out"
+    proc, lines = _runner(out, "--agents", "2", "--epochs", "200")
+    try:
+        _wait_for(proc, lines, "[train] epoch=")
+        pids = json.loads((_run_dir(out) / "pids.json").read_text())
+        os.kill(pids["etcd"][0], signal.SIGKILL)
+        rc = proc.wait(timeout=120)
+    finally:
+        proc.kill()
+    assert rc != 0
+    assert "the etcd rendezvous server" in _failed_line(lines) and "exited during the run" in _failed_line(lines)
+    _assert_nothing_left(out)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_corrupt_data_file_is_named_and_not_retried(tmp_path):
+    from training.data import write_synthetic_cifar
+
+    data = tmp_path / "data"
+    write_synthetic_cifar(data, 256, 64, 0)
+    bad = data / "cifar-10-batches-py" / "data_batch_1"
+    bad.write_bytes(b"not a pickle" * 100)
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "training.local", "--out", str(out / "real"), "--data", str(data),
+           "--global-batch-size", "64", "--agents", "2", "--epochs", "1", "--timeout", "200"]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=250)
+    out_lines = (done.stdout + done.stderr).splitlines()
+    assert done.returncode != 0
+    assert str(bad) in _failed_line(out_lines), "\n".join(out_lines[-40:])
+    assert "not retried" in done.stdout
+    logs = "".join(p.read_text() for p in (_run_dir(out / "real") / "logs").glob("agent*.log"))
+    assert logs.count("will restart worker group") == 0  # torchrun restarted nothing
+    assert logs.count("[train] error:") <= 2  # one failure per worker, no second attempt
+    _assert_nothing_left(out / "real")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_interrupted_run_resumes_from_its_folder(tmp_path):
+    out = tmp_path / "out"
+    proc, lines = _runner(out, "--agents", "2", "--epochs", "2", "--max-steps", "24")
+    try:
+        _wait_for(proc, lines, "step=8 ")
+        os.kill(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=60) == 128 + signal.SIGINT
+    finally:
+        proc.kill()
+    run_dir = _run_dir(out)
+    assert any(f"--resume {run_dir}" in line for line in lines)
+    done = subprocess.run([sys.executable, "-m", "training.local", "--resume", str(run_dir), "--timeout", "240"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["start_step"] >= 6 and [p for p in out.iterdir() if p.is_dir()] == [run_dir]
+    assert json.loads((run_dir / "metrics.json").read_text())["step"] == 24
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_losing_an_agent_then_finishing_exits_0(tmp_path):
+    """3 agents, min 1: one agent (a node) is lost mid-run, the other two finish the job: success."""
+    out = tmp_path / "out"
+    proc, lines = _runner(out, "--agents", "3", "--min-agents", "1", "--epochs", "1", "--kill-agent-at-step", "8")
+    try:
+        rc = proc.wait(timeout=330)
+    finally:
+        proc.kill()
+    result = json.loads((_run_dir(out) / "result.json").read_text())
+    assert rc == 0, "\n".join(lines[-60:])
+    assert result["returncode"] == 0 and result["agent_returncodes"][:2] == [0, 0]
+    assert result["agent_returncodes"][2] == -signal.SIGKILL and result["kill_step"] >= 8
+    assert json.loads(Path(result["metrics"]).read_text())["world_size"] == 2
+    _assert_nothing_left(out)

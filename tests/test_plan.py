@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -80,3 +81,28 @@ def test_rendered_manifests_carry_ints_not_floats(dev_result):
     job = next(d for d in docs if d["kind"] == "Job" and d["spec"].get("completionMode") == "Indexed")
     assert isinstance(job["spec"]["completions"], int)
     assert [p for d in docs for p in floats(d)] == []
+
+
+def test_p4de_plan_user_data_survives_nodeadms_merge(p4de_result):
+    # Review A-B1: what containerd reads on a p4de node after nodeadm's float64 merge must decode as uint64
+    # and equal what the user data asked for.
+    from tests.nodeadm_roundtrip import go_decode_integer, merged_base_runtime_spec, node_configs
+
+    lts = [r for r in p4de_result.of_type("aws:ec2/launchTemplate:LaunchTemplate") if "userData" in r.inputs]
+    assert lts, "the p4de plan has an EFA launch template with user data"
+    for lt in lts:
+        for doc in node_configs(lt.inputs["userData"]):
+            wanted = {r["type"]: r for r in doc["spec"]["containerd"]["baseRuntimeSpec"]["process"]["rlimits"]}
+            written = json.loads(merged_base_runtime_spec(doc), parse_int=str, parse_float=str)
+            assert {r["type"] for r in written["process"]["rlimits"]} == set(wanted) >= {"RLIMIT_MEMLOCK"}
+            for limit in written["process"]["rlimits"]:
+                for key in ("hard", "soft"):
+                    assert go_decode_integer(limit[key], unsigned=True) == wanted[limit["type"]][key]
+
+
+def test_p4de_plan_gates_training_on_the_fabric_check(p4de_result, dev_result):
+    jobs = {r.name: r for r in p4de_result.of_type("kubernetes:batch/v1:Job")}
+    gate, train = jobs["training-fabric-check"], jobs["training-train"]
+    assert gate.urn in train.dependencies
+    assert "pulumi.com/skipAwait" not in gate.inputs["metadata"]["annotations"]
+    assert not [r for r in dev_result.of_type("kubernetes:batch/v1:Job") if "fabric" in r.name]

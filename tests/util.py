@@ -12,6 +12,7 @@ from components.mocks import PROJECT_ROOT, ProgramResult, run_program
 from components.plan import load_stack_file
 
 ROOT = PROJECT_ROOT
+TEST_PUBLIC_CIDR = "1.2.3.4/32"
 
 
 def stack_config(stack: str = "dev") -> dict[str, Any]:
@@ -24,6 +25,11 @@ def stack_config(stack: str = "dev") -> dict[str, Any]:
         except (TypeError, json.JSONDecodeError):
             out[k] = v
     out["eks-ddp:preflight"] = False
+    # The example stacks ship documentation-range placeholders that `pulumi up` rejects (on purpose);
+    # tests stand in a real public address, as a user's edited stack would have.
+    cluster = out.get("eks-ddp:cluster")
+    if isinstance(cluster, dict) and "publicAccessCidrs" in cluster:
+        cluster["publicAccessCidrs"] = [TEST_PUBLIC_CIDR]
     return out
 
 

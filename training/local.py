@@ -1,24 +1,32 @@
 """Run the elastic training job on this machine: the out-of-the-box demo (``make demo``).
 
     python -m training.local [--agents 2] [--rdzv etcd|c10d] [--data ./data] [--out demo-out]
-                             [--kill-worker-at-step N]
+                             [--kill-worker-at-step N] [--resume RUN_DIR]
 
 The job is the one the EKS ElasticJob runs: the agents' command line comes from
 ``components.torchrun.job_command`` (the cluster's builder, here with LOCAL_TIMEOUTS and
 ``--local-addr=127.0.0.1``), the rendezvous is a real etcd with the v2 API on a free
 loopback port (started and stopped here; ``--rdzv c10d`` needs none) and the trainer is
 ``training.train``. Uses CIFAR-10 from ``--data`` when present, else writes a small
-learnable CIFAR-format set into the output folder.
+learnable CIFAR-format set into the run's folder.
 
-``--kill-worker-at-step N`` SIGKILLs one trainer worker when step N is logged: its agent
-restarts the workers, the job resumes from the newest checkpoint, and the runner says how
-long recovery took. Ctrl-C (SIGINT) or SIGTERM stops everything: agents' process groups get
-SIGTERM, then SIGKILL after a grace period, workers (each torchrun starts in its own session)
-are killed by pid, and etcd is stopped. Exit status: 0 only if every agent exits 0.
+Each run gets its own folder ``<out>/<run-id>/``: the trainer's files (checkpoints, model.pt,
+metrics.json, history.jsonl), ``logs/`` (every agent's and etcd's full output),
+``training-curve.png``, ``run.json`` (its settings, for ``--resume``), ``pids.json`` (every
+process started, for leak checks) and ``result.json`` (exit status and the one-line cause).
 
-Writes to --out: ``runs/<run-id>/`` (the trainer's run dir: checkpoints, model.pt,
-metrics.json, history.jsonl), ``training-curve.png``, ``pids.json`` (every process
-started, for leak checks) and ``result.json``.
+Nothing outlives the runner: Ctrl-C, SIGTERM and SIGHUP (terminal closed) stop the agents,
+their workers and etcd; should the runner die without doing so (SIGKILL), the kernel signals
+etcd and the agents (PR_SET_PDEATHSIG) and a reaper process kills the workers (torchrun puts
+each in its own session) and removes the temporary etcd folder.
+
+The console shows the trainer's records, a progress line, one line per worker failure and
+per traceback (the traceback itself is in logs/), the per-class table once, and on failure
+one line, ``[local] FAILED: <cause>``: etcd gone, disk full (ENOSPC), the corrupt data file,
+a bad trainer flag. Those a retry cannot fix (training/exitcodes.py) stop the run at once:
+no retries. ``--kill-worker-at-step N`` SIGKILLs one trainer worker at step N to show
+recovery. Exit status: 0 when every agent exits 0, or when the job finished with the agents
+left after losing some (``--min-agents`` below ``--agents``).
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ import contextlib
 import json
 import os
 import queue
+import re
 import secrets
 import shlex
 import shutil
@@ -41,15 +50,46 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from components.torchrun import AGENT_ENV, LOCAL_TIMEOUTS, TRAIN_MODULE, AgentOptions, TrainerOptions, job_command
-from training.procs import cmdline, descendants, executable_name, kill_tagged, proc_table, send, stop_agents
-from training.progress import Progress, format_duration
+try:  # from this repository (make demo): the cluster's own command builder, as the tests import it
+    from components.torchrun import (
+        AGENT_ENV,
+        LOCAL_TIMEOUTS,
+        TRAIN_MODULE,
+        AgentOptions,
+        TrainerOptions,
+        job_command,
+    )
+except ImportError:  # installed (eks-ddp[trainer]), next to a project whose `components` is its own
+    from eks_ddp.torchrun import (
+        AGENT_ENV,
+        LOCAL_TIMEOUTS,
+        TRAIN_MODULE,
+        AgentOptions,
+        TrainerOptions,
+        job_command,
+    )
+
+from .local_args import _NOT_RESUMED, RUN_FILE, parse_args
+from .procs import (
+    alive,
+    cmdline,
+    descendants,
+    die_with_parent,
+    executable_name,
+    kill_tagged,
+    proc_table,
+    send,
+    start_reaper,
+    stop_agents,
+)
+from .progress import Progress, exception_line, format_duration, root_cause
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 CIFAR_SUBDIR = "cifar-10-batches-py"
 CIFAR_TRAIN_IMAGES = 50_000
 GRACE_S = 10.0
 """Seconds agents get to stop their workers after SIGTERM before everything is SIGKILLed."""
+_WORKER_FAILED = re.compile(r"failed \(exitcode: (?P<code>-?\d+)\) local_rank: (?P<rank>\d+) \(pid: (?P<pid>\d+)\)")
 FINISH_GRACE_S = 60.0
 """Once one agent has exited, seconds the others get to exit on their own."""
 
@@ -85,9 +125,23 @@ class LocalJob:
     def __init__(self, opts: argparse.Namespace, progress: Progress) -> None:
         self.o = opts
         self.progress = progress
-        self.out: Path = opts.out.resolve()
-        self.run_id = f"local-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
-        self.run_dir = self.out / "runs" / self.run_id
+        if opts.resume is not None:  # the interrupted run's folder: same id, same checkpoints
+            self.run_dir = opts.resume.resolve()
+            self.run_id = self.run_dir.name
+        else:  # a folder of its own per run: two runs never overwrite each other
+            self.run_id = f"local-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+            self.run_dir = opts.out.resolve() / self.run_id
+        self.out = self.run_dir
+        """Everything of this run: the trainer's files, logs/, pids.json, result.json, the curve."""
+        self.logs = self.run_dir / "logs"
+        self.cause: str | None = None
+        """One line: why the run failed (set by the first failure a retry cannot fix, or the first error)."""
+        self.fatal = False
+        self.start_step: int | None = None
+        """The step the first workers started from (a checkpoint's when resumed)."""
+        self.first_error: str | None = None
+        self._errors_shown: set[tuple[int, int, str]] = set()
+        self._generation = [0] * opts.agents
         self.agents: list[subprocess.Popen[str]] = []
         self.lines: queue.Queue[tuple[int, str | None]] = queue.Queue()
         self.started: dict[str, list[int]] = {"etcd": [], "agents": [], "workers": []}
@@ -129,17 +183,17 @@ class LocalJob:
         self._record("etcd", etcd)
 
     def agent_command(self, endpoint: str, data_dir: Path) -> list[str]:
-        torchrun = Path(sys.executable).with_name("torchrun")
         agent = AgentOptions(
             min_nodes=self.o.min_agents or self.o.agents, max_nodes=self.o.agents,
             nproc_per_node=self.o.nproc_per_node,
             rdzv_backend="etcd-v2" if self.o.rdzv == "etcd" else "c10d", rdzv_endpoint=endpoint,
             rdzv_id=self.run_id, max_restarts=self.o.max_restarts, timeouts=LOCAL_TIMEOUTS, local_addr="127.0.0.1")
         trainer = TrainerOptions(
-            data_dir=str(data_dir), run_dir=str(self.run_dir), epochs=self.o.epochs, batch_size=self.o.batch_size,
+            data_dir=str(data_dir), run_dir=str(self.run_dir), epochs=self.o.epochs,
+            global_batch_size=self.o.global_batch_size, bn_group=self.o.bn_group,
             model=self.o.model, width=self.o.width, checkpoint_every=self.o.checkpoint_every,
             log_every=self.o.log_every, max_steps=self.o.max_steps, seed=self.o.seed)
-        return job_command(agent, trainer, torchrun=str(torchrun) if torchrun.exists() else "torchrun")
+        return job_command(agent, trainer, python=sys.executable)
 
     def agent_env(self) -> dict[str, str]:
         env = {**os.environ, **AGENT_ENV}
@@ -156,27 +210,62 @@ class LocalJob:
         for i in range(self.o.agents):
             if self.stop_signal is not None:
                 return  # Ctrl-C while etcd was starting
+            # Own session: Ctrl-C and a closed terminal's SIGHUP reach the runner only, which stops the agents;
+            # SIGTERM from the kernel should the runner die without doing so (the reaper kills the rest).
             proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, text=True, errors="replace", bufsize=1,
-                                    start_new_session=True)  # own group: Ctrl-C reaches the runner, which stops it
+                                    start_new_session=True, preexec_fn=die_with_parent(signal.SIGTERM))
             self.agents.append(proc)
             self._record("agents", [proc.pid])
             threading.Thread(target=self._pump, args=(i, proc), daemon=True, name=f"agent{i}-log").start()
 
     def _pump(self, i: int, proc: subprocess.Popen[str]) -> None:
         assert proc.stdout is not None
-        for line in proc.stdout:
-            self.lines.put((i, line.rstrip("\n")))
+        with open(self.logs / f"agent{i}.log", "a", buffering=1) as log:  # the full log; the console is filtered
+            for line in proc.stdout:
+                log.write(line)
+                self.lines.put((i, line.rstrip("\n")))
         self.lines.put((i, None))
 
+    def _show(self, i: int, text: str) -> bool:
+        """Trainer lines are shown; a traceback shows as its last line, once per agent and worker start."""
+        if "[train]" in text or "[eval]" in text:
+            return True
+        m = _WORKER_FAILED.search(text)  # torchrun's line about one of its workers
+        if m and self.stop_signal is None:
+            self.progress.line(f"agent{i}", f"worker pid {m['pid']} (local rank {m['rank']}) exited with "
+                               f"{m['code']}" + (f" ({signal.Signals(-int(m['code'])).name})"
+                                                 if m['code'].startswith("-") else ""))
+            return False
+        summary = exception_line(text)
+        if summary is None:
+            return False
+        self.first_error = self.first_error or f"agent{i}: {summary}"
+        key = (i, self._generation[i], summary.split(":", 1)[0])
+        if key in self._errors_shown or self.stop_signal is not None:
+            return False
+        self._errors_shown.add(key)
+        self.progress.line(f"agent{i}", f"{summary}  (traceback in {self.logs / f'agent{i}.log'})")
+        return False
+
     def _handle(self, i: int, text: str) -> None:
+        cause = root_cause(text)
+        if cause is not None and self.cause is None:
+            self.cause, self.fatal = cause, True  # supervise stops the run: a retry cannot fix it
+        if not self._show(i, text):
+            return
         record = self.progress.line(f"agent{i}", text)
         if record is None:
             return
+        if record.kind == "start":
+            self._generation[i] += 1
+            if self.start_step is None:
+                self.start_step = record.as_int("resumed_step")  # > 0: resumed (--resume)
         now = time.monotonic()
-        if record.kind == "step" and self.o.kill_worker_at_step is not None and self.killed_at is None:
+        kill_at = self.o.kill_worker_at_step if self.o.kill_agent_at_step is None else self.o.kill_agent_at_step
+        if record.kind == "step" and kill_at is not None and self.killed_at is None:
             step = record.as_int("step")
-            if step is not None and step >= self.o.kill_worker_at_step:
+            if step is not None and step >= kill_at:
                 self._kill_worker(step)
         elif self.killed_at is not None and self.recovery_s is None:
             if record.kind == "start":
@@ -196,6 +285,8 @@ class LocalJob:
         self.progress.note = ""
 
     def _kill_worker(self, step: int) -> None:
+        if self.o.kill_agent_at_step is not None:
+            return self._kill_agent(step)
         target = self.agents[1 if len(self.agents) > 1 else 0]
         workers = [p for p in descendants(target.pid) if TRAIN_MODULE in cmdline(p)]
         if not workers:
@@ -209,6 +300,19 @@ class LocalJob:
                               "(the errors that follow are its peers noticing)")
         self.progress.note = "worker killed, recovering"
 
+    def _kill_agent(self, step: int) -> None:
+        """Lose a node: SIGKILL the last agent and its workers (the others re-form the rendezvous)."""
+        target = self.agents[-1]
+        workers = descendants(target.pid)
+        self._record("workers", workers)
+        send(target.pid, signal.SIGKILL, group=True)
+        for pid in workers:
+            send(pid, signal.SIGKILL, group=True)
+        self.killed_at, self.kill_step = time.monotonic(), step
+        self.progress.message(f"step {step}: SIGKILL agent{len(self.agents) - 1} (pid {target.pid}) and its "
+                              "workers: a lost node; the other agents continue without it")
+        self.progress.note = "agent lost, recovering"
+
     def supervise(self) -> str:
         """Stream logs until every agent exits; returns why the run stopped."""
         deadline = time.monotonic() + self.o.timeout
@@ -218,6 +322,8 @@ class LocalJob:
         while True:
             if self.stop_signal is not None:
                 return f"stopped by {signal.Signals(self.stop_signal).name}"
+            if self.fatal:
+                return "failed: no retry can fix this"
             try:
                 i, text = self.lines.get(timeout=0.2)
                 if text is None:
@@ -229,13 +335,17 @@ class LocalJob:
             now = time.monotonic()
             if now >= next_scan:
                 self._scan()
+                etcd_gone = [p for p in self.started["etcd"] if not alive(p)]
+                if etcd_gone and self.cause is None:
+                    self.cause, self.fatal = (f"the etcd rendezvous server (pid {etcd_gone[0]}, {self.endpoint}) "
+                                              "exited during the run; its log is in logs/"), True
                 self.progress.refresh()
                 next_scan = now + 0.5
             codes = [a.poll() for a in self.agents]
             if all(c is not None for c in codes) and not open_streams:
                 failed = [c for c in codes if c != 0]
                 return "all agents exited 0" if not failed else f"agent exit statuses {codes}"
-            if any(c is not None for c in codes):
+            if any(c == 0 for c in codes):  # a finished agent; a lost one (killed) does not start the clock
                 first_exit = first_exit or now
                 if now - first_exit > FINISH_GRACE_S:
                     return f"agents still running {FINISH_GRACE_S:.0f} s after the first exited ({codes})"
@@ -257,11 +367,11 @@ class LocalJob:
 @contextlib.contextmanager
 def rendezvous(kind: str, work: Path) -> Iterator[str]:
     if kind == "c10d":
-        from training.etcd_local import free_port
+        from .etcd_local import free_port
 
         yield f"127.0.0.1:{free_port()}"
         return
-    from training.etcd_local import find_etcd, start_etcd
+    from .etcd_local import find_etcd, start_etcd
 
     try:
         find_etcd()
@@ -271,44 +381,12 @@ def rendezvous(kind: str, work: Path) -> Iterator[str]:
         yield endpoint
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="eks-ddp-local", description="Run the cluster's elastic training job on this "
-                                "machine: etcd, torchrun agents and the trainer, then the evaluation table and a plot.")
-    arg = p.add_argument
-    arg("--agents", type=int, default=2, help="torchrun agents, the cluster's nodes (2)")
-    arg("--min-agents", type=int, help="agents the rendezvous needs (default: --agents)")
-    arg("--nproc-per-node", type=int, default=1, help="trainer workers per agent (1)")
-    arg("--rdzv", choices=("etcd", "c10d"), default="etcd", help="rendezvous: etcd (v2 API, as on the cluster) or c10d")
-    arg("--data", type=Path, help="folder holding cifar-10-batches-py (default ./data; generated data when absent)")
-    arg("--synthetic", action="store_true", help="use generated data even when CIFAR-10 is there")
-    arg("--synthetic-train", type=int, default=4096, help="generated training images (4096)")
-    arg("--synthetic-test", type=int, default=1024, help="generated test images (1024)")
-    arg("--out", type=Path, default=Path("demo-out"), help="output folder (demo-out)")
-    arg("--epochs", type=int, default=4, help="(4)")
-    arg("--batch-size", type=int, default=128, help="per worker (128)")
-    arg("--model", default="resnet-small", help="resnet-small, resnet18 or workshop-cnn (resnet-small)")
-    arg("--width", type=int, default=8, help="resnet-small base channels; small is fast on a CPU (8)")
-    arg("--max-steps", type=int, help="stop after this many steps")
-    arg("--log-every", type=int, default=5, help="steps between log records (5)")
-    arg("--checkpoint-every", type=int, default=10, help="steps between checkpoints (10)")
-    arg("--max-restarts", type=int, default=3, help="worker-group restarts torchrun allows (3)")
-    arg("--seed", type=int, default=0)
-    arg("--kill-worker-at-step", type=int, metavar="N", help="SIGKILL one trainer worker at step N to show recovery")
-    arg("--timeout", type=float, default=900, help="seconds before the run is stopped (900)")
-    args = p.parse_args(argv)
-    for name in ("agents", "nproc_per_node", "epochs", "batch_size"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')}: must be >= 1")
-    if args.min_agents is not None and not 1 <= args.min_agents <= args.agents:
-        p.error("--min-agents: must be between 1 and --agents")
-    return args
-
-
 def _total_steps(o: argparse.Namespace, n_train: int) -> Callable[[int], int]:
-    from training.data import steps_in_epoch
+    from .data import plan_batching
 
     def total(world: int) -> int:
-        steps = o.epochs * steps_in_epoch(n_train, world, o.batch_size)
+        # The global batch fixes the steps; the world size does not change them.
+        steps = o.epochs * plan_batching(n_train, o.epochs, o.global_batch_size, o.bn_group).steps_per_epoch
         return min(steps, o.max_steps) if o.max_steps else steps
 
     return total
@@ -319,18 +397,23 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(o: argparse.Namespace, progress: Progress | None = None) -> RunResult:
-    from training.plot import summarize
+    from .plot import summarize
 
     progress = progress or Progress()
     job = LocalJob(o, progress)
-    job.out.mkdir(parents=True, exist_ok=True)
+    job.logs.mkdir(parents=True, exist_ok=True)
+    if o.resume is None:
+        job._write_json(RUN_FILE, {k: v for k, v in vars(o).items() if k not in _NOT_RESUMED})
+    else:
+        progress.message(f"resuming run {job.run_id} in {job.run_dir} from its newest checkpoint")
     data = None if o.synthetic else resolve_data(o.data or Path("data"), explicit=o.data is not None)
     synthetic = data is None
     if synthetic:
-        from training.data import write_synthetic_cifar
+        from .data import write_synthetic_cifar
 
         data = job.out / "data"
-        write_synthetic_cifar(data, o.synthetic_train, o.synthetic_test, o.seed)
+        if not (data / CIFAR_SUBDIR / "test_batch").exists():  # a resumed run keeps its data
+            write_synthetic_cifar(data, o.synthetic_train, o.synthetic_test, o.seed)
         progress.message(f"CIFAR-10 not found in {o.data or './data'} (a folder holding {CIFAR_SUBDIR}): "
                          f"using a generated CIFAR-format set ({o.synthetic_train} train / {o.synthetic_test} test "
                          f"images) in {data}. Accuracies below are on that set, not CIFAR-10.")
@@ -338,16 +421,20 @@ def run(o: argparse.Namespace, progress: Progress | None = None) -> RunResult:
         progress.message(f"data: CIFAR-10 from {data / CIFAR_SUBDIR}")
     progress.total_steps = _total_steps(o, o.synthetic_train if synthetic else CIFAR_TRAIN_IMAGES)
 
-    previous = {s: signal.signal(s, job.on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    # SIGHUP: the terminal was closed. Handled like Ctrl-C; should the runner die anyway (SIGKILL), the
+    # kernel signals etcd and the agents (die_with_parent) and the reaper kills the workers and removes etcd_dir.
+    handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {s: signal.signal(s, job.on_signal) for s in handled}
     reason, started = "not started", time.monotonic()
     etcd_dir = Path(tempfile.mkdtemp(prefix=f"eks-ddp-etcd-{job.run_id}-"))
+    reaper = start_reaper(job.run_id, [str(etcd_dir)])
     try:
         with rendezvous(o.rdzv, etcd_dir) as endpoint:
             job.endpoint = endpoint
             job._scan()
             command = job.agent_command(endpoint, data)
             progress.message(f"run {job.run_id}: {o.agents} agents x {o.nproc_per_node} worker(s), rendezvous "
-                             f"{'etcd-v2' if o.rdzv == 'etcd' else 'c10d'} at {endpoint}")
+                             f"{'etcd-v2' if o.rdzv == 'etcd' else 'c10d'} at {endpoint}; full logs in {job.logs}")
             progress.message("agent command (the cluster job's, from components/torchrun.py): "
                              + shlex.join(command))
             progress.started = time.monotonic()
@@ -364,21 +451,34 @@ def run(o: argparse.Namespace, progress: Progress | None = None) -> RunResult:
                         i, text = job.lines.get_nowait()
                     except queue.Empty:
                         break
-                    if text is not None and job.stop_signal is None:
+                    if text is not None and job.stop_signal is None and not job.fatal:
                         job._handle(i, text)
+                for log in etcd_dir.glob("etcd-*.log"):
+                    shutil.copy(log, job.logs / log.name)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-        kill_tagged(job.run_id)  # etcd too, should stopping it have failed
+        kill_tagged(job.run_id, spare=[reaper.pid])  # etcd too, should stopping it have failed
         shutil.rmtree(etcd_dir, ignore_errors=True)
+        send(reaper.pid, signal.SIGKILL)
+        reaper.wait()
         progress.close()
 
     codes = [a.returncode for a in job.agents]
-    ok = job.stop_signal is None and bool(codes) and all(c == 0 for c in codes)
+    metrics_file = job.run_dir / "metrics.json"
+    finished = metrics_file.exists() and metrics_file.stat().st_mtime >= time.time() - (time.monotonic() - started)
+    # Success: every agent exited 0, or the job finished (fresh metrics) with the agents that were left
+    # after losing some (an elastic job with --min-agents below --agents).
+    ok = (job.stop_signal is None and not job.fatal and bool(codes)
+          and (all(c == 0 for c in codes) or (finished and any(c == 0 for c in codes))))
+    if not ok and job.stop_signal is None and job.cause is None:
+        job.cause = job.first_error or f"agent exit statuses {codes}"
     returncode = 0 if ok else 128 + job.stop_signal if job.stop_signal else next((c for c in codes if c and c > 0), 1)
     result = RunResult(returncode=returncode, agent_returncodes=codes, reason=reason, run_dir=job.run_dir,
                        recovery_s=job.recovery_s, resumed_step=job.resumed_step, pids=job.pids())
     print(f"[local] {reason} after {format_duration(time.monotonic() - started)} (run dir {job.run_dir})")
+    if ok and not all(c == 0 for c in codes):
+        print(f"[local] the job finished with the agents left (exit statuses {codes}: the others were lost)")
     if o.kill_worker_at_step is not None:
         print("[local] recovery: " + (
             f"no worker killed (the job ended before step {o.kill_worker_at_step})" if job.kill_step is None else
@@ -388,12 +488,18 @@ def run(o: argparse.Namespace, progress: Progress | None = None) -> RunResult:
     result.metrics, result.plot = summarize(job.run_dir, job.out / "training-curve.png", kill_step=job.kill_step,
                                             title=f"eks-ddp local run {job.run_id}")
     if ok and result.metrics is None:
-        print(f"[local] the trainer wrote no metrics.json in {job.run_dir}", file=sys.stderr)
+        job.cause = f"the trainer wrote no metrics.json in {job.run_dir}"
         result.returncode = 1
+    if result.returncode != 0 and job.cause:
+        # The one line that says why; the tracebacks are in the logs.
+        print(f"[local] FAILED: {job.cause} (full logs: {job.logs})", file=sys.stderr, flush=True)
+    if result.returncode != 0:
+        print("[local] not retried: a retry cannot fix this" if job.fatal else
+              f"[local] resume it with: python -m training.local --resume {job.run_dir}", flush=True)
     job._write_json("result.json", {
-        "returncode": result.returncode, "agent_returncodes": codes, "reason": reason, "run_dir": job.run_dir,
-        "kill_step": job.kill_step, "recovery_s": job.recovery_s, "resumed_step": job.resumed_step,
-        "metrics": result.metrics, "plot": result.plot})
+        "returncode": result.returncode, "agent_returncodes": codes, "reason": reason, "cause": job.cause,
+        "run_dir": job.run_dir, "kill_step": job.kill_step, "recovery_s": job.recovery_s,
+        "resumed_step": job.resumed_step, "start_step": job.start_step, "metrics": result.metrics, "plot": result.plot})
     return result
 
 

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 
@@ -146,9 +148,61 @@ def stop_agents(agents: Sequence[subprocess.Popen], workers: Callable[[], list[i
             a.wait(timeout=5)
 
 
+_OURS = ("python", "torchrun", "etcd")
+"""Executables the runner starts: a token match in anything else (an editor, ``tail -f`` of a log) is spared."""
+
+
 def kill_tagged(token: str, *, spare: Iterable[int] = ()) -> None:
-    """SIGKILL every process (but this one and ``spare``) whose command line carries ``token``."""
+    """SIGKILL every python/torchrun/etcd process (but this one and ``spare``) whose command line carries
+    ``token`` (the run id: in the agents' --rdzv-id, the workers' --run-dir and etcd's --data-dir)."""
     keep = {os.getpid(), *spare}
     for pid in proc_table():
-        if pid not in keep and token in cmdline(pid):
+        if pid not in keep and token in cmdline(pid) and executable_name(pid).startswith(_OURS):
             send(pid, signal.SIGKILL)
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> Callable[[], None] | None:
+    """A ``preexec_fn`` making the kernel send ``sig`` to the child when the runner dies, whatever kills it
+    (SIGKILL included). Linux only (prctl); elsewhere None and the reaper alone cleans up."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)  # loaded before the fork: the child only calls it
+    parent = os.getpid()
+
+    def preexec() -> None:
+        libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        if os.getppid() != parent:  # the runner died before prctl took effect
+            os.kill(os.getpid(), sig)
+
+    return preexec
+
+
+def start_reaper(token: str, remove: Iterable[str]) -> subprocess.Popen:
+    """A watchdog process that outlives the runner: once the runner is gone (SIGKILL, SIGHUP, a crash) it
+    SIGKILLs everything tagged with ``token`` -- the workers too, which torchrun puts in sessions of their
+    own, out of reach of the death signal -- and removes the ``remove`` folders. It ignores SIGHUP/SIGINT
+    and runs in its own session, so closing the terminal does not stop it."""
+    return subprocess.Popen([sys.executable, os.path.abspath(__file__), "reap", str(os.getpid()), token, *remove],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True, close_fds=True)
+
+
+def reap(parent: int, token: str, remove: Sequence[str], *, poll_s: float = 0.2) -> None:
+    for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    while alive(parent):
+        time.sleep(poll_s)
+    for _ in range(3):  # a worker forked while the first sweep ran is caught by the next
+        kill_tagged(token)
+        time.sleep(poll_s)
+    for path in remove:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+if __name__ == "__main__" and len(sys.argv) >= 4 and sys.argv[1] == "reap":
+    reap(int(sys.argv[2]), sys.argv[3], sys.argv[4:])

@@ -54,6 +54,35 @@ def parse_record(line: str) -> Record | None:
     return None
 
 
+_EXCEPTION = re.compile(r"^(?:\[[^\]]*\]:?\s*)*((?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Failure))"
+                        r"(?::\s?(.*))?$")
+_TRAINER_USAGE = re.compile(r"training\.train: error: (.*)$")
+_ENOSPC = ("No space left on device", "[Errno 28]")
+
+
+def root_cause(line: str) -> str | None:
+    """The one-line cause of a failure no retry can fix, when ``line`` states one; else None.
+
+    The trainer reports those as ``[train] error: ...`` (exit codes in training/exitcodes.py: a
+    corrupt data file is named there) or as a usage error; a full disk shows as ENOSPC anywhere."""
+    if "[train] error:" in line:
+        return line.split("[train] error:", 1)[1].strip()
+    m = _TRAINER_USAGE.search(line)
+    if m:
+        return f"bad trainer flag: {m.group(1).strip()}"
+    if any(s in line for s in _ENOSPC):
+        return f"disk full (ENOSPC): {line.strip()[-300:]}"
+    return None
+
+
+def exception_line(line: str) -> str | None:
+    """``Type: message`` when ``line`` is the last line of a Python traceback, else None."""
+    m = _EXCEPTION.match(line.strip())
+    if not m:
+        return None
+    return f"{m.group(1)}: {(m.group(2) or '').strip()}"[:240].rstrip(": ")
+
+
 def format_duration(seconds: float) -> str:
     seconds = max(0, int(seconds))
     return f"{seconds // 60}:{seconds % 60:02d}"

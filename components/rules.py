@@ -1,0 +1,214 @@
+"""Validation rules shared by the stack config (``config.py``) and the components' Args.
+
+Each rule is a pure function ``rule(key, value, ...) -> str | None``: ``None`` when the value is
+fine, else one line naming the key, the bad value and what is allowed. ``config.py`` reports
+them with YAML keys (``job.epochs``) and collects every problem; the component Args classes
+call :func:`require` with their Python field names, so a program that builds a component
+directly gets the same rule and a clear ``ValueError`` instead of a failure deep in AWS.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import re
+from collections.abc import Iterable
+from typing import Any
+
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DNS_LABEL_MAX = 63
+EKS_CLUSTER_NAME = re.compile(r"^[0-9A-Za-z][A-Za-z0-9\-_]*$")
+EKS_CLUSTER_NAME_MAX = 100
+IMAGE_BY_DIGEST = re.compile(r"^[^\s@]+@sha256:[0-9a-f]{64}$")
+MY_IP = "curl -s https://checkip.amazonaws.com"
+
+#: Every AWS region EKS runs in (commercial, GovCloud, China), from the AWS "Regions and zones" list.
+AWS_REGIONS = (
+    "af-south-1", "ap-east-1", "ap-east-2", "ap-northeast-1", "ap-northeast-2", "ap-northeast-3",
+    "ap-south-1", "ap-south-2", "ap-southeast-1", "ap-southeast-2", "ap-southeast-3", "ap-southeast-4",
+    "ap-southeast-5", "ap-southeast-6", "ap-southeast-7", "ca-central-1", "ca-west-1", "cn-north-1",
+    "cn-northwest-1", "eu-central-1", "eu-central-2", "eu-north-1", "eu-south-1", "eu-south-2", "eu-west-1",
+    "eu-west-2", "eu-west-3", "il-central-1", "me-central-1", "me-south-1", "mx-central-1", "sa-east-1",
+    "us-east-1", "us-east-2", "us-gov-east-1", "us-gov-west-1", "us-west-1", "us-west-2",
+)
+
+#: The only retention values CloudWatch Logs accepts (PutRetentionPolicy).
+CLOUDWATCH_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192,
+                             2557, 2922, 3288, 3653)
+
+#: gp3 volume size limits (EBS): at most 16 TiB; at least what the GPU AMI and multi-GB training images need.
+GP3_MAX_GIB = 16384
+MIN_ROOT_VOLUME_GIB = 50
+
+#: Namespaces the cluster owns: training workloads never go there.
+RESERVED_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
+
+#: RFC 5737 documentation ranges: the example stacks' placeholders live there; nobody's real address does.
+DOCUMENTATION_RANGES = tuple(ipaddress.ip_network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24"))
+
+#: The widest single CIDR the API endpoint may be opened to (a /8 is 16 million addresses).
+MIN_PUBLIC_PREFIX = 8
+
+#: Largest global batch the trainer accepts (CIFAR-10 has 50,000 training images).
+MAX_GLOBAL_BATCH = 65536
+
+MODELS = ("airnet", "resnet-small", "resnet18", "workshop-cnn")
+
+
+def _got(key: str, value: Any, expected: str) -> str:
+    return f"{key}: got {value!r}; expected {expected}"
+
+
+def whole(key: str, value: Any, minimum: int = 1, maximum: int | None = None) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        return _got(key, value, "a whole number")
+    if value < minimum or (maximum is not None and value > maximum):
+        span = f">= {minimum}" + ("" if maximum is None else f" and <= {maximum}")
+        return _got(key, value, f"a whole number {span}")
+    return None
+
+
+def dns_label(key: str, value: Any, max_len: int = DNS_LABEL_MAX) -> str | None:
+    if not isinstance(value, str) or not DNS_LABEL.match(value) or len(value) > max_len:
+        return _got(key, value, f"lowercase letters, digits and '-', starting and ending with a letter or digit "
+                                f"(max {max_len})")
+    return None
+
+
+def namespace(key: str, value: Any) -> str | None:
+    bad = dns_label(key, value)
+    if bad:
+        return bad
+    if value in RESERVED_NAMESPACES or value.startswith("kube-"):
+        return _got(key, value, "a namespace of your own (not default or kube-*), e.g. 'training'")
+    return None
+
+
+def region(key: str, value: Any) -> str | None:
+    if value not in AWS_REGIONS:
+        return _got(key, value, "an AWS region such as us-west-2 (known: " + ", ".join(AWS_REGIONS) + ")")
+    return None
+
+
+def retention_days(key: str, value: Any) -> str | None:
+    if value not in CLOUDWATCH_RETENTION_DAYS:
+        return _got(key, value, "one of CloudWatch's retention values: "
+                    + ", ".join(map(str, CLOUDWATCH_RETENTION_DAYS)))
+    return None
+
+
+def root_volume_gib(key: str, value: Any) -> str | None:
+    return whole(key, value, MIN_ROOT_VOLUME_GIB, GP3_MAX_GIB)
+
+
+def global_batch(key: str, value: Any) -> str | None:
+    return whole(key, value, 1, MAX_GLOBAL_BATCH)
+
+
+def learning_rate(key: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not 0 < value < 100:
+        return _got(key, value, "a number in (0, 100)")
+    return None
+
+
+def model(key: str, value: Any) -> str | None:
+    return None if value in MODELS else _got(key, value, "one of " + ", ".join(repr(m) for m in MODELS))
+
+
+def image_by_digest(key: str, value: Any) -> str | None:
+    if not isinstance(value, str) or not IMAGE_BY_DIGEST.match(value):
+        return _got(key, value, "an image pinned by digest, "
+                    "e.g. 123456789012.dkr.ecr.us-west-2.amazonaws.com/trainer@sha256:<64 hex>")
+    return None
+
+
+def cluster_name(key: str, value: Any) -> str | None:
+    if not isinstance(value, str) or not EKS_CLUSTER_NAME.match(value) or len(value) > EKS_CLUSTER_NAME_MAX:
+        return _got(key, value, "letters, digits, '-' and '_', starting with a letter or digit "
+                    f"(EKS cluster names, max {EKS_CLUSTER_NAME_MAX})")
+    return None
+
+
+def _cidr(key: str, value: Any) -> tuple[ipaddress.IPv4Network | None, str | None]:
+    """Parse an IPv4 CIDR strictly: a prefix length is required and host bits must be zero."""
+    if isinstance(value, str) and value.endswith("/0"):
+        return None, _got(key, value, "a CIDR narrower than /0, which is the whole internet")
+    if not isinstance(value, str) or "/" not in value:
+        return None, _got(key, value, f"an IPv4 CIDR with a prefix length, e.g. {value}/32"
+                          if isinstance(value, str) else "an IPv4 CIDR such as 10.0.0.0/16")
+    try:
+        net = ipaddress.ip_network(value)
+    except ValueError:
+        try:
+            loose = ipaddress.ip_network(value, strict=False)
+        except ValueError:
+            return None, _got(key, value, "an IPv4 CIDR such as 10.0.0.0/16")
+        return None, _got(key, value, f"a CIDR without host bits, e.g. {loose}")
+    if net.version != 4:
+        return None, _got(key, value, "an IPv4 CIDR")
+    return net, None
+
+
+def public_access_cidrs(key: str, values: Iterable[Any], *, placeholders_ok: bool = False) -> list[str]:
+    """CIDRs that may reach the public Kubernetes API endpoint: real, public, and not the whole internet.
+
+    ``placeholders_ok`` lets documentation ranges through (the offline plan of an example stack).
+    """
+    problems: list[str] = []
+    values = list(values)
+    if not values:
+        return [f"{key}: got []; expected at least one CIDR: your IP as a /32 ({MY_IP})"]
+    total = 0
+    for i, value in enumerate(values):
+        k = f"{key}[{i}]"
+        net, bad = _cidr(k, value)
+        if bad:
+            problems.append(bad)
+            continue
+        total += net.num_addresses
+        if any(net.subnet_of(doc) for doc in DOCUMENTATION_RANGES):
+            if placeholders_ok:
+                continue
+            problems.append(_got(k, value, f"your own network, not a documentation placeholder (RFC 5737): "
+                                           f"set your IP with: pulumi config set --path '{k}' "
+                                           f"\"$({MY_IP})/32\""))
+        elif net.prefixlen < MIN_PUBLIC_PREFIX:
+            problems.append(_got(k, value, f"a prefix of /{MIN_PUBLIC_PREFIX} or longer: this opens the Kubernetes "
+                                           "API endpoint to a large part of the whole internet; use your IP as a /32"))
+        elif not net.is_global:
+            problems.append(_got(k, value, "a public CIDR: the endpoint is reached from the internet, so private, "
+                                           "loopback, link-local and shared ranges never match; use your public IP "
+                                           f"({MY_IP}) as a /32"))
+    if not problems and total > 2 ** (32 - MIN_PUBLIC_PREFIX):
+        problems.append(_got(key, values, f"CIDRs that together span at most a /{MIN_PUBLIC_PREFIX} "
+                                          f"({2 ** (32 - MIN_PUBLIC_PREFIX):,} addresses): several wide ranges "
+                                          "open the endpoint to a large part of the internet as one would"))
+    return problems
+
+
+def vpc_cidr(key: str, value: Any) -> str | None:
+    net, bad = _cidr(key, value)
+    if bad:
+        return bad
+    if not 16 <= net.prefixlen <= 24:
+        return _got(key, value, "an IPv4 CIDR from /16 to /24")
+    if not net.is_private or net.is_loopback or net.is_link_local or net.is_multicast or net.is_reserved \
+            or net.subnet_of(ipaddress.ip_network("0.0.0.0/8")) \
+            or any(net.overlaps(doc) for doc in DOCUMENTATION_RANGES):
+        return _got(key, value, "a private range (RFC 1918): inside 10.0.0.0/8, 172.16.0.0/12 or 192.168.0.0/16")
+    return None
+
+
+def require(*problems: str | None | list[str]) -> None:
+    """Raise one ValueError listing every problem (for component Args)."""
+    flat: list[str] = []
+    for p in problems:
+        if isinstance(p, list):
+            flat += p
+        elif p:
+            flat.append(p)
+    if flat:
+        raise ValueError("; ".join(flat))

@@ -1,0 +1,95 @@
+"""The library as a user installs it: a distinct import name, no torch, and README's example runs as written."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from tests.util import ROOT
+
+TRAINER_ONLY = {"torch", "torchvision", "python-etcd", "matplotlib"}
+
+
+def _name(requirement: str) -> str:
+    return re.split(r"[=<>!~\[; ]", requirement, maxsplit=1)[0].lower()
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    """A real (non-editable) install of this repository's distribution, without its dependencies."""
+    target = tmp_path_factory.mktemp("site")
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--no-index", "--target", str(target), str(ROOT)], check=True, timeout=300)
+    return target
+
+
+def test_infrastructure_install_needs_no_torch():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    base = {_name(r) for r in project["dependencies"]}
+    assert not base & TRAINER_ONLY, base & TRAINER_ONLY
+    assert TRAINER_ONLY <= {_name(r) for r in project["optional-dependencies"]["trainer"]}
+
+
+def test_installed_metadata_puts_torch_behind_the_trainer_extra(installed):
+    meta = next(installed.glob("eks_ddp-*.dist-info")) / "METADATA"
+    requires = [line.split(":", 1)[1].strip() for line in meta.read_text().splitlines()
+                if line.startswith("Requires-Dist:")]
+    unconditional = {_name(r) for r in requires if "extra ==" not in r}
+    assert unconditional and not unconditional & TRAINER_ONLY, unconditional
+
+
+def test_every_library_module_imports_without_torch(installed):
+    """Block torch, matplotlib and etcd outright: no infrastructure module may need them."""
+    code = textwrap.dedent("""
+        import importlib, pkgutil, sys
+        for blocked in ("torch", "torchvision", "matplotlib", "etcd"):
+            sys.modules[blocked] = None
+        import eks_ddp
+        names = [m.name for m in pkgutil.iter_modules(eks_ddp.__path__)]
+        for name in names:
+            importlib.import_module("eks_ddp." + name)
+        for name in eks_ddp.__all__:
+            getattr(eks_ddp, name)
+        print(len(names))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], cwd=installed, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(installed)})
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout.strip()) >= 10
+
+
+def _readme_example() -> str:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Using the components in your own program", 1)[1]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def test_readme_example_runs_verbatim_in_a_project_with_its_own_components_package(installed, tmp_path):
+    example = _readme_example()
+    assert "from eks_ddp import" in example
+    project = tmp_path / "user-project"
+    (project / "components").mkdir(parents=True)
+    # The user's own package of the same folder name as ours: it must neither shadow nor break the library.
+    (project / "components" / "__init__.py").write_text("WHOSE = 'the user project'\n")
+    (project / "__main__.py").write_text(example)
+    runner = textwrap.dedent(f"""
+        import components
+        assert components.WHOSE == 'the user project', components.__file__
+        from eks_ddp.mocks import run_program
+        result = run_program({{}}, program={str(project / "__main__.py")!r})
+        types = sorted({{r.type for r in result.resources}})
+        print(result.outputs["followTraining"])
+        print(len(result.resources), types)
+    """)
+    out = subprocess.run([sys.executable, "-c", runner], cwd=project, capture_output=True, text=True, timeout=180,
+                         env={**os.environ, "PYTHONPATH": str(installed)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "kubectl" in out.stdout and "kubernetes:batch/v1:Job" in out.stdout, out.stdout
+    assert "eks-ddp:elastic_job:ElasticJob" in out.stdout and "eks-ddp:etcd:EtcdRendezvous" in out.stdout

@@ -1,0 +1,171 @@
+"""ResultsBucket under mocks (encryption, versioning, privacy, TLS, retention, the upload role's scope), and the
+trainer's upload + the fetch command round trip against moto's in-process S3."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pulumi
+import pytest
+
+from components.mocks import run_program
+from components.results import ResultsBucket, ResultsBucketArgs, upload_policy
+
+ISSUER = "oidc.eks.us-west-2.amazonaws.com/id/ABCDEF"
+ARGS = ResultsBucketArgs(
+    oidc_provider_arn=f"arn:aws:iam::123456789012:oidc-provider/{ISSUER}",
+    oidc_provider_url=f"https://{ISSUER}", namespace="training", service_account="training-trainer",
+    run_id="run-7")
+
+
+def _run(args: ResultsBucketArgs = ARGS):
+    def program():
+        r = ResultsBucket("results", args)
+        pulumi.export("bucket", r.bucket_name)
+        pulumi.export("role", r.role_arn)
+
+    return run_program({}, program=program)
+
+
+@pytest.fixture(scope="module")
+def result():
+    return _run()
+
+
+def test_bucket_encrypted_versioned_private_and_retained(result):
+    bucket = result.one("aws:s3/bucket:Bucket")
+    assert bucket.retain_on_delete and bucket.parent_type == "eks-ddp:results:ResultsBucket"
+    assert bucket.inputs.get("forceDestroy") is not True
+    sse = result.one("aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration")
+    assert sse.inputs["rules"][0]["applyServerSideEncryptionByDefault"]["sseAlgorithm"] == "AES256"
+    assert result.one("aws:s3/bucketVersioning:BucketVersioning").inputs["versioningConfiguration"]["status"] \
+        == "Enabled"
+    pab = result.one("aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock").inputs
+    assert all(pab[k] is True for k in ("blockPublicAcls", "blockPublicPolicy", "ignorePublicAcls",
+                                        "restrictPublicBuckets"))
+    rule = result.one("aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration").inputs["rules"][0]
+    assert rule["status"] == "Enabled" and rule["noncurrentVersionExpiration"]["noncurrentDays"] == 90
+    for r in result.resources:
+        if r.type.startswith("aws:s3/"):
+            assert r.retain_on_delete, r.type  # destroying the stack keeps the results and their settings
+
+
+def test_bucket_policy_denies_plain_http(result):
+    doc = json.loads(result.one("aws:s3/bucketPolicy:BucketPolicy").inputs["policy"])
+    deny = doc["Statement"][0]
+    assert deny["Effect"] == "Deny" and deny["Principal"] == "*"
+    assert deny["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
+    arn = result.one("aws:s3/bucket:Bucket").outputs["arn"]
+    assert set(deny["Resource"]) == {arn, f"{arn}/*"}
+
+
+def test_role_may_only_write_its_runs_prefix(result):
+    arn = result.one("aws:s3/bucket:Bucket").outputs["arn"]
+    doc = json.loads(result.one("aws:iam/rolePolicy:RolePolicy").inputs["policy"])
+    [stmt] = doc["Statement"]
+    assert stmt["Effect"] == "Allow"
+    assert stmt["Resource"] == f"{arn}/runs/run-7/*"
+    assert set(stmt["Action"]) == {"s3:PutObject", "s3:AbortMultipartUpload"}
+    assert not any("*" in a for a in stmt["Action"])
+    trust = json.loads(result.one("aws:iam/role:Role").inputs["assumeRolePolicy"])
+    cond = trust["Statement"][0]["Condition"]["StringEquals"]
+    assert cond[f"{ISSUER}:sub"] == "system:serviceaccount:training:training-trainer"
+
+
+def test_upload_policy_never_grants_bucket_wide_write():
+    doc = json.loads(upload_policy("arn:aws:s3:::b", "r1"))
+    resources = [s["Resource"] for s in doc["Statement"]]
+    assert resources == ["arn:aws:s3:::b/runs/r1/*"]
+    assert "arn:aws:s3:::b/*" not in resources
+
+
+def test_existing_bucket_is_adopted_not_created():
+    result = _run(dataclasses.replace(ARGS, existing_bucket="team-results"))
+    assert not [r for r in result.resources if r.type.startswith("aws:s3/")]
+    assert result.outputs["bucket"] == "team-results"
+    doc = json.loads(result.one("aws:iam/rolePolicy:RolePolicy").inputs["policy"])
+    assert doc["Statement"][0]["Resource"] == "arn:aws:s3:::team-results/runs/run-7/*"
+
+
+@pytest.mark.parametrize("field,value", [("run_id", "Run_1"), ("existing_bucket", "Bad_Bucket"),
+                                         ("noncurrent_version_days", 0)])
+def test_args_rejected_naming_the_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        _run(dataclasses.replace(ARGS, **{field: value}))
+
+
+# --- the trainer's upload and the fetch command, against moto's in-process S3 -----------------------
+def _finished_run(run_dir):
+    """A run directory as the trainer leaves it (history, metrics, model)."""
+    run_dir.mkdir(parents=True)
+    with open(run_dir / "history.jsonl", "w") as f:
+        for step in range(0, 30, 5):
+            f.write(json.dumps({"kind": "step", "step": step, "epoch": step // 10, "loss": 2.0 - step / 20,
+                                "acc": step / 40, "img_s": 500, "world": 2}) + "\n")
+    metrics = {"accuracy": 0.75, "correct": 75, "total": 100, "per_class": {c: 0.75 for c in "abcde"},
+               "per_class_total": {c: 20 for c in "abcde"}}
+    (run_dir / "metrics.json").write_text(json.dumps(metrics))
+    (run_dir / "model.pt").write_bytes(b"\0model" * 1000)
+    return run_dir
+
+
+@pytest.fixture
+def s3(monkeypatch):
+    moto = pytest.importorskip("moto")
+    import boto3
+
+    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                 "AWS_DEFAULT_REGION": "us-west-2"}.items():
+        monkeypatch.setenv(k, v)
+    with moto.mock_aws():
+        client = boto3.client("s3", region_name="us-west-2")
+        client.create_bucket(Bucket="results-b", CreateBucketConfiguration={"LocationConstraint": "us-west-2"})
+        yield client
+
+
+def test_upload_then_fetch_draws_the_same_curve_and_table(tmp_path, s3, monkeypatch, capsys):
+    from training import fetch_results, results
+    from training.plot import metrics_table
+
+    run = _finished_run(tmp_path / "runs" / "run-7")
+    monkeypatch.setenv(results.RESULTS_ENV, "s3://results-b/runs/run-7/")
+    written = results.upload_from_env(run)
+    assert {k.rsplit("/", 1)[1] for k in written} >= {"metrics.json", "history.jsonl", "model.pt"}
+    assert all(k.startswith("runs/run-7/") for k in written)
+
+    out = tmp_path / "fetched"
+    assert fetch_results.main(["s3://results-b/runs/run-7/", "--out", str(out), "--region", "us-west-2"]) == 0
+    assert (out / "model.pt").read_bytes() == (run / "model.pt").read_bytes()
+    assert (out / "training-curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = metrics_table(json.loads((run / "metrics.json").read_text()))
+    assert table in capsys.readouterr().out
+
+
+def test_failed_upload_is_loud_but_does_not_raise(tmp_path, s3, capsys):
+    from training import results
+
+    run = _finished_run(tmp_path / "run")
+    assert results.upload_results(run, "s3://no-such-bucket/runs/r/", client=s3) == []
+    err = capsys.readouterr().err
+    assert err.count("UPLOAD FAILED") >= 3 and "NoSuchBucket" in err
+
+
+def test_program_wires_the_role_into_the_trainer_service_account_and_env():
+    from tests.util import run, stack_config
+
+    result = run(stack_config())
+    role = result.one("aws:iam/role:Role", "results-uploader")
+    sa = result.one("kubernetes:core/v1:ServiceAccount", "training-sa").inputs["metadata"]
+    assert sa["annotations"] == {"eks.amazonaws.com/role-arn": role.outputs["arn"]}
+    trust = json.loads(role.inputs["assumeRolePolicy"])["Statement"][0]["Condition"]["StringEquals"]
+    assert f"system:serviceaccount:{sa['namespace']}:{sa['name']}" in trust.values()
+    job = next(r for r in result.of_type("kubernetes:batch/v1:Job") if "prepare" not in r.name)
+    env = {e["name"]: e.get("value") for e in job.inputs["spec"]["template"]["spec"]["containers"][0]["env"]}
+    bucket = result.one("aws:s3/bucket:Bucket").outputs["bucket"]
+    run_id = stack_config()["eks-ddp:job"]["runId"] if "runId" in stack_config()["eks-ddp:job"] else "run-1"
+    assert env["EKS_DDP_RESULTS_URL"] == f"s3://{bucket}/runs/{run_id}/"
+    assert result.outputs["results"]["url"] == env["EKS_DDP_RESULTS_URL"]
+    assert result.outputs["fetchResults"].startswith(f"python -m training.fetch_results s3://{bucket}/runs/{run_id}/")
+    netpol = result.one("kubernetes:networking.k8s.io/v1:NetworkPolicy", "training-train-netpol").inputs
+    assert any(p.get("port") == 443 for rule in netpol["spec"]["egress"] for p in rule.get("ports", []))

@@ -1,0 +1,79 @@
+"""Results off the cluster: rank 0 uploads the run's results to S3 at the end of training.
+
+The training Job sets ``EKS_DDP_RESULTS_URL=s3://<bucket>/runs/<runId>/`` (``components/results.py``)
+and its service account assumes a role that may only write under that prefix. Uploaded:
+``metrics.json``, ``history.jsonl``, ``training-curve.png`` (drawn here when matplotlib is
+installed; ``training.fetch_results`` draws it anyway) and ``model.pt``.
+
+A failed upload never fails a finished run (the results are still on the shared volume): it is
+logged loudly, one line per file, with the fix.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+RESULTS_ENV = "EKS_DDP_RESULTS_URL"
+FILES = ("metrics.json", "history.jsonl", "training-curve.png", "model.pt")
+"""What a run's results are, in upload order (the model, the largest, last)."""
+
+
+def split_url(url: str) -> tuple[str, str]:
+    """``s3://bucket/some/prefix/`` -> (bucket, "some/prefix/")."""
+    bucket, _, prefix = url.removeprefix("s3://").partition("/")
+    if not url.startswith("s3://") or not bucket:
+        raise ValueError(f"{url!r}: expected s3://<bucket>/<prefix>/")
+    return bucket, (prefix.rstrip("/") + "/") if prefix else ""
+
+
+def _draw_curve(run_dir: Path) -> None:
+    try:
+        from .plot import plot_history
+
+        plot_history(run_dir / "history.jsonl", run_dir / "training-curve.png", title=f"eks-ddp run {run_dir.name}")
+    except ImportError:
+        print("[results] matplotlib is not in the image: the curve is drawn by training.fetch_results", flush=True)
+    except (OSError, ValueError) as err:
+        print(f"[results] no training curve: {err}", flush=True)
+
+
+def upload_results(run_dir: str | os.PathLike, url: str, *, client=None) -> list[str]:
+    """Upload the run's result files to ``url``; returns the keys written. Never raises."""
+    run_dir = Path(run_dir)
+    try:
+        bucket, prefix = split_url(url)
+        if client is None:
+            import boto3
+
+            client = boto3.client("s3")
+        if not (run_dir / "training-curve.png").exists() and (run_dir / "history.jsonl").exists():
+            _draw_curve(run_dir)
+    except Exception as err:  # noqa: BLE001 - a finished run must not fail on its upload
+        print(f"[results] UPLOAD FAILED: {url}: {type(err).__name__}: {err}; results stay in {run_dir}",
+              file=sys.stderr, flush=True)
+        return []
+    written = []
+    for name in FILES:
+        path = run_dir / name
+        if not path.exists():
+            continue
+        key = prefix + name
+        try:
+            client.upload_file(str(path), bucket, key)
+            written.append(key)
+        except Exception as err:  # noqa: BLE001
+            print(f"[results] UPLOAD FAILED: {path} -> s3://{bucket}/{key}: {type(err).__name__}: {err} "
+                  f"(the file stays in {run_dir}; check the trainer role's s3:PutObject on that prefix)",
+                  file=sys.stderr, flush=True)
+    if written:
+        print(f"[results] uploaded {len(written)} file(s) to s3://{bucket}/{prefix}: "
+              + ", ".join(k.rsplit("/", 1)[-1] for k in written), flush=True)
+    return written
+
+
+def upload_from_env(run_dir: str | os.PathLike) -> list[str]:
+    """Upload when the Job asked for it (``EKS_DDP_RESULTS_URL`` set); a local run uploads nothing."""
+    url = os.environ.get(RESULTS_ENV)
+    return upload_results(run_dir, url) if url else []
