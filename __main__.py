@@ -33,7 +33,15 @@ from components import (
     cost,
     preflight,
 )
-from components.config import OFFLINE_PLAN_ENV, PROJECT, ConfigError, choose_zones, cluster_name_for, load_stack_config
+from components.config import (
+    OFFLINE_PLAN_ENV,
+    PROJECT,
+    ConfigError,
+    choose_zones,
+    cluster_name_for,
+    group_zone_problems,
+    load_stack_config,
+)
 from components.namespace import training_namespace
 from components.network import standard_zones
 
@@ -64,6 +72,10 @@ network = Network("network", NetworkArgs(
     public_subnet_ids=cfg.network.public_subnet_ids,
     private_subnet_ids=cfg.network.private_subnet_ids,
 ))
+
+# A brought VPC's subnet zones are known now (looked up, nothing created): fail before the cluster bills.
+if problems := group_zone_problems(cfg, network.private_subnet_by_az):
+    raise pulumi.RunError(str(ConfigError(problems)))
 
 cluster = EksCluster("cluster", EksClusterArgs(
     cluster_name=cluster_name,

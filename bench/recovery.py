@@ -1,18 +1,23 @@
 """Recovery of the elastic job with the cluster's own agent command: real etcd 3.5.1, two real agents, gloo (CPU).
 
-    .venv/bin/python bench/recovery.py [--repeats 3] [--only worker_kill,node_kill,...] [--out bench/recovery.json]
+    .venv/bin/python bench/recovery.py [--repeats 3] [--only worker_kill,...] [--baseline DIR] [--out FILE]
 
 Each agent runs ``python -m training.launch`` with CLUSTER_TIMEOUTS, DEFAULT_MAX_RESTARTS and AGENT_ENV, the
 command and environment components/torchrun.py renders into the EKS Job (tests/test_resilience.py uses the
-same). Faults, each repeated:
+same). Faults:
 
 * ``worker_kill``: SIGKILL of one trainer process;
 * ``node_kill``: SIGKILL of a whole node (agent + workers; peers see TCP resets);
 * ``node_sigstop``: SIGSTOP of a node's agent and workers (silent: no reset ever comes);
+* ``node_partition``: each agent in its own network namespace (tests/netns.py), the link of one cut;
 * ``etcd_outage``: etcd SIGKILLed, back on the same port and data dir after 3 s (pass: no agent exits,
   no worker restart);
-* ``kills_20``: 20 worker kills in a row (pass: the run finishes, every step done exactly once in the
-  final history, same accuracy as an uninterrupted run within 0.5 pt).
+* ``kills_20``: 20 worker kills in a row (pass: the run finishes with the step count and accuracy
+  (±0.5 pt) of an uninterrupted run; the largest weight difference is reported).
+
+``--baseline DIR`` runs the same faults, in the same run, against another checkout (``git worktree add DIR
+dc9e592``): its own ``components/torchrun.py`` builds its cluster command (stock torchrun, its
+CLUSTER_TIMEOUTS and default --max-restarts) and its own trainer runs (checkpoints at its default cadence).
 
 Figures: seconds from the fault to the next step record in history.jsonl, steps redone (last step before
 the fault minus the step training resumed from), and the 1-minute load average at the fault (the machine
@@ -26,16 +31,23 @@ import json
 import os
 import signal
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 from common import ROOT, machine, synthetic
 
 from components.torchrun import AGENT_ENV, CLUSTER_TIMEOUTS, DEFAULT_MAX_RESTARTS, TrainerOptions
-from tests.etcd_server import Job, RestartableEtcd
+from tests import netns
+from tests.etcd_server import TORCHRUN, Job, RestartableEtcd, kill_workers_in_a_row, max_weight_diff, trainer_env
 
-SCENARIOS = ("worker_kill", "node_kill", "node_sigstop", "etcd_outage", "kills_20")
+SCENARIOS = ("worker_kill", "node_kill", "node_sigstop", "node_partition", "etcd_outage", "kills_20")
+EPOCHS = {"kills_20": 8}
+BASELINE_MAX_RESTARTS = 3
+"""--max-restarts of dc9e592's dev stack (job.maxRestarts: 3), which its Job command took from config."""
 
 
 def _trainer(data: Path, run: Path, epochs: int) -> TrainerOptions:
@@ -43,16 +55,64 @@ def _trainer(data: Path, run: Path, epochs: int) -> TrainerOptions:
                           min_steps=0, width=8, checkpoint_every=5, log_every=1, keep_checkpoints=3)
 
 
+class Baseline:
+    """Another checkout's cluster command: built by its own components/torchrun.py, run from its tree."""
+
+    def __init__(self, tree: Path) -> None:
+        self.tree = tree.resolve()
+        self.commit = subprocess.run(["git", "-C", str(self.tree), "rev-parse", "--short", "HEAD"],
+                                     capture_output=True, text=True).stdout.strip()
+
+    def command(self, endpoint: str, data: Path, run: Path, epochs: int, rdzv_id: str, addr: str) -> list[str]:
+        code = (
+            "import json, sys\n"
+            "from components.torchrun import AgentOptions, CLUSTER_TIMEOUTS, TrainerOptions, job_command\n"
+            f"a = AgentOptions(min_nodes=1, max_nodes=2, nproc_per_node=1, rdzv_backend='etcd-v2',"
+            f" rdzv_endpoint={endpoint!r}, rdzv_id={rdzv_id!r}, local_addr={addr!r}, timeouts=CLUSTER_TIMEOUTS,"
+            f" max_restarts={BASELINE_MAX_RESTARTS})\n"
+            f"t = TrainerOptions(data_dir={str(data)!r}, run_dir={str(run)!r}, epochs={epochs}, batch_size=8,"
+            " width=8, log_every=1, keep_checkpoints=3)\n"
+            "print(json.dumps(job_command(a, t, torchrun=sys.argv[1])))\n")
+        out = subprocess.run([sys.executable, "-c", code, TORCHRUN], cwd=self.tree, capture_output=True, text=True,
+                             check=True, env={**os.environ, "PYTHONPATH": str(self.tree)})
+        return json.loads(out.stdout)
+
+    def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        return trainer_env({"PYTHONPATH": str(self.tree), **(extra or {})})
+
+
+def _job(tmp: Path, endpoint: str, data: Path, epochs: int, baseline: Baseline | None) -> Job:
+    run = tmp / "run"
+    if baseline is None:
+        return Job(tmp, endpoint, _trainer(data, run, epochs), env=dict(AGENT_ENV), timeouts=CLUSTER_TIMEOUTS,
+                   max_restarts=DEFAULT_MAX_RESTARTS)
+    cmd = baseline.command(endpoint, data, run, epochs, f"base-{uuid.uuid4().hex[:8]}", "127.0.0.1")
+    return Job.of_command(tmp, run, cmd, baseline.env(), cwd=baseline.tree)
+
+
+def _partitioned(nodes: netns.Nodes, tmp: Path, data: Path, epochs: int,
+                 baseline: Baseline | None) -> tuple[RestartableEtcd, Job]:
+    if baseline is None:
+        return netns.start_job(nodes, tmp, _trainer(data, tmp / "run", epochs))
+    from tests.etcd_server import Agent
+
+    etcd = RestartableEtcd(tmp / "etcd", host=nodes.addrs[0], prefix=["ip", "netns", "exec", nodes.namespaces[0]])
+    etcd.start()
+    job = Job.of_command(tmp, tmp / "run", [], {}, nodes=0, cwd=baseline.tree)
+    rdzv_id = f"base-{uuid.uuid4().hex[:8]}"
+    for i in range(2):
+        cmd = baseline.command(etcd.endpoint, data, tmp / "run", epochs, rdzv_id, nodes.addrs[i])
+        job.agents.append(Agent(f"agent{i}", ["ip", "netns", "exec", nodes.namespaces[i], *cmd],
+                                tmp / f"agent{i}.log", baseline.env({"GLOO_SOCKET_IFNAME": nodes.links[i]}),
+                                baseline.tree))
+    return etcd, job
+
+
 def _steps(job: Job) -> list[dict]:
     return [r for r in job.history() if r.get("kind") == "step"]
 
 
-def _job(tmp: Path, endpoint: str, data: Path, epochs: int) -> Job:
-    return Job(tmp, endpoint, _trainer(data, tmp / "run", epochs), env=dict(AGENT_ENV), timeouts=CLUSTER_TIMEOUTS,
-               max_restarts=DEFAULT_MAX_RESTARTS)
-
-
-def _fault(kind: str, job: Job, etcd: RestartableEtcd) -> None:
+def _fault(kind: str, job: Job, etcd: RestartableEtcd, nodes: netns.Nodes | None) -> None:
     victim = job.agents[1]
     if kind == "worker_kill":
         os.kill(victim.workers()[0], signal.SIGKILL)
@@ -63,109 +123,143 @@ def _fault(kind: str, job: Job, etcd: RestartableEtcd) -> None:
         victim.kill_group(signal.SIGSTOP)
         for pid in pids:
             os.kill(pid, signal.SIGSTOP)
+    elif kind == "node_partition":
+        nodes.cut(1)
     elif kind == "etcd_outage":
         etcd.kill()
         time.sleep(3)
         etcd.start()
 
 
-def one(kind: str, tmp: Path, data: Path) -> dict:
+def _measure(kind: str, job: Job, etcd: RestartableEtcd, nodes: netns.Nodes | None) -> dict:
+    job.wait_for(lambda: [r for r in _steps(job) if r["world"] == 2 and r["step"] >= 8], 300, "world-2 training")
+    last = _steps(job)[-1]["step"]
+    out: dict = {"load_avg_1m": round(os.getloadavg()[0], 2)}
+    t = time.time()
+    _fault(kind, job, etcd, nodes)
+    if kind == "etcd_outage":
+        out["agents_alive"] = all(a.proc.poll() is None for a in job.agents)
+        codes = job.wait_all(400)
+        starts = [r for r in job.history() if r.get("kind") == "start"]
+        out.update(agents_exit=codes, worker_restarts=len(starts) - 1,
+                   ok=out["agents_alive"] and codes == [0, 0] and len(starts) == 1)
+        return out
+    try:
+        start = job.wait_for(lambda: [r for r in job.history() if r.get("kind") == "start" and r["time"] > t],
+                             300, "restarted workers")[0]
+        step = job.wait_for(lambda: [r for r in _steps(job) if r["time"] > start["time"]], 120, "next step")[0]
+    except AssertionError:  # every agent exited: the fault ended the run
+        return {**out, "ok": False, "agents_exit": [a.proc.poll() for a in job.agents]}
+    out.update(to_next_step_s=round(step["time"] - t, 2), steps_redone=max(0, last - start["resumed_step"]),
+               world_after=start["world"], ok=True)
+    return out
+
+
+def one(kind: str, tmp: Path, data: Path, baseline: Baseline | None) -> dict:
+    if kind == "node_partition":
+        with netns.two_nodes() as nodes:
+            etcd, job = _partitioned(nodes, tmp, data, 4, baseline)
+            try:
+                return _measure(kind, job, etcd, nodes)
+            finally:
+                job.close()
+                etcd.kill()
     etcd = RestartableEtcd(tmp / "etcd")
     etcd.start()
-    job = _job(tmp, etcd.endpoint, data, epochs=4)
+    job = _job(tmp, etcd.endpoint, data, 4, baseline)
     try:
-        job.wait_for(lambda: [r for r in _steps(job) if r["world"] == 2 and r["step"] >= 8], 180, "world-2 training")
-        last = _steps(job)[-1]["step"]
-        load = round(os.getloadavg()[0], 2)
-        t = time.time()
-        _fault(kind, job, etcd)
-        out: dict = {"load_avg_1m": load}
-        if kind == "etcd_outage":
-            out["agents_alive"] = all(a.proc.poll() is None for a in job.agents)
-            codes = job.wait_all(300)
-            starts = [r for r in job.history() if r.get("kind") == "start"]
-            out.update(agents_exit=codes, worker_restarts=len(starts) - 1,
-                       ok=out["agents_alive"] and codes == [0, 0] and len(starts) == 1)
-            return out
-        start = job.wait_for(lambda: [r for r in job.history() if r.get("kind") == "start" and r["time"] > t],
-                             120, "restarted workers")[0]
-        step = job.wait_for(lambda: [r for r in _steps(job) if r["time"] > start["time"]], 60, "next step")[0]
-        out.update(to_next_step_s=round(step["time"] - t, 2), steps_redone=max(0, last - start["resumed_step"]),
-                   world_after=start["world"])
-        if kind == "node_sigstop":
-            job.agents[1].kill_node()
-        return out
+        return _measure(kind, job, etcd, None)
     finally:
         job.close()
         etcd.kill()
 
 
-def kills_20(tmp: Path, data: Path) -> dict:
+def kills_20(tmp: Path, data: Path, baseline: Baseline | None) -> dict:
     etcd = RestartableEtcd(tmp / "etcd")
     etcd.start()
-    ref_dir = tmp / "ref"
     out: dict = {"load_avg_1m": round(os.getloadavg()[0], 2)}
+    epochs = EPOCHS["kills_20"]
     try:
-        ref = _job(ref_dir, etcd.endpoint, data, epochs=8)
+        ref = _job(tmp / "ref", etcd.endpoint, data, epochs, baseline)
         try:
             assert ref.wait_all(900) == [0, 0], ref.logs()
-            ref_metrics = json.loads((ref.run_dir / "metrics.json").read_text())
         finally:
             ref.close()
-        job = _job(tmp / "faulty", etcd.endpoint, data, epochs=8)
+        job = _job(tmp / "faulty", etcd.endpoint, data, epochs, baseline)
         try:
-            def starts() -> list[dict]:
-                return [r for r in job.history() if r.get("kind") == "start"]
-
-            for i in range(20):
-                n = len(starts())
-                # Training runs again (a step after the newest start), then the next worker dies.
-                job.wait_for(lambda: starts() and [r for r in _steps(job) if r["time"] > starts()[-1]["time"]],
-                             120, f"training before kill {i + 1}")
-                pids = job.agents[i % 2].workers()
-                if not pids:
-                    break
-                os.kill(pids[0], signal.SIGKILL)
-                out["kills"] = i + 1
-                job.wait_for(lambda n=n: len(starts()) > n, 120, f"restart after kill {i + 1}")
-            codes = job.wait_all(900)
-            metrics = json.loads((job.run_dir / "metrics.json").read_text())
+            out["kills"] = kill_workers_in_a_row(job, 20)
+            codes = [a.wait(900) for a in job.agents]
         finally:
             job.close()
-        out.update(agents_exit=codes, step=metrics["step"], reference_step=ref_metrics["step"],
-                   accuracy=metrics["accuracy"], reference_accuracy=ref_metrics["accuracy"],
-                   ok=codes == [0, 0] and metrics["step"] == ref_metrics["step"]
-                   and abs(metrics["accuracy"] - ref_metrics["accuracy"]) <= 0.005)
+        out["agents_exit"] = codes
+        if codes != [0, 0]:
+            return {**out, "ok": False}
+        metrics, want = (json.loads((d / "run" / "metrics.json").read_text()) for d in (tmp / "faulty", tmp / "ref"))
+        diff = max_weight_diff(tmp / "faulty" / "run", tmp / "ref" / "run")
+        out.update(step=metrics["step"], reference_step=want["step"], accuracy=metrics["accuracy"],
+                   reference_accuracy=want["accuracy"], max_weight_diff=diff,
+                   ok=out["kills"] == 20 and metrics["step"] == want["step"]
+                   and abs(metrics["accuracy"] - want["accuracy"]) <= 0.005)
         return out
     finally:
         etcd.kill()
+
+
+def _summary(runs: list[dict]) -> dict:
+    def med(key: str):
+        vals = [r[key] for r in runs if key in r]
+        return statistics.median(vals) if vals else None
+
+    return {"median_to_next_step_s": med("to_next_step_s"), "median_steps_redone": med("steps_redone"),
+            "loads": [r["load_avg_1m"] for r in runs], "ok": all(r.get("ok", False) for r in runs)}
+
+
+def _cell(s: dict | None, runs: list[dict] | None) -> str:
+    if s is None:
+        return "not run"
+    if s["median_to_next_step_s"] is not None and s["ok"]:
+        return f"{s['median_to_next_step_s']} s, {s['median_steps_redone']} redone"
+    last = (runs or [{}])[-1]
+    if "kills" in last:
+        return f"{'finished' if s['ok'] else 'FAILED'} after {last['kills']} kills, exits {last.get('agents_exit')}"
+    if "agents_alive" in last:
+        return "no agent exit, no restart" if s["ok"] else f"agents exit {last.get('agents_exit')}"
+    return f"FAILED: agents exit {last.get('agents_exit')}"
 
 
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--only", default=",".join(SCENARIOS))
+    p.add_argument("--baseline", type=Path, help="a checkout of the commit to compare with (git worktree add DIR REV)")
+    p.add_argument("--baseline-repeats", type=int, default=1,
+                   help="repeats for the baseline (its silent faults take minutes each)")
     p.add_argument("--out", default=str(Path(__file__).with_name("recovery.json")))
     a = p.parse_args()
     os.chdir(ROOT)
     tmp = Path(tempfile.mkdtemp(prefix="bench-rec-"))
     data = synthetic(tmp / "data", n_train=480, n_test=100)
-    res: dict = {"machine": machine(), "flags": CLUSTER_TIMEOUTS.conf(), "runs": {}}
+    base = Baseline(a.baseline) if a.baseline else None
+    res: dict = {"machine": machine(), "flags": CLUSTER_TIMEOUTS.conf(), "max_restarts": DEFAULT_MAX_RESTARTS,
+                 "baseline": base.commit if base else None, "runs": {}, "baseline_runs": {}}
     for kind in a.only.split(","):
-        runs = res["runs"][kind] = []
-        for i in range(1 if kind == "kills_20" else a.repeats):
-            r = kills_20(tmp / f"{kind}-{i}", data) if kind == "kills_20" else one(kind, tmp / f"{kind}-{i}", data)
-            runs.append(r)
-            print(kind, json.dumps(r), flush=True)
-    print("\n| fault | median to next step (s) | steps redone | load avg | result |\n|---|---|---|---|---|")
-    for kind, runs in res["runs"].items():
-        med = statistics.median(r["to_next_step_s"] for r in runs) if "to_next_step_s" in runs[0] else None
-        redone = statistics.median(r["steps_redone"] for r in runs) if "steps_redone" in runs[0] else None
-        ok = all(r.get("ok", True) for r in runs)
-        res[kind] = {"median_to_next_step_s": med, "median_steps_redone": redone, "ok": ok}
-        loads = "/".join(str(r["load_avg_1m"]) for r in runs)
-        print(f"| {kind} | {med if med is not None else '—'} | {redone if redone is not None else '—'} | {loads} | "
-              f"{'ok' if ok else 'FAILED'} |")
+        for label, b, repeats in (("runs", None, a.repeats), ("baseline_runs", base, a.baseline_repeats)):
+            if label == "baseline_runs" and base is None:
+                continue
+            runs = res[label][kind] = []
+            for i in range(1 if kind == "kills_20" else repeats):
+                d = tmp / f"{label}-{kind}-{i}"
+                r = kills_20(d, data, b) if kind == "kills_20" else one(kind, d, data, b)
+                runs.append(r)
+                print(label, kind, json.dumps(r), flush=True)
+    res["summary"] = {kind: _summary(runs) for kind, runs in res["runs"].items()}
+    res["baseline_summary"] = {kind: _summary(runs) for kind, runs in res["baseline_runs"].items()}
+    print(f"\n| fault | now (median of {a.repeats}) | load | {'baseline ' + base.commit if base else 'baseline'} |"
+          "\n|---|---|---|---|")
+    for kind, s in res["summary"].items():
+        b = res["baseline_summary"].get(kind)
+        print(f"| {kind} | {_cell(s, res['runs'][kind])} | {'/'.join(map(str, s['loads']))} | "
+              f"{_cell(b, res['baseline_runs'].get(kind))} |")
     Path(a.out).write_text(json.dumps(res, indent=2) + "\n")
     return 0
 

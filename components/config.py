@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Literal, get_args
 
@@ -418,6 +419,17 @@ def _ignored_settings(cfg: StackConfig, data: dict[str, Any]) -> list[str]:
     return p
 
 
+def group_zone_problems(cfg: StackConfig, subnet_zones: Iterable[str]) -> list[str]:
+    """Groups pinned to a zone where the (brought) VPC has no private subnet: the node group could never launch.
+
+    Only a brought VPC can get here (a new VPC gets a subnet in every pinned zone, see choose_zones); its
+    subnets' zones are known once they are looked up, before the cluster is registered."""
+    zones = sorted(set(subnet_zones))
+    return [f"nodeGroups[{i}].availabilityZone: got {g.availability_zone!r}; expected a zone where "
+            f"network.privateSubnetIds has a subnet ({', '.join(zones)})"
+            for i, g in enumerate(cfg.node_groups) if g.availability_zone and g.availability_zone not in zones]
+
+
 def choose_zones(cfg: StackConfig, available: list[str]) -> list[str]:
     """The new VPC's zones: the explicit list, else the zones groups are pinned to, then the first available.
 
@@ -610,8 +622,8 @@ def _check_job(cfg: StackConfig) -> list[str]:
         p.append(f"job.minNodes: got {j.min_nodes}; expected <= job.nodes ({j.nodes})")
     if bad := rules.learning_rate("job.learningRate", j.learning_rate):
         p.append(bad)
-    if not DNS_LABEL.match(j.run_id) or len(j.run_id) > 40:
-        p.append(f"job.runId: got {j.run_id!r}; expected lowercase letters, digits and '-' (max 40)")
+    if bad := rules.run_id("job.runId", j.run_id):
+        p.append(bad)
     if bad := rules.namespace("job.namespace", j.namespace):
         p.append(bad)
     if j.node_group is None or j.node_group in names:

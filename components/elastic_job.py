@@ -27,7 +27,6 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from . import catalog, rules
-from .config import DNS_LABEL
 from .etcd import DEFAULT_CLIENT_LABELS, SERVER_LABELS, etcd_client_egress
 from .namespace import dns_egress, restricted_container_security, restricted_pod_security
 from .torchrun import (
@@ -499,7 +498,8 @@ def _validate(name: str, a: ElasticJobArgs) -> catalog.InstanceType:
         raise ValueError(f"rdzv_endpoint: got {a.rdzv_endpoint!r}; expected None with 'c10d' "
                          "(the agent of index 0 hosts the store)")
     # Pod hostnames are <job>-<index>; both must stay DNS labels.
-    if not DNS_LABEL.match(a.run_id) or len(f"{name}-{a.run_id}-{a.nodes}") > 63:
+    rules.require(rules.run_id("run_id", a.run_id))
+    if len(f"{name}-{a.run_id}-{a.nodes}") > 63:
         raise ValueError(f"run_id: got {a.run_id!r}; expected lowercase letters, digits and '-' making "
                          f"'{name}-<run_id>-<index>' at most 63 characters (pod host names)")
     return it

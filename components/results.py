@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
+from . import rules
 from .efs import irsa_trust_policy
 
 RUNS_PREFIX = "runs"
@@ -66,8 +67,7 @@ class ResultsBucketArgs:
 
 def validate(args: ResultsBucketArgs) -> None:
     """Raise ValueError naming the bad field."""
-    if not re.match(r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$", args.run_id):
-        raise ValueError(f"run_id: got {args.run_id!r}; expected lowercase letters, digits and '-' (max 40)")
+    rules.require(rules.run_id("run_id", args.run_id))
     if args.existing_bucket is not None and not BUCKET_NAME.match(args.existing_bucket):
         raise ValueError(f"existing_bucket: got {args.existing_bucket!r}; expected an S3 bucket name "
                          "(3-63 lowercase letters, digits, '.' and '-')")

@@ -75,6 +75,14 @@ def dns_label(key: str, value: Any, max_len: int = DNS_LABEL_MAX) -> str | None:
     return None
 
 
+RUN_ID_MAX = 40
+"""Longest run id: it names the Job (pods '<job>-<run_id>-<index>' must stay host names) and the S3 prefix."""
+
+
+def run_id(key: str, value: Any) -> str | None:
+    return dns_label(key, value, RUN_ID_MAX)
+
+
 def namespace(key: str, value: Any) -> str | None:
     bad = dns_label(key, value)
     if bad:

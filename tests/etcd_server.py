@@ -60,10 +60,10 @@ def _processes() -> list[tuple[int, int, bytes]]:
 class Agent:
     """One torchrun agent (a "node"), in its own process group, output to a log file."""
 
-    def __init__(self, name: str, cmd: list[str], log_path: Path, env: dict[str, str]) -> None:
+    def __init__(self, name: str, cmd: list[str], log_path: Path, env: dict[str, str], cwd: Path = ROOT) -> None:
         self.name, self.cmd, self.log_path = name, cmd, log_path
         with open(log_path, "wb") as log:
-            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+            self.proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True)
 
     @property
@@ -123,14 +123,27 @@ class Job:
                              max_restarts=max_restarts, local_addr="127.0.0.1", timeouts=timeouts)
         self.env = trainer_env(env)
         self.cmd = job_command(agent, trainer, python=sys.executable)
+        self.cwd = ROOT
         self.agents: list[Agent] = []
         for _ in range(nodes):
             self.add_agent()
 
+    @classmethod
+    def of_command(cls, tmp: Path, run_dir: Path, cmd: list[str], env: dict[str, str], *, nodes: int = 2,
+                   cwd: Path = ROOT) -> Job:
+        """A job whose agents run ``cmd`` from ``cwd`` (another checkout's agent command, for comparisons)."""
+        job = cls.__new__(cls)
+        tmp.mkdir(parents=True, exist_ok=True)
+        job.tmp, job.trainer, job.run_dir, job.cmd, job.env, job.cwd = tmp, None, Path(run_dir), cmd, env, cwd
+        job.agents = []
+        for _ in range(nodes):
+            job.add_agent()
+        return job
+
     def add_agent(self) -> Agent:
         """Start one more agent of this job (a replacement or late node)."""
         i = len(self.agents)
-        self.agents.append(Agent(f"agent{i}", self.cmd, self.tmp / f"agent{i}.log", self.env))
+        self.agents.append(Agent(f"agent{i}", self.cmd, self.tmp / f"agent{i}.log", self.env, self.cwd))
         return self.agents[-1]
 
     def history(self) -> list[dict[str, Any]]:
@@ -243,3 +256,43 @@ def restartable_etcd(tmp_path: Path) -> Iterator[RestartableEtcd]:
         yield etcd
     finally:
         etcd.kill()
+
+
+def kill_workers_in_a_row(job: Job, kills: int, timeout_s: float = 120.0) -> int:
+    """SIGKILL a worker (alternating nodes) as soon as training runs again after each restart; returns the kills
+    made, fewer than asked when the run ended first (every agent exited, or training finished)."""
+    def starts() -> list[dict[str, Any]]:
+        return [r for r in job.history() if r.get("kind") == "start"]
+
+    def ended() -> bool:
+        return all(a.proc.poll() is not None for a in job.agents)
+
+    done = 0
+    for i in range(kills):
+        n = len(starts())
+        try:
+            # Training runs again (a step after the newest start), then the next worker dies.
+            job.wait_for(lambda: starts() and [r for r in job.history() if r.get("kind") == "step"
+                                               and r["time"] > starts()[-1]["time"]], timeout_s,
+                         f"training before kill {i + 1}")
+            pids = job.agents[i % len(job.agents)].workers()
+            if not pids:
+                break
+            os.kill(pids[0], signal.SIGKILL)
+            done += 1
+            job.wait_for(lambda n=n: len(starts()) > n, timeout_s, f"restart after kill {i + 1}")
+        except AssertionError:
+            if ended():
+                break
+            raise
+    return done
+
+
+def max_weight_diff(run_a: Path, run_b: Path) -> float:
+    """Largest absolute difference between the final weights (model.pt) of two runs."""
+    import torch
+
+    a = torch.load(Path(run_a) / "model.pt", weights_only=True)["model"]
+    b = torch.load(Path(run_b) / "model.pt", weights_only=True)["model"]
+    assert a.keys() == b.keys()
+    return max((float((a[k].double() - b[k].double()).abs().max()) if a[k].numel() else 0.0) for k in a)

@@ -264,3 +264,33 @@ def test_node_group_arns_name_the_regions_partition():
     for region, part in [("us-west-2", "aws"), ("cn-north-1", "aws-cn"), ("us-gov-west-1", "aws-us-gov")]:
         statement = autoscaler.iam_policy("c", region)["Statement"][1]
         assert statement["Resource"] == f"arn:{part}:eks:{region}:*:nodegroup/c/*/*"
+
+
+def _group_variant(stack: str, **changes) -> dict:
+    raw = stack_config(stack)
+    for key, value in changes.items():
+        raw = set_path(raw, f"eks-ddp:nodeGroups[0].{key}", value)
+    return raw
+
+
+@pytest.mark.parametrize("stack,changes", [
+    # A capacity block: no instanceTypes on the node group (the launch template names the type).
+    ("p4de", {"capacityType": "capacityBlock"}),
+    # Spot from several types of one GPU shape.
+    ("dev", {"capacityType": "spot", "instanceType": "g5.xlarge", "spotInstanceTypes": ["g5.2xlarge", "g5.4xlarge"]}),
+])
+def test_capacity_block_and_multi_type_spot_groups_scale_from_zero_for_training(stack, changes):
+    """Every group the config can make carries its node template, and the training pod would bring it up."""
+    raw = _group_variant(stack, **changes)
+    result = run(raw, stack)
+    (group,) = gpu_groups(result)
+    instance_type = raw["eks-ddp:nodeGroups"][0]["instanceType"]
+    it = catalog.lookup(instance_type)
+    tags = asg_tags(result, group)
+    assert tags["k8s.io/cluster-autoscaler/node-template/resources/nvidia.com/gpu"] == str(it.gpus)
+    assert tags["k8s.io/cluster-autoscaler/node-template/taint/nvidia.com/gpu"] == "true:NoSchedule"
+    node = scheduling.TemplateNode.from_tags(tags, instance_type, name=group.name)
+    train = next(m["spec"]["template"]["spec"] for m in render_manifests(result)
+                 if m["kind"] == "Job" and m["metadata"]["name"] == "training-" + json_run_id(stack))
+    decision = scheduling.would_scale_up(train, node)
+    assert decision, decision.reasons

@@ -217,3 +217,21 @@ def test_infrastructure_args_reject_what_the_stack_config_rejects(component, fie
         from tests.test_cluster import _run
     with pytest.raises(ValueError, match=field):
         _run(dataclasses.replace(BASE, **{field: value}))
+
+
+def test_brought_vpc_group_zone_without_a_subnet_fails_before_the_cluster():
+    """A group pinned to a zone where none of the brought private subnets is: one line naming the key,
+    raised after the subnets are looked up and before anything billable is registered."""
+    import pulumi
+
+    from components.mocks import run_program
+
+    config = set_path(stack_config("dev"), "eks-ddp:network",
+                      {"vpcId": "vpc-0123456789abcdef0", "privateSubnetIds": ["subnet-a", "subnet-b"],
+                       "publicSubnetIds": ["subnet-c", "subnet-d"]})
+    config = set_path(config, "eks-ddp:nodeGroups[0].capacityReservationId", "cr-0123456789abcdef0")
+    config = set_path(config, "eks-ddp:nodeGroups[0].availabilityZone", "us-west-2f")
+    recorded: list = []
+    with pytest.raises(pulumi.RunError, match=r"nodeGroups\[0\].availabilityZone: got 'us-west-2f'"):
+        run_program(config, recorded=recorded)
+    assert [r.type for r in recorded if r.custom] == [], "nothing billable before the error"

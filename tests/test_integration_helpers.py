@@ -38,12 +38,34 @@ def account(monkeypatch):
         yield
 
 
+BUCKET = "results-0123abcd"
+
+
 def _outputs(repo: str = "eks-ddp/trainer", fs: str = "fs-0123456789abcdef0") -> dict:
-    return {"imageRef": f"123456789012.dkr.ecr.{REGION}.amazonaws.com/{repo}@sha256:{'a' * 64}", "efsId": fs}
+    return {"imageRef": f"123456789012.dkr.ecr.{REGION}.amazonaws.com/{repo}@sha256:{'a' * 64}", "efsId": fs,
+            "results": {"bucket": BUCKET, "prefix": "runs/run-1/"}}
 
 
-def test_an_empty_account_passes(account):
+def _retained_results_bucket() -> None:
+    """What a destroy leaves on purpose: the versioned results bucket with a run's objects."""
+    s3 = boto3.client("s3", region_name=REGION)
+    s3.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": REGION})
+    s3.put_bucket_versioning(Bucket=BUCKET, VersioningConfiguration={"Status": "Enabled"})
+    for _ in range(2):
+        s3.put_object(Bucket=BUCKET, Key="runs/run-1/metrics.json", Body=b"{}")
+
+
+def test_an_empty_account_passes_and_the_kept_results_bucket_is_then_removed(account):
+    _retained_results_bucket()
     it.assert_nothing_left(FakeStack(), _outputs())
+    assert BUCKET not in [b["Name"] for b in boto3.client("s3", region_name=REGION).list_buckets()["Buckets"]]
+
+
+def test_a_results_bucket_that_did_not_survive_the_destroy_is_an_error(account):
+    from botocore.exceptions import ClientError
+
+    with pytest.raises(ClientError):
+        it.assert_nothing_left(FakeStack(), _outputs())
 
 
 def test_each_leftover_is_named(account):

@@ -347,3 +347,46 @@ def test_losing_an_agent_then_finishing_exits_0(tmp_path):
     assert result["agent_returncodes"][2] == -signal.SIGKILL and result["kill_step"] >= 8
     assert json.loads(Path(result["metrics"]).read_text())["world_size"] == 2
     _assert_nothing_left(out)
+
+
+def test_root_cause_of_a_full_disk_and_of_a_bad_trainer_flag_from_the_real_messages():
+    """The runner's one-line causes, fed the messages the kernel and the trainer really print."""
+    from training.progress import root_cause
+
+    try:  # /dev/full answers every write with ENOSPC, as a full EFS or node disk does
+        with open("/dev/full", "wb") as f:
+            f.write(b"\0" * 65536)
+            f.flush()
+    except OSError as err:
+        full = f"OSError: {err}"
+    cause = root_cause(full)
+    assert cause is not None and cause.startswith("disk full (ENOSPC)"), (full, cause)
+
+    proc = subprocess.run([sys.executable, "-m", "training.train", "--data-dir=/x", "--run-dir=/y", "--bogus=1"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    from training import exitcodes
+
+    assert proc.returncode == exitcodes.CONFIG_ERROR  # FATAL: the Job and the runner do not retry it
+    (usage,) = [ln for ln in proc.stderr.splitlines() if "error:" in ln]
+    assert root_cause(f"[default0]:{usage}") == "bad trainer flag: unrecognized arguments: --bogus=1"
+    assert root_cause("[train] epoch=1 step=3 loss=2.1") is None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_two_runs_sharing_out_keep_separate_folders(tmp_path):
+    out = tmp_path / "out"
+    folders = []
+    for _ in range(2):
+        proc, lines = _runner(out, "--agents", "1", "--epochs", "1", "--max-steps", "3")
+        try:
+            assert proc.wait(timeout=200) == 0, "\n".join(lines[-40:])
+        finally:
+            proc.kill()
+        result_files = sorted(out.glob("*/result.json"))
+        folders = [p.parent for p in result_files]
+    assert len(folders) == 2 and folders[0] != folders[1]
+    for f in folders:
+        result = json.loads((f / "result.json").read_text())
+        assert result["returncode"] == 0 and Path(result["run_dir"]).is_relative_to(f)
+        assert (f / "training-curve.png").exists()

@@ -3,17 +3,15 @@
 Every agent runs ``python -m training.launch`` with CLUSTER_TIMEOUTS and AGENT_ENV, exactly the command
 and environment components/torchrun.py renders into the EKS Job. Where a test starts one agent of a
 two-node job on purpose, the first-round wait (300 s on the cluster, for image pulls) is shortened;
-nothing else differs. The longer fault series (SIGSTOP, netns partition, 20 kills) live in bench/recovery.py.
+nothing else differs. Timings are asserted with room for a loaded CI machine; bench/recovery.py measures
+the same faults (median of 3) and the full 20-kill series.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -145,67 +143,93 @@ def test_checkpoint_write_longer_than_the_detection_window_causes_no_restart(tmp
     assert "[watchdog]" not in job.logs()
 
 
-@pytest.fixture
-def two_namespaces():
-    """Two network namespaces ("nodes") joined by one veth pair, 10.213.x only inside them; always removed."""
-    import uuid
+def test_network_partition_of_one_node_is_detected_within_15_s(tmp_path, data_dir):
+    from tests import netns
 
-    tag = uuid.uuid4().hex[:6]
-    ns = [f"eksddp-{tag}-a", f"eksddp-{tag}-b"]
-    links = (f"ed{tag}a", f"ed{tag}b")
-    addrs = ("10.213.0.1", "10.213.0.2")
-
-    def ip(*args: str) -> None:
-        subprocess.run(["ip", *args], check=True, capture_output=True, timeout=10)
-
-    try:
-        for n in ns:
-            ip("netns", "add", n)
-            ip("-n", n, "link", "set", "lo", "up")
-        ip("link", "add", links[0], "netns", ns[0], "type", "veth", "peer", "name", links[1], "netns", ns[1])
-        for n, link, addr in zip(ns, links, addrs, strict=True):
-            ip("-n", n, "addr", "add", f"{addr}/24", "dev", link)
-            ip("-n", n, "link", "set", link, "up")
-        yield ns, links, addrs
-    finally:
-        for n in ns:
-            subprocess.run(["ip", "netns", "pids", n], capture_output=True)
-            pids = subprocess.run(["ip", "netns", "pids", n], capture_output=True, text=True).stdout.split()
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError, ValueError):
-                    os.kill(int(pid), signal.SIGKILL)
-            subprocess.run(["ip", "netns", "del", n], capture_output=True, timeout=10)
+    with netns.two_nodes() as nodes:
+        etcd, job = netns.start_job(nodes, tmp_path, _trainer(data_dir, tmp_path / "run", epochs=6))
+        try:
+            job.wait_for(lambda: [r for r in job.history() if r.get("kind") == "step" and r["world"] == 2
+                                  and r["step"] >= 3], 120, "world-2 training across the namespaces")
+            cut = time.time()
+            nodes.cut(1)
+            step = job.wait_for(lambda: [r for r in job.history() if r.get("kind") == "step" and r["time"] > cut
+                                         and r["world"] == 1], 60, "training at world 1 on the connected node")[0]
+            print(f"[measure] partition_to_next_step={step['time'] - cut:.2f}s")
+            assert step["time"] - cut <= 15
+        finally:
+            for a in job.agents:
+                a.stop()
+            etcd.kill()
 
 
-def test_network_partition_of_one_node_is_detected_within_15_s(tmp_path, two_namespaces, data_dir):
-    from components.torchrun import AgentOptions, job_command
-    from tests.etcd_server import Agent, trainer_env
+def _next_step_after(job: Job, t: float, timeout_s: float = 60) -> tuple[dict, dict]:
+    start = job.wait_for(lambda: [r for r in _starts(job) if r["time"] > t], timeout_s, "restarted workers")[0]
+    step = job.wait_for(lambda: [r for r in job.history() if r.get("kind") == "step" and r["time"] > start["time"]],
+                        timeout_s, "the next step")[0]
+    return start, step
 
-    ns, links, addrs = two_namespaces
-    etcd = RestartableEtcd(tmp_path / "etcd", host=addrs[0], prefix=["ip", "netns", "exec", ns[0]])
-    agents: list[Agent] = []
-    try:
-        etcd.start()
-        trainer = _trainer(data_dir, tmp_path / "run", epochs=6)
-        for i in range(2):
-            opts = AgentOptions(min_nodes=1, max_nodes=2, nproc_per_node=1, rdzv_backend="etcd-v2",
-                                rdzv_endpoint=etcd.endpoint, rdzv_id="partition", local_addr=addrs[i],
-                                timeouts=CLUSTER_TIMEOUTS)
-            cmd = ["ip", "netns", "exec", ns[i], *job_command(opts, trainer, python=sys.executable)]
-            # gloo would pick the host name's address (loopback); pin it to the node's veth.
-            env = trainer_env({**AGENT_ENV, "GLOO_SOCKET_IFNAME": links[i]})
-            agents.append(Agent(f"agent{i}", cmd, tmp_path / f"agent{i}.log", env))
-        job = Job.__new__(Job)  # reuse the history/wait helpers over these agents
-        job.agents, job.run_dir = agents, Path(trainer.run_dir)
-        job.wait_for(lambda: [r for r in job.history() if r.get("kind") == "step" and r["world"] == 2
-                              and r["step"] >= 3], 120, "world-2 training across the namespaces")
-        cut = time.time()
-        subprocess.run(["ip", "-n", ns[1], "link", "set", links[1], "down"], check=True, timeout=10)
-        step = job.wait_for(lambda: [r for r in job.history() if r.get("kind") == "step" and r["time"] > cut
-                                     and r["world"] == 1], 60, "training at world 1 on the connected node")[0]
-        print(f"[measure] partition_to_next_step={step['time'] - cut:.2f}s")
-        assert step["time"] - cut <= 15
-    finally:
-        for a in agents:
-            a.stop()
-        etcd.kill()
+
+@pytest.mark.parametrize("fault", ["worker", "node"])
+def test_loud_fault_recovers_from_a_snapshot_in_seconds(tmp_path, etcd_endpoint, jobs, data_dir, fault):  # noqa: F811
+    """SIGKILL of one worker, or of a whole node (agent + workers): the survivors resume from the step the
+    fault interrupted (node-local snapshots), not from the last durable checkpoint."""
+    job = _job(tmp_path, etcd_endpoint, _trainer(data_dir, tmp_path / "run", epochs=4))
+    jobs.append(job)
+    job.wait_for(lambda: [r for r in job.history() if r.get("kind") == "step" and r["world"] == 2 and r["step"] >= 7],
+                 90, "world-2 training")
+    last = [r for r in job.history() if r.get("kind") == "step"][-1]["step"]
+    t = time.time()
+    if fault == "worker":
+        os.kill(job.agents[1].workers()[0], signal.SIGKILL)
+    else:
+        job.agents[1].kill_node()
+    start, step = _next_step_after(job, t)
+    print(f"[measure] {fault}_kill_to_next_step={step['time'] - t:.2f}s redone={max(0, last - start['resumed_step'])}")
+    assert last - start["resumed_step"] <= 1, (last, start)  # checkpoints are every 5 steps: snapshots did this
+    assert step["time"] - t <= 15  # bench/recovery.py: ~3 s (worker), ~6 s (node) on a quiet machine
+    assert start["world"] == (2 if fault == "worker" else 1)
+    codes = job.wait_all(150) if fault == "worker" else [job.agents[0].wait(150)]
+    assert set(codes) == {0}, job.logs()
+
+
+KILLS_IN_CI = 6
+"""Worker kills in a row in the test (twice the old budget of 3); bench/recovery.py runs the full 20."""
+
+
+def test_worker_kills_in_a_row_end_in_the_uninterrupted_result(tmp_path, etcd_endpoint, jobs, data_dir):  # noqa: F811
+    from tests.etcd_server import kill_workers_in_a_row, max_weight_diff
+
+    ref = _job(tmp_path / "ref", etcd_endpoint, _trainer(data_dir, tmp_path / "ref-run", epochs=3))
+    jobs.append(ref)
+    assert ref.wait_all(150) == [0, 0], ref.logs()
+    job = _job(tmp_path / "faulty", etcd_endpoint, _trainer(data_dir, tmp_path / "run", epochs=3))
+    jobs.append(job)
+    assert kill_workers_in_a_row(job, KILLS_IN_CI) == KILLS_IN_CI
+    assert job.wait_all(150) == [0, 0], job.logs()
+    import json
+
+    done, want = (json.loads((d / "metrics.json").read_text()) for d in (tmp_path / "run", tmp_path / "ref-run"))
+    assert done["step"] == want["step"]
+    assert abs(done["accuracy"] - want["accuracy"]) <= 0.005
+    diff = max_weight_diff(tmp_path / "run", tmp_path / "ref-run")
+    print(f"[measure] kills={KILLS_IN_CI} max_weight_diff={diff:.3g}")
+    assert diff <= 1e-4
+
+
+def test_etcd_rescheduled_empty_costs_no_agent(tmp_path, restartable_etcd: RestartableEtcd, jobs,  # noqa: F811
+                                               data_dir):
+    """The single etcd member rescheduled to another node: it comes back with an empty data dir (emptyDir)
+    a few seconds later. The running job must not lose an agent, and must still finish."""
+    import shutil
+
+    job = _job(tmp_path, restartable_etcd.endpoint, _trainer(data_dir, tmp_path / "run", epochs=3))
+    jobs.append(job)
+    job.wait_for(lambda: [r for r in job.history() if r.get("kind") == "step" and r["world"] == 2 and r["step"] >= 3],
+                 90, "world-2 training")
+    restartable_etcd.kill()
+    shutil.rmtree(restartable_etcd.data_dir / "member")
+    time.sleep(3)
+    restartable_etcd.start()
+    assert job.wait_all(150) == [0, 0], job.logs()
+    assert all(s["world"] == 2 for s in _starts(job)), _starts(job)
