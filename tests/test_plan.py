@@ -106,3 +106,13 @@ def test_p4de_plan_gates_training_on_the_fabric_check(p4de_result, dev_result):
     assert gate.urn in train.dependencies
     assert "pulumi.com/skipAwait" not in gate.inputs["metadata"]["annotations"]
     assert not [r for r in dev_result.of_type("kubernetes:batch/v1:Job") if "fabric" in r.name]
+
+
+def test_p4de_stack_can_skip_the_fabric_check_by_config():
+    """job.fabricCheck: false: no gate Job, and the training Job waits for nothing but data preparation."""
+    from tests.util import run, set_path, stack_config
+
+    result = run(set_path(stack_config("p4de"), "eks-ddp:job.fabricCheck", False), stack="p4de")
+    jobs = {r.name: r for r in result.of_type("kubernetes:batch/v1:Job")}
+    assert "training-fabric-check" not in jobs
+    assert not [u for u in jobs["training-train"].dependencies if "fabric" in u]

@@ -233,3 +233,22 @@ def test_etcd_rescheduled_empty_costs_no_agent(tmp_path, restartable_etcd: Resta
     restartable_etcd.start()
     assert job.wait_all(150) == [0, 0], job.logs()
     assert all(s["world"] == 2 for s in _starts(job)), _starts(job)
+
+
+def test_replacement_pod_joins_the_running_job_at_the_next_round(tmp_path, etcd_endpoint, jobs, data_dir):  # noqa: F811
+    """A node is lost, the survivor trains on at world 1; the Job's replacement pod (a new agent, same
+    command) joins at the next round and training carries on at world 2, resuming where it was."""
+    job = _job(tmp_path, etcd_endpoint, _trainer(data_dir, tmp_path / "run", epochs=6))
+    jobs.append(job)
+    job.wait_for(lambda: [r for r in job.history() if r.get("kind") == "step" and r["world"] == 2 and r["step"] >= 3],
+                 90, "world-2 training")
+    job.agents[1].kill_node()
+    job.wait_for(lambda: [r for r in job.history() if r.get("kind") == "step" and r["world"] == 1], 60,
+                 "training at world 1")
+    last = [r for r in job.history() if r.get("kind") == "step"][-1]["step"]
+    joined = time.time()
+    job.add_agent()
+    start = job.wait_for(lambda: [s for s in _starts(job) if s["time"] > joined and s["world"] == 2], 90,
+                         "a world-2 round with the replacement")[0]
+    assert start["resumed_step"] >= last, (start, last)  # from the survivor's snapshot, not from scratch
+    assert job.agents[0].wait(150) == 0 and job.agents[2].wait(150) == 0, job.logs()
