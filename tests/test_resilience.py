@@ -135,8 +135,9 @@ def test_silent_node_is_dropped_within_15_s(tmp_path, etcd_endpoint, jobs, data_
 
 def test_checkpoint_write_longer_than_the_detection_window_causes_no_restart(tmp_path, etcd_endpoint, jobs,  # noqa: F811
                                                                              data_dir):
-    job = _job(tmp_path, etcd_endpoint, _trainer(data_dir, tmp_path / "run", epochs=1),
-               env_extra={"EKS_DDP_TEST_SLOW_SAVE_S": str(PEER_DEADLINE_S + 4)})
+    # Every durable write takes 4 s longer than the peer deadline (a slow EFS); 3 of them in a 30-step run.
+    trainer = dataclasses.replace(_trainer(data_dir, tmp_path / "run", epochs=1), checkpoint_every=12)
+    job = _job(tmp_path, etcd_endpoint, trainer, env_extra={"EKS_DDP_TEST_SLOW_SAVE_S": str(PEER_DEADLINE_S + 4)})
     jobs.append(job)
     assert job.wait_all(150) == [0, 0], job.logs()
     assert [(s["world"], s["restart"]) for s in _starts(job)] == [(2, 0)]
