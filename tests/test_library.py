@@ -93,3 +93,25 @@ def test_readme_example_runs_verbatim_in_a_project_with_its_own_components_packa
     assert out.returncode == 0, out.stderr[-3000:]
     assert "kubectl" in out.stdout and "kubernetes:batch/v1:Job" in out.stdout, out.stdout
     assert "eks-ddp:elastic_job:ElasticJob" in out.stdout and "eks-ddp:etcd:EtcdRendezvous" in out.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_installed_local_runner_trains_outside_the_repository(installed, tmp_path):
+    """`eks-ddp-local` as installed (eks_ddp_trainer, no `training` package anywhere): its agents must run the
+    installed modules, from a folder that is not this repository."""
+    project = tmp_path / "elsewhere"
+    (project / "training").mkdir(parents=True)  # a user's own `training` package must not be what runs
+    (project / "training" / "__init__.py").write_text("raise ImportError('the user project training package')\n")
+    out = project / "out"
+    proc = subprocess.run([sys.executable, "-m", "eks_ddp_trainer.local", "--out", str(out), "--agents", "1",
+                           "--synthetic", "--synthetic-train", "256", "--synthetic-test", "64", "--epochs", "1",
+                           "--max-steps", "3", "--global-batch-size", "32", "--timeout", "200"],
+                          cwd=project, capture_output=True, text=True, timeout=260,
+                          env={**os.environ, "PYTHONPATH": str(installed)})
+    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
+    # Agents running `-m training.launch` would import the user's package above and fail; a finished run with
+    # its metrics means the installed modules ran.
+    (run_dir,) = [p for p in out.iterdir() if p.is_dir()]
+    assert (run_dir / "metrics.json").exists()
+    assert "the user project training package" not in (run_dir / "logs" / "agent0.log").read_text()

@@ -85,6 +85,16 @@ from .procs import (
 from .progress import Progress, exception_line, format_duration, root_cause
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+_REPO_PACKAGE = "training"
+
+
+def installed_modules(command: list[str], package: str | None = __package__) -> list[str]:
+    """The command with ``training.*`` modules named as this package is importable: ``training`` in the
+    repository, ``eks_ddp_trainer`` when installed (``eks-ddp-local``), where no ``training`` package exists."""
+    if not package or package == _REPO_PACKAGE:
+        return command
+    return [f"{package}{c[len(_REPO_PACKAGE):]}" if i and command[i - 1] == "-m" and c.startswith(_REPO_PACKAGE + ".")
+            else c for i, c in enumerate(command)]
 CIFAR_SUBDIR = "cifar-10-batches-py"
 CIFAR_TRAIN_IMAGES = 50_000
 GRACE_S = 10.0
@@ -193,7 +203,7 @@ class LocalJob:
             global_batch_size=self.o.global_batch_size, bn_group=self.o.bn_group,
             model=self.o.model, width=self.o.width, checkpoint_every=self.o.checkpoint_every,
             log_every=self.o.log_every, max_steps=self.o.max_steps, seed=self.o.seed)
-        return job_command(agent, trainer, python=sys.executable)
+        return installed_modules(job_command(agent, trainer, python=sys.executable))
 
     def agent_env(self) -> dict[str, str]:
         env = {**os.environ, **AGENT_ENV}
@@ -288,7 +298,8 @@ class LocalJob:
         if self.o.kill_agent_at_step is not None:
             return self._kill_agent(step)
         target = self.agents[1 if len(self.agents) > 1 else 0]
-        workers = [p for p in descendants(target.pid) if TRAIN_MODULE in cmdline(p)]
+        train_module = installed_modules(["-m", TRAIN_MODULE])[1]
+        workers = [p for p in descendants(target.pid) if train_module in cmdline(p)]
         if not workers:
             return  # between restarts: try again on the next step record
         victim = workers[0]
