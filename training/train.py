@@ -70,6 +70,8 @@ from .results import upload_from_env
 
 HISTORY_FILE = "history.jsonl"
 CALIBRATION_IMAGES = 4096
+SAVE_GRACE_S = 1.0
+"""Seconds a due durable checkpoint waits for the previous write before it is skipped (a slow shared volume)."""
 """Training images that set the BatchNorm statistics before evaluation."""
 _AGE_AFTER_IMPORTS = process_age_s()
 
@@ -293,7 +295,13 @@ def train(args: argparse.Namespace, env: DistEnv) -> dict[str, Any]:
             raise TrainerError(exitcodes.DIVERGED, f"step {pos['step']}: non-finite weights; not checkpointed")
         if env.is_main:
             # Rank 0 writes a CPU copy on a side thread; the peers do not wait for the shared volume. A save
-            # due while the previous one is still being written waits for it (one write in flight).
+            # due while the previous one is still being written gets SAVE_GRACE_S for it, then is skipped
+            # (the per-step node-local snapshots cover recovery meanwhile): a slow volume costs training at
+            # most that much per checkpoint interval. The final save waits.
+            if not final and not durable.done_within(SAVE_GRACE_S):
+                print(f"[train] step {pos['step']}: durable checkpoint skipped, the previous write is still "
+                      "running (slow shared volume)", flush=True)
+                return
             cpu = snapshot.to_cpu(full_state(final))
             durable.submit(lambda: ckpt.save_checkpoint(run_dir, cpu, keep=args.keep_checkpoints))
 
