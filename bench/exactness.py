@@ -20,6 +20,8 @@ from pathlib import Path
 
 from common import ROOT, env, synthetic
 
+from tests.etcd_server import max_weight_diff
+
 
 def _train(tree: Path, flags: list[str]) -> None:
     e = {**env(threads=1), "PYTHONPATH": str(tree), "EKS_DDP_SNAPSHOT_DIR": "off"}
@@ -28,13 +30,6 @@ def _train(tree: Path, flags: list[str]) -> None:
     if proc.returncode != 0:
         raise SystemExit(f"training.train {' '.join(flags)} exited {proc.returncode}:\n{proc.stdout[-3000:]}"
                          f"{proc.stderr[-3000:]}")
-
-
-def _weights(run: Path) -> dict:
-    import torch
-
-    saved = torch.load(run / "model.pt", weights_only=True)
-    return saved.get("model", saved)
 
 
 def main() -> int:
@@ -56,8 +51,7 @@ def main() -> int:
     _train(tree, flags(tmp / "straight"))
     _train(tree, flags(tmp / "stopped", "--max-steps=10"))
     _train(tree, flags(tmp / "stopped"))
-    a_w, b_w = _weights(tmp / "straight"), _weights(tmp / "stopped")
-    diff = max(float((a_w[k].double() - b_w[k].double()).abs().max()) if a_w[k].numel() else 0.0 for k in a_w)
+    diff = max_weight_diff(tmp / "straight", tmp / "stopped")
     commit = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
     print(f"tree {tree} ({commit}): stop at step 10 and resume vs uninterrupted: max |dw| = {diff:.3g}")

@@ -289,10 +289,12 @@ def kill_workers_in_a_row(job: Job, kills: int, timeout_s: float = 120.0) -> int
 
 
 def max_weight_diff(run_a: Path, run_b: Path) -> float:
-    """Largest absolute difference between the final weights (model.pt) of two runs."""
+    """Largest absolute difference between the final weights (model.pt) of two runs (0.0: bit-identical)."""
     import torch
 
-    a = torch.load(Path(run_a) / "model.pt", weights_only=True)["model"]
-    b = torch.load(Path(run_b) / "model.pt", weights_only=True)["model"]
+    from training.evaluate import MODEL_FILE
+
+    a = torch.load(Path(run_a) / MODEL_FILE, weights_only=True)["model"]
+    b = torch.load(Path(run_b) / MODEL_FILE, weights_only=True)["model"]
     assert a.keys() == b.keys()
     return max((float((a[k].double() - b[k].double()).abs().max()) if a[k].numel() else 0.0) for k in a)

@@ -10,11 +10,10 @@ import pytest
 import torch
 
 from tests import sample_log
-from tests.etcd_server import ROOT, TORCHRUN, trainer_env
+from tests.etcd_server import ROOT, TORCHRUN, max_weight_diff, trainer_env
 from training import checkpoint as ckpt
 from training import exitcodes, snapshot, train
 from training.data import write_synthetic_cifar
-from training.evaluate import MODEL_FILE
 
 N_TRAIN = 100
 
@@ -37,15 +36,6 @@ def _flags(data_dir, run, *extra: str) -> list[str]:
             "--min-steps=0", "--width=4", "--log-every=50", *extra]
 
 
-def _weights(run) -> dict[str, torch.Tensor]:
-    return torch.load(run / MODEL_FILE, weights_only=True)["model"]
-
-
-def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    assert a.keys() == b.keys()
-    return max(float((a[k].double() - b[k].double()).abs().max()) if a[k].numel() else 0.0 for k in a)
-
-
 def test_stop_mid_epoch_and_resume_is_bit_identical_to_uninterrupted(data_dir, tmp_path):
     """Stopped in the middle of the second epoch: the resumed run must be the run that would have happened."""
     assert train.main(_flags(data_dir, tmp_path / "straight")) == 0
@@ -53,7 +43,7 @@ def test_stop_mid_epoch_and_resume_is_bit_identical_to_uninterrupted(data_dir, t
     assert train.main(_flags(data_dir, stopped, "--max-steps=10")) == 0
     assert ckpt.load_latest(stopped)[0]["epoch"] == 1, "the stop must fall inside the second epoch"
     assert train.main(_flags(data_dir, stopped)) == 0
-    assert _max_diff(_weights(tmp_path / "straight"), _weights(stopped)) == 0.0
+    assert max_weight_diff(tmp_path / "straight", stopped) == 0.0
 
 
 def test_resume_from_a_node_local_snapshot_is_bit_identical_to_uninterrupted(data_dir, tmp_path, monkeypatch):
@@ -69,7 +59,7 @@ def test_resume_from_a_node_local_snapshot_is_bit_identical_to_uninterrupted(dat
     assert train.main(_flags(data_dir, crashed, "--checkpoint-every=4")) == 0
     starts = [json.loads(line) for line in (crashed / train.HISTORY_FILE).read_text().splitlines()]
     assert [r["resumed_step"] for r in starts if r.get("kind") == "start"] == [0, 10]
-    assert _max_diff(_weights(tmp_path / "straight"), _weights(crashed)) == 0.0
+    assert max_weight_diff(tmp_path / "straight", crashed) == 0.0
     assert not list((tmp_path / "shm").rglob("*.pt")), "a finished run leaves no snapshot behind"
 
 
@@ -118,7 +108,7 @@ def test_resize_mid_epoch_matches_uninterrupted_run_and_covers_every_sample(data
     monkeypatch.setattr(train, "rank_indices", sample_log.ORIGINAL)
     straight = tmp_path / "straight"
     assert train.main(_flags(data_dir, straight, "--epochs=2")) == 0
-    diff = _max_diff(_weights(straight), _weights(run))
+    diff = max_weight_diff(straight, run)
     print(f"[measure] resize_max_abs_weight_diff={diff:.3g}")
     assert diff <= RESIZE_ATOL
 
