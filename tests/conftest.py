@@ -22,6 +22,15 @@ def _snapshots_in_a_temp_dir():
     shutil.rmtree(d, ignore_errors=True)
 
 
+@pytest.fixture
+def in_process_trainer(monkeypatch):
+    """training.train.main called in this process: a single process (no torchrun environment), one thread."""
+    import torch
+
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    torch.set_num_threads(1)
+
+
 @pytest.fixture(scope="session")
 def dev_result():
     """The dev stack run once under mocks (read-only: do not mutate)."""

@@ -171,18 +171,14 @@ def test_program_wires_the_role_into_the_trainer_service_account_and_env():
     assert any(p.get("port") == 443 for rule in netpol["spec"]["egress"] for p in rule.get("ports", []))
 
 
-def test_the_trainer_uploads_its_results_when_the_job_asks(tmp_path, s3, monkeypatch):
+def test_the_trainer_uploads_its_results_when_the_job_asks(tmp_path, s3, monkeypatch, in_process_trainer):
     """The real trainer, run to the end with the Job's EKS_DDP_RESULTS_URL: its files land under the prefix."""
-    import torch
-
     from training import results, train
     from training.data import write_synthetic_cifar
 
     write_synthetic_cifar(tmp_path / "data", n_train=64, n_test=20, seed=0)
-    monkeypatch.delenv("MASTER_ADDR", raising=False)
     monkeypatch.setenv(results.RESULTS_ENV, "s3://results-b/runs/run-9/")
     monkeypatch.setenv("EKS_DDP_SNAPSHOT_DIR", "off")
-    torch.set_num_threads(1)
     assert train.main([f"--data-dir={tmp_path / 'data'}", f"--run-dir={tmp_path / 'run'}", "--epochs=1",
                        "--global-batch-size=16", "--bn-group=4", "--min-steps=0", "--width=4"]) == 0
     keys = {o["Key"] for o in s3.list_objects_v2(Bucket="results-b", Prefix="runs/run-9/")["Contents"]}

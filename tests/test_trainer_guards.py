@@ -19,10 +19,7 @@ def data_dir(tmp_path_factory):
     return d
 
 
-@pytest.fixture(autouse=True)
-def _one_process(monkeypatch):
-    monkeypatch.delenv("MASTER_ADDR", raising=False)
-    torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("in_process_trainer")
 
 
 def _flags(data_dir, run, *extra: str) -> list[str]:

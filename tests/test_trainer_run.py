@@ -40,9 +40,7 @@ def test_contract_flags_from_torchrun_builder_parse():
     assert train.parse_args(TrainerOptions(data_dir="d", run_dir="r").args()).global_batch_size == 1024
 
 
-def test_single_process_trains_evaluates_and_resumes_finished(data_dir, tmp_path, capsys, monkeypatch):
-    monkeypatch.delenv("MASTER_ADDR", raising=False)
-    torch.set_num_threads(1)
+def test_single_process_trains_evaluates_and_resumes_finished(data_dir, tmp_path, capsys, in_process_trainer):
     run = tmp_path / "run"
     args = [f"--data-dir={data_dir}", f"--run-dir={run}", "--epochs=3", "--global-batch-size=32", "--width=8", "--lr=30",
             "--log-every=2", "--keep-checkpoints=2"]
