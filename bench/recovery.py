@@ -92,20 +92,11 @@ def _job(tmp: Path, endpoint: str, data: Path, epochs: int, baseline: Baseline |
 
 def _partitioned(nodes: netns.Nodes, tmp: Path, data: Path, epochs: int,
                  baseline: Baseline | None) -> tuple[RestartableEtcd, Job]:
+    run = tmp / "run"
     if baseline is None:
-        return netns.start_job(nodes, tmp, _trainer(data, tmp / "run", epochs))
-    from tests.etcd_server import Agent
-
-    etcd = RestartableEtcd(tmp / "etcd", host=nodes.addrs[0], prefix=["ip", "netns", "exec", nodes.namespaces[0]])
-    etcd.start()
-    job = Job.of_command(tmp, tmp / "run", [], {}, nodes=0, cwd=baseline.tree)
-    rdzv_id = f"base-{uuid.uuid4().hex[:8]}"
-    for i in range(2):
-        cmd = baseline.command(etcd.endpoint, data, tmp / "run", epochs, rdzv_id, nodes.addrs[i])
-        job.agents.append(Agent(f"agent{i}", ["ip", "netns", "exec", nodes.namespaces[i], *cmd],
-                                tmp / f"agent{i}.log", baseline.env({"GLOO_SOCKET_IFNAME": nodes.links[i]}),
-                                baseline.tree))
-    return etcd, job
+        return netns.start_job(nodes, tmp, run, netns.cluster_command(_trainer(data, run, epochs)))
+    return netns.start_job(nodes, tmp, run, lambda endpoint, rdzv_id, addr: baseline.command(
+        endpoint, data, run, epochs, rdzv_id, addr), env=baseline.env, cwd=baseline.tree)
 
 
 def _steps(job: Job) -> list[dict]:

@@ -13,12 +13,12 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from components.torchrun import AGENT_ENV, CLUSTER_TIMEOUTS, AgentOptions, RdzvTimeouts, TrainerOptions, job_command
-from tests.etcd_server import Agent, Job, RestartableEtcd, trainer_env
+from components.torchrun import CLUSTER_TIMEOUTS, AgentOptions, RdzvTimeouts, TrainerOptions, job_command
+from tests.etcd_server import ROOT, Agent, Job, RestartableEtcd, trainer_env
 
 
 @dataclass(frozen=True)
@@ -62,19 +62,29 @@ def two_nodes() -> Iterator[Nodes]:
             subprocess.run(["ip", "netns", "del", n], capture_output=True, timeout=10)
 
 
-def start_job(nodes: Nodes, tmp: Path, trainer: TrainerOptions, *,
-              timeouts: RdzvTimeouts = CLUSTER_TIMEOUTS) -> tuple[RestartableEtcd, Job]:
-    """etcd on node 0 and one agent per node with the cluster's command; the caller stops both."""
+CommandFor = Callable[[str, str, str], list[str]]
+"""(etcd endpoint, rendezvous id, the node's address) -> one agent's command."""
+
+
+def cluster_command(trainer: TrainerOptions, timeouts: RdzvTimeouts = CLUSTER_TIMEOUTS) -> CommandFor:
+    """The cluster's agent command (components/torchrun.py) for one node of a two-node job."""
+    def build(endpoint: str, rdzv_id: str, addr: str) -> list[str]:
+        opts = AgentOptions(min_nodes=1, max_nodes=2, nproc_per_node=1, rdzv_backend="etcd-v2",
+                            rdzv_endpoint=endpoint, rdzv_id=rdzv_id, local_addr=addr, timeouts=timeouts)
+        return job_command(opts, trainer, python=sys.executable)
+    return build
+
+
+def start_job(nodes: Nodes, tmp: Path, run_dir: Path, command: CommandFor, *,
+              env: Callable[[dict[str, str]], dict[str, str]] = trainer_env, cwd: Path = ROOT) -> tuple[RestartableEtcd, Job]:
+    """etcd on node 0 and one agent per node running ``command`` from ``cwd``; the caller stops both."""
     etcd = RestartableEtcd(tmp / "etcd", host=nodes.addrs[0], prefix=["ip", "netns", "exec", nodes.namespaces[0]])
     etcd.start()
-    job = Job.__new__(Job)  # the history/wait helpers over agents started here
-    job.agents, job.run_dir = [], Path(trainer.run_dir)
+    job = Job.of_command(tmp, run_dir, [], {}, nodes=0, cwd=cwd)  # agents started here, one per namespace
     rdzv_id = f"partition-{uuid.uuid4().hex[:6]}"
     for i in range(2):
-        opts = AgentOptions(min_nodes=1, max_nodes=2, nproc_per_node=1, rdzv_backend="etcd-v2",
-                            rdzv_endpoint=etcd.endpoint, rdzv_id=rdzv_id, local_addr=nodes.addrs[i], timeouts=timeouts)
-        cmd = ["ip", "netns", "exec", nodes.namespaces[i], *job_command(opts, trainer, python=sys.executable)]
+        cmd = ["ip", "netns", "exec", nodes.namespaces[i], *command(etcd.endpoint, rdzv_id, nodes.addrs[i])]
         # gloo would pick the host name's address (loopback); pin it to the node's veth.
-        env = trainer_env({**AGENT_ENV, "GLOO_SOCKET_IFNAME": nodes.links[i]})
-        job.agents.append(Agent(f"agent{i}", cmd, tmp / f"agent{i}.log", env))
+        job.agents.append(Agent(f"agent{i}", cmd, tmp / f"agent{i}.log", env({"GLOO_SOCKET_IFNAME": nodes.links[i]}),
+                                cwd))
     return etcd, job

@@ -156,7 +156,8 @@ def test_network_partition_of_one_node_is_detected_within_15_s(tmp_path, data_di
     from tests import netns
 
     with netns.two_nodes() as nodes:
-        etcd, job = netns.start_job(nodes, tmp_path, _trainer(data_dir, tmp_path / "run", epochs=6))
+        trainer = _trainer(data_dir, tmp_path / "run", epochs=6)
+        etcd, job = netns.start_job(nodes, tmp_path, tmp_path / "run", netns.cluster_command(trainer))
         try:
             job.wait_for(lambda: [r for r in job.history() if r.get("kind") == "step" and r["world"] == 2
                                   and r["step"] >= 3], 120, "world-2 training across the namespaces")
