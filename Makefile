@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STACK ?= dev
 OUT ?= plan-out
 
-.PHONY: install test lint demo plan bench clean
+.PHONY: install test test-long lint demo plan bench clean
 
 install: $(VENV)/.installed $(SCAN_VENV)/.installed
 
@@ -27,6 +27,10 @@ lint: install
 
 test: install lint
 	$(BIN)/python -m pytest
+
+# The long fault cases (store outages of minutes, many kills in a row): not part of `make test`.
+test-long: install
+	$(BIN)/python -m pytest -m long
 
 # The real elastic job on this machine: etcd, two torchrun agents and the trainer (synthetic data
 # unless ./data holds cifar-10-batches-py); one worker is killed mid-run to show recovery.
