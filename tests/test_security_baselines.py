@@ -1,0 +1,159 @@
+"""Security baselines over the whole plan of the dev and p4de stacks: each test is one control, named after the
+EKS Best Practices Guide section (``bp_*``) or CIS Amazon EKS Benchmark id (``cis_*``) it enforces.
+
+The Kubernetes side reads the rendered manifests (what ``kubectl apply`` would get); the AWS side reads the
+recorded inputs of every AWS resource, as checkov's Terraform checks read a plan. checkov itself scans the
+manifests (tests/test_manifests.py) and the Dockerfile (tests/test_dockerfile.py); the AWS checks here are our own,
+because checkov cannot read a Pulumi Python program. Each detector has a negative control below it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+
+import pytest
+
+from components.mocks import ProgramResult, Recorded
+from components.plan import render_manifests
+
+STACKS = ["dev_result", "p4de_result"]
+NS = "training"
+UPLOADER_ANNOTATION = "eks.amazonaws.com/role-arn"
+
+
+@pytest.fixture(params=STACKS)
+def result(request) -> ProgramResult:
+    return request.getfixturevalue(request.param)
+
+
+@pytest.fixture
+def docs(result) -> list[dict]:
+    return render_manifests(result)
+
+
+def _pod_specs(docs: list[dict]) -> dict[str, dict]:
+    """Workload name -> its pod spec (Jobs, CronJobs, StatefulSets)."""
+    out = {}
+    for m in docs:
+        spec = m.get("spec") or {}
+        if m["kind"] in ("Job", "StatefulSet"):
+            out[m["metadata"]["name"]] = spec["template"]
+        elif m["kind"] == "CronJob":
+            out[m["metadata"]["name"]] = spec["jobTemplate"]["spec"]["template"]
+    return out
+
+
+def _selects(selector: dict, labels: dict) -> bool:
+    return all(labels.get(k) == v for k, v in (selector.get("matchLabels") or {}).items())
+
+
+def _public_egress(policy: dict) -> list[str]:
+    """Egress ipBlocks of ``policy`` that reach a non-private range, and any cleartext port they open."""
+    found = []
+    for rule in policy["spec"].get("egress") or []:
+        ports = {int(p["port"]) for p in rule.get("ports") or [] if "port" in p}
+        for peer in rule.get("to") or []:
+            block = peer.get("ipBlock")
+            if block is None:
+                continue
+            if not rule.get("ports"):
+                found.append(f"{block['cidr']}: every port")
+            for port in sorted(ports - {443}):
+                found.append(f"{block['cidr']}: port {port}")
+            excepted = [ipaddress.ip_network(c) for c in block.get("except") or []]
+            for private in ("169.254.169.254/32", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"):
+                net = ipaddress.ip_network(private)
+                if net.subnet_of(ipaddress.ip_network(block["cidr"])) and not any(
+                        net.subnet_of(e) for e in excepted):
+                    found.append(f"{block['cidr']}: reaches {private}")
+    return found
+
+
+# --- Kubernetes: network ------------------------------------------------------------------------------------
+
+def test_cis_4_3_2_bp_network_default_deny_in_the_training_namespace(docs):
+    deny = [m for m in docs if m["kind"] == "NetworkPolicy" and m["metadata"].get("namespace") == NS
+            and not (m["spec"].get("podSelector") or {}).get("matchLabels")
+            and not (m["spec"].get("podSelector") or {}).get("matchExpressions")]
+    assert len(deny) == 1, "expected one NetworkPolicy selecting every pod of the namespace"
+    spec = deny[0]["spec"]
+    assert sorted(spec["policyTypes"]) == ["Egress", "Ingress"]
+    assert not spec.get("ingress") and not spec.get("egress")
+
+
+def test_bp_network_egress_https_only_and_never_to_private_ranges_or_imds(docs):
+    policies = [m for m in docs if m["kind"] == "NetworkPolicy"]
+    assert any(any(p.get("ipBlock") for r in m["spec"].get("egress") or [] for p in r.get("to") or [])
+               for m in policies), "expected an internet egress rule to check (data download, uploads)"
+    assert {m["metadata"]["name"]: _public_egress(m) for m in policies if _public_egress(m)} == {}
+
+
+def test_public_egress_detector_catches_port_80_open_ports_and_private_ranges():
+    def pol(rule):
+        return {"spec": {"egress": [rule]}}
+
+    ok = {"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": ["169.254.0.0/16", "10.0.0.0/8", "172.16.0.0/12",
+                                                                 "192.168.0.0/16"]}}], "ports": [{"port": 443}]}
+    assert _public_egress(pol(ok)) == []
+    old = {"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": ["169.254.0.0/16"]}}],
+           "ports": [{"port": 443}, {"port": 80}]}
+    assert "0.0.0.0/0: port 80" in _public_egress(pol(old))
+    assert "0.0.0.0/0: reaches 10.0.0.0/8" in _public_egress(pol(old))
+    assert _public_egress(pol({"to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}]}))[0] == "0.0.0.0/0: every port"
+
+
+def test_bp_network_every_pod_of_ours_is_selected_by_a_policy_of_its_own(docs):
+    policies = [m for m in docs if m["kind"] == "NetworkPolicy" and (m["spec"]["podSelector"] or {}).get(
+        "matchLabels")]
+    for name, template in _pod_specs(docs).items():
+        labels = template["metadata"]["labels"]
+        assert any(_selects(p["spec"]["podSelector"], labels) for p in policies), name
+
+
+# --- Kubernetes: identity -----------------------------------------------------------------------------------
+
+def test_cis_4_1_5_default_service_account_mounts_no_token(docs):
+    [sa] = [m for m in docs if m["kind"] == "ServiceAccount" and m["metadata"]["name"] == "default"
+            and m["metadata"].get("namespace") == NS]
+    assert sa["automountServiceAccountToken"] is False
+
+
+def test_cis_5_2_1_cis_4_1_6_uploader_role_only_on_the_pods_that_upload(docs):
+    sas = {m["metadata"]["name"]: m for m in docs if m["kind"] == "ServiceAccount"}
+    uploaders = {n for n, m in sas.items() if UPLOADER_ANNOTATION in (m["metadata"].get("annotations") or {})}
+    assert uploaders, "expected the training pods' ServiceAccount to carry the uploader role"
+    for name, template in _pod_specs(docs).items():
+        spec = template["spec"]
+        assert spec.get("serviceAccountName") in sas, f"{name}: runs as an undeclared ServiceAccount"
+        assert spec["serviceAccountName"] != "default", name
+        assert spec["automountServiceAccountToken"] is False, name
+        sa_has_role = spec["serviceAccountName"] in uploaders
+        uploads = (template["metadata"]["labels"].get("app.kubernetes.io/component") == "train")
+        assert sa_has_role == uploads, f"{name}: uploader role {'on a pod that never uploads' if sa_has_role else 'missing'}"
+
+
+def test_bp_multitenancy_priority_class_usable_only_in_the_training_namespace(docs):
+    classes = [m["metadata"]["name"] for m in docs if m["kind"] == "PriorityClass"]
+    assert classes
+    for cls in classes:
+        quotas = [m for m in docs if m["kind"] == "ResourceQuota" and m["metadata"].get("namespace") == NS
+                  and {"scopeName": "PriorityClass", "operator": "In", "values": [cls]}
+                  in m["spec"]["scopeSelector"]["matchExpressions"]]
+        assert len(quotas) == 1 and int(quotas[0]["spec"]["hard"]["pods"]) >= 1, cls
+        [policy] = [m for m in docs if m["kind"] == "ValidatingAdmissionPolicy" and cls in json.dumps(
+            m["spec"]["validations"])]
+        assert policy["spec"]["failurePolicy"] == "Fail"
+        assert "!has(object.spec.priorityClassName)" in policy["spec"]["validations"][0]["expression"]
+        [binding] = [m for m in docs if m["kind"] == "ValidatingAdmissionPolicyBinding"
+                     and m["spec"]["policyName"] == policy["metadata"]["name"]]
+        assert binding["spec"]["validationActions"] == ["Deny"]
+        assert binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"] == [
+            {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": [NS]}]
+
+
+# --- AWS ------------------------------------------------------------------------------------------------------
+
+def _rec(typ: str, inputs: dict, outputs: dict | None = None) -> Recorded:
+    return Recorded(urn=f"urn:pulumi:s::p::{typ}::x", type=typ, name="x", custom=True, parent_urn="",
+                    inputs=inputs, outputs=outputs or {})
