@@ -157,3 +157,54 @@ def test_bp_multitenancy_priority_class_usable_only_in_the_training_namespace(do
 def _rec(typ: str, inputs: dict, outputs: dict | None = None) -> Recorded:
     return Recorded(urn=f"urn:pulumi:s::p::{typ}::x", type=typ, name="x", custom=True, parent_urn="",
                     inputs=inputs, outputs=outputs or {})
+
+
+def _s3_endpoint_gaps(endpoint: Recorded) -> list[str]:
+    """What makes an S3 endpoint policy admit requests for buckets outside the account and the AWS-owned list."""
+    raw = endpoint.inputs.get("policy")
+    if not raw:
+        return ["no policy (the default admits every bucket)"]
+    gaps = []
+    for stmt in json.loads(raw)["Statement"]:
+        if stmt["Effect"] != "Allow":
+            continue
+        resources = stmt["Resource"] if isinstance(stmt["Resource"], list) else [stmt["Resource"]]
+        scoped = "aws:ResourceAccount" in json.dumps(stmt.get("Condition") or {})
+        if not scoped and any(r.split(":::")[-1].split("/")[0] in ("*", "") for r in resources):
+            gaps.append(f"{stmt.get('Sid')}: every bucket")
+        if not scoped and stmt["Action"] not in ("s3:GetObject", ["s3:GetObject"]):
+            gaps.append(f"{stmt.get('Sid')}: {stmt['Action']} outside the account")
+    return gaps
+
+
+def test_bp_network_s3_endpoint_policy_names_the_account_and_aws_owned_buckets(result):
+    [endpoint] = result.of_type("aws:ec2/vpcEndpoint:VpcEndpoint")
+    assert _s3_endpoint_gaps(endpoint) == []
+    resources = json.dumps(json.loads(endpoint.inputs["policy"]))
+    assert "starport-layer-bucket" in resources  # ECR image layers: without them no node pulls an image
+
+
+def test_s3_endpoint_detector_catches_no_policy_and_open_statements():
+    ep = "aws:ec2/vpcEndpoint:VpcEndpoint"
+    assert _s3_endpoint_gaps(_rec(ep, {})) == ["no policy (the default admits every bucket)"]
+    open_all = {"Statement": [{"Sid": "All", "Effect": "Allow", "Principal": "*", "Action": "s3:*", "Resource": "*"}]}
+    assert _s3_endpoint_gaps(_rec(ep, {"policy": json.dumps(open_all)})) == [
+        "All: every bucket", "All: s3:* outside the account"]
+
+
+def test_cis_aws_3_9_checkov_ckv2_aws_11_vpc_flow_logs_on(result):
+    vpcs = {v.outputs["id"] for v in result.of_type("aws:ec2/vpc:Vpc")}
+    logs = [f for f in result.of_type("aws:ec2/flowLog:FlowLog") if f.inputs.get("vpcId") in vpcs]
+    assert vpcs and len(logs) == len(vpcs)
+    for log in logs:
+        assert log.inputs["trafficType"] == "ALL"
+        groups = {g.outputs["arn"]: g for g in result.of_type("aws:cloudwatch/logGroup:LogGroup")}
+        assert int(groups[log.inputs["logDestination"]].inputs["retentionInDays"]) >= 30
+
+
+def test_cis_aws_5_4_checkov_ckv2_aws_12_default_security_group_closed(result):
+    vpcs = {v.outputs["id"] for v in result.of_type("aws:ec2/vpc:Vpc")}
+    closed = [g for g in result.of_type("aws:ec2/defaultSecurityGroup:DefaultSecurityGroup")
+              if g.inputs["vpcId"] in vpcs]
+    assert vpcs and len(closed) == len(vpcs)
+    assert all(not g.inputs.get("ingress") and not g.inputs.get("egress") for g in closed)
