@@ -85,6 +85,7 @@ cluster = EksCluster("cluster", EksClusterArgs(
     kubernetes_version=cfg.cluster.kubernetes_version,
     upgrade_policy=cfg.cluster.upgrade_policy,
     public_access_cidrs=cfg.cluster.public_access_cidrs,
+    endpoint_public_access=cfg.cluster.endpoint_public_access,
     system_instance_type=cfg.cluster.system_instance_type,
     system_node_count=cfg.cluster.system_node_count,
     log_retention_days=cfg.cluster.log_retention_days,

@@ -82,7 +82,12 @@ class ClusterConfig:
     """``eks-ddp:cluster``: the EKS control plane and the CPU system node group."""
 
     public_access_cidrs: tuple[str, ...] = _doc(
-        "CIDRs allowed to reach the Kubernetes API endpoint (required), e.g. your IP as a /32.")
+        "CIDRs allowed to reach the Kubernetes API endpoint (required while endpointPublicAccess is true), "
+        "e.g. your IP as a /32.", default=())
+    endpoint_public_access: bool = _doc(
+        "Serve the Kubernetes API on a public endpoint too, reachable only from publicAccessCidrs. false: the "
+        "private endpoint only (CIS EKS 5.4.2); then pulumi, kubectl and the Kubernetes provider must run from "
+        "the VPC or a network joined to it (VPN, Direct Connect, a bastion).", default=True)
     kubernetes_version: str = _doc("EKS Kubernetes version.", default=DEFAULT_KUBERNETES_VERSION)
     upgrade_policy: UpgradePolicy = _doc(
         "'STANDARD': EKS upgrades the cluster when standard support ends ($0.10/h); 'EXTENDED': keeps the "
@@ -520,7 +525,17 @@ def _check_network(n: NetworkConfig, region: str) -> list[str]:
 
 def _check_cluster(c: ClusterConfig, placeholders_ok: bool = False) -> list[str]:
     p: list[str] = []
-    p += rules.public_access_cidrs("cluster.publicAccessCidrs", c.public_access_cidrs, placeholders_ok=placeholders_ok)
+    if not c.endpoint_public_access:
+        if c.public_access_cidrs:
+            p.append(f"cluster.publicAccessCidrs: got {list(c.public_access_cidrs)!r}; expected none with "
+                     "cluster.endpointPublicAccess false (the API endpoint is private only)")
+    elif not c.public_access_cidrs:
+        p.append("cluster.publicAccessCidrs: required while cluster.endpointPublicAccess is true; CIDRs allowed "
+                 f"to reach the Kubernetes API endpoint, e.g. your IP as a /32 ({rules.MY_IP}); or set "
+                 "cluster.endpointPublicAccess false for a private-only endpoint")
+    else:
+        p += rules.public_access_cidrs("cluster.publicAccessCidrs", c.public_access_cidrs,
+                                       placeholders_ok=placeholders_ok)
     for i, arn in enumerate(c.admin_principal_arns):
         if not _IAM_PRINCIPAL.match(arn):
             p.append(f"cluster.adminPrincipalArns[{i}]: got {arn!r}; expected an IAM role or user ARN such as "

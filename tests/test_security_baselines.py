@@ -208,3 +208,34 @@ def test_cis_aws_5_4_checkov_ckv2_aws_12_default_security_group_closed(result):
               if g.inputs["vpcId"] in vpcs]
     assert vpcs and len(closed) == len(vpcs)
     assert all(not g.inputs.get("ingress") and not g.inputs.get("egress") for g in closed)
+
+
+# --- AWS: the API endpoint ------------------------------------------------------------------------------------
+
+def test_cis_5_4_2_checkov_ckv_aws_39_private_endpoint_only_is_a_config_key():
+    from tests.util import drop_path, run, set_path, stack_config
+
+    cfg = set_path(drop_path(stack_config("dev"), "eks-ddp:cluster.publicAccessCidrs"),
+                   "eks-ddp:cluster.endpointPublicAccess", False)
+    eks = run(cfg).one("eks:index:Cluster").inputs
+    assert eks["endpointPublicAccess"] is False and eks["endpointPrivateAccess"] is True
+    assert not eks.get("publicAccessCidrs")
+
+
+def test_private_endpoint_refuses_public_cidrs_and_public_endpoint_requires_them():
+    from components.config import ConfigError, load_stack_config
+    from tests.util import drop_path, set_path, stack_config
+
+    def problems(cfg):
+        cfg = {k: v for k, v in cfg.items() if k.startswith("eks-ddp:")}
+        with pytest.raises(ConfigError) as info:
+            load_stack_config(cfg, region="us-west-2")
+        return info.value.problems
+
+    dev = stack_config("dev")
+    both = set_path(dev, "eks-ddp:cluster.endpointPublicAccess", False)
+    assert any(p.startswith("cluster.publicAccessCidrs: got ['1.2.3.4/32']; expected none with "
+                            "cluster.endpointPublicAccess false") for p in problems(both))
+    neither = drop_path(dev, "eks-ddp:cluster.publicAccessCidrs")
+    assert any(p.startswith("cluster.publicAccessCidrs: required while cluster.endpointPublicAccess is true")
+               for p in problems(neither))
