@@ -159,6 +159,7 @@ image = TrainerImage("trainer-image", TrainerImageArgs(
     prebuilt=cfg.image.prebuilt,
     keep_images=cfg.image.keep_images,
     retain_repository=cfg.image.retain_repository,
+    registry_cache=cfg.image.registry_cache,
     node_role_name=cluster.node_role_name,
 ))
 

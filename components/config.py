@@ -153,6 +153,10 @@ class ImageConfig:
     retain_repository: bool = _doc(
         "Keep the ECR repository and its images on 'pulumi destroy' (then delete it by hand); default: "
         "destroy deletes them.", default=False)
+    registry_cache: bool = _doc(
+        "Share the BuildKit layer cache through a second, mutable ECR repository (faster builds in CI); the "
+        "build trusts its layers, so anyone who can push to it can plant code in the image. Default: local "
+        "cache only.", default=False)
 
 
 @dataclass(frozen=True, kw_only=True)
