@@ -373,3 +373,35 @@ def test_aws_checks_catch_what_they_name():
                           ("CKV_AWS_163", "x"), ("CKV_AWS_136", "x"), ("CKV_AWS_66", "x"), ("CKV_AWS_79", "x")):
         [name] = [c for c in AWS_CHECKS if c.startswith(check)]
         assert needle in AWS_CHECKS[name](bad), check
+
+
+# --- README "Security defaults" -------------------------------------------------------------------------------
+
+def _security_section() -> str:
+    from tests.util import ROOT
+
+    text = (ROOT / "README.md").read_text()
+    return text[text.index("## Security defaults"):text.index("## Stack config reference")]
+
+
+def test_cis_4_1_1_readme_names_the_creator_entry_and_its_removal():
+    section = _security_section()
+    assert "bootstrapClusterCreatorAdminPermissions" in section
+    assert "aws eks delete-access-entry --cluster-name" in section and "cluster.adminPrincipalArns" in section
+
+
+def test_every_test_the_security_section_cites_exists():
+    import re
+
+    from tests.util import ROOT
+
+    section = " ".join(_security_section().split())
+    cited = re.findall(r"(?:(test_[a-z0-9_]+\.py))?::(test_[a-z0-9_]+)", section)
+    assert len(cited) >= 15
+    current = None
+    for file, name in cited:
+        current = file or current
+        assert current and re.search(rf"^def {name}\(", (ROOT / "tests" / current).read_text(), re.M), \
+            f"README cites {current}::{name}, which does not exist"
+    for name in set(re.findall(r"`(test_[a-z0-9_]+)`", section)) - {n for _, n in cited}:
+        assert name in (ROOT / "tests" / "test_security_baselines.py").read_text(), name
