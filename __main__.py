@@ -160,6 +160,8 @@ image = TrainerImage("trainer-image", TrainerImageArgs(
     keep_images=cfg.image.keep_images,
     retain_repository=cfg.image.retain_repository,
     registry_cache=cfg.image.registry_cache,
+    scan_fail_severity=cfg.image.scan_fail_severity,
+    aws_profile=pulumi.Config("aws").get("profile"),
     node_role_name=cluster.node_role_name,
 ))
 

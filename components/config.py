@@ -31,6 +31,7 @@ CapacityType = Literal["onDemand", "spot", "capacityBlock"]
 NatMode = Literal["single", "perAz"]
 ModelName = Literal["airnet", "resnet-small", "resnet18", "workshop-cnn"]
 RdzvBackend = Literal["etcd-v2", "c10d"]
+ScanSeverity = Literal["CRITICAL", "HIGH", "MEDIUM", "LOW", "INFORMATIONAL", "disabled"]
 
 DEFAULT_KUBERNETES_VERSION = k8s_versions.DEFAULT_VERSION
 SUPPORTED_KUBERNETES_VERSIONS = k8s_versions.SUPPORTED_VERSIONS
@@ -153,6 +154,9 @@ class ImageConfig:
     retain_repository: bool = _doc(
         "Keep the ECR repository and its images on 'pulumi destroy' (then delete it by hand); default: "
         "destroy deletes them.", default=False)
+    scan_fail_severity: ScanSeverity = _doc(
+        "Fail 'pulumi up' before any job runs the image if ECR's scan on push finds anything at or above this "
+        "severity; 'disabled' runs it unchecked. Images outside ECR are not gated.", default="CRITICAL")
     registry_cache: bool = _doc(
         "Share the BuildKit layer cache through a second, mutable ECR repository (faster builds in CI); the "
         "build trusts its layers, so anyone who can push to it can plant code in the image. Default: local "
@@ -329,7 +333,7 @@ def _resolve(annotation: Any) -> Any:
     """Map a field annotation (a string under ``from __future__``) to a check kind."""
     text = str(annotation).replace(" | None", "")
     literals = {"CapacityType": CapacityType, "NatMode": NatMode, "ModelName": ModelName,
-                "RdzvBackend": RdzvBackend, "UpgradePolicy": UpgradePolicy}
+                "RdzvBackend": RdzvBackend, "UpgradePolicy": UpgradePolicy, "ScanSeverity": ScanSeverity}
     if text in literals:
         return get_args(literals[text])
     if text.startswith("tuple"):

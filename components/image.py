@@ -27,6 +27,8 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_docker_build as docker_build
 
+from .scan_gate import SEVERITIES, ScanGate, scan_target
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 DOCKERFILE = "docker/Dockerfile"
@@ -73,6 +75,12 @@ class TrainerImageArgs:
     """KMS key that encrypts the repositories; default: the AWS managed key for ECR (aws/ecr)."""
     context_dir: str = str(PROJECT_ROOT)
     """Build context: the repository root, holding ``docker/`` and ``training/``."""
+    scan_fail_severity: str = "CRITICAL"
+    """Fail ``pulumi up`` before any job gets the image if ECR's scan on push finds anything at or above this
+    severity (CRITICAL, HIGH, MEDIUM, LOW, INFORMATIONAL), or ``disabled``. ``image_ref`` resolves only once the
+    scan passed (:class:`components.scan_gate.ScanGate`); images outside ECR are not gated."""
+    aws_profile: str | None = None
+    """The stack's ``aws:profile``, for the scan gate's ECR calls (it runs in the program, with boto3)."""
     registry_cache: bool = False
     """Share BuildKit's layer cache through a second ECR repository (faster builds on a fresh machine or in CI).
     Off by default: that repository must be MUTABLE (BuildKit re-tags the cache on every build), and a build
@@ -170,6 +178,9 @@ def cache_lifecycle_policy() -> str:
 
 
 def _validate(args: TrainerImageArgs) -> None:
+    if args.scan_fail_severity not in (*SEVERITIES[:-1], "disabled"):
+        raise ValueError(f"TrainerImageArgs.scan_fail_severity: got {args.scan_fail_severity!r}; expected one of "
+                         + ", ".join((*SEVERITIES[:-1], "disabled")))
     if args.prebuilt is not None and not _IMAGE_BY_DIGEST.match(args.prebuilt):
         raise ValueError(f"TrainerImageArgs.prebuilt: got {args.prebuilt!r}; expected an image pinned by digest, "
                          "e.g. 123456789012.dkr.ecr.us-west-2.amazonaws.com/trainer@sha256:<64 hex>")
@@ -215,6 +226,11 @@ class TrainerImage(pulumi.ComponentResource):
                 policy=self.repository_arn.apply(pull_policy),
                 opts=pulumi.ResourceOptions(parent=self),
             )
+
+        if args.scan_fail_severity != "disabled" and (args.prebuilt is None or scan_target(args.prebuilt)):
+            gate = ScanGate(f"{name}-scan", image_ref=self.image_ref, fail_at=args.scan_fail_severity,
+                            profile=args.aws_profile, opts=pulumi.ResourceOptions(parent=self))
+            self.image_ref = gate.image_ref  # a data dependency: whatever runs the image waits for the gate
 
         self.register_outputs({
             "image_ref": self.image_ref,
