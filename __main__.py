@@ -85,6 +85,7 @@ cluster = EksCluster("cluster", EksClusterArgs(
     kubernetes_version=cfg.cluster.kubernetes_version,
     upgrade_policy=cfg.cluster.upgrade_policy,
     public_access_cidrs=cfg.cluster.public_access_cidrs,
+    endpoint_public_access=cfg.cluster.endpoint_public_access,
     system_instance_type=cfg.cluster.system_instance_type,
     system_node_count=cfg.cluster.system_node_count,
     log_retention_days=cfg.cluster.log_retention_days,
@@ -158,6 +159,9 @@ image = TrainerImage("trainer-image", TrainerImageArgs(
     prebuilt=cfg.image.prebuilt,
     keep_images=cfg.image.keep_images,
     retain_repository=cfg.image.retain_repository,
+    registry_cache=cfg.image.registry_cache,
+    scan_fail_severity=cfg.image.scan_fail_severity,
+    aws_profile=pulumi.Config("aws").get("profile"),
     node_role_name=cluster.node_role_name,
 ))
 

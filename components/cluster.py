@@ -4,7 +4,8 @@
 authentication (access entries, no aws-auth ConfigMap), an OIDC provider for
 IRSA, all control-plane log types (kept ``log_retention_days`` in CloudWatch),
 Kubernetes secrets encrypted with a KMS key of its own (rotation on), and an API
-endpoint that is private plus public only to ``public_access_cidrs``.
+endpoint that is private plus public only to ``public_access_cidrs`` (or private only, with
+``endpoint_public_access=False``).
 
 Security groups are ours, not pulumi_eks's defaults, so every rule is visible
 and testable: every node carries the EKS-created *cluster* security group (which
@@ -111,8 +112,12 @@ class EksClusterArgs:
     """Public subnets, for internet-facing load balancers only (no nodes go there)."""
     private_subnet_ids: Sequence[pulumi.Input[str]]
     """Private subnets for the control-plane ENIs and every node."""
-    public_access_cidrs: Sequence[str]
-    """CIDRs allowed to reach the public API endpoint, e.g. your IP as a /32."""
+    public_access_cidrs: Sequence[str] = ()
+    """CIDRs allowed to reach the public API endpoint, e.g. your IP as a /32 (none with
+    ``endpoint_public_access=False``)."""
+    endpoint_public_access: bool = True
+    """Also serve the API on a public endpoint, to ``public_access_cidrs`` only. False: private only (CIS EKS
+    5.4.2); the deploy then runs from the VPC or a network joined to it."""
     kubernetes_version: str = k8s_versions.DEFAULT_VERSION
     """Pinned EKS Kubernetes version; upgrade deliberately."""
     upgrade_policy: k8s_versions.SupportType = k8s_versions.DEFAULT_SUPPORT_TYPE
@@ -140,8 +145,13 @@ def validate(args: EksClusterArgs) -> None:
         raise ValueError("cluster_name: got ''; expected a name")
     # Documentation-range placeholders are the stack config's to reject (its message says which
     # `pulumi config set` fixes them); the offline plan renders example stacks that still hold them.
-    rules.require(rules.public_access_cidrs("public_access_cidrs", args.public_access_cidrs, placeholders_ok=True),
-                  rules.retention_days("log_retention_days", args.log_retention_days))
+    if args.endpoint_public_access:
+        rules.require(*rules.public_access_cidrs("public_access_cidrs", args.public_access_cidrs,
+                                                 placeholders_ok=True))
+    elif args.public_access_cidrs:
+        raise ValueError(f"public_access_cidrs: got {list(args.public_access_cidrs)!r}; expected none with "
+                         "endpoint_public_access=False (the API endpoint is private only)")
+    rules.require(rules.retention_days("log_retention_days", args.log_retention_days))
     if len(list(args.private_subnet_ids)) < 2:
         raise ValueError("private_subnet_ids: expected at least 2 subnets in 2 zones (EKS requires two)")
     if args.system_node_count < 1:
@@ -208,8 +218,8 @@ class EksCluster(pulumi.ComponentResource):
             enabled_cluster_log_types=list(LOG_TYPES),
             encryption_config_key_arn=secrets_key.arn,
             endpoint_private_access=True,
-            endpoint_public_access=True,
-            public_access_cidrs=list(args.public_access_cidrs),
+            endpoint_public_access=args.endpoint_public_access,
+            public_access_cidrs=list(args.public_access_cidrs) if args.endpoint_public_access else None,
             # Without this the VPC CNI accepts NetworkPolicy objects but does not enforce them, and
             # etcd and the trainers would be reachable from every pod in the cluster.
             vpc_cni_options=eks.VpcCniOptionsArgs(enable_network_policy=True),

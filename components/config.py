@@ -31,6 +31,7 @@ CapacityType = Literal["onDemand", "spot", "capacityBlock"]
 NatMode = Literal["single", "perAz"]
 ModelName = Literal["airnet", "resnet-small", "resnet18", "workshop-cnn"]
 RdzvBackend = Literal["etcd-v2", "c10d"]
+ScanSeverity = Literal["CRITICAL", "HIGH", "MEDIUM", "LOW", "INFORMATIONAL", "disabled"]
 
 DEFAULT_KUBERNETES_VERSION = k8s_versions.DEFAULT_VERSION
 SUPPORTED_KUBERNETES_VERSIONS = k8s_versions.SUPPORTED_VERSIONS
@@ -82,7 +83,12 @@ class ClusterConfig:
     """``eks-ddp:cluster``: the EKS control plane and the CPU system node group."""
 
     public_access_cidrs: tuple[str, ...] = _doc(
-        "CIDRs allowed to reach the Kubernetes API endpoint (required), e.g. your IP as a /32.")
+        "CIDRs allowed to reach the Kubernetes API endpoint (required while endpointPublicAccess is true), "
+        "e.g. your IP as a /32.", default=())
+    endpoint_public_access: bool = _doc(
+        "Serve the Kubernetes API on a public endpoint too, reachable only from publicAccessCidrs. false: the "
+        "private endpoint only (CIS EKS 5.4.2); then pulumi, kubectl and the Kubernetes provider must run from "
+        "the VPC or a network joined to it (VPN, Direct Connect, a bastion).", default=True)
     kubernetes_version: str = _doc("EKS Kubernetes version.", default=DEFAULT_KUBERNETES_VERSION)
     upgrade_policy: UpgradePolicy = _doc(
         "'STANDARD': EKS upgrades the cluster when standard support ends ($0.10/h); 'EXTENDED': keeps the "
@@ -148,6 +154,13 @@ class ImageConfig:
     retain_repository: bool = _doc(
         "Keep the ECR repository and its images on 'pulumi destroy' (then delete it by hand); default: "
         "destroy deletes them.", default=False)
+    scan_fail_severity: ScanSeverity = _doc(
+        "Fail 'pulumi up' before any job runs the image if ECR's scan on push finds anything at or above this "
+        "severity; 'disabled' runs it unchecked. Images outside ECR are not gated.", default="CRITICAL")
+    registry_cache: bool = _doc(
+        "Share the BuildKit layer cache through a second, mutable ECR repository (faster builds in CI); the "
+        "build trusts its layers, so anyone who can push to it can plant code in the image. Default: local "
+        "cache only.", default=False)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -320,7 +333,7 @@ def _resolve(annotation: Any) -> Any:
     """Map a field annotation (a string under ``from __future__``) to a check kind."""
     text = str(annotation).replace(" | None", "")
     literals = {"CapacityType": CapacityType, "NatMode": NatMode, "ModelName": ModelName,
-                "RdzvBackend": RdzvBackend, "UpgradePolicy": UpgradePolicy}
+                "RdzvBackend": RdzvBackend, "UpgradePolicy": UpgradePolicy, "ScanSeverity": ScanSeverity}
     if text in literals:
         return get_args(literals[text])
     if text.startswith("tuple"):
@@ -520,7 +533,17 @@ def _check_network(n: NetworkConfig, region: str) -> list[str]:
 
 def _check_cluster(c: ClusterConfig, placeholders_ok: bool = False) -> list[str]:
     p: list[str] = []
-    p += rules.public_access_cidrs("cluster.publicAccessCidrs", c.public_access_cidrs, placeholders_ok=placeholders_ok)
+    if not c.endpoint_public_access:
+        if c.public_access_cidrs:
+            p.append(f"cluster.publicAccessCidrs: got {list(c.public_access_cidrs)!r}; expected none with "
+                     "cluster.endpointPublicAccess false (the API endpoint is private only)")
+    elif not c.public_access_cidrs:
+        p.append("cluster.publicAccessCidrs: required while cluster.endpointPublicAccess is true; CIDRs allowed "
+                 f"to reach the Kubernetes API endpoint, e.g. your IP as a /32 ({rules.MY_IP}); or set "
+                 "cluster.endpointPublicAccess false for a private-only endpoint")
+    else:
+        p += rules.public_access_cidrs("cluster.publicAccessCidrs", c.public_access_cidrs,
+                                       placeholders_ok=placeholders_ok)
     for i, arn in enumerate(c.admin_principal_arns):
         if not _IAM_PRINCIPAL.match(arn):
             p.append(f"cluster.adminPrincipalArns[{i}]: got {arn!r}; expected an IAM role or user ARN such as "

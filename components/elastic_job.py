@@ -14,7 +14,10 @@
 
 Every pod runs the trainer image by digest as uid 1000 on a read-only root filesystem, with writable
 ``emptyDir`` volumes for ``/tmp`` (HOME and caches) and ``/dev/shm``, the shared volume at ``/shared``,
-no service-account token, and a NetworkPolicy of its own.
+no service-account token, and a NetworkPolicy of its own. Only the training pods, which upload the results,
+run as the ServiceAccount that carries the uploader role (``<name>-trainer``); data preparation, evaluation and the
+fabric check run as ``<name>-worker``, which has no IAM role, so the pod-identity webhook (which mutates by
+ServiceAccount name, whatever ``automountServiceAccountToken`` says) gives them no AWS credentials.
 """
 
 from __future__ import annotations
@@ -50,6 +53,10 @@ GPUDIRECT_RDMA_FAMILIES = ("p4d", "p4de", "p5")
 """Instance families whose EFA supports GPUDirect RDMA (FI_EFA_USE_DEVICE_RDMA=1)."""
 DATA_DIR = f"{SHARED_ROOT}/{DATA_SUBDIR}"
 _PART_OF = {"app.kubernetes.io/part-of": "eks-ddp"}
+EGRESS_EXCEPT = ("169.254.0.0/16", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10")
+"""Never reached through the HTTPS egress rule: link-local (instance metadata, the node's credentials) and every
+private range a VPC or its pods can use (the API server's private endpoint, other pods, EFS, anything peered).
+The project's in-cluster peers are admitted by their own rules; S3 (gateway endpoint) and STS are public ranges."""
 PREPARE_LABELS = {"app.kubernetes.io/name": "eks-ddp-prepare-data", **_PART_OF}
 EVALUATE_LABELS = {"app.kubernetes.io/name": "eks-ddp-evaluate", **_PART_OF}
 TRAINER_LABELS: Mapping[str, str] = {**DEFAULT_CLIENT_LABELS, **_PART_OF}
@@ -211,6 +218,10 @@ class ElasticJob(pulumi.ComponentResource):
         sa = k8s.core.v1.ServiceAccount(f"{name}-sa", metadata=self._meta(f"{name}-trainer", _PART_OF, irsa),
                                         automount_service_account_token=False, opts=child)
         self._sa_name = sa.metadata.name
+        # No role annotation: pods that never upload get no web-identity token and no AWS_ROLE_ARN.
+        worker = k8s.core.v1.ServiceAccount(f"{name}-worker-sa", metadata=self._meta(f"{name}-worker", _PART_OF),
+                                            automount_service_account_token=False, opts=child)
+        self._worker_sa_name = worker.metadata.name
         self._create_network_policies(name, child)
         prepare = self._create_prepare_job(name, child)
         endpoint: pulumi.Input[str]
@@ -249,9 +260,10 @@ class ElasticJob(pulumi.ComponentResource):
              field_env: Mapping[str, str] | None = None, shm_gib: int = 1, restart_policy: str = "Never",
              grace_seconds: int = 30, ports: list[k8s.core.v1.ContainerPortArgs] | None = None,
              affinity: k8s.core.v1.AffinityArgs | None = None, subdomain: pulumi.Input[str] | None = None,
-             on_gpu_nodes: bool = True) -> k8s.core.v1.PodTemplateSpecArgs:
+             on_gpu_nodes: bool = True, uploads: bool = False) -> k8s.core.v1.PodTemplateSpecArgs:
         """A hardened single-container pod of the trainer image with /shared, /tmp and /dev/shm; on the job's
-        GPU nodes (their selector, tolerating their taints), or with ``on_gpu_nodes=False`` on the system nodes."""
+        GPU nodes (their selector, tolerating their taints), or with ``on_gpu_nodes=False`` on the system nodes.
+        ``uploads``: run as the ServiceAccount with the uploader role (the training pods only)."""
         v1 = k8s.core.v1
         env_vars = [v1.EnvVarArgs(name=k, value=v) for k, v in {**_CACHE_ENV, **(env or {})}.items()]
         env_vars += [v1.EnvVarArgs(name=k, value_from=v1.EnvVarSourceArgs(
@@ -269,7 +281,8 @@ class ElasticJob(pulumi.ComponentResource):
         return v1.PodTemplateSpecArgs(
             metadata=k8s.meta.v1.ObjectMetaArgs(labels=dict(labels)),
             spec=v1.PodSpecArgs(
-                restart_policy=restart_policy, service_account_name=self._sa_name,
+                restart_policy=restart_policy,
+                service_account_name=self._sa_name if uploads else self._worker_sa_name,
                 automount_service_account_token=False, enable_service_links=False,
                 node_selector=node_selector, tolerations=tolerations, affinity=affinity,
                 subdomain=subdomain, termination_grace_period_seconds=grace_seconds,
@@ -358,7 +371,7 @@ class ElasticJob(pulumi.ComponentResource):
         template = self._pod(
             self._train_labels, "trainer", pulumi.Output.from_input(endpoint).apply(self.train_command),
             _resources(str(cpu), f"{memory}Gi", devices), env=env, field_env=field_env, shm_gib=shm,
-            grace_seconds=60, affinity=affinity, subdomain=self.job_name if c10d else None,
+            grace_seconds=60, affinity=affinity, subdomain=self.job_name if c10d else None, uploads=True,
             ports=[k8s.core.v1.ContainerPortArgs(name="rdzv", container_port=C10D_PORT)] if c10d else None)
         # Failure handling (restartPolicy Never: a failed pod is replaced by a new pod of the same index, which
         # joins the running job at its next rendezvous round; the launcher never closes the rendezvous on a
@@ -441,11 +454,12 @@ class ElasticJob(pulumi.ComponentResource):
         train_egress = [dns, net.NetworkPolicyEgressRuleArgs(to=peers)]
         if self._args.rdzv_backend == "etcd-v2":
             train_egress.append(etcd_client_egress(self._args.rdzv_server_labels))
-        # Data preparation downloads CIFAR-10 over HTTPS (through the NAT gateway); never the instance
-        # metadata service.
+        # Data preparation downloads CIFAR-10 over HTTPS (through the NAT gateway); the trainers reach S3 and STS
+        # over HTTPS. TLS only (no port 80: nothing leaves in cleartext), never the instance metadata service,
+        # nor the VPC's own ranges beyond what other rules admit.
         internet = net.NetworkPolicyEgressRuleArgs(
-            to=[net.NetworkPolicyPeerArgs(ip_block=net.IPBlockArgs(cidr="0.0.0.0/0", except_=["169.254.0.0/16"]))],
-            ports=[net.NetworkPolicyPortArgs(port=443, protocol="TCP"), net.NetworkPolicyPortArgs(port=80, protocol="TCP")])
+            to=[net.NetworkPolicyPeerArgs(ip_block=net.IPBlockArgs(cidr="0.0.0.0/0", except_=list(EGRESS_EXCEPT)))],
+            ports=[net.NetworkPolicyPortArgs(port=443, protocol="TCP")])
         for suffix, labels, ingress, egress in (
             ("train", {"app.kubernetes.io/instance": self.job_name}, [net.NetworkPolicyIngressRuleArgs(from_=peers)],
              train_egress + ([internet] if self._args.results_url is not None else [])),  # S3 + STS upload

@@ -24,7 +24,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from . import rules
-from .namespace import dns_egress, restricted_container_security, restricted_pod_security
+from .namespace import dns_egress, priority_class_guard, restricted_container_security, restricted_pod_security
 
 ETCD_IMAGE = ("quay.io/coreos/etcd:v3.5.18"
               "@sha256:d0a641d5fbcc89678c931a61b7de7b8a1cf097149f135c9c73bc81d076a1494b")
@@ -108,6 +108,8 @@ class EtcdRendezvous(pulumi.ComponentResource):
             metadata=k8s.meta.v1.ObjectMetaArgs(name=f"eks-ddp-{self.service_name}", labels=self.pod_labels),
             value=PRIORITY, global_default=False, preemption_policy="PreemptLowerPriority",
             description="eks-ddp rendezvous store: every agent of a running job depends on it.", opts=child)
+        # Only this namespace's members may use the class (it preempts): a quota here, an admission policy elsewhere.
+        priority_class_guard(f"{name}-etcd", priority.metadata.name, args.namespace, args.replicas, child)
         sts = self._create_statefulset(name, sa, peers, priority, child)
         # minAvailable 1: a drain or eviction waits while the only member serves (delete the pod by hand, or
         # drain with --disable-eviction, between runs). A StatefulSet update is not an eviction: it still

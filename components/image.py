@@ -27,6 +27,8 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_docker_build as docker_build
 
+from .scan_gate import SEVERITIES, ScanGate, scan_target
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 DOCKERFILE = "docker/Dockerfile"
@@ -73,6 +75,17 @@ class TrainerImageArgs:
     """KMS key that encrypts the repositories; default: the AWS managed key for ECR (aws/ecr)."""
     context_dir: str = str(PROJECT_ROOT)
     """Build context: the repository root, holding ``docker/`` and ``training/``."""
+    scan_fail_severity: str = "CRITICAL"
+    """Fail ``pulumi up`` before any job gets the image if ECR's scan on push finds anything at or above this
+    severity (CRITICAL, HIGH, MEDIUM, LOW, INFORMATIONAL), or ``disabled``. ``image_ref`` resolves only once the
+    scan passed (:class:`components.scan_gate.ScanGate`); images outside ECR are not gated."""
+    aws_profile: str | None = None
+    """The stack's ``aws:profile``, for the scan gate's ECR calls (it runs in the program, with boto3)."""
+    registry_cache: bool = False
+    """Share BuildKit's layer cache through a second ECR repository (faster builds on a fresh machine or in CI).
+    Off by default: that repository must be MUTABLE (BuildKit re-tags the cache on every build), and a build
+    trusts the layers it finds there, so anyone allowed ``ecr:PutImage`` on it could plant layers in the next
+    immutable, digest-pinned trainer image. Without it builds use only the local builder's cache."""
 
 
 def source_files(context_dir: str | Path, dirs: tuple[str, ...] = SOURCE_DIRS) -> list[Path]:
@@ -165,6 +178,9 @@ def cache_lifecycle_policy() -> str:
 
 
 def _validate(args: TrainerImageArgs) -> None:
+    if args.scan_fail_severity not in (*SEVERITIES[:-1], "disabled"):
+        raise ValueError(f"TrainerImageArgs.scan_fail_severity: got {args.scan_fail_severity!r}; expected one of "
+                         + ", ".join((*SEVERITIES[:-1], "disabled")))
     if args.prebuilt is not None and not _IMAGE_BY_DIGEST.match(args.prebuilt):
         raise ValueError(f"TrainerImageArgs.prebuilt: got {args.prebuilt!r}; expected an image pinned by digest, "
                          "e.g. 123456789012.dkr.ecr.us-west-2.amazonaws.com/trainer@sha256:<64 hex>")
@@ -196,7 +212,7 @@ class TrainerImage(pulumi.ComponentResource):
             self.repository_arn = pulumi.Output.from_input(arn) if arn else None
         else:
             self.repository = self._create_repository()
-            self.cache_repository = self._create_cache_repository()
+            self.cache_repository = self._create_cache_repository() if args.registry_cache else None
             self.image = self._create_image(image_tag(args.context_dir))
             self.repository_url = self.repository.repository_url
             self.repository_arn = self.repository.arn
@@ -210,6 +226,11 @@ class TrainerImage(pulumi.ComponentResource):
                 policy=self.repository_arn.apply(pull_policy),
                 opts=pulumi.ResourceOptions(parent=self),
             )
+
+        if args.scan_fail_severity != "disabled" and (args.prebuilt is None or scan_target(args.prebuilt)):
+            gate = ScanGate(f"{name}-scan", image_ref=self.image_ref, fail_at=args.scan_fail_severity,
+                            profile=args.aws_profile, opts=pulumi.ResourceOptions(parent=self))
+            self.image_ref = gate.image_ref  # a data dependency: whatever runs the image waits for the gate
 
         self.register_outputs({
             "image_ref": self.image_ref,
@@ -248,6 +269,8 @@ class TrainerImage(pulumi.ComponentResource):
         cache = aws.ecr.Repository(
             f"{self._name}-cache",
             image_tag_mutability="MUTABLE",
+            # Its layers end up in the trainer image: scanned like it.
+            image_scanning_configuration=aws.ecr.RepositoryImageScanningConfigurationArgs(scan_on_push=True),
             encryption_configurations=self._encryption(),
             force_delete=True,
             tags={"app.kubernetes.io/part-of": "eks-ddp"},
@@ -265,7 +288,15 @@ class TrainerImage(pulumi.ComponentResource):
         repo, cache = self.repository, self.cache_repository
         auth = aws.ecr.get_authorization_token_output(registry_id=repo.registry_id,
                                                       opts=pulumi.InvokeOutputOptions(parent=self))
-        cache_ref = cache.repository_url.apply(lambda url: f"{url}:{CACHE_TAG}")
+        cache_from, cache_to = None, None
+        if cache is not None:
+            cache_ref = cache.repository_url.apply(lambda url: f"{url}:{CACHE_TAG}")
+            cache_from = [docker_build.CacheFromArgs(registry=docker_build.CacheFromRegistryArgs(ref=cache_ref))]
+            # ECR accepts a registry cache only as an OCI image manifest; a failed cache export must not
+            # fail the deployment, it only makes the next build slower.
+            cache_to = [docker_build.CacheToArgs(registry=docker_build.CacheToRegistryArgs(
+                ref=cache_ref, mode=docker_build.CacheMode.MAX, image_manifest=True, oci_media_types=True,
+                ignore_error=True))]
         context = Path(self._args.context_dir)
         # Relative paths keep the resource's inputs identical on every machine (the program runs from the
         # project directory), so a checkout elsewhere does not look like a change and trigger a rebuild.
@@ -283,12 +314,8 @@ class TrainerImage(pulumi.ComponentResource):
                 username=auth.user_name,
                 password=pulumi.Output.secret(auth.password),
             )],
-            cache_from=[docker_build.CacheFromArgs(registry=docker_build.CacheFromRegistryArgs(ref=cache_ref))],
-            # ECR accepts a registry cache only as an OCI image manifest; a failed cache export must not
-            # fail the deployment, it only makes the next build slower.
-            cache_to=[docker_build.CacheToArgs(registry=docker_build.CacheToRegistryArgs(
-                ref=cache_ref, mode=docker_build.CacheMode.MAX, image_manifest=True, oci_media_types=True,
-                ignore_error=True))],
+            cache_from=cache_from,
+            cache_to=cache_to,
             # A multi-GB CUDA build on every preview is slow; the tag above already shows a content change.
             build_on_preview=False,
             opts=pulumi.ResourceOptions(parent=self),

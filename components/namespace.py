@@ -31,13 +31,84 @@ def dns_egress() -> k8s.networking.v1.NetworkPolicyEgressRuleArgs:
 
 
 def training_namespace(name: str, opts: pulumi.ResourceOptions | None = None) -> k8s.core.v1.Namespace:
-    """Create ``name``; every pod in it must be non-root, drop capabilities and use seccomp."""
-    return k8s.core.v1.Namespace(
+    """Create ``name``; every pod in it must be non-root, drop capabilities and use seccomp, and gets no
+    traffic and no API token unless a policy or ServiceAccount of its own grants it (:class:`NamespaceBaseline`)."""
+    ns = k8s.core.v1.Namespace(
         f"ns-{name}",
         metadata=k8s.meta.v1.ObjectMetaArgs(
             name=name, labels={"app.kubernetes.io/part-of": "eks-ddp", **POD_SECURITY_LABELS}),
         opts=opts,
     )
+    NamespaceBaseline(f"ns-{name}", ns.metadata.name, opts=opts)
+    return ns
+
+
+class NamespaceBaseline(pulumi.ComponentResource):
+    """Deny by default in a namespace: a NetworkPolicy selecting every pod for both directions with no rule
+    (NetworkPolicies add up, so each workload's own policy opens exactly what it needs; CIS EKS 4.3.2, EKS Best
+    Practices "Create a default deny policy"), and the ``default`` ServiceAccount patched to mount no API token
+    (CIS EKS 4.1.5): a hand-made pod (``kubectl run``, ``kubectl debug``) gets neither."""
+
+    def __init__(self, name: str, namespace: pulumi.Input[str], opts: pulumi.ResourceOptions | None = None):
+        super().__init__("eks-ddp:namespace:NamespaceBaseline", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        net = k8s.networking.v1
+        net.NetworkPolicy(
+            f"{name}-default-deny",
+            metadata=k8s.meta.v1.ObjectMetaArgs(name="default-deny", namespace=namespace),
+            spec=net.NetworkPolicySpecArgs(pod_selector=k8s.meta.v1.LabelSelectorArgs(),
+                                           policy_types=["Ingress", "Egress"]),
+            opts=child)
+        # A patch (server-side apply), not a ServiceAccount: the namespace controller creates "default" itself.
+        k8s.core.v1.ServiceAccountPatch(
+            f"{name}-default-sa",
+            metadata=k8s.meta.v1.ObjectMetaPatchArgs(name="default", namespace=namespace),
+            automount_service_account_token=False, opts=child)
+        self.register_outputs({})
+
+
+def priority_class_guard(name: str, class_name: pulumi.Input[str], namespace: pulumi.Input[str], max_pods: int,
+                         opts: pulumi.ResourceOptions) -> None:
+    """Let only ``max_pods`` pods of ``namespace``, and no pod anywhere else, use the PriorityClass ``class_name``.
+
+    A PriorityClass is cluster-scoped: without this any pod in any namespace could name it and preempt other work
+    (EKS Best Practices, multi-tenancy "Pod priority and preemption"). Inside ``namespace`` a ResourceQuota scoped to
+    the class caps its pods; everywhere else a ValidatingAdmissionPolicy (GA since Kubernetes 1.30, so on every
+    supported version; EKS does not let us set the API server's ``limitedResources`` quota configuration) denies
+    pods that name it."""
+    both = pulumi.Output.all(class_name, namespace)
+    k8s.core.v1.ResourceQuota(
+        f"{name}-priority-quota",
+        metadata=k8s.meta.v1.ObjectMetaArgs(name=f"{name}-priority", namespace=namespace),
+        spec=k8s.core.v1.ResourceQuotaSpecArgs(
+            hard={"pods": str(max_pods)},
+            scope_selector=k8s.core.v1.ScopeSelectorArgs(match_expressions=[
+                k8s.core.v1.ScopedResourceSelectorRequirementArgs(
+                    scope_name="PriorityClass", operator="In", values=[class_name])])),
+        opts=opts)
+    adm = k8s.admissionregistration.v1
+    vap = adm.ValidatingAdmissionPolicy(
+        f"{name}-priority-policy",
+        metadata=k8s.meta.v1.ObjectMetaArgs(name=both.apply(lambda v: f"{v[0]}-only-in-{v[1]}")),
+        spec=adm.ValidatingAdmissionPolicySpecArgs(
+            failure_policy="Fail",
+            match_constraints=adm.MatchResourcesArgs(resource_rules=[adm.NamedRuleWithOperationsArgs(
+                api_groups=[""], api_versions=["v1"], operations=["CREATE", "UPDATE"], resources=["pods"])]),
+            validations=[adm.ValidationArgs(
+                # has() first: most pods name no class, and an error on a missing field would deny them all.
+                expression=both.apply(
+                    lambda v: f"!has(object.spec.priorityClassName) || object.spec.priorityClassName != '{v[0]}'"),
+                message=both.apply(lambda v: f"the PriorityClass {v[0]} is reserved for namespace {v[1]}"))]),
+        opts=opts)
+    adm.ValidatingAdmissionPolicyBinding(
+        f"{name}-priority-binding",
+        metadata=k8s.meta.v1.ObjectMetaArgs(name=vap.metadata.name),
+        spec=adm.ValidatingAdmissionPolicyBindingSpecArgs(
+            policy_name=vap.metadata.name, validation_actions=["Deny"],
+            match_resources=adm.MatchResourcesArgs(namespace_selector=k8s.meta.v1.LabelSelectorArgs(
+                match_expressions=[k8s.meta.v1.LabelSelectorRequirementArgs(
+                    key="kubernetes.io/metadata.name", operator="NotIn", values=[namespace])]))),
+        opts=opts)
 
 
 def restricted_container_security(uid: int) -> k8s.core.v1.SecurityContextArgs:

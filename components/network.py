@@ -9,13 +9,23 @@ through a free gateway endpoint, which also saves NAT data charges on datasets
 and checkpoints. Subnets carry the tags the AWS load balancer integrations look
 for.
 
+A new VPC is locked down by default: its default security group has no rule
+(CIS AWS Foundations 5.4; nothing of ours uses it), every flow is logged to a
+CloudWatch log group (EKS Best Practices, network "Log network traffic"), and
+the S3 endpoint admits only requests for this account's buckets plus reads of
+the AWS-owned buckets that ECR layers, Amazon Linux packages and the
+registry.k8s.io mirror come from, so a pod cannot ship data to someone else's
+bucket through it.
+
 Bring your own VPC by setting ``vpc_id`` and the subnet ids: nothing is
-created, and each private subnet's zone is looked up (``aws.ec2.get_subnet``)
-so single-zone GPU groups (EFA, capacity reservations) pick the right subnet.
+created (its flow logs and default security group are yours to set), and each
+private subnet's zone is looked up (``aws.ec2.get_subnet``) so single-zone GPU
+groups (EFA, capacity reservations) pick the right subnet.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -26,6 +36,27 @@ import pulumi_aws as aws
 from . import cidr, rules
 
 NatMode = Literal["single", "perAz"]
+
+FLOW_LOG_RETENTION_DAYS = 90
+"""How long VPC flow logs are kept (CloudWatch Logs retention)."""
+FLOW_LOG_AGGREGATION_SECONDS = 600
+"""Flow log aggregation interval: 600 s (the cheaper of the two EC2 allows; 60 is the other)."""
+
+
+def s3_endpoint_policy(region: str, account_id: str) -> str:
+    """The S3 gateway endpoint's policy: anything on this account's buckets; reads of the AWS-owned buckets nodes
+    need (ECR image layers, Amazon Linux 2023 packages, registry.k8s.io's mirror); nothing else (EKS Best Practices, network "Use VPC
+    endpoint policies"). Requests for other accounts' buckets are refused at the endpoint, whoever signs them."""
+    return json.dumps({"Version": "2012-10-17", "Statement": [
+        {"Sid": "ThisAccountsBuckets", "Effect": "Allow", "Principal": "*", "Action": "s3:*",
+         "Resource": ["arn:aws:s3:::*", "arn:aws:s3:::*/*"],
+         "Condition": {"StringEquals": {"aws:ResourceAccount": account_id}}},
+        {"Sid": "AwsOwnedReads", "Effect": "Allow", "Principal": "*", "Action": "s3:GetObject",
+         "Resource": [f"arn:aws:s3:::prod-{region}-starport-layer-bucket/*",
+                      f"arn:aws:s3:::al2023-repos-{region}-*/*",
+                      # registry.k8s.io (the cluster autoscaler) redirects AWS clients to its regional S3 mirror.
+                      f"arn:aws:s3:::prod-registry-k8s-io-{region}/*"]},
+    ]}, sort_keys=True)
 
 EKS_UNSUPPORTED_ZONE_IDS = ("use1-az3", "usw1-az2", "cac1-az3")
 """Zone IDs where EKS refuses cluster subnets (UnsupportedAvailabilityZoneException), from the EKS user guide
@@ -190,12 +221,38 @@ class Network(pulumi.ComponentResource):
                                           opts=child)
             private_rts.append(rt)
 
-        region = aws.get_region(opts=pulumi.InvokeOptions(parent=self)).region
+        invoke = pulumi.InvokeOptions(parent=self)
+        region = aws.get_region(opts=invoke).region
+        account_id = aws.get_caller_identity(opts=invoke).account_id
         aws.ec2.VpcEndpoint(f"{name}-s3", vpc_id=vpc.id, service_name=f"com.amazonaws.{region}.s3",
                             vpc_endpoint_type="Gateway", route_table_ids=[rt.id for rt in private_rts],
+                            policy=s3_endpoint_policy(region, account_id),
                             tags={"Name": f"{args.cluster_name}-s3"}, opts=child)
+        # Adopted with no rules: EC2's allow-all-between-members default is revoked.
+        aws.ec2.DefaultSecurityGroup(f"{name}-default-sg", vpc_id=vpc.id,
+                                     tags={"Name": f"{args.cluster_name}-default-closed"}, opts=child)
+        self._create_flow_logs(vpc.id)
 
         self.vpc_id = vpc.id
         self.public_subnet_ids = [s.id for s in public_subnets]
         self.private_subnet_ids = [s.id for s in private_subnets]
         self.private_subnet_by_az = {zone: s.id for zone, s in zip(zones, private_subnets, strict=True)}
+
+    def _create_flow_logs(self, vpc_id: pulumi.Input[str]) -> None:
+        name, cluster = self._name, self._args.cluster_name
+        child = pulumi.ResourceOptions(parent=self)
+        group = aws.cloudwatch.LogGroup(f"{name}-flow-logs", name=f"/eks-ddp/{cluster}/vpc-flow-logs",
+                                        retention_in_days=FLOW_LOG_RETENTION_DAYS, opts=child)
+        role = aws.iam.Role(f"{name}-flow-logs", assume_role_policy=json.dumps({
+            "Version": "2012-10-17", "Statement": [{
+                "Effect": "Allow", "Principal": {"Service": "vpc-flow-logs.amazonaws.com"},
+                "Action": "sts:AssumeRole"}]}), opts=child)
+        aws.iam.RolePolicy(f"{name}-flow-logs", role=role.id, policy=group.arn.apply(lambda arn: json.dumps({
+            "Version": "2012-10-17", "Statement": [{
+                "Effect": "Allow", "Action": ["logs:CreateLogStream", "logs:PutLogEvents",
+                                              "logs:DescribeLogStreams"],
+                "Resource": [arn, f"{arn}:*"]}]})), opts=child)
+        aws.ec2.FlowLog(f"{name}-flow-log", vpc_id=vpc_id, traffic_type="ALL", log_destination_type="cloud-watch-logs",
+                        log_destination=group.arn, iam_role_arn=role.arn,
+                        max_aggregation_interval=FLOW_LOG_AGGREGATION_SECONDS,
+                        tags={"Name": f"{cluster}-flow-log"}, opts=child)

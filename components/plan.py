@@ -77,6 +77,8 @@ def placeholder_notes(config: dict[str, Any]) -> list[str]:
     try:
         cluster = json.loads(config.get("eks-ddp:cluster", "{}"))
         cidrs = cluster.get("publicAccessCidrs") or []
+        if cluster.get("endpointPublicAccess") is False:
+            return []  # a private-only endpoint takes no CIDRs (the stack config says so if some are set)
     except (AttributeError, TypeError, json.JSONDecodeError):
         return []
     return [f"`pulumi up` rejects {p}" for p in public_access_cidrs("cluster.publicAccessCidrs", cidrs)]

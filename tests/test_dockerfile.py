@@ -194,11 +194,26 @@ def test_dockerfile_torch_pins_match_the_project(instructions):
         "torchvision must come from the wheel index of the base image's CUDA version"
 
 
+def locked_requirements() -> dict[str, tuple[str, list[str]]]:
+    """docker/requirements.txt: name -> (version, sha256 hashes), continuation lines joined."""
+    text = (ROOT / "docker" / "requirements.txt").read_text().replace("\\\n", " ")
+    out = {}
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            spec, *opts = line.split()
+            name, _, version = spec.partition("==")
+            out[name] = (version, [o.removeprefix("--hash=sha256:") for o in opts if o.startswith("--hash=sha256:")])
+    return out
+
+
 def test_docker_requirements_pin_what_the_project_pins():
     pins = project_pins()
     constraints = constraint_pins()
-    lines = [ln.split("#", 1)[0].strip() for ln in (ROOT / "docker" / "requirements.txt").read_text().splitlines()]
+    lines = [ln.split("#", 1)[0].strip() for ln in (ROOT / "docker" / "requirements.in").read_text().splitlines()]
     reqs = dict(ln.split("==", 1) for ln in lines if ln)
+    assert {n: v for n, (v, _) in locked_requirements().items()} == reqs, \
+        "docker/requirements.txt is stale: python docker/lock_requirements.py"
     assert all("==" in ln for ln in lines if ln), "every requirement is pinned with =="
     assert reqs.get("python-etcd") == pins["python-etcd"], "the etcd-v2 rendezvous needs python-etcd in the image"
     for name, version in reqs.items():
@@ -380,6 +395,45 @@ def test_parser_handles_continuations_and_stages():
     ins = parse_dockerfile(text)
     assert [(i.stage, i.keyword, i.value) for i in ins] == [
         (0, "FROM", "a AS b"), (0, "RUN", "x && y"), (1, "FROM", "c"), (1, "USER", "1:1")]
+
+
+# --- supply chain (security review S5) -------------------------------------------------------------------
+
+DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
+UNPINNED_BASE_IMAGES = {
+    "pytorch/pytorch:2.14.1-cuda12.6-cudnn9-runtime":
+        "no published digest of this tag could be verified offline; the Dockerfile's header says how to add it",
+}
+"""Base images allowed by tag alone, each with its reason (README "Security defaults" lists them)."""
+
+
+def test_buildkit_frontend_pinned_by_digest():
+    first = (ROOT / DOCKERFILE).read_text().splitlines()[0]
+    assert first.startswith("# syntax=docker/dockerfile:1.") and DIGEST.search(first), first
+
+
+def test_every_base_image_pinned_by_digest_or_listed_with_its_reason(instructions):
+    for ins in instructions:
+        if ins.keyword == "FROM":
+            image = ins.value.split()[0]
+            assert DIGEST.search(image) or image in UNPINNED_BASE_IMAGES, f"line {ins.line}: {image} by tag only"
+    assert all(reason for reason in UNPINNED_BASE_IMAGES.values())
+
+
+def test_python_dependencies_install_only_with_their_locked_hashes(instructions):
+    locked = locked_requirements()
+    assert locked and all(len(hashes) >= 1 and all(re.fullmatch(r"[0-9a-f]{64}", h) for h in hashes)
+                          for _, hashes in locked.values()), locked
+    installs = [i for i in instructions if i.keyword == "RUN" and "/tmp/requirements.txt" in i.value]
+    assert installs
+    for ins in installs:
+        for cmd in ins.value.split("&&"):
+            if "/tmp/requirements.txt" in cmd:
+                assert "--require-hashes" in cmd, f"line {ins.line}: {cmd.strip()}"
+    # The only dependency fetched outside the lock: torchvision, from the CUDA wheel index (by exact version).
+    unlocked = [c.strip() for i in instructions if i.keyword == "RUN" for c in i.value.split("&&")
+                if "pip wheel" in c and "--require-hashes" not in c]
+    assert len(unlocked) == 1 and '"torchvision==${TORCHVISION_VERSION}"' in unlocked[0], unlocked
 
 
 def test_requirements_file_is_used(instructions):

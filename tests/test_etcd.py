@@ -239,7 +239,8 @@ def test_children_are_parented_to_the_component():
     result = run_etcd()
     children = [r for r in result.resources if r.type.startswith("kubernetes:")]
     assert sorted(r.type.split(":")[-1] for r in children) == [
-        "NetworkPolicy", "PodDisruptionBudget", "PriorityClass", "Service", "Service", "ServiceAccount", "StatefulSet"]
+        "NetworkPolicy", "PodDisruptionBudget", "PriorityClass", "ResourceQuota", "Service", "Service", "ServiceAccount",
+        "StatefulSet", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
     assert all(r.parent_type == "eks-ddp:etcd:EtcdRendezvous" for r in children)
 
 

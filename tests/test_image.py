@@ -75,6 +75,11 @@ def built():
     return build()
 
 
+@pytest.fixture(scope="module")
+def built_cached():
+    return build(registry_cache=True)
+
+
 # --- repository ------------------------------------------------------------------------------------
 
 
@@ -86,8 +91,8 @@ def test_repository_is_immutable_scanned_and_kms_encrypted(built):
     assert [c["encryptionType"] for c in repo.inputs["encryptionConfigurations"]] == ["KMS"]
 
 
-def test_every_repository_is_kms_encrypted_and_only_the_cache_is_mutable(built):
-    result, _ = built
+def test_every_repository_is_kms_encrypted_and_only_the_cache_is_mutable(built_cached):
+    result, _ = built_cached
     for r in result.of_type(REPO):
         assert [c["encryptionType"] for c in r.inputs["encryptionConfigurations"]] == ["KMS"], r.name
     mutable = [r for r in result.of_type(REPO) if r.inputs.get("imageTagMutability") != "IMMUTABLE"]
@@ -154,8 +159,8 @@ def test_build_pushes_one_content_tag_for_linux_amd64(built):
     assert not any(t.endswith(":latest") for t in image.inputs["tags"])
 
 
-def test_build_caches_in_the_registry_as_ecr_requires(built):
-    result, _ = built
+def test_build_caches_in_the_registry_as_ecr_requires(built_cached):
+    result, _ = built_cached
     image = result.one(IMAGE)
     (cache_to,) = image.inputs["cacheTo"]
     (cache_from,) = image.inputs["cacheFrom"]
@@ -165,6 +170,17 @@ def test_build_caches_in_the_registry_as_ecr_requires(built):
     # ECR stores a registry cache only as an OCI image manifest.
     assert cache_to["registry"]["imageManifest"] is True and cache_to["registry"]["ociMediaTypes"] is True
     assert cache_to["registry"]["ref"].rsplit(":", 1)[0] != trainer_repo(result).outputs["repositoryUrl"]
+
+
+def test_no_registry_cache_is_trusted_unless_asked_for(built, built_cached):
+    """Security review S14: a mutable cache repository whose layers the build trusts is opt-in, and scanned."""
+    result, _ = built
+    assert [r.inputs["imageTagMutability"] for r in result.of_type(REPO)] == ["IMMUTABLE"]
+    image = result.one(IMAGE)
+    assert not image.inputs.get("cacheFrom") and not image.inputs.get("cacheTo")
+    cached, _ = built_cached
+    for repo in cached.of_type(REPO):
+        assert repo.inputs["imageScanningConfiguration"] == {"scanOnPush": True}, repo.name
 
 
 def test_registry_credentials_come_from_ecr_and_are_secret(built):
@@ -224,8 +240,8 @@ def test_context_without_dockerfile_is_rejected(tmp_path):
 # --- node access -------------------------------------------------------------------------------------
 
 
-def test_node_policy_pulls_from_this_repository_only(built):
-    result, _ = built
+def test_node_policy_pulls_from_this_repository_only(built_cached):
+    result, _ = built_cached
     (policy,) = result.of_type(ROLE_POLICY)
     assert policy.inputs["role"] == "eks-ddp-dev-node-role"
     repo_arn = trainer_repo(result).outputs["arn"]
