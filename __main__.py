@@ -149,6 +149,7 @@ storage = EfsStore("storage", EfsStoreArgs(
     oidc_provider_arn=cluster.oidc_provider_arn,
     oidc_provider_url=cluster.oidc_provider_url,
     namespace=namespace.metadata.name,
+    run_id=cfg.job.run_id,  # its own access point and claim: the run's pods never see another run's directory
     retain_on_destroy=cfg.storage.retain_on_destroy,
     file_system_id=cfg.storage.file_system_id,
     kubernetes_version=cfg.cluster.kubernetes_version,
@@ -186,7 +187,8 @@ results_url = pulumi.Output.concat("s3://", results.bucket_name, "/", results.pr
 job = ElasticJob(JOB_NAME, ElasticJobArgs(
     namespace=namespace.metadata.name,
     image=image.image_ref,
-    pvc_name=storage.pvc_name,
+    data_claim=storage.data_claim_name,
+    run_claim=storage.run_claim_name,
     instance_type=job_group.instance_type,
     efa=job_group.efa,
     fabric_check=cfg.fabric_check,
@@ -214,7 +216,8 @@ pulumi.export("clusterName", cluster.cluster_name)
 pulumi.export("kubeconfig", pulumi.Output.secret(cluster.kubeconfig))
 pulumi.export("nodeGroupNames", [g.node_group_name for g in gpu_groups])
 pulumi.export("efsId", storage.file_system_id)
-pulumi.export("pvcName", storage.pvc_name)
+pulumi.export("pvcName", storage.run_claim_name)  # the run's directory (checkpoints, model, metrics)
+pulumi.export("dataClaimName", storage.data_claim_name)
 pulumi.export("imageRef", image.image_ref)
 pulumi.export("kubectl", cluster.cluster_name.apply(
     lambda n: f"aws eks update-kubeconfig --region {cfg.region} --name {n} && kubectl -n {cfg.job.namespace} get pods"))
