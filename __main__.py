@@ -209,6 +209,7 @@ job = ElasticJob(JOB_NAME, ElasticJobArgs(
     compile=cfg.job.compile,
     results_role_arn=results.role_arn,
     results_url=results_url,
+    results_kms_key_arn=results.kms_key_arn,
 ), opts=pulumi.ResourceOptions(provider=k8s_provider, depends_on=[addons, *gpu_groups]))
 
 # --- outputs ------------------------------------------------------------------------------------
@@ -224,7 +225,8 @@ pulumi.export("kubectl", cluster.cluster_name.apply(
 pulumi.export("followTraining", job.follow_command)
 pulumi.export("trainingJobName", job.job_name)
 pulumi.export("evaluateCommand", job.evaluate_command)  # re-runs the test-set evaluation
-pulumi.export("results", {"bucket": results.bucket_name, "prefix": results.prefix, "url": results_url})
+pulumi.export("results", {"bucket": results.bucket_name, "prefix": results.prefix, "url": results_url,
+                          "kmsKeyArn": results.kms_key_arn})  # readers need kms:Decrypt on it
 pulumi.export("fetchResults", results_url.apply(  # eval "$(pulumi stack output fetchResults)"
     lambda url: f"python -m training.fetch_results {url} --region {cfg.region} --out results/{cfg.job.run_id}"))
 pulumi.export("costEstimate", cost.estimate(cfg).as_dict())

@@ -134,6 +134,8 @@ class ElasticJobArgs:
     """IAM role (IRSA) the trainer's service account assumes to upload results (components/results.py)."""
     results_url: pulumi.Input[str] | None = None
     """``s3://<bucket>/runs/<run_id>/``: rank 0 uploads the run's results there at the end (HTTPS egress opened)."""
+    results_kms_key_arn: pulumi.Input[str] | None = None
+    """The results bucket's KMS key (ResultsBucket.kms_key_arn): the uploader writes every object under it."""
     fault_budget: int = DEFAULT_FAULT_BUDGET
     """Pod failures the whole run may have before the Job fails (the Job's backoffLimit). Pods lost with
     their node, drained, evicted or preempted never count; exit codes in ``BUG_EXIT_CODES`` fail at once."""
@@ -379,6 +381,8 @@ class ElasticJob(pulumi.ComponentResource):
         env = {**AGENT_ENV, **nccl_env(it, a.efa), DATA_PIN_ENV: DATA_PIN}
         if a.results_url is not None:
             env["EKS_DDP_RESULTS_URL"] = a.results_url  # type: ignore[assignment]  # an Output is a valid value
+            if a.results_kms_key_arn is not None:
+                env["EKS_DDP_RESULTS_KMS_KEY"] = a.results_kms_key_arn  # type: ignore[assignment]
         field_env = {"POD_IP": "status.podIP", "JOB_UID": "metadata.labels['batch.kubernetes.io/controller-uid']"}
         # One agent per node: GPU limits alone would allow two agents on an 8-GPU node asking for 4.
         affinity = k8s.core.v1.AffinityArgs(pod_anti_affinity=k8s.core.v1.PodAntiAffinityArgs(
