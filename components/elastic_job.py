@@ -13,8 +13,10 @@
    (the ``evaluate_command`` output). Training's rank 0 already evaluates once at the end.
 
 Every pod runs the trainer image by digest as uid 1000 on a read-only root filesystem, with writable
-``emptyDir`` volumes for ``/tmp`` (HOME and caches) and ``/dev/shm``, the shared volume at ``/shared``,
-no service-account token, and a NetworkPolicy of its own.
+``emptyDir`` volumes for ``/tmp`` (HOME and caches) and ``/dev/shm``, the shared volume (per workload with
+``data_claim``/``run_claim``: the dataset at ``/shared/data``, read-only except in the data stage, and this
+run's ``/shared/runs/<run_id>``; or one whole-volume ``pvc_name`` at ``/shared``), no service-account token,
+and a NetworkPolicy of its own.
 """
 
 from __future__ import annotations
