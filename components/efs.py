@@ -1,7 +1,7 @@
-"""Shared storage: an encrypted EFS file system, the EFS CSI driver, a StorageClass and an RWX claim.
+"""Shared storage: an encrypted EFS file system, the EFS CSI driver, per-workload access points and claims, a policy.
 
-The trainer's pods on every node mount one ReadWriteMany volume (``/shared``:
-dataset, checkpoints, metrics). EFS gives that without a storage operator:
+The trainer's pods on every node share ReadWriteMany volumes under ``/shared`` (the dataset, this
+run's checkpoints and metrics). EFS gives that without a storage operator:
 
 * an ``aws.efs.FileSystem`` encrypted with a KMS key of its own (rotation on),
   elastic throughput (pay per use; bursts for checkpoint writes);
