@@ -38,10 +38,12 @@ def _get(d: dict, key: str):
     return d[key.encode()]
 
 
-def _read_pickle(path: Path) -> dict:
-    """A batch, through the restricted unpickler (``integrity.safe_load``): only numpy array globals resolve."""
+def _read_pickle(checker: integrity.Checker, name: str) -> dict:
+    """A batch: its bytes as checked (``integrity.Checker``), through the restricted unpickler."""
+    path = checker.root / name
+    blob = checker.read(name)  # raises DataError naming the file; nothing is unpickled before it passed
     try:
-        d = integrity.safe_load(path)
+        d = integrity.safe_loads(blob)
     except Exception as e:  # noqa: BLE001 - whatever a malformed pickle raises, the file is bad input
         raise DataError(f"{path}: unreadable ({type(e).__name__}: {e})") from e
     if not isinstance(d, dict):
@@ -49,10 +51,11 @@ def _read_pickle(path: Path) -> dict:
     return d
 
 
-def _read_split(paths: list[Path]) -> tuple[np.ndarray, np.ndarray]:
+def _read_split(checker: integrity.Checker, names: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
     xs, ys = [], []
-    for p in paths:
-        d = _read_pickle(p)
+    for name in names:
+        p = checker.root / name
+        d = _read_pickle(checker, name)
         try:
             xs.append(np.asarray(_get(d, "data"), dtype=np.uint8).reshape(-1, 3, 32, 32))
             ys.append(np.asarray(_get(d, "labels"), dtype=np.int64))
@@ -63,15 +66,14 @@ def _read_split(paths: list[Path]) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(xs), np.concatenate(ys)
 
 
-def read_class_names(root: Path, *, verified: bool = False) -> list[str]:
-    """The class names in ``batches.meta`` (the defaults without one); checked (``integrity.verify``) first
-    unless the caller just did."""
+def read_class_names(root: Path, *, checker: integrity.Checker | None = None) -> list[str]:
+    """The class names in ``batches.meta`` (the defaults without one), checked (``integrity.Checker``, by
+    default under the Job's pin) before it is unpickled."""
     meta = root / META_FILE
     if not meta.exists():
         return list(DEFAULT_CLASSES)
-    if not verified:
-        integrity.verify(root, [META_FILE], integrity.pin_from_env())
-    names = _get(_read_pickle(meta), "label_names")
+    names = _get(_read_pickle(checker or integrity.Checker(root, integrity.pin_from_env()), META_FILE),
+                 "label_names")
     return [n.decode() if isinstance(n, bytes) else str(n) for n in names]
 
 
@@ -109,17 +111,16 @@ def load_cifar(data_dir: str | os.PathLike, device: torch.device, *, train: bool
     missing = [f for f in (*TRAIN_FILES, TEST_FILE) if not (root / f).exists()]
     if missing:
         raise FileNotFoundError(f"{root}: missing {', '.join(missing)} (run python -m training.prepare_data)")
-    reads = [*(TRAIN_FILES if train else ()), TEST_FILE, *([META_FILE] if (root / META_FILE).exists() else [])]
-    integrity.verify(root, reads, pin if pin is not None else integrity.pin_from_env())
+    checker = integrity.Checker(root, pin if pin is not None else integrity.pin_from_env())
 
     def to_dev(x: np.ndarray, y: np.ndarray) -> Split:
         return Split(torch.from_numpy(x).to(device), torch.from_numpy(y).to(device))
 
     empty = Split(torch.empty(0, 3, 32, 32, dtype=torch.uint8, device=device),
                   torch.empty(0, dtype=torch.int64, device=device))
-    tr = to_dev(*_read_split([root / f for f in TRAIN_FILES])) if train else empty
-    te = to_dev(*_read_split([root / TEST_FILE]))
-    return Cifar(tr, te, read_class_names(root, verified=True))
+    tr = to_dev(*_read_split(checker, TRAIN_FILES)) if train else empty
+    te = to_dev(*_read_split(checker, (TEST_FILE,)))
+    return Cifar(tr, te, read_class_names(root, checker=checker))
 
 
 def write_synthetic_cifar(data_dir: str | os.PathLike, n_train: int = 500, n_test: int = 200, seed: int = 0,

@@ -29,6 +29,7 @@ Any failure raises :class:`DataError` naming the file; the trainer and ``trainin
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import pickle
 import re
@@ -105,8 +106,12 @@ def write_manifest(root: Path, names: Iterable[str]) -> str:
 
 
 def read_manifest(path: Path) -> dict[str, str]:
+    return _parse_manifest(path, path.read_bytes())
+
+
+def _parse_manifest(path: Path, text: bytes) -> dict[str, str]:
     entries = {}
-    for i, line in enumerate(path.read_text(encoding="ascii", errors="replace").splitlines(), 1):
+    for i, line in enumerate(text.decode("ascii", errors="replace").splitlines(), 1):
         m = _LINE.match(line)
         if not m:
             raise DataError(f"{path}:{i}: not a '<sha256>  <file>' line: {line[:80]!r}")
@@ -122,38 +127,55 @@ def pin_from_env(environ: dict[str, str] | None = None) -> str | None:
     return pin
 
 
+class Checker:
+    """The checks for one data directory under one pin: the manifest is read (and checked against the pin) once;
+    :meth:`read` returns a file's bytes only after they passed, so what is checked is what gets unpickled
+    (no second read a writer could swap the file under)."""
+
+    def __init__(self, root: Path, pin: str | None) -> None:
+        self.root, self.pin = root, pin
+        manifest = root / MANIFEST
+        self.listed: dict[str, str] | None = None
+        if not manifest.is_file():
+            if pin is not None:
+                raise DataError(f"{manifest}: missing, and the data set is pinned ({PIN_ENV}={pin}); "
+                                "re-run python -m training.prepare_data to write it")
+            return  # an unpinned local set written before manifests existed: the safe unpickler still applies
+        text = manifest.read_bytes()
+        if pin is not None and pin != CIFAR10_PIN:
+            want, got = pin.removeprefix("sha256:"), hashlib.sha256(text).hexdigest()
+            if got != want:
+                raise DataError(f"{manifest}: sha256 {got} differs from the pinned {want} ({PIN_ENV}): "
+                                "the data set was changed after it was pinned")
+        self.listed = _parse_manifest(manifest, text)
+
+    def read(self, name: str) -> bytes:
+        path = self.root / name
+        blob = path.read_bytes()
+        if self.listed is None:
+            return blob
+        if name not in self.listed:
+            raise DataError(f"{path}: not listed in {self.root / MANIFEST}")
+        got = hashlib.sha256(blob).hexdigest()
+        if got != self.listed[name]:
+            raise DataError(f"{path}: sha256 {got} differs from {self.listed[name]} in {self.root / MANIFEST}: "
+                            "the file was changed after the data stage wrote it")
+        if self.pin == CIFAR10_PIN:
+            want = CIFAR10_MD5.get(name)
+            if want is None:
+                raise DataError(f"{path}: not a file of the official CIFAR-10 set ({PIN_ENV}={self.pin})")
+            got = hashlib.md5(blob, usedforsecurity=False).hexdigest()
+            if got != want:
+                raise DataError(f"{path}: md5 {got} differs from the official CIFAR-10 file's {want}")
+        return blob
+
+
 def verify(root: Path, names: Iterable[str], pin: str | None) -> None:
     """Check every file in ``names`` under ``root`` against the manifest and the pin; raise DataError naming
     the first file that fails. Reads the files' bytes only: nothing is unpickled here."""
-    names = list(names)
-    manifest = root / MANIFEST
-    if not manifest.is_file():
-        if pin is None:
-            return  # an unpinned local set written before manifests existed: the safe unpickler still applies
-        raise DataError(f"{manifest}: missing, and the data set is pinned ({PIN_ENV}={pin}); "
-                        "re-run python -m training.prepare_data to write it")
-    if pin is not None and pin != CIFAR10_PIN:
-        want = pin.removeprefix("sha256:")
-        got = sha256(manifest)
-        if got != want:
-            raise DataError(f"{manifest}: sha256 {got} differs from the pinned {want} ({PIN_ENV}): "
-                            "the data set was changed after it was pinned")
-    listed = read_manifest(manifest)
+    checker = Checker(root, pin)
     for name in names:
-        path = root / name
-        if name not in listed:
-            raise DataError(f"{path}: not listed in {manifest}")
-        got = sha256(path)
-        if got != listed[name]:
-            raise DataError(f"{path}: sha256 {got} differs from {listed[name]} in {manifest}: "
-                            "the file was changed after the data stage wrote it")
-        if pin == CIFAR10_PIN:
-            want = CIFAR10_MD5.get(name)
-            if want is None:
-                raise DataError(f"{path}: not a file of the official CIFAR-10 set ({PIN_ENV}={pin})")
-            got = md5(path)
-            if got != want:
-                raise DataError(f"{path}: md5 {got} differs from the official CIFAR-10 file's {want}")
+        checker.read(name)
 
 
 class _SafeUnpickler(pickle.Unpickler):
@@ -164,7 +186,10 @@ class _SafeUnpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
 
+def safe_loads(blob: bytes) -> Any:
+    """Unpickle ``blob`` with the restricted unpickler (``encoding='bytes'``, as the official batches need)."""
+    return _SafeUnpickler(io.BytesIO(blob), encoding="bytes").load()
+
+
 def safe_load(path: Path) -> Any:
-    """Unpickle ``path`` with the restricted unpickler (``encoding='bytes'``, as the official batches need)."""
-    with open(path, "rb") as f:
-        return _SafeUnpickler(f, encoding="bytes").load()
+    return safe_loads(path.read_bytes())
