@@ -150,6 +150,7 @@ storage = EfsStore("storage", EfsStoreArgs(
     oidc_provider_arn=cluster.oidc_provider_arn,
     oidc_provider_url=cluster.oidc_provider_url,
     namespace=namespace.metadata.name,
+    run_id=cfg.job.run_id,  # its own access point and claim: the run's pods never see another run's directory
     retain_on_destroy=cfg.storage.retain_on_destroy,
     file_system_id=cfg.storage.file_system_id,
     kubernetes_version=cfg.cluster.kubernetes_version,
@@ -190,7 +191,8 @@ results_url = pulumi.Output.concat("s3://", results.bucket_name, "/", results.pr
 job = ElasticJob(JOB_NAME, ElasticJobArgs(
     namespace=namespace.metadata.name,
     image=image.image_ref,
-    pvc_name=storage.pvc_name,
+    data_claim=storage.data_claim_name,
+    run_claim=storage.run_claim_name,
     instance_type=job_group.instance_type,
     efa=job_group.efa,
     fabric_check=cfg.fabric_check,
@@ -211,6 +213,7 @@ job = ElasticJob(JOB_NAME, ElasticJobArgs(
     compile=cfg.job.compile,
     results_role_arn=results.role_arn,
     results_url=results_url,
+    results_kms_key_arn=results.kms_key_arn,
 ), opts=pulumi.ResourceOptions(provider=k8s_provider, depends_on=[addons, *gpu_groups]))
 
 # --- outputs ------------------------------------------------------------------------------------
@@ -218,14 +221,16 @@ pulumi.export("clusterName", cluster.cluster_name)
 pulumi.export("kubeconfig", pulumi.Output.secret(cluster.kubeconfig))
 pulumi.export("nodeGroupNames", [g.node_group_name for g in gpu_groups])
 pulumi.export("efsId", storage.file_system_id)
-pulumi.export("pvcName", storage.pvc_name)
+pulumi.export("pvcName", storage.run_claim_name)  # the run's directory (checkpoints, model, metrics)
+pulumi.export("dataClaimName", storage.data_claim_name)
 pulumi.export("imageRef", image.image_ref)
 pulumi.export("kubectl", cluster.cluster_name.apply(
     lambda n: f"aws eks update-kubeconfig --region {cfg.region} --name {n} && kubectl -n {cfg.job.namespace} get pods"))
 pulumi.export("followTraining", job.follow_command)
 pulumi.export("trainingJobName", job.job_name)
 pulumi.export("evaluateCommand", job.evaluate_command)  # re-runs the test-set evaluation
-pulumi.export("results", {"bucket": results.bucket_name, "prefix": results.prefix, "url": results_url})
+pulumi.export("results", {"bucket": results.bucket_name, "prefix": results.prefix, "url": results_url,
+                          "kmsKeyArn": results.kms_key_arn})  # readers need kms:Decrypt on it
 pulumi.export("fetchResults", results_url.apply(  # eval "$(pulumi stack output fetchResults)"
     lambda url: f"python -m training.fetch_results {url} --region {cfg.region} --out results/{cfg.job.run_id}"))
 pulumi.export("costEstimate", cost.estimate(cfg).as_dict())

@@ -1,7 +1,7 @@
-"""Shared storage: an encrypted EFS file system, the EFS CSI driver, a StorageClass and an RWX claim.
+"""Shared storage: an encrypted EFS file system, the EFS CSI driver, per-workload access points and claims, a policy.
 
-The trainer's pods on every node mount one ReadWriteMany volume (``/shared``:
-dataset, checkpoints, metrics). EFS gives that without a storage operator:
+The trainer's pods on every node share ReadWriteMany volumes under ``/shared`` (the dataset, this
+run's checkpoints and metrics). EFS gives that without a storage operator:
 
 * an ``aws.efs.FileSystem`` encrypted with a KMS key of its own (rotation on),
   elastic throughput (pay per use; bursts for checkpoint writes);
@@ -15,25 +15,35 @@ dataset, checkpoints, metrics). EFS gives that without a storage operator:
   nodes only mount (plain NFS over TLS to the mount target in their zone), which needs no AWS
   call; the ``iam`` mount option or efs-utils' mount-target-IP fallback would need it, and then
   the node SA must be added here;
-* a StorageClass that provisions one EFS access point per volume, owned by
-  uid/gid 1000 (the non-root trainer) with mode 700, reclaim policy Retain, at
-  the stable path ``/eks-ddp/<namespace>/<claim>`` (``subPathPattern``, no
-  unique suffix), so a new claim of the same name sees the earlier data;
-* a PersistentVolumeClaim ``shared`` in the training namespace.
+* one EFS access point per workload, both owned by uid/gid 1000 (the non-root trainer) with
+  mode 700: ``data`` (root ``/eks-ddp/<namespace>/<claim>/data``, the dataset) and ``run``
+  (root ``/eks-ddp/<namespace>/<claim>/runs/<run_id>``, this run's checkpoints and results);
+  each is a statically provisioned PersistentVolume (``volumeHandle: <fs-id>::<fsap-id>``; the
+  driver mounts an access point over TLS, and ``encryptInTransit`` is set explicitly) bound to a
+  claim in the training namespace. A run's pods mount its ``run`` claim and the ``data`` claim
+  (read-only, except for the data stage), never the whole file system, so one run cannot reach
+  another run's directory. The paths are the ones the earlier dynamically provisioned claim
+  ``shared`` used, so data and checkpoints written before carry over;
+* a file-system policy (``file_system_policy``): every client request must use TLS
+  (``aws:SecureTransport``) and one of this stack's access points
+  (``elasticfilesystem:AccessPointArn``, through a mount target); root access
+  (``ClientRootAccess``) is denied to every client. Without a policy EFS grants full access,
+  root included, to any client that reaches a mount target. With ``file_system_id`` the stack
+  puts its policy on the adopted file system too (replacing whatever policy it had).
 
 Keeping data on ``pulumi destroy``
 ----------------------------------
 With ``retain_on_destroy`` (the default) ``pulumi destroy`` removes the
-mount targets, the claim and the driver, but leaves the file system and its KMS
-key in the account (Pulumi's ``retain_on_delete``), and the Retain reclaim
-policy keeps the access point behind the volume. Checkpoints survive an
+mount targets, the claims and the driver, but leaves the file system, its KMS
+key, its access points and its policy in the account (Pulumi's ``retain_on_delete``):
+the kept file system stays locked to TLS and those access points. Checkpoints survive an
 accidental destroy; the file system keeps costing its storage.
 
 Re-attaching after a destroy: a later ``pulumi up`` creates a *new* file system
 unless ``file_system_id`` (``eks-ddp:storage.fileSystemId``) names the kept one.
 Then nothing is created for the file system or its key; mount targets go into
-the new VPC, and the claim lands on the same ``/eks-ddp/<namespace>/<claim>``
-directory, so a run with the same ``runId`` resumes from its checkpoints.
+the new VPC, and the access points land on the same ``/eks-ddp/<namespace>/<claim>/...``
+directories, so a run with the same ``runId`` resumes from its checkpoints.
 
 To delete them on purpose: either set ``eks-ddp:storage.retainOnDestroy false``,
 run ``pulumi up`` (it records the new option) and then ``pulumi destroy``; or,
@@ -53,7 +63,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
-from . import k8s_versions
+from . import k8s_versions, rules
 
 _FS_ID = re.compile(r"^fs-[0-9a-f]{8,40}$")
 EFS_CSI_CONTROLLER_SA = "efs-csi-controller-sa"
@@ -62,7 +72,8 @@ EFS_CSI_POLICY_ARN = "arn:aws:iam::aws:policy/service-role/AmazonEFSCSIDriverPol
 NFS_PORT = 2049
 TRAINER_UID = 1000
 TRAINER_GID = 1000
-STORAGE_CLASS_NAME = "efs-shared"
+DIRECTORY_MODE = "700"
+EFS_CSI_DRIVER = "efs.csi.aws.com"
 CLAIM_SIZE = "100Gi"
 """Required by Kubernetes; EFS is elastic and ignores it."""
 
@@ -85,8 +96,11 @@ class EfsStoreArgs:
     """The cluster's OIDC issuer URL (with or without https://)."""
     namespace: pulumi.Input[str]
     """Namespace of the claim (the training namespace)."""
+    run_id: str
+    """The run whose directory (``runs/<run_id>``) gets the ``run`` access point and claim."""
     claim_name: str = "shared"
-    """Name of the ReadWriteMany PersistentVolumeClaim."""
+    """Stem of the claims' names (``<claim>-data``, ``<claim>-run-<run_id>``) and of their directory
+    ``/eks-ddp/<namespace>/<claim>``."""
     retain_on_destroy: bool = True
     """Keep the file system and its key on ``pulumi destroy`` (see the module docstring)."""
     kubernetes_version: str = k8s_versions.DEFAULT_VERSION
@@ -106,6 +120,7 @@ def validate(args: EfsStoreArgs) -> None:
         raise ValueError(f"file_system_id: got {args.file_system_id!r}; expected an EFS id such as fs-0123456789abcdef0")
     if not args.claim_name:
         raise ValueError("claim_name: got ''; expected a name such as 'shared'")
+    rules.require(rules.run_id("run_id", args.run_id))
 
 
 def irsa_trust_policy(oidc_provider_arn: str, issuer_url: str, namespace: str, service_account: str) -> str:
@@ -122,12 +137,35 @@ def irsa_trust_policy(oidc_provider_arn: str, issuer_url: str, namespace: str, s
     }]})
 
 
+def file_system_policy(access_point_arns: Sequence[str]) -> str:
+    """Client access only over TLS, only through ``access_point_arns`` (via a mount target), never as root.
+
+    The Deny statements also bind IAM-authenticated clients whose identity policy would allow more.
+    """
+    client = ["elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite", "elasticfilesystem:ClientRootAccess"]
+    anyone = {"AWS": "*"}
+    return json.dumps({"Version": "2012-10-17", "Statement": [
+        {"Sid": "DenyWithoutTls", "Effect": "Deny", "Principal": anyone, "Action": client,
+         "Condition": {"Bool": {"aws:SecureTransport": "false"}}},
+        {"Sid": "DenyOtherThanStackAccessPoints", "Effect": "Deny", "Principal": anyone, "Action": client,
+         "Condition": {"StringNotEquals": {"elasticfilesystem:AccessPointArn": list(access_point_arns)}}},
+        {"Sid": "DenyRootAccess", "Effect": "Deny", "Principal": anyone,
+         "Action": "elasticfilesystem:ClientRootAccess"},
+        {"Sid": "AllowStackAccessPoints", "Effect": "Allow", "Principal": anyone,
+         "Action": ["elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite"],
+         "Condition": {"StringEquals": {"elasticfilesystem:AccessPointArn": list(access_point_arns)},
+                       "Bool": {"elasticfilesystem:AccessedViaMountTarget": "true"}}},
+    ]})
+
+
 class EfsStore(pulumi.ComponentResource):
-    """Encrypted EFS + CSI driver + StorageClass + RWX claim."""
+    """Encrypted EFS + CSI driver + per-workload access points and claims + a file-system policy."""
 
     file_system_id: pulumi.Output[str]
-    pvc_name: pulumi.Output[str]
-    storage_class_name: pulumi.Output[str]
+    data_claim_name: pulumi.Output[str]
+    """The dataset's claim (``/shared/data``): read-write for the data stage, read-only for everything else."""
+    run_claim_name: pulumi.Output[str]
+    """This run's claim (``/shared/runs/<run_id>``): checkpoints, final model, metrics."""
 
     def __init__(self, name: str, args: EfsStoreArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("eks-ddp:efs:EfsStore", name, None, opts)
@@ -183,36 +221,59 @@ class EfsStore(pulumi.ComponentResource):
             tags=tags,
             opts=pulumi.ResourceOptions(parent=self, depends_on=[attach]))
 
-        sc = k8s.storage.v1.StorageClass(
-            f"{name}-sc",
-            metadata=k8s.meta.v1.ObjectMetaArgs(name=STORAGE_CLASS_NAME, labels={"app.kubernetes.io/part-of": "eks-ddp"}),
-            provisioner="efs.csi.aws.com",
-            parameters={
-                "provisioningMode": "efs-ap",
-                "fileSystemId": fs_id,
-                "directoryPerms": "700",
-                "uid": str(TRAINER_UID),
-                "gid": str(TRAINER_GID),
-                "basePath": "/eks-ddp",
-                # A stable directory per claim: the driver's default (the PV name plus a unique suffix) would
-                # hide every earlier checkpoint from a re-created claim or a new stack on a kept file system.
-                "subPathPattern": "${.PVC.namespace}/${.PVC.name}",
-                "ensureUniqueDirectory": "false",
-            },
-            reclaim_policy="Retain",
-            volume_binding_mode="Immediate",
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[addon]))
-        pvc = k8s.core.v1.PersistentVolumeClaim(
-            f"{name}-pvc",
-            metadata=k8s.meta.v1.ObjectMetaArgs(name=args.claim_name, namespace=args.namespace,
-                                                labels={"app.kubernetes.io/part-of": "eks-ddp"}),
-            spec=k8s.core.v1.PersistentVolumeClaimSpecArgs(
-                access_modes=["ReadWriteMany"], storage_class_name=sc.metadata.name,
-                resources=k8s.core.v1.VolumeResourceRequirementsArgs(requests={"storage": CLAIM_SIZE})),
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[addon, *mount_targets]))
+        base = pulumi.Output.concat("/eks-ddp/", args.namespace, f"/{args.claim_name}")
+        keep_ap = pulumi.ResourceOptions(parent=self, retain_on_delete=args.retain_on_destroy)
+        data_ap = self._access_point(f"{name}-data", fs_id, pulumi.Output.concat(base, "/data"), tags, keep_ap)
+        run_ap = self._access_point(f"{name}-run", fs_id, pulumi.Output.concat(base, f"/runs/{args.run_id}"), tags,
+                                    keep_ap)
+        # Kept with the file system: a retained file system must not fall back to EFS's open default policy.
+        aws.efs.FileSystemPolicy(
+            f"{name}-policy", file_system_id=fs_id,
+            policy=pulumi.Output.all(data_ap.arn, run_ap.arn).apply(file_system_policy), opts=keep_ap)
 
+        after = [addon, *mount_targets]
+        self.data_claim_name = self._static_claim(f"{name}-data", f"{args.claim_name}-data", fs_id, data_ap, args,
+                                                  after)
+        self.run_claim_name = self._static_claim(f"{name}-run", f"{args.claim_name}-run-{args.run_id}", fs_id, run_ap,
+                                                 args, after)
         self.file_system_id = pulumi.Output.from_input(fs_id)
-        self.pvc_name = pvc.metadata.name
-        self.storage_class_name = sc.metadata.name
-        self.register_outputs({"file_system_id": self.file_system_id, "pvc_name": self.pvc_name,
-                               "storage_class_name": self.storage_class_name})
+        self.register_outputs({"file_system_id": self.file_system_id, "data_claim_name": self.data_claim_name,
+                               "run_claim_name": self.run_claim_name})
+
+    def _access_point(self, name: str, fs_id: pulumi.Input[str], path: pulumi.Input[str], tags: dict[str, str],
+                      opts: pulumi.ResourceOptions) -> aws.efs.AccessPoint:
+        """Every request through it runs as the trainer's uid/gid, confined to ``path`` (created 700 on first use)."""
+        return aws.efs.AccessPoint(
+            name, file_system_id=fs_id,
+            posix_user=aws.efs.AccessPointPosixUserArgs(uid=TRAINER_UID, gid=TRAINER_GID),
+            root_directory=aws.efs.AccessPointRootDirectoryArgs(
+                path=path, creation_info=aws.efs.AccessPointRootDirectoryCreationInfoArgs(
+                    owner_uid=TRAINER_UID, owner_gid=TRAINER_GID, permissions=DIRECTORY_MODE)),
+            tags={**tags, "Name": name}, opts=opts)
+
+    def _static_claim(self, name: str, claim: str, fs_id: pulumi.Input[str], ap: aws.efs.AccessPoint,
+                      args: EfsStoreArgs, after: list[pulumi.Resource]) -> pulumi.Output[str]:
+        """A PersistentVolume on one access point, pre-bound to a claim of the same name in the namespace."""
+        labels = {"app.kubernetes.io/part-of": "eks-ddp"}
+        pv_name = pulumi.Output.concat(args.namespace, f"-{claim}")  # cluster-scoped: unique per namespace
+        pv = k8s.core.v1.PersistentVolume(
+            name,
+            metadata=k8s.meta.v1.ObjectMetaArgs(name=pv_name, labels=labels),
+            spec=k8s.core.v1.PersistentVolumeSpecArgs(
+                capacity={"storage": CLAIM_SIZE}, access_modes=["ReadWriteMany"], volume_mode="Filesystem",
+                persistent_volume_reclaim_policy="Retain", storage_class_name="",
+                claim_ref=k8s.core.v1.ObjectReferenceArgs(namespace=args.namespace, name=claim),
+                csi=k8s.core.v1.CSIPersistentVolumeSourceArgs(
+                    driver=EFS_CSI_DRIVER,
+                    # <fs-id>:<subpath>:<access point>: the driver mounts an access point with TLS (efs-utils).
+                    volume_handle=pulumi.Output.concat(fs_id, "::", ap.id),
+                    volume_attributes={"encryptInTransit": "true"})),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=after))
+        pvc = k8s.core.v1.PersistentVolumeClaim(
+            name,
+            metadata=k8s.meta.v1.ObjectMetaArgs(name=claim, namespace=args.namespace, labels=labels),
+            spec=k8s.core.v1.PersistentVolumeClaimSpecArgs(
+                access_modes=["ReadWriteMany"], storage_class_name="", volume_name=pv.metadata.name,
+                resources=k8s.core.v1.VolumeResourceRequirementsArgs(requests={"storage": CLAIM_SIZE})),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=after))
+        return pvc.metadata.name

@@ -13,8 +13,10 @@
    (the ``evaluate_command`` output). Training's rank 0 already evaluates once at the end.
 
 Every pod runs the trainer image by digest as uid 1000 on a read-only root filesystem, with writable
-``emptyDir`` volumes for ``/tmp`` (HOME and caches) and ``/dev/shm``, the shared volume at ``/shared``,
-no service-account token, and a NetworkPolicy of its own. Only the training pods, which upload the results,
+``emptyDir`` volumes for ``/tmp`` (HOME and caches) and ``/dev/shm``, the shared volume (per workload with
+``data_claim``/``run_claim``: the dataset at ``/shared/data``, read-only except in the data stage, and this
+run's ``/shared/runs/<run_id>``; or one whole-volume ``pvc_name`` at ``/shared``), no service-account token,
+and a NetworkPolicy of its own. Only the training pods, which upload the results,
 run as the ServiceAccount that carries the uploader role (``<name>-trainer``); data preparation, evaluation and the
 fabric check run as ``<name>-worker``, which has no IAM role, so the pod-identity webhook (which mutates by
 ServiceAccount name, whatever ``automountServiceAccountToken`` says) gives them no AWS credentials.
@@ -71,7 +73,12 @@ BUG_EXIT_CODES = [USAGE_EXIT_CODE, *TRAINER_FATAL_EXIT_CODES]
 binary is a container StartError, not an exit code 126/127, and a worker's own exit reaches the pod only
 through the launcher, which passes these codes on.)"""
 EVAL_RUN_DIR_ENV = "RUN_DIR"
-"""The evaluation pod's run directory (default: this stack's run); override it per Job to evaluate another run."""
+"""The evaluation pod's run directory (default: this stack's run); override it per Job to evaluate another run
+(only with a whole-volume ``pvc_name``: with ``run_claim`` the pod mounts this run's directory alone)."""
+DATA_PIN_ENV = "EKS_DDP_DATA_PIN"
+DATA_PIN = "cifar-10"
+"""The loaders accept only the official CIFAR-10 files (training/integrity.py: its PIN_ENV and CIFAR10_PIN,
+mirrored because the library never imports the trainer package; tests/test_shared_volume.py keeps them equal)."""
 DEFAULT_FAULT_BUDGET = 20
 """Pod failures a run absorbs by default: spot capacity can take a node many times in one run."""
 # Writable paths on the read-only root filesystem; the image sets the same.
@@ -88,8 +95,15 @@ class ElasticJobArgs:
     """Namespace of every object (Pod Security 'restricted')."""
     image: pulumi.Input[str]
     """Trainer image by digest (``repo@sha256:...``)."""
-    pvc_name: pulumi.Input[str]
-    """ReadWriteMany claim mounted at /shared (dataset, checkpoints, results)."""
+    pvc_name: pulumi.Input[str] | None = None
+    """A ReadWriteMany claim of the whole shared volume, mounted at /shared in every pod. Prefer
+    ``data_claim`` + ``run_claim`` (what the stack uses): then no pod sees another run's directory."""
+    data_claim: pulumi.Input[str] | None = None
+    """The dataset's claim (EfsStore.data_claim_name), mounted at /shared/data: read-write in the data stage,
+    read-only in every other pod."""
+    run_claim: pulumi.Input[str] | None = None
+    """This run's claim (EfsStore.run_claim_name), mounted at /shared/runs/<run_id> in the training, fabric-check
+    and evaluation pods; the data stage does not mount it."""
     instance_type: str
     """GPU instance type of the job's node group: drives --nproc-per-node, GPU/EFA/CPU/memory sizing."""
     efa: bool = False
@@ -129,6 +143,8 @@ class ElasticJobArgs:
     """IAM role (IRSA) the trainer's service account assumes to upload results (components/results.py)."""
     results_url: pulumi.Input[str] | None = None
     """``s3://<bucket>/runs/<run_id>/``: rank 0 uploads the run's results there at the end (HTTPS egress opened)."""
+    results_kms_key_arn: pulumi.Input[str] | None = None
+    """The results bucket's KMS key (ResultsBucket.kms_key_arn): the uploader writes every object under it."""
     fault_budget: int = DEFAULT_FAULT_BUDGET
     """Pod failures the whole run may have before the Job fails (the Job's backoffLimit). Pods lost with
     their node, drained, evicted or preempted never count; exit codes in ``BUG_EXIT_CODES`` fail at once."""
@@ -260,18 +276,21 @@ class ElasticJob(pulumi.ComponentResource):
              field_env: Mapping[str, str] | None = None, shm_gib: int = 1, restart_policy: str = "Never",
              grace_seconds: int = 30, ports: list[k8s.core.v1.ContainerPortArgs] | None = None,
              affinity: k8s.core.v1.AffinityArgs | None = None, subdomain: pulumi.Input[str] | None = None,
-             on_gpu_nodes: bool = True, uploads: bool = False) -> k8s.core.v1.PodTemplateSpecArgs:
+             on_gpu_nodes: bool = True, uploads: bool = False,
+             writes_data: bool = False) -> k8s.core.v1.PodTemplateSpecArgs:
         """A hardened single-container pod of the trainer image with /shared, /tmp and /dev/shm; on the job's
         GPU nodes (their selector, tolerating their taints), or with ``on_gpu_nodes=False`` on the system nodes.
-        ``uploads``: run as the ServiceAccount with the uploader role (the training pods only)."""
+        ``uploads``: run as the ServiceAccount with the uploader role (the training pods only).
+        ``writes_data``: the data stage (the dataset read-write, no run directory)."""
         v1 = k8s.core.v1
+        shared_mounts, shared_volumes = self._shared_volumes(writes_data)
         env_vars = [v1.EnvVarArgs(name=k, value=v) for k, v in {**_CACHE_ENV, **(env or {})}.items()]
         env_vars += [v1.EnvVarArgs(name=k, value_from=v1.EnvVarSourceArgs(
             field_ref=v1.ObjectFieldSelectorArgs(field_path=path))) for k, path in (field_env or {}).items()]
         container = v1.ContainerArgs(
             name=name, image=self._args.image, image_pull_policy="IfNotPresent", command=command,
             working_dir="/app", env=env_vars, resources=resources, ports=ports,
-            volume_mounts=[v1.VolumeMountArgs(name="shared", mount_path=SHARED_ROOT),
+            volume_mounts=[*shared_mounts,
                            v1.VolumeMountArgs(name="tmp", mount_path="/tmp"),
                            v1.VolumeMountArgs(name="dshm", mount_path="/dev/shm")],
             security_context=restricted_container_security(TRAINER_UID))
@@ -292,12 +311,29 @@ class ElasticJob(pulumi.ComponentResource):
                 security_context=restricted_pod_security(TRAINER_UID, fs_group_change_policy="OnRootMismatch"),
                 containers=[container],
                 volumes=[
-                    v1.VolumeArgs(name="shared", persistent_volume_claim=v1.PersistentVolumeClaimVolumeSourceArgs(
-                        claim_name=self._args.pvc_name)),
+                    *shared_volumes,
                     v1.VolumeArgs(name="tmp", empty_dir=v1.EmptyDirVolumeSourceArgs(size_limit="20Gi")),
                     v1.VolumeArgs(name="dshm", empty_dir=v1.EmptyDirVolumeSourceArgs(
                         medium="Memory", size_limit=f"{shm_gib}Gi")),
                 ]))
+
+    def _shared_volumes(self, writes_data: bool) -> tuple[list, list]:
+        """The shared volume's mounts and volumes: per workload (``data_claim``/``run_claim``: the dataset
+        read-only unless ``writes_data``, this run's directory unless ``writes_data``) or the whole claim."""
+        v1, a = k8s.core.v1, self._args
+        if a.pvc_name is not None:
+            return ([v1.VolumeMountArgs(name="shared", mount_path=SHARED_ROOT)],
+                    [v1.VolumeArgs(name="shared", persistent_volume_claim=v1.PersistentVolumeClaimVolumeSourceArgs(
+                        claim_name=a.pvc_name))])
+        # readOnly on the claim too: the EFS CSI driver then mounts the access point "ro".
+        mounts = [v1.VolumeMountArgs(name="data", mount_path=DATA_DIR, read_only=not writes_data)]
+        volumes = [v1.VolumeArgs(name="data", persistent_volume_claim=v1.PersistentVolumeClaimVolumeSourceArgs(
+            claim_name=a.data_claim, read_only=not writes_data))]
+        if not writes_data:
+            mounts.append(v1.VolumeMountArgs(name="run", mount_path=self._run_dir))
+            volumes.append(v1.VolumeArgs(name="run", persistent_volume_claim=v1.PersistentVolumeClaimVolumeSourceArgs(
+                claim_name=a.run_claim)))
+        return mounts, volumes
 
     # --- 1. data preparation --------------------------------------------------------------------
     def _create_prepare_job(self, name: str, child: pulumi.ResourceOptions) -> k8s.batch.v1.Job:
@@ -305,7 +341,7 @@ class ElasticJob(pulumi.ComponentResource):
             PREPARE_LABELS, "prepare-data", ["python", "-m", "training.prepare_data", f"--data-dir={DATA_DIR}"],
             k8s.core.v1.ResourceRequirementsArgs(requests={"cpu": "500m", "memory": "1Gi"},
                                                  limits={"cpu": "1", "memory": "2Gi"}), restart_policy="OnFailure",
-            on_gpu_nodes=False)
+            on_gpu_nodes=False, writes_data=True)
         # On the system nodes, never the GPU nodes: GPU groups idle at zero nodes and only the cluster
         # autoscaler brings them up, for pods that ask for GPUs. A prep pod pinned to them would stay
         # Pending and `pulumi up` (which awaits this Job) would hang until the Job's deadline.
@@ -358,9 +394,11 @@ class ElasticJob(pulumi.ComponentResource):
         devices = {GPU_RESOURCE: it.gpus, **({EFA_RESOURCE: it.efa_interfaces} if a.efa else {})}
         # EFA needs an unlimited RLIMIT_MEMLOCK to register memory; a non-root container cannot raise it
         # (and 'restricted' forbids IPC_LOCK), so it comes from the node's container runtime.
-        env = {**AGENT_ENV, **nccl_env(it, a.efa)}
+        env = {**AGENT_ENV, **nccl_env(it, a.efa), DATA_PIN_ENV: DATA_PIN}
         if a.results_url is not None:
             env["EKS_DDP_RESULTS_URL"] = a.results_url  # type: ignore[assignment]  # an Output is a valid value
+            if a.results_kms_key_arn is not None:
+                env["EKS_DDP_RESULTS_KMS_KEY"] = a.results_kms_key_arn  # type: ignore[assignment]
         field_env = {"POD_IP": "status.podIP", "JOB_UID": "metadata.labels['batch.kubernetes.io/controller-uid']"}
         # One agent per node: GPU limits alone would allow two agents on an 8-GPU node asking for 4.
         affinity = k8s.core.v1.AffinityArgs(pod_anti_affinity=k8s.core.v1.PodAntiAffinityArgs(
@@ -428,7 +466,7 @@ class ElasticJob(pulumi.ComponentResource):
             EVALUATE_LABELS, "evaluate",
             ["python", "-m", "training.evaluate", f"--data-dir={DATA_DIR}", f"--run-dir=$({EVAL_RUN_DIR_ENV})"],
             _resources(str(cpu), f"{min(16, it.memory_gib // 2)}Gi", {GPU_RESOURCE: 1}),
-            env={EVAL_RUN_DIR_ENV: self._run_dir})
+            env={EVAL_RUN_DIR_ENV: self._run_dir, DATA_PIN_ENV: DATA_PIN})
         k8s.batch.v1.CronJob(
             f"{name}-evaluate",
             metadata=self._meta(self._evaluate_name, EVALUATE_LABELS),
@@ -495,6 +533,11 @@ def _validate(name: str, a: ElasticJobArgs) -> catalog.InstanceType:
         raise ValueError(f"instance_type: {err.args[0]}") from None
     if it.gpus < 1:
         raise ValueError(f"instance_type: got {a.instance_type!r}, which has no GPU; expected a GPU type")
+    whole, per_workload = a.pvc_name is not None, (a.data_claim is not None, a.run_claim is not None)
+    if not ((whole and per_workload == (False, False)) or (not whole and per_workload == (True, True))):
+        raise ValueError(f"pvc_name/data_claim/run_claim: got pvc_name={a.pvc_name!r}, data_claim={a.data_claim!r}, "
+                         f"run_claim={a.run_claim!r}; expected data_claim and run_claim (per workload), or pvc_name "
+                         "(the whole volume) alone")
     if a.efa and not it.has_efa:
         raise ValueError(f"efa: got True for {a.instance_type!r}, which has no EFA interfaces")
     if not 1 <= a.min_nodes <= a.nodes:

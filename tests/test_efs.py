@@ -1,4 +1,4 @@
-"""EfsStore under mocks: encryption, NFS access, mount targets, IRSA, StorageClass and claim, retention."""
+"""EfsStore under mocks: encryption, NFS access, mount targets, IRSA, access points, claims, policy, retention."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import pulumi
 import pulumi_kubernetes as k8s
 import pytest
 
-from components import efs as efs_mod
 from components.efs import EfsStore, EfsStoreArgs
 from components.mocks import run_program
 
@@ -22,6 +21,7 @@ ARGS = EfsStoreArgs(
     oidc_provider_arn=f"arn:aws:iam::123456789012:oidc-provider/{ISSUER}",
     oidc_provider_url=f"https://{ISSUER}",
     namespace="training",
+    run_id="run-7",
 )
 PARENT = "eks-ddp:efs:EfsStore"
 
@@ -31,8 +31,8 @@ def _run(args: EfsStoreArgs = ARGS):
         provider = k8s.Provider("k8s", kubeconfig="{}")
         s = EfsStore("storage", args, opts=pulumi.ResourceOptions(providers={"kubernetes": provider}))
         pulumi.export("fs", s.file_system_id)
-        pulumi.export("pvc", s.pvc_name)
-        pulumi.export("sc", s.storage_class_name)
+        pulumi.export("data", s.data_claim_name)
+        pulumi.export("run", s.run_claim_name)
 
     return run_program({}, program=program)
 
@@ -84,24 +84,88 @@ def test_csi_driver_addon_pinned_with_irsa_role_for_the_controller_only(result):
     assert attach["policyArn"] == "arn:aws:iam::aws:policy/service-role/AmazonEFSCSIDriverPolicy"
 
 
-def test_storage_class_access_points_for_the_non_root_trainer_retained(result):
-    sc = result.one("kubernetes:storage.k8s.io/v1:StorageClass").inputs
+def _access_points(result) -> dict[str, dict]:
+    return {r.name.rsplit("-", 1)[-1]: r for r in result.of_type("aws:efs/accessPoint:AccessPoint")}
+
+
+def test_one_access_point_per_workload_for_the_non_root_trainer(result):
+    aps = _access_points(result)
     fs_id = result.one("aws:efs/fileSystem:FileSystem").outputs["id"]
-    assert sc["provisioner"] == "efs.csi.aws.com"
-    assert sc["reclaimPolicy"] == "Retain"
-    params = sc["parameters"]
-    assert params["provisioningMode"] == "efs-ap"
-    assert params["fileSystemId"] == fs_id
-    assert (params["directoryPerms"], params["uid"], params["gid"]) == ("700", "1000", "1000")
+    # The paths the earlier dynamically provisioned claim "shared" used: data and checkpoints carry over.
+    assert {k: ap.inputs["rootDirectory"]["path"] for k, ap in aps.items()} == {
+        "data": "/eks-ddp/training/shared/data", "run": "/eks-ddp/training/shared/runs/run-7"}
+    for ap in aps.values():
+        assert ap.inputs["fileSystemId"] == fs_id
+        assert {k: int(v) for k, v in ap.inputs["posixUser"].items()} == {"uid": 1000, "gid": 1000}
+        assert ap.inputs["rootDirectory"]["creationInfo"] == {"ownerUid": 1000, "ownerGid": 1000, "permissions": "700"}
 
 
-def test_claim_is_read_write_many_in_the_training_namespace(result):
-    pvc = result.one("kubernetes:core/v1:PersistentVolumeClaim").inputs
-    assert pvc["metadata"] == {"name": "shared", "namespace": "training", "labels": {"app.kubernetes.io/part-of": "eks-ddp"}}
-    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
-    assert pvc["spec"]["storageClassName"] == efs_mod.STORAGE_CLASS_NAME
-    assert result.outputs == {"fs": result.one("aws:efs/fileSystem:FileSystem").outputs["id"], "pvc": "shared",
-                              "sc": efs_mod.STORAGE_CLASS_NAME}
+def test_claims_are_static_volumes_on_the_access_points_over_tls(result):
+    aps = _access_points(result)
+    fs_id = result.one("aws:efs/fileSystem:FileSystem").outputs["id"]
+    pvs = {r.inputs["spec"]["claimRef"]["name"]: r.inputs for r in result.of_type("kubernetes:core/v1:PersistentVolume")}
+    pvcs = {r.inputs["metadata"]["name"]: r.inputs for r in result.of_type("kubernetes:core/v1:PersistentVolumeClaim")}
+    assert sorted(pvs) == sorted(pvcs) == ["shared-data", "shared-run-run-7"]
+    for claim, kind in (("shared-data", "data"), ("shared-run-run-7", "run")):
+        pv, pvc = pvs[claim], pvcs[claim]
+        assert pv["spec"]["csi"] == {"driver": "efs.csi.aws.com",
+                                     "volumeHandle": f"{fs_id}::{aps[kind].outputs['id']}",
+                                     "volumeAttributes": {"encryptInTransit": "true"}}
+        assert pv["spec"]["persistentVolumeReclaimPolicy"] == "Retain"
+        assert pv["spec"]["claimRef"] == {"namespace": "training", "name": claim}
+        assert pv["metadata"]["name"] == f"training-{claim}"
+        assert pvc["metadata"]["namespace"] == "training"
+        assert pvc["spec"]["volumeName"] == pv["metadata"]["name"]
+        assert pvc["spec"]["accessModes"] == ["ReadWriteMany"] and pvc["spec"]["storageClassName"] == ""
+    # No dynamic provisioning: a claim the stack did not make would get an access point outside the policy.
+    assert result.of_type("kubernetes:storage.k8s.io/v1:StorageClass") == []
+    assert result.outputs == {"fs": fs_id, "data": "shared-data", "run": "shared-run-run-7"}
+
+
+# --- security review S2: a file-system policy --------------------------------------------------------------
+
+def _policy(result) -> list[dict]:
+    return json.loads(result.one("aws:efs/fileSystemPolicy:FileSystemPolicy").inputs["policy"])["Statement"]
+
+
+def test_file_system_policy_requires_tls_the_stack_access_points_and_no_root(result):
+    policy = result.one("aws:efs/fileSystemPolicy:FileSystemPolicy")
+    assert policy.inputs["fileSystemId"] == result.one("aws:efs/fileSystem:FileSystem").outputs["id"]
+    arns = sorted(ap.outputs["arn"] for ap in _access_points(result).values())
+    statements = {s["Sid"]: s for s in _policy(result)}
+    client = {"elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite", "elasticfilesystem:ClientRootAccess"}
+    tls = statements["DenyWithoutTls"]
+    assert tls["Effect"] == "Deny" and set(tls["Action"]) == client
+    assert tls["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
+    other = statements["DenyOtherThanStackAccessPoints"]
+    assert other["Effect"] == "Deny" and set(other["Action"]) == client
+    assert sorted(other["Condition"]["StringNotEquals"]["elasticfilesystem:AccessPointArn"]) == arns
+    root = statements["DenyRootAccess"]
+    assert (root["Effect"], root["Action"], root.get("Condition")) == (
+        "Deny", "elasticfilesystem:ClientRootAccess", None)
+    allows = [s for s in statements.values() if s["Effect"] == "Allow"]
+    assert len(allows) == 1
+    assert "elasticfilesystem:ClientRootAccess" not in allows[0]["Action"]
+    assert sorted(allows[0]["Condition"]["StringEquals"]["elasticfilesystem:AccessPointArn"]) == arns
+    assert all(s["Principal"] == {"AWS": "*"} for s in statements.values())
+
+
+def test_policy_and_access_points_are_kept_with_a_kept_file_system(result):
+    assert result.one("aws:efs/fileSystemPolicy:FileSystemPolicy").retain_on_delete is True
+    assert all(ap.retain_on_delete for ap in result.of_type("aws:efs/accessPoint:AccessPoint"))
+
+
+def test_an_adopted_file_system_gets_the_policy_too():
+    result = _run(dataclasses.replace(ARGS, file_system_id="fs-0123456789abcdef0"))
+    assert result.one("aws:efs/fileSystemPolicy:FileSystemPolicy").inputs["fileSystemId"] == "fs-0123456789abcdef0"
+    assert {ap.inputs["fileSystemId"] for ap in result.of_type("aws:efs/accessPoint:AccessPoint")} == {
+        "fs-0123456789abcdef0"}
+
+
+def test_a_new_run_gets_its_own_access_point_and_claim():
+    result = _run(dataclasses.replace(ARGS, run_id="run-8"))
+    assert _access_points(result)["run"].inputs["rootDirectory"]["path"] == "/eks-ddp/training/shared/runs/run-8"
+    assert result.outputs["run"] == "shared-run-run-8"
 
 
 def test_file_system_and_key_retained_on_destroy_by_default(result):
@@ -122,7 +186,8 @@ def test_every_child_has_the_store_as_parent(result):
 
 
 @pytest.mark.parametrize("change,field", [({"subnet_ids": []}, "subnet_ids"), ({"claim_name": ""}, "claim_name"),
-                                          ({"file_system_id": "vol-1"}, "file_system_id")])
+                                          ({"file_system_id": "vol-1"}, "file_system_id"),
+                                          ({"run_id": "Run/1"}, "run_id")])
 def test_validation_names_the_field(change, field):
     with pytest.raises(ValueError, match=f"^{field}"):
         _run(dataclasses.replace(ARGS, **change))
@@ -150,17 +215,9 @@ def test_existing_file_system_is_used_and_never_created_or_owned():
     assert result.of_type("aws:efs/fileSystem:FileSystem") == [] and result.of_type("aws:kms/key:Key") == []
     assert {m.inputs["fileSystemId"] for m in result.of_type("aws:efs/mountTarget:MountTarget")} == {
         "fs-0123456789abcdef0"}
-    sc = result.one("kubernetes:storage.k8s.io/v1:StorageClass").inputs
-    assert sc["parameters"]["fileSystemId"] == "fs-0123456789abcdef0"
+    assert all(pv.inputs["spec"]["csi"]["volumeHandle"].startswith("fs-0123456789abcdef0::")
+               for pv in result.of_type("kubernetes:core/v1:PersistentVolume"))
     assert result.outputs["fs"] == "fs-0123456789abcdef0"
-
-
-def test_access_point_directory_is_stable_per_claim():
-    params = _run().one("kubernetes:storage.k8s.io/v1:StorageClass").inputs["parameters"]
-    # /eks-ddp/<namespace>/<claim>: the same directory for a re-created claim or a new stack on a kept file
-    # system, instead of the driver's default <pv-name>-<unique id>.
-    assert params["subPathPattern"] == "${.PVC.namespace}/${.PVC.name}"
-    assert params["ensureUniqueDirectory"] == "false"
 
 
 def test_file_system_id_is_a_config_key():

@@ -1,5 +1,5 @@
-"""ResultsBucket under mocks (encryption, versioning, privacy, TLS, retention, the upload role's scope), and the
-trainer's upload + the fetch command round trip against moto's in-process S3."""
+"""ResultsBucket under mocks (encryption, versioning, privacy, TLS, retention, access logs, the upload role's
+scope), and the trainer's upload + the fetch command round trip against moto's in-process S3."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pulumi
 import pytest
 
 from components.mocks import run_program
-from components.results import ResultsBucket, ResultsBucketArgs, upload_policy
+from components.results import ResultsBucket, ResultsBucketArgs, bucket_policy, upload_policy
 
 ISSUER = "oidc.eks.us-west-2.amazonaws.com/id/ABCDEF"
 ARGS = ResultsBucketArgs(
@@ -33,37 +33,52 @@ def result():
     return _run()
 
 
+S3 = "aws:s3/bucket:Bucket"
+SSE = "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration"
+POLICY = "aws:s3/bucketPolicy:BucketPolicy"
+
+
+def _of_bucket(result, typ: str, bucket: str):
+    """The ``typ`` resource of bucket ``bucket`` ("results" or "results-logs")."""
+    bucket_id = result.one(S3, f"{bucket}-bucket").outputs["id"]
+    [r] = [r for r in result.of_type(typ) if r.inputs.get("bucket") == bucket_id]
+    return r
+
+
 def test_bucket_encrypted_versioned_private_and_retained(result):
-    bucket = result.one("aws:s3/bucket:Bucket")
-    assert bucket.retain_on_delete and bucket.parent_type == "eks-ddp:results:ResultsBucket"
-    assert bucket.inputs.get("forceDestroy") is not True
-    sse = result.one("aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration")
-    assert sse.inputs["rules"][0]["applyServerSideEncryptionByDefault"]["sseAlgorithm"] == "AES256"
-    assert result.one("aws:s3/bucketVersioning:BucketVersioning").inputs["versioningConfiguration"]["status"] \
-        == "Enabled"
-    pab = result.one("aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock").inputs
-    assert all(pab[k] is True for k in ("blockPublicAcls", "blockPublicPolicy", "ignorePublicAcls",
-                                        "restrictPublicBuckets"))
-    rule = result.one("aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration").inputs["rules"][0]
-    assert rule["status"] == "Enabled" and rule["noncurrentVersionExpiration"]["noncurrentDays"] == 90
+    for name in ("results", "results-logs"):
+        bucket = result.one(S3, f"{name}-bucket")
+        assert bucket.retain_on_delete and bucket.parent_type == "eks-ddp:results:ResultsBucket"
+        assert bucket.inputs.get("forceDestroy") is not True
+        assert _of_bucket(result, "aws:s3/bucketVersioning:BucketVersioning", name).inputs[
+            "versioningConfiguration"]["status"] == "Enabled"
+        pab = _of_bucket(result, "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock", name).inputs
+        assert all(pab[k] is True for k in ("blockPublicAcls", "blockPublicPolicy", "ignorePublicAcls",
+                                            "restrictPublicBuckets")), name
+        rule = _of_bucket(result, "aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration",
+                          name).inputs["rules"][0]
+        assert rule["status"] == "Enabled" and rule["noncurrentVersionExpiration"]["noncurrentDays"] == 90
+    assert int(_of_bucket(result, "aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration",
+                          "results-logs").inputs["rules"][0]["expiration"]["days"]) == 365
     for r in result.resources:
-        if r.type.startswith("aws:s3/"):
-            assert r.retain_on_delete, r.type  # destroying the stack keeps the results and their settings
+        if r.type.startswith(("aws:s3/", "aws:kms/")):
+            assert r.retain_on_delete, r.type  # destroying the stack keeps the results, their key and their logs
 
 
 def test_bucket_policy_denies_plain_http(result):
-    doc = json.loads(result.one("aws:s3/bucketPolicy:BucketPolicy").inputs["policy"])
-    deny = doc["Statement"][0]
-    assert deny["Effect"] == "Deny" and deny["Principal"] == "*"
-    assert deny["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
-    arn = result.one("aws:s3/bucket:Bucket").outputs["arn"]
-    assert set(deny["Resource"]) == {arn, f"{arn}/*"}
+    for name in ("results", "results-logs"):
+        doc = json.loads(_of_bucket(result, POLICY, name).inputs["policy"])
+        deny = doc["Statement"][0]
+        assert deny["Effect"] == "Deny" and deny["Principal"] == "*"
+        assert deny["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
+        arn = result.one(S3, f"{name}-bucket").outputs["arn"]
+        assert set(deny["Resource"]) == {arn, f"{arn}/*"}
 
 
 def test_role_may_only_write_its_runs_prefix(result):
-    arn = result.one("aws:s3/bucket:Bucket").outputs["arn"]
+    arn = result.one(S3, "results-bucket").outputs["arn"]
     doc = json.loads(result.one("aws:iam/rolePolicy:RolePolicy").inputs["policy"])
-    [stmt] = doc["Statement"]
+    stmt = doc["Statement"][0]
     assert stmt["Effect"] == "Allow"
     assert stmt["Resource"] == f"{arn}/runs/run-7/*"
     assert set(stmt["Action"]) == {"s3:PutObject", "s3:AbortMultipartUpload"}
@@ -89,10 +104,109 @@ def test_existing_bucket_is_adopted_not_created():
 
 
 @pytest.mark.parametrize("field,value", [("run_id", "Run_1"), ("existing_bucket", "Bad_Bucket"),
-                                         ("noncurrent_version_days", 0)])
+                                         ("noncurrent_version_days", 0), ("access_log_days", 0),
+                                         ("existing_kms_key_arn", "alias/aws/s3")])
 def test_args_rejected_naming_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         _run(dataclasses.replace(ARGS, **{field: value}))
+
+
+# --- security review S13: SSE-KMS under the stack's key, foreign keys refused, access logged ------------------
+
+def test_results_are_encrypted_with_a_stack_key_and_a_bucket_key(result):
+    key = result.one("aws:kms/key:Key", "results-kms")
+    assert key.inputs["enableKeyRotation"] is True and key.retain_on_delete
+    rule = _of_bucket(result, SSE, "results").inputs["rules"][0]
+    assert rule["applyServerSideEncryptionByDefault"] == {"sseAlgorithm": "aws:kms", "kmsMasterKeyId": key.outputs["arn"]}
+    assert rule["bucketKeyEnabled"] is True
+    # S3 log delivery accepts SSE-S3 only on its destination.
+    logs = _of_bucket(result, SSE, "results-logs").inputs["rules"][0]
+    assert logs["applyServerSideEncryptionByDefault"] == {"sseAlgorithm": "AES256"}
+
+
+def _denied(policy: dict, action: str, resource: str, context: dict[str, str]) -> bool:
+    """Whether a Deny statement of ``policy`` matches the request (the operators the bucket policy uses)."""
+    import fnmatch
+
+    def holds(op: str, key: str, want) -> bool:
+        want = want if isinstance(want, list) else [want]
+        have = context.get(key)
+        if op == "Null":
+            return (have is None) == (want[0] == "true")
+        if op.endswith("IfExists") and have is None:
+            return True
+        base = op.removesuffix("IfExists")
+        if base == "StringEquals" or base == "Bool":
+            return have in want
+        if base == "StringNotEquals":
+            return have not in want
+        raise AssertionError(f"operator {op} not modelled")
+
+    for st in policy["Statement"]:
+        resources = st["Resource"] if isinstance(st["Resource"], list) else [st["Resource"]]
+        actions = st["Action"] if isinstance(st["Action"], list) else [st["Action"]]
+        if st["Effect"] != "Deny" or not any(fnmatch.fnmatchcase(action, a) for a in actions) \
+                or not any(fnmatch.fnmatchcase(resource, r) for r in resources):
+            continue
+        if all(holds(op, k, v) for op, kv in st.get("Condition", {}).items() for k, v in kv.items()):
+            return True
+    return False
+
+
+KEY = "arn:aws:kms:us-west-2:123456789012:key/11111111-2222-3333-4444-555555555555"
+FOREIGN = "arn:aws:kms:us-west-2:999999999999:key/66666666-7777-8888-9999-000000000000"
+SSE_H, KEY_H = "s3:x-amz-server-side-encryption", "s3:x-amz-server-side-encryption-aws-kms-key-id"
+
+
+@pytest.mark.parametrize("context,refused", [
+    ({}, False),  # no header (and every UploadPart): the bucket default, i.e. the stack key
+    ({SSE_H: "aws:kms", KEY_H: KEY}, False),  # what the uploader sends
+    ({SSE_H: "aws:kms", KEY_H: FOREIGN}, True),  # a foreign account's key (ransomware)
+    ({SSE_H: "aws:kms"}, True),  # no key named: S3 would use the account's aws/s3 key
+    ({SSE_H: "AES256"}, True),
+    ({SSE_H: "aws:kms:dsse", KEY_H: KEY}, True),
+    ({"s3:x-amz-server-side-encryption-customer-algorithm": "AES256"}, True),  # a key only the writer holds
+    ({SSE_H: "aws:kms", KEY_H: KEY, "aws:SecureTransport": "false"}, True),
+])
+def test_bucket_policy_refuses_writes_under_any_other_encryption(result, context, refused):
+    arn = result.one(S3, "results-bucket").outputs["arn"]
+    key = result.one("aws:kms/key:Key", "results-kms").outputs["arn"]
+    doc = json.loads(_of_bucket(result, POLICY, "results").inputs["policy"])
+    ctx = {"aws:SecureTransport": "true", **{k: (key if v == KEY else v) for k, v in context.items()}}
+    assert _denied(doc, "s3:PutObject", f"{arn}/runs/run-7/model.pt", ctx) is refused
+    # Negative control: the TLS-only policy alone (before this change) refuses none of the encryption cases.
+    if "aws:SecureTransport" not in context:
+        from components.results import tls_only_policy
+
+        assert _denied(json.loads(tls_only_policy(arn)), "s3:PutObject", f"{arn}/runs/run-7/model.pt", ctx) is False
+
+
+def test_bucket_policy_names_the_key_as_its_arn():
+    # The key-id header is compared literally: the uploader sends the ARN, and so does the policy.
+    doc = json.loads(bucket_policy("arn:aws:s3:::b", KEY))
+    [st] = [s for s in doc["Statement"] if s["Sid"] == "DenyOtherKmsKey"]
+    assert st["Condition"] == {"StringNotEquals": {KEY_H: KEY}, "Null": {KEY_H: "false"}}
+
+
+def test_access_logs_go_to_the_stacks_private_log_bucket(result):
+    logging = result.one("aws:s3/bucketLogging:BucketLogging")
+    results_bucket, logs = result.one(S3, "results-bucket"), result.one(S3, "results-logs-bucket")
+    assert logging.inputs["bucket"] == results_bucket.outputs["id"]
+    assert logging.inputs["targetBucket"] == logs.outputs["id"] and logging.retain_on_delete
+    doc = json.loads(_of_bucket(result, POLICY, "results-logs").inputs["policy"])
+    [allow] = [s for s in doc["Statement"] if s["Effect"] == "Allow"]
+    assert allow["Principal"] == {"Service": "logging.s3.amazonaws.com"} and allow["Action"] == "s3:PutObject"
+    assert allow["Resource"] == f"{logs.outputs['arn']}/{logging.inputs['targetPrefix']}*"
+    assert allow["Condition"] == {"ArnLike": {"aws:SourceArn": results_bucket.outputs["arn"]},
+                                  "StringEquals": {"aws:SourceAccount": "123456789012"}}
+
+
+def test_uploader_may_use_the_key_only_through_s3(result):
+    key = result.one("aws:kms/key:Key", "results-kms").outputs["arn"]
+    doc = json.loads(result.one("aws:iam/rolePolicy:RolePolicy").inputs["policy"])
+    [kms] = [s for s in doc["Statement"] if s["Sid"] == "EncryptWithTheResultsKeyThroughS3"]
+    assert kms["Resource"] == key and set(kms["Action"]) == {"kms:GenerateDataKey", "kms:Decrypt"}
+    assert kms["Condition"] == {"StringLike": {"kms:ViaService": "s3.*.amazonaws.com"}}
 
 
 # --- the trainer's upload and the fetch command, against moto's in-process S3 -----------------------
@@ -142,6 +256,23 @@ def test_upload_then_fetch_draws_the_same_curve_and_table(tmp_path, s3, monkeypa
     assert table in capsys.readouterr().out
 
 
+def test_uploader_writes_every_object_under_the_jobs_kms_key(tmp_path, s3, monkeypatch):
+    """Not the bucket default: the bucket here has none, so only the uploader's own request can name the key."""
+    import boto3
+
+    from training import results
+
+    key = boto3.client("kms", region_name="us-west-2").create_key()["KeyMetadata"]["Arn"]
+    run = _finished_run(tmp_path / "runs" / "run-7")
+    monkeypatch.setenv(results.RESULTS_ENV, "s3://results-b/runs/run-7/")
+    monkeypatch.setenv(results.KMS_KEY_ENV, key)
+    written = results.upload_from_env(run)
+    assert len(written) >= 3
+    for k in written:
+        head = s3.head_object(Bucket="results-b", Key=k)
+        assert (head.get("ServerSideEncryption"), head.get("SSEKMSKeyId")) == ("aws:kms", key), k
+
+
 def test_failed_upload_is_loud_but_does_not_raise(tmp_path, s3, capsys):
     from training import results
 
@@ -162,7 +293,8 @@ def test_program_wires_the_role_into_the_trainer_service_account_and_env():
     assert f"system:serviceaccount:{sa['namespace']}:{sa['name']}" in trust.values()
     job = next(r for r in result.of_type("kubernetes:batch/v1:Job") if "prepare" not in r.name)
     env = {e["name"]: e.get("value") for e in job.inputs["spec"]["template"]["spec"]["containers"][0]["env"]}
-    bucket = result.one("aws:s3/bucket:Bucket").outputs["bucket"]
+    bucket = result.one(S3, "results-bucket").outputs["bucket"]
+    assert env["EKS_DDP_RESULTS_KMS_KEY"] == result.one("aws:kms/key:Key", "results-kms").outputs["arn"]
     run_id = stack_config()["eks-ddp:job"]["runId"] if "runId" in stack_config()["eks-ddp:job"] else "run-1"
     assert env["EKS_DDP_RESULTS_URL"] == f"s3://{bucket}/runs/{run_id}/"
     assert result.outputs["results"]["url"] == env["EKS_DDP_RESULTS_URL"]

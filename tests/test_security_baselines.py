@@ -344,9 +344,9 @@ EXPLAINED = {
         "security review S11, open: the vpc-cni add-on is created inside pulumi_eks.Cluster, whose OIDC provider "
         "is an output of the same resource, so its IRSA role needs the add-on managed outside pulumi_eks",
     "CKV_AWS_145: S3 encrypted with a customer-managed KMS key":
-        "security review S13 (results bucket KMS and access logs): the data item of issue 24, another change",
-    "CKV_AWS_18: S3 access logging":
-        "security review S13 (results bucket KMS and access logs): the data item of issue 24, another change",
+        "the results bucket is SSE-KMS under the stack key (test_results_are_encrypted_with_a_stack_key_and_a_"
+        "bucket_key); its access-log bucket stays SSE-S3, the only default encryption S3 server access log "
+        "delivery writes to",
 }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import threading
 import time
@@ -65,6 +66,47 @@ def test_preseeded_dir_with_marker_is_fast_and_untouched(tmp_path, synthetic_sou
     t0 = time.monotonic()
     assert prep.prepare(tmp_path, download=no_network, expected=table) == "present"
     assert time.monotonic() - t0 < 2.0
+
+
+def test_prepared_set_carries_a_sha256_manifest_the_pinned_loader_accepts(tmp_path, synthetic_source):
+    """S3: the data stage writes the SHA-256 of every file; a loader with a pin on that manifest loads the set."""
+    import hashlib
+
+    import torch
+
+    from training import integrity
+    from training.data import load_cifar
+
+    root, table = synthetic_source
+    assert prep.prepare(tmp_path, download=FakeDownloader(root), expected=table) == "prepared"
+    batches = tmp_path / BATCHES_DIR
+    listed = integrity.read_manifest(batches / integrity.MANIFEST)
+    assert listed == {name: integrity.sha256(batches / name) for name in table}
+    assert json.loads((tmp_path / prep.DONE_FILE).read_text())["sha256"] == listed
+    pin = "sha256:" + hashlib.sha256((batches / integrity.MANIFEST).read_bytes()).hexdigest()
+    assert len(load_cifar(tmp_path, torch.device("cpu"), pin=pin).test) == 20
+
+
+@pytest.mark.parametrize("damage", ["missing", "stale"])
+def test_verified_files_without_a_good_manifest_get_one_without_a_download(tmp_path, synthetic_source, damage):
+    """A set prepared before manifests existed (or whose manifest was rewritten): the files still match the
+    official table, so the manifest is (re)written from them and nothing is downloaded."""
+    from training import integrity
+
+    root, table = synthetic_source
+    prep.prepare(tmp_path, download=FakeDownloader(root), expected=table)
+    manifest = tmp_path / BATCHES_DIR / integrity.MANIFEST
+    good = manifest.read_text()
+    if damage == "missing":
+        manifest.unlink()
+    else:
+        manifest.write_text(good.replace(good[:64], "0" * 64, 1))
+
+    def no_network(_staging):
+        raise AssertionError("verified files must not be downloaded again")
+
+    assert prep.prepare(tmp_path, download=no_network, expected=table) == "present"
+    assert manifest.read_text() == good
 
 
 def test_corrupt_file_is_fetched_again(tmp_path, synthetic_source):

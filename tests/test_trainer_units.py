@@ -11,6 +11,7 @@ import torch
 
 from training import checkpoint as ckpt
 from training.data import (
+    ALL_FILES,
     MIN_STEPS,
     Batching,
     StepNoise,
@@ -23,6 +24,7 @@ from training.data import (
     read_class_names,
     write_synthetic_cifar,
 )
+from training.integrity import write_manifest
 from training.model import build_model, precision_for
 from training.train import lr_factor, parse_args
 
@@ -224,6 +226,7 @@ def test_synthetic_data_loads_with_str_keys_and_real_style_bytes_keys(tmp_path):
         pickle.dump({b"data": raw["data"], b"labels": raw["labels"]}, f)
     with open(root / "batches.meta", "wb") as f:
         pickle.dump({b"label_names": [n.encode() for n in d.classes]}, f)
+    write_manifest(root, ALL_FILES)  # as a data stage that wrote these files would
     d2 = load_cifar(tmp_path, torch.device("cpu"))
     assert torch.equal(d2.test.images, d.test.images) and read_class_names(root) == d.classes
 

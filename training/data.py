@@ -17,10 +17,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from . import integrity
+from .integrity import DataError  # the trainer catches it from here
+
 BATCHES_DIR = "cifar-10-batches-py"
 TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))
 TEST_FILE = "test_batch"
 META_FILE = "batches.meta"
+ALL_FILES = (*TRAIN_FILES, TEST_FILE, META_FILE)
 DEFAULT_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 # Per-channel statistics of the CIFAR-10 training set.
 MEAN = (0.4914, 0.4822, 0.4465)
@@ -34,25 +38,24 @@ def _get(d: dict, key: str):
     return d[key.encode()]
 
 
-class DataError(ValueError):
-    """A data set file is unreadable; the message names it."""
-
-
-def _read_pickle(path: Path) -> dict:
+def _read_pickle(checker: integrity.Checker, name: str) -> dict:
+    """A batch: its bytes as checked (``integrity.Checker``), through the restricted unpickler."""
+    path = checker.root / name
+    blob = checker.read(name)  # raises DataError naming the file; nothing is unpickled before it passed
     try:
-        with open(path, "rb") as f:
-            d = pickle.load(f, encoding="bytes")
-    except (OSError, pickle.UnpicklingError, EOFError, ValueError, AttributeError, ImportError) as e:
+        d = integrity.safe_loads(blob)
+    except Exception as e:  # noqa: BLE001 - whatever a malformed pickle raises, the file is bad input
         raise DataError(f"{path}: unreadable ({type(e).__name__}: {e})") from e
     if not isinstance(d, dict):
         raise DataError(f"{path}: not a CIFAR batch (a {type(d).__name__}, expected a dict)")
     return d
 
 
-def _read_split(paths: list[Path]) -> tuple[np.ndarray, np.ndarray]:
+def _read_split(checker: integrity.Checker, names: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
     xs, ys = [], []
-    for p in paths:
-        d = _read_pickle(p)
+    for name in names:
+        p = checker.root / name
+        d = _read_pickle(checker, name)
         try:
             xs.append(np.asarray(_get(d, "data"), dtype=np.uint8).reshape(-1, 3, 32, 32))
             ys.append(np.asarray(_get(d, "labels"), dtype=np.int64))
@@ -63,11 +66,14 @@ def _read_split(paths: list[Path]) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(xs), np.concatenate(ys)
 
 
-def read_class_names(root: Path) -> list[str]:
+def read_class_names(root: Path, *, checker: integrity.Checker | None = None) -> list[str]:
+    """The class names in ``batches.meta`` (the defaults without one), checked (``integrity.Checker``, by
+    default under the Job's pin) before it is unpickled."""
     meta = root / META_FILE
     if not meta.exists():
         return list(DEFAULT_CLASSES)
-    names = _get(_read_pickle(meta), "label_names")
+    names = _get(_read_pickle(checker or integrity.Checker(root, integrity.pin_from_env()), META_FILE),
+                 "label_names")
     return [n.decode() if isinstance(n, bytes) else str(n) for n in names]
 
 
@@ -93,21 +99,28 @@ def batches_root(data_dir: str | os.PathLike) -> Path:
     return Path(data_dir) / BATCHES_DIR
 
 
-def load_cifar(data_dir: str | os.PathLike, device: torch.device, *, train: bool = True) -> Cifar:
-    """Read the python batches under ``<data_dir>/cifar-10-batches-py`` onto ``device`` as uint8."""
+def load_cifar(data_dir: str | os.PathLike, device: torch.device, *, train: bool = True,
+               pin: str | None = None) -> Cifar:
+    """Read the python batches under ``<data_dir>/cifar-10-batches-py`` onto ``device`` as uint8.
+
+    Every file read is first checked against the data stage's manifest and ``pin`` (default: the Job's
+    ``EKS_DDP_DATA_PIN``), then unpickled with the restricted unpickler (``training/integrity.py``);
+    a failure raises DataError naming the file.
+    """
     root = batches_root(data_dir)
     missing = [f for f in (*TRAIN_FILES, TEST_FILE) if not (root / f).exists()]
     if missing:
         raise FileNotFoundError(f"{root}: missing {', '.join(missing)} (run python -m training.prepare_data)")
+    checker = integrity.Checker(root, pin if pin is not None else integrity.pin_from_env())
 
     def to_dev(x: np.ndarray, y: np.ndarray) -> Split:
         return Split(torch.from_numpy(x).to(device), torch.from_numpy(y).to(device))
 
     empty = Split(torch.empty(0, 3, 32, 32, dtype=torch.uint8, device=device),
                   torch.empty(0, dtype=torch.int64, device=device))
-    tr = to_dev(*_read_split([root / f for f in TRAIN_FILES])) if train else empty
-    te = to_dev(*_read_split([root / TEST_FILE]))
-    return Cifar(tr, te, read_class_names(root))
+    tr = to_dev(*_read_split(checker, TRAIN_FILES)) if train else empty
+    te = to_dev(*_read_split(checker, (TEST_FILE,)))
+    return Cifar(tr, te, read_class_names(root, checker=checker))
 
 
 def write_synthetic_cifar(data_dir: str | os.PathLike, n_train: int = 500, n_test: int = 200, seed: int = 0,
@@ -145,6 +158,7 @@ def write_synthetic_cifar(data_dir: str | os.PathLike, n_train: int = 500, n_tes
         pickle.dump({"data": x, "labels": y, "batch_label": "synthetic test"}, f)
     with open(root / META_FILE, "wb") as f:
         pickle.dump({"label_names": list(DEFAULT_CLASSES), "num_cases_per_batch": n_train // 5, "num_vis": 3072}, f)
+    integrity.write_manifest(root, ALL_FILES)
     return root
 
 
@@ -323,4 +337,5 @@ def write_digits_cifar(data_dir: str | os.PathLike, n_test: int = 500, seed: int
         pickle.dump({"data": x_te, "labels": y_te.tolist()}, f)
     with open(root / META_FILE, "wb") as f:
         pickle.dump({"label_names": [str(d) for d in range(10)]}, f)
+    integrity.write_manifest(root, ALL_FILES)
     return root

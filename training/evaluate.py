@@ -18,8 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import exitcodes
 from .checkpoint import atomic_write_bytes
-from .data import Split, load_cifar, normalize
+from .data import DataError, Split, load_cifar, normalize
 from .dist import all_reduce_sum
 from .model import Precision, build_model, precision_for
 
@@ -104,12 +105,17 @@ def main(argv: list[str] | None = None) -> int:
     if not model_path.exists():
         print(f"[eval] {model_path}: no final model (has the run finished?)", file=sys.stderr)
         return 2
+    try:
+        # Before the model: a data set that fails its integrity check is never unpickled (training/integrity.py).
+        data = load_cifar(args.data_dir, device, train=False)
+    except (OSError, DataError) as e:
+        print(f"[eval] data set: {e}", file=sys.stderr, flush=True)
+        return exitcodes.BAD_INPUT
     saved = torch.load(model_path, map_location=device, weights_only=True)
     cfg = saved["config"]
     model = build_model(cfg["model"], cfg["num_classes"], cfg.get("width"), cfg.get("bn_group", 32))
     model.load_state_dict(saved["model"])
     model.to(device, memory_format=torch.channels_last)
-    data = load_cifar(args.data_dir, device, train=False)
     metrics = evaluate_model(model, data.test, data.classes, precision=precision_for(device),
                              batch_size=args.eval_batch_size, tta=not args.no_tta)
     metrics.update(model=cfg["model"], width=cfg.get("width"), step=saved.get("step"), source="training.evaluate")

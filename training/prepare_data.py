@@ -2,8 +2,10 @@
 
     python -m training.prepare_data --data-dir /shared/data
 
-Idempotent: once the batches are in place and verified, a done-marker is written and
-later runs only re-check the files' md5 and exit 0. Safe to start twice at once (every
+Idempotent: once the batches are in place and verified against the official md5 table, the
+SHA-256 manifest the loaders check (``SHA256SUMS``, ``training/integrity.py``) and a done-marker
+are written; later runs only re-check both and exit 0 (a missing or stale manifest over verified
+files is rewritten, nothing downloaded). Safe to start twice at once (every
 pod of a job may run it): an exclusive ``flock`` on a lock file in the data directory
 serializes them, and the second one finds the work done. The download goes to a staging
 directory that is renamed into place only after verification, so a half-downloaded set
@@ -15,7 +17,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
-import hashlib
 import json
 import os
 import shutil
@@ -24,21 +25,14 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from . import integrity
 from .checkpoint import atomic_write_bytes, fsync_dir
 from .data import BATCHES_DIR
 
 URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 ARCHIVE = "cifar-10-python.tar.gz"
 ARCHIVE_MD5 = "c58f30108f718f92721af3b95e74349a"
-CIFAR10_MD5 = {
-    "data_batch_1": "c99cafc152244af753f735de768cd75f",
-    "data_batch_2": "d4bba439e000b95fd0a9bffe97cbabec",
-    "data_batch_3": "54ebc095f3ab1f0389bbae665268c751",
-    "data_batch_4": "634d18415352ddfa80567beed471001a",
-    "data_batch_5": "482c414d41f54cd18b22e5b47cb7c3cb",
-    "test_batch": "40351d587109b95175f43aff81a1287e",
-    "batches.meta": "5ff9c542aee3614f3951f8cda6e48888",
-}
+CIFAR10_MD5 = integrity.CIFAR10_MD5
 """md5 of each file of the official python archive (as torchvision lists them)."""
 LOCK_FILE = ".cifar-10.lock"
 DONE_FILE = ".cifar-10.done.json"
@@ -47,12 +41,7 @@ Downloader = Callable[[Path], None]
 """Puts ``cifar-10-batches-py`` (extracted) inside the given empty staging directory."""
 
 
-def md5(path: Path) -> str:
-    h = hashlib.md5(usedforsecurity=False)
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+md5 = integrity.md5
 
 
 def mismatches(root: Path, expected: dict[str, str]) -> list[str]:
@@ -61,7 +50,14 @@ def mismatches(root: Path, expected: dict[str, str]) -> list[str]:
 
 
 def is_ready(data_dir: Path, expected: dict[str, str]) -> bool:
-    return (data_dir / DONE_FILE).is_file() and not mismatches(data_dir / BATCHES_DIR, expected)
+    """Done, every file matches ``expected``, and the SHA-256 manifest the loaders check lists them all."""
+    if not (data_dir / DONE_FILE).is_file() or mismatches(data_dir / BATCHES_DIR, expected):
+        return False
+    try:
+        integrity.verify(data_dir / BATCHES_DIR, expected, pin=None)
+        return (data_dir / BATCHES_DIR / integrity.MANIFEST).is_file()
+    except (OSError, integrity.DataError):
+        return False
 
 
 def torchvision_download(staging: Path) -> None:
@@ -102,6 +98,10 @@ def prepare(data_dir: str | os.PathLike, *, download: Downloader = torchvision_d
         if is_ready(data_dir, expected):  # another process finished while we waited
             return "present"
         (data_dir / DONE_FILE).unlink(missing_ok=True)
+        target = data_dir / BATCHES_DIR
+        if not mismatches(target, expected):
+            # Verified files from before manifests existed: add the manifest, download nothing.
+            return _finish(data_dir, expected, "present", rewrite_manifest=True)
         staging = data_dir / f".staging-{os.getpid()}"
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir()
@@ -110,7 +110,8 @@ def prepare(data_dir: str | os.PathLike, *, download: Downloader = torchvision_d
             bad = mismatches(staging / BATCHES_DIR, expected)
             if bad:
                 raise RuntimeError(f"downloaded CIFAR-10 failed verification (md5): {', '.join(bad)}")
-            target = data_dir / BATCHES_DIR
+            # The manifest goes in before the rename: the directory never appears without it.
+            integrity.write_manifest(staging / BATCHES_DIR, expected)
             if target.exists():
                 # A partial or corrupt earlier copy: move it aside first so the rename below is atomic.
                 aside = data_dir / f".old-{os.getpid()}"
@@ -120,9 +121,18 @@ def prepare(data_dir: str | os.PathLike, *, download: Downloader = torchvision_d
             fsync_dir(data_dir)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-        marker = {"files": expected, "source": URL, "prepared_at": time.time()}
-        atomic_write_bytes(data_dir / DONE_FILE, json.dumps(marker, indent=2).encode())
-        return "prepared"
+        return _finish(data_dir, expected, "prepared")
+
+
+def _finish(data_dir: Path, expected: dict[str, str], outcome: str, *, rewrite_manifest: bool = False) -> str:
+    """The done-marker over verified files (after (re)writing their SHA-256 manifest when asked)."""
+    root = data_dir / BATCHES_DIR
+    if rewrite_manifest:
+        integrity.write_manifest(root, expected)
+    marker = {"files": expected, "sha256": integrity.read_manifest(root / integrity.MANIFEST), "source": URL,
+              "prepared_at": time.time()}
+    atomic_write_bytes(data_dir / DONE_FILE, json.dumps(marker, indent=2).encode())
+    return outcome
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,7 +1,8 @@
 """Results off the cluster: rank 0 uploads the run's results to S3 at the end of training.
 
-The training Job sets ``EKS_DDP_RESULTS_URL=s3://<bucket>/runs/<runId>/`` (``components/results.py``)
-and its service account assumes a role that may only write under that prefix. Uploaded:
+The training Job sets ``EKS_DDP_RESULTS_URL=s3://<bucket>/runs/<runId>/`` and ``EKS_DDP_RESULTS_KMS_KEY``
+(the bucket's key, ``components/results.py``) and its service account assumes a role that may only write
+under that prefix, with that key. Uploaded:
 ``metrics.json``, ``history.jsonl``, ``training-curve.png`` (drawn here when matplotlib is
 installed; ``training.fetch_results`` draws it anyway) and ``model.pt``.
 
@@ -16,6 +17,8 @@ import sys
 from pathlib import Path
 
 RESULTS_ENV = "EKS_DDP_RESULTS_URL"
+KMS_KEY_ENV = "EKS_DDP_RESULTS_KMS_KEY"
+"""The bucket's KMS key (ARN); every object is written under it (the bucket policy refuses any other key)."""
 FILES = ("metrics.json", "history.jsonl", "training-curve.png", "model.pt")
 """What a run's results are, in upload order (the model, the largest, last)."""
 
@@ -39,9 +42,11 @@ def _draw_curve(run_dir: Path) -> None:
         print(f"[results] no training curve: {err}", flush=True)
 
 
-def upload_results(run_dir: str | os.PathLike, url: str, *, client=None) -> list[str]:
-    """Upload the run's result files to ``url``; returns the keys written. Never raises."""
+def upload_results(run_dir: str | os.PathLike, url: str, *, client=None, kms_key_arn: str | None = None) -> list[str]:
+    """Upload the run's result files to ``url`` (SSE-KMS under ``kms_key_arn`` when given; else the bucket's
+    default encryption); returns the keys written. Never raises."""
     run_dir = Path(run_dir)
+    extra = {"ServerSideEncryption": "aws:kms", "SSEKMSKeyId": kms_key_arn} if kms_key_arn else None
     try:
         bucket, prefix = split_url(url)
         if client is None:
@@ -61,7 +66,7 @@ def upload_results(run_dir: str | os.PathLike, url: str, *, client=None) -> list
             continue
         key = prefix + name
         try:
-            client.upload_file(str(path), bucket, key)
+            client.upload_file(str(path), bucket, key, ExtraArgs=extra)
             written.append(key)
         except Exception as err:  # noqa: BLE001
             print(f"[results] UPLOAD FAILED: {path} -> s3://{bucket}/{key}: {type(err).__name__}: {err} "
@@ -76,4 +81,4 @@ def upload_results(run_dir: str | os.PathLike, url: str, *, client=None) -> list
 def upload_from_env(run_dir: str | os.PathLike) -> list[str]:
     """Upload when the Job asked for it (``EKS_DDP_RESULTS_URL`` set); a local run uploads nothing."""
     url = os.environ.get(RESULTS_ENV)
-    return upload_results(run_dir, url) if url else []
+    return upload_results(run_dir, url, kms_key_arn=os.environ.get(KMS_KEY_ENV) or None) if url else []
