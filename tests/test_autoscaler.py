@@ -88,7 +88,8 @@ def json_run_id(stack: str) -> str:
 @pytest.mark.parametrize("stack", STACKS)
 def test_autoscaler_release_pinned_on_the_system_nodes_discovering_this_cluster(stack):
     r = release(program(stack))
-    assert (r["chart"], r["version"]) == ("cluster-autoscaler", autoscaler.CHART_VERSION)
+    version = stack_config(stack)["eks-ddp:cluster"].get("kubernetesVersion", "1.35")
+    assert (r["chart"], r["version"]) == ("cluster-autoscaler", autoscaler.CHART_VERSIONS[version])
     assert r["repositoryOpts"]["repo"] == "https://kubernetes.github.io/autoscaler"
     v = r["values"]
     assert v["cloudProvider"] == "aws" and v["awsRegion"] == stack_config(stack)["aws:region"]
