@@ -113,6 +113,7 @@ gpu_groups = [
         placement_group_name=g.placement_group_name,
         root_volume_gib=g.root_volume_gib,
         spot_instance_types=g.spot_instance_types,
+        kubernetes_version=cfg.cluster.kubernetes_version,
     ), opts=pulumi.ResourceOptions(depends_on=[cluster]))
     for g in cfg.node_groups
 ]

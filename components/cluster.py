@@ -343,6 +343,13 @@ class EksCluster(pulumi.ComponentResource):
             node_role_arn=self.node_role_arn,
             subnet_ids=list(args.private_subnet_ids),
             ami_type=SYSTEM_AMI_TYPE,
+            # Follows the control plane: an upgrade moves these nodes in the same `pulumi up` (after the
+            # cluster, which cluster_name depends on), so the next upgrade is not refused for stale nodes.
+            version=args.kubernetes_version,
+            # The rolling update drains each node; the etcd member's PodDisruptionBudget (1 of 1) would block
+            # the drain until EKS gives up (PodEvictionFailure) and `pulumi up` fails. The rendezvous is soft
+            # state the agents rebuild, so the update may evict it.
+            force_update_version=True,
             capacity_type="ON_DEMAND",
             instance_types=[args.system_instance_type],
             scaling_config=aws.eks.NodeGroupScalingConfigArgs(
@@ -352,6 +359,8 @@ class EksCluster(pulumi.ComponentResource):
             labels=dict(SYSTEM_POOL_LABELS),
             launch_template=aws.eks.NodeGroupLaunchTemplateArgs(id=lt.id, version=lt.latest_version.apply(str)),
             tags=self._tags,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=list(self._node_policy_attachments),
-                                        ignore_changes=["scalingConfig.desiredSize"]),
+            # desiredSize is NOT ignored: min == max == desired and nothing else resizes this group, while an
+            # ignored desired size would be sent from state on a resize (1 -> 2: "Minimum capacity 2 can't be
+            # greater than desired size 1").
+            opts=pulumi.ResourceOptions(parent=self, depends_on=list(self._node_policy_attachments)),
         )
