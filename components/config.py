@@ -12,6 +12,7 @@ in Python. The README's "Config reference" table documents every key.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import math
 import re
@@ -356,7 +357,7 @@ def _parse_raw(raw: dict[str, str]) -> tuple[dict[str, Any], list[str]]:
 
 
 def load_stack_config(raw: dict[str, Any], *, region: str | None, stack: str | None = None,
-                      placeholders_ok: bool = False) -> StackConfig:
+                      placeholders_ok: bool = False, today: dt.date | None = None) -> StackConfig:
     """Parse and validate the stack's ``eks-ddp:*`` config; raise ConfigError on any problem.
 
     ``stack`` (the Pulumi stack name) is checked too: it becomes part of the EKS cluster's name.
@@ -393,7 +394,7 @@ def load_stack_config(raw: dict[str, Any], *, region: str | None, stack: str | N
         raise ConfigError(r.problems)
     cfg = StackConfig(region=region or "", network=network, cluster=cluster, node_groups=tuple(groups),
                       storage=storage, image=image, etcd=etcd, job=job, preflight=bool(preflight))
-    problems = validate(cfg, placeholders_ok=placeholders_ok) + _ignored_settings(cfg, data)
+    problems = validate(cfg, placeholders_ok=placeholders_ok, today=today) + _ignored_settings(cfg, data)
     if problems:
         raise ConfigError(problems)
     return cfg
@@ -452,11 +453,15 @@ def choose_zones(cfg: StackConfig, available: list[str]) -> list[str]:
 
 # --- semantic checks: pure functions over the typed config -------------------------------
 
-def validate(cfg: StackConfig, *, placeholders_ok: bool = False) -> list[str]:
-    """Cross-field checks; one message per problem, each naming its key."""
+def validate(cfg: StackConfig, *, placeholders_ok: bool = False, today: dt.date | None = None) -> list[str]:
+    """Cross-field checks; one message per problem, each naming its key. ``today`` (default: the real date)
+    decides which Kubernetes versions EKS still takes with the upgrade policy."""
     p: list[str] = []
     p += _check_network(cfg.network, cfg.region)
     p += _check_cluster(cfg.cluster, placeholders_ok)
+    if cfg.cluster.kubernetes_version in SUPPORTED_KUBERNETES_VERSIONS and (bad := k8s_versions.policy_problem(
+            cfg.cluster.kubernetes_version, cfg.cluster.upgrade_policy, today or dt.date.today())):
+        p.append(bad)
     names: set[str] = set()
     for i, g in enumerate(cfg.node_groups):
         p += _check_group(g, f"nodeGroups[{i}]", cfg.region)

@@ -13,7 +13,7 @@ from components import autoscaler, catalog, scheduling
 from components.config import SUPPORTED_KUBERNETES_VERSIONS
 from components.mocks import ProgramResult, _node_group
 from components.plan import render_manifests
-from tests.util import run, set_path, stack_config
+from tests.util import at_version, run, set_path, stack_config
 
 STACKS = ("dev", "p4de")
 TAG = "aws:autoscaling/tag:Tag"
@@ -120,7 +120,7 @@ def test_image_tag_matches_every_allowed_kubernetes_version():
         assert tag.startswith(f"v{version}."), (version, tag)
     with pytest.raises(ValueError, match="kubernetes_version: got '1.29'"):
         autoscaler.image_tag("1.29")
-    raw = set_path(stack_config("dev"), "eks-ddp:cluster.kubernetesVersion", "1.32")
+    raw = at_version(stack_config("dev"), "1.32")
     assert release(run(raw))["values"]["image"]["tag"] == "v1.32.7"
 
 

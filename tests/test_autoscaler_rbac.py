@@ -25,7 +25,7 @@ import yaml
 
 from components import autoscaler
 from components.config import SUPPORTED_KUBERNETES_VERSIONS
-from tests.util import run, set_path, stack_config
+from tests.util import at_version, run, stack_config
 
 FIXTURES = Path(__file__).parent / "fixtures" / "autoscaler"
 READ = {"list", "watch"}
@@ -98,9 +98,7 @@ def test_every_supported_version_renders_an_autoscaler_whose_rbac_its_image_need
     """The plans of both example stacks at every supported minor: the release's chart grants every list/watch
     of the release's image."""
     for version in SUPPORTED_KUBERNETES_VERSIONS:
-        raw = set_path(stack_config(stack), "eks-ddp:cluster.kubernetesVersion", version)
-        if version in ("1.32", "1.33"):  # past standard support today: EXTENDED is the only policy EKS takes
-            raw = set_path(raw, "eks-ddp:cluster.upgradePolicy", "EXTENDED")
+        raw = at_version(stack_config(stack), version)
         release = run(raw, stack).one("kubernetes:helm.sh/v3:Release", "autoscaler-release").inputs
         tag = release["values"]["image"]["tag"]
         assert minor(tag) == minor(version), (version, tag)

@@ -327,10 +327,10 @@ def test_spot_types_must_match_the_gpu_shape_and_be_spot(types, capacity, match)
 def test_node_groups_track_cluster_version(stack):
     """Every managed node group, system and GPU, carries the cluster's version, so an upgrade moves the nodes
     with the control plane and the next one is not refused (review 2026-11-24, A3)."""
-    from tests.util import run, set_path, stack_config
+    from tests.util import at_version, run, stack_config
 
-    for version in ("1.34", "1.35"):
-        raw = set_path(stack_config(stack), "eks-ddp:cluster.kubernetesVersion", version)
+    for version in ("1.35", "1.36"):
+        raw = at_version(stack_config(stack), version)
         groups = run(raw, stack).of_type(NG)
         assert len(groups) == 1 + len(raw["eks-ddp:nodeGroups"])
         assert [g.inputs.get("version") for g in groups] == [version] * len(groups)
