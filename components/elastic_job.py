@@ -65,6 +65,10 @@ binary is a container StartError, not an exit code 126/127, and a worker's own e
 through the launcher, which passes these codes on.)"""
 EVAL_RUN_DIR_ENV = "RUN_DIR"
 """The evaluation pod's run directory (default: this stack's run); override it per Job to evaluate another run."""
+JOB_IMMUTABLE_FIELDS = ("spec.completionMode", "spec.podFailurePolicy", "spec.successPolicy",
+                        "spec.backoffLimitPerIndex", "spec.managedBy")
+"""Job fields Kubernetes refuses to change (ValidateJobSpecUpdate, 422 "field is immutable") that the provider does
+not already replace the Job for: a change to one of them replaces the Job instead of failing `pulumi up`."""
 DEFAULT_FAULT_BUDGET = 20
 """Pod failures a run absorbs by default: spot capacity can take a node many times in one run."""
 # Writable paths on the read-only root filesystem; the image sets the same.
@@ -403,7 +407,8 @@ class ElasticJob(pulumi.ComponentResource):
                 pod_failure_policy=failure_policy, pod_replacement_policy="Failed",
                 ttl_seconds_after_finished=a.ttl_seconds_after_finished, template=template),
             opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
-                depends_on=[prepare, *self._gates], delete_before_replace=True)))
+                depends_on=[prepare, *self._gates], delete_before_replace=True,
+                replace_on_changes=list(JOB_IMMUTABLE_FIELDS))))
 
     # --- 3. evaluation on demand ----------------------------------------------------------------
     def _create_evaluate_cronjob(self, name: str, child: pulumi.ResourceOptions) -> None:

@@ -50,6 +50,8 @@ class Recorded:
     """URNs the resource depends on (``depends_on`` and the resources behind its input Outputs)."""
     import_id: str = ""
     """The ``import_`` ID the resource was registered with (adopting an existing cloud resource)."""
+    replace_on_changes: list[str] = field(default_factory=list)
+    """Property paths registered with ``replace_on_changes``."""
 
     @property
     def parent_type(self) -> str:
@@ -308,7 +310,8 @@ class _RecordingMonitor(_mocks.MockMonitor):
                                           ignore_changes=list(request.ignoreChanges),
                                           retain_on_delete=bool(request.retainOnDelete),
                                           dependencies=list(request.dependencies),
-                                          import_id=request.importId))
+                                          import_id=request.importId,
+                                          replace_on_changes=list(request.replaceOnChanges)))
         return response
 
     def Invoke(self, request):  # noqa: N802 (gRPC method name)

@@ -270,3 +270,22 @@ def test_standard_rejected_past_standard_support():
         load("1.34", today=dt.date(2026, 12, 3))
     with pytest.raises(ConfigError, match="extended support for it ended on 2027-03-23"):
         load("1.32", "EXTENDED", today=dt.date(2027, 3, 24))
+
+
+def test_spot_alternates_not_smaller():
+    """A6: the pod is sized from instanceType and the autoscaler simulates the first type; an alternate with fewer
+    vCPUs or less memory would be launched for a pod it cannot hold. Larger alternates stay allowed."""
+    dev = stack_config("dev")
+    raw = set_path(dev, "eks-ddp:nodeGroups[0].capacityType", "spot")
+    raw = set_path(raw, "eks-ddp:nodeGroups[0].instanceType", "g4dn.2xlarge")
+    smaller = set_path(raw, "eks-ddp:nodeGroups[0].spotInstanceTypes", ["g4dn.4xlarge", "g4dn.xlarge"])
+    msg = rejects(smaller, "nodeGroups[0].spotInstanceTypes[1]", "'g4dn.xlarge'")
+    assert "4 vCPUs, 16 GiB" in msg and "8 vCPUs and 32 GiB" in msg and "g4dn.2xlarge" in msg
+    assert not [p for p in _problems(smaller) if "spotInstanceTypes[0]" in p]
+    load(set_path(raw, "eks-ddp:nodeGroups[0].spotInstanceTypes", ["g4dn.4xlarge", "g4dn.8xlarge"]))
+
+
+def _problems(cfg: dict) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        load(cfg)
+    return info.value.problems
