@@ -53,12 +53,13 @@ try:
 except ConfigError as err:
     raise pulumi.RunError(str(err)) from None
 
+stack = pulumi.get_stack()
+cluster_name = cluster_name_for(stack, cfg)
+stack_id = f"{pulumi.get_organization()}/{pulumi.get_project()}/{stack}"
 if cfg.preflight:
     # Same account as the provider: a stack that sets aws:profile must be checked with that profile.
-    preflight.run_or_raise(cfg, profile=pulumi.Config("aws").get("profile"))
-
-stack = pulumi.get_stack()
-cluster_name = cluster_name_for(stack)
+    preflight.run_or_raise(cfg, profile=pulumi.Config("aws").get("profile"), cluster_name=cluster_name,
+                           stack_id=stack_id)
 # Regular zones where EKS accepts subnets: never a Local Zone, never an unsupported zone ID.
 zones = choose_zones(cfg, [] if cfg.network.availability_zones else standard_zones())
 
@@ -90,6 +91,7 @@ cluster = EksCluster("cluster", EksClusterArgs(
     log_retention_days=cfg.cluster.log_retention_days,
     aws_profile=pulumi.Config("aws").get("profile"),
     admin_principal_arns=cfg.cluster.admin_principal_arns,
+    stack_id=stack_id,
 ))
 
 gpu_groups = [

@@ -36,6 +36,9 @@ import pulumi_eks as eks
 
 from . import k8s_versions, rules
 
+STACK_TAG = "eks-ddp/stack"
+"""The cluster's owner-stack tag (``components.preflight_live.STACK_TAG`` reads it)."""
+
 LOG_TYPES = ("api", "audit", "authenticator", "controllerManager", "scheduler")
 """Every EKS control-plane log type."""
 
@@ -132,6 +135,9 @@ class EksClusterArgs:
     principal that creates the cluster: a teammate or a CI role."""
     tags: dict[str, str] | None = None
     """Extra tags for the AWS resources."""
+    stack_id: str | None = None
+    """``<organization>/<project>/<stack>``, tagged on the EKS cluster (``eks-ddp/stack``) so preflight can tell
+    this stack's cluster from another stack's of the same name."""
 
 
 def validate(args: EksClusterArgs) -> None:
@@ -221,6 +227,9 @@ class EksCluster(pulumi.ComponentResource):
                         access_scope=aws.eks.AccessPolicyAssociationAccessScopeArgs(type="cluster"))})
                 for i, arn in enumerate(args.admin_principal_arns)},
             tags=self._tags,
+            # Only on the cluster: on every resource it would change the launch templates' instance tags, and so
+            # roll the nodes, on an existing stack.
+            cluster_tags={**self._tags, STACK_TAG: args.stack_id} if args.stack_id else None,
             opts=pulumi.ResourceOptions(parent=self, depends_on=[log_group]),
         )
         # Derived from a cluster output so dependents wait for the control plane.

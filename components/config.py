@@ -97,6 +97,9 @@ class ClusterConfig:
     scale_down_unneeded_time: str = _doc(
         "How long a GPU node must sit unneeded before the cluster autoscaler removes it (e.g. 10m, 1h): "
         "the idle tail after a run; longer keeps nodes warm between runs.", default="10m")
+    name: str | None = _doc(
+        "EKS cluster name (and its log group /aws/eks/<name>/cluster); unset: eks-ddp-<stack>. Preflight refuses "
+        "a name another stack's cluster has in the account and region: set one unique there.", default=None)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -370,11 +373,14 @@ def load_stack_config(raw: dict[str, Any], *, region: str | None, stack: str | N
         r.problems.append("aws:region: required; set it with 'pulumi config set aws:region us-west-2'")
     elif bad := rules.region("aws:region", region):
         r.problems.append(bad)
-    if stack is not None and (bad := rules.cluster_name("stack name", cluster_name_for(stack))):
-        r.problems.append(f"{bad} (the cluster is named eks-ddp-<stack>: rename the stack with "
-                          "'pulumi stack rename')")
     network = r.obj(NetworkConfig, data.get("network"), "network")
     cluster = r.obj(ClusterConfig, data.get("cluster"), "cluster")
+    named = getattr(cluster, "name", None)
+    if named is not None and (bad := rules.cluster_name("cluster.name", named)):
+        r.problems.append(bad)
+    elif named is None and stack is not None and (bad := rules.cluster_name("stack name", cluster_name_for(stack))):
+        r.problems.append(f"{bad} (the cluster is named eks-ddp-<stack>: rename the stack with "
+                          "'pulumi stack rename', or set eks-ddp:cluster.name)")
     groups_raw = data.get("nodeGroups")
     groups: list[NodeGroupConfig] = []
     if not isinstance(groups_raw, list) or not groups_raw:
@@ -400,8 +406,10 @@ def load_stack_config(raw: dict[str, Any], *, region: str | None, stack: str | N
     return cfg
 
 
-def cluster_name_for(stack: str) -> str:
-    """The EKS cluster's name for a stack."""
+def cluster_name_for(stack: str, cfg: StackConfig | None = None) -> str:
+    """The EKS cluster's name for a stack: ``cluster.name`` when set, else ``eks-ddp-<stack>``."""
+    if cfg is not None and cfg.cluster.name:
+        return cfg.cluster.name
     return f"{PROJECT}-{stack}"
 
 

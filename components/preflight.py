@@ -4,10 +4,12 @@ For the stack's region it asks EC2 and Service Quotas whether
 
 - every node group's instance type is offered in each zone its nodes may land in
   (the group's ``availabilityZone``, else ``network.availabilityZones``, else the
-  region's first ``azCount`` available zones, the same zones ``__main__.py`` picks);
+  zones ``config.choose_zones`` gives the new VPC: pinned zones first, the same
+  zones ``__main__.py`` picks);
 - the type supports EFA where the group asks for it;
 - running + requested vCPUs fit the on-demand or spot vCPU quota of the type's
-  class (G and VT, P, Standard), counting every group at ``maxSize``;
+  class (G and VT, P, Standard), counting every group at ``maxSize`` (this
+  cluster's own running nodes are part of that, not on top of it);
 - a named capacity reservation exists, is active, matches the group's type and
   zone, and has at least ``desiredSize`` instances free;
 - the group's ``placementGroupName`` is the placement group the reservation was
@@ -21,7 +23,12 @@ one line naming the stack key to change. API errors (no credentials, no network,
 a denied action) become warnings naming what could not be checked: preflight
 never stops a deployment it could not evaluate.
 
-IAM actions used (all read-only): ec2:DescribeAvailabilityZones, ec2:DescribeSubnets,
+With an EKS client and the cluster name it also checks what the stack already runs
+(:mod:`components.preflight_live`): the cluster name's owner, the version step, resizes
+against live desired sizes, and this cluster's own nodes (not counted twice).
+
+IAM actions used (all read-only): eks:DescribeCluster, eks:ListNodegroups, eks:DescribeNodegroup,
+ec2:DescribeAvailabilityZones, ec2:DescribeSubnets,
 ec2:DescribeInstanceTypeOfferings, ec2:DescribeInstanceTypes, ec2:DescribeInstances,
 ec2:DescribeCapacityReservations, ec2:DescribePlacementGroups, servicequotas:GetServiceQuota,
 servicequotas:GetAWSDefaultServiceQuota.
@@ -36,8 +43,8 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
-from . import catalog, k8s_versions
-from .config import NodeGroupConfig, StackConfig
+from . import catalog, k8s_versions, preflight_live
+from .config import NodeGroupConfig, StackConfig, choose_zones
 from .network import EKS_UNSUPPORTED_ZONE_IDS
 
 # EC2 vCPU quotas (Service Quotas, service code "ec2") per (quota class, market).
@@ -95,8 +102,10 @@ def _join(items: list[str] | tuple[str, ...]) -> str:
 class _Checker:
     """One preflight pass: shared caches, and the guard that turns API errors into warnings."""
 
-    def __init__(self, cfg: StackConfig, ec2: Any, quotas: Any):
+    def __init__(self, cfg: StackConfig, ec2: Any, quotas: Any, cluster_name: str | None = None):
         self.cfg = cfg
+        self.cluster_name = cluster_name
+        """This stack's cluster: its own nodes are not new demand (they are counted at maxSize)."""
         self.ec2 = ec2
         self.quotas = quotas
         self.report = Report()
@@ -176,7 +185,8 @@ class _Checker:
         if len(available) < net.az_count:
             self.fail(f"network.azCount: {net.az_count} zones asked, but {self.cfg.region} has only "
                       f"{len(available)} available ({_join(available)}); lower network.azCount")
-        return available[: net.az_count], "network.availabilityZones"
+        # The zones the new VPC gets (pinned zones first), the same choice __main__.py makes.
+        return choose_zones(self.cfg, available), "network.availabilityZones"
 
     def offered_in(self, instance_type: str) -> list[str] | None:
         if instance_type not in self._offered:
@@ -280,6 +290,10 @@ class _Checker:
                       f"set {key}.capacityType to {want}")
         self._check_reservation_placement(key, g, cr_id, found)
         # GPU groups start at zero: what must fit is what the autoscaler will ask for when the job runs.
+        # This cluster's own nodes in the reservation are the stack's demand, not someone else's use of it.
+        own = self.own_in_reservation(cr_id)
+        free += own
+        found = {**found, "AvailableInstanceCount": free}
         need, need_key = g.desired_size, f"{key}.desiredSize"
         if g.name == self.cfg.job_group.name and self.cfg.job.nodes > need:
             need, need_key = self.cfg.job.nodes, "job.nodes"
@@ -290,6 +304,18 @@ class _Checker:
             self.warn(f"{key}.maxSize: {g.max_size} nodes, but capacity reservation {cr_id} has {free} instances "
                       f"free; nodes beyond {free} will not launch into it")
         self._reservations[i] = found
+
+    def own_in_reservation(self, cr_id: str) -> int:
+        """Running instances of this cluster launched into reservation ``cr_id``."""
+        if self.cluster_name is None:
+            return 0
+        def count() -> int:
+            pages = self.ec2.get_paginator("describe_instances").paginate(Filters=[
+                {"Name": "instance-state-name", "Values": ["pending", "running"]},
+                {"Name": f"tag:{preflight_live.OWNER_TAG}", "Values": [self.cluster_name]}])
+            return sum(1 for page in pages for res in page["Reservations"] for inst in res["Instances"]
+                       if inst.get("CapacityReservationId") == cr_id)
+        return self.attempt("ec2", "DescribeInstances", f"this cluster's nodes in {cr_id}", count) or 0
 
     def _check_reservation_placement(self, key: str, g: NodeGroupConfig, cr_id: str, found: dict[str, Any]) -> None:
         cr_pg = placement_group_of(found.get("PlacementGroupArn"))
@@ -409,7 +435,9 @@ class _Checker:
                 for inst in res["Instances"]:
                     qclass = quota_class(inst["InstanceType"])
                     lifecycle = inst.get("InstanceLifecycle")
-                    if qclass is None or lifecycle == "capacity-block":
+                    # This cluster's own nodes are already in the demand (every group at maxSize).
+                    if qclass is None or lifecycle == "capacity-block" or preflight_live.is_own(inst,
+                                                                                               self.cluster_name):
                         continue
                     market = "spot" if lifecycle == "spot" else "onDemand"
                     totals[(qclass, market)] = totals.get((qclass, market), 0) + self._vcpus_of(inst)
@@ -441,9 +469,12 @@ def placement_group_of(arn: str | None) -> str | None:
     return arn.split(":placement-group/", 1)[-1]
 
 
-def check(cfg: StackConfig, *, ec2: Any, quotas: Any, today: dt.date | None = None) -> Report:
-    """Run every preflight check with the given boto3 ``ec2`` and ``service-quotas`` clients."""
-    c = _Checker(cfg, ec2, quotas)
+def check(cfg: StackConfig, *, ec2: Any, quotas: Any, today: dt.date | None = None, eks: Any = None,
+          cluster_name: str | None = None, stack_id: str | None = None) -> Report:
+    """Run every preflight check with the given boto3 ``ec2`` and ``service-quotas`` clients; with ``eks`` and
+    ``cluster_name`` also the checks against what this stack already runs (:mod:`components.preflight_live`).
+    ``stack_id`` (``<organization>/<project>/<stack>``) is the cluster's owner tag."""
+    c = _Checker(cfg, ec2, quotas, cluster_name)
     # Extended support bills the control plane $0.60/h instead of $0.10/h: say so before anything is created.
     notice = k8s_versions.support_notice(cfg.cluster.kubernetes_version, cfg.cluster.upgrade_policy,
                                          today or dt.date.today())
@@ -455,10 +486,12 @@ def check(cfg: StackConfig, *, ec2: Any, quotas: Any, today: dt.date | None = No
     c.check_reservations()
     c.check_placement_groups()
     c.check_quotas()
+    if eks is not None and cluster_name is not None:
+        preflight_live.check_live(c, eks, cluster_name, stack_id)
     return c.report
 
 
-def clients(region: str, profile: str | None = None) -> tuple[Any, Any]:
+def clients(region: str, profile: str | None = None) -> tuple[Any, Any, Any]:
     """boto3 clients with short timeouts: an unreachable endpoint becomes a warning in seconds, not minutes."""
     import boto3
     from botocore.config import Config
@@ -466,10 +499,12 @@ def clients(region: str, profile: str | None = None) -> tuple[Any, Any]:
     config = Config(region_name=region, connect_timeout=5, read_timeout=15,
                     retries={"max_attempts": 3, "mode": "standard"})
     session = boto3.Session(profile_name=profile) if profile else boto3.Session()
-    return session.client("ec2", config=config), session.client("service-quotas", config=config)
+    return (session.client("ec2", config=config), session.client("service-quotas", config=config),
+            session.client("eks", config=config))
 
 
-def run_or_raise(cfg: StackConfig, *, profile: str | None = None, ec2: Any = None, quotas: Any = None) -> Report:
+def run_or_raise(cfg: StackConfig, *, profile: str | None = None, ec2: Any = None, quotas: Any = None,
+                 eks: Any = None, cluster_name: str | None = None, stack_id: str | None = None) -> Report:
     """Run the checks; log warnings; raise pulumi.RunError (no traceback) listing every failure.
 
     ``profile`` is the stack's ``aws:profile`` (so the checks ask the account the provider deploys
@@ -479,12 +514,12 @@ def run_or_raise(cfg: StackConfig, *, profile: str | None = None, ec2: Any = Non
 
     if ec2 is None or quotas is None:
         try:
-            made_ec2, made_quotas = clients(cfg.region, profile)
+            made_ec2, made_quotas, made_eks = clients(cfg.region, profile)
         except BotoCoreError as err:  # e.g. ProfileNotFound
             pulumi.log.warn(f"preflight: could not create AWS clients ({err}); nothing was checked")
             return Report(warnings=[str(err)])
-        ec2, quotas = ec2 or made_ec2, quotas or made_quotas
-    report = check(cfg, ec2=ec2, quotas=quotas)
+        ec2, quotas, eks = ec2 or made_ec2, quotas or made_quotas, eks or made_eks
+    report = check(cfg, ec2=ec2, quotas=quotas, eks=eks, cluster_name=cluster_name, stack_id=stack_id)
     for message in report.warnings:
         pulumi.log.warn(message)
     if report.failures:
