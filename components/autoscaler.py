@@ -30,6 +30,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
+from . import rules
 from .efs import irsa_trust_policy
 
 CHART = "cluster-autoscaler"
@@ -122,7 +123,7 @@ def owner_tag(cluster_name: str) -> str:
 
 def partition(region: str) -> str:
     """The AWS partition of a region (ARNs name it)."""
-    return "aws-cn" if region.startswith("cn-") else "aws-us-gov" if region.startswith("us-gov-") else "aws"
+    return rules.partition(region)
 
 
 def iam_policy(cluster_name: str, region: str) -> dict:

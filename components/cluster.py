@@ -49,6 +49,11 @@ SYSTEM_AMI_TYPE = "AL2023_x86_64_STANDARD"
 SYSTEM_ROOT_VOLUME_GIB = 50
 
 CLUSTER_ADMIN_POLICY_ARN = "arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy"
+"""In the ``aws`` partition; :func:`cluster_admin_policy_arn` for the region's."""
+
+
+def cluster_admin_policy_arn(partition: str) -> str:
+    return CLUSTER_ADMIN_POLICY_ARN.replace("arn:aws:", f"arn:{partition}:", 1)
 
 DEFAULT_ADDON_REGISTRY_ACCOUNT = "602401143452"
 ADDON_REGISTRY_ACCOUNTS = {
@@ -188,6 +193,8 @@ class EksCluster(pulumi.ComponentResource):
         self._name, self._args = name, args
         self._tags = {"eks-ddp/cluster": args.cluster_name, **(args.tags or {})}
         child = pulumi.ResourceOptions(parent=self)
+        # aws, aws-cn or aws-us-gov: AWS-managed policy ARNs name it.
+        self._partition = aws.get_partition(opts=pulumi.InvokeOptions(parent=self)).partition
 
         secrets_key = aws.kms.Key(
             f"{name}-secrets", description=f"Envelope encryption of Kubernetes secrets in {args.cluster_name}",
@@ -223,7 +230,7 @@ class EksCluster(pulumi.ComponentResource):
                 f"admin-{i}": eks.AccessEntryArgs(
                     principal_arn=arn,
                     access_policies={"cluster-admin": eks.AccessPolicyAssociationArgs(
-                        policy_arn=CLUSTER_ADMIN_POLICY_ARN,
+                        policy_arn=cluster_admin_policy_arn(self._partition),
                         access_scope=aws.eks.AccessPolicyAssociationAccessScopeArgs(type="cluster"))})
                 for i, arn in enumerate(args.admin_principal_arns)},
             tags=self._tags,
@@ -280,12 +287,13 @@ class EksCluster(pulumi.ComponentResource):
                             description="EKS worker nodes (system and GPU groups)", tags=self._tags, opts=child)
         self._node_policy_attachments = [
             aws.iam.RolePolicyAttachment(f"{name}-node-{short}", role=role.name,
-                                         policy_arn=f"arn:aws:iam::aws:policy/{policy}", opts=child)
+                                         policy_arn=f"arn:{self._partition}:iam::aws:policy/{policy}",
+                                         opts=child)
             for short, policy in (("worker", "AmazonEKSWorkerNodePolicy"), ("cni", "AmazonEKS_CNI_Policy"))
         ]
         invoke = pulumi.InvokeOptions(parent=self)
         region = aws.get_region(opts=invoke).region
-        partition = aws.get_partition(opts=invoke).partition
+        partition = self._partition
         self._node_policy_attachments.append(aws.iam.RolePolicy(
             f"{name}-node-addon-images", role=role.id,
             policy=json.dumps(node_image_pull_policy(region, partition)), opts=child))

@@ -58,7 +58,35 @@ from . import k8s_versions
 _FS_ID = re.compile(r"^fs-[0-9a-f]{8,40}$")
 EFS_CSI_CONTROLLER_SA = "efs-csi-controller-sa"
 EFS_CSI_NAMESPACE = "kube-system"
-EFS_CSI_POLICY_ARN = "arn:aws:iam::aws:policy/service-role/AmazonEFSCSIDriverPolicy"
+ACCESS_POINT_TAG = "eks-ddp/cluster"
+"""Tag the CSI controller puts on every access point it creates (add-on ``controller.tags``): its IAM policy may
+delete only access points with this cluster's value, never another cluster's."""
+DRIVER_TAG = "efs.csi.aws.com/cluster"
+"""The tag every EFS CSI driver in the account puts on its access points (so it identifies no cluster)."""
+
+
+def csi_controller_policy(file_system_arn: str, cluster_name: str) -> dict:
+    """Least privilege for the EFS CSI controller, instead of the AWS-managed AmazonEFSCSIDriverPolicy (which may
+    create access points on every file system and delete any driver's access point in the account): describe
+    (no resource scoping for these), create access points only on this file system and only tagged as this
+    cluster's, tag and delete only this cluster's access points."""
+    own = {f"aws:ResourceTag/{ACCESS_POINT_TAG}": cluster_name}
+    return {"Version": "2012-10-17", "Statement": [
+        {"Sid": "Describe", "Effect": "Allow", "Resource": "*", "Action": [
+            "elasticfilesystem:DescribeAccessPoints", "elasticfilesystem:DescribeFileSystems",
+            "elasticfilesystem:DescribeMountTargets", "ec2:DescribeAvailabilityZones"]},
+        {"Sid": "CreateOwnAccessPoints", "Effect": "Allow", "Action": ["elasticfilesystem:CreateAccessPoint"],
+         "Resource": file_system_arn,
+         "Condition": {"StringEquals": {f"aws:RequestTag/{ACCESS_POINT_TAG}": cluster_name,
+                                        f"aws:RequestTag/{DRIVER_TAG}": "true"}}},
+        # Tag-on-create: the tags in the CreateAccessPoint request are this cluster's.
+        {"Sid": "TagOwnAccessPointsOnCreate", "Effect": "Allow", "Action": ["elasticfilesystem:TagResource"],
+         "Resource": "*", "Condition": {"StringEquals": {f"aws:RequestTag/{ACCESS_POINT_TAG}": cluster_name}}},
+        {"Sid": "TagOwnAccessPoints", "Effect": "Allow", "Action": ["elasticfilesystem:TagResource"],
+         "Resource": "*", "Condition": {"StringEquals": own}},
+        {"Sid": "DeleteOwnAccessPoints", "Effect": "Allow", "Action": ["elasticfilesystem:DeleteAccessPoint"],
+         "Resource": "*", "Condition": {"StringEquals": own}},
+    ]}
 NFS_PORT = 2049
 TRAINER_UID = 1000
 TRAINER_GID = 1000
@@ -167,8 +195,15 @@ class EfsStore(pulumi.ComponentResource):
             assume_role_policy=pulumi.Output.all(args.oidc_provider_arn, args.oidc_provider_url).apply(
                 lambda a: irsa_trust_policy(a[0], a[1], EFS_CSI_NAMESPACE, EFS_CSI_CONTROLLER_SA)),
             tags=tags, opts=child)
-        attach = aws.iam.RolePolicyAttachment(f"{name}-efs-csi", role=role.name, policy_arn=EFS_CSI_POLICY_ARN,
-                                              opts=child)
+        invoke = pulumi.InvokeOptions(parent=self)
+        fs_arn = pulumi.Output.concat(
+            "arn:", aws.get_partition(opts=invoke).partition, ":elasticfilesystem:", aws.get_region(opts=invoke).region,
+            ":", aws.get_caller_identity(opts=invoke).account_id, ":file-system/", fs_id)
+        attach = aws.iam.RolePolicy(
+            f"{name}-efs-csi", role=role.id,
+            policy=pulumi.Output.all(fs_arn, args.cluster_name).apply(
+                lambda a: json.dumps(csi_controller_policy(a[0], a[1]))),
+            opts=child)
         addon = aws.eks.Addon(
             f"{name}-efs-csi-driver",
             cluster_name=args.cluster_name,
@@ -177,7 +212,11 @@ class EfsStore(pulumi.ComponentResource):
                                                      opts=pulumi.InvokeOptions(parent=self)),
             service_account_role_arn=role.arn,
             # The node plugin must also run on the tainted GPU nodes, where the trainer mounts the volume.
-            configuration_values=json.dumps({"node": {"tolerations": [{"operator": "Exists"}]}}),
+            # controller.tags: every access point the controller creates carries this cluster's tag, which its
+            # IAM policy requires to create, tag and delete one.
+            configuration_values=pulumi.Output.from_input(args.cluster_name).apply(lambda c: json.dumps({
+                "node": {"tolerations": [{"operator": "Exists"}]},
+                "controller": {"tags": {ACCESS_POINT_TAG: c}}})),
             resolve_conflicts_on_create="OVERWRITE",
             resolve_conflicts_on_update="PRESERVE",
             tags=tags,

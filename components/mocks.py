@@ -26,6 +26,8 @@ from pulumi.runtime.config import set_all_config
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
+from . import rules
+
 ACCOUNT = "123456789012"
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -275,7 +277,9 @@ _INVOKES = {
         "addonName": a.get("addonName"), "kubernetesVersion": a.get("kubernetesVersion"),
         "version": f"v0.0.0-eksbuild.default-{a.get('kubernetesVersion')}", "id": a.get("addonName")},
     "aws:index/getPartition:getPartition": lambda m, a: {
-        "partition": "aws", "dnsSuffix": "amazonaws.com", "id": "aws"},
+        "partition": rules.partition(m.region),
+        "dnsSuffix": "amazonaws.com.cn" if m.region.startswith("cn-") else "amazonaws.com",
+        "id": rules.partition(m.region)},
     "aws:iam/getPolicyDocument:getPolicyDocument": _policy_document,
     "aws:ec2/getSubnet:getSubnet": _subnet,
     "eks:index:Cluster/getKubeconfig": lambda m, a: {"result": json.dumps(_profile_kubeconfig(a))},

@@ -191,7 +191,7 @@ class Network(pulumi.ComponentResource):
             private_rts.append(rt)
 
         region = aws.get_region(opts=pulumi.InvokeOptions(parent=self)).region
-        aws.ec2.VpcEndpoint(f"{name}-s3", vpc_id=vpc.id, service_name=f"com.amazonaws.{region}.s3",
+        aws.ec2.VpcEndpoint(f"{name}-s3", vpc_id=vpc.id, service_name=rules.s3_gateway_service_name(region),
                             vpc_endpoint_type="Gateway", route_table_ids=[rt.id for rt in private_rts],
                             tags={"Name": f"{args.cluster_name}-s3"}, opts=child)
 

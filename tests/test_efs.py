@@ -80,8 +80,7 @@ def test_csi_driver_addon_pinned_with_irsa_role_for_the_controller_only(result):
     assert trust[0]["Condition"] == {"StringEquals": {
         f"{ISSUER}:sub": "system:serviceaccount:kube-system:efs-csi-controller-sa",
         f"{ISSUER}:aud": "sts.amazonaws.com"}}
-    attach = result.one("aws:iam/rolePolicyAttachment:RolePolicyAttachment").inputs
-    assert attach["policyArn"] == "arn:aws:iam::aws:policy/service-role/AmazonEFSCSIDriverPolicy"
+    assert result.one("aws:iam/rolePolicy:RolePolicy").inputs["role"] == role.outputs["id"]
 
 
 def test_storage_class_access_points_for_the_non_root_trainer_retained(result):
@@ -169,3 +168,26 @@ def test_file_system_id_is_a_config_key():
     result = run(set_path(stack_config("dev"), "eks-ddp:storage.fileSystemId", "fs-0123456789abcdef0"))
     assert result.of_type("aws:efs/fileSystem:FileSystem") == []
     assert result.outputs["efsId"] == "fs-0123456789abcdef0"
+
+
+def test_csi_role_scoped_to_file_system(result):
+    """A13: no AWS-managed AmazonEFSCSIDriverPolicy (access points on any file system, delete any driver's); an
+    inline policy creates access points only on this file system, tagged as this cluster's, and tags/deletes only
+    access points carrying this cluster's tag, which the add-on's controller.tags puts on every one it creates."""
+    assert result.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment") == []
+    fs_id = result.one("aws:efs/fileSystem:FileSystem").outputs["id"]
+    policy = json.loads(result.one("aws:iam/rolePolicy:RolePolicy").inputs["policy"])
+    by_action = {a: s for s in policy["Statement"] for a in s["Action"]}
+    assert by_action["elasticfilesystem:CreateAccessPoint"]["Resource"] == \
+        f"arn:aws:elasticfilesystem:us-west-2:123456789012:file-system/{fs_id}"
+    assert by_action["elasticfilesystem:CreateAccessPoint"]["Condition"]["StringEquals"][
+        "aws:RequestTag/eks-ddp/cluster"] == "eks-ddp-test"
+    assert by_action["elasticfilesystem:DeleteAccessPoint"]["Condition"] == {
+        "StringEquals": {"aws:ResourceTag/eks-ddp/cluster": "eks-ddp-test"}}
+    for s in policy["Statement"]:  # every write is conditioned on this cluster's tag
+        if s["Sid"] != "Describe":
+            assert "eks-ddp-test" in json.dumps(s["Condition"]), s
+    config = json.loads(result.one("aws:eks/addon:Addon").inputs["configurationValues"])
+    assert config["controller"]["tags"] == {"eks-ddp/cluster": "eks-ddp-test"}
+    assert config["node"]["tolerations"] == [{"operator": "Exists"}]
+
