@@ -44,6 +44,7 @@ from components.config import (
 )
 from components.namespace import training_namespace
 from components.network import standard_zones
+from components.rules import partition as rules_partition
 
 # --- config: the only place that reads Pulumi config -----------------------------------------
 raw = {k: v for k, v in {**get_config_env(), **CONFIG.get()}.items() if k.startswith(PROJECT + ":")}
@@ -183,6 +184,8 @@ results = ResultsBucket("results", ResultsBucketArgs(
     namespace=namespace.metadata.name,
     service_account=f"{JOB_NAME}-trainer",  # ElasticJob's service account for its trainer pods
     run_id=cfg.job.run_id,
+    existing_bucket=cfg.storage.results_bucket,
+    partition=rules_partition(cfg.region),
 ))
 results_url = pulumi.Output.concat("s3://", results.bucket_name, "/", results.prefix)
 

@@ -141,6 +141,9 @@ class StorageConfig:
     file_system_id: str | None = _doc(
         "Existing EFS file system to use (e.g. one kept by an earlier 'pulumi destroy'): its checkpoints are "
         "seen again; none is created.", default=None)
+    results_bucket: str | None = _doc(
+        "Existing S3 bucket for run results (e.g. the one an earlier 'pulumi destroy' kept, as 'pulumi stack "
+        "output results' named it): uploads go there; none is created.", default=None)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -479,6 +482,10 @@ def validate(cfg: StackConfig, *, placeholders_ok: bool = False, today: dt.date 
     p += _check_job(cfg)
     if cfg.image.prebuilt is not None and (bad := rules.image_by_digest("image.prebuilt", cfg.image.prebuilt)):
         p.append(bad)
+    bucket = cfg.storage.results_bucket
+    if bucket is not None and not re.match(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$", bucket):
+        p.append(f"storage.resultsBucket: got {bucket!r}; expected an S3 bucket name (3-63 lowercase letters, "
+                 "digits, '.' and '-')")
     fs_id = cfg.storage.file_system_id
     if fs_id is not None and not _EFS_ID.match(fs_id):
         p.append(f"storage.fileSystemId: got {fs_id!r}; expected an EFS file system id like fs-0123456789abcdef0")
