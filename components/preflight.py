@@ -43,7 +43,7 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
-from . import catalog, k8s_versions, preflight_live
+from . import catalog, cli_version, k8s_versions, preflight_live
 from .config import NodeGroupConfig, StackConfig, choose_zones
 from .network import EKS_UNSUPPORTED_ZONE_IDS
 
@@ -520,6 +520,8 @@ def run_or_raise(cfg: StackConfig, *, profile: str | None = None, ec2: Any = Non
             return Report(warnings=[str(err)])
         ec2, quotas, eks = ec2 or made_ec2, quotas or made_quotas, eks or made_eks
     report = check(cfg, ec2=ec2, quotas=quotas, eks=eks, cluster_name=cluster_name, stack_id=stack_id)
+    if too_old := cli_version.problem():
+        report.failures.append(too_old)
     for message in report.warnings:
         pulumi.log.warn(message)
     if report.failures:
