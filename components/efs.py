@@ -14,7 +14,8 @@ dataset, checkpoints, metrics). EFS gives that without a storage operator:
   documented ``StringLike efs-csi-*`` trust, which also admits the node service account: the
   nodes only mount (plain NFS over TLS to the mount target in their zone), which needs no AWS
   call; the ``iam`` mount option or efs-utils' mount-target-IP fallback would need it, and then
-  the node SA must be added here;
+  the node SA must be added here. Its permissions are an inline policy (:func:`csi_controller_policy`):
+  access points only on this file system, not the managed policy's every file system in the account;
 * a StorageClass that provisions one EFS access point per volume, owned by
   uid/gid 1000 (the non-root trainer) with mode 700, reclaim policy Retain, at
   the stable path ``/eks-ddp/<namespace>/<claim>`` (``subPathPattern``, no
@@ -58,35 +59,33 @@ from . import k8s_versions
 _FS_ID = re.compile(r"^fs-[0-9a-f]{8,40}$")
 EFS_CSI_CONTROLLER_SA = "efs-csi-controller-sa"
 EFS_CSI_NAMESPACE = "kube-system"
-ACCESS_POINT_TAG = "eks-ddp/cluster"
-"""Tag the CSI controller puts on every access point it creates (add-on ``controller.tags``): its IAM policy may
-delete only access points with this cluster's value, never another cluster's."""
 DRIVER_TAG = "efs.csi.aws.com/cluster"
-"""The tag every EFS CSI driver in the account puts on its access points (so it identifies no cluster)."""
+"""The tag the EFS CSI controller puts on every access point it creates (value ``true``)."""
 
 
-def csi_controller_policy(file_system_arn: str, cluster_name: str) -> dict:
-    """Least privilege for the EFS CSI controller, instead of the AWS-managed AmazonEFSCSIDriverPolicy (which may
-    create access points on every file system and delete any driver's access point in the account): describe
-    (no resource scoping for these), create access points only on this file system and only tagged as this
-    cluster's, tag and delete only this cluster's access points."""
-    own = {f"aws:ResourceTag/{ACCESS_POINT_TAG}": cluster_name}
+def csi_controller_policy(file_system_arn: str) -> dict:
+    """The EFS CSI controller's permissions, instead of the AWS-managed AmazonEFSCSIDriverPolicy, which may create
+    access points on every file system in the account: here only on this stack's file system.
+
+    Delete stays conditioned on the driver's tag, as in the managed policy: an access point's ARN does not name its
+    file system, and a cluster-specific tag would need the driver's ``controller.tags``, which the EKS add-on's
+    configuration does not accept (aws/containers-roadmap#2755, open). So the controller could still delete another
+    cluster's CSI access points in the account; a self-managed driver (Helm, ``controller.tags``) could close it."""
+    driver = {"StringEquals": {f"aws:ResourceTag/{DRIVER_TAG}": "true"}}
     return {"Version": "2012-10-17", "Statement": [
         {"Sid": "Describe", "Effect": "Allow", "Resource": "*", "Action": [
             "elasticfilesystem:DescribeAccessPoints", "elasticfilesystem:DescribeFileSystems",
             "elasticfilesystem:DescribeMountTargets", "ec2:DescribeAvailabilityZones"]},
-        {"Sid": "CreateOwnAccessPoints", "Effect": "Allow", "Action": ["elasticfilesystem:CreateAccessPoint"],
-         "Resource": file_system_arn,
-         "Condition": {"StringEquals": {f"aws:RequestTag/{ACCESS_POINT_TAG}": cluster_name,
-                                        f"aws:RequestTag/{DRIVER_TAG}": "true"}}},
-        # Tag-on-create: the tags in the CreateAccessPoint request are this cluster's.
-        {"Sid": "TagOwnAccessPointsOnCreate", "Effect": "Allow", "Action": ["elasticfilesystem:TagResource"],
-         "Resource": "*", "Condition": {"StringEquals": {f"aws:RequestTag/{ACCESS_POINT_TAG}": cluster_name}}},
-        {"Sid": "TagOwnAccessPoints", "Effect": "Allow", "Action": ["elasticfilesystem:TagResource"],
-         "Resource": "*", "Condition": {"StringEquals": own}},
-        {"Sid": "DeleteOwnAccessPoints", "Effect": "Allow", "Action": ["elasticfilesystem:DeleteAccessPoint"],
-         "Resource": "*", "Condition": {"StringEquals": own}},
+        {"Sid": "CreateAccessPointsOnThisFileSystem", "Effect": "Allow",
+         "Action": ["elasticfilesystem:CreateAccessPoint"], "Resource": file_system_arn,
+         "Condition": {"StringEquals": {f"aws:RequestTag/{DRIVER_TAG}": "true"}}},
+        {"Sid": "TagDriverAccessPoints", "Effect": "Allow", "Action": ["elasticfilesystem:TagResource"],
+         "Resource": "*", "Condition": driver},
+        {"Sid": "DeleteDriverAccessPoints", "Effect": "Allow", "Action": ["elasticfilesystem:DeleteAccessPoint"],
+         "Resource": "*", "Condition": driver},
     ]}
+
+
 NFS_PORT = 2049
 TRAINER_UID = 1000
 TRAINER_GID = 1000
@@ -201,8 +200,7 @@ class EfsStore(pulumi.ComponentResource):
             ":", aws.get_caller_identity(opts=invoke).account_id, ":file-system/", fs_id)
         attach = aws.iam.RolePolicy(
             f"{name}-efs-csi", role=role.id,
-            policy=pulumi.Output.all(fs_arn, args.cluster_name).apply(
-                lambda a: json.dumps(csi_controller_policy(a[0], a[1]))),
+            policy=fs_arn.apply(lambda arn: json.dumps(csi_controller_policy(arn))),
             opts=child)
         addon = aws.eks.Addon(
             f"{name}-efs-csi-driver",
@@ -212,11 +210,7 @@ class EfsStore(pulumi.ComponentResource):
                                                      opts=pulumi.InvokeOptions(parent=self)),
             service_account_role_arn=role.arn,
             # The node plugin must also run on the tainted GPU nodes, where the trainer mounts the volume.
-            # controller.tags: every access point the controller creates carries this cluster's tag, which its
-            # IAM policy requires to create, tag and delete one.
-            configuration_values=pulumi.Output.from_input(args.cluster_name).apply(lambda c: json.dumps({
-                "node": {"tolerations": [{"operator": "Exists"}]},
-                "controller": {"tags": {ACCESS_POINT_TAG: c}}})),
+            configuration_values=json.dumps({"node": {"tolerations": [{"operator": "Exists"}]}}),
             resolve_conflicts_on_create="OVERWRITE",
             resolve_conflicts_on_update="PRESERVE",
             tags=tags,

@@ -171,23 +171,20 @@ def test_file_system_id_is_a_config_key():
 
 
 def test_csi_role_scoped_to_file_system(result):
-    """A13: no AWS-managed AmazonEFSCSIDriverPolicy (access points on any file system, delete any driver's); an
-    inline policy creates access points only on this file system, tagged as this cluster's, and tags/deletes only
-    access points carrying this cluster's tag, which the add-on's controller.tags puts on every one it creates."""
+    """A13 (in part): no AWS-managed AmazonEFSCSIDriverPolicy, which may create access points on every file system
+    in the account; an inline policy creates them only on this file system. Delete keeps the managed policy's
+    driver-tag condition (the add-on cannot set a cluster tag, see components/efs.py); the add-on configuration
+    stays within its schema (no controller.tags)."""
     assert result.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment") == []
     fs_id = result.one("aws:efs/fileSystem:FileSystem").outputs["id"]
     policy = json.loads(result.one("aws:iam/rolePolicy:RolePolicy").inputs["policy"])
     by_action = {a: s for s in policy["Statement"] for a in s["Action"]}
     assert by_action["elasticfilesystem:CreateAccessPoint"]["Resource"] == \
         f"arn:aws:elasticfilesystem:us-west-2:123456789012:file-system/{fs_id}"
-    assert by_action["elasticfilesystem:CreateAccessPoint"]["Condition"]["StringEquals"][
-        "aws:RequestTag/eks-ddp/cluster"] == "eks-ddp-test"
-    assert by_action["elasticfilesystem:DeleteAccessPoint"]["Condition"] == {
-        "StringEquals": {"aws:ResourceTag/eks-ddp/cluster": "eks-ddp-test"}}
-    for s in policy["Statement"]:  # every write is conditioned on this cluster's tag
+    for s in policy["Statement"]:  # every write is conditioned
         if s["Sid"] != "Describe":
-            assert "eks-ddp-test" in json.dumps(s["Condition"]), s
+            assert s["Condition"], s
+    assert not any(a.startswith("elasticfilesystem:") and a.split(":")[1].startswith(("Create", "Delete", "Put"))
+                   and s["Resource"] == "*" and not s.get("Condition") for a, s in by_action.items())
     config = json.loads(result.one("aws:eks/addon:Addon").inputs["configurationValues"])
-    assert config["controller"]["tags"] == {"eks-ddp/cluster": "eks-ddp-test"}
-    assert config["node"]["tolerations"] == [{"operator": "Exists"}]
-
+    assert config == {"node": {"tolerations": [{"operator": "Exists"}]}}
