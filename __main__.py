@@ -44,6 +44,7 @@ from components.config import (
 )
 from components.namespace import training_namespace
 from components.network import standard_zones
+from components.rules import partition as rules_partition
 
 # --- config: the only place that reads Pulumi config -----------------------------------------
 raw = {k: v for k, v in {**get_config_env(), **CONFIG.get()}.items() if k.startswith(PROJECT + ":")}
@@ -53,12 +54,13 @@ try:
 except ConfigError as err:
     raise pulumi.RunError(str(err)) from None
 
+stack = pulumi.get_stack()
+cluster_name = cluster_name_for(stack, cfg)
+stack_id = f"{pulumi.get_organization()}/{pulumi.get_project()}/{stack}"
 if cfg.preflight:
     # Same account as the provider: a stack that sets aws:profile must be checked with that profile.
-    preflight.run_or_raise(cfg, profile=pulumi.Config("aws").get("profile"))
-
-stack = pulumi.get_stack()
-cluster_name = cluster_name_for(stack)
+    preflight.run_or_raise(cfg, profile=pulumi.Config("aws").get("profile"), cluster_name=cluster_name,
+                           stack_id=stack_id)
 # Regular zones where EKS accepts subnets: never a Local Zone, never an unsupported zone ID.
 zones = choose_zones(cfg, [] if cfg.network.availability_zones else standard_zones())
 
@@ -91,6 +93,7 @@ cluster = EksCluster("cluster", EksClusterArgs(
     log_retention_days=cfg.cluster.log_retention_days,
     aws_profile=pulumi.Config("aws").get("profile"),
     admin_principal_arns=cfg.cluster.admin_principal_arns,
+    stack_id=stack_id,
 ))
 
 gpu_groups = [
@@ -114,6 +117,7 @@ gpu_groups = [
         placement_group_name=g.placement_group_name,
         root_volume_gib=g.root_volume_gib,
         spot_instance_types=g.spot_instance_types,
+        kubernetes_version=cfg.cluster.kubernetes_version,
     ), opts=pulumi.ResourceOptions(depends_on=[cluster]))
     for g in cfg.node_groups
 ]
@@ -185,6 +189,8 @@ results = ResultsBucket("results", ResultsBucketArgs(
     namespace=namespace.metadata.name,
     service_account=f"{JOB_NAME}-trainer",  # ElasticJob's service account for its trainer pods
     run_id=cfg.job.run_id,
+    existing_bucket=cfg.storage.results_bucket,
+    partition=rules_partition(cfg.region),
 ))
 results_url = pulumi.Output.concat("s3://", results.bucket_name, "/", results.prefix)
 

@@ -1,8 +1,10 @@
 """Cluster autoscaler: GPU nodes appear for Pending pods and leave after the run.
 
-* The upstream Helm chart (kubernetes/autoscaler ``cluster-autoscaler``), pinned, with the
-  autoscaler image whose minor version matches the cluster's (:data:`IMAGE_TAGS`: the autoscaler
-  simulates the scheduler of its own minor version, so a mismatch is unsupported upstream).
+* The upstream Helm chart (kubernetes/autoscaler ``cluster-autoscaler``) and the autoscaler image,
+  both pinned per Kubernetes minor version (:data:`PINS`): the image's minor matches the cluster's (it
+  simulates the scheduler of its own minor version), and the chart's ClusterRole grants every list/watch
+  that image makes before its first loop (from 1.35: the DRA resources), checked against the vendored
+  chart RBAC in ``tests/fixtures/autoscaler``.
 * Runs on the system nodes (nodeSelector), never on the GPU nodes it removes.
 * Discovers node groups by the tags EKS puts on every managed group's Auto Scaling group
   (``k8s.io/cluster-autoscaler/enabled``, ``k8s.io/cluster-autoscaler/<cluster>``); scale from
@@ -28,22 +30,51 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
+from . import rules
 from .efs import irsa_trust_policy
 
 CHART = "cluster-autoscaler"
 CHART_REPO = "https://kubernetes.github.io/autoscaler"
-CHART_VERSION = "9.46.6"
-"""Chart version; the image is set per cluster version below, not the chart's appVersion."""
 IMAGE_REPOSITORY = "registry.k8s.io/autoscaling/cluster-autoscaler"
-IMAGE_TAGS: dict[str, str] = {
-    "1.31": "v1.31.1",
-    "1.32": "v1.32.7",
-    "1.33": "v1.33.5",
-    "1.34": "v1.34.4",
-    "1.35": "v1.35.1",
-    "1.36": "v1.36.0",
+
+
+@dataclass(frozen=True, kw_only=True)
+class AutoscalerPin:
+    """The chart and image pinned for one Kubernetes minor version."""
+
+    chart_version: str
+    """cluster-autoscaler chart version: its ClusterRole must grant what the image lists and watches."""
+    image_tag: str
+    """Autoscaler image tag of the same minor as the cluster (it simulates that minor's scheduler)."""
+
+
+PINS: dict[str, AutoscalerPin] = {
+    # Chart appVersion 1.32.0. DRA is off by default in 1.32-1.34 images, so no resource.k8s.io rule is needed.
+    "1.32": AutoscalerPin(chart_version="9.46.6", image_tag="v1.32.7"),
+    # Last chart of appVersion 1.33.0.
+    "1.33": AutoscalerPin(chart_version="9.51.0", image_tag="v1.33.5"),
+    # Chart appVersion 1.34.2.
+    "1.34": AutoscalerPin(chart_version="9.53.0", image_tag="v1.34.4"),
+    # From 1.35 the image locks --enable-dynamic-resource-allocation to true and waits for the
+    # resource.k8s.io informers to sync before its first loop: the chart must grant list/watch on
+    # resourceslices, deviceclasses and resourceclaims. 9.54.0 (appVersion 1.35.0) is the first that does.
+    "1.35": AutoscalerPin(chart_version="9.54.1", image_tag="v1.35.1"),
+    # No chart has appVersion 1.36 yet; the newest one grants everything the 1.36 image lists and watches
+    # with eks-ddp's flags (tests/test_autoscaler_rbac.py).
+    "1.36": AutoscalerPin(chart_version="9.59.0", image_tag="v1.36.0"),
 }
+"""Kubernetes minor -> the autoscaler chart and image pinned for it."""
+IMAGE_TAGS: dict[str, str] = {v: p.image_tag for v, p in PINS.items()}
 """Autoscaler release per Kubernetes minor version (newest patch known to be published)."""
+CHART_VERSIONS: dict[str, str] = {v: p.chart_version for v, p in PINS.items()}
+"""Chart version per Kubernetes minor version."""
+MAX_INACTIVITY = "5m"
+"""``--max-inactivity``: /health-check (the chart's liveness probe) answers 500 once the main loop has
+recorded no activity for this long, so a loop stuck after start is restarted (upstream default 10m).
+The loop records activity every scan (10 s)."""
+MAX_FAILING_TIME = "10m"
+"""``--max-failing-time``: /health-check answers 500 once no loop has succeeded for this long (a loop
+that fails every time, e.g. on AWS API errors, is restarted; upstream default 15m)."""
 NAMESPACE = "kube-system"
 SERVICE_ACCOUNT = "cluster-autoscaler"
 # Requests measured from upstream's examples (100m / 300Mi for clusters of this size); the limit leaves room
@@ -67,13 +98,23 @@ NODEGROUP_ACTION = "eks:DescribeNodegroup"
 MUTATING_ACTIONS = ("autoscaling:SetDesiredCapacity", "autoscaling:TerminateInstanceInAutoScalingGroup")
 
 
-def image_tag(kubernetes_version: str) -> str:
-    """The autoscaler image tag for a cluster's Kubernetes minor version."""
+def pin(kubernetes_version: str) -> AutoscalerPin:
+    """The autoscaler chart and image for a cluster's Kubernetes minor version."""
     try:
-        return IMAGE_TAGS[kubernetes_version]
+        return PINS[kubernetes_version]
     except KeyError:
         raise ValueError(f"kubernetes_version: got {kubernetes_version!r}; the cluster autoscaler is pinned for "
-                         + ", ".join(IMAGE_TAGS)) from None
+                         + ", ".join(PINS)) from None
+
+
+def image_tag(kubernetes_version: str) -> str:
+    """The autoscaler image tag for a cluster's Kubernetes minor version."""
+    return pin(kubernetes_version).image_tag
+
+
+def chart_version(kubernetes_version: str) -> str:
+    """The autoscaler chart version for a cluster's Kubernetes minor version."""
+    return pin(kubernetes_version).chart_version
 
 
 def owner_tag(cluster_name: str) -> str:
@@ -82,7 +123,7 @@ def owner_tag(cluster_name: str) -> str:
 
 def partition(region: str) -> str:
     """The AWS partition of a region (ARNs name it)."""
-    return "aws-cn" if region.startswith("cn-") else "aws-us-gov" if region.startswith("us-gov-") else "aws"
+    return rules.partition(region)
 
 
 def iam_policy(cluster_name: str, region: str) -> dict:
@@ -136,6 +177,11 @@ def helm_values(args: ClusterAutoscalerArgs, role_arn: pulumi.Input[str]) -> dic
             "expander": "least-waste",
             # p4de/p5 nodes can take longer than the default 15 min to boot and register their devices.
             "max-node-provision-time": "25m",
+            # A main loop that stops recording activity or success turns /health-check red, and the chart's
+            # liveness probe restarts the pod (metrics/liveness.go). It cannot see a start that never reaches
+            # the loop (informer sync blocked by missing RBAC): PINS keeps the chart's RBAC matching the image.
+            "max-inactivity": MAX_INACTIVITY,
+            "max-failing-time": MAX_FAILING_TIME,
         },
         "securityContext": {"runAsNonRoot": True, "runAsUser": 65534, "runAsGroup": 65534,
                             "seccompProfile": {"type": "RuntimeDefault"}},
@@ -151,7 +197,7 @@ class ClusterAutoscaler(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: ClusterAutoscalerArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("eks-ddp:autoscaler:ClusterAutoscaler", name, None, opts)
-        image_tag(args.kubernetes_version)
+        pin(args.kubernetes_version)
         child = pulumi.ResourceOptions(parent=self)
         role = aws.iam.Role(
             f"{name}-role",
@@ -162,7 +208,7 @@ class ClusterAutoscaler(pulumi.ComponentResource):
         policy = aws.iam.RolePolicy(f"{name}-policy", role=role.id, policy=json.dumps(iam_policy(args.cluster_name, args.region)),
                                     opts=child)
         k8s.helm.v3.Release(
-            f"{name}-release", name="cluster-autoscaler", chart=CHART, version=CHART_VERSION,
+            f"{name}-release", name="cluster-autoscaler", chart=CHART, version=chart_version(args.kubernetes_version),
             repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=CHART_REPO), namespace=NAMESPACE,
             values=helm_values(args, role.arn), atomic=True,
             opts=pulumi.ResourceOptions(parent=self, depends_on=[policy]))

@@ -37,6 +37,9 @@ import pulumi_eks as eks
 
 from . import k8s_versions, rules
 
+STACK_TAG = "eks-ddp/stack"
+"""The cluster's owner-stack tag (``components.preflight_live.STACK_TAG`` reads it)."""
+
 LOG_TYPES = ("api", "audit", "authenticator", "controllerManager", "scheduler")
 """Every EKS control-plane log type."""
 
@@ -47,6 +50,11 @@ SYSTEM_AMI_TYPE = "AL2023_x86_64_STANDARD"
 SYSTEM_ROOT_VOLUME_GIB = 50
 
 CLUSTER_ADMIN_POLICY_ARN = "arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy"
+"""In the ``aws`` partition; :func:`cluster_admin_policy_arn` for the region's."""
+
+
+def cluster_admin_policy_arn(partition: str) -> str:
+    return CLUSTER_ADMIN_POLICY_ARN.replace("arn:aws:", f"arn:{partition}:", 1)
 
 DEFAULT_ADDON_REGISTRY_ACCOUNT = "602401143452"
 ADDON_REGISTRY_ACCOUNTS = {
@@ -137,6 +145,9 @@ class EksClusterArgs:
     principal that creates the cluster: a teammate or a CI role."""
     tags: dict[str, str] | None = None
     """Extra tags for the AWS resources."""
+    stack_id: str | None = None
+    """``<organization>/<project>/<stack>``, tagged on the EKS cluster (``eks-ddp/stack``) so preflight can tell
+    this stack's cluster from another stack's of the same name."""
 
 
 def validate(args: EksClusterArgs) -> None:
@@ -192,6 +203,8 @@ class EksCluster(pulumi.ComponentResource):
         self._name, self._args = name, args
         self._tags = {"eks-ddp/cluster": args.cluster_name, **(args.tags or {})}
         child = pulumi.ResourceOptions(parent=self)
+        # aws, aws-cn or aws-us-gov: AWS-managed policy ARNs name it.
+        self._partition = aws.get_partition(opts=pulumi.InvokeOptions(parent=self)).partition
 
         secrets_key = aws.kms.Key(
             f"{name}-secrets", description=f"Envelope encryption of Kubernetes secrets in {args.cluster_name}",
@@ -227,10 +240,13 @@ class EksCluster(pulumi.ComponentResource):
                 f"admin-{i}": eks.AccessEntryArgs(
                     principal_arn=arn,
                     access_policies={"cluster-admin": eks.AccessPolicyAssociationArgs(
-                        policy_arn=CLUSTER_ADMIN_POLICY_ARN,
+                        policy_arn=cluster_admin_policy_arn(self._partition),
                         access_scope=aws.eks.AccessPolicyAssociationAccessScopeArgs(type="cluster"))})
                 for i, arn in enumerate(args.admin_principal_arns)},
             tags=self._tags,
+            # Only on the cluster: on every resource it would change the launch templates' instance tags, and so
+            # roll the nodes, on an existing stack.
+            cluster_tags={**self._tags, STACK_TAG: args.stack_id} if args.stack_id else None,
             opts=pulumi.ResourceOptions(parent=self, depends_on=[log_group]),
         )
         # Derived from a cluster output so dependents wait for the control plane.
@@ -281,12 +297,13 @@ class EksCluster(pulumi.ComponentResource):
                             description="EKS worker nodes (system and GPU groups)", tags=self._tags, opts=child)
         self._node_policy_attachments = [
             aws.iam.RolePolicyAttachment(f"{name}-node-{short}", role=role.name,
-                                         policy_arn=f"arn:aws:iam::aws:policy/{policy}", opts=child)
+                                         policy_arn=f"arn:{self._partition}:iam::aws:policy/{policy}",
+                                         opts=child)
             for short, policy in (("worker", "AmazonEKSWorkerNodePolicy"), ("cni", "AmazonEKS_CNI_Policy"))
         ]
         invoke = pulumi.InvokeOptions(parent=self)
         region = aws.get_region(opts=invoke).region
-        partition = aws.get_partition(opts=invoke).partition
+        partition = self._partition
         self._node_policy_attachments.append(aws.iam.RolePolicy(
             f"{name}-node-addon-images", role=role.id,
             policy=json.dumps(node_image_pull_policy(region, partition)), opts=child))
@@ -353,6 +370,13 @@ class EksCluster(pulumi.ComponentResource):
             node_role_arn=self.node_role_arn,
             subnet_ids=list(args.private_subnet_ids),
             ami_type=SYSTEM_AMI_TYPE,
+            # Follows the control plane: an upgrade moves these nodes in the same `pulumi up` (after the
+            # cluster, which cluster_name depends on), so the next upgrade is not refused for stale nodes.
+            version=args.kubernetes_version,
+            # The rolling update drains each node; the etcd member's PodDisruptionBudget (1 of 1) would block
+            # the drain until EKS gives up (PodEvictionFailure) and `pulumi up` fails. The rendezvous is soft
+            # state the agents rebuild, so the update may evict it.
+            force_update_version=True,
             capacity_type="ON_DEMAND",
             instance_types=[args.system_instance_type],
             scaling_config=aws.eks.NodeGroupScalingConfigArgs(
@@ -362,6 +386,8 @@ class EksCluster(pulumi.ComponentResource):
             labels=dict(SYSTEM_POOL_LABELS),
             launch_template=aws.eks.NodeGroupLaunchTemplateArgs(id=lt.id, version=lt.latest_version.apply(str)),
             tags=self._tags,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=list(self._node_policy_attachments),
-                                        ignore_changes=["scalingConfig.desiredSize"]),
+            # desiredSize is NOT ignored: min == max == desired and nothing else resizes this group, while an
+            # ignored desired size would be sent from state on a resize (1 -> 2: "Minimum capacity 2 can't be
+            # greater than desired size 1").
+            opts=pulumi.ResourceOptions(parent=self, depends_on=list(self._node_policy_attachments)),
         )

@@ -12,6 +12,7 @@ in Python. The README's "Config reference" table documents every key.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import math
 import re
@@ -102,6 +103,9 @@ class ClusterConfig:
     scale_down_unneeded_time: str = _doc(
         "How long a GPU node must sit unneeded before the cluster autoscaler removes it (e.g. 10m, 1h): "
         "the idle tail after a run; longer keeps nodes warm between runs.", default="10m")
+    name: str | None = _doc(
+        "EKS cluster name (and its log group /aws/eks/<name>/cluster); unset: eks-ddp-<stack>. Preflight refuses "
+        "a name another stack's cluster has in the account and region: set one unique there.", default=None)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -143,6 +147,9 @@ class StorageConfig:
     file_system_id: str | None = _doc(
         "Existing EFS file system to use (e.g. one kept by an earlier 'pulumi destroy'): its checkpoints are "
         "seen again; none is created.", default=None)
+    results_bucket: str | None = _doc(
+        "Existing S3 bucket for run results (e.g. the one an earlier 'pulumi destroy' kept, as 'pulumi stack "
+        "output results' named it): uploads go there; none is created.", default=None)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -369,7 +376,7 @@ def _parse_raw(raw: dict[str, str]) -> tuple[dict[str, Any], list[str]]:
 
 
 def load_stack_config(raw: dict[str, Any], *, region: str | None, stack: str | None = None,
-                      placeholders_ok: bool = False) -> StackConfig:
+                      placeholders_ok: bool = False, today: dt.date | None = None) -> StackConfig:
     """Parse and validate the stack's ``eks-ddp:*`` config; raise ConfigError on any problem.
 
     ``stack`` (the Pulumi stack name) is checked too: it becomes part of the EKS cluster's name.
@@ -382,11 +389,14 @@ def load_stack_config(raw: dict[str, Any], *, region: str | None, stack: str | N
         r.problems.append("aws:region: required; set it with 'pulumi config set aws:region us-west-2'")
     elif bad := rules.region("aws:region", region):
         r.problems.append(bad)
-    if stack is not None and (bad := rules.cluster_name("stack name", cluster_name_for(stack))):
-        r.problems.append(f"{bad} (the cluster is named eks-ddp-<stack>: rename the stack with "
-                          "'pulumi stack rename')")
     network = r.obj(NetworkConfig, data.get("network"), "network")
     cluster = r.obj(ClusterConfig, data.get("cluster"), "cluster")
+    named = getattr(cluster, "name", None)
+    if named is not None and (bad := rules.cluster_name("cluster.name", named)):
+        r.problems.append(bad)
+    elif named is None and stack is not None and (bad := rules.cluster_name("stack name", cluster_name_for(stack))):
+        r.problems.append(f"{bad} (the cluster is named eks-ddp-<stack>: rename the stack with "
+                          "'pulumi stack rename', or set eks-ddp:cluster.name)")
     groups_raw = data.get("nodeGroups")
     groups: list[NodeGroupConfig] = []
     if not isinstance(groups_raw, list) or not groups_raw:
@@ -406,14 +416,16 @@ def load_stack_config(raw: dict[str, Any], *, region: str | None, stack: str | N
         raise ConfigError(r.problems)
     cfg = StackConfig(region=region or "", network=network, cluster=cluster, node_groups=tuple(groups),
                       storage=storage, image=image, etcd=etcd, job=job, preflight=bool(preflight))
-    problems = validate(cfg, placeholders_ok=placeholders_ok) + _ignored_settings(cfg, data)
+    problems = validate(cfg, placeholders_ok=placeholders_ok, today=today) + _ignored_settings(cfg, data)
     if problems:
         raise ConfigError(problems)
     return cfg
 
 
-def cluster_name_for(stack: str) -> str:
-    """The EKS cluster's name for a stack."""
+def cluster_name_for(stack: str, cfg: StackConfig | None = None) -> str:
+    """The EKS cluster's name for a stack: ``cluster.name`` when set, else ``eks-ddp-<stack>``."""
+    if cfg is not None and cfg.cluster.name:
+        return cfg.cluster.name
     return f"{PROJECT}-{stack}"
 
 
@@ -465,11 +477,15 @@ def choose_zones(cfg: StackConfig, available: list[str]) -> list[str]:
 
 # --- semantic checks: pure functions over the typed config -------------------------------
 
-def validate(cfg: StackConfig, *, placeholders_ok: bool = False) -> list[str]:
-    """Cross-field checks; one message per problem, each naming its key."""
+def validate(cfg: StackConfig, *, placeholders_ok: bool = False, today: dt.date | None = None) -> list[str]:
+    """Cross-field checks; one message per problem, each naming its key. ``today`` (default: the real date)
+    decides which Kubernetes versions EKS still takes with the upgrade policy."""
     p: list[str] = []
     p += _check_network(cfg.network, cfg.region)
     p += _check_cluster(cfg.cluster, placeholders_ok)
+    if cfg.cluster.kubernetes_version in SUPPORTED_KUBERNETES_VERSIONS and (bad := k8s_versions.policy_problem(
+            cfg.cluster.kubernetes_version, cfg.cluster.upgrade_policy, today or dt.date.today())):
+        p.append(bad)
     names: set[str] = set()
     for i, g in enumerate(cfg.node_groups):
         p += _check_group(g, f"nodeGroups[{i}]", cfg.region)
@@ -479,6 +495,10 @@ def validate(cfg: StackConfig, *, placeholders_ok: bool = False) -> list[str]:
     p += _check_job(cfg)
     if cfg.image.prebuilt is not None and (bad := rules.image_by_digest("image.prebuilt", cfg.image.prebuilt)):
         p.append(bad)
+    bucket = cfg.storage.results_bucket
+    if bucket is not None and not re.match(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$", bucket):
+        p.append(f"storage.resultsBucket: got {bucket!r}; expected an S3 bucket name (3-63 lowercase letters, "
+                 "digits, '.' and '-')")
     fs_id = cfg.storage.file_system_id
     if fs_id is not None and not _EFS_ID.match(fs_id):
         p.append(f"storage.fileSystemId: got {fs_id!r}; expected an EFS file system id like fs-0123456789abcdef0")
@@ -585,6 +605,12 @@ def _check_group(g: NodeGroupConfig, key: str, region: str) -> list[str]:
                                or other == g.instance_type):
             p.append(f"{key}.spotInstanceTypes[{i}]: got {other!r}; expected another catalog type with "
                      f"{it.gpus} x {it.gpu_model} GPU like {g.instance_type}")
+        elif it is not None and (alt.vcpus < it.vcpus or alt.memory_gib < it.memory_gib):
+            # The training pod is sized from instanceType, and the autoscaler simulates the first type only:
+            # a smaller alternate is launched for a pod it cannot hold (Pending, idle node, repeat).
+            p.append(f"{key}.spotInstanceTypes[{i}]: got {other!r} ({alt.vcpus} vCPUs, {alt.memory_gib} GiB); "
+                     f"expected at least the {it.vcpus} vCPUs and {it.memory_gib} GiB of instanceType "
+                     f"{g.instance_type} (the pods are sized for it), e.g. a larger size of the same GPU")
     if it is None or it.gpus == 0:
         p.append(f"{key}.instanceType: got {g.instance_type!r}; expected a GPU type from the catalog: "
                  + ", ".join(catalog.gpu_types()))

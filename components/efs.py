@@ -14,7 +14,8 @@ run's checkpoints and metrics). EFS gives that without a storage operator:
   documented ``StringLike efs-csi-*`` trust, which also admits the node service account: the
   nodes only mount (plain NFS over TLS to the mount target in their zone), which needs no AWS
   call; the ``iam`` mount option or efs-utils' mount-target-IP fallback would need it, and then
-  the node SA must be added here;
+  the node SA must be added here. Its permissions are an inline policy (:func:`csi_controller_policy`):
+  access points only on this file system, not the managed policy's every file system in the account;
 * one EFS access point per workload, both owned by uid/gid 1000 (the non-root trainer) with
   mode 700: ``data`` (root ``/eks-ddp/<namespace>/<claim>/data``, the dataset) and ``run``
   (root ``/eks-ddp/<namespace>/<claim>/runs/<run_id>``, this run's checkpoints and results);
@@ -68,7 +69,34 @@ from . import k8s_versions, rules
 _FS_ID = re.compile(r"^fs-[0-9a-f]{8,40}$")
 EFS_CSI_CONTROLLER_SA = "efs-csi-controller-sa"
 EFS_CSI_NAMESPACE = "kube-system"
-EFS_CSI_POLICY_ARN = "arn:aws:iam::aws:policy/service-role/AmazonEFSCSIDriverPolicy"
+DRIVER_TAG = "efs.csi.aws.com/cluster"
+"""The tag the EFS CSI controller puts on every access point it creates (value ``true``)."""
+
+
+def csi_controller_policy(file_system_arn: str) -> dict:
+    """The EFS CSI controller's permissions, instead of the AWS-managed AmazonEFSCSIDriverPolicy, which may create
+    access points on every file system in the account: here only on this stack's file system.
+
+    Delete stays conditioned on the driver's tag, as in the managed policy: an access point's ARN does not name its
+    file system, and a cluster-specific tag would need the driver's ``controller.tags``, which the EKS add-on's
+    configuration does not accept (aws/containers-roadmap#2755, open). So the controller could still delete another
+    cluster's CSI access points in the account; a self-managed driver (Helm, ``controller.tags``) could close it."""
+    driver = {"StringEquals": {f"aws:ResourceTag/{DRIVER_TAG}": "true"}}
+    return {"Version": "2012-10-17", "Statement": [
+        {"Sid": "DescribeThisFileSystem", "Effect": "Allow", "Resource": file_system_arn, "Action": [
+            "elasticfilesystem:DescribeAccessPoints", "elasticfilesystem:DescribeFileSystems",
+            "elasticfilesystem:DescribeMountTargets"]},
+        {"Sid": "DescribeZones", "Effect": "Allow", "Resource": "*", "Action": ["ec2:DescribeAvailabilityZones"]},
+        {"Sid": "CreateAccessPointsOnThisFileSystem", "Effect": "Allow",
+         "Action": ["elasticfilesystem:CreateAccessPoint"], "Resource": file_system_arn,
+         "Condition": {"StringEquals": {f"aws:RequestTag/{DRIVER_TAG}": "true"}}},
+        {"Sid": "TagDriverAccessPoints", "Effect": "Allow", "Action": ["elasticfilesystem:TagResource"],
+         "Resource": "*", "Condition": driver},
+        {"Sid": "DeleteDriverAccessPoints", "Effect": "Allow", "Action": ["elasticfilesystem:DeleteAccessPoint"],
+         "Resource": "*", "Condition": driver},
+    ]}
+
+
 NFS_PORT = 2049
 TRAINER_UID = 1000
 TRAINER_GID = 1000
@@ -205,8 +233,14 @@ class EfsStore(pulumi.ComponentResource):
             assume_role_policy=pulumi.Output.all(args.oidc_provider_arn, args.oidc_provider_url).apply(
                 lambda a: irsa_trust_policy(a[0], a[1], EFS_CSI_NAMESPACE, EFS_CSI_CONTROLLER_SA)),
             tags=tags, opts=child)
-        attach = aws.iam.RolePolicyAttachment(f"{name}-efs-csi", role=role.name, policy_arn=EFS_CSI_POLICY_ARN,
-                                              opts=child)
+        invoke = pulumi.InvokeOptions(parent=self)
+        fs_arn = pulumi.Output.concat(
+            "arn:", aws.get_partition(opts=invoke).partition, ":elasticfilesystem:", aws.get_region(opts=invoke).region,
+            ":", aws.get_caller_identity(opts=invoke).account_id, ":file-system/", fs_id)
+        attach = aws.iam.RolePolicy(
+            f"{name}-efs-csi", role=role.id,
+            policy=fs_arn.apply(lambda arn: json.dumps(csi_controller_policy(arn))),
+            opts=child)
         addon = aws.eks.Addon(
             f"{name}-efs-csi-driver",
             cluster_name=args.cluster_name,

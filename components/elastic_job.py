@@ -79,6 +79,10 @@ DATA_PIN_ENV = "EKS_DDP_DATA_PIN"
 DATA_PIN = "cifar-10"
 """The loaders accept only the official CIFAR-10 files (training/integrity.py: its PIN_ENV and CIFAR10_PIN,
 mirrored because the library never imports the trainer package; tests/test_shared_volume.py keeps them equal)."""
+JOB_IMMUTABLE_FIELDS = ("spec.completionMode", "spec.podFailurePolicy", "spec.successPolicy",
+                        "spec.backoffLimitPerIndex", "spec.managedBy")
+"""Job fields Kubernetes refuses to change (ValidateJobSpecUpdate, 422 "field is immutable") that the provider does
+not already replace the Job for: a change to one of them replaces the Job instead of failing `pulumi up`."""
 DEFAULT_FAULT_BUDGET = 20
 """Pod failures a run absorbs by default: spot capacity can take a node many times in one run."""
 # Writable paths on the read-only root filesystem; the image sets the same.
@@ -454,7 +458,8 @@ class ElasticJob(pulumi.ComponentResource):
                 pod_failure_policy=failure_policy, pod_replacement_policy="Failed",
                 ttl_seconds_after_finished=a.ttl_seconds_after_finished, template=template),
             opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
-                depends_on=[prepare, *self._gates], delete_before_replace=True)))
+                depends_on=[prepare, *self._gates], delete_before_replace=True,
+                replace_on_changes=list(JOB_IMMUTABLE_FIELDS))))
 
     # --- 3. evaluation on demand ----------------------------------------------------------------
     def _create_evaluate_cronjob(self, name: str, child: pulumi.ResourceOptions) -> None:

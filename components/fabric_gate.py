@@ -20,6 +20,7 @@ from .elastic_job import (
     C10D_PORT,
     EFA_RESOURCE,
     GPU_RESOURCE,
+    JOB_IMMUTABLE_FIELDS,
     TRAINER_LABELS,
     _resources,
     nccl_env,
@@ -114,7 +115,7 @@ def create_fabric_check(job: ElasticJob, name: str, child: pulumi.ResourceOption
             template=template),
         # Awaited (no skipAwait) until Complete; the training Job depends on it.
         opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
-            depends_on=made, delete_before_replace=True,
+            depends_on=made, delete_before_replace=True, replace_on_changes=list(JOB_IMMUTABLE_FIELDS),
             custom_timeouts=pulumi.CustomTimeouts(create=a.fabric_check_timeout,
                                                   update=a.fabric_check_timeout))))
     return [gate_job]

@@ -13,6 +13,12 @@ Every property is set here, where it can be read and tested:
   used as the job's nodeSelector.
 * ``min_size`` may be 0 (pay nothing while idle); ``desired_size`` applies at
   creation only (``ignore_changes``), so scaling by hand or by an autoscaler sticks.
+  A min/max change sends the whole scaling config, the ignored desired size taken
+  from state: ``Pulumi.yaml`` refreshes before every operation (``options.refresh:
+  always``) so that is the live size, and preflight refuses a ``minSize`` above or a
+  ``maxSize`` below the live desired size (EKS would refuse the first, and the second
+  would scale in running nodes) with the ``aws eks update-nodegroup-config`` to run.
+* ``version``: the cluster's Kubernetes version, so nodes follow control-plane upgrades.
 * Capacity: ``ON_DEMAND``, ``SPOT``, or ``CAPACITY_BLOCK`` (market type
   ``capacity-block`` and the block's reservation as target). An on-demand
   capacity reservation (``capacity_reservation_id``) is targeted the same way.
@@ -105,6 +111,10 @@ class GpuNodeGroupArgs:
     processes per node and its labels hold on every node."""
     tags: dict[str, str] | None = None
     """Extra tags for the AWS resources."""
+    kubernetes_version: pulumi.Input[str] | None = None
+    """The cluster's Kubernetes minor version: the group's nodes follow it, so a control-plane upgrade
+    (one minor) moves the nodes in the same ``pulumi up`` and the next upgrade is not refused for nodes
+    left behind. None leaves the group at the cluster's version at creation (EKS's default)."""
 
 
 def validate(args: GpuNodeGroupArgs) -> catalog.InstanceType:
@@ -263,6 +273,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
             node_role_arn=args.node_role_arn,
             subnet_ids=subnet_ids,
             ami_type=GPU_AMI_TYPE,
+            version=args.kubernetes_version,
             capacity_type=_EKS_CAPACITY[args.capacity_type],
             instance_types=None if capacity_block else [args.instance_type, *args.spot_instance_types],
             scaling_config=aws.eks.NodeGroupScalingConfigArgs(

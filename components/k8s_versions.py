@@ -8,8 +8,9 @@ cluster to the next version instead. eks-ddp defaults to ``STANDARD`` and to a v
 so a stack never bills extended support unless asked to (``cluster.upgradePolicy: EXTENDED``).
 
 Dates: the EKS release calendar (docs.aws.amazon.com/eks/latest/userguide/kubernetes-versions.html,
-mirrored at endoflife.date/amazon-eks), checked 2026-11-22. 1.36 is not in the calendar: its EKS release
-could not be confirmed from that source, so it is not offered. Nothing here is looked up at run time: the
+mirrored at endoflife.date/amazon-eks), checked 2026-11-22. 1.36's dates (:data:`_CALENDAR_1_36`) come
+from endoflife.date's amazon-eks entry as quoted elsewhere, not from the EKS page itself: check them against
+``aws eks describe-cluster-versions --cluster-version 1.36`` at the next review. Nothing here is looked up at run time: the
 calendar is data, reviewed when a version is added (tests/test_k8s_versions.py fails once the default
 version is within 30 days of leaving standard support).
 """
@@ -24,6 +25,8 @@ SupportType = Literal["STANDARD", "EXTENDED"]
 Support = Literal["standard", "extended", "ended", "unreleased"]
 
 _CALENDAR_PAGE = "EKS Kubernetes release calendar (kubernetes-versions.html), as endoflife.date/amazon-eks lists it"
+_CALENDAR_1_36 = ("endoflife.date/amazon-eks 1.36 entry as quoted in a third-party document (released 2026-06-02, "
+                  "standard to 2027-08-02, extended to 2028-08-02); unconfirmed against kubernetes-versions.html")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,6 +56,8 @@ KUBERNETES_SUPPORT_CALENDAR: dict[str, KubernetesRelease] = {r.version: r for r 
                       end_of_extended=dt.date(2027, 12, 2), source=_CALENDAR_PAGE),
     KubernetesRelease(version="1.35", released=dt.date(2026, 1, 28), end_of_standard=dt.date(2027, 3, 27),
                       end_of_extended=dt.date(2028, 3, 27), source=_CALENDAR_PAGE),
+    KubernetesRelease(version="1.36", released=dt.date(2026, 6, 2), end_of_standard=dt.date(2027, 8, 2),
+                      end_of_extended=dt.date(2028, 8, 2), source=_CALENDAR_1_36),
 )}
 """Kubernetes version -> its EKS support dates. Read by the cost estimate (control-plane price per support
 phase: :func:`support_on`) and by preflight/plan warnings (:func:`support_notice`)."""
@@ -65,9 +70,11 @@ EXTENDED_SUPPORT_USD_PER_HOUR = 0.60
 
 DEFAULT_VERSION = "1.35"
 """The default: the newest version in the calendar, in standard support until 2027-03-27."""
-SUPPORTED_VERSIONS = ("1.32", "1.33", "1.34", "1.35")
-"""Versions a stack may ask for: not past extended support in 2026-11 (1.31's ends 2026-11-26, days after
-this calendar was last reviewed), each with an add-on build (:data:`ADDON_VERSIONS`)."""
+SUPPORTED_VERSIONS = ("1.32", "1.33", "1.34", "1.35", "1.36")
+"""Versions a stack may ask for: every version EKS offers in 2026-11 (1.31's extended support ends 2026-11-26,
+days after this calendar was last reviewed), each with an add-on build (:data:`ADDON_VERSIONS`) and an
+autoscaler pin (``autoscaler.PINS``). Which of them a stack may use on a given day with its upgrade policy:
+:func:`policy_problem`."""
 DEFAULT_SUPPORT_TYPE: SupportType = "STANDARD"
 
 # --- add-on builds per Kubernetes version -------------------------------------------------------------
@@ -87,7 +94,7 @@ METRICS_SERVER_ADDON_VERSION_1_33 = "v0.8.0-eksbuild.2"
 """metrics-server build listed for Kubernetes 1.33 (same source)."""
 
 ADDON_VERSIONS: dict[str, dict[str, str | None]] = {
-    version: {EFS_CSI_DRIVER: None, METRICS_SERVER: None, COREDNS: None} for version in ("1.32", "1.34", "1.35")
+    version: {EFS_CSI_DRIVER: None, METRICS_SERVER: None, COREDNS: None} for version in ("1.32", "1.34", "1.35", "1.36")
 }
 ADDON_VERSIONS["1.33"] = {EFS_CSI_DRIVER: EFS_CSI_ADDON_VERSION_1_33, METRICS_SERVER: METRICS_SERVER_ADDON_VERSION_1_33,
                           COREDNS: None}
@@ -122,6 +129,30 @@ def support_on(version: str, day: dt.date) -> Support:
     if day <= r.end_of_extended:
         return "extended"
     return "ended"
+
+
+def policy_problem(version: str, support_type: str, day: dt.date) -> str | None:
+    """Why EKS would refuse this version with this upgrade policy on ``day``, or None.
+
+    STANDARD means "upgrade me when standard support ends": EKS takes it only for a version still in standard
+    support (extended support, once entered, cannot be left: "Disable extended support"). A version past
+    extended support, or not yet released, cannot be created at all."""
+    r = CALENDAR.get(version)
+    if r is None:
+        return None
+    key = "cluster.kubernetesVersion"
+    phase = support_on(version, day)
+    if phase == "ended":
+        return f"{key}: got {version!r}; EKS extended support for it ended on {r.end_of_extended}; expected " \
+               f"one of {', '.join(v for v in SUPPORTED_VERSIONS if support_on(v, day) != 'ended')}"
+    if phase == "unreleased":
+        return f"{key}: got {version!r}; it is not released on EKS before {r.released}"
+    if phase == "extended" and support_type == "STANDARD":
+        newer = [v for v in SUPPORTED_VERSIONS if support_on(v, day) == "standard"]
+        return (f"cluster.upgradePolicy: got 'STANDARD' with {key} {version!r}, which left EKS standard support "
+                f"on {r.end_of_standard}; EKS takes STANDARD only for a version in standard support. Expected "
+                f"{key} one of {', '.join(newer)}, or cluster.upgradePolicy 'EXTENDED' (billed $0.60/h)")
+    return None
 
 
 def support_notice(version: str, support_type: str, day: dt.date) -> str | None:

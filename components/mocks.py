@@ -26,6 +26,8 @@ from pulumi.runtime.config import set_all_config
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
+from . import rules
+
 ACCOUNT = "123456789012"
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -50,6 +52,8 @@ class Recorded:
     """URNs the resource depends on (``depends_on`` and the resources behind its input Outputs)."""
     import_id: str = ""
     """The ``import_`` ID the resource was registered with (adopting an existing cloud resource)."""
+    replace_on_changes: list[str] = field(default_factory=list)
+    """Property paths registered with ``replace_on_changes``."""
 
     @property
     def parent_type(self) -> str:
@@ -273,7 +277,9 @@ _INVOKES = {
         "addonName": a.get("addonName"), "kubernetesVersion": a.get("kubernetesVersion"),
         "version": f"v0.0.0-eksbuild.default-{a.get('kubernetesVersion')}", "id": a.get("addonName")},
     "aws:index/getPartition:getPartition": lambda m, a: {
-        "partition": "aws", "dnsSuffix": "amazonaws.com", "id": "aws"},
+        "partition": rules.partition(m.region),
+        "dnsSuffix": "amazonaws.com.cn" if m.region.startswith("cn-") else "amazonaws.com",
+        "id": rules.partition(m.region)},
     "aws:iam/getPolicyDocument:getPolicyDocument": _policy_document,
     "aws:ec2/getSubnet:getSubnet": _subnet,
     "eks:index:Cluster/getKubeconfig": lambda m, a: {"result": json.dumps(_profile_kubeconfig(a))},
@@ -308,7 +314,8 @@ class _RecordingMonitor(_mocks.MockMonitor):
                                           ignore_changes=list(request.ignoreChanges),
                                           retain_on_delete=bool(request.retainOnDelete),
                                           dependencies=list(request.dependencies),
-                                          import_id=request.importId))
+                                          import_id=request.importId,
+                                          replace_on_changes=list(request.replaceOnChanges)))
         return response
 
     def Invoke(self, request):  # noqa: N802 (gRPC method name)

@@ -47,15 +47,16 @@ def s3_endpoint_policy(region: str, account_id: str) -> str:
     """The S3 gateway endpoint's policy: anything on this account's buckets; reads of the AWS-owned buckets nodes
     need (ECR image layers, Amazon Linux 2023 packages, registry.k8s.io's mirror); nothing else (EKS Best Practices, network "Use VPC
     endpoint policies"). Requests for other accounts' buckets are refused at the endpoint, whoever signs them."""
+    s3 = f"arn:{rules.partition(region)}:s3:::"
     return json.dumps({"Version": "2012-10-17", "Statement": [
         {"Sid": "ThisAccountsBuckets", "Effect": "Allow", "Principal": "*", "Action": "s3:*",
-         "Resource": ["arn:aws:s3:::*", "arn:aws:s3:::*/*"],
+         "Resource": [f"{s3}*", f"{s3}*/*"],
          "Condition": {"StringEquals": {"aws:ResourceAccount": account_id}}},
         {"Sid": "AwsOwnedReads", "Effect": "Allow", "Principal": "*", "Action": "s3:GetObject",
-         "Resource": [f"arn:aws:s3:::prod-{region}-starport-layer-bucket/*",
-                      f"arn:aws:s3:::al2023-repos-{region}-*/*",
+         "Resource": [f"{s3}prod-{region}-starport-layer-bucket/*",
+                      f"{s3}al2023-repos-{region}-*/*",
                       # registry.k8s.io (the cluster autoscaler) redirects AWS clients to its regional S3 mirror.
-                      f"arn:aws:s3:::prod-registry-k8s-io-{region}/*"]},
+                      f"{s3}prod-registry-k8s-io-{region}/*"]},
     ]}, sort_keys=True)
 
 EKS_UNSUPPORTED_ZONE_IDS = ("use1-az3", "usw1-az2", "cac1-az3")
@@ -224,7 +225,7 @@ class Network(pulumi.ComponentResource):
         invoke = pulumi.InvokeOptions(parent=self)
         region = aws.get_region(opts=invoke).region
         account_id = aws.get_caller_identity(opts=invoke).account_id
-        aws.ec2.VpcEndpoint(f"{name}-s3", vpc_id=vpc.id, service_name=f"com.amazonaws.{region}.s3",
+        aws.ec2.VpcEndpoint(f"{name}-s3", vpc_id=vpc.id, service_name=rules.s3_gateway_service_name(region),
                             vpc_endpoint_type="Gateway", route_table_ids=[rt.id for rt in private_rts],
                             policy=s3_endpoint_policy(region, account_id),
                             tags={"Name": f"{args.cluster_name}-s3"}, opts=child)

@@ -219,6 +219,10 @@ def main(argv: list[str] | None = None) -> int:
         print(cost.render(result.outputs["costEstimate"]))
     for notice in version_warnings(args.stack, args.project_dir):
         print(f"\nWARNING: {notice}")
+    from . import cli_version
+
+    if too_old := cli_version.problem():  # `pulumi up` (preflight) refuses it
+        print(f"\nWARNING: {too_old}")
     for note in placeholder_notes(load_stack_file(args.stack, args.project_dir)):
         print(f"\nnote: {note}")
     print("\npreflight: skipped offline (runs on `pulumi up` unless eks-ddp:preflight is false)")

@@ -4,10 +4,12 @@ For the stack's region it asks EC2 and Service Quotas whether
 
 - every node group's instance type is offered in each zone its nodes may land in
   (the group's ``availabilityZone``, else ``network.availabilityZones``, else the
-  region's first ``azCount`` available zones, the same zones ``__main__.py`` picks);
+  zones ``config.choose_zones`` gives the new VPC: pinned zones first, the same
+  zones ``__main__.py`` picks);
 - the type supports EFA where the group asks for it;
 - running + requested vCPUs fit the on-demand or spot vCPU quota of the type's
-  class (G and VT, P, Standard), counting every group at ``maxSize``;
+  class (G and VT, P, Standard), counting every group at ``maxSize`` (this
+  cluster's own running nodes are part of that, not on top of it);
 - a named capacity reservation exists, is active, matches the group's type and
   zone, and has at least ``desiredSize`` instances free;
 - the group's ``placementGroupName`` is the placement group the reservation was
@@ -21,7 +23,12 @@ one line naming the stack key to change. API errors (no credentials, no network,
 a denied action) become warnings naming what could not be checked: preflight
 never stops a deployment it could not evaluate.
 
-IAM actions used (all read-only): ec2:DescribeAvailabilityZones, ec2:DescribeSubnets,
+With an EKS client and the cluster name it also checks what the stack already runs
+(:mod:`components.preflight_live`): the cluster name's owner, the version step, resizes
+against live desired sizes, and this cluster's own nodes (not counted twice).
+
+IAM actions used (all read-only): eks:DescribeCluster, eks:ListNodegroups, eks:DescribeNodegroup,
+ec2:DescribeAvailabilityZones, ec2:DescribeSubnets,
 ec2:DescribeInstanceTypeOfferings, ec2:DescribeInstanceTypes, ec2:DescribeInstances,
 ec2:DescribeCapacityReservations, ec2:DescribePlacementGroups, servicequotas:GetServiceQuota,
 servicequotas:GetAWSDefaultServiceQuota.
@@ -36,9 +43,10 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
-from . import catalog, k8s_versions
-from .config import NodeGroupConfig, StackConfig
+from . import catalog, cli_version, k8s_versions, preflight_live
+from .config import StackConfig, choose_zones
 from .network import EKS_UNSUPPORTED_ZONE_IDS
+from .preflight_capacity import CapacityChecks, placement_group_of  # noqa: F401 (placement_group_of: API)
 
 # EC2 vCPU quotas (Service Quotas, service code "ec2") per (quota class, market).
 # Codes as listed by `aws service-quotas list-service-quotas --service-code ec2`.
@@ -92,11 +100,13 @@ def _join(items: list[str] | tuple[str, ...]) -> str:
     return ", ".join(items) if items else "none"
 
 
-class _Checker:
+class _Checker(CapacityChecks):
     """One preflight pass: shared caches, and the guard that turns API errors into warnings."""
 
-    def __init__(self, cfg: StackConfig, ec2: Any, quotas: Any):
+    def __init__(self, cfg: StackConfig, ec2: Any, quotas: Any, cluster_name: str | None = None):
         self.cfg = cfg
+        self.cluster_name = cluster_name
+        """This stack's cluster: its own nodes are not new demand (they are counted at maxSize)."""
         self.ec2 = ec2
         self.quotas = quotas
         self.report = Report()
@@ -176,7 +186,8 @@ class _Checker:
         if len(available) < net.az_count:
             self.fail(f"network.azCount: {net.az_count} zones asked, but {self.cfg.region} has only "
                       f"{len(available)} available ({_join(available)}); lower network.azCount")
-        return available[: net.az_count], "network.availabilityZones"
+        # The zones the new VPC gets (pinned zones first), the same choice __main__.py makes.
+        return choose_zones(self.cfg, available), "network.availabilityZones"
 
     def offered_in(self, instance_type: str) -> list[str] | None:
         if instance_type not in self._offered:
@@ -237,115 +248,6 @@ class _Checker:
             if most is not None and wanted > most:
                 self.warn(f"nodeGroups[{i}].efa: the catalog gives {g.instance_type} {wanted} EFA interfaces, "
                           f"AWS reports at most {most}; the launch template may be rejected")
-
-    def check_reservations(self) -> None:
-        for i, g in enumerate(self.cfg.node_groups):
-            if g.capacity_reservation_id is not None:
-                self._check_reservation(i, g)
-
-    def _check_reservation(self, i: int, g: NodeGroupConfig) -> None:
-        key, cr_id = f"nodeGroups[{i}]", g.capacity_reservation_id
-        try:
-            found = self.attempt("ec2", "DescribeCapacityReservations", f"capacity reservation {cr_id}",
-                                 lambda: self._describe_reservation(cr_id))
-        except _ReservationNotFound as err:
-            self.fail(f"{key}.capacityReservationId: {cr_id} was not found in {self.cfg.region} ({err}); "
-                      f"check the id and aws:region, or remove {key}.capacityReservationId")
-            return
-        if found is None:
-            return
-        state = found.get("State", "unknown")
-        cr_type, cr_az = found.get("InstanceType"), found.get("AvailabilityZone")
-        free, total = int(found.get("AvailableInstanceCount", 0)), int(found.get("TotalInstanceCount", 0))
-        is_block = found.get("ReservationType") == "capacity-block"
-        if state != "active":
-            if is_block and state == "scheduled" and g.desired_size == 0:
-                self.warn(f"{key}.capacityReservationId: capacity block {cr_id} starts at {found.get('StartDate')}; "
-                          "nodes cannot launch before then")
-            else:
-                extra = f" (starts {found.get('StartDate')}); set {key}.desiredSize 0 until then" \
-                    if state == "scheduled" else ""
-                self.fail(f"{key}.capacityReservationId: {cr_id} is {state}, not active{extra}; "
-                          f"use an active reservation or remove {key}.capacityReservationId")
-        if cr_type != g.instance_type:
-            self.fail(f"{key}.instanceType: {g.instance_type}, but capacity reservation {cr_id} reserves {cr_type}; "
-                      f"set {key}.instanceType to {cr_type} or use a reservation for {g.instance_type}")
-        if cr_az != g.availability_zone:
-            self.fail(f"{key}.availabilityZone: {g.availability_zone}, but capacity reservation {cr_id} is in "
-                      f"{cr_az}; set {key}.availabilityZone to {cr_az}")
-        if is_block != (g.capacity_type == "capacityBlock"):
-            want = "capacityBlock" if is_block else "onDemand"
-            self.fail(f"{key}.capacityType: {g.capacity_type}, but {cr_id} is "
-                      f"{'a capacity block' if is_block else 'an on-demand capacity reservation'}; "
-                      f"set {key}.capacityType to {want}")
-        self._check_reservation_placement(key, g, cr_id, found)
-        # GPU groups start at zero: what must fit is what the autoscaler will ask for when the job runs.
-        need, need_key = g.desired_size, f"{key}.desiredSize"
-        if g.name == self.cfg.job_group.name and self.cfg.job.nodes > need:
-            need, need_key = self.cfg.job.nodes, "job.nodes"
-        if state == "active" and free < need:  # an inactive reservation failed above; its counts mean nothing
-            self.fail(f"{need_key}: {need} nodes, but capacity reservation {cr_id} has only "
-                      f"{free} of {total} instances free; lower {need_key} to {free} or free instances")
-        elif free < g.max_size:
-            self.warn(f"{key}.maxSize: {g.max_size} nodes, but capacity reservation {cr_id} has {free} instances "
-                      f"free; nodes beyond {free} will not launch into it")
-        self._reservations[i] = found
-
-    def _check_reservation_placement(self, key: str, g: NodeGroupConfig, cr_id: str, found: dict[str, Any]) -> None:
-        cr_pg = placement_group_of(found.get("PlacementGroupArn"))
-        if cr_pg is not None and g.placement_group_name != cr_pg:
-            got = f"{g.placement_group_name!r}" if g.placement_group_name else "not set"
-            self.fail(f"{key}.placementGroupName: {got}, but capacity reservation {cr_id} was created in placement "
-                      f"group {cr_pg!r}; instances that target it must launch there: set {key}.placementGroupName "
-                      f"to {cr_pg}")
-        elif cr_pg is None and g.placement_group_name is not None:
-            self.warn(f"{key}.placementGroupName: {g.placement_group_name!r}, but capacity reservation {cr_id} is not "
-                      "in a placement group, so co-location of its instances is not reserved; launches into the "
-                      f"group may not find capacity. Remove {key}.placementGroupName or use a reservation created "
-                      "in that group")
-
-    def check_placement_groups(self) -> None:
-        for i, g in enumerate(self.cfg.node_groups):
-            if g.placement_group_name is None:
-                continue
-            key, name = f"nodeGroups[{i}].placementGroupName", g.placement_group_name
-            try:
-                found = self.attempt("ec2", "DescribePlacementGroups", f"placement group {name}",
-                                     lambda n=name: self._describe_placement_group(n))
-            except _PlacementGroupNotFound:
-                self.fail(f"{key}: placement group {name!r} was not found in {self.cfg.region}; create it (or the "
-                          f"reservation in it) first, or remove {key}")
-                continue
-            if found is None:
-                continue
-            if found.get("State") not in (None, "available"):
-                self.fail(f"{key}: placement group {name!r} is {found.get('State')}, not available")
-            if g.efa and found.get("Strategy") != "cluster":
-                self.fail(f"{key}: placement group {name!r} has strategy {found.get('Strategy')!r}; EFA needs a "
-                          "'cluster' group (all nodes on one low-latency segment)")
-
-    def _describe_placement_group(self, name: str) -> dict[str, Any]:
-        try:
-            found = self.ec2.describe_placement_groups(GroupNames=[name])["PlacementGroups"]
-        except ClientError as err:
-            if err.response.get("Error", {}).get("Code", "") == "InvalidPlacementGroup.Unknown":
-                raise _PlacementGroupNotFound(name) from None
-            raise
-        if not found:
-            raise _PlacementGroupNotFound(name)
-        return found[0]
-
-    def _describe_reservation(self, cr_id: str) -> dict[str, Any]:
-        try:
-            found = self.ec2.describe_capacity_reservations(CapacityReservationIds=[cr_id])["CapacityReservations"]
-        except ClientError as err:
-            code = err.response.get("Error", {}).get("Code", "")
-            if code.startswith("InvalidCapacityReservationId"):
-                raise _ReservationNotFound(code) from None
-            raise
-        if not found:
-            raise _ReservationNotFound("no such reservation")
-        return found[0]
 
     def check_quotas(self) -> None:
         demand: dict[tuple[str, str], list[tuple[str, str, int, int]]] = {}
@@ -409,7 +311,9 @@ class _Checker:
                 for inst in res["Instances"]:
                     qclass = quota_class(inst["InstanceType"])
                     lifecycle = inst.get("InstanceLifecycle")
-                    if qclass is None or lifecycle == "capacity-block":
+                    # This cluster's own nodes are already in the demand (every group at maxSize).
+                    if qclass is None or lifecycle == "capacity-block" or preflight_live.is_own(inst,
+                                                                                               self.cluster_name):
                         continue
                     market = "spot" if lifecycle == "spot" else "onDemand"
                     totals[(qclass, market)] = totals.get((qclass, market), 0) + self._vcpus_of(inst)
@@ -426,24 +330,12 @@ class _Checker:
         return int(info[0]["VCpuInfo"]["DefaultVCpus"]) if info else 0
 
 
-class _ReservationNotFound(Exception):
-    """The reservation id does not exist for this account and region."""
-
-
-class _PlacementGroupNotFound(Exception):
-    """The placement group does not exist for this account and region."""
-
-
-def placement_group_of(arn: str | None) -> str | None:
-    """The name in ``arn:aws:ec2:<region>:<account>:placement-group/<name>``, None for no ARN."""
-    if not arn:
-        return None
-    return arn.split(":placement-group/", 1)[-1]
-
-
-def check(cfg: StackConfig, *, ec2: Any, quotas: Any, today: dt.date | None = None) -> Report:
-    """Run every preflight check with the given boto3 ``ec2`` and ``service-quotas`` clients."""
-    c = _Checker(cfg, ec2, quotas)
+def check(cfg: StackConfig, *, ec2: Any, quotas: Any, today: dt.date | None = None, eks: Any = None,
+          cluster_name: str | None = None, stack_id: str | None = None) -> Report:
+    """Run every preflight check with the given boto3 ``ec2`` and ``service-quotas`` clients; with ``eks`` and
+    ``cluster_name`` also the checks against what this stack already runs (:mod:`components.preflight_live`).
+    ``stack_id`` (``<organization>/<project>/<stack>``) is the cluster's owner tag."""
+    c = _Checker(cfg, ec2, quotas, cluster_name)
     # Extended support bills the control plane $0.60/h instead of $0.10/h: say so before anything is created.
     notice = k8s_versions.support_notice(cfg.cluster.kubernetes_version, cfg.cluster.upgrade_policy,
                                          today or dt.date.today())
@@ -455,10 +347,12 @@ def check(cfg: StackConfig, *, ec2: Any, quotas: Any, today: dt.date | None = No
     c.check_reservations()
     c.check_placement_groups()
     c.check_quotas()
+    if eks is not None and cluster_name is not None:
+        preflight_live.check_live(c, eks, cluster_name, stack_id)
     return c.report
 
 
-def clients(region: str, profile: str | None = None) -> tuple[Any, Any]:
+def clients(region: str, profile: str | None = None) -> tuple[Any, Any, Any]:
     """boto3 clients with short timeouts: an unreachable endpoint becomes a warning in seconds, not minutes."""
     import boto3
     from botocore.config import Config
@@ -466,10 +360,12 @@ def clients(region: str, profile: str | None = None) -> tuple[Any, Any]:
     config = Config(region_name=region, connect_timeout=5, read_timeout=15,
                     retries={"max_attempts": 3, "mode": "standard"})
     session = boto3.Session(profile_name=profile) if profile else boto3.Session()
-    return session.client("ec2", config=config), session.client("service-quotas", config=config)
+    return (session.client("ec2", config=config), session.client("service-quotas", config=config),
+            session.client("eks", config=config))
 
 
-def run_or_raise(cfg: StackConfig, *, profile: str | None = None, ec2: Any = None, quotas: Any = None) -> Report:
+def run_or_raise(cfg: StackConfig, *, profile: str | None = None, ec2: Any = None, quotas: Any = None,
+                 eks: Any = None, cluster_name: str | None = None, stack_id: str | None = None) -> Report:
     """Run the checks; log warnings; raise pulumi.RunError (no traceback) listing every failure.
 
     ``profile`` is the stack's ``aws:profile`` (so the checks ask the account the provider deploys
@@ -479,12 +375,14 @@ def run_or_raise(cfg: StackConfig, *, profile: str | None = None, ec2: Any = Non
 
     if ec2 is None or quotas is None:
         try:
-            made_ec2, made_quotas = clients(cfg.region, profile)
+            made_ec2, made_quotas, made_eks = clients(cfg.region, profile)
         except BotoCoreError as err:  # e.g. ProfileNotFound
             pulumi.log.warn(f"preflight: could not create AWS clients ({err}); nothing was checked")
             return Report(warnings=[str(err)])
-        ec2, quotas = ec2 or made_ec2, quotas or made_quotas
-    report = check(cfg, ec2=ec2, quotas=quotas)
+        ec2, quotas, eks = ec2 or made_ec2, quotas or made_quotas, eks or made_eks
+    report = check(cfg, ec2=ec2, quotas=quotas, eks=eks, cluster_name=cluster_name, stack_id=stack_id)
+    if too_old := cli_version.problem():
+        report.failures.append(too_old)
     for message in report.warnings:
         pulumi.log.warn(message)
     if report.failures:

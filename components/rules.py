@@ -220,3 +220,13 @@ def require(*problems: str | None | list[str]) -> None:
             flat.append(p)
     if flat:
         raise ValueError("; ".join(flat))
+
+
+def partition(region: str) -> str:
+    """The AWS partition of a region, as ARNs name it: aws, aws-cn (China) or aws-us-gov (GovCloud)."""
+    return "aws-cn" if region.startswith("cn-") else "aws-us-gov" if region.startswith("us-gov-") else "aws"
+
+
+def s3_gateway_service_name(region: str) -> str:
+    """The S3 gateway endpoint's service name: China regions prefix ``cn.`` (``cn.com.amazonaws.<region>.s3``)."""
+    return f"{'cn.' if partition(region) == 'aws-cn' else ''}com.amazonaws.{region}.s3"

@@ -13,7 +13,7 @@ from components import autoscaler, catalog, scheduling
 from components.config import SUPPORTED_KUBERNETES_VERSIONS
 from components.mocks import ProgramResult, _node_group
 from components.plan import render_manifests
-from tests.util import run, set_path, stack_config
+from tests.util import at_version, run, set_path, stack_config
 
 STACKS = ("dev", "p4de")
 TAG = "aws:autoscaling/tag:Tag"
@@ -88,7 +88,8 @@ def json_run_id(stack: str) -> str:
 @pytest.mark.parametrize("stack", STACKS)
 def test_autoscaler_release_pinned_on_the_system_nodes_discovering_this_cluster(stack):
     r = release(program(stack))
-    assert (r["chart"], r["version"]) == ("cluster-autoscaler", autoscaler.CHART_VERSION)
+    version = stack_config(stack)["eks-ddp:cluster"].get("kubernetesVersion", "1.35")
+    assert (r["chart"], r["version"]) == ("cluster-autoscaler", autoscaler.CHART_VERSIONS[version])
     assert r["repositoryOpts"]["repo"] == "https://kubernetes.github.io/autoscaler"
     v = r["values"]
     assert v["cloudProvider"] == "aws" and v["awsRegion"] == stack_config(stack)["aws:region"]
@@ -119,7 +120,7 @@ def test_image_tag_matches_every_allowed_kubernetes_version():
         assert tag.startswith(f"v{version}."), (version, tag)
     with pytest.raises(ValueError, match="kubernetes_version: got '1.29'"):
         autoscaler.image_tag("1.29")
-    raw = set_path(stack_config("dev"), "eks-ddp:cluster.kubernetesVersion", "1.32")
+    raw = at_version(stack_config("dev"), "1.32")
     assert release(run(raw))["values"]["image"]["tag"] == "v1.32.7"
 
 

@@ -239,3 +239,20 @@ def test_kubernetes_provider_authenticates_with_the_stacks_aws_profile():
 def test_without_a_profile_the_default_credential_chain_is_used(dev_result):
     user = _provider_kubeconfig(dev_result)["users"][0]["user"]["exec"]
     assert not any(e["name"] == "AWS_PROFILE" for e in user.get("env") or [])
+
+
+def test_system_group_desired_size_not_ignored(result):
+    """min == max == desired and nothing else resizes the system group: a resize (systemNodeCount 1 -> 2) must send
+    the new desired size, not the one in state, which EKS refuses ("Minimum capacity 2 can't be greater than desired
+    size 1"). Review 2026-11-24, A2."""
+    ng = result.one("aws:eks/nodeGroup:NodeGroup")
+    assert not any("desiredSize" in path for path in ng.ignore_changes), ng.ignore_changes
+    s = ng.inputs["scalingConfig"]
+    assert int(s["minSize"]) == int(s["desiredSize"]) == int(s["maxSize"]) == 2
+
+
+def test_system_group_follows_the_cluster_version_and_its_update_is_not_blocked_by_the_etcd_pdb(result):
+    """A3/A4: the nodes move with the control plane; the drain may evict the single etcd member (soft state)."""
+    ng = result.one("aws:eks/nodeGroup:NodeGroup").inputs
+    assert ng["version"] == ARGS.kubernetes_version
+    assert ng["forceUpdateVersion"] is True

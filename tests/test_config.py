@@ -241,3 +241,51 @@ def test_scale_down_time_accepts_durations(value):
 def test_scale_down_time_rejects_non_durations(value):
     with pytest.raises(ConfigError, match=r"cluster\.scaleDownUnneededTime: got"):
         load(set_path(stack_config("dev"), "eks-ddp:cluster.scaleDownUnneededTime", value))
+
+
+def test_standard_rejected_past_standard_support():
+    """A11: EKS takes upgradePolicy STANDARD only for a version in standard support (day 2026-11-24: 1.33 left it
+    on 2026-07-29); the message names both keys, the date and what is allowed. EXTENDED, or a version in standard
+    support, loads; a version past extended support is refused whatever the policy."""
+    import datetime as dt
+
+    day = dt.date(2026, 11, 24)
+
+    def load(version, policy=None, today=day):
+        raw = set_path(stack_config("dev"), "eks-ddp:cluster.kubernetesVersion", version)
+        if policy:
+            raw = set_path(raw, "eks-ddp:cluster.upgradePolicy", policy)
+        return load_stack_config({k: v for k, v in raw.items() if k.startswith("eks-ddp:")},
+                                 region=raw["aws:region"], today=today)
+
+    with pytest.raises(ConfigError) as e:
+        load("1.33")
+    text = str(e.value)
+    assert "cluster.upgradePolicy: got 'STANDARD'" in text and "'1.33'" in text and "2026-07-29" in text
+    assert "1.35" in text and "1.36" in text and "EXTENDED" in text
+    assert load("1.33", "EXTENDED").cluster.upgrade_policy == "EXTENDED"
+    for version in ("1.34", "1.35", "1.36"):  # in standard support on that day
+        assert load(version).cluster.kubernetes_version == version
+    with pytest.raises(ConfigError, match="1.34.*left EKS standard support on 2026-12-02"):
+        load("1.34", today=dt.date(2026, 12, 3))
+    with pytest.raises(ConfigError, match="extended support for it ended on 2027-03-23"):
+        load("1.32", "EXTENDED", today=dt.date(2027, 3, 24))
+
+
+def test_spot_alternates_not_smaller():
+    """A6: the pod is sized from instanceType and the autoscaler simulates the first type; an alternate with fewer
+    vCPUs or less memory would be launched for a pod it cannot hold. Larger alternates stay allowed."""
+    dev = stack_config("dev")
+    raw = set_path(dev, "eks-ddp:nodeGroups[0].capacityType", "spot")
+    raw = set_path(raw, "eks-ddp:nodeGroups[0].instanceType", "g4dn.2xlarge")
+    smaller = set_path(raw, "eks-ddp:nodeGroups[0].spotInstanceTypes", ["g4dn.4xlarge", "g4dn.xlarge"])
+    msg = rejects(smaller, "nodeGroups[0].spotInstanceTypes[1]", "'g4dn.xlarge'")
+    assert "4 vCPUs, 16 GiB" in msg and "8 vCPUs and 32 GiB" in msg and "g4dn.2xlarge" in msg
+    assert not [p for p in _problems(smaller) if "spotInstanceTypes[0]" in p]
+    load(set_path(raw, "eks-ddp:nodeGroups[0].spotInstanceTypes", ["g4dn.4xlarge", "g4dn.8xlarge"]))
+
+
+def _problems(cfg: dict) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        load(cfg)
+    return info.value.problems

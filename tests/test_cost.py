@@ -98,12 +98,17 @@ def test_control_plane_priced_by_support_type():
 
     def plane(est):
         return next(i for i in est.items if i.name.startswith("EKS control plane"))
+    import dataclasses
+
     old = {"cluster.kubernetesVersion": "1.33"}  # standard support ended 2026-07-29
     day = dt.date(2026, 11, 23)
-    assert plane(cost.estimate(dev(**old), day=day)).idle_per_hour == 0.10  # STANDARD: upgraded, never extended
     extended = cost.estimate(dev(**old, **{"cluster.upgradePolicy": "EXTENDED"}), day=day)
+    # The stack config refuses STANDARD past standard support; a library caller's config can still say it.
+    cfg = dev()
+    standard = dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, kubernetes_version="1.33"))
+    assert plane(cost.estimate(standard, day=day)).idle_per_hour == 0.10  # STANDARD: upgraded, never extended
     assert plane(extended).idle_per_hour == 0.60 and "extended" in plane(extended).name
-    assert extended.idle_per_hour - cost.estimate(dev(**old), day=day).idle_per_hour == pytest.approx(0.50)
+    assert extended.idle_per_hour - cost.estimate(standard, day=day).idle_per_hour == pytest.approx(0.50)
     # EXTENDED on a version still in standard support costs the standard rate until then, and says when.
     early = plane(cost.estimate(dev(**{"cluster.upgradePolicy": "EXTENDED"}), day=day))
     assert early.idle_per_hour == 0.10 and "$0.60/h from" in early.note

@@ -80,8 +80,7 @@ def test_csi_driver_addon_pinned_with_irsa_role_for_the_controller_only(result):
     assert trust[0]["Condition"] == {"StringEquals": {
         f"{ISSUER}:sub": "system:serviceaccount:kube-system:efs-csi-controller-sa",
         f"{ISSUER}:aud": "sts.amazonaws.com"}}
-    attach = result.one("aws:iam/rolePolicyAttachment:RolePolicyAttachment").inputs
-    assert attach["policyArn"] == "arn:aws:iam::aws:policy/service-role/AmazonEFSCSIDriverPolicy"
+    assert result.one("aws:iam/rolePolicy:RolePolicy").inputs["role"] == role.outputs["id"]
 
 
 def _access_points(result) -> dict[str, dict]:
@@ -226,3 +225,25 @@ def test_file_system_id_is_a_config_key():
     result = run(set_path(stack_config("dev"), "eks-ddp:storage.fileSystemId", "fs-0123456789abcdef0"))
     assert result.of_type("aws:efs/fileSystem:FileSystem") == []
     assert result.outputs["efsId"] == "fs-0123456789abcdef0"
+
+
+def test_csi_role_scoped_to_file_system(result):
+    """A13 (in part): no AWS-managed AmazonEFSCSIDriverPolicy, which may create access points on every file system
+    in the account; an inline policy creates them only on this file system. Delete keeps the managed policy's
+    driver-tag condition (the add-on cannot set a cluster tag, see components/efs.py); the add-on configuration
+    stays within its schema (no controller.tags)."""
+    assert result.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment") == []
+    fs_id = result.one("aws:efs/fileSystem:FileSystem").outputs["id"]
+    policy = json.loads(result.one("aws:iam/rolePolicy:RolePolicy").inputs["policy"])
+    by_action = {a: s for s in policy["Statement"] for a in s["Action"]}
+    assert by_action["elasticfilesystem:CreateAccessPoint"]["Resource"] == \
+        f"arn:aws:elasticfilesystem:us-west-2:123456789012:file-system/{fs_id}"
+    for s in policy["Statement"]:  # every write is conditioned; reads name this file system (zones have no ARN)
+        if s["Sid"] == "DescribeThisFileSystem":
+            assert s["Resource"] == by_action["elasticfilesystem:CreateAccessPoint"]["Resource"], s
+        elif s["Sid"] != "DescribeZones":
+            assert s["Condition"], s
+    assert not any(a.startswith("elasticfilesystem:") and a.split(":")[1].startswith(("Create", "Delete", "Put"))
+                   and s["Resource"] == "*" and not s.get("Condition") for a, s in by_action.items())
+    config = json.loads(result.one("aws:eks/addon:Addon").inputs["configurationValues"])
+    assert config == {"node": {"tolerations": [{"operator": "Exists"}]}}

@@ -446,3 +446,15 @@ def test_component_default_fault_budget_fits_spot_capacity():
 
     assert DEFAULT_MAX_RESTARTS >= 20
     assert flags(trainer(run_job())["command"])["max-restarts"] == str(DEFAULT_MAX_RESTARTS)
+
+
+def test_immutable_job_fields_replace_the_job():
+    """K8: Kubernetes refuses a change to a Job's completionMode, podFailurePolicy, successPolicy,
+    backoffLimitPerIndex or managedBy (422 "field is immutable"), and the provider replaces a Job only for template,
+    completions, parallelism and selector changes: both awaited Jobs of a run list those fields for replacement."""
+    result = run_job(instance_type="p4de.24xlarge", efa=True, fabric_check=True, run_id="r1")
+    immutable = {"spec.completionMode", "spec.podFailurePolicy", "spec.successPolicy", "spec.backoffLimitPerIndex"}
+    for job in (train_job(result), result.one(JOB, FABRIC)):
+        assert immutable <= set(job.replace_on_changes), (job.name, job.replace_on_changes)
+        # and each listed field is one the Job really sets or Kubernetes defaults (paths in the provider's casing)
+        assert {"completionMode", "podFailurePolicy"} <= set(job.inputs["spec"])

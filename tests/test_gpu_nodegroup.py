@@ -321,3 +321,26 @@ def test_spot_types_must_match_the_gpu_shape_and_be_spot(types, capacity, match)
     raw = set_path(_spot_raw(types), "eks-ddp:nodeGroups[0].capacityType", capacity)
     with pytest.raises(ConfigError, match=match):
         load_stack_config({k: v for k, v in raw.items() if k.startswith("eks-ddp:")}, region=raw["aws:region"])
+
+
+@pytest.mark.parametrize("stack", ["dev", "p4de"])
+def test_node_groups_track_cluster_version(stack):
+    """Every managed node group, system and GPU, carries the cluster's version, so an upgrade moves the nodes
+    with the control plane and the next one is not refused (review 2026-11-24, A3)."""
+    from tests.util import at_version, run, stack_config
+
+    for version in ("1.35", "1.36"):
+        raw = at_version(stack_config(stack), version)
+        groups = run(raw, stack).of_type(NG)
+        assert len(groups) == 1 + len(raw["eks-ddp:nodeGroups"])
+        assert [g.inputs.get("version") for g in groups] == [version] * len(groups)
+
+
+def test_resize_reads_the_live_desired_size_first():
+    """GPU groups keep ignoring desiredSize (the autoscaler owns it); the project refreshes before every operation so
+    the desired size a min/max change sends is the live one (A2)."""
+    import yaml
+
+    from tests.util import ROOT
+
+    assert yaml.safe_load((ROOT / "Pulumi.yaml").read_text())["options"]["refresh"] == "always"

@@ -202,3 +202,28 @@ def test_dev_g4dn_group_has_no_efa_and_spans_zones(dev_result):
     assert len(ng.inputs["subnetIds"]) == 2
     releases = {r.inputs["chart"] for r in dev_result.of_type("kubernetes:helm.sh/v3:Release")}
     assert "aws-efa-k8s-device-plugin" not in releases
+
+
+@pytest.mark.parametrize("region,part", [("us-gov-west-1", "aws-us-gov"), ("cn-north-1", "aws-cn")])
+def test_arns_follow_partition(region, part):
+    """A7: in aws-cn and aws-us-gov, every AWS-managed policy ARN, access policy ARN and the S3 endpoint's service
+    name are the region's partition's (arn:aws: there fails, and the node role would get no worker policy)."""
+    from tests.util import run, set_path, stack_config
+
+    raw = set_path(stack_config("dev"), "aws:region", region)
+    raw = set_path(raw, "eks-ddp:cluster.adminPrincipalArns", [f"arn:{part}:iam::123456789012:role/ci"])
+    result = run(raw)
+    arns = [a.inputs["policyArn"] for a in result.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")]
+    assert arns and all(a.startswith(f"arn:{part}:iam::aws:policy/") for a in arns), arns
+    entries = json.dumps(result.one("eks:index:Cluster").inputs.get("accessEntries", {}))
+    assert f"arn:{part}:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy" in entries
+    assert '"arn:aws:' not in entries
+    [endpoint] = result.of_type("aws:ec2/vpcEndpoint:VpcEndpoint")
+    prefix = "cn.com.amazonaws" if part == "aws-cn" else "com.amazonaws"
+    assert endpoint.inputs["serviceName"] == f"{prefix}.{region}.s3"
+    # Policies whose ARNs the program builds (others carry ARNs of resources, which AWS returns in the partition).
+    built = [p for p in result.of_type("aws:iam/rolePolicy:RolePolicy")
+             if p.name.endswith(("node-addon-images", "autoscaler-policy", "efs-csi"))]
+    assert len(built) == 3
+    for p in built:
+        assert "arn:aws:" not in p.inputs["policy"] and f"arn:{part}:" in p.inputs["policy"], (p.name, p.inputs)

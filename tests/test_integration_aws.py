@@ -12,6 +12,15 @@ It uses a throw-away stack named ``it-<random>`` with a local file backend and r
        -> destroy -> nothing is left -> up (same stack: a re-deploy after destroy) -> the job completes
        -> destroy -> nothing is left
 
+``test_day_two_lifecycle`` (same gates) then takes a second throw-away stack through day two:
+
+    up at the minor before the default (1 system node) -> resize the system group 1 -> 2
+    -> start a run; while its GPU nodes run, raise the GPU group's maxSize -> up: the live desired size and the
+       run's nodes are untouched, the run completes
+    -> upgrade Kubernetes one minor (control plane, add-ons, autoscaler, every node group)
+    -> a second stack in the same account asking for the same cluster name is refused by preflight before it
+       creates anything -> destroy
+
 "Nothing is left" is asked of AWS directly: no EKS cluster, no VPC named for it, no ECR repository, no
 EFS file system (the test sets ``storage.retainOnDestroy false``). The control-plane log group is kept on
 purpose (EKS re-creates it while the cluster is deleted; the next up adopts it): the test checks that the
@@ -203,3 +212,111 @@ def test_dev_stack_lifecycle(stack, tmp_path):
 
     stack.destroy(on_output=print)
     assert_nothing_left(stack, again)
+
+
+# --- day two: resize, resize during a run, upgrade, a second stack ------------------------------------------------
+
+def upgrade_path() -> tuple[str, str]:
+    """(from, to): the supported minor just below the default, and the default (one minor up)."""
+    from components import k8s_versions
+
+    versions = list(k8s_versions.SUPPORTED_VERSIONS)
+    to = k8s_versions.DEFAULT_VERSION
+    return versions[versions.index(to) - 1], to
+
+
+def live_groups(region: str, cluster: str) -> dict[str, dict[str, Any]]:
+    """The cluster's managed node groups by pool/group label: {"system": {...}, "<gpu group>": {...}}."""
+    import boto3
+
+    eks = boto3.client("eks", region_name=region)
+    out = {}
+    for name in eks.list_nodegroups(clusterName=cluster)["nodegroups"]:
+        group = eks.describe_nodegroup(clusterName=cluster, nodegroupName=name)["nodegroup"]
+        labels = group.get("labels") or {}
+        out[labels.get("eks-ddp/node-group") or labels.get("eks-ddp/pool", name)] = group
+    return out
+
+
+def scaling(group: dict[str, Any]) -> tuple[int, int, int]:
+    s = group["scalingConfig"]
+    return int(s["minSize"]), int(s["desiredSize"]), int(s["maxSize"])
+
+
+def versions_of(region: str, cluster: str) -> dict[str, str]:
+    """The control plane's and every node group's Kubernetes minor."""
+    import boto3
+
+    eks = boto3.client("eks", region_name=region)
+    out = {"cluster": eks.describe_cluster(name=cluster)["cluster"]["version"]}
+    out |= {k: g["version"] for k, g in live_groups(region, cluster).items()}
+    return out
+
+
+def wait_for_gpu_nodes(region: str, cluster: str, group: str, at_least: int, timeout_s: int = 1800) -> int:
+    """Bounded wait until the autoscaler has brought ``at_least`` nodes to ``group``; returns the desired size."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        desired = scaling(live_groups(region, cluster)[group])[1]
+        if desired >= at_least:
+            return desired
+        time.sleep(30)
+    raise AssertionError(f"{group} did not reach {at_least} nodes in {timeout_s} s")
+
+
+def test_day_two_lifecycle(stack, tmp_path):
+    from pulumi import automation as auto
+
+    from tests.util import at_version
+
+    region, cluster = _region(stack), _cluster_name(stack)
+    before, after = upgrade_path()
+    raw = at_version(stack_config("dev"), before)
+    set_config(stack, "eks-ddp:cluster", {**json.loads(stack.get_config("eks-ddp:cluster").value),
+                                          "kubernetesVersion": before, "systemNodeCount": 1,
+                                          "upgradePolicy": raw["eks-ddp:cluster"].get("upgradePolicy", "STANDARD")})
+    up_and_train(stack, tmp_path)
+
+    # Resize the system group 1 -> 2: min == max == desired, sent whole (no stale desired size).
+    cluster_cfg = json.loads(stack.get_config("eks-ddp:cluster").value)
+    set_config(stack, "eks-ddp:cluster", {**cluster_cfg, "systemNodeCount": 2})
+    stack.up(on_output=print)
+    assert scaling(live_groups(region, cluster)["system"]) == (2, 2, 2)
+
+    # Resize a GPU group while a run's nodes are up: raise maxSize; the live desired size is kept (refresh).
+    job = json.loads(stack.get_config("eks-ddp:job").value)
+    set_config(stack, "eks-ddp:job", {**job, "runId": f"{job['runId']}-b", "epochs": 4})
+    outputs = stack.up(on_output=print).outputs
+    groups = json.loads(stack.get_config("eks-ddp:nodeGroups").value)
+    gpu = groups[0]["name"]
+    running = wait_for_gpu_nodes(region, cluster, gpu, job.get("nodes", 2))
+    set_config(stack, "eks-ddp:nodeGroups", [{**groups[0], "maxSize": groups[0].get("maxSize", 2) + 1}, *groups[1:]])
+    stack.up(on_output=print)
+    assert scaling(live_groups(region, cluster)[gpu])[1] >= running, "the resize scaled in the run's nodes"
+    kubeconfig = tmp_path / "kubeconfig-day2"
+    kubeconfig.write_text(outputs["kubeconfig"].value)
+    subprocess.run(["kubectl", "-n", job.get("namespace", "training"), "wait", "--for=condition=complete",
+                    f"job/{outputs['trainingJobName'].value}", f"--timeout={JOB_TIMEOUT_S}s"],
+                   env={**os.environ, "KUBECONFIG": str(kubeconfig)}, check=True)
+
+    # Upgrade one minor: the control plane and every node group follow; the autoscaler image follows too.
+    cluster_cfg = json.loads(stack.get_config("eks-ddp:cluster").value)
+    set_config(stack, "eks-ddp:cluster", {**cluster_cfg, "kubernetesVersion": after, "upgradePolicy": "STANDARD"})
+    stack.up(on_output=print)
+    assert set(versions_of(region, cluster).values()) == {after}
+
+    # A second stack in the same account asking for this cluster's name: refused before it creates anything.
+    other = auto.create_stack(stack_name=f"{stack.name}-b", work_dir=str(ROOT), opts=auto.LocalWorkspaceOptions(
+        env_vars=stack.workspace.env_vars, work_dir=str(ROOT)))
+    try:
+        for key, value in stack.get_all_config().items():
+            other.set_config(key, value)
+        cluster_cfg = json.loads(stack.get_config("eks-ddp:cluster").value)
+        set_config(other, "eks-ddp:cluster", {**cluster_cfg, "name": cluster})
+        with pytest.raises(auto.errors.CommandError, match="belongs to stack"):
+            other.up(on_output=print)
+        assert other.export_stack().deployment.get("resources") in (None, []) or all(
+            r["type"].startswith("pulumi:") for r in other.export_stack().deployment["resources"])
+    finally:
+        other.workspace.remove_stack(other.name)
+

@@ -84,3 +84,35 @@ def test_each_leftover_is_named(account):
 def test_resources_still_in_the_state_fail(account):
     with pytest.raises(AssertionError, match="still holds resources"):
         it.assert_nothing_left(FakeStack(resources=[{"type": "aws:ec2/vpc:Vpc"}]), _outputs())
+
+
+# --- day-two helpers ---------------------------------------------------------------------------------------------
+
+def test_upgrade_path_is_one_minor_to_the_default():
+    from components import k8s_versions
+
+    before, after = it.upgrade_path()
+    assert after == k8s_versions.DEFAULT_VERSION and before in k8s_versions.SUPPORTED_VERSIONS
+    (bm, bn), (am, an) = (map(int, v.split(".")) for v in (before, after))
+    assert (bm, bn + 1) == (am, an)
+
+
+def test_live_groups_scaling_and_versions_read_eks(monkeypatch):
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.setenv(var, "testing")
+    with mock_aws():
+        eks = boto3.client("eks", region_name=REGION)
+        eks.create_cluster(name="c", version="1.35", roleArn="arn:aws:iam::123456789012:role/eks",
+                           resourcesVpcConfig={"subnetIds": []})
+        for name, labels, size in (("sys-1", {"eks-ddp/pool": "system"}, 2),
+                                   ("gpu-1", {"eks-ddp/pool": "gpu", "eks-ddp/node-group": "gpu"}, 1)):
+            eks.create_nodegroup(clusterName="c", nodegroupName=name, subnets=["s"], labels=labels,
+                                 nodeRole="arn:aws:iam::123456789012:role/n", version="1.35",
+                                 scalingConfig={"minSize": size, "maxSize": size + 1, "desiredSize": size})
+        groups = it.live_groups(REGION, "c")
+        assert sorted(groups) == ["gpu", "system"]
+        assert it.scaling(groups["system"]) == (2, 2, 3) and it.scaling(groups["gpu"]) == (1, 1, 2)
+        assert it.versions_of(REGION, "c") == {"cluster": "1.35", "system": "1.35", "gpu": "1.35"}
+        assert it.wait_for_gpu_nodes(REGION, "c", "gpu", 1, timeout_s=5) == 1
+        with pytest.raises(AssertionError, match="did not reach 3 nodes"):
+            it.wait_for_gpu_nodes(REGION, "c", "gpu", 3, timeout_s=0)

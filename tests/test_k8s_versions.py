@@ -11,7 +11,7 @@ from components import k8s_versions
 from components.addons import ClusterAddons, ClusterAddonsArgs
 from components.config import DEFAULT_KUBERNETES_VERSION, SUPPORTED_KUBERNETES_VERSIONS
 from components.mocks import run_program
-from tests.util import run, set_path, stack_config
+from tests.util import at_version, run, set_path, stack_config
 
 REVIEW_DAY = dt.date(2026, 11, 22)
 
@@ -62,7 +62,7 @@ def test_upgrade_policy_is_a_config_key():
 
 
 def _addon_versions(version: str) -> tuple[dict[str, str], list]:
-    result = run(set_path(stack_config("dev"), "eks-ddp:cluster.kubernetesVersion", version))
+    result = run(at_version(stack_config("dev"), version))
     addons = {a.inputs["addonName"]: a.inputs["addonVersion"] for a in result.of_type("aws:eks/addon:Addon")
               if a.inputs["addonName"] in k8s_versions.EKS_ADDONS}
     lookups = [a for t, a in result.calls if t == "aws:eks/getAddonVersion:getAddonVersion"]
@@ -97,7 +97,8 @@ def test_plan_warns_when_the_stack_version_is_in_extended_support(tmp_path):
 
     text = (plan.PROJECT_ROOT / "Pulumi.dev.yaml").read_text()
     (tmp_path / "Pulumi.old.yaml").write_text(text.replace(f'kubernetesVersion: "{DEFAULT_KUBERNETES_VERSION}"',
-                                                           'kubernetesVersion: "1.33"'))
+                                                           'kubernetesVersion: "1.33"')
+                                              .replace("upgradePolicy: STANDARD", "upgradePolicy: EXTENDED"))
     (tmp_path / "Pulumi.dev.yaml").write_text(text)
     assert plan.version_warnings("dev", tmp_path, today=REVIEW_DAY) == []
     [notice] = plan.version_warnings("old", tmp_path, today=REVIEW_DAY)

@@ -318,3 +318,21 @@ def test_the_trainer_uploads_its_results_when_the_job_asks(tmp_path, s3, monkeyp
             "runs/run-9/training-curve.png"} <= keys
     uploaded = json.loads(s3.get_object(Bucket="results-b", Key="runs/run-9/metrics.json")["Body"].read())
     assert uploaded == json.loads((tmp_path / "run" / "metrics.json").read_text())
+
+
+def test_stack_config_adopts_retained_bucket():
+    """A9: `storage.resultsBucket` re-attaches the bucket an earlier destroy kept: no new bucket, the upload role
+    scoped to that bucket's run prefix, the results output naming it; a bad name is refused naming the key."""
+    from tests.util import run, set_path, stack_config
+
+    raw = set_path(stack_config("dev"), "eks-ddp:storage.resultsBucket", "results-kept-1234")
+    result = run(raw)
+    assert result.of_type("aws:s3/bucket:Bucket") == [] and result.of_type("aws:s3/bucketV2:BucketV2") == []
+    run_id = raw["eks-ddp:job"]["runId"]
+    policies = [json.loads(p.inputs["policy"]) for p in result.of_type("aws:iam/rolePolicy:RolePolicy")
+                if "WriteOwnRunOnly" in p.inputs["policy"]]
+    assert [s["Resource"] for p in policies for s in p["Statement"] if s["Sid"] == "WriteOwnRunOnly"] == [
+        f"arn:aws:s3:::results-kept-1234/runs/{run_id}/*"]
+    assert result.outputs["results"]["bucket"] == "results-kept-1234"
+    with pytest.raises(pulumi.RunError, match=r"storage.resultsBucket: got 'Bad_Bucket'"):
+        run(set_path(raw, "eks-ddp:storage.resultsBucket", "Bad_Bucket"))

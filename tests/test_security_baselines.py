@@ -252,7 +252,7 @@ STAR_RESOURCE_ACTIONS = {
     "ecr:GetAuthorizationToken", "autoscaling:DescribeAutoScalingGroups", "autoscaling:DescribeAutoScalingInstances",
     "autoscaling:DescribeLaunchConfigurations", "autoscaling:DescribeScalingActivities", "autoscaling:DescribeTags",
     "ec2:DescribeImages", "ec2:DescribeInstanceTypes", "ec2:DescribeLaunchTemplateVersions",
-    "ec2:GetInstanceTypesFromInstanceRequirements",
+    "ec2:GetInstanceTypesFromInstanceRequirements", "ec2:DescribeAvailabilityZones",
 }
 
 

@@ -51,6 +51,19 @@ def set_path(config: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
     return new
 
 
+def at_version(config: dict[str, Any], version: str) -> dict[str, Any]:
+    """Copy of ``config`` at Kubernetes ``version``, with upgradePolicy EXTENDED where today EKS would refuse
+    STANDARD (a version already past standard support)."""
+    import datetime as dt
+
+    from components import k8s_versions
+
+    out = set_path(config, "eks-ddp:cluster.kubernetesVersion", version)
+    if k8s_versions.support_on(version, dt.date.today()) == "extended":
+        out = set_path(out, "eks-ddp:cluster.upgradePolicy", "EXTENDED")
+    return out
+
+
 def drop_path(config: dict[str, Any], path: str) -> dict[str, Any]:
     new = copy.deepcopy(config)
     top, _, rest = path.partition(".")

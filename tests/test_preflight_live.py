@@ -1,0 +1,175 @@
+"""Preflight against what the stack already runs (components/preflight_live.py), on moto's EKS and EC2:
+the cluster name's owner (A8), the version step (A3), resizes against live desired sizes (A2), this cluster's own
+nodes in the quota and reservation checks (A5), and the zones the VPC really uses (A10)."""
+
+from __future__ import annotations
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from components import preflight
+from components.config import choose_zones
+from tests.stub_quotas import StubQuotas, add_reservations, reservation
+from tests.test_preflight import CR, config, p4de_raw
+from tests.util import set_path, stack_config
+
+
+@pytest.fixture
+def aws(monkeypatch):
+    """Fake credentials and a moto account (EC2 and EKS); yields a factory of EC2 clients for a config's region."""
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SECURITY_TOKEN", "AWS_SESSION_TOKEN"):
+        monkeypatch.setenv(var, "testing")
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    with mock_aws():
+        yield lambda cfg: boto3.client("ec2", region_name=cfg.region)
+
+NAME = "eks-ddp-dev"
+ME = "org/eks-ddp/dev"
+
+
+def eks_cluster(region: str, *, name: str = NAME, version: str = "1.35", owner: str | None = ME,
+                groups: dict[str, int] | None = None):
+    """A moto EKS cluster with node groups labelled like eks-ddp's GPU groups, at the given desired sizes."""
+    eks = boto3.client("eks", region_name=region)
+    eks.create_cluster(name=name, version=version, roleArn="arn:aws:iam::123456789012:role/eks",
+                       resourcesVpcConfig={"subnetIds": []}, tags={"eks-ddp/stack": owner} if owner else {})
+    for label, desired in (groups or {}).items():
+        eks.create_nodegroup(clusterName=name, nodegroupName=f"gpu-{label}-abc", subnets=["subnet-1"],
+                             nodeRole="arn:aws:iam::123456789012:role/node", labels={"eks-ddp/node-group": label},
+                             scalingConfig={"minSize": 0, "maxSize": max(desired, 2), "desiredSize": desired})
+    return eks
+
+
+def check(cfg, ec2, eks, quotas=None, stack_id=ME, name=NAME):
+    return preflight.check(cfg, ec2=ec2, quotas=quotas or StubQuotas(), eks=eks, cluster_name=name, stack_id=stack_id)
+
+
+def own_nodes(ec2, instance_type: str, count: int, cluster: str = NAME) -> None:
+    ec2.run_instances(ImageId="ami-12345678", InstanceType=instance_type, MinCount=count, MaxCount=count,
+                      TagSpecifications=[{"ResourceType": "instance", "Tags": [
+                          {"Key": "eks:cluster-name", "Value": cluster}]}])
+
+
+# --- A8: one cluster name per account and region -----------------------------------------------------------
+
+def test_existing_cluster_of_other_stack_fails(aws):
+    cfg = config(stack_config("dev"))
+    eks = eks_cluster(cfg.region, owner="someone/eks-ddp/dev")
+    report = check(cfg, aws(cfg), eks)
+    [msg] = report.failures
+    assert msg.startswith("cluster.name: an EKS cluster named 'eks-ddp-dev' already exists in us-west-2")
+    assert "'someone/eks-ddp/dev'" in msg and "pulumi config set --path cluster.name" in msg
+    # this stack's own cluster passes; one without the tag is a warning, not a failure
+    assert check(cfg, aws(cfg), eks, stack_id="someone/eks-ddp/dev").ok
+    untagged = eks_cluster(cfg.region, name="eks-ddp-x", owner=None)
+    report = check(cfg, aws(cfg), untagged, name="eks-ddp-x")
+    assert report.ok and any("without the eks-ddp/stack tag" in w for w in report.warnings)
+    # no cluster of that name yet: nothing to say
+    assert check(cfg, aws(cfg), eks, name="eks-ddp-new").warnings == []
+
+
+def test_cluster_name_key_names_the_cluster_and_its_log_group():
+    from tests.util import run
+
+    raw = set_path(stack_config("dev"), "eks-ddp:cluster.name", "team-a-dev")
+    result = run(raw)
+    assert result.one("eks:index:Cluster").inputs["name"] == "team-a-dev"
+    assert result.one("aws:cloudwatch/logGroup:LogGroup", "cluster-logs").inputs["name"] == "/aws/eks/team-a-dev/cluster"
+    tags = result.one("eks:index:Cluster").inputs["clusterTags"]
+    assert tags["eks-ddp/stack"].endswith("/dev")
+
+
+# --- A3: one minor at a time, never back ---------------------------------------------------------------------
+
+def test_upgrade_more_than_one_minor_or_back_fails(aws):
+    raw = set_path(stack_config("dev"), "eks-ddp:cluster.kubernetesVersion", "1.36")
+    cfg = config(raw)
+    msg = " ".join(check(cfg, aws(cfg), eks_cluster(cfg.region, version="1.34")).failures)
+    assert "got '1.36', but the cluster runs Kubernetes 1.34" in msg and "set cluster.kubernetesVersion 1.35" in msg
+    assert check(cfg, aws(cfg), eks_cluster(cfg.region, name="n2", version="1.35"), name="n2").ok
+    back = config(set_path(stack_config("dev"), "eks-ddp:cluster.kubernetesVersion", "1.35"))
+    msg = " ".join(check(back, aws(back), eks_cluster(back.region, name="n3", version="1.36"), name="n3").failures)
+    assert "EKS never downgrades" in msg and "pulumi config set --path cluster.kubernetesVersion 1.36" in msg
+
+
+# --- A2: a resize never fails on, or scales in, the live group ------------------------------------------------
+
+def test_min_size_above_live_desired_fails_early(aws):
+    raw = set_path(stack_config("dev"), "eks-ddp:nodeGroups[0].minSize", 2)
+    raw = set_path(raw, "eks-ddp:nodeGroups[0].desiredSize", 2)  # creation size; the live group's is 0
+    cfg = config(raw)
+    eks = eks_cluster(cfg.region, groups={cfg.node_groups[0].name: 0})
+    [msg] = check(cfg, aws(cfg), eks).failures
+    assert msg.startswith("nodeGroups[0].minSize: got 2, but the group runs 0 node(s)")
+    assert (f"aws eks update-nodegroup-config --region us-west-2 --cluster-name {NAME} --nodegroup-name "
+            f"gpu-{cfg.node_groups[0].name}-abc --scaling-config minSize=2,maxSize=2,desiredSize=2") in msg
+
+
+def test_max_size_below_running_nodes_fails_instead_of_scaling_them_in(aws):
+    raw = set_path(stack_config("dev"), "eks-ddp:nodeGroups[0].maxSize", 1)
+    raw = set_path(raw, "eks-ddp:job.nodes", 1)
+    cfg = config(raw)
+    eks = eks_cluster(cfg.region, groups={cfg.node_groups[0].name: 2})
+    [msg] = check(cfg, aws(cfg), eks).failures
+    assert msg.startswith("nodeGroups[0].maxSize: got 1, but the group runs 2 node(s) now")
+    # at or within the live size: nothing to refuse
+    same = config(stack_config("dev"))
+    assert check(same, aws(same), eks_cluster(same.region, name="n4", groups={same.node_groups[0].name: 2}),
+                 name="n4").ok
+
+
+# --- A5: own nodes are not new demand ----------------------------------------------------------------------
+
+def test_own_nodes_are_not_new_demand(aws):
+    cfg = config(stack_config("dev"))
+    ec2 = aws(cfg)
+    own_nodes(ec2, "g4dn.xlarge", 2)  # the run's two GPU nodes, 8 vCPUs: already part of maxSize 2 x 4
+    quotas = StubQuotas({"L-DB2E81BA": 8})  # sized as preflight advises: maxSize x vCPUs
+    assert check(cfg, ec2, None, quotas=quotas).ok
+    # Negative control: the same instances without this cluster's tag are someone else's load.
+    own_nodes(ec2, "g4dn.xlarge", 1, cluster="another-cluster")
+    msg = " ".join(check(cfg, ec2, None, quotas=quotas).failures)
+    assert "on top of 4 vCPUs already running" in msg
+
+
+def test_own_nodes_in_the_reservation_are_not_taken_slots(aws, monkeypatch):
+    cfg = config(set_path(p4de_raw(), "eks-ddp:nodeGroups[0].capacityReservationId", CR))
+    ec2 = aws(cfg)
+    add_reservations(ec2, [reservation(CR, "p4de.24xlarge", "us-east-1b", total=2, available=0)])
+    checker = preflight._Checker  # noqa: SLF001 - moto cannot launch into a reservation: stand in its count
+    monkeypatch.setattr(checker, "own_in_reservation", lambda self, cr: 2 if self.cluster_name == NAME else 0)
+    report = check(cfg, ec2, None, quotas=StubQuotas({"L-417A185B": 0}))
+    assert report.failures == [], report.failures
+    # Negative control: another cluster's use of the reservation leaves it full.
+    other = check(cfg, ec2, None, quotas=StubQuotas({"L-417A185B": 0}), name="someone-else")
+    assert any("has only 0 of 2 instances free" in f for f in other.failures)
+
+
+# --- A10: the zones checked are the zones the VPC gets --------------------------------------------------------
+
+def test_checks_zones_main_uses(aws, monkeypatch):
+    """A group pinned to us-west-2d (outside the first azCount=2 zones): the VPC gets d plus the first other zone,
+    and the system type is checked there, not in a and b."""
+    raw = set_path(stack_config("dev"), "eks-ddp:nodeGroups[0].availabilityZone", "us-west-2d")
+    cfg = config(raw)
+    ec2 = aws(cfg)
+    zones = [z["ZoneName"] for z in ec2.describe_availability_zones()["AvailabilityZones"]]
+    expected = choose_zones(cfg, zones)
+    assert expected[0] == "us-west-2d" and expected != zones[: cfg.network.az_count]
+    asked: list[list[str]] = []
+    real = preflight._Checker.check_offered  # noqa: SLF001
+
+    def spy(self, key, instance_type, zones, fix):
+        if key == "cluster.systemInstanceType":
+            asked.append(list(zones))
+        return real(self, key, instance_type, zones, fix)
+    monkeypatch.setattr(preflight._Checker, "check_offered", spy)  # noqa: SLF001
+    preflight.check(cfg, ec2=ec2, quotas=StubQuotas())
+    assert asked == [expected]
+
+
+def test_live_checks_need_the_eks_client(aws):
+    """Without an EKS client (or cluster name) the live checks are skipped: the offline tests above stay offline."""
+    cfg = config(stack_config("dev"))
+    assert preflight.check(cfg, ec2=aws(cfg), quotas=StubQuotas()).ok
