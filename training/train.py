@@ -4,7 +4,7 @@ On each node the cluster's job pod runs this line (built by components/torchrun.
 ``python -m training.launch`` is torchrun with the Job's exit-code contract and an etcd rendezvous
 that survives etcd restarting)::
 
-    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 EKS_DDP_PEER_DEADLINE_S=5 PYTHONUNBUFFERED=1 \\
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 PYTORCH_NVML_BASED_CUDA_CHECK=1 EKS_DDP_PEER_DEADLINE_S=5 PYTHONUNBUFFERED=1 \\
     python -m training.launch --nnodes=1:2 --nproc-per-node=1 \\
         --rdzv-backend=eks-etcd --rdzv-endpoint=ETCD_HOST:2379 --rdzv-id=RUN_ID \\
         --rdzv-conf=join_timeout=900,last_call_timeout=1,first_round_timeout=300,close_timeout=30,keep_alive_interval=1,keep_alive_max_attempt=4,store_retry_timeout=60,read_timeout=5 \\
