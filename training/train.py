@@ -119,8 +119,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')}: got {v}; expected >= 1")
     if a.min_steps < 0:
         p.error(f"--min-steps: got {a.min_steps}; expected >= 0")
-    if a.global_batch_size % a.bn_group and a.global_batch_size > a.bn_group:
-        p.error(f"--global-batch-size: got {a.global_batch_size}; expected a multiple of --bn-group ({a.bn_group})")
+    if a.global_batch_size % a.bn_group:
+        # Also below the group (e.g. 7 with the default 32): a step trains whole BatchNorm groups only.
+        p.error(f"--global-batch-size: got {a.global_batch_size}; expected a multiple of --bn-group "
+                f"({a.bn_group}): a step trains whole BatchNorm groups (pass a --bn-group that divides it)")
     if a.lr is not None and not (0 < a.lr and math.isfinite(a.lr)):
         p.error(f"--lr: got {a.lr}; expected a positive number")
     if not 0 <= a.label_smoothing < 1:
