@@ -450,4 +450,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    # Not SystemExit: a write still running on a side thread would turn a FATAL code into an abort (134).
+    exitcodes.exit_process(main())
