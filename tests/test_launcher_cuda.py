@@ -25,6 +25,7 @@ from components.torchrun import (
     module_command,
 )
 from tests.etcd_server import ROOT, etcd_endpoint, trainer_env  # noqa: F401  (fixture)
+from training.launch import no_nvidia_driver
 
 needs_cuda_build = pytest.mark.skipif(not torch.cuda._is_compiled(), reason="torch without CUDA cannot poison a fork")
 
@@ -70,6 +71,21 @@ def test_fork_cannot_be_forced_on_an_agent_that_initialised_cuda(tmp_path, etcd_
     ranks, log = _probe(tmp_path, etcd_endpoint, {"EKS_DDP_FORK_WORKERS": "1", "PYTORCH_NVML_BASED_CUDA_CHECK": "0"})
     _assert_cuda_usable(ranks, log)
     assert "EKS_DDP_FORK_WORKERS=1 overridden: this agent has initialised CUDA" in log
+
+
+@needs_cuda_build
+@pytest.mark.skipif(not no_nvidia_driver(), reason="a machine with an NVIDIA driver")
+def test_without_a_driver_workers_are_still_forked_and_clean(tmp_path, etcd_endpoint):  # noqa: F811
+    # A CPU machine (CI, a laptop) with torch's CUDA build and nobody setting CUDA_VISIBLE_DEVICES: the agent hides
+    # the (absent) devices, so torch's check needs no CUDA, and the fast restart stays.
+    env = trainer_env()
+    env.pop("CUDA_VISIBLE_DEVICES")
+    out = tmp_path / "probe"
+    proc = _run(module_command(_agent(etcd_endpoint), "tests.fork_probe", [str(out)], python=sys.executable), env)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-4000:]
+    _assert_cuda_usable([json.loads(p.read_text()) for p in sorted(out.glob("rank-*.json"))], log)
+    assert "workers are forked from this agent" in log and "no NVIDIA driver on this machine" in log
 
 
 def test_a_bad_fork_setting_is_a_usage_error_naming_the_variable(tmp_path, etcd_endpoint):  # noqa: F811

@@ -15,6 +15,8 @@ Flags are torchrun's; use ``--rdzv-backend=eks-etcd`` for the store-restart-tole
 
 from __future__ import annotations
 
+import ctypes
+import glob
 import logging
 import os
 import sys
@@ -44,6 +46,18 @@ NVML_CHECK_ENV = "PYTORCH_NVML_BASED_CUDA_CHECK"
 """``1``: torch answers "is CUDA available?" through NVML instead of initialising CUDA, which would poison
 every later fork (torch/cuda/__init__.py ``is_available``). torch's launcher asks it in the agent
 (``LaunchConfig.__post_init__`` calls ``torch.accelerator.is_available()``), before any worker exists."""
+
+
+def no_nvidia_driver() -> bool:
+    """True only where CUDA certainly cannot work: no NVIDIA kernel driver (/proc/driver/nvidia), no NVIDIA device
+    node (/dev/nvidia*) and no NVML library. (A GPU node, or a container given a GPU, has all three.)"""
+    if os.path.exists("/proc/driver/nvidia") or glob.glob("/dev/nvidia*"):
+        return False
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return True
+    return False
 
 
 def fork_is_clean() -> bool:
@@ -164,6 +178,11 @@ def main(argv: list[str] | None = None) -> int:
     # Before torch's launch config asks for an accelerator: with NVML answering, the agent never initialises
     # CUDA on a GPU node, so workers can still be forked (warm_workers verifies it either way).
     os.environ.setdefault(NVML_CHECK_ENV, "1")
+    if "CUDA_VISIBLE_DEVICES" not in os.environ and no_nvidia_driver():
+        # No NVML to answer torch's check, so it would initialise CUDA (and find nothing): with no device visible
+        # it answers 0 without touching CUDA, and a CPU machine with a CUDA build of torch keeps forked workers.
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+        log.info("no NVIDIA driver on this machine: CUDA_VISIBLE_DEVICES='' for the agent and its workers")
     args = torchrun.parse_args(argv)
     config, entrypoint, cmd_args = torchrun.config_from_args(args)
     try:
