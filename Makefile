@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STACK ?= dev
 OUT ?= plan-out
 
-.PHONY: install test test-long lint demo plan bench clean
+.PHONY: install test test-long lint demo plan bench gpu-check gpu-check-bundle clean
 
 install: $(VENV)/.installed $(SCAN_VENV)/.installed
 
@@ -47,5 +47,16 @@ bench: $(VENV)/.installed
 	$(BIN)/python bench/digits.py
 	$(BIN)/python bench/recovery.py
 
+# One-command GPU acceptance (bench/gpu_check.py): on a machine with an NVIDIA GPU and no network, run with that
+# machine's own Python and torch (2.11-2.14): `make gpu-check GPU_PYTHON=python3`. Without a GPU it runs what it
+# can and says "needs a GPU" for the rest. gpu-check-bundle (run where this venv exists) fills .gpu-bundle/ with
+# python-etcd and the etcd binary, which the GPU machines lack; copy it along with the checkout.
+GPU_PYTHON ?= $(BIN)/python
+gpu-check:
+	$(GPU_PYTHON) bench/gpu_check.py --out gpu-check-out
+
+gpu-check-bundle: $(VENV)/.installed
+	$(BIN)/python bench/gpu_bundle.py .gpu-bundle
+
 clean:
-	rm -rf $(VENV) $(SCAN_VENV) plan-out demo-out .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(SCAN_VENV) plan-out demo-out gpu-check-out .pytest_cache .ruff_cache

@@ -194,8 +194,11 @@ def fabric_check_command(agent: AgentOptions, check: FabricCheckOptions, *, pyth
 
 # Environment every agent needs. Without TORCH_DISABLE_SHARE_RDZV_TCP_STORE a restart after a
 # worker failure reuses stale TCPStore addresses and burns the restart budget (pytorch#135712).
+# PYTORCH_NVML_BASED_CUDA_CHECK=1: torch's launcher asks for an accelerator in the agent; NVML answers
+# without initialising CUDA, so the workers the agent forks can still use their GPU (training/launch.py).
 AGENT_ENV = {
     "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+    "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
     "EKS_DDP_PEER_DEADLINE_S": str(PEER_DEADLINE_S),
     "PYTHONUNBUFFERED": "1",
 }

@@ -334,3 +334,12 @@ def test_learning_rate_follows_the_global_batch_only():
     # The same decay per step in every group: lr * weight_decay is equal.
     decays = {n: g["base_lr"] * g["weight_decay"] for n, g in groups.items()}
     assert len({round(v, 12) for v in decays.values()}) == 1, decays
+
+
+@pytest.mark.parametrize("batch,group", [(7, 32), (48, 32), (16, 32)])
+def test_a_global_batch_that_is_not_a_multiple_of_the_bn_group_is_a_config_error(batch, group, capsys):
+    with pytest.raises(SystemExit) as e:
+        parse_args(["--data-dir=d", "--run-dir=r", f"--global-batch-size={batch}", f"--bn-group={group}"])
+    assert e.value.code == 3
+    assert f"--global-batch-size: got {batch}; expected a multiple of --bn-group ({group})" in capsys.readouterr().err
+    assert parse_args(["--data-dir=d", "--run-dir=r", f"--global-batch-size={batch}", f"--bn-group={batch}"])

@@ -8,6 +8,14 @@ does not restart the workers for them. Every other non-zero exit is treated as t
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
+import sys
+import threading
+import time
+from typing import NoReturn
+
 #: A bad trainer flag or value (argparse errors included): the command line must be fixed.
 CONFIG_ERROR = 3
 #: Training diverged: the loss or the weights became non-finite. Nothing non-finite was checkpointed.
@@ -21,3 +29,30 @@ FABRIC_FAILED = 6
 
 #: Every code above, for the pod failure policy and the launcher.
 FATAL = (CONFIG_ERROR, DIVERGED, BAD_INPUT)
+
+
+def exit_process(code: int, *, drain_s: float = 10.0) -> NoReturn:
+    """End this process with exit status ``code``, also while a side thread still runs torch code.
+
+    At interpreter shutdown Python stops every daemon thread where it stands; one inside torch's C++ (a snapshot
+    or checkpoint being written when a FATAL error ends the run) is unwound through a ``noexcept`` frame and the
+    process aborts with "terminate called without an active exception": exit 134, not ``code``, and a Job that
+    sees 134 retries what must fail at once. So: wait up to ``drain_s`` for the side threads (a write in flight
+    ends in milliseconds to seconds), and if one still runs, flush the output and end the process without the
+    interpreter's shutdown.
+    """
+    deadline = time.monotonic() + drain_s
+    me = threading.current_thread()
+    for t in threading.enumerate():
+        if t is not me and t is not threading.main_thread():
+            t.join(max(0.0, deadline - time.monotonic()))
+    alive = [t.name for t in threading.enumerate() if t is not me and t.is_alive() and t is not threading.main_thread()]
+    if alive:
+        print(f"[exit] {len(alive)} side thread(s) still running after {drain_s:g} s ({', '.join(alive)}): "
+              f"exiting {code} without interpreter shutdown", file=sys.stderr)
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
+    raise SystemExit(code)

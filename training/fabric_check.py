@@ -62,6 +62,8 @@ class RankInfo:
     """NCCL's 'Using network ...' name."""
     ofi_provider: str | None = None
     efa_devices: int = 0
+    cuda_bad_fork: bool = False
+    """This process was forked from one that had initialised CUDA: it can never use a GPU (training/launch.py)."""
 
 
 @dataclass
@@ -252,6 +254,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from .dist import process_group
 
+    bad_fork = bool(torch.cuda._is_in_bad_fork())
+    if bad_fork and torch.cuda.is_available():
+        # set_device would raise "Cannot re-initialize CUDA in forked subprocess"; say why, as the verdict.
+        print("FABRIC CHECK FAILED: this worker was forked from a process that had initialised CUDA and cannot "
+              "use its GPU; start workers as fresh processes (EKS_DDP_FORK_WORKERS=0)", file=sys.stderr)
+        return FABRIC_FAILED
     with process_group(timeout_s=args.timeout_s) as env:
         if not env.distributed:
             print("fabric_check: not launched by torchrun (no MASTER_ADDR): measuring a world of one",
@@ -271,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         mine = RankInfo(rank=env.rank, host=socket.gethostname(), node_rank=int(os.environ.get("GROUP_RANK", "0")),
                         local_rank=env.local_rank, backend=env.backend,
                         transport=transport, network=network, ofi_provider=provider,
-                        efa_devices=count_efa_devices())
+                        efa_devices=count_efa_devices(), cuda_bad_fork=bad_fork)
         ranks: list[Any] = [None] * world
         if env.distributed:
             dist.all_gather_object(ranks, asdict(mine))

@@ -15,6 +15,8 @@ Flags are torchrun's; use ``--rdzv-backend=eks-etcd`` for the store-restart-tole
 
 from __future__ import annotations
 
+import ctypes
+import glob
 import logging
 import os
 import sys
@@ -32,10 +34,45 @@ from .exitcodes import FATAL
 
 log = logging.getLogger("training.launch")
 FAILED = 1
+USAGE = 2
+"""A bad agent setting (torchrun's own usage errors exit 2 too): the Job fails at once."""
 
 
 FORK_ENV = "EKS_DDP_FORK_WORKERS"
-"""``0`` starts each worker as a fresh ``python -m`` process (torchrun's way) instead of forking it."""
+"""``0``: start every worker as a fresh ``python -m`` process (torchrun's way). ``1`` (the default): fork
+workers from the agent, but only while a forked process is verified clean for CUDA (:func:`fork_is_clean`);
+a value cannot select fork on an agent that touched CUDA."""
+NVML_CHECK_ENV = "PYTORCH_NVML_BASED_CUDA_CHECK"
+"""``1``: torch answers "is CUDA available?" through NVML instead of initialising CUDA, which would poison
+every later fork (torch/cuda/__init__.py ``is_available``). torch's launcher asks it in the agent
+(``LaunchConfig.__post_init__`` calls ``torch.accelerator.is_available()``), before any worker exists."""
+
+
+def no_nvidia_driver() -> bool:
+    """True only where CUDA certainly cannot work: no NVIDIA kernel driver (/proc/driver/nvidia), no NVIDIA device
+    node (/dev/nvidia*) and no NVML library. (A GPU node, or a container given a GPU, has all three.)"""
+    if os.path.exists("/proc/driver/nvidia") or glob.glob("/dev/nvidia*"):
+        return False
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return True
+    return False
+
+
+def fork_is_clean() -> bool:
+    """Whether a process forked from this one now could use CUDA: fork a probe and ask it torch's own question,
+    ``torch.cuda._is_in_bad_fork()`` (what ``torch.cuda.set_device`` checks before it raises "Cannot re-initialize
+    CUDA in forked subprocess"). True on a torch built without CUDA; costs one fork (milliseconds)."""
+    import torch
+
+    if torch.cuda.is_initialized():
+        return False
+    pid = os.fork()
+    if pid == 0:  # the probe: no Python clean-up, no atexit handlers of the agent
+        os._exit(1 if torch.cuda._is_in_bad_fork() else 0)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 0
 
 
 def _run_module(module: str, *argv: str) -> None:
@@ -47,15 +84,32 @@ def _run_module(module: str, *argv: str) -> None:
 
 
 def warm_workers(config: launcher_api.LaunchConfig, entrypoint, args: list[str]):
-    """Fork workers from the agent, which has torch and the trainer imported already, instead of starting
-    a new interpreter per worker: a restart then costs no import time (seconds on a busy node)."""
-    if os.environ.get(FORK_ENV, "1") == "0" or entrypoint != sys.executable or "-m" not in args:
+    """Fork workers from the agent, which has torch and the worker module imported already, instead of starting
+    a new interpreter per worker: a restart then costs no import time (seconds on a busy node).
+
+    Only where it is safe for CUDA: a worker forked from a process that initialised CUDA can never use a GPU,
+    so after everything the agent does before its first worker start (torch's launch config, importing the
+    worker module), a probe fork decides. Where CUDA was touched (no NVML to answer torch's check, or a module
+    that touches CUDA on import) every worker starts as a fresh process, whatever ``EKS_DDP_FORK_WORKERS`` says.
+    """
+    choice = os.environ.get(FORK_ENV, "1")
+    if choice not in ("0", "1"):
+        raise ValueError(f"{FORK_ENV}: got {choice!r}; expected 0 (fresh worker processes) or 1 (fork where "
+                         "CUDA-safe, the default)")
+    if choice == "0" or entrypoint != sys.executable or "-m" not in args:
         return entrypoint, args
     module, argv = args[args.index("-m") + 1], args[args.index("-m") + 2:]
     import importlib
 
     importlib.import_module(module)  # imported once here; every fork inherits it
+    if not fork_is_clean():
+        log.warning("%s=%s overridden: this agent has initialised CUDA (torch's device check fell back to the "
+                    "CUDA runtime: no NVML, or %s imports touch CUDA), and a forked worker could not use a GPU "
+                    "('Cannot re-initialize CUDA in forked subprocess'); starting each worker as a fresh process",
+                    FORK_ENV, choice, module)
+        return entrypoint, args
     config.start_method = "fork"
+    log.info("workers are forked from this agent (a forked probe is clean for CUDA)")
     return _run_module, [module, *argv]
 
 
@@ -121,9 +175,21 @@ def main(argv: list[str] | None = None) -> int:
     # Rendezvous rounds and restarts in the pod log (torch's elastic loggers default to WARNING).
     for name in ("torch.distributed.elastic", "torch.distributed.launcher", "training"):
         logging.getLogger(name).setLevel(logging.INFO)
+    # Before torch's launch config asks for an accelerator: with NVML answering, the agent never initialises
+    # CUDA on a GPU node, so workers can still be forked (warm_workers verifies it either way).
+    os.environ.setdefault(NVML_CHECK_ENV, "1")
+    if "CUDA_VISIBLE_DEVICES" not in os.environ and no_nvidia_driver():
+        # No NVML to answer torch's check, so it would initialise CUDA (and find nothing): with no device visible
+        # it answers 0 without touching CUDA, and a CPU machine with a CUDA build of torch keeps forked workers.
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+        log.info("no NVIDIA driver on this machine: CUDA_VISIBLE_DEVICES='' for the agent and its workers")
     args = torchrun.parse_args(argv)
     config, entrypoint, cmd_args = torchrun.config_from_args(args)
-    entrypoint, cmd_args = warm_workers(config, entrypoint, cmd_args)
+    try:
+        entrypoint, cmd_args = warm_workers(config, entrypoint, cmd_args)
+    except ValueError as e:
+        log.error("%s", e)
+        return USAGE
     return launch(config, entrypoint, cmd_args)
 
 

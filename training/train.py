@@ -4,7 +4,7 @@ On each node the cluster's job pod runs this line (built by components/torchrun.
 ``python -m training.launch`` is torchrun with the Job's exit-code contract and an etcd rendezvous
 that survives etcd restarting)::
 
-    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 EKS_DDP_PEER_DEADLINE_S=5 PYTHONUNBUFFERED=1 \\
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 PYTORCH_NVML_BASED_CUDA_CHECK=1 EKS_DDP_PEER_DEADLINE_S=5 PYTHONUNBUFFERED=1 \\
     python -m training.launch --nnodes=1:2 --nproc-per-node=1 \\
         --rdzv-backend=eks-etcd --rdzv-endpoint=ETCD_HOST:2379 --rdzv-id=RUN_ID \\
         --rdzv-conf=join_timeout=900,last_call_timeout=1,first_round_timeout=300,close_timeout=30,keep_alive_interval=1,keep_alive_max_attempt=4,store_retry_timeout=60,read_timeout=5 \\
@@ -119,8 +119,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')}: got {v}; expected >= 1")
     if a.min_steps < 0:
         p.error(f"--min-steps: got {a.min_steps}; expected >= 0")
-    if a.global_batch_size % a.bn_group and a.global_batch_size > a.bn_group:
-        p.error(f"--global-batch-size: got {a.global_batch_size}; expected a multiple of --bn-group ({a.bn_group})")
+    if a.global_batch_size % a.bn_group:
+        # Also below the group (e.g. 7 with the default 32): a step trains whole BatchNorm groups only.
+        p.error(f"--global-batch-size: got {a.global_batch_size}; expected a multiple of --bn-group "
+                f"({a.bn_group}): a step trains whole BatchNorm groups (pass a --bn-group that divides it)")
     if a.lr is not None and not (0 < a.lr and math.isfinite(a.lr)):
         p.error(f"--lr: got {a.lr}; expected a positive number")
     if not 0 <= a.label_smoothing < 1:
@@ -448,4 +450,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    # Not SystemExit: a write still running on a side thread would turn a FATAL code into an abort (134).
+    exitcodes.exit_process(main())
