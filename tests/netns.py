@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from components.torchrun import CLUSTER_TIMEOUTS, AgentOptions, RdzvTimeouts, TrainerOptions, job_command
-from tests.etcd_server import ROOT, Agent, Job, RestartableEtcd, trainer_env
+from tests.etcd_server import ROOT, Agent, Job, RestartableEtcd, client_tls, trainer_env
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,8 @@ def cluster_command(trainer: TrainerOptions, timeouts: RdzvTimeouts = CLUSTER_TI
     """The cluster's agent command (components/torchrun.py) for one node of a two-node job."""
     def build(endpoint: str, rdzv_id: str, addr: str) -> list[str]:
         opts = AgentOptions(min_nodes=1, max_nodes=2, nproc_per_node=1, rdzv_backend="etcd-v2",
-                            rdzv_endpoint=endpoint, rdzv_id=rdzv_id, local_addr=addr, timeouts=timeouts)
+                            rdzv_endpoint=endpoint, rdzv_id=rdzv_id, local_addr=addr, timeouts=timeouts,
+                            tls=client_tls(endpoint))
         return job_command(opts, trainer, python=sys.executable)
     return build
 
