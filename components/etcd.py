@@ -34,7 +34,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from . import rules
-from .etcd_tls import RendezvousTls, RendezvousTlsArgs
+from .etcd_tls import VALIDITY_HOURS, RendezvousTls, RendezvousTlsArgs
 from .namespace import restricted_container_security, restricted_pod_security
 
 ETCD_IMAGE = ("quay.io/coreos/etcd:v3.5.18"
@@ -77,7 +77,7 @@ class EtcdRendezvousArgs:
     """Inputs of :class:`EtcdRendezvous`."""
 
     namespace: pulumi.Input[str]
-    """Namespace of the StatefulSet, Services and NetworkPolicy (the training namespace)."""
+    """Namespace of the Deployment, Service, Secrets and NetworkPolicy (the training namespace)."""
     replicas: int = 1
     """etcd members: 1 (see the module docstring for why not a quorum)."""
     node_selector: pulumi.Input[Mapping[str, str]] | None = None
@@ -86,7 +86,7 @@ class EtcdRendezvousArgs:
     """Labels of the pods (in the same namespace) the NetworkPolicy admits on the client port."""
     image: str = ETCD_IMAGE
     """etcd 3.5 image, pinned by digest."""
-    tls_validity_hours: int = 2 * 365 * 24
+    tls_validity_hours: int = VALIDITY_HOURS
     """Lifetime of the store's CA and certificates (renewed on a ``pulumi up`` in their last 30 days)."""
 
     def __post_init__(self) -> None:

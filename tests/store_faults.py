@@ -77,6 +77,12 @@ def _result(job: Job, survivors: list[int], **kw: Any) -> dict[str, Any]:
 def store_down_at_start(etcd: RestartableEtcd, make_job: MakeJob, down_s: float) -> dict[str, Any]:
     """Both agents start while the store is down (CoreDNS down, etcd rescheduling); it comes up ``down_s`` later."""
     job = make_job(FULL)
+    # Every agent has tried the store (its log names etcd: a retry warning, or the error it died of) and
+    # then ``down_s`` more pass: on a loaded machine an agent may take longer than that to import torch.
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not all("etcd" in a.log() or a.proc.poll() is not None
+                                                  for a in job.agents):
+        time.sleep(0.2)
     time.sleep(down_s)
     alive_while_down = _alive(job)
     etcd.start()

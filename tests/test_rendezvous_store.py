@@ -162,7 +162,23 @@ def test_the_handler_is_built_and_waits_while_the_store_is_down(tmp_path):
     down = EtcdEndpoint(f"127.0.0.1:{free_port()}", make_tls(tmp_path / "tls"))
     handler = _handler(down, retry_s=2)  # K3: building it contacted the store and raised
     assert handler.num_nodes_waiting() == 0  # a monitor tick during an outage: keep training
-    assert handler.retry.outage_s() >= 0
+    # Only an outage longer than store_retry_timeout (the cluster's: 600 s) ends the agent.
+    deadline = time.monotonic() + 30
+    while handler.retry.outage_s() <= 2 and time.monotonic() < deadline:
+        assert handler.num_nodes_waiting() == 0
+        time.sleep(0.2)
+    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
+
+    with pytest.raises(RendezvousConnectionError):
+        handler.num_nodes_waiting()
+
+
+def test_the_cluster_rides_out_ten_minutes_of_store_outage():
+    from components.torchrun import CLUSTER_TIMEOUTS, LOCAL_TIMEOUTS
+
+    assert CLUSTER_TIMEOUTS.store_retry >= 600 and f"store_retry_timeout={CLUSTER_TIMEOUTS.store_retry}" in \
+        CLUSTER_TIMEOUTS.conf()
+    assert LOCAL_TIMEOUTS.store_retry == CLUSTER_TIMEOUTS.store_retry
 
 
 def test_status_endpoint_is_not_a_backdoor(etcd_endpoint):  # noqa: F811
