@@ -105,7 +105,7 @@ def _partitioned(nodes: netns.Nodes, tmp: Path, data: Path, epochs: int,
     if baseline is None:
         return netns.start_job(nodes, tmp, run, netns.cluster_command(_trainer(data, run, epochs)))
     return netns.start_job(nodes, tmp, run, lambda endpoint, rdzv_id, addr: baseline.command(
-        endpoint, data, run, epochs, rdzv_id, addr), env=baseline.env, cwd=baseline.tree)
+        endpoint, data, run, epochs, rdzv_id, addr), env=baseline.env, cwd=baseline.tree, plain=True)
 
 
 def _steps(job: Job) -> list[dict]:
@@ -164,7 +164,7 @@ def one(kind: str, tmp: Path, data: Path, baseline: Baseline | None) -> dict:
             finally:
                 job.close()
                 etcd.kill()
-    etcd = RestartableEtcd(tmp / "etcd")
+    etcd = RestartableEtcd(tmp / "etcd", plain=baseline is not None)  # an older checkout's agents: no TLS
     etcd.start()
     job = _job(tmp, etcd.endpoint, data, 4, baseline)
     try:
@@ -206,7 +206,7 @@ def store(kind: str, tmp: Path, data: Path) -> dict:
 
 
 def kills_20(tmp: Path, data: Path, baseline: Baseline | None) -> dict:
-    etcd = RestartableEtcd(tmp / "etcd")
+    etcd = RestartableEtcd(tmp / "etcd", plain=baseline is not None)
     etcd.start()
     out: dict = {"load_avg_1m": round(os.getloadavg()[0], 2)}
     epochs = EPOCHS["kills_20"]

@@ -220,18 +220,31 @@ def jobs() -> Iterator[list[Job]]:
         job.close()
 
 
+def _plain_healthy(endpoint: str) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://{endpoint}/health", timeout=1) as r:
+            return b'"true"' in r.read()
+    except OSError:
+        return False
+
+
 class RestartableEtcd:
     """One etcd member on a fixed port and data dir that a test can SIGKILL, SIGSTOP, wipe and start again
     (an etcd pod restart, a hung store, a pod recreated empty). TLS with client certificates required, as on
-    the cluster. ``prefix`` runs it under e.g. ``ip netns exec NS``; ``host`` is the address it listens on."""
+    the cluster. ``prefix`` runs it under e.g. ``ip netns exec NS``; ``host`` is the address it listens on.
+    ``plain=True`` serves unauthenticated HTTP, only for bench/recovery.py's ``--baseline`` (an older checkout
+    whose agents cannot speak TLS)."""
 
-    def __init__(self, data_dir: Path, *, host: str = "127.0.0.1", prefix: list[str] | None = None) -> None:
+    def __init__(self, data_dir: Path, *, host: str = "127.0.0.1", prefix: list[str] | None = None,
+                 plain: bool = False) -> None:
         from training.etcd_local import EtcdEndpoint, find_etcd, free_port, make_tls
 
-        self.data_dir, self.host, self.prefix = data_dir, host, prefix or []
+        self.data_dir, self.host, self.prefix, self.plain = data_dir, host, prefix or [], plain
         self.client, self.peer = free_port(), free_port()
         self.tls = make_tls(data_dir / "tls", [host])
-        self.endpoint = EtcdEndpoint(f"{host}:{self.client}", self.tls)
+        self.endpoint = f"{host}:{self.client}" if plain else EtcdEndpoint(f"{host}:{self.client}", self.tls)
         self.binary = find_etcd()
         self.proc: subprocess.Popen | None = None
         data_dir.mkdir(parents=True, exist_ok=True)
@@ -240,28 +253,35 @@ class RestartableEtcd:
         from training.etcd_local import healthy
 
         cmd = [*self.prefix, self.binary, "--name=local", f"--data-dir={self.data_dir / 'member'}", "--enable-v2=true",
-               f"--listen-client-urls=https://{self.endpoint}", f"--advertise-client-urls=https://{self.endpoint}",
+               f"--listen-client-urls={self._scheme}://{self.endpoint}",
+               f"--advertise-client-urls={self._scheme}://{self.endpoint}",
                f"--listen-peer-urls=http://{self.host}:{self.peer}",
                f"--initial-advertise-peer-urls=http://{self.host}:{self.peer}",
-               f"--initial-cluster=local=http://{self.host}:{self.peer}", *self.tls.server_flags()]
+               f"--initial-cluster=local=http://{self.host}:{self.peer}", *([] if self.plain else self.tls.server_flags())]
         with open(self.data_dir / "etcd.log", "ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          start_new_session=True)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and self.proc.poll() is None:
-            if not self.prefix and healthy(self.endpoint, self.tls):
+            if not self.prefix and (_plain_healthy(self.endpoint) if self.plain else healthy(self.endpoint, self.tls)):
                 return
             if self.prefix and subprocess.run([*self.prefix, sys.executable, "-c",
                                                "import sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]); "
+                                               "from tests.etcd_server import _plain_healthy; "
                                                "from training.etcd_local import TlsFiles, healthy; "
-                                               "raise SystemExit(0 if healthy(sys.argv[2], TlsFiles(*map(Path, "
-                                               "sys.argv[3:]))) else 1)", str(ROOT), self.endpoint,
+                                               "raise SystemExit(0 if (_plain_healthy(sys.argv[2]) if sys.argv[3] == 'plain' "
+                                               "else healthy(sys.argv[2], TlsFiles(*map(Path, sys.argv[4:])))) else 1)",
+                                               str(ROOT), self.endpoint, "plain" if self.plain else "tls",
                                                *map(str, (self.tls.ca_cert, self.tls.server_cert, self.tls.server_key,
                                                           self.tls.client_cert, self.tls.client_key))],
                                               capture_output=True).returncode == 0:
                 return
             time.sleep(0.1)
         raise RuntimeError(f"etcd did not start: {(self.data_dir / 'etcd.log').read_text()[-2000:]}")
+
+    @property
+    def _scheme(self) -> str:
+        return "http" if self.plain else "https"
 
     def pause(self) -> None:
         """SIGSTOP: the port stays open and connections hang (a hung store, its node NotReady)."""

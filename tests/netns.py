@@ -77,9 +77,11 @@ def cluster_command(trainer: TrainerOptions, timeouts: RdzvTimeouts = CLUSTER_TI
 
 
 def start_job(nodes: Nodes, tmp: Path, run_dir: Path, command: CommandFor, *,
-              env: Callable[[dict[str, str]], dict[str, str]] = trainer_env, cwd: Path = ROOT) -> tuple[RestartableEtcd, Job]:
+              env: Callable[[dict[str, str]], dict[str, str]] = trainer_env, cwd: Path = ROOT,
+              plain: bool = False) -> tuple[RestartableEtcd, Job]:
     """etcd on node 0 and one agent per node running ``command`` from ``cwd``; the caller stops both."""
-    etcd = RestartableEtcd(tmp / "etcd", host=nodes.addrs[0], prefix=["ip", "netns", "exec", nodes.namespaces[0]])
+    etcd = RestartableEtcd(tmp / "etcd", host=nodes.addrs[0], prefix=["ip", "netns", "exec", nodes.namespaces[0]],
+                           plain=plain)
     etcd.start()
     job = Job.of_command(tmp, run_dir, [], {}, nodes=0, cwd=cwd)  # agents started here, one per namespace
     rdzv_id = f"partition-{uuid.uuid4().hex[:6]}"
