@@ -212,6 +212,7 @@ job = ElasticJob(JOB_NAME, ElasticJobArgs(
     run_id=cfg.job.run_id,
     rdzv_backend=cfg.job.rdzv_backend,
     rdzv_endpoint=etcd.endpoint if etcd else None,
+    rdzv_tls_secret=etcd.client_tls_secret if etcd else None,
     epochs=cfg.job.epochs,
     global_batch_size=cfg.job.global_batch_size,
     model=cfg.job.model,

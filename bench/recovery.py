@@ -13,7 +13,14 @@ same). Faults:
 * ``etcd_outage``: etcd SIGKILLed, back on the same port and data dir after 3 s (pass: no agent exits,
   no worker restart);
 * ``kills_20``: 20 worker kills in a row (pass: the run finishes with the step count and accuracy
-  (±0.5 pt) of an uninterrupted run; the largest weight difference is reported).
+  (±0.5 pt) of an uninterrupted run; the largest weight difference is reported);
+* the rendezvous store's bad days (tests/store_faults.py, the scenarios tests/test_resilience.py asserts;
+  pass: no agent exits, never two worlds at once, full size within 30 s): ``store_down_at_start`` (both
+  agents start 8 s before etcd), ``store_hang_12s`` and ``store_hang_300s`` (etcd SIGSTOPped while the job
+  runs degraded, then the replacement node arrives), ``store_wiped_newcomer`` (etcd recreated empty while
+  degraded, then the replacement), ``store_wiped_worker_kill`` (recreated empty at full size, then a worker
+  SIGKILL). Figure: seconds from the store's return or the newcomer's arrival to the first full-size step.
+  Not run against ``--baseline`` (its agents speak plain HTTP; the store now requires a client certificate).
 
 ``--baseline DIR`` runs the same faults, in the same run, against another checkout (``git worktree add DIR
 dc9e592``): its own ``components/torchrun.py`` builds its cluster command (stock torchrun, its
@@ -41,10 +48,12 @@ from pathlib import Path
 from common import ROOT, machine, synthetic
 
 from components.torchrun import AGENT_ENV, CLUSTER_TIMEOUTS, DEFAULT_MAX_RESTARTS, TrainerOptions
-from tests import netns
+from tests import netns, store_faults
 from tests.etcd_server import TORCHRUN, Job, RestartableEtcd, kill_workers_in_a_row, max_weight_diff, trainer_env
 
-SCENARIOS = ("worker_kill", "node_kill", "node_sigstop", "node_partition", "etcd_outage", "kills_20")
+STORE_SCENARIOS = ("store_down_at_start", "store_hang_12s", "store_hang_300s", "store_wiped_newcomer",
+                   "store_wiped_worker_kill")
+SCENARIOS = ("worker_kill", "node_kill", "node_sigstop", "node_partition", "etcd_outage", "kills_20", *STORE_SCENARIOS)
 EPOCHS = {"kills_20": 8}
 BASELINE_MAX_RESTARTS = 3
 """--max-restarts of dc9e592's dev stack (job.maxRestarts: 3), which its Job command took from config."""
@@ -96,7 +105,7 @@ def _partitioned(nodes: netns.Nodes, tmp: Path, data: Path, epochs: int,
     if baseline is None:
         return netns.start_job(nodes, tmp, run, netns.cluster_command(_trainer(data, run, epochs)))
     return netns.start_job(nodes, tmp, run, lambda endpoint, rdzv_id, addr: baseline.command(
-        endpoint, data, run, epochs, rdzv_id, addr), env=baseline.env, cwd=baseline.tree)
+        endpoint, data, run, epochs, rdzv_id, addr), env=baseline.env, cwd=baseline.tree, plain=True)
 
 
 def _steps(job: Job) -> list[dict]:
@@ -155,7 +164,7 @@ def one(kind: str, tmp: Path, data: Path, baseline: Baseline | None) -> dict:
             finally:
                 job.close()
                 etcd.kill()
-    etcd = RestartableEtcd(tmp / "etcd")
+    etcd = RestartableEtcd(tmp / "etcd", plain=baseline is not None)  # an older checkout's agents: no TLS
     etcd.start()
     job = _job(tmp, etcd.endpoint, data, 4, baseline)
     try:
@@ -165,8 +174,39 @@ def one(kind: str, tmp: Path, data: Path, baseline: Baseline | None) -> dict:
         etcd.kill()
 
 
-def kills_20(tmp: Path, data: Path, baseline: Baseline | None) -> dict:
+def store(kind: str, tmp: Path, data: Path) -> dict:
     etcd = RestartableEtcd(tmp / "etcd")
+    jobs: list[Job] = []
+
+    def make(nodes: int) -> Job:
+        job = Job(tmp, etcd.endpoint, _trainer(data, tmp / "run", 2000), nodes=nodes, env=dict(AGENT_ENV),
+                  timeouts=CLUSTER_TIMEOUTS, max_restarts=DEFAULT_MAX_RESTARTS)
+        jobs.append(job)
+        return job
+
+    try:
+        if kind != "store_down_at_start":
+            etcd.start()
+        if kind == "store_down_at_start":
+            r = store_faults.store_down_at_start(etcd, make, down_s=8)
+        elif kind.startswith("store_hang_"):
+            r = store_faults.store_hang_then_newcomer(etcd, make, hang_s=float(kind.rsplit("_", 1)[1].rstrip("s")))
+        elif kind == "store_wiped_newcomer":
+            r = store_faults.store_wiped_then_newcomer(etcd, make)
+        else:
+            r = store_faults.store_wiped_then_worker_kill(etcd, make)
+    except AssertionError as e:  # a wait timed out: the fault was not healed
+        return {"ok": False, "error": str(e).splitlines()[0], "load_avg_1m": round(os.getloadavg()[0], 2)}
+    finally:
+        for job in jobs:
+            job.close()
+        etcd.kill()
+    r["ok"] = bool(r["agents_alive"] and r["second_world"] is None and r["full_size_s"] <= 30)
+    return r
+
+
+def kills_20(tmp: Path, data: Path, baseline: Baseline | None) -> dict:
+    etcd = RestartableEtcd(tmp / "etcd", plain=baseline is not None)
     etcd.start()
     out: dict = {"load_avg_1m": round(os.getloadavg()[0], 2)}
     epochs = EPOCHS["kills_20"]
@@ -202,12 +242,15 @@ def _summary(runs: list[dict]) -> dict:
         return statistics.median(vals) if vals else None
 
     return {"median_to_next_step_s": med("to_next_step_s"), "median_steps_redone": med("steps_redone"),
+            "median_full_size_s": med("full_size_s"),
             "loads": [r["load_avg_1m"] for r in runs], "ok": all(r.get("ok", False) for r in runs)}
 
 
 def _cell(s: dict | None, runs: list[dict] | None) -> str:
     if s is None:
         return "not run"
+    if s.get("median_full_size_s") is not None and s["ok"]:
+        return f"no agent exit, one world, full size {s['median_full_size_s']} s after"
     if s["median_to_next_step_s"] is not None and s["ok"]:
         return f"{s['median_to_next_step_s']} s, {s['median_steps_redone']} redone"
     last = (runs or [{}])[-1]
@@ -235,12 +278,17 @@ def main() -> int:
                  "baseline": base.commit if base else None, "runs": {}, "baseline_runs": {}}
     for kind in a.only.split(","):
         for label, b, repeats in (("runs", None, a.repeats), ("baseline_runs", base, a.baseline_repeats)):
-            if label == "baseline_runs" and base is None:
+            if label == "baseline_runs" and (base is None or kind in STORE_SCENARIOS):
                 continue
             runs = res[label][kind] = []
-            for i in range(1 if kind == "kills_20" else repeats):
+            for i in range(1 if kind in ("kills_20", "store_hang_300s") else repeats):
                 d = tmp / f"{label}-{kind}-{i}"
-                r = kills_20(d, data, b) if kind == "kills_20" else one(kind, d, data, b)
+                if kind in STORE_SCENARIOS:
+                    r = store(kind, d, data)
+                elif kind == "kills_20":
+                    r = kills_20(d, data, b)
+                else:
+                    r = one(kind, d, data, b)
                 runs.append(r)
                 print(label, kind, json.dumps(r), flush=True)
     res["summary"] = {kind: _summary(runs) for kind, runs in res["runs"].items()}

@@ -39,6 +39,7 @@ from .torchrun import (
     CLUSTER_TIMEOUTS,
     DATA_SUBDIR,
     DEFAULT_MAX_RESTARTS,
+    RDZV_TLS_DIR,
     RUNS_SUBDIR,
     SHARED_ROOT,
     AgentOptions,
@@ -130,6 +131,9 @@ class ElasticJobArgs:
     """'etcd-v2' (needs rdzv_endpoint) or 'c10d' (the agent of index 0 hosts the store)."""
     rdzv_endpoint: pulumi.Input[str] | None = None
     """etcd client endpoint host:port (EtcdRendezvous.endpoint); None with c10d."""
+    rdzv_tls_secret: pulumi.Input[str] | None = None
+    """Secret with the rendezvous client certificate (tls.crt, tls.key, ca.crt; EtcdRendezvous.client_tls_secret),
+    mounted read-only into the agents' pods; required with etcd-v2, whose store demands a client certificate."""
     rdzv_server_labels: Mapping[str, str] = field(default_factory=lambda: dict(SERVER_LABELS))
     """Labels of the etcd pods (same namespace) the training pods may reach on the client port
     (EtcdRendezvous.pod_labels carry them)."""
@@ -280,8 +284,8 @@ class ElasticJob(pulumi.ComponentResource):
              field_env: Mapping[str, str] | None = None, shm_gib: int = 1, restart_policy: str = "Never",
              grace_seconds: int = 30, ports: list[k8s.core.v1.ContainerPortArgs] | None = None,
              affinity: k8s.core.v1.AffinityArgs | None = None, subdomain: pulumi.Input[str] | None = None,
-             on_gpu_nodes: bool = True, uploads: bool = False,
-             writes_data: bool = False) -> k8s.core.v1.PodTemplateSpecArgs:
+             on_gpu_nodes: bool = True, uploads: bool = False, writes_data: bool = False,
+             rdzv_tls: bool = False) -> k8s.core.v1.PodTemplateSpecArgs:
         """A hardened single-container pod of the trainer image with /shared, /tmp and /dev/shm; on the job's
         GPU nodes (their selector, tolerating their taints), or with ``on_gpu_nodes=False`` on the system nodes.
         ``uploads``: run as the ServiceAccount with the uploader role (the training pods only).
@@ -296,7 +300,8 @@ class ElasticJob(pulumi.ComponentResource):
             working_dir="/app", env=env_vars, resources=resources, ports=ports,
             volume_mounts=[*shared_mounts,
                            v1.VolumeMountArgs(name="tmp", mount_path="/tmp"),
-                           v1.VolumeMountArgs(name="dshm", mount_path="/dev/shm")],
+                           v1.VolumeMountArgs(name="dshm", mount_path="/dev/shm"),
+                           *self._rdzv_tls_mounts(rdzv_tls)],
             security_context=restricted_container_security(TRAINER_UID))
         tolerations = [v1.TolerationArgs(key=key, operator="Exists", effect="NoSchedule")
                        for key in (GPU_RESOURCE, *([EFA_RESOURCE] if self._args.efa else []))] if on_gpu_nodes else None
@@ -319,6 +324,7 @@ class ElasticJob(pulumi.ComponentResource):
                     v1.VolumeArgs(name="tmp", empty_dir=v1.EmptyDirVolumeSourceArgs(size_limit="20Gi")),
                     v1.VolumeArgs(name="dshm", empty_dir=v1.EmptyDirVolumeSourceArgs(
                         medium="Memory", size_limit=f"{shm_gib}Gi")),
+                    *self._rdzv_tls_volumes(rdzv_tls),
                 ]))
 
     def _shared_volumes(self, writes_data: bool) -> tuple[list, list]:
@@ -338,6 +344,18 @@ class ElasticJob(pulumi.ComponentResource):
             volumes.append(v1.VolumeArgs(name="run", persistent_volume_claim=v1.PersistentVolumeClaimVolumeSourceArgs(
                 claim_name=a.run_claim)))
         return mounts, volumes
+
+    def _rdzv_tls_mounts(self, wanted: bool) -> list[k8s.core.v1.VolumeMountArgs]:
+        if not wanted or self._args.rdzv_backend != "etcd-v2":
+            return []
+        return [k8s.core.v1.VolumeMountArgs(name="rdzv-tls", mount_path=RDZV_TLS_DIR, read_only=True)]
+
+    def _rdzv_tls_volumes(self, wanted: bool) -> list[k8s.core.v1.VolumeArgs]:
+        if not wanted or self._args.rdzv_backend != "etcd-v2":
+            return []
+        # 0440 with fsGroup = the trainer's uid: readable by the agent only.
+        return [k8s.core.v1.VolumeArgs(name="rdzv-tls", secret=k8s.core.v1.SecretVolumeSourceArgs(
+            secret_name=self._args.rdzv_tls_secret, default_mode=0o440))]
 
     # --- 1. data preparation --------------------------------------------------------------------
     def _create_prepare_job(self, name: str, child: pulumi.ResourceOptions) -> k8s.batch.v1.Job:
@@ -413,7 +431,7 @@ class ElasticJob(pulumi.ComponentResource):
         template = self._pod(
             self._train_labels, "trainer", pulumi.Output.from_input(endpoint).apply(self.train_command),
             _resources(str(cpu), f"{memory}Gi", devices), env=env, field_env=field_env, shm_gib=shm,
-            grace_seconds=60, affinity=affinity, subdomain=self.job_name if c10d else None, uploads=True,
+            grace_seconds=60, affinity=affinity, subdomain=self.job_name if c10d else None, uploads=True, rdzv_tls=True,
             ports=[k8s.core.v1.ContainerPortArgs(name="rdzv", container_port=C10D_PORT)] if c10d else None)
         # Failure handling (restartPolicy Never: a failed pod is replaced by a new pod of the same index, which
         # joins the running job at its next rendezvous round; the launcher never closes the rendezvous on a
@@ -556,6 +574,9 @@ def _validate(name: str, a: ElasticJobArgs) -> catalog.InstanceType:
         raise ValueError(f"rdzv_backend: got {a.rdzv_backend!r}; expected 'etcd-v2' or 'c10d'")
     if a.rdzv_backend == "etcd-v2" and a.rdzv_endpoint is None:
         raise ValueError("rdzv_endpoint: required with rdzv_backend 'etcd-v2' (EtcdRendezvous.endpoint)")
+    if a.rdzv_backend == "etcd-v2" and a.rdzv_tls_secret is None:
+        raise ValueError("rdzv_tls_secret: required with rdzv_backend 'etcd-v2' (EtcdRendezvous.client_tls_secret: "
+                         "the store accepts only clients with its certificate)")
     if a.rdzv_backend == "c10d" and a.rdzv_endpoint is not None:
         raise ValueError(f"rdzv_endpoint: got {a.rdzv_endpoint!r}; expected None with 'c10d' "
                          "(the agent of index 0 hosts the store)")

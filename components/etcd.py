@@ -1,18 +1,28 @@
-"""EtcdRendezvous: an etcd 3.5 member serving the v2 API that torchrun's ``etcd-v2`` rendezvous speaks.
+"""EtcdRendezvous: an etcd 3.5 member serving the v2 API that the agents' ``eks-etcd`` rendezvous speaks.
 
-One member, on the system nodes, non-root on a read-only root filesystem. A NetworkPolicy admits only
-the training pods (by label) on the client port; it is the only access control: etcd serves plain HTTP
-without authentication (the trainer's python-etcd client has no TLS settings wired).
+**Authenticated.** The agents unpickle the rendezvous state they read, so only the job's pods may write
+it: etcd serves TLS only and requires a client certificate from the stack's own CA
+(components/etcd_tls.py; ``--client-cert-auth``, ``--trusted-ca-file``, ``--cert-file``, ``--key-file``).
+The NetworkPolicy (trainer pods only, on the client port) is a second layer, not the control. Probes
+use the plain-HTTP metrics listener (``--listen-metrics-urls``: /health and /metrics, no keys), which the
+policy admits from nowhere but the node itself.
 
-Why one member and not a 3-member quorum: the store holds only the rendezvous of running jobs (a few
-KiB; checkpoints live on the shared volume), and the training launcher rides out a store restart. A quorum would need, to be correct, a data volume per
-member (an EBS CSI driver), required anti-affinity over at least 3 system nodes, and an init step that
-removes and re-adds a member that lost its data (``member remove``/``member add``,
-``--initial-cluster-state=existing``): etcd refuses a bootstrapped member that comes back empty, so on
-``emptyDir`` every rescheduled member crash-loops. One member has no such failure mode: its data dir
-(``emptyDir``) survives container restarts, and a rescheduled pod bootstraps a fresh single-member
-cluster in seconds. A PodDisruptionBudget keeps drains and evictions from taking it while it is the
-only member, and a PriorityClass keeps node-pressure eviction and preemption from choosing it first.
+**Soft state, one member, moved freely.** The store holds only the rendezvous of running jobs (a few
+KiB; checkpoints live on the shared volume). The agents rebuild it after any loss (training/rendezvous.py:
+a wipe or an outage costs time, never a pod or a second world) and ride out outages of up to
+``store_retry_timeout`` (600 s). So etcd needs no quorum and no persistent volume, and nothing should
+keep it in place:
+
+* a **Deployment** of one replica (``Recreate``: never two stores behind the Service at once), not a
+  StatefulSet: a StatefulSet pod on an unreachable node is replaced only once its Node object is
+  deleted (never, for a hung kubelet or a partition), a Deployment's as soon as the pod is evicted;
+* tolerations of ``node.kubernetes.io/unreachable`` and ``not-ready`` for ``NODE_LOST_TOLERATION_S``
+  (30 s) instead of the default 300 s: etcd's node lost costs node-monitor-grace-period (50 s since
+  Kubernetes 1.29) + 30 s + a reschedule and start of a few seconds, about 1.5 minutes on EKS;
+* a PodDisruptionBudget that lets a drain evict it (``maxUnavailable: 1``, ``AlwaysAllow`` for an
+  unhealthy pod): a system node-group update drains and replaces every node, and a budget that never
+  allows a disruption fails the update after 15 minutes (PodEvictionFailure, review K5);
+* a PriorityClass so that its replacement preempts ordinary pods on a full system node.
 """
 
 from __future__ import annotations
@@ -24,7 +34,8 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from . import rules
-from .namespace import dns_egress, priority_class_guard, restricted_container_security, restricted_pod_security
+from .etcd_tls import VALIDITY_HOURS, RendezvousTls, RendezvousTlsArgs
+from .namespace import priority_class_guard, restricted_container_security, restricted_pod_security
 
 ETCD_IMAGE = ("quay.io/coreos/etcd:v3.5.18"
               "@sha256:d0a641d5fbcc89678c931a61b7de7b8a1cf097149f135c9c73bc81d076a1494b")
@@ -33,6 +44,13 @@ is distroless (no shell): probes use HTTP, not exec."""
 
 CLIENT_PORT = 2379
 PEER_PORT = 2380
+"""Listened on 127.0.0.1 only: one member has no peers."""
+METRICS_PORT = 2381
+"""Plain-HTTP /health and /metrics (no keys) for the kubelet's probes."""
+TLS_DIR = "/etc/etcd/tls"
+"""Where etcd's server Secret (tls.crt, tls.key, ca.crt) is mounted, read-only."""
+NODE_LOST_TOLERATION_S = 30
+"""Seconds etcd stays bound to an unreachable or not-ready node before it is evicted and replaced."""
 ETCD_UID = 65532
 """The distroless 'nonroot' user; the image itself would run as root."""
 DATA_DIR = "/var/run/etcd"
@@ -59,7 +77,7 @@ class EtcdRendezvousArgs:
     """Inputs of :class:`EtcdRendezvous`."""
 
     namespace: pulumi.Input[str]
-    """Namespace of the StatefulSet, Services and NetworkPolicy (the training namespace)."""
+    """Namespace of the Deployment, Service, Secrets and NetworkPolicy (the training namespace)."""
     replicas: int = 1
     """etcd members: 1 (see the module docstring for why not a quorum)."""
     node_selector: pulumi.Input[Mapping[str, str]] | None = None
@@ -68,16 +86,21 @@ class EtcdRendezvousArgs:
     """Labels of the pods (in the same namespace) the NetworkPolicy admits on the client port."""
     image: str = ETCD_IMAGE
     """etcd 3.5 image, pinned by digest."""
+    tls_validity_hours: int = VALIDITY_HOURS
+    """Lifetime of the store's CA and certificates (renewed on a ``pulumi up`` in their last 30 days)."""
 
     def __post_init__(self) -> None:
         _validate("EtcdRendezvousArgs", self)  # a bad value fails where the Args are built, naming the field
 
 
 class EtcdRendezvous(pulumi.ComponentResource):
-    """etcd with ``--enable-v2=true`` as a StatefulSet, its Services and a NetworkPolicy."""
+    """etcd with ``--enable-v2=true`` and client-certificate TLS as a one-replica Deployment, its Service,
+    certificates, NetworkPolicy, PriorityClass and a PodDisruptionBudget that lets drains move it."""
 
     endpoint: pulumi.Output[str]
-    """``<service>.<namespace>.svc.cluster.local:2379``, resolved once the members are ready."""
+    """``<service>.<namespace>.svc.cluster.local:2379``, resolved once the member is ready."""
+    client_tls_secret: pulumi.Output[str]
+    """Name of the Secret (tls.crt, tls.key, ca.crt) the agents mount at components.torchrun.RDZV_TLS_DIR."""
     service_name: str
     pod_labels: dict[str, str]
 
@@ -86,15 +109,19 @@ class EtcdRendezvous(pulumi.ComponentResource):
         _validate(name, args)
         self._args = args
         self.service_name = f"{name}-etcd"
-        self._peer_service = f"{name}-etcd-peers"
         self.pod_labels = {**SERVER_LABELS, "app.kubernetes.io/instance": self.service_name}
         self._selector = {k: self.pod_labels[k] for k in ("app.kubernetes.io/name", "app.kubernetes.io/instance")}
         child = pulumi.ResourceOptions(parent=self)
 
+        svc = self.service_name
+        names = [svc, *(pulumi.Output.concat(svc, ".", args.namespace, suffix)
+                        for suffix in ("", ".svc", ".svc.cluster.local"))]
+        certs = RendezvousTls(f"{name}-etcd-tls", RendezvousTlsArgs(
+            namespace=args.namespace, server_names=names, labels=self.pod_labels,
+            validity_hours=args.tls_validity_hours), opts=child)
         sa = k8s.core.v1.ServiceAccount(
             f"{name}-etcd-sa", metadata=self._meta(self.service_name),
             automount_service_account_token=False, opts=child)
-        peers = self._create_peer_service(name, child)
         client = k8s.core.v1.Service(
             f"{name}-etcd-client",
             metadata=self._meta(self.service_name),
@@ -110,42 +137,31 @@ class EtcdRendezvous(pulumi.ComponentResource):
             description="eks-ddp rendezvous store: every agent of a running job depends on it.", opts=child)
         # Only this namespace's members may use the class (it preempts): a quota here, an admission policy elsewhere.
         priority_class_guard(f"{name}-etcd", priority.metadata.name, args.namespace, args.replicas, child)
-        sts = self._create_statefulset(name, sa, peers, priority, child)
-        # minAvailable 1: a drain or eviction waits while the only member serves (delete the pod by hand, or
-        # drain with --disable-eviction, between runs). A StatefulSet update is not an eviction: it still
-        # restarts the member, which the launcher rides out.
+        deployment = self._create_deployment(name, sa, priority, certs.server_secret, child)
+        # A drain may always take it (the agents ride out its move, training/rendezvous.py); a budget of
+        # zero disruptions would fail every system node-group update (review K5).
         k8s.policy.v1.PodDisruptionBudget(
             f"{name}-etcd-pdb",
             metadata=self._meta(self.service_name),
             spec=k8s.policy.v1.PodDisruptionBudgetSpecArgs(
-                min_available=args.replicas, selector=k8s.meta.v1.LabelSelectorArgs(match_labels=self._selector)),
+                max_unavailable=1, unhealthy_pod_eviction_policy="AlwaysAllow",
+                selector=k8s.meta.v1.LabelSelectorArgs(match_labels=self._selector)),
             opts=child)
 
-        # Built from the Service and the StatefulSet so that consumers wait for ready members.
-        self.endpoint = pulumi.Output.all(client.metadata.name, sts.metadata.name, args.namespace).apply(
+        # Built from the Service and the Deployment so that consumers wait for a ready member.
+        self.endpoint = pulumi.Output.all(client.metadata.name, deployment.metadata.name, args.namespace).apply(
             lambda v: f"{v[0]}.{v[2]}.svc.cluster.local:{CLIENT_PORT}")
-        self.register_outputs({"endpoint": self.endpoint, "service_name": self.service_name})
+        self.client_tls_secret = certs.client_secret
+        self.register_outputs({"endpoint": self.endpoint, "service_name": self.service_name,
+                               "client_tls_secret": self.client_tls_secret})
 
     def _meta(self, name: str, labels: Mapping[str, str] | None = None) -> k8s.meta.v1.ObjectMetaArgs:
         return k8s.meta.v1.ObjectMetaArgs(name=name, namespace=self._args.namespace,
                                           labels=dict(labels or self.pod_labels))
 
-    def _create_peer_service(self, name: str, child: pulumi.ResourceOptions) -> k8s.core.v1.Service:
-        # Headless: gives every member a stable DNS name (<pod>.<svc>.<ns>.svc.cluster.local). Not-ready
-        # members must be published too, or no member could resolve its peers before quorum (chicken and egg).
-        return k8s.core.v1.Service(
-            f"{name}-etcd-peers",
-            metadata=self._meta(self._peer_service),
-            spec=k8s.core.v1.ServiceSpecArgs(
-                cluster_ip="None", publish_not_ready_addresses=True, selector=self._selector,
-                ports=[k8s.core.v1.ServicePortArgs(name="client", port=CLIENT_PORT, target_port="client"),
-                       k8s.core.v1.ServicePortArgs(name="peer", port=PEER_PORT, target_port="peer")]),
-            opts=child)
-
     def _create_network_policy(self, name: str, child: pulumi.ResourceOptions) -> None:
-        tcp = "TCP"
-        members = k8s.networking.v1.NetworkPolicyPeerArgs(
-            pod_selector=k8s.meta.v1.LabelSelectorArgs(match_labels=self._selector))
+        # Ingress: the client port from the training pods only (the metrics port is reached by the node's
+        # kubelet, which the VPC CNI's policy agent always admits). Egress: none; one member talks to nobody.
         k8s.networking.v1.NetworkPolicy(
             f"{name}-etcd-netpol",
             metadata=self._meta(self.service_name),
@@ -156,97 +172,91 @@ class EtcdRendezvous(pulumi.ComponentResource):
                     k8s.networking.v1.NetworkPolicyIngressRuleArgs(
                         from_=[k8s.networking.v1.NetworkPolicyPeerArgs(
                             pod_selector=k8s.meta.v1.LabelSelectorArgs(match_labels=dict(self._args.client_labels)))],
-                        ports=[k8s.networking.v1.NetworkPolicyPortArgs(port=CLIENT_PORT, protocol=tcp)]),
-                    k8s.networking.v1.NetworkPolicyIngressRuleArgs(
-                        from_=[members], ports=[k8s.networking.v1.NetworkPolicyPortArgs(port=PEER_PORT, protocol=tcp)]),
+                        ports=[k8s.networking.v1.NetworkPolicyPortArgs(port=CLIENT_PORT, protocol="TCP")]),
                 ],
-                egress=[
-                    k8s.networking.v1.NetworkPolicyEgressRuleArgs(
-                        to=[members], ports=[k8s.networking.v1.NetworkPolicyPortArgs(port=PEER_PORT, protocol=tcp)]),
-                    # DNS: the member resolves its own advertised name.
-                    dns_egress(),
-                ]),
+                egress=[]),
             opts=child)
 
-    def _create_statefulset(self, name: str, sa: k8s.core.v1.ServiceAccount, peers: k8s.core.v1.Service,
-                            priority: k8s.scheduling.v1.PriorityClass, child: pulumi.ResourceOptions
-                            ) -> k8s.apps.v1.StatefulSet:
+    def _create_deployment(self, name: str, sa: k8s.core.v1.ServiceAccount,
+                           priority: k8s.scheduling.v1.PriorityClass, server_secret: pulumi.Input[str],
+                           child: pulumi.ResourceOptions) -> k8s.apps.v1.Deployment:
         a = self._args
-        probe = dict(port="client", scheme="HTTP")
-        container = k8s.core.v1.ContainerArgs(
+        v1 = k8s.core.v1
+        probe = dict(port="metrics", scheme="HTTP")
+        container = v1.ContainerArgs(
             name="etcd",
             image=a.image,
             image_pull_policy="IfNotPresent",
             command=["/usr/local/bin/etcd"],
-            args=pulumi.Output.from_input(a.namespace).apply(
-                lambda ns: etcd_args(self.service_name, self._peer_service, ns, a.replicas)),
-            env=[k8s.core.v1.EnvVarArgs(name="POD_NAME", value_from=k8s.core.v1.EnvVarSourceArgs(
-                field_ref=k8s.core.v1.ObjectFieldSelectorArgs(field_path="metadata.name")))],
-            ports=[k8s.core.v1.ContainerPortArgs(name="client", container_port=CLIENT_PORT),
-                   k8s.core.v1.ContainerPortArgs(name="peer", container_port=PEER_PORT)],
-            # Ready = this member serves linearizable reads (has quorum): the client Service routes only to it.
-            readiness_probe=k8s.core.v1.ProbeArgs(
-                http_get=k8s.core.v1.HTTPGetActionArgs(path="/health", **probe),
+            args=pulumi.Output.from_input(a.namespace).apply(lambda ns: etcd_args(self.service_name, ns)),
+            ports=[v1.ContainerPortArgs(name="client", container_port=CLIENT_PORT),
+                   v1.ContainerPortArgs(name="metrics", container_port=METRICS_PORT)],
+            readiness_probe=v1.ProbeArgs(
+                http_get=v1.HTTPGetActionArgs(path="/health", **probe),
                 period_seconds=5, timeout_seconds=3, failure_threshold=3),
-            # Alive = this member answers locally (serializable): a lost quorum must not restart every member.
-            liveness_probe=k8s.core.v1.ProbeArgs(
-                http_get=k8s.core.v1.HTTPGetActionArgs(path="/health?serializable=true", **probe),
+            liveness_probe=v1.ProbeArgs(
+                http_get=v1.HTTPGetActionArgs(path="/health?serializable=true", **probe),
                 initial_delay_seconds=15, period_seconds=10, timeout_seconds=5, failure_threshold=6),
             resources=_RESOURCES,
             security_context=restricted_container_security(ETCD_UID),
-            volume_mounts=[k8s.core.v1.VolumeMountArgs(name="data", mount_path=DATA_DIR)],
+            volume_mounts=[v1.VolumeMountArgs(name="data", mount_path=DATA_DIR),
+                           v1.VolumeMountArgs(name="tls", mount_path=TLS_DIR, read_only=True)],
         )
-        spec = k8s.core.v1.PodSpecArgs(
+        lost = [v1.TolerationArgs(key=f"node.kubernetes.io/{taint}", operator="Exists", effect="NoExecute",
+                                  toleration_seconds=NODE_LOST_TOLERATION_S) for taint in ("unreachable", "not-ready")]
+        spec = v1.PodSpecArgs(
             service_account_name=sa.metadata.name,
             automount_service_account_token=False,
             enable_service_links=False,
             node_selector=a.node_selector,
             # System pools are commonly tainted CriticalAddonsOnly; the rendezvous is such an add-on.
-            tolerations=[k8s.core.v1.TolerationArgs(key="CriticalAddonsOnly", operator="Exists")],
+            tolerations=[v1.TolerationArgs(key="CriticalAddonsOnly", operator="Exists"), *lost],
             priority_class_name=priority.metadata.name,
             security_context=restricted_pod_security(ETCD_UID),
-            termination_grace_period_seconds=30,
+            termination_grace_period_seconds=10,
             containers=[container],
-            volumes=[k8s.core.v1.VolumeArgs(
-                name="data", empty_dir=k8s.core.v1.EmptyDirVolumeSourceArgs(size_limit="1Gi"))],
+            volumes=[
+                v1.VolumeArgs(name="data", empty_dir=v1.EmptyDirVolumeSourceArgs(size_limit="1Gi")),
+                # 0440 with fsGroup = the etcd user: readable by etcd only.
+                v1.VolumeArgs(name="tls", secret=v1.SecretVolumeSourceArgs(secret_name=server_secret,
+                                                                           default_mode=0o440)),
+            ],
         )
-        return k8s.apps.v1.StatefulSet(
+        return k8s.apps.v1.Deployment(
             f"{name}-etcd",
             metadata=self._meta(self.service_name),
-            spec=k8s.apps.v1.StatefulSetSpecArgs(
+            spec=k8s.apps.v1.DeploymentSpecArgs(
                 replicas=a.replicas,
-                service_name=peers.metadata.name,
-                # Parallel: with OrderedReady member 1 would wait for member 0 to be ready, which needs quorum,
-                # which needs member 1.
-                pod_management_policy="Parallel",
+                # Recreate: the old member is gone before the new one starts, so the Service never fronts
+                # two independent stores.
+                strategy=k8s.apps.v1.DeploymentStrategyArgs(type="Recreate"),
                 selector=k8s.meta.v1.LabelSelectorArgs(match_labels=self._selector),
-                template=k8s.core.v1.PodTemplateSpecArgs(
+                template=v1.PodTemplateSpecArgs(
                     metadata=k8s.meta.v1.ObjectMetaArgs(labels=self.pod_labels), spec=spec)),
             opts=child)
 
 
-def member_url(peer_service: str, namespace: str, member: str, port: int) -> str:
-    """A member's stable URL through the headless Service."""
-    return f"http://{member}.{peer_service}.{namespace}.svc.cluster.local:{port}"
-
-
-def etcd_args(statefulset: str, peer_service: str, namespace: str, replicas: int) -> list[str]:
-    """etcd's flags; ``$(POD_NAME)`` is expanded by the kubelet from the downward API."""
-    me = "$(POD_NAME)"
-    members = [f"{statefulset}-{i}" for i in range(replicas)]
-    cluster = ",".join(f"{m}={member_url(peer_service, namespace, m, PEER_PORT)}" for m in members)
+def etcd_args(service: str, namespace: str) -> list[str]:
+    """etcd's flags: TLS with client certificates on the client port, peers on loopback, probes on metrics."""
     return [
-        f"--name={me}",
+        "--name=etcd",
         f"--data-dir={DATA_DIR}/data",
-        f"--listen-client-urls=http://0.0.0.0:{CLIENT_PORT}",
-        f"--advertise-client-urls={member_url(peer_service, namespace, me, CLIENT_PORT)}",
-        f"--listen-peer-urls=http://0.0.0.0:{PEER_PORT}",
-        f"--initial-advertise-peer-urls={member_url(peer_service, namespace, me, PEER_PORT)}",
-        f"--initial-cluster={cluster}",
+        f"--listen-client-urls=https://0.0.0.0:{CLIENT_PORT}",
+        f"--advertise-client-urls=https://{service}.{namespace}.svc.cluster.local:{CLIENT_PORT}",
+        f"--listen-peer-urls=http://127.0.0.1:{PEER_PORT}",
+        f"--initial-advertise-peer-urls=http://127.0.0.1:{PEER_PORT}",
+        f"--initial-cluster=etcd=http://127.0.0.1:{PEER_PORT}",
+        f"--listen-metrics-urls=http://0.0.0.0:{METRICS_PORT}",
         # 'new' is right for every start of a single member: with data it is ignored (etcd restarts from its
-        # WAL), and an empty data dir bootstraps a fresh one-member cluster.
+        # WAL), and an empty data dir bootstraps a fresh one-member store.
         "--initial-cluster-state=new",
-        f"--initial-cluster-token={statefulset}.{namespace}",
+        f"--initial-cluster-token={service}.{namespace}",
+        # Only clients with a certificate from the stack's CA (components/etcd_tls.py): the agents
+        # unpickle what they read.
+        "--client-cert-auth=true",
+        f"--trusted-ca-file={TLS_DIR}/ca.crt",
+        f"--cert-file={TLS_DIR}/tls.crt",
+        f"--key-file={TLS_DIR}/tls.key",
         # torch's etcd-v2 rendezvous speaks only the v2 API, off by default since 3.4.
         "--enable-v2=true",
         f"--quota-backend-bytes={_QUOTA_BYTES}",
@@ -259,15 +269,15 @@ def etcd_args(statefulset: str, peer_service: str, namespace: str, replicas: int
 def _validate(name: str, a: EtcdRendezvousArgs) -> None:
     rules.require(rules.namespace("namespace", a.namespace) if isinstance(a.namespace, str) else None)
     if a.replicas != 1:
-        raise ValueError(f"replicas: got {a.replicas!r}; expected 1 (a quorum of members on emptyDir cannot "
-                         "take back a rescheduled member; see the EtcdRendezvous docstring)")
+        raise ValueError(f"replicas: got {a.replicas!r}; expected 1 (the rendezvous is soft state the agents "
+                         "rebuild; see the EtcdRendezvous docstring)")
     if not a.client_labels:
         raise ValueError("client_labels: got {}; expected the training pods' labels (an empty selector "
                          "would admit every pod in the namespace)")
     if "@sha256:" not in a.image:
         raise ValueError(f"image: got {a.image!r}; expected an image pinned by digest (repo:tag@sha256:...)")
-    if len(f"{name}-etcd-peers") > 63 or len(f"{name}-etcd-{a.replicas - 1}") > 63:
-        raise ValueError(f"name: got {name!r}; expected at most 51 characters (names become DNS labels)")
+    if len(f"{name}-etcd-tls-client-tls") > 63:
+        raise ValueError(f"name: got {name!r}; expected at most 44 characters (names become DNS labels)")
 
 
 def etcd_client_egress(server_labels: Mapping[str, str]) -> k8s.networking.v1.NetworkPolicyEgressRuleArgs:

@@ -211,7 +211,19 @@ def _named(m: RecordingMocks, name: str, inputs: dict) -> tuple[str, dict]:
     return n, {"name": n}
 
 
+def _pem(kind: str, *fields: str):
+    """pulumi-tls resources: placeholder PEM blocks (the provider makes the real keys and certificates)."""
+    def fill(m: RecordingMocks, name: str, inputs: dict) -> tuple[str, dict]:
+        pem = f"-----BEGIN {kind}-----\nbW9jayB7bmFtZX0=\n-----END {kind}-----\n"
+        return f"{name}-id", {f: pem for f in fields}
+    return fill
+
+
 _OUTPUTS = {
+    "tls:index/privateKey:PrivateKey": _pem("PRIVATE KEY", "privateKeyPem", "privateKeyPemPkcs8", "publicKeyPem"),
+    "tls:index/selfSignedCert:SelfSignedCert": _pem("CERTIFICATE", "certPem"),
+    "tls:index/certRequest:CertRequest": _pem("CERTIFICATE REQUEST", "certRequestPem"),
+    "tls:index/locallySignedCert:LocallySignedCert": _pem("CERTIFICATE", "certPem"),
     "eks:index:Cluster": _eks_cluster,
     "aws:eks/cluster:Cluster": _aws_eks_cluster,
     "aws:ec2/vpc:Vpc": _with_prefix("vpc"),

@@ -102,11 +102,18 @@ def _manifest(r: Recorded) -> dict[str, Any]:
     return {"apiVersion": inputs.get("apiVersion"), "kind": inputs.get("kind"), "metadata": metadata, **body}
 
 
+_SECRET_SIG = "4dabf18193072939515e22adb298388d"
+"""Pulumi's marker of a secret value on the wire (``{sig: ..., value: ...}``)."""
+
+
 def _ints(value: Any) -> Any:
     """Whole-number floats back to ints: the engine's wire format carries every number as a float,
-    and the API server (and scanners) reject ``replicas: 1.0``."""
+    and the API server (and scanners) reject ``replicas: 1.0``. Secret envelopes (a Secret's stringData;
+    under mocks they hold placeholders) are opened to their value, as the API server receives it."""
     if isinstance(value, float) and value.is_integer():
         return int(value)
+    if isinstance(value, dict) and _SECRET_SIG in value and "value" in value:
+        return _ints(value["value"])
     if isinstance(value, dict):
         return {k: _ints(v) for k, v in value.items()}
     if isinstance(value, list):

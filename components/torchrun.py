@@ -41,8 +41,10 @@ class RdzvTimeouts:
     """Seconds between an agent's heartbeats to etcd; a node missing keep_alive_max_attempt of them is
     dropped. The agent beats from a thread of its own, so slow training never delays it."""
     keep_alive_max_attempt: int = 4
-    store_retry: int = 60
-    """Seconds an agent retries a failing etcd call before giving up (an etcd restart takes 1-3 s)."""
+    store_retry: int = 600
+    """Seconds of continuous store failure an agent rides out (an outage, etcd's node lost, a wipe) before
+    it gives up; meanwhile its workers keep training. At least 10 minutes: etcd's replacement after a node
+    loss takes about 1-2 minutes on EKS (README "Rendezvous store")."""
     read_timeout: int = 5
     """Seconds one etcd request may take: a partitioned etcd fails over to a retry instead of hanging."""
 
@@ -52,6 +54,32 @@ class RdzvTimeouts:
                 f"keep_alive_interval={self.keep_alive_interval},keep_alive_max_attempt={self.keep_alive_max_attempt},"
                 f"store_retry_timeout={self.store_retry},read_timeout={self.read_timeout}")
 
+
+@dataclass(frozen=True, kw_only=True)
+class RdzvTls:
+    """Files of the agents' rendezvous client over HTTPS: etcd requires a client certificate (review S1)."""
+
+    ca_cert: str
+    """PEM of the CA that signed the store's server certificate (and the client's)."""
+    cert: str
+    """PEM of this job's client certificate."""
+    key: str
+    """PEM of its private key."""
+
+    @classmethod
+    def under(cls, directory: str) -> RdzvTls:
+        """``ca.crt``, ``tls.crt`` and ``tls.key`` in ``directory`` (a mounted Kubernetes TLS Secret's keys)."""
+        d = directory.rstrip("/")
+        return cls(ca_cert=f"{d}/ca.crt", cert=f"{d}/tls.crt", key=f"{d}/tls.key")
+
+    def conf(self) -> str:
+        # torch's own etcd-v2 rdzv-conf keys (etcd_rendezvous_backend.create_backend).
+        return f"protocol=https,ca_cert={self.ca_cert},ssl_cert={self.cert},ssl_cert_key={self.key}"
+
+
+RDZV_TLS_DIR = "/etc/eks-ddp/rdzv-tls"
+"""Where the Job mounts the rendezvous client Secret (read-only)."""
+CLUSTER_TLS = RdzvTls.under(RDZV_TLS_DIR)
 
 CLUSTER_TIMEOUTS = RdzvTimeouts()
 """What the EKS training Job runs, and what tests/test_resilience.py and bench/recovery.py measure."""
@@ -121,6 +149,8 @@ class AgentOptions:
     local_addr: str | None = None
     timeouts: RdzvTimeouts = CLUSTER_TIMEOUTS
     monitor_interval: float = 0.5
+    tls: RdzvTls | None = CLUSTER_TLS
+    """Client files for the etcd rendezvous (required with etcd-v2; unused by c10d)."""
 
 
 def torchrun_args(a: AgentOptions) -> list[str]:
@@ -129,13 +159,21 @@ def torchrun_args(a: AgentOptions) -> list[str]:
         raise ValueError(f"nnodes: got {a.min_nodes}:{a.max_nodes}; expected 1 <= min <= max")
     if a.nproc_per_node < 1:
         raise ValueError(f"nproc_per_node: got {a.nproc_per_node}; expected >= 1")
+    etcd = a.rdzv_backend in ("etcd-v2", ETCD_BACKEND)
+    if etcd and a.tls is None:
+        raise ValueError("tls: got None; expected the rendezvous client's RdzvTls (the etcd store requires a "
+                         "client certificate)")
+    conf = a.timeouts.conf() + (f",{a.tls.conf()}" if etcd and a.tls else "")
+    for path in (a.tls.ca_cert, a.tls.cert, a.tls.key) if etcd and a.tls else ():
+        if "," in path or "=" in path:
+            raise ValueError(f"tls: got path {path!r}; expected no ',' or '=' (they separate --rdzv-conf items)")
     out = [
         f"--nnodes={a.min_nodes}:{a.max_nodes}",
         f"--nproc-per-node={a.nproc_per_node}",
         f"--rdzv-backend={ETCD_BACKEND if a.rdzv_backend == 'etcd-v2' else a.rdzv_backend}",
         f"--rdzv-endpoint={a.rdzv_endpoint}",
         f"--rdzv-id={a.rdzv_id}",
-        f"--rdzv-conf={a.timeouts.conf()}",
+        f"--rdzv-conf={conf}",
         f"--max-restarts={a.max_restarts}",
         f"--monitor-interval={a.monitor_interval}",
     ]

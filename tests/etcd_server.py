@@ -21,16 +21,31 @@ from typing import Any
 
 import pytest
 
-from components.torchrun import AGENT_ENV, LOCAL_TIMEOUTS, AgentOptions, RdzvTimeouts, TrainerOptions, job_command
-from training.etcd_local import start_etcd
+from components.torchrun import (
+    AGENT_ENV,
+    LOCAL_TIMEOUTS,
+    AgentOptions,
+    RdzvTimeouts,
+    RdzvTls,
+    TrainerOptions,
+    job_command,
+)
+from training.etcd_local import TlsFiles, start_etcd
 
 ROOT = Path(__file__).resolve().parent.parent
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 
 
+def client_tls(endpoint: str) -> RdzvTls:
+    """The agents' TLS files for a store started here (``endpoint.tls``, from training/etcd_local.py)."""
+    tls: TlsFiles = endpoint.tls  # type: ignore[attr-defined]
+    return RdzvTls(ca_cert=str(tls.ca_cert), cert=str(tls.client_cert), key=str(tls.client_key))
+
+
 @pytest.fixture
 def etcd_endpoint(tmp_path: Path) -> Iterator[str]:
-    """A real etcd (v2 API on) on 127.0.0.1 for one test; stopped and reaped afterwards."""
+    """A real etcd (v2 API on, TLS with client certificates required) on 127.0.0.1 for one test; stopped and
+    reaped afterwards. The string is ``host:port``; ``.tls`` holds the client's files."""
     with start_etcd(tmp_path / "etcd") as endpoint:
         yield endpoint
 
@@ -120,7 +135,8 @@ class Job:
         self.run_dir = Path(trainer.run_dir)
         agent = AgentOptions(min_nodes=min_nodes, max_nodes=max_nodes, nproc_per_node=1, rdzv_backend="etcd-v2",
                              rdzv_endpoint=endpoint, rdzv_id=rdzv_id or f"run-{os.getpid()}-{time.time_ns()}",
-                             max_restarts=max_restarts, local_addr="127.0.0.1", timeouts=timeouts)
+                             max_restarts=max_restarts, local_addr="127.0.0.1", timeouts=timeouts,
+                             tls=client_tls(endpoint))
         self.env = trainer_env(env)
         self.cmd = job_command(agent, trainer, python=sys.executable)
         self.cwd = ROOT
@@ -204,45 +220,89 @@ def jobs() -> Iterator[list[Job]]:
         job.close()
 
 
+def _plain_healthy(endpoint: str) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://{endpoint}/health", timeout=1) as r:
+            return b'"true"' in r.read()
+    except OSError:
+        return False
+
+
 class RestartableEtcd:
-    """One etcd member on a fixed port and data dir that a test can SIGKILL and start again (an etcd pod
-    restart). ``prefix`` runs it under e.g. ``ip netns exec NS``; ``host`` is the address it listens on."""
+    """One etcd member on a fixed port and data dir that a test can SIGKILL, SIGSTOP, wipe and start again
+    (an etcd pod restart, a hung store, a pod recreated empty). TLS with client certificates required, as on
+    the cluster. ``prefix`` runs it under e.g. ``ip netns exec NS``; ``host`` is the address it listens on.
+    ``plain=True`` serves unauthenticated HTTP, only for bench/recovery.py's ``--baseline`` (an older checkout
+    whose agents cannot speak TLS)."""
 
-    def __init__(self, data_dir: Path, *, host: str = "127.0.0.1", prefix: list[str] | None = None) -> None:
-        from training.etcd_local import find_etcd, free_port
+    def __init__(self, data_dir: Path, *, host: str = "127.0.0.1", prefix: list[str] | None = None,
+                 plain: bool = False) -> None:
+        from training.etcd_local import EtcdEndpoint, find_etcd, free_port, make_tls
 
-        self.data_dir, self.host, self.prefix = data_dir, host, prefix or []
+        self.data_dir, self.host, self.prefix, self.plain = data_dir, host, prefix or [], plain
         self.client, self.peer = free_port(), free_port()
-        self.endpoint = f"{host}:{self.client}"
+        self.tls = make_tls(data_dir / "tls", [host])
+        self.endpoint = f"{host}:{self.client}" if plain else EtcdEndpoint(f"{host}:{self.client}", self.tls)
         self.binary = find_etcd()
         self.proc: subprocess.Popen | None = None
         data_dir.mkdir(parents=True, exist_ok=True)
 
     def start(self, timeout_s: float = 30.0) -> None:
-        from training.etcd_local import _healthy
+        from training.etcd_local import healthy
 
         cmd = [*self.prefix, self.binary, "--name=local", f"--data-dir={self.data_dir / 'member'}", "--enable-v2=true",
-               f"--listen-client-urls=http://{self.endpoint}", f"--advertise-client-urls=http://{self.endpoint}",
+               f"--listen-client-urls={self._scheme}://{self.endpoint}",
+               f"--advertise-client-urls={self._scheme}://{self.endpoint}",
                f"--listen-peer-urls=http://{self.host}:{self.peer}",
                f"--initial-advertise-peer-urls=http://{self.host}:{self.peer}",
-               f"--initial-cluster=local=http://{self.host}:{self.peer}"]
+               f"--initial-cluster=local=http://{self.host}:{self.peer}", *([] if self.plain else self.tls.server_flags())]
         with open(self.data_dir / "etcd.log", "ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          start_new_session=True)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and self.proc.poll() is None:
-            if not self.prefix and _healthy(self.endpoint):
+            if not self.prefix and (_plain_healthy(self.endpoint) if self.plain else healthy(self.endpoint, self.tls)):
                 return
             if self.prefix and subprocess.run([*self.prefix, sys.executable, "-c",
-                                               "import sys, urllib.request; urllib.request.urlopen("
-                                               f"'http://{self.endpoint}/health', timeout=1)"],
+                                               "import sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]); "
+                                               "from tests.etcd_server import _plain_healthy; "
+                                               "from training.etcd_local import TlsFiles, healthy; "
+                                               "raise SystemExit(0 if (_plain_healthy(sys.argv[2]) if sys.argv[3] == 'plain' "
+                                               "else healthy(sys.argv[2], TlsFiles(*map(Path, sys.argv[4:])))) else 1)",
+                                               str(ROOT), self.endpoint, "plain" if self.plain else "tls",
+                                               *map(str, (self.tls.ca_cert, self.tls.server_cert, self.tls.server_key,
+                                                          self.tls.client_cert, self.tls.client_key))],
                                               capture_output=True).returncode == 0:
                 return
             time.sleep(0.1)
         raise RuntimeError(f"etcd did not start: {(self.data_dir / 'etcd.log').read_text()[-2000:]}")
 
+    @property
+    def _scheme(self) -> str:
+        return "http" if self.plain else "https"
+
+    def pause(self) -> None:
+        """SIGSTOP: the port stays open and connections hang (a hung store, its node NotReady)."""
+        assert self.proc is not None and self.proc.poll() is None
+        os.killpg(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGCONT)
+
+    def wipe(self) -> None:
+        """Kill it and drop its data: the next start() is a pod recreated on an empty volume."""
+        import shutil
+
+        self.kill()
+        shutil.rmtree(self.data_dir / "member", ignore_errors=True)
+
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGCONT)
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=10)

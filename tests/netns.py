@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from components.torchrun import CLUSTER_TIMEOUTS, AgentOptions, RdzvTimeouts, TrainerOptions, job_command
-from tests.etcd_server import ROOT, Agent, Job, RestartableEtcd, trainer_env
+from tests.etcd_server import ROOT, Agent, Job, RestartableEtcd, client_tls, trainer_env
 
 
 @dataclass(frozen=True)
@@ -70,15 +70,18 @@ def cluster_command(trainer: TrainerOptions, timeouts: RdzvTimeouts = CLUSTER_TI
     """The cluster's agent command (components/torchrun.py) for one node of a two-node job."""
     def build(endpoint: str, rdzv_id: str, addr: str) -> list[str]:
         opts = AgentOptions(min_nodes=1, max_nodes=2, nproc_per_node=1, rdzv_backend="etcd-v2",
-                            rdzv_endpoint=endpoint, rdzv_id=rdzv_id, local_addr=addr, timeouts=timeouts)
+                            rdzv_endpoint=endpoint, rdzv_id=rdzv_id, local_addr=addr, timeouts=timeouts,
+                            tls=client_tls(endpoint))
         return job_command(opts, trainer, python=sys.executable)
     return build
 
 
 def start_job(nodes: Nodes, tmp: Path, run_dir: Path, command: CommandFor, *,
-              env: Callable[[dict[str, str]], dict[str, str]] = trainer_env, cwd: Path = ROOT) -> tuple[RestartableEtcd, Job]:
+              env: Callable[[dict[str, str]], dict[str, str]] = trainer_env, cwd: Path = ROOT,
+              plain: bool = False) -> tuple[RestartableEtcd, Job]:
     """etcd on node 0 and one agent per node running ``command`` from ``cwd``; the caller stops both."""
-    etcd = RestartableEtcd(tmp / "etcd", host=nodes.addrs[0], prefix=["ip", "netns", "exec", nodes.namespaces[0]])
+    etcd = RestartableEtcd(tmp / "etcd", host=nodes.addrs[0], prefix=["ip", "netns", "exec", nodes.namespaces[0]],
+                           plain=plain)
     etcd.start()
     job = Job.of_command(tmp, run_dir, [], {}, nodes=0, cwd=cwd)  # agents started here, one per namespace
     rdzv_id = f"partition-{uuid.uuid4().hex[:6]}"

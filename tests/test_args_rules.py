@@ -11,7 +11,7 @@ from components.etcd import EtcdRendezvousArgs
 
 DIGEST = "123456789012.dkr.ecr.us-west-2.amazonaws.com/trainer@sha256:" + "a" * 64
 GOOD = dict(namespace="training", image=DIGEST, pvc_name="shared", instance_type="g5.12xlarge",
-            rdzv_endpoint="http://etcd:2379")
+            rdzv_endpoint="http://etcd:2379", rdzv_tls_secret="rendezvous-etcd-tls-client-tls")
 
 BAD_JOB = {
     "epochs": 0, "global_batch_size": -5, "model": "resnet50", "learning_rate": math.nan,

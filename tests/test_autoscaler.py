@@ -60,7 +60,7 @@ def pods(stack: str) -> dict[str, dict]:
             out[name] = m["spec"]["template"]["spec"]
         elif m["kind"] == "CronJob":
             out[name] = m["spec"]["jobTemplate"]["spec"]["template"]["spec"]
-        elif m["kind"] == "StatefulSet":
+        elif m["kind"] in ("StatefulSet", "Deployment"):
             out[name] = m["spec"]["template"]["spec"]
     return out
 

@@ -44,7 +44,9 @@ def test_readme_and_checkov_skip_say_how_etcd_and_the_shared_volume_are_protecte
     skips = yaml.safe_load((ROOT / "tests" / "checkov-skips.yaml").read_text())
     assert "PosixUser" in skips["CKV_K8S_40"] and "access point" in skips["CKV_K8S_40"]
     readme = " ".join((ROOT / "README.md").read_text().split())
-    assert "without authentication" in readme and "NetworkPolicy, which admits only the training pods" in readme
+    # Review S1: the store requires a client certificate; the NetworkPolicy is only a second layer.
+    assert "requires a client certificate" in readme and "NetworkPolicy, which admits only the training pods" in readme
+    assert "without authentication" not in readme
 
 
 def test_trainer_docstring_shows_the_command_the_cluster_runs():

@@ -19,19 +19,21 @@ from components.elastic_job import (
 )
 from components.etcd import DEFAULT_CLIENT_LABELS, SERVER_LABELS
 from components.mocks import ProgramResult, Recorded, run_program
-from components.torchrun import AGENT_ENV, CLUSTER_TIMEOUTS
+from components.torchrun import AGENT_ENV, CLUSTER_TIMEOUTS, CLUSTER_TLS
 
 IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/eks-ddp-trainer@sha256:" + "ab" * 32
 GPU_NODES = {"eks-ddp/node-group": "gpu"}
 ETCD = "rendezvous-etcd.training.svc.cluster.local:2379"
 JOB = "kubernetes:batch/v1:Job"
 NETPOL = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
+RDZV_TLS_SECRET = "rendezvous-etcd-tls-client-tls"
 
 
 def run_job(**overrides) -> ProgramResult:
     def program() -> None:
         args = {"namespace": "training", "image": IMAGE, "pvc_name": "shared", "instance_type": "g4dn.xlarge",
-                "node_selector": GPU_NODES, "nodes": 2, "min_nodes": 1, "rdzv_endpoint": ETCD, **overrides}
+                "node_selector": GPU_NODES, "nodes": 2, "min_nodes": 1, "rdzv_endpoint": ETCD,
+                "rdzv_tls_secret": RDZV_TLS_SECRET, **overrides}
         job = ElasticJob("training", ElasticJobArgs(**args))
         pulumi.export("follow", job.follow_command)
         pulumi.export("evaluate", job.evaluate_command)
@@ -78,12 +80,32 @@ def test_agent_command_is_the_shared_torchrun_builder():
     # etcd-v2 as the agent runs it: the same rendezvous with etcd calls retried (training/rendezvous.py)
     assert f["rdzv-backend"] == "eks-etcd" and f["rdzv-endpoint"] == ETCD
     assert f["rdzv-id"] == "$(JOB_UID)" and f["local-addr"] == "$(POD_IP)"
-    assert f["rdzv-conf"] == CLUSTER_TIMEOUTS.conf()
+    assert f["rdzv-conf"] == f"{CLUSTER_TIMEOUTS.conf()},{CLUSTER_TLS.conf()}"
     assert f["max-restarts"] == "5"
     trainer_args = cmd[cmd.index("-m", 3) + 2:]
     for expected in ("--data-dir=/shared/data", "--run-dir=/shared/runs/exp-7", "--epochs=4", "--global-batch-size=256",
                      "--model=airnet", "--lr=0.1", "--compile"):
         assert expected in trainer_args
+
+
+@pytest.mark.parametrize("fabric", [False, True])
+def test_agents_reach_the_store_with_the_client_certificate_mounted_read_only(fabric):
+    # Review S1: the store requires a client certificate; the agents find it where their rdzv-conf says.
+    result = run_job(instance_type="p4de.24xlarge", efa=True, fabric_check=True) if fabric else run_job()
+    job = result.one(JOB, FABRIC) if fabric else result.one(JOB, "training-train")
+    pod = job.inputs["spec"]["template"]["spec"]
+    [c] = pod["containers"]
+    conf = dict(kv.split("=", 1) for kv in flags(c["command"])["rdzv-conf"].split(","))
+    assert conf["protocol"] == "https"
+    [vol] = [v for v in pod["volumes"] if "secret" in v]
+    assert vol["secret"]["secretName"] == RDZV_TLS_SECRET and int(vol["secret"]["defaultMode"]) == 0o440
+    [mount] = [m for m in c["volumeMounts"] if m["name"] == vol["name"]]
+    assert mount["readOnly"] is True
+    for key, file in (("ca_cert", "ca.crt"), ("ssl_cert", "tls.crt"), ("ssl_cert_key", "tls.key")):
+        assert conf[key] == f"{mount['mountPath']}/{file}"
+    # Pods that never reach the store do not get the certificate.
+    prepare = result.one(JOB, "training-prepare-data").inputs["spec"]["template"]["spec"]
+    assert not [v for v in prepare["volumes"] if "secret" in v]
 
 
 def test_rendezvous_id_and_address_come_from_the_downward_api():
@@ -337,6 +359,7 @@ def test_children_are_parented_to_the_component():
 
 @pytest.mark.parametrize("overrides, field", [
     ({"rdzv_endpoint": None}, "rdzv_endpoint"),
+    ({"rdzv_tls_secret": None}, "rdzv_tls_secret"),
     ({"rdzv_backend": "c10d"}, "rdzv_endpoint"),
     ({"efa": True}, "efa"),
     ({"instance_type": "t3.large"}, "instance_type"),

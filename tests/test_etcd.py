@@ -1,4 +1,5 @@
-"""EtcdRendezvous alone under mocks: peer configuration, NetworkPolicy, hardening, validation."""
+"""EtcdRendezvous alone under mocks: TLS with client certificates, a store a drain can move, NetworkPolicy,
+hardening, validation; and the rendered flags run by a real etcd 3.5."""
 
 from __future__ import annotations
 
@@ -19,14 +20,17 @@ from components.etcd import (
     CLIENT_PORT,
     DATA_DIR,
     DEFAULT_CLIENT_LABELS,
+    METRICS_PORT,
+    NODE_LOST_TOLERATION_S,
     PEER_PORT,
     SERVER_LABELS,
+    TLS_DIR,
     EtcdRendezvous,
     EtcdRendezvousArgs,
     etcd_args,
 )
 from components.mocks import ProgramResult, run_program
-from training.etcd_local import find_etcd, free_port
+from training.etcd_local import find_etcd, free_port, make_tls
 
 SYSTEM = {"eks-ddp/pool": "system"}
 
@@ -36,16 +40,17 @@ def run_etcd(**overrides) -> ProgramResult:
         args = {"namespace": "training", "node_selector": SYSTEM, **overrides}
         etcd = EtcdRendezvous("rendezvous", EtcdRendezvousArgs(**args))
         pulumi.export("endpoint", etcd.endpoint)
+        pulumi.export("client_tls_secret", etcd.client_tls_secret)
 
     return run_program({}, program=program)
 
 
-def statefulset(result: ProgramResult) -> dict:
-    return result.one("kubernetes:apps/v1:StatefulSet").inputs
+def deployment(result: ProgramResult) -> dict:
+    return result.one("kubernetes:apps/v1:Deployment").inputs
 
 
 def container(result: ProgramResult) -> dict:
-    return statefulset(result)["spec"]["template"]["spec"]["containers"][0]
+    return deployment(result)["spec"]["template"]["spec"]["containers"][0]
 
 
 def flags(result: ProgramResult) -> dict[str, str]:
@@ -56,78 +61,115 @@ def matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
     return all(labels.get(k) == v for k, v in selector.items())
 
 
-def test_one_member_bootstraps_from_its_stable_dns_name():
+def test_one_member_serves_only_tls_with_client_certificates():
+    # Review S1: plain HTTP without authentication, and agents unpickle what they read.
     result = run_etcd()
-    sts = statefulset(result)
-    assert int(sts["spec"]["replicas"]) == 1
-    assert sts["spec"]["podManagementPolicy"] == "Parallel"
-    peers = result.one("kubernetes:core/v1:Service", "rendezvous-etcd-peers").inputs
-    assert sts["spec"]["serviceName"] == peers["metadata"]["name"] == "rendezvous-etcd-peers"
-    assert peers["spec"]["clusterIP"] == "None" and peers["spec"]["publishNotReadyAddresses"] is True
-    assert {int(p["port"]) for p in peers["spec"]["ports"]} == {CLIENT_PORT, PEER_PORT}
-
     f = flags(result)
-    dns = "rendezvous-etcd-peers.training.svc.cluster.local"
-    assert f["initial-cluster"] == f"rendezvous-etcd-0=http://rendezvous-etcd-0.{dns}:{PEER_PORT}"
-    assert f["initial-cluster-state"] == "new"
-    assert f["name"] == "$(POD_NAME)"
-    assert f["initial-advertise-peer-urls"] == f"http://$(POD_NAME).{dns}:{PEER_PORT}"
-    assert f["advertise-client-urls"] == f"http://$(POD_NAME).{dns}:{CLIENT_PORT}"
-    assert f["enable-v2"] == "true"
-    env = {e["name"]: e for e in container(result)["env"]}
-    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert f["client-cert-auth"] == "true"
+    assert (f["trusted-ca-file"], f["cert-file"], f["key-file"]) == (
+        f"{TLS_DIR}/ca.crt", f"{TLS_DIR}/tls.crt", f"{TLS_DIR}/tls.key")
+    for key in ("listen-client-urls", "advertise-client-urls"):
+        assert all(u.startswith("https://") for u in f[key].split(",")), f[key]
+    # One member: its peer port listens on loopback only; the probes' plain listener serves no keys.
+    for key in ("listen-peer-urls", "initial-advertise-peer-urls"):
+        assert f[key] == f"http://127.0.0.1:{PEER_PORT}"
+    assert f["listen-metrics-urls"] == f"http://0.0.0.0:{METRICS_PORT}"
+    assert f["enable-v2"] == "true" and f["initial-cluster-state"] == "new"
+    assert f["advertise-client-urls"] == f"https://rendezvous-etcd.training.svc.cluster.local:{CLIENT_PORT}"
+    pod = deployment(result)["spec"]["template"]["spec"]
+    [tls] = [v for v in pod["volumes"] if "secret" in v]
+    [mount] = [m for m in container(result)["volumeMounts"] if m["name"] == tls["name"]]
+    assert mount["mountPath"] == TLS_DIR and mount["readOnly"] is True
+    server = result.one("kubernetes:core/v1:Secret", "rendezvous-etcd-tls-server").inputs
+    assert tls["secret"]["secretName"] == server["metadata"]["name"] and int(tls["secret"]["defaultMode"]) == 0o440
 
 
-def test_the_member_is_neither_drained_nor_evicted_first():
-    # Finding B-5: no PodDisruptionBudget, no priority; a drain took the only member freely.
+def test_the_stack_makes_a_ca_a_server_and_a_client_certificate():
     result = run_etcd()
-    pod_labels = statefulset(result)["spec"]["template"]["metadata"]["labels"]
+    server = result.one("tls:index/certRequest:CertRequest", "rendezvous-etcd-tls-server-csr").inputs
+    assert "rendezvous-etcd.training.svc.cluster.local" in server["dnsNames"]
+    assert "rendezvous-etcd.training.svc" in server["dnsNames"]
+    certs = {r.name: r.inputs for r in result.of_type("tls:index/locallySignedCert:LocallySignedCert")}
+    assert "server_auth" in certs["rendezvous-etcd-tls-server-cert"]["allowedUses"]
+    assert "client_auth" not in certs["rendezvous-etcd-tls-server-cert"]["allowedUses"]
+    assert "client_auth" in certs["rendezvous-etcd-tls-client-cert"]["allowedUses"]
+    assert "server_auth" not in certs["rendezvous-etcd-tls-client-cert"]["allowedUses"]
+    ca = result.one("tls:index/selfSignedCert:SelfSignedCert").inputs
+    assert ca["isCaCertificate"] is True
+    for key in result.of_type("tls:index/privateKey:PrivateKey"):
+        assert key.inputs["algorithm"] == "ECDSA"
+    secrets = {r.name: r.inputs for r in result.of_type("kubernetes:core/v1:Secret")}
+    assert set(secrets) == {"rendezvous-etcd-tls-server", "rendezvous-etcd-tls-client"}
+    for s in secrets.values():
+        # pulumi-kubernetes marks stringData secret (the mocks see it wrapped in Pulumi's secret envelope).
+        data = s["stringData"].get("value", s["stringData"])
+        s["stringData"] = data
+        assert s["type"] == "kubernetes.io/tls" and set(data) == {"tls.crt", "tls.key", "ca.crt"}
+        assert "BEGIN PRIVATE KEY" in data["tls.key"] and "BEGIN CERTIFICATE" in data["ca.crt"]
+        assert s["metadata"]["namespace"] == "training"
+    # The CA's key never enters the cluster: no Secret carries it.
+    ca_key = result.one("tls:index/privateKey:PrivateKey", "rendezvous-etcd-tls-ca-key")
+    assert ca_key.name and all(v != "rendezvous-etcd-tls-ca-key" for s in secrets.values() for v in s["stringData"])
+    assert result.outputs["client_tls_secret"] == "rendezvous-etcd-tls-client-tls"
+
+
+def test_a_drain_or_a_lost_node_moves_the_member():
+    # Review K5: minAvailable 1 of 1 failed every system node-group update (PodEvictionFailure after 15 min).
+    # Review K4: a StatefulSet pod on an unreachable node is never replaced; the default toleration is 300 s.
+    result = run_etcd()
+    dep = deployment(result)
+    pod_labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert int(dep["spec"]["replicas"]) == 1 and dep["spec"]["strategy"]["type"] == "Recreate"
     pdb = result.one("kubernetes:policy/v1:PodDisruptionBudget").inputs
-    assert int(pdb["spec"]["minAvailable"]) == 1
+    assert "minAvailable" not in pdb["spec"] and int(pdb["spec"]["maxUnavailable"]) >= 1
+    assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
     assert matches(pdb["spec"]["selector"]["matchLabels"], pod_labels)
-    assert pdb["metadata"]["namespace"] == "training"
+    pod = dep["spec"]["template"]["spec"]
+    lost = {t["key"]: t for t in pod["tolerations"] if t.get("effect") == "NoExecute"}
+    assert set(lost) == {"node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready"}
+    assert all(int(t["tolerationSeconds"]) == NODE_LOST_TOLERATION_S <= 60 for t in lost.values())
     priority = result.one("kubernetes:scheduling.k8s.io/v1:PriorityClass").inputs
-    assert statefulset(result)["spec"]["template"]["spec"]["priorityClassName"] == priority["metadata"]["name"]
+    assert pod["priorityClassName"] == priority["metadata"]["name"]
     assert 0 < int(priority["value"]) < 2_000_000_000 and priority["globalDefault"] is False
 
 
 def test_members_carry_the_labels_the_trainers_egress_selects():
-    pod_labels = statefulset(run_etcd())["spec"]["template"]["metadata"]["labels"]
+    pod_labels = deployment(run_etcd())["spec"]["template"]["metadata"]["labels"]
     assert matches(SERVER_LABELS, pod_labels)
 
 
-def _run_member(args: list[str], data_dir: Path, log: Path) -> tuple[subprocess.Popen, str]:
-    """The StatefulSet's member, with its flags as rendered, on loopback: DNS names and ports rewritten."""
-    client, peer = free_port(), free_port()
-    host = "rendezvous-etcd-0.rendezvous-etcd-peers.training.svc.cluster.local"
-    subst = {"$(POD_NAME)": "rendezvous-etcd-0", host: "127.0.0.1", "0.0.0.0": "127.0.0.1",
-             f":{CLIENT_PORT}": f":{client}", f":{PEER_PORT}": f":{peer}", DATA_DIR: str(data_dir)}
+def _run_member(args: list[str], data_dir: Path, log: Path, tls_dir: Path) -> tuple[subprocess.Popen, str]:
+    """The Deployment's member, with its flags as rendered, on loopback: DNS names, ports and the Secret's
+    mount point rewritten; the Secret's files are a throw-away CA's (server certificate for 127.0.0.1)."""
+    client, peer, metrics = free_port(), free_port(), free_port()
+    subst = {"rendezvous-etcd.training.svc.cluster.local": "127.0.0.1", "0.0.0.0": "127.0.0.1",
+             f":{CLIENT_PORT}": f":{client}", f":{PEER_PORT}": f":{peer}", f":{METRICS_PORT}": f":{metrics}",
+             DATA_DIR: str(data_dir), f"{TLS_DIR}/tls.": f"{tls_dir}/server.", TLS_DIR: str(tls_dir)}
     flags = []
     for a in args:
         for old, new in subst.items():
             a = a.replace(old, new)
         flags.append(a)
-    assert not [f for f in flags if "cluster.local" in f]
+    assert not [f for f in flags if "cluster.local" in f or TLS_DIR in f]
     with open(log, "ab") as out:
         proc = subprocess.Popen([find_etcd(), *flags], stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
-    endpoint = f"127.0.0.1:{client}"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            with urllib.request.urlopen(f"http://{endpoint}/health", timeout=1) as r:
+        try:  # the probes' path: plain HTTP on the metrics listener
+            with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/health", timeout=1) as r:
                 if b'"true"' in r.read():
                     break
         except OSError:
             time.sleep(0.1)
-    return proc, endpoint
+    return proc, f"127.0.0.1:{client}"
 
 
-def _v2(endpoint: str, key: str, value: str | None = None) -> str | None:
+def _v2(endpoint: str, key: str, value: str | None = None, context=None) -> str | None:
     data = None if value is None else urllib.parse.urlencode({"value": value}).encode()
-    req = urllib.request.Request(f"http://{endpoint}/v2/keys/{key}", data=data, method="GET" if data is None else "PUT")
+    req = urllib.request.Request(f"https://{endpoint}/v2/keys/{key}", data=data, method="GET" if data is None else "PUT")
     try:
-        with urllib.request.urlopen(req, timeout=5) as r:
+        with urllib.request.urlopen(req, timeout=5, context=context) as r:
             return json.loads(r.read())["node"]["value"]
     except urllib.error.HTTPError as err:
         if err.code == 404:
@@ -136,34 +178,44 @@ def _v2(endpoint: str, key: str, value: str | None = None) -> str | None:
 
 
 @pytest.mark.slow
-def test_the_member_survives_its_restart_and_its_rescheduling(tmp_path):
-    # etcd 3.5.1 with the StatefulSet's own flags: a container restart (same data dir) keeps the v2 keys; a
-    # rescheduled pod (a new, empty emptyDir) starts a fresh one-member store instead of crash-looping.
-    args = etcd_args("rendezvous-etcd", "rendezvous-etcd-peers", "training", 1)
+def test_the_member_requires_client_certificates_and_survives_its_restart_and_rescheduling(tmp_path):
+    # etcd 3.5.1 with the Deployment's own flags: a request without a client certificate is refused; a
+    # container restart (same data dir) keeps the v2 keys; a rescheduled pod (a new, empty emptyDir) starts
+    # a fresh one-member store instead of crash-looping.
+    import ssl
+
+    args = etcd_args("rendezvous-etcd", "training")
     data, log = tmp_path / "data", tmp_path / "etcd.log"
+    tls = make_tls(tmp_path / "tls")
+    ok = tls.client_context()
     procs: list[subprocess.Popen] = []
     try:
-        proc, endpoint = _run_member(args, data, log)
+        proc, endpoint = _run_member(args, data, log, tls.ca_cert.parent)
         procs.append(proc)
         assert proc.poll() is None, log.read_text()
-        _v2(endpoint, "torch/elastic/rendezvous/job/state", "round-7")
+        with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError)):
+            _v2(endpoint, "torch/elastic/rendezvous/job/state", "evil",
+                ssl.create_default_context(cafile=str(tls.ca_cert)))
+        with pytest.raises((urllib.error.URLError, ConnectionError, OSError)):
+            urllib.request.urlopen(f"http://{endpoint}/v2/keys/", timeout=5).close()
+        _v2(endpoint, "torch/elastic/rendezvous/job/state", "round-7", ok)
         proc.kill()
         proc.wait(timeout=10)
 
-        proc, endpoint = _run_member(args, data, log)  # container restart: the emptyDir is kept
+        proc, endpoint = _run_member(args, data, log, tls.ca_cert.parent)  # container restart: emptyDir kept
         procs.append(proc)
         assert proc.poll() is None, log.read_text()[-2000:]
-        assert _v2(endpoint, "torch/elastic/rendezvous/job/state") == "round-7"
+        assert _v2(endpoint, "torch/elastic/rendezvous/job/state", context=ok) == "round-7"
         proc.kill()
         proc.wait(timeout=10)
 
         shutil.rmtree(data)  # rescheduled pod: a new emptyDir
-        proc, endpoint = _run_member(args, data, log)
+        proc, endpoint = _run_member(args, data, log, tls.ca_cert.parent)
         procs.append(proc)
         assert proc.poll() is None, log.read_text()[-2000:]
-        assert _v2(endpoint, "torch/elastic/rendezvous/job/state") is None
-        _v2(endpoint, "torch/elastic/rendezvous/job/state", "round-0")
-        assert _v2(endpoint, "torch/elastic/rendezvous/job/state") == "round-0"
+        assert _v2(endpoint, "torch/elastic/rendezvous/job/state", context=ok) is None
+        _v2(endpoint, "torch/elastic/rendezvous/job/state", "round-0", ok)
+        assert _v2(endpoint, "torch/elastic/rendezvous/job/state", context=ok) == "round-0"
     finally:
         for p in procs:
             if p.poll() is None:
@@ -179,10 +231,10 @@ def test_endpoint_is_the_client_service():
     assert result.outputs["endpoint"] == f"rendezvous-etcd.training.svc.cluster.local:{CLIENT_PORT}"
 
 
-def test_network_policy_admits_only_trainer_pods_and_peers():
+def test_network_policy_admits_only_trainer_pods():
     result = run_etcd()
     policy = result.one("kubernetes:networking.k8s.io/v1:NetworkPolicy").inputs["spec"]
-    pod_labels = statefulset(result)["spec"]["template"]["metadata"]["labels"]
+    pod_labels = deployment(result)["spec"]["template"]["metadata"]["labels"]
     assert matches(policy["podSelector"]["matchLabels"], pod_labels)
     assert set(policy["policyTypes"]) == {"Ingress", "Egress"}
     by_port = {}
@@ -190,18 +242,14 @@ def test_network_policy_admits_only_trainer_pods_and_peers():
         assert rule.get("from"), "an ingress rule without 'from' admits every source"
         for port in rule["ports"]:
             by_port[int(port["port"])] = rule["from"]
-    assert set(by_port) == {CLIENT_PORT, PEER_PORT}
+    assert set(by_port) == {CLIENT_PORT}
     # Client port: only pods with the trainer labels, same namespace (no namespaceSelector, no ipBlock).
     assert by_port[CLIENT_PORT] == [{"podSelector": {"matchLabels": dict(DEFAULT_CLIENT_LABELS)}}]
     assert matches(DEFAULT_CLIENT_LABELS, dict(TRAINER_LABELS))
     assert not matches(DEFAULT_CLIENT_LABELS, PREPARE_LABELS)
     assert not matches(DEFAULT_CLIENT_LABELS, EVALUATE_LABELS)
-    # Peer port: only the members themselves.
-    [peer] = by_port[PEER_PORT]
-    assert matches(peer["podSelector"]["matchLabels"], pod_labels) and "namespaceSelector" not in peer
-    # Egress names its destinations: the member itself (peer port) and the cluster DNS.
-    for rule in policy["egress"]:
-        assert rule.get("to"), f"egress rule without a destination: {rule}"
+    # One member talks to nobody.
+    assert policy.get("egress", []) == []
 
 
 def test_custom_client_labels_reach_the_policy():
@@ -212,7 +260,7 @@ def test_custom_client_labels_reach_the_policy():
 
 def test_members_are_hardened_probed_and_bounded():
     result = run_etcd()
-    pod = statefulset(result)["spec"]["template"]["spec"]
+    pod = deployment(result)["spec"]["template"]["spec"]
     c = container(result)
     assert "@sha256:" in c["image"] and c["imagePullPolicy"] == "IfNotPresent"
     assert pod["nodeSelector"] == SYSTEM
@@ -227,21 +275,24 @@ def test_members_are_hardened_probed_and_bounded():
     for kind in ("requests", "limits"):
         assert set(c["resources"][kind]) == {"cpu", "memory"}
     assert c["readinessProbe"]["httpGet"]["path"] == "/health"
-    # Liveness checks the member alone: a lost quorum must not restart every member.
     assert c["livenessProbe"]["httpGet"]["path"] == "/health?serializable=true"
-    [volume] = pod["volumes"]
-    assert "emptyDir" in volume and volume["emptyDir"]["sizeLimit"]
-    assert c["volumeMounts"][0]["name"] == volume["name"]
-    assert flags(result)["data-dir"].startswith(c["volumeMounts"][0]["mountPath"])
+    assert {c["readinessProbe"]["httpGet"]["port"], c["livenessProbe"]["httpGet"]["port"]} == {"metrics"}
+    [volume] = [v for v in pod["volumes"] if "emptyDir" in v]
+    assert volume["emptyDir"]["sizeLimit"]
+    [mount] = [m for m in c["volumeMounts"] if m["name"] == volume["name"]]
+    assert flags(result)["data-dir"].startswith(mount["mountPath"])
 
 
 def test_children_are_parented_to_the_component():
     result = run_etcd()
-    children = [r for r in result.resources if r.type.startswith("kubernetes:")]
+    children = [r for r in result.resources if r.type.startswith("kubernetes:") and r.type != "kubernetes:core/v1:Secret"]
     assert sorted(r.type.split(":")[-1] for r in children) == [
-        "NetworkPolicy", "PodDisruptionBudget", "PriorityClass", "ResourceQuota", "Service", "Service", "ServiceAccount",
-        "StatefulSet", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
+        "Deployment", "NetworkPolicy", "PodDisruptionBudget", "PriorityClass", "ResourceQuota", "Service", "ServiceAccount",
+        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
     assert all(r.parent_type == "eks-ddp:etcd:EtcdRendezvous" for r in children)
+    certs = [r for r in result.resources if r.type.startswith("tls:") or r.type == "kubernetes:core/v1:Secret"]
+    assert len(certs) == 2 + 2 * 3 + 2  # the CA's key and certificate; key, request, certificate per leaf; 2 Secrets
+    assert all(r.parent_type == "eks-ddp:etcd_tls:RendezvousTls" for r in certs)
 
 
 @pytest.mark.parametrize("overrides, field", [
@@ -255,3 +306,38 @@ def test_children_are_parented_to_the_component():
 def test_rejects_bad_args(overrides, field):
     with pytest.raises(ValueError, match=f"^{field}:"):
         run_etcd(**overrides)
+
+
+def drain_allowed(pdb_spec: dict, replicas: int) -> bool:
+    """Whether a PodDisruptionBudget lets a drain evict one pod of a healthy workload of ``replicas`` pods."""
+    def count(v) -> int:
+        return -(-int(str(v).rstrip("%")) * replicas // 100) if str(v).endswith("%") else int(v)
+    if "maxUnavailable" in pdb_spec:
+        return count(pdb_spec["maxUnavailable"]) >= 1
+    return count(pdb_spec.get("minAvailable", 0)) < replicas
+
+
+def test_drain_allowed_sees_a_blocking_budget():
+    # Negative control: the budget 22dfc96 shipped (minAvailable 1 of 1 member) blocks every drain.
+    assert not drain_allowed({"minAvailable": 1}, 1)
+    assert not drain_allowed({"maxUnavailable": 0}, 3)
+    assert not drain_allowed({"minAvailable": "100%"}, 2)
+    assert drain_allowed({"minAvailable": 1}, 2) and drain_allowed({"maxUnavailable": 1}, 1)
+
+
+@pytest.mark.parametrize("stack", ["dev", "p4de"])
+def test_no_budget_of_the_stack_blocks_a_system_node_group_update(stack, dev_result, p4de_result):
+    # Review K5 / A4: an EKS managed node-group update drains every node; a pod it cannot evict within
+    # 15 minutes fails the update (PodEvictionFailure) and `pulumi up` with it.
+    from components.plan import render_manifests
+
+    docs = render_manifests(dev_result if stack == "dev" else p4de_result)
+    workloads = [m for m in docs if m["kind"] in ("Deployment", "StatefulSet", "ReplicaSet")]
+    budgets = [m for m in docs if m["kind"] == "PodDisruptionBudget"]
+    assert budgets, "the rendezvous store's budget is rendered"
+    for pdb in budgets:
+        selected = [w for w in workloads if w["metadata"].get("namespace") == pdb["metadata"].get("namespace")
+                    and matches(pdb["spec"]["selector"]["matchLabels"], w["spec"]["template"]["metadata"]["labels"])]
+        assert selected, f"budget {pdb['metadata']['name']} selects no workload"
+        for w in selected:
+            assert drain_allowed(pdb["spec"], int(w["spec"].get("replicas", 1))), (pdb, w["metadata"]["name"])

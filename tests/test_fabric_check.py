@@ -26,7 +26,7 @@ from components.torchrun import (
     fabric_check_command,
     job_command,
 )
-from tests.etcd_server import ROOT, TORCHRUN, Agent, _processes, etcd_endpoint, trainer_env  # noqa: F401
+from tests.etcd_server import ROOT, TORCHRUN, Agent, _processes, client_tls, etcd_endpoint, trainer_env  # noqa: F401
 from training import fabric_check as fc
 from training.exitcodes import FABRIC_FAILED
 
@@ -152,7 +152,7 @@ def test_launched_by_the_training_command_builder():
 def _run_agents(tmp: Path, endpoint: str, check: FabricCheckOptions, rdzv_id: str) -> tuple[list[int], list[Agent]]:
     agent = AgentOptions(min_nodes=2, max_nodes=2, nproc_per_node=1, rdzv_backend="etcd-v2",
                          rdzv_endpoint=endpoint, rdzv_id=rdzv_id, max_restarts=0, local_addr="127.0.0.1",
-                         timeouts=LOCAL_TIMEOUTS)
+                         timeouts=LOCAL_TIMEOUTS, tls=client_tls(endpoint))
     cmd = fabric_check_command(agent, check, python=sys.executable)
     agents = [Agent(f"{rdzv_id}-{i}", cmd, tmp / f"{rdzv_id}-{i}.log", trainer_env()) for i in range(2)]
     try:

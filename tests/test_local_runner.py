@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from components.torchrun import AGENT_ENV, LOCAL_TIMEOUTS, AgentOptions, TrainerOptions, job_command
+from components.torchrun import AGENT_ENV, LOCAL_TIMEOUTS, AgentOptions, RdzvTls, TrainerOptions, job_command
 from tests.util import ROOT
 from training import local, procs
 from training.plot import metrics_table, plot_history, read_history, read_test_accuracy
@@ -107,11 +107,15 @@ def test_data_lookup(tmp_path):
 def test_agents_run_the_cluster_command(tmp_path):
     opts = local.parse_args(["--out", str(tmp_path), "--agents", "3", "--rdzv", "etcd", "--epochs", "2"])
     job = local.LocalJob(opts, Progress(stream=io.StringIO()))
-    command = job.agent_command("127.0.0.1:2379", tmp_path / "data")
+    from training.etcd_local import EtcdEndpoint, make_tls
+
+    tls = make_tls(tmp_path / "tls")
+    command = job.agent_command(EtcdEndpoint("127.0.0.1:2379", tls), tmp_path / "data")
     expected = job_command(
         AgentOptions(min_nodes=3, max_nodes=3, nproc_per_node=1, rdzv_backend="etcd-v2",
                      rdzv_endpoint="127.0.0.1:2379", rdzv_id=job.run_id, max_restarts=opts.max_restarts,
-                     timeouts=LOCAL_TIMEOUTS, local_addr="127.0.0.1"),
+                     timeouts=LOCAL_TIMEOUTS, local_addr="127.0.0.1",
+                     tls=RdzvTls(ca_cert=str(tls.ca_cert), cert=str(tls.client_cert), key=str(tls.client_key))),
         TrainerOptions(data_dir=str(tmp_path / "data"), run_dir=str(job.run_dir), epochs=2,
                        global_batch_size=opts.global_batch_size, bn_group=opts.bn_group, width=opts.width,
                        checkpoint_every=opts.checkpoint_every, log_every=opts.log_every), python=command[0])

@@ -262,3 +262,93 @@ def test_replacement_pod_joins_the_running_job_at_the_next_round(tmp_path, etcd_
                          "a world-2 round with the replacement")[0]
     assert start["resumed_step"] >= last, (start, last)  # from the survivor's snapshot, not from scratch
     assert job.agents[0].wait(150) == 0 and job.agents[2].wait(150) == 0, job.logs()
+
+
+# --- the rendezvous store's bad days (review K2-K4, K7; issue 22) ---------------------------------------------
+# Each: no agent exits, the step records never show two worlds at once, and the job is back at full size
+# within 30 s of the store's return or the newcomer's arrival. tests/store_faults.py drives the faults;
+# bench/recovery.py runs the same scenarios (and the 5-minute outage) and records the figures.
+
+BACK_WITHIN_S = 30
+
+
+def _store_job(tmp: Path, etcd: RestartableEtcd, data_dir: Path, jobs: list[Job], epochs: int = 40):  # noqa: F811
+    def make(nodes: int) -> Job:
+        job = _job(tmp, etcd.endpoint, _trainer(data_dir, tmp / "run", epochs=epochs), nodes=nodes)
+        jobs.append(job)
+        return job
+    return make
+
+
+def _assert_healed(result: dict) -> None:
+    print(f"[measure] {result}")
+    assert result["agents_alive"], result
+    assert result["second_world"] is None, result
+    assert result["full_size_s"] <= BACK_WITHIN_S, result
+
+
+def test_agents_started_while_the_store_is_down_wait_for_it(tmp_path, jobs, data_dir):  # noqa: F811
+    from tests import store_faults
+
+    etcd = RestartableEtcd(tmp_path / "etcd")  # not started yet
+    try:
+        result = store_faults.store_down_at_start(etcd, _store_job(tmp_path, etcd, data_dir, jobs), down_s=8)
+        assert result["alive_while_down"], result  # 22dfc96: both exited 1 within ~5 s
+        _assert_healed(result)
+    finally:
+        etcd.kill()
+
+
+def test_store_hang_longer_than_the_keepalive_window_then_the_replacement_joins_the_survivor(  # noqa: F811
+        tmp_path, restartable_etcd: RestartableEtcd, jobs, data_dir):  # noqa: F811
+    # 12 s > keep_alive_interval * keep_alive_max_attempt (4 s): every heartbeat is stale when it is back.
+    from tests import store_faults
+
+    result = store_faults.store_hang_then_newcomer(restartable_etcd, _store_job(tmp_path, restartable_etcd,
+                                                                                data_dir, jobs), hang_s=12)
+    assert result["alive_during_outage"] and result["steps_during_outage"] > 0, result  # workers kept training
+    _assert_healed(result)  # 22dfc96: the replacement trained as a second world of one
+
+
+def test_store_wiped_while_degraded_then_the_replacement_joins_the_survivor(  # noqa: F811
+        tmp_path, restartable_etcd: RestartableEtcd, jobs, data_dir):  # noqa: F811
+    from tests import store_faults
+
+    result = store_faults.store_wiped_then_newcomer(restartable_etcd, _store_job(tmp_path, restartable_etcd,
+                                                                                 data_dir, jobs))
+    _assert_healed(result)
+
+
+def test_store_wiped_then_a_worker_kill_reforms_the_full_job(  # noqa: F811
+        tmp_path, restartable_etcd: RestartableEtcd, jobs, data_dir):  # noqa: F811
+    from tests import store_faults
+
+    result = store_faults.store_wiped_then_worker_kill(restartable_etcd, _store_job(tmp_path, restartable_etcd,
+                                                                                    data_dir, jobs))
+    _assert_healed(result)  # 22dfc96: the compare-and-set on the vanished key was retried 60 s, then both exited
+
+
+@pytest.mark.long
+def test_five_minute_store_hang_costs_nothing_but_time(tmp_path, restartable_etcd: RestartableEtcd, jobs,  # noqa: F811
+                                                       data_dir):
+    from tests import store_faults
+
+    result = store_faults.store_hang_then_newcomer(restartable_etcd, _store_job(
+        tmp_path, restartable_etcd, data_dir, jobs, epochs=2000), hang_s=300)
+    assert result["alive_during_outage"] and result["steps_during_outage"] > 0, result
+    _assert_healed(result)
+
+
+def test_the_one_world_check_sees_a_second_rank_0():
+    # Negative control of the property the store tests assert: two rank-0s appending to one history.
+    from tests.store_faults import one_world_at_a_time
+
+    one = [{"kind": "start", "world": 1, "resumed_step": 10}, {"kind": "step", "step": 11, "world": 1},
+           {"kind": "step", "step": 12, "world": 1}]
+    assert one_world_at_a_time(one) is None
+    assert one_world_at_a_time([*one, {"kind": "start", "world": 2, "resumed_step": 12},
+                                {"kind": "step", "step": 13, "world": 2}]) is None
+    split = [*one, {"kind": "start", "world": 1, "resumed_step": 5}, {"kind": "step", "step": 6, "world": 1},
+             {"kind": "step", "step": 13, "world": 1}, {"kind": "step", "step": 7, "world": 1}]
+    assert one_world_at_a_time(split) is not None
+    assert one_world_at_a_time([*one, {"kind": "step", "step": 13, "world": 2}]) is not None

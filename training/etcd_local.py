@@ -1,22 +1,31 @@
-"""A throw-away etcd on 127.0.0.1 for the local runner and the trainer tests.
+"""A throw-away etcd on 127.0.0.1 for the local runner and the trainer tests, in the cluster's TLS mode.
 
 torch's ``etcd-v2`` rendezvous speaks etcd's v2 API, so the server runs with
 ``--enable-v2=true`` (etcd 3.4/3.5; 3.6 removed it). Client and peer ports are both
 picked free on 127.0.0.1: nothing listens on other interfaces.
+
+As on the cluster (components/etcd.py), the server requires a client certificate signed by a CA made
+for this one store (:func:`make_tls`: a throw-away CA, a server certificate for the listen address and
+one client certificate, written with mode 0600 next to the data): the agents unpickle what they read, so
+an unauthenticated writer must not be able to write it, not even another local user.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
+import ipaddress
 import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from .procs import die_with_parent
@@ -39,9 +48,103 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _healthy(endpoint: str) -> bool:
+@dataclass(frozen=True)
+class TlsFiles:
+    """PEM files of one store: its CA, the server's certificate and key, one client certificate and key."""
+
+    ca_cert: Path
+    server_cert: Path
+    server_key: Path
+    client_cert: Path
+    client_key: Path
+
+    def server_flags(self) -> list[str]:
+        """etcd's flags: serve TLS only, and only to clients with a certificate from this CA."""
+        return ["--client-cert-auth=true", f"--trusted-ca-file={self.ca_cert}", f"--cert-file={self.server_cert}",
+                f"--key-file={self.server_key}"]
+
+    def client_context(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=str(self.ca_cert))
+        ctx.load_cert_chain(str(self.client_cert), str(self.client_key))
+        return ctx
+
+
+class EtcdEndpoint(str):
+    """``host:port`` of a local etcd; ``.tls`` holds the files a client needs."""
+
+    tls: TlsFiles
+
+    def __new__(cls, endpoint: str, tls: TlsFiles) -> EtcdEndpoint:
+        obj = super().__new__(cls, endpoint)
+        obj.tls = tls
+        return obj
+
+
+def make_tls(directory: str | os.PathLike, hosts: Sequence[str] = ("127.0.0.1",), *, days: int = 30) -> TlsFiles:
+    """A throw-away CA (ECDSA P-256) with a server certificate for ``hosts`` and one client certificate."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True, mode=0o700)
+    now = datetime.datetime.now(datetime.UTC) - datetime.timedelta(minutes=5)
+
+    def name(cn: str) -> x509.Name:
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+    def write(path: Path, data: bytes) -> Path:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        return path
+
+    def key_pem(key) -> bytes:
+        return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                 serialization.NoEncryption())
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca = (x509.CertificateBuilder().subject_name(name("eks-ddp rendezvous CA")).issuer_name(name("eks-ddp rendezvous CA"))
+          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+          .not_valid_before(now).not_valid_after(now + datetime.timedelta(days=days))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+          .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                       content_commitment=False, key_encipherment=False, data_encipherment=False,
+                                       key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+
+    def leaf(cn: str, usage, sans: list[x509.GeneralName]):
+        key = ec.generate_private_key(ec.SECP256R1())
+        builder = (x509.CertificateBuilder().subject_name(name(cn)).issuer_name(ca.subject)
+                   .public_key(key.public_key()).serial_number(x509.random_serial_number())
+                   .not_valid_before(now).not_valid_after(now + datetime.timedelta(days=days))
+                   .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+                   .add_extension(x509.ExtendedKeyUsage([usage]), critical=False))
+        if sans:
+            builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        return builder.sign(ca_key, hashes.SHA256()), key
+
+    sans: list[x509.GeneralName] = []
+    for h in hosts:
+        try:
+            sans.append(x509.IPAddress(ipaddress.ip_address(h)))
+        except ValueError:
+            sans.append(x509.DNSName(h))
+    server, server_key = leaf("eks-ddp rendezvous etcd", ExtendedKeyUsageOID.SERVER_AUTH, sans)
+    client, client_key = leaf("eks-ddp trainer", ExtendedKeyUsageOID.CLIENT_AUTH, [])
+    pem = serialization.Encoding.PEM
+    return TlsFiles(ca_cert=write(d / "ca.crt", ca.public_bytes(pem)),
+                    server_cert=write(d / "server.crt", server.public_bytes(pem)),
+                    server_key=write(d / "server.key", key_pem(server_key)),
+                    client_cert=write(d / "tls.crt", client.public_bytes(pem)),
+                    client_key=write(d / "tls.key", key_pem(client_key)))
+
+
+def healthy(endpoint: str, tls: TlsFiles) -> bool:
+    """etcd answers /health over TLS to this store's client certificate."""
     try:
-        with urllib.request.urlopen(f"http://{endpoint}/health", timeout=1) as r:
+        with urllib.request.urlopen(f"https://{endpoint}/health", timeout=1, context=tls.client_context()) as r:
             return b'"true"' in r.read()
     except OSError:
         return False
@@ -60,20 +163,22 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 @contextlib.contextmanager
-def start_etcd(data_dir: str | os.PathLike, *, timeout_s: float = 30.0, attempts: int = 3) -> Iterator[str]:
-    """Run etcd with its data in ``data_dir``; yields ``"127.0.0.1:<port>"``; stops and reaps it on exit."""
+def start_etcd(data_dir: str | os.PathLike, *, timeout_s: float = 30.0, attempts: int = 3) -> Iterator[EtcdEndpoint]:
+    """Run etcd (TLS, client certificates required) with its data in ``data_dir``; yields its
+    ``"127.0.0.1:<port>"`` with the client's files in ``.tls``; stops and reaps it on exit."""
     data_dir = Path(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     binary = find_etcd()
+    tls = make_tls(data_dir / "tls")
     last_error = ""
     for attempt in range(attempts):
         client, peer = free_port(), free_port()
-        endpoint = f"127.0.0.1:{client}"
+        endpoint = EtcdEndpoint(f"127.0.0.1:{client}", tls)
         log_path = data_dir / f"etcd-{attempt}.log"
         cmd = [binary, "--name=local", f"--data-dir={data_dir / f'member-{attempt}'}", "--enable-v2=true",
-               f"--listen-client-urls=http://{endpoint}", f"--advertise-client-urls=http://{endpoint}",
+               f"--listen-client-urls=https://{endpoint}", f"--advertise-client-urls=https://{endpoint}",
                f"--listen-peer-urls=http://127.0.0.1:{peer}", f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
-               f"--initial-cluster=local=http://127.0.0.1:{peer}", "--log-level=warn"]
+               f"--initial-cluster=local=http://127.0.0.1:{peer}", "--log-level=warn", *tls.server_flags()]
         with open(log_path, "wb") as log:
             # Its own process group, so stopping it never signals the caller; SIGKILLed by the kernel
             # when the caller dies, however it dies, so the port never stays taken.
@@ -81,9 +186,9 @@ def start_etcd(data_dir: str | os.PathLike, *, timeout_s: float = 30.0, attempts
                                     start_new_session=True, preexec_fn=die_with_parent(signal.SIGKILL))
         try:
             deadline = time.monotonic() + timeout_s
-            while time.monotonic() < deadline and proc.poll() is None and not _healthy(endpoint):
+            while time.monotonic() < deadline and proc.poll() is None and not healthy(endpoint, tls):
                 time.sleep(0.1)
-            if proc.poll() is None and _healthy(endpoint):
+            if proc.poll() is None and healthy(endpoint, tls):
                 yield endpoint
                 return
             # Most likely a port taken between picking it and etcd binding it: try fresh ports.

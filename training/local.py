@@ -56,6 +56,7 @@ try:  # from this repository (make demo): the cluster's own command builder, as 
         LOCAL_TIMEOUTS,
         TRAIN_MODULE,
         AgentOptions,
+        RdzvTls,
         TrainerOptions,
         job_command,
     )
@@ -65,6 +66,7 @@ except ImportError:  # installed (eks-ddp[trainer]), next to a project whose `co
         LOCAL_TIMEOUTS,
         TRAIN_MODULE,
         AgentOptions,
+        RdzvTls,
         TrainerOptions,
         job_command,
     )
@@ -87,6 +89,12 @@ from .progress import Progress, exception_line, format_duration, root_cause
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 _REPO_PACKAGE = "training"
 
+
+def _client_tls(endpoint: str) -> RdzvTls | None:
+    """The agents' client files for the local etcd (training/etcd_local.py: TLS, client certificates required)."""
+    tls = getattr(endpoint, "tls", None)
+    return None if tls is None else RdzvTls(ca_cert=str(tls.ca_cert), cert=str(tls.client_cert),
+                                             key=str(tls.client_key))
 
 def installed_modules(command: list[str], package: str | None = __package__) -> list[str]:
     """The command with ``training.*`` modules named as this package is importable: ``training`` in the
@@ -197,7 +205,8 @@ class LocalJob:
             min_nodes=self.o.min_agents or self.o.agents, max_nodes=self.o.agents,
             nproc_per_node=self.o.nproc_per_node,
             rdzv_backend="etcd-v2" if self.o.rdzv == "etcd" else "c10d", rdzv_endpoint=endpoint,
-            rdzv_id=self.run_id, max_restarts=self.o.max_restarts, timeouts=LOCAL_TIMEOUTS, local_addr="127.0.0.1")
+            rdzv_id=self.run_id, max_restarts=self.o.max_restarts, timeouts=LOCAL_TIMEOUTS, local_addr="127.0.0.1",
+            tls=_client_tls(endpoint))
         trainer = TrainerOptions(
             data_dir=str(data_dir), run_dir=str(self.run_dir), epochs=self.o.epochs,
             global_batch_size=self.o.global_batch_size, bn_group=self.o.bn_group,

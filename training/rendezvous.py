@@ -1,18 +1,60 @@
-"""The ``eks-etcd`` rendezvous backend: torch's etcd-v2 rendezvous, made to survive its store restarting.
+"""The ``eks-etcd`` rendezvous backend: torch's etcd-v2 rendezvous as soft state that heals.
 
-torch's ``etcd-v2`` backend turns any failed etcd call into ``RendezvousConnectionError``, and the agent's
-monitor loop (``num_nodes_waiting()`` about once a second) does not catch it: a 1-3 s etcd restart makes
-every agent exit while its workers are healthy. This backend is the same state machine
-(``DynamicRendezvousHandler``) over the same etcd keys, with three changes:
+torch 2.14.1's ``DynamicRendezvousHandler`` keeps one pickled ``_RendezvousState`` per run under
+``/torch/elastic/rendezvous/<run-id>`` and changes it only by compare-and-set. Left alone it assumes the
+store never has a bad day: any failed call raises ``RendezvousConnectionError`` out of the agent's
+monitor loop (the agent exits although its workers need no store), and after an outage or an empty
+restart the agents drop out of the state for good (review K2). This backend is the same state machine
+over the same key, with these changes (``training/rdzv_store.py`` holds the etcd side: TLS, retries,
+idempotent adds):
 
-* every etcd call is retried with backoff on a fresh client for up to ``store_retry_timeout`` seconds
-  (rdzv-conf, default 60), so an etcd outage shorter than that only delays the agent;
-* ``shutdown()`` closes the rendezvous only once the launcher has seen the run finish
-  (:func:`allow_close`); torch closes it for good whenever an agent gives up, after which every
-  replacement pod fails with ``RendezvousClosedError``;
-* the first round of a run waits up to ``first_round_timeout`` seconds (rdzv-conf, default 300) for all
-  ``max_nodes`` agents, so a job does not start at world 1 and restart when the second node has pulled
-  its image; later rounds use the short ``last_call_timeout`` so a lost node costs seconds.
+**No agent exits because the store is away** (``store_retry_timeout``, default 600 s). Calls a round
+needs (``next_rendezvous``, the exit barrier, rank assignment) retry connection failures on a fresh
+client for that long. The two background callers never block: the keep-alive thread (torch already
+swallows its ``RendezvousError``) and ``num_nodes_waiting()``, which the agent's monitor loop calls about
+every second while the workers are healthy (``agent/server/api.py`` ``_invoke_run``). Here it answers 0
+("nobody waiting": keep training) while the store is unreachable, and only after ``store_retry_timeout``
+of continuous failure does it raise. A compare-and-set on a key that vanished is an answer, not an
+outage: it returns "not set" at once and the handler re-reads.
+
+**Every live agent is a participant again after any outage or wipe.** Two torch internals make agents
+leave for good: ``_BackendRendezvousStateHolder._sanitize`` deletes every node whose heartbeat is older
+than ``keep_alive_interval * keep_alive_max_attempt`` (4 s) from ``participants``/``last_heartbeats``,
+and ``_should_keep_alive`` stops a node's heartbeats once it is missing from ``last_heartbeats``. After an
+outage every heartbeat is old (none could be written), so the first agent back deleted them all,
+itself included. Two rules fix this:
+
+1. *No blame for an outage.* The state holder skips ``_sanitize`` while its own store calls failed
+   within the last expiry window plus one interval: heartbeats that could not be written prove nothing.
+   Every live agent's keep-alive lands within one interval once the store answers, so a store that
+   comes back with its data costs no restart at all. A node that really died meanwhile is dropped one
+   window later (and its peers' collectives have failed already: training/watchdog.py).
+2. *Absent means re-join.* ``num_nodes_waiting()`` returns 1 when this agent has completed a round and,
+   after a successful sync, is no longer in ``participants`` (the store came back empty, or dropped it
+   after a partial partition). The agent then restarts its workers (``_restart_workers``: a membership
+   change, not counted against ``--max-restarts``) and ``next_rendezvous`` joins the next round. The
+   long first-round wait (``first_round_timeout``, for image pulls) applies only to an agent that never
+   completed a round, so survivors re-form with the short ``last_call_timeout``.
+
+**Why no interleaving leaves two worlds training.** A world exists only while its round is the
+``complete`` round in the one state key; every change goes through compare-and-set on that key, so
+all agents see one sequence of rounds. Workers of an agent run only for the round it joined. Take any
+agent A whose workers run in round r while the key no longer lists A in round r (wiped, or A dropped):
+A's next monitor tick (``--monitor-interval`` 0.5 s + the 1 s sync cache) sees that and stops A's
+workers before A joins anything. A newcomer C that finds the key empty starts round 0 and waits
+``first_round_timeout`` (never completed a round) unless ``max_nodes`` join earlier; A re-joins within
+those ~2 s, so C's round completes with A, not without it. A newcomer that finds A's round complete
+puts itself on ``wait_list``, which A's ``num_nodes_waiting()`` reports, and A restarts into the next
+round with C (torch's own scale-up path). The one case left to torch is a node cut off from the store
+but not from its peers for longer than the expiry window: the others drop it (as torch does), and it
+rejoins the moment it reaches the store again.
+
+**The store is authenticated.** Agents unpickle the state (``pickle.loads`` in ``sync``), so whoever
+can write the key runs code in every agent: the client speaks HTTPS with a client certificate, and the
+server (components/etcd.py, training/etcd_local.py) requires one (``--client-cert-auth``).
+
+Also kept from before: ``shutdown()`` closes the rendezvous only once the launcher has seen the run
+finish (:func:`allow_close`); otherwise an agent that gave up would close it for every replacement pod.
 """
 
 from __future__ import annotations
@@ -20,133 +62,54 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, TypeVar
 
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     DynamicRendezvousHandler,
-    RendezvousBackend,
     RendezvousTimeout,
-    Token,
+    _BackendRendezvousStateHolder,
     create_handler,
 )
-from torch.distributed.elastic.rendezvous.etcd_store import EtcdStore
+
+from .rdzv_store import KEY_PREFIX, STORE_PREFIX, Retrier, RetryingEtcdBackend, RetryingEtcdStore
+
+__all__ = ["BACKEND", "KEY_PREFIX", "STORE_PREFIX", "ElasticHandler", "allow_close", "register"]
 
 BACKEND = "eks-etcd"
 """The name agents pass as ``--rdzv-backend``."""
-DEFAULT_STORE_RETRY_S = 60.0
+DEFAULT_STORE_RETRY_S = 600.0
+"""Seconds of continuous store failure an agent rides out before it gives up (rdzv-conf store_retry_timeout)."""
 DEFAULT_FIRST_ROUND_S = 300.0
-KEY_PREFIX = "/torch/elastic/rendezvous"
-STORE_PREFIX = "/torch/elastic/store"
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 
-def _is_connection_error(exc: BaseException) -> bool:
-    import etcd
-    import urllib3.exceptions
+class _HealingStateHolder(_BackendRendezvousStateHolder):
+    """torch's state holder that does not drop nodes for heartbeats the store could not take."""
 
-    return isinstance(exc, (RendezvousConnectionError, etcd.EtcdConnectionFailed, urllib3.exceptions.HTTPError,
-                            ConnectionError, TimeoutError))
+    retry: Retrier
 
-
-class _Retrier:
-    """Calls ``fn(client)`` until it succeeds, building a fresh etcd client after each connection error.
-
-    python-etcd drops a server from its cache on a failed request and, with one member, then has none
-    left: the old client never recovers, so each retry starts from a new one.
-    """
-
-    def __init__(self, params: RendezvousParameters, timeout_s: float) -> None:
-        self.params, self.timeout_s = params, timeout_s
-        self._client = None
-
-    def client(self):
-        from torch.distributed.elastic.rendezvous.etcd_rendezvous_backend import _create_etcd_client
-
-        if self._client is None:
-            self._client = _create_etcd_client(self.params)
-        return self._client
-
-    def __call__(self, what: str, fn: Callable[[Any], T]) -> T:
-        deadline = time.monotonic() + self.timeout_s
-        delay, attempt = 0.1, 0
-        while True:
-            try:
-                return fn(self.client())
-            except Exception as e:
-                if not _is_connection_error(e) or time.monotonic() + delay > deadline:
-                    raise
-                attempt += 1
-                if attempt == 1 or attempt % 10 == 0:
-                    log.warning("etcd %s failed (%s: %s); retrying for up to %.0f s", what, type(e).__name__, e,
-                                max(0.0, deadline - time.monotonic()))
-                self._client = None
-                time.sleep(delay)
-                delay = min(delay * 2, 1.0)
-
-
-class RetryingEtcdBackend(RendezvousBackend):
-    """torch's EtcdRendezvousBackend (same keys and TTL), each call retried through :class:`_Retrier`."""
-
-    def __init__(self, retry: _Retrier, run_id: str) -> None:
-        from torch.distributed.elastic.rendezvous.etcd_rendezvous_backend import EtcdRendezvousBackend
-
-        self._retry, self._run_id = retry, run_id
-        self._make = lambda client: EtcdRendezvousBackend(client, run_id, key_prefix=KEY_PREFIX)
-
-    @property
-    def name(self) -> str:
-        return BACKEND
-
-    def get_state(self) -> tuple[bytes, Token] | None:
-        return self._retry("get_state", lambda c: self._make(c).get_state())
-
-    def set_state(self, state: bytes, token: Token | None = None) -> tuple[bytes, Token, bool] | None:
-        # A compare-and-set whose reply was lost is retried with the same token: it then fails the
-        # comparison and returns the current state, which the handler re-reads; no update is applied twice.
-        return self._retry("set_state", lambda c: self._make(c).set_state(state, token))
-
-
-class RetryingEtcdStore(EtcdStore):
-    """The agents' key-value store (rank assignment, exit barrier) with the same retries."""
-
-    def __init__(self, retry: _Retrier) -> None:
-        super().__init__(retry.client(), STORE_PREFIX)
-        self._retry = retry
-
-    def _call(self, name: str, *args: Any) -> Any:
-        def call(client):
-            self.client = client
-            return getattr(EtcdStore, name)(self, *args)
-        return self._retry(f"store.{name}", call)
-
-    def set(self, key, value):
-        return self._call("set", key, value)
-
-    def get(self, key) -> bytes:
-        return self._call("get", key)
-
-    def add(self, key, num: int) -> int:
-        return self._call("add", key, num)
-
-    def wait(self, keys, override_timeout=None):
-        return self._call("wait", keys, override_timeout)
-
-    def check(self, keys) -> bool:
-        return self._call("check", keys)
+    def _sanitize(self) -> None:
+        s = self._settings
+        grace = (s.keep_alive_interval * (s.keep_alive_max_attempt + 1)).total_seconds()
+        if time.monotonic() - self.retry.last_failure < grace:
+            self._dead_nodes = []
+            return
+        super()._sanitize()
 
 
 class ElasticHandler(DynamicRendezvousHandler):
-    """DynamicRendezvousHandler that keeps the rendezvous open after a failure and waits longer in round 0."""
+    """DynamicRendezvousHandler that heals after store loss, rides out outages and keeps the run open."""
 
     close_allowed = False
     first_round_s = DEFAULT_FIRST_ROUND_S
+    retry: Retrier
+    joined = False
+    """True once this agent completed a round: it is a survivor, never a first-round newcomer."""
+    _last_outage_log = 0.0
 
     def next_rendezvous(self):
         with self._heartbeat_lock:
@@ -154,14 +117,41 @@ class ElasticHandler(DynamicRendezvousHandler):
             state = self._state_holder.state
         executor = self._op_executor
         short = executor._settings
-        if state.round == 0 and not state.complete and not state.closed:
+        if not self.joined and state.round == 0 and not state.complete and not state.closed:
             t = short.timeout
             long = RendezvousTimeout(t.join, timedelta(seconds=self.first_round_s), t.close, t.heartbeat)
             executor._settings = dataclasses.replace(short, timeout=long)
         try:
-            return super().next_rendezvous()
+            info = super().next_rendezvous()
         finally:
             executor._settings = short
+        self.joined = True
+        return info
+
+    def num_nodes_waiting(self) -> int:
+        try:
+            with self._heartbeat_lock, self.retry.impatient():
+                self._state_holder.sync()
+                state = self._state_holder.state
+        except RendezvousConnectionError as e:
+            outage = self.retry.outage_s()
+            if outage > self.retry.timeout_s:
+                log.error("the rendezvous store has not answered for %.0f s (store_retry_timeout=%.0f)",
+                          outage, self.retry.timeout_s)
+                raise
+            if time.monotonic() - self._last_outage_log > 30:
+                self._last_outage_log = time.monotonic()
+                log.warning("rendezvous store unreachable for %.0f s (%s); workers keep training", outage, e)
+            return 0
+        if self.joined and not state.closed and self._this_node not in state.participants:
+            log.warning("this node is no longer a participant of the rendezvous (the store restarted empty, or "
+                        "dropped it while unreachable): restarting its workers into a round with every live node")
+            return 1
+        return len(state.wait_list)
+
+    def _keep_alive(self) -> None:
+        with self.retry.impatient():
+            super()._keep_alive()
 
     def shutdown(self) -> bool:
         if not ElasticHandler.close_allowed:
@@ -177,12 +167,16 @@ def allow_close() -> None:
 
 
 def _create(params: RendezvousParameters) -> ElasticHandler:
-    retry = _Retrier(params, float(params.config.pop("store_retry_timeout", DEFAULT_STORE_RETRY_S)))
+    retry = Retrier(params, float(params.config.pop("store_retry_timeout", DEFAULT_STORE_RETRY_S)))
     first_round_s = float(params.config.pop("first_round_timeout", DEFAULT_FIRST_ROUND_S))
-    backend = RetryingEtcdBackend(retry, params.run_id)
+    backend = RetryingEtcdBackend(retry, params.run_id, BACKEND)
     store = RetryingEtcdStore(retry)
     handler = create_handler(store, backend, params)
-    handler.__class__ = ElasticHandler  # same object layout; only the overridden methods differ
+    # Same object layouts; only the overridden methods differ.
+    handler.__class__ = ElasticHandler
+    handler._state_holder.__class__ = _HealingStateHolder
+    handler._state_holder.retry = retry
+    handler.retry = retry
     handler.first_round_s = first_round_s
     return handler
 

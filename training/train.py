@@ -7,7 +7,7 @@ that survives etcd restarting)::
     TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 PYTORCH_NVML_BASED_CUDA_CHECK=1 EKS_DDP_PEER_DEADLINE_S=5 PYTHONUNBUFFERED=1 \\
     python -m training.launch --nnodes=1:2 --nproc-per-node=1 \\
         --rdzv-backend=eks-etcd --rdzv-endpoint=ETCD_HOST:2379 --rdzv-id=RUN_ID \\
-        --rdzv-conf=join_timeout=900,last_call_timeout=1,first_round_timeout=300,close_timeout=30,keep_alive_interval=1,keep_alive_max_attempt=4,store_retry_timeout=60,read_timeout=5 \\
+        --rdzv-conf=join_timeout=900,last_call_timeout=1,first_round_timeout=300,close_timeout=30,keep_alive_interval=1,keep_alive_max_attempt=4,store_retry_timeout=600,read_timeout=5,protocol=https,ca_cert=/etc/eks-ddp/rdzv-tls/ca.crt,ssl_cert=/etc/eks-ddp/rdzv-tls/tls.crt,ssl_cert_key=/etc/eks-ddp/rdzv-tls/tls.key \\
         --max-restarts=20 --monitor-interval=0.5 --local-addr=POD_IP \\
         -m training.train --data-dir=/shared/data --run-dir=/shared/runs/RUN_ID --epochs=10 \\
         --global-batch-size=1024 --model=airnet --keep-checkpoints=3 --seed=0
