@@ -14,8 +14,11 @@ The function other scripts call (bench/gpu_check.py)::
 ``batch`` images per step (1,024 is the trainer's default global batch); ``steps`` timed steps per block.
 The step is the trainer's model step: channels_last input, autocast forward, summed label-smoothed
 cross-entropy, backward, SGD Nesterov (no GradScaler, no data pipeline: the same for both nets). It
-returns ``{"device", "dtype", "compiled", "batch", "steps", "airnet": {"img_s", "step_ms"},
+returns ``{"device", "dtype", "compiled", "batch", "steps", "clock", "airnet": {"img_s", "step_ms"},
 "airbench94": {...}, "ratio": airnet img/s / airbench94 img/s}`` (ratio >= 0.9 is the goal on a GPU).
+On a GPU the clock is wall time around synchronised blocks; on a CPU it is this thread's CPU time with
+torch on one thread (other processes on a shared machine take wall time from both nets, not CPU time),
+so CPU images/s are per core.
 
 The script also writes, in one run on CIFAR-sized synthetic data (3x32x32, 10 classes):
 
@@ -100,6 +103,19 @@ def compare(device: torch.device | str, dtype: str, compiled: bool, batch: int =
     if dtype not in DTYPES:
         raise ValueError(f"dtype: got {dtype!r}; expected one of {', '.join(DTYPES)}")
     torch.manual_seed(0)
+    threads = torch.get_num_threads()
+    cpu = dev.type != "cuda"
+    clock = time.thread_time if cpu else time.perf_counter
+    if cpu:
+        torch.set_num_threads(1)
+    try:
+        return _compare(dev, dtype, compiled, batch, steps, rounds, warmup, clock)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _compare(dev: torch.device, dtype: str, compiled: bool, batch: int, steps: int, rounds: int, warmup: int,
+             clock) -> dict:
     nets = {"airnet": build_model("airnet"), "airbench94": Airbench94Net()}
     steps_of = {name: _step(m, batch, dev, DTYPES[dtype], compiled) for name, m in nets.items()}
     for step in steps_of.values():  # compile (when asked), allocator, cuDNN autotuning
@@ -110,15 +126,16 @@ def compare(device: torch.device | str, dtype: str, compiled: bool, batch: int =
     for _ in range(rounds):
         for name, step in steps_of.items():
             _sync(dev)
-            t = time.perf_counter()
+            t = clock()
             for _ in range(steps):
                 step()
             _sync(dev)
-            per_step[name].append((time.perf_counter() - t) / steps)
+            per_step[name].append((clock() - t) / steps)
     out: dict = {"device": str(dev), "dtype": dtype if dev.type == "cuda" else "fp32", "compiled": compiled,
-                 "batch": batch, "steps": steps, "rounds": rounds}
+                 "batch": batch, "steps": steps, "rounds": rounds,
+                 "clock": "wall, synchronised" if dev.type == "cuda" else "thread CPU time, 1 thread"}
     for name, ts in per_step.items():
-        s = statistics.median(ts)
+        s = statistics.median(ts) if dev.type == "cuda" else min(ts)
         out[name] = {"img_s": round(batch / s, 1), "step_ms": round(1000 * s, 3),
                      "seconds_per_10_epochs": round(10 * EPOCH_IMAGES * s / batch, 2)}
     out["ratio"] = round(out["airnet"]["img_s"] / out["airbench94"]["img_s"], 3)

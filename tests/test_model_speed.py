@@ -209,6 +209,25 @@ def test_compile_cache_dir_defaults_to_the_run_dir_and_keeps_a_given_one(tmp_pat
     assert wrap.compile_cache_dir(tmp_path / "run") == str(tmp_path / "node-cache")
 
 
+def test_a_compiled_worker_keeps_inductor_cache_in_the_run_dir_by_default(tmp_path):
+    """A real trainer process with --compile and no TORCHINDUCTOR_CACHE_DIR: after its side-thread import of
+    torch._dynamo (which sets the variable to /tmp/torchinductor_<user> when unset) and the compile, the cache
+    directory is <run-dir>/compile-cache. torch.compile is replaced by the identity to keep this cheap; the
+    long test below compiles for real."""
+    data = tmp_path / "data"
+    write_synthetic_cifar(data, n_train=40, n_test=8, seed=0)
+    run = tmp_path / "run"
+    script = ("import os, sys, torch; torch.compile = lambda m, **kw: m; from training import train; "
+              "rc = train.main(sys.argv[1:]); import torch._dynamo; "
+              "print('CACHE_DIR=' + os.environ.get('TORCHINDUCTOR_CACHE_DIR', '')); raise SystemExit(rc)")
+    env = trainer_env()
+    env.pop(wrap.CACHE_ENV, None)
+    p = subprocess.run([sys.executable, "-c", script, *_compile_flags(data, run, "--max-steps=2")], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=300, start_new_session=True)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    assert f"CACHE_DIR={(run / 'compile-cache').resolve()}" in p.stdout.splitlines()
+
+
 @pytest.fixture
 def tiny_data(tmp_path):
     d = tmp_path / "data"
@@ -266,7 +285,8 @@ def test_a_restarted_compiled_worker_reuses_the_cache_of_the_run(tiny_data, tmp_
     as in a restart) resumes the run and loads the compiled graph from <run-dir>/compile-cache instead of
     generating it. Real processes, the cache dir left to the trainer's default."""
     run = tmp_path / "run"
-    env = trainer_env({wrap.CACHE_ENV: ""})
+    env = trainer_env()
+    env.pop(wrap.CACHE_ENV, None)  # the trainer's default
     script = ("import json, sys; from torch._dynamo.utils import counters; from training import train; "
               "rc = train.main(sys.argv[1:]); "
               "print('COUNTERS ' + json.dumps({k: dict(v) for k, v in counters.items()})); raise SystemExit(rc)")

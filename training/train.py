@@ -76,7 +76,7 @@ from .model import (
 )
 from .recipe import LR_END, LR_PEAK, LR_START, RECIPES, build_optimizer, lr_factor
 from .results import upload_from_env
-from .wrap import compiled_step, full_share, wrap_ddp
+from .wrap import compile_cache_dir, compiled_step, full_share, wrap_ddp
 
 HISTORY_FILE = "history.jsonl"
 CALIBRATION_IMAGES = 4096
@@ -450,6 +450,8 @@ def _model_bytes(model: nn.Module, args: argparse.Namespace, data: Cifar, plan: 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.compile:
+        compile_cache_dir(args.run_dir)  # before torch._dynamo's import, which sets the variable to /tmp/...
     # DDP's constructor imports torch._dynamo (~1 s of CPU). Importing it on a side thread overlaps that
     # with the rendezvous wait and data loading, which shortens every restart.
     threading.Thread(target=importlib.import_module, args=("torch._dynamo",), daemon=True).start()

@@ -66,7 +66,8 @@ def full_share(plan: Batching, world: int, rank: int) -> int:
 
 def compile_cache_dir(run_dir: str | os.PathLike) -> str:
     """Point Inductor's on-disk cache at ``<run-dir>/compile-cache`` unless ``TORCHINDUCTOR_CACHE_DIR`` is set;
-    returns the directory used."""
+    returns the directory used. Call it before ``torch._dynamo`` is imported: that import sets the variable
+    to torch's default (``/tmp/torchinductor_<user>``) when it is unset."""
     if not os.environ.get(CACHE_ENV):
         os.environ[CACHE_ENV] = str(Path(run_dir).resolve() / COMPILE_CACHE_DIR)
     return os.environ[CACHE_ENV]
