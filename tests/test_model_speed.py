@@ -287,8 +287,9 @@ def test_a_restarted_compiled_worker_reuses_the_cache_of_the_run(tiny_data, tmp_
     run = tmp_path / "run"
     env = trainer_env()
     env.pop(wrap.CACHE_ENV, None)  # the trainer's default
-    script = ("import json, sys; from torch._dynamo.utils import counters; from training import train; "
-              "rc = train.main(sys.argv[1:]); "
+    # torch._dynamo is imported only after main() has set the cache directory, as in a worker.
+    script = ("import json, sys; from training import train; rc = train.main(sys.argv[1:]); "
+              "from torch._dynamo.utils import counters; "
               "print('COUNTERS ' + json.dumps({k: dict(v) for k, v in counters.items()})); raise SystemExit(rc)")
     out = []
     for extra in (["--max-steps=3"], []):
