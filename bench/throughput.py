@@ -1,18 +1,33 @@
 """Training speed of the default model (airnet) side by side with airbench94's own network, and FLOPs per image.
 
-    .venv/bin/python bench/throughput.py [--batch 256] [--steps 6] [--out bench/throughput.json]
+    .venv/bin/python bench/throughput.py [--batch 256] [--steps 6] [--compiled] [--dtype fp32 ...] [--out FILE]
 
-In one run, on CIFAR-sized synthetic data (3x32x32, 10 classes):
+The function other scripts call (bench/gpu_check.py)::
 
-* FLOPs per image (forward, torch.utils.flop_counter.FlopCounterMode) of every trainer model and of
-  airbench94's network (bench/airbench94_net.py);
-* a bare training step (forward, backward, SGD Nesterov; channels_last; bf16 autocast on a GPU,
-  fp32 on a CPU) of airnet and of airbench94's network with the same batch, alternating the two so
-  that load changes on a shared machine hit both: images/s and seconds per 10 epochs of 50,000 images;
+    from throughput import compare          # with bench/ on sys.path, or: from bench.throughput import compare
+    compare(device, dtype, compiled, batch, steps) -> dict
+
+``compare`` times one training step of each network in the same process, alternating the two (blocks of
+``steps`` steps, ``rounds`` times) so that load changes and GPU clock changes hit both alike:
+``device`` a torch.device or "cuda"/"cpu"; ``dtype`` "fp16", "bf16" or "fp32" (autocast; fp32 on a CPU);
+``compiled`` torch.compile both (default mode, static shapes; the compile is in the warm-up, not timed);
+``batch`` images per step (1,024 is the trainer's default global batch); ``steps`` timed steps per block.
+The step is the trainer's model step: channels_last input, autocast forward, summed label-smoothed
+cross-entropy, backward, SGD Nesterov (no GradScaler, no data pipeline: the same for both nets). It
+returns ``{"device", "dtype", "compiled", "batch", "steps", "clock", "airnet": {"img_s", "step_ms"},
+"airbench94": {...}, "ratio": airnet img/s / airbench94 img/s}`` (ratio >= 0.9 is the goal on a GPU).
+On a GPU the clock is wall time around synchronised blocks; on a CPU it is this thread's CPU time with
+torch on one thread (other processes on a shared machine take wall time from both nets, not CPU time),
+so CPU images/s are per core.
+
+The script also writes, in one run on CIFAR-sized synthetic data (3x32x32, 10 classes):
+
+* FLOPs per image (torch.utils.flop_counter.FlopCounterMode; forward, and forward+backward of a training
+  step) of every trainer model and of airbench94's network (bench/airbench94_net.py);
+* ``compare`` for every ``--dtype`` asked (eager, and compiled with ``--compiled``): images/s and seconds
+  per 10 epochs of 50,000 images;
 * the real trainer (``python -m training.train``, default model, one process): images/s from its log,
-  which adds augmentation, BatchNorm groups, the divergence checks and logging to the bare step.
-
-The first ``--warmup`` steps (allocator, one-time set-up) are left out of every figure.
+  which adds augmentation, the divergence checks, snapshots and logging to the bare step.
 """
 
 from __future__ import annotations
@@ -29,59 +44,101 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from airbench94_net import Airbench94Net
-from common import machine, run_trainer, synthetic
-from torch.utils.flop_counter import FlopCounterMode
 
-from training.model import MODELS, build_model
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from airbench94_net import Airbench94Net  # noqa: E402
+from common import machine, run_trainer, synthetic  # noqa: E402
+from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
+
+from training.model import MODELS, build_model  # noqa: E402
 
 EPOCH_IMAGES = 50_000
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": None}
 
 
 def flops_per_image(model: torch.nn.Module) -> float:
+    """Forward FLOPs of one image (evaluation mode)."""
     model.eval()
     with FlopCounterMode(display=False) as fc, torch.no_grad():
         model(torch.randn(1, 3, 32, 32))
     return fc.get_total_flops()
 
 
-def step_timer(model: torch.nn.Module, batch: int, dev: torch.device):
+def fwd_bwd_flops_per_image(model: torch.nn.Module, batch: int = 2) -> float:
+    """Forward + backward FLOPs per image of a training step (training mode; BatchNorm needs a batch > 1)."""
+    model.train()
+    with FlopCounterMode(display=False) as fc:
+        F.cross_entropy(model(torch.randn(batch, 3, 32, 32)), torch.zeros(batch, dtype=torch.long)).backward()
+    model.zero_grad(set_to_none=True)
+    return fc.get_total_flops() / batch
+
+
+def _step(model: torch.nn.Module, batch: int, dev: torch.device, dtype: torch.dtype | None, compiled: bool):
     model.to(dev, memory_format=torch.channels_last).train()
-    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1e-3, momentum=0.85, nesterov=True)
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1e-4, momentum=0.85, nesterov=True)
+    fwd = torch.compile(model, dynamic=False) if compiled else model
     x = torch.randn(batch, 3, 32, 32, device=dev).contiguous(memory_format=torch.channels_last)
     y = torch.randint(0, 10, (batch,), device=dev)
-    amp = torch.autocast("cuda", dtype=torch.bfloat16) if dev.type == "cuda" else torch.autocast("cpu", enabled=False)
+    use_amp = dtype is not None and dev.type == "cuda"
 
-    def step() -> float:
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-        t = time.perf_counter()
-        with amp:
-            loss = F.cross_entropy(model(x).float(), y, label_smoothing=0.2, reduction="sum")
+    def step() -> None:
+        with torch.autocast(dev.type, dtype=dtype or torch.float32, enabled=use_amp):
+            loss = F.cross_entropy(fwd(x).float(), y, label_smoothing=0.2, reduction="sum")
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-        return time.perf_counter() - t
 
     return step
 
 
-def side_by_side(batch: int, steps: int, warmup: int, dev: torch.device) -> dict:
-    nets = {"airnet (default)": build_model("airnet", bn_group=32), "airbench94 net": Airbench94Net()}
-    timers = {name: step_timer(m, batch, dev) for name, m in nets.items()}
-    times: dict[str, list[float]] = {name: [] for name in nets}
-    for i in range(warmup + steps):
-        for name, step in timers.items():  # alternate, so load changes hit both
-            t = step()
-            if i >= warmup:
-                times[name].append(t)
-    out = {}
-    for name, ts in times.items():
-        img_s = batch / statistics.median(ts)
-        out[name] = {"img_s": round(img_s, 1), "seconds_per_10_epochs": round(10 * EPOCH_IMAGES / img_s, 1),
-                     "step_s_median": round(statistics.median(ts), 4), "steps_timed": len(ts)}
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def compare(device: torch.device | str, dtype: str, compiled: bool, batch: int = 1024, steps: int = 20, *,
+            rounds: int = 5, warmup: int = 3) -> dict:
+    """Images/s of airnet and of airbench94's network, same step, same process, interleaved (see the module doc)."""
+    dev = torch.device(device)
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype: got {dtype!r}; expected one of {', '.join(DTYPES)}")
+    torch.manual_seed(0)
+    threads = torch.get_num_threads()
+    cpu = dev.type != "cuda"
+    clock = time.thread_time if cpu else time.perf_counter
+    if cpu:
+        torch.set_num_threads(1)
+    try:
+        return _compare(dev, dtype, compiled, batch, steps, rounds, warmup, clock)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _compare(dev: torch.device, dtype: str, compiled: bool, batch: int, steps: int, rounds: int, warmup: int,
+             clock) -> dict:
+    nets = {"airnet": build_model("airnet"), "airbench94": Airbench94Net()}
+    steps_of = {name: _step(m, batch, dev, DTYPES[dtype], compiled) for name, m in nets.items()}
+    for step in steps_of.values():  # compile (when asked), allocator, cuDNN autotuning
+        for _ in range(warmup):
+            step()
+    _sync(dev)
+    per_step: dict[str, list[float]] = {name: [] for name in nets}
+    for _ in range(rounds):
+        for name, step in steps_of.items():
+            _sync(dev)
+            t = clock()
+            for _ in range(steps):
+                step()
+            _sync(dev)
+            per_step[name].append((clock() - t) / steps)
+    out: dict = {"device": str(dev), "dtype": dtype if dev.type == "cuda" else "fp32", "compiled": compiled,
+                 "batch": batch, "steps": steps, "rounds": rounds,
+                 "clock": "wall, synchronised" if dev.type == "cuda" else "thread CPU time, 1 thread"}
+    for name, ts in per_step.items():
+        s = statistics.median(ts) if dev.type == "cuda" else min(ts)
+        out[name] = {"img_s": round(batch / s, 1), "step_ms": round(1000 * s, 3),
+                     "seconds_per_10_epochs": round(10 * EPOCH_IMAGES * s / batch, 2)}
+    out["ratio"] = round(out["airnet"]["img_s"] / out["airbench94"]["img_s"], 3)
     return out
 
 
@@ -99,9 +156,12 @@ def trainer_img_s(tmp: Path, threads: int, batch: int, steps: int) -> dict:
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--batch", type=int, default=256)
-    p.add_argument("--steps", type=int, default=6)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--trainer-steps", type=int, default=8)
+    p.add_argument("--steps", type=int, default=2, help="timed steps per block")
+    p.add_argument("--rounds", type=int, default=4, help="interleaved blocks per net")
+    p.add_argument("--dtype", nargs="+", default=None, choices=list(DTYPES),
+                   help="default: fp16 and bf16 on a GPU, fp32 on a CPU")
+    p.add_argument("--compiled", action="store_true", help="also compare both nets compiled")
+    p.add_argument("--trainer-steps", type=int, default=8, help="0: skip the real trainer")
     p.add_argument("--out", default=str(Path(__file__).with_name("throughput.json")))
     a = p.parse_args()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -111,14 +171,24 @@ def main() -> int:
     flops["airbench94 net"] = flops_per_image(Airbench94Net())
     res["gflops_per_image_forward"] = {k: round(v / 1e9, 4) for k, v in flops.items()}
     res["airnet_flops_vs_airbench94"] = round(flops["airnet"] / flops["airbench94 net"], 3)
+    fb = {"airnet": fwd_bwd_flops_per_image(build_model("airnet")), "airbench94 net": fwd_bwd_flops_per_image(
+        Airbench94Net())}
+    res["gflops_per_image_train_step"] = {k: round(v / 1e9, 4) for k, v in fb.items()}
     print(json.dumps(res, indent=2), flush=True)
-    res["bare_step"] = side_by_side(a.batch, a.steps, a.warmup, dev)
-    print(json.dumps(res["bare_step"], indent=2), flush=True)
-    tmp = Path(tempfile.mkdtemp(prefix="bench-tp-"))
-    try:
-        res["trainer_default_model_1proc"] = trainer_img_s(tmp, os.cpu_count() or 1, a.batch, a.trainer_steps)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    dtypes = a.dtype or (["fp16", "bf16"] if dev.type == "cuda" else ["fp32"])
+    res["compare"] = []
+    for compiled in ([False, True] if a.compiled else [False]):
+        for dtype in dtypes:
+            r = compare(dev, dtype, compiled, a.batch, a.steps, rounds=a.rounds)
+            r["load_avg_1m"] = round(os.getloadavg()[0], 2)
+            print(json.dumps(r), flush=True)
+            res["compare"].append(r)
+    if a.trainer_steps:
+        tmp = Path(tempfile.mkdtemp(prefix="bench-tp-"))
+        try:
+            res["trainer_default_model_1proc"] = trainer_img_s(tmp, os.cpu_count() or 1, a.batch, a.trainer_steps)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     res["load_avg_1m_at_end"] = round(os.getloadavg()[0], 2)
     if dev.type != "cuda":
         res["gpu"] = "not measured: no GPU available"

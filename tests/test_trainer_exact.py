@@ -140,11 +140,4 @@ def test_corrupt_data_batch_exits_with_bad_input_naming_it(data_dir, tmp_path, c
     assert "data_batch_3" in capsys.readouterr().err
 
 
-@pytest.mark.slow
-def test_compile_builds_one_graph_per_batch_shape_not_per_epoch(data_dir, tmp_path):
-    """--compile: a full step and an epoch's short last step are the only shapes; later epochs reuse both."""
-    from torch._dynamo.utils import counters
-
-    before = counters["stats"]["unique_graphs"]
-    assert train.main(_flags(data_dir, tmp_path / "run", "--compile")) == 0
-    assert counters["stats"]["unique_graphs"] - before == 2  # 3 epochs of 6 full steps and 1 short one
+# --compile (one graph, the short last step eager, the cache): tests/test_model_speed.py

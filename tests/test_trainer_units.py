@@ -269,46 +269,13 @@ def test_cli_contract_flags_parse():
         parse_args(["--data-dir=d", "--run-dir=r", "--checkpoint-every=0"])
 
 
-# ---------------------------------------------------------------- BatchNorm groups and calibration
-
-def test_ghost_batchnorm_normalises_each_group_on_its_own():
-    from training.model import GhostBatchNorm
-
-    torch.manual_seed(0)
-    gbn, bn = GhostBatchNorm(8, 16), torch.nn.BatchNorm2d(8)
-    x = torch.randn(48, 8, 4, 4) * 3 + 1
-    out = gbn(x)
-    for i in range(3):  # three groups of 16: each is plain BatchNorm over its own 16 samples
-        torch.testing.assert_close(out[16 * i:16 * (i + 1)], bn(x[16 * i:16 * (i + 1)]), atol=1e-5, rtol=1e-5)
-    # A sample's output depends only on its group, however the batch is cut between processes.
-    torch.testing.assert_close(torch.cat([gbn(x[:32]), gbn(x[32:])]), out)
-    # The epoch's last group takes the remainder: 16 + 5 samples normalised together.
-    y = torch.randn(37, 8, 4, 4)
-    torch.testing.assert_close(gbn(y)[16:], bn(y[16:]), atol=1e-5, rtol=1e-5)
-
-
-def test_calibrated_statistics_are_the_training_group_statistics():
-    """Evaluation uses statistics computed from training images after training, never stale running averages."""
-    from training.model import GhostBatchNorm, calibrate_bn
-
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), GhostBatchNorm(4, 8))
-    images = torch.randn(64, 3, 8, 8) * 2 + 0.5
-    calibrate_bn(model, images, batch=32)
-    feats = model[0](images).detach().reshape(8, 8, 4, 6, 6)
-    var, mean = torch.var_mean(feats, dim=(1, 3, 4), correction=0)
-    torch.testing.assert_close(model[1].running_mean, mean.mean(0), atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(model[1].running_var, (var * 288 / 287).mean(0), atol=1e-5, rtol=1e-5)
-    model.eval()
-    out = model(images).detach()
-    assert abs(float(out.mean())) < 0.05 and abs(float(out.std()) - 1) < 0.05
-
+# ---------------------------------------------------------------- BatchNorm: tests/test_model_speed.py
 
 def test_whitening_layer_whitens_patches():
     from training.model import AirNet
 
     torch.manual_seed(0)
-    net = AirNet(10, 8, 8)
+    net = AirNet(10, 8)
     images = torch.randn(256, 3, 16, 16) @ torch.randn(16, 16) * 0.3 + 0.2  # correlated pixels
     net.init_whitening(images)
     out = torch.nn.functional.conv2d(images, net.whiten.weight)[:, :12]  # the 12 eigen-directions
@@ -327,7 +294,7 @@ def test_learning_rate_follows_the_global_batch_only():
     base = torch_lr(11.5, 0.85, 1024)
     assert torch_lr(11.5, 0.85, 256) == pytest.approx(base)  # per example: the summed loss scales the step
     assert torch_lr(11.5, 0.85, 4096) == pytest.approx(base / 2)
-    m = build_model("airnet", 10, 8, 8)
+    m = build_model("airnet", 10, 8)
     opt = build_optimizer(m, RECIPES["airnet"], 11.5, 256)
     groups = {g["name"]: g for g in opt.param_groups}
     assert groups["bn_bias"]["base_lr"] == pytest.approx(64 * groups["rest"]["base_lr"])

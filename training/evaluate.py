@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         return exitcodes.BAD_INPUT
     saved = torch.load(model_path, map_location=device, weights_only=True)
     cfg = saved["config"]
-    model = build_model(cfg["model"], cfg["num_classes"], cfg.get("width"), cfg.get("bn_group", 32))
+    model = build_model(cfg["model"], cfg["num_classes"], cfg.get("width"))
     model.load_state_dict(saved["model"])
     model.to(device, memory_format=torch.channels_last)
     metrics = evaluate_model(model, data.test, data.classes, precision=precision_for(device),

@@ -2,8 +2,10 @@
 
 Every ``every`` steps once ``start`` of training has passed (airbench: epoch 3 of 9.9), the average moves toward the weights and the weights
 are set to the average; the average's decay rises over training (``decay_base**every * progress**power``),
-so training moves fast early and averages strongly at the end. At each epoch's end the weights are
-set to the average. Every rank holds the same replicas and does the same arithmetic, so the result
+so training moves fast early and averages strongly at the end. After the last step of training the
+weights are set to the average (airbench's final ``decay=1`` update). ``reset_each_epoch`` also does that
+at every epoch's end, which the trainer did before 2026-11-24 (it discards most of an epoch's last
+steps' updates, 11 of 490 at the defaults; review F8); off by default, as in airbench. Every rank holds the same replicas and does the same arithmetic, so the result
 does not depend on the world size; the average is part of the checkpoint.
 """
 
@@ -21,6 +23,8 @@ class LookaheadConfig:
     every: int = 5
     decay_base: float = 0.95
     power: float = 3.0
+    reset_each_epoch: bool = False
+    """Set the weights to the average at every epoch's end too (not airbench's)."""
 
 
 class Lookahead:
@@ -32,17 +36,17 @@ class Lookahead:
     @torch.no_grad()
     def after_step(self, step: int, total_steps: int) -> None:
         """Call after the optimizer step that made the step count ``step``."""
-        if step < self.cfg.start * total_steps or step % self.cfg.every:
-            return
-        if self.average is None:
-            self.average = [p.detach().clone() for p in self.params]
-            return
-        decay = self.cfg.decay_base ** self.cfg.every * (step / total_steps) ** self.cfg.power
-        self._pull(decay)
+        if step >= self.cfg.start * total_steps and not step % self.cfg.every:
+            if self.average is None:
+                self.average = [p.detach().clone() for p in self.params]
+            else:
+                self._pull(self.cfg.decay_base ** self.cfg.every * (step / total_steps) ** self.cfg.power)
+        if step == total_steps and self.average is not None:
+            self._pull(1.0)  # the end of training: the weights are the average
 
     @torch.no_grad()
     def end_of_epoch(self) -> None:
-        if self.average is not None:
+        if self.cfg.reset_each_epoch and self.average is not None:
             self._pull(1.0)
 
     def _pull(self, decay: float) -> None:

@@ -9,10 +9,12 @@ are scaled by 1/9. ``--width`` is its base width w (64 by default; tests use a t
 ``resnet-small`` is the ResNet-9 of Myrtle.ai's DAWNBench entry, ``resnet18`` torchvision's
 ResNet-18 with a 32x32 stem, ``workshop-cnn`` the PyTorch CIFAR tutorial's net (the baseline).
 
-Every BatchNorm layer is a :class:`GhostBatchNorm`: training-mode statistics are taken over fixed
-groups of ``bn_group`` consecutive samples, so what a sample's forward pass computes does not
-depend on how many processes share the global batch (Hoffer et al. 2017, "Train longer,
-generalize better"; Goyal et al. 2017 keep the BN batch per worker fixed for the same reason).
+Every BatchNorm layer is a :class:`StepBatchNorm`: in training its statistics are those of the whole
+optimizer step (the global batch), as in airbench94, at any world size. One process computes them
+with one fused ``F.batch_norm`` (cuDNN on a GPU); when several processes share the step
+(:func:`sync_batchnorm` on), each all-reduces its per-channel count, sum and sum of squares (float64)
+once per layer, forward and backward, so a sample's forward pass does not depend on how many
+processes share the step (an elastic resize keeps the optimisation) beyond float summation order.
 Running statistics are not tracked during training; :func:`calibrate_bn` computes them from
 training images right before evaluation ("precise BN", Wu & Johnson 2021), so evaluation never
 uses stale statistics.
@@ -21,6 +23,7 @@ uses stale statistics.
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -35,95 +38,136 @@ WIDTHS = {"airnet": 64, "resnet-small": 64}
 
 # ---------------------------------------------------------------------------- BatchNorm
 
-class GhostBatchNorm(nn.BatchNorm2d):
-    """BatchNorm2d whose training statistics are per group of ``group`` consecutive samples.
+AIRNET_BN_EPS = 1e-12
+"""airbench94's BatchNorm epsilon."""
 
-    A batch of N samples holds N // group groups; the last group also takes the N % group
-    samples left over (the trainer only ever leaves a remainder in an epoch's last group).
-    Statistics are computed in float32 whatever the input dtype.
+
+class StepBatchNorm(nn.BatchNorm2d):
+    """BatchNorm2d whose training statistics are those of the whole optimizer step over every process.
+
+    ``sync`` off (one process): plain ``F.batch_norm`` over the batch, fused. ``sync`` on: the
+    per-channel count, sum and sum of squares of this process's part are all-reduced over the default
+    process group (autograd-aware), so every process normalises with the statistics of the step's
+    whole batch; ``contributes`` off (a process that holds no sample of the step and trains on a
+    stand-in batch with loss weight 0) adds nothing to them.
     """
 
-    def __init__(self, num_features: int, group: int = 32, *, eps: float = 1e-5, learn_scale: bool = True) -> None:
+    def __init__(self, num_features: int, *, eps: float = 1e-5, learn_scale: bool = True) -> None:
         super().__init__(num_features, eps=eps, momentum=None)
-        self.group = group
-        self.calibrating = False
         self.weight.requires_grad_(learn_scale)
-        self._calib_groups = 0
+        self.sync = False
+        self.contributes = True
+        self.calibrating = False
+        self._calib: list[torch.Tensor] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training:
             return super().forward(x)
-        n, g = x.shape[0], self.group
-        if n == 0:
-            return x
-        k = n // g
-        full = (k - 1) * g if n % g and k else k * g
-        if full == n:
-            return self._normalize(x, k)
-        if not full:
-            return self._normalize(x, 1)
-        # The epoch's last group also holds the samples left over: normalised on its own statistics.
-        return torch.cat([self._normalize(x[:full], full // g), self._normalize(x[full:], 1)])
-
-    def _normalize(self, x: torch.Tensor, groups: int) -> torch.Tensor:
-        xg = x.float().reshape(groups, -1, *x.shape[1:])  # (groups, samples, C, H, W), a view
-        var, mean = torch.var_mean(xg, dim=(1, 3, 4), correction=0)
         if self.calibrating:
-            self._accumulate(mean, var, xg[0, :, 0].numel())
-        scale = torch.rsqrt(var + self.eps) * self.weight.float()
-        shift = self.bias.float() - mean * scale
-        y = xg * scale[:, None, :, None, None] + shift[:, None, :, None, None]
-        return y.reshape(x.shape).to(x.dtype)
+            self._accumulate(x)
+        if self.sync:
+            return _synced_fn()(x, self.weight, self.bias, self.eps, self.contributes)
+        return F.batch_norm(x, None, None, self.weight, self.bias, True, 0.0, self.eps)
 
     @torch.no_grad()
-    def _accumulate(self, mean: torch.Tensor, var: torch.Tensor, count: int) -> None:
-        # Average of the per-group statistics over every group seen while calibrating (variance unbiased).
-        k, n = mean.shape[0], self._calib_groups
-        self.running_mean.mul_(n / (n + k)).add_(mean.sum(0) / (n + k))
-        self.running_var.mul_(n / (n + k)).add_(var.sum(0) * (count / max(1, count - 1)) / (n + k))
-        self._calib_groups += k
-
-
-def ghost_batchnorm(module: nn.Module, group: int) -> nn.Module:
-    """Replace every BatchNorm2d in ``module`` by a GhostBatchNorm of that group size, keeping its parameters."""
-    for name, child in module.named_children():
-        if isinstance(child, GhostBatchNorm):
-            child.group = group
-        elif isinstance(child, nn.BatchNorm2d):
-            gbn = GhostBatchNorm(child.num_features, group, eps=child.eps, learn_scale=child.weight.requires_grad)
-            with torch.no_grad():
-                gbn.weight.copy_(child.weight)
-                gbn.bias.copy_(child.bias)
-            setattr(module, name, gbn)
+    def _accumulate(self, x: torch.Tensor) -> None:
+        xf = x.double()
+        part = torch.stack([xf.sum((0, 2, 3)), (xf * xf).sum((0, 2, 3))])
+        n = torch.tensor(float(x.numel() // x.shape[1]), dtype=torch.float64, device=x.device)
+        if self._calib is None:
+            self._calib = [n, part]
         else:
-            ghost_batchnorm(child, group)
+            self._calib = [self._calib[0] + n, self._calib[1] + part]
+
+    @torch.no_grad()
+    def _finish_calibration(self) -> None:
+        if self._calib is None:
+            return
+        n, (s1, s2) = self._calib[0], self._calib[1]
+        mean = s1 / n
+        var = (s2 / n - mean * mean).clamp_min(0) * (n / (n - 1).clamp_min(1))
+        self.running_mean.copy_(mean)
+        self.running_var.copy_(var)
+        self._calib = None
+
+
+@functools.cache
+def _synced_fn():
+    # A collective: under --compile one explicit graph break, run eagerly. Wrapped on first use, because
+    # torch.compiler.disable imports torch._dynamo (~1 s), which the trainer imports on a side thread.
+    return torch.compiler.disable(_synced_batch_norm)
+
+
+def _synced_batch_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
+                       contributes: bool) -> torch.Tensor:
+    from torch.distributed.nn.functional import all_reduce
+
+    c = x.shape[1]
+    xf = x.float()
+    var, mean = torch.var_mean(xf, dim=(0, 2, 3), correction=0)
+    n = x.numel() // c
+    m = mean.double()
+    # Per-channel sum and sum of squares from this process's (accurate, fp32) mean and variance, in float64
+    # so that combining the parts loses nothing to cancellation.
+    part = torch.cat([m * n, (var.double() + m * m) * n, m.new_full((1,), float(n))])
+    total = all_reduce(part * (1.0 if contributes else 0.0))
+    count = total[-1].clamp_min(1)
+    g_mean = total[:c] / count
+    g_var = (total[c:2 * c] / count - g_mean * g_mean).clamp_min(0)
+    scale = (torch.rsqrt(g_var + eps) * weight.double()).float()
+    shift = (bias.double() - g_mean * scale.double()).float()
+    return (xf * scale[None, :, None, None] + shift[None, :, None, None]).to(x.dtype)
+
+
+def step_batchnorm(module: nn.Module) -> nn.Module:
+    """Replace every plain BatchNorm2d in ``module`` by a StepBatchNorm, keeping its parameters and eps."""
+    for name, child in module.named_children():
+        if isinstance(child, nn.BatchNorm2d) and not isinstance(child, StepBatchNorm):
+            bn = StepBatchNorm(child.num_features, eps=child.eps, learn_scale=child.weight.requires_grad)
+            with torch.no_grad():
+                bn.weight.copy_(child.weight)
+                bn.bias.copy_(child.bias)
+            setattr(module, name, bn)
+        else:
+            step_batchnorm(child)
     return module
+
+
+def sync_batchnorm(model: nn.Module, sync: bool, *, contributes: bool = True) -> None:
+    """Whether the BatchNorm statistics are all-reduced over the processes (``sync``), and whether this
+    process's part of the step counts in them (``contributes``). Called by the trainer for each step."""
+    for m in model.modules():
+        if isinstance(m, StepBatchNorm):
+            m.sync, m.contributes = sync, contributes
 
 
 @torch.no_grad()
 def calibrate_bn(model: nn.Module, images: torch.Tensor, batch: int) -> None:
-    """Set every GhostBatchNorm's running statistics from ``images`` (normalised, float) in training mode.
+    """Set every StepBatchNorm's running statistics to the population statistics of ``images`` (normalised,
+    float), fed through the model in training mode in chunks of ``batch`` (variance unbiased).
 
     Deterministic and free of communication: every rank calibrates on the same images and gets the
     same statistics.
     """
-    bns = [m for m in model.modules() if isinstance(m, GhostBatchNorm)]
+    bns = [m for m in model.modules() if isinstance(m, StepBatchNorm)]
     if not bns:
         return
     was_training = model.training
+    saved = [(m.sync, m.contributes) for m in bns]
     model.train()
     for m in bns:
         m.reset_running_stats()
-        m._calib_groups = 0
-        m.calibrating = True
+        m._calib = None
+        m.calibrating, m.sync = True, False
     try:
-        g = bns[0].group
-        usable = len(images) // g * g or len(images)
-        for chunk in images[:usable].split(max(g, batch // g * g)):
+        for chunk in images.split(max(1, batch)):
             model(chunk)
-    finally:
         for m in bns:
-            m.calibrating = False
+            m._finish_calibration()
+    finally:
+        for m, (sync, contributes) in zip(bns, saved, strict=True):
+            m.calibrating, m.sync, m.contributes = False, sync, contributes
+            m._calib = None
         model.train(was_training)
 
 
@@ -142,12 +186,12 @@ class _Conv(nn.Conv2d):
 
 
 class _ConvGroup(nn.Module):
-    def __init__(self, cin: int, cout: int, group: int) -> None:
+    def __init__(self, cin: int, cout: int) -> None:
         super().__init__()
         self.conv1, self.pool = _Conv(cin, cout), nn.MaxPool2d(2)
-        self.norm1 = GhostBatchNorm(cout, group, learn_scale=False)
+        self.norm1 = StepBatchNorm(cout, eps=AIRNET_BN_EPS, learn_scale=False)
         self.conv2 = _Conv(cout, cout)
-        self.norm2 = GhostBatchNorm(cout, group, learn_scale=False)
+        self.norm2 = StepBatchNorm(cout, eps=AIRNET_BN_EPS, learn_scale=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = F.gelu(self.norm1(self.pool(self.conv1(x))))
@@ -157,15 +201,15 @@ class _ConvGroup(nn.Module):
 class AirNet(nn.Module):
     WHITEN_K = 2
 
-    def __init__(self, num_classes: int = 10, width: int = 64, group: int = 32) -> None:
+    def __init__(self, num_classes: int = 10, width: int = 64) -> None:
         super().__init__()
         k = self.WHITEN_K
         cw = 2 * 3 * k * k  # each whitening direction and its negative
         self.whiten = nn.Conv2d(3, cw, k, padding=0, bias=True)
         self.whiten.weight.requires_grad_(False)
         nn.init.zeros_(self.whiten.bias)
-        self.groups = nn.Sequential(_ConvGroup(cw, width, group), _ConvGroup(width, 4 * width, group),
-                                    _ConvGroup(4 * width, 4 * width, group))
+        self.groups = nn.Sequential(_ConvGroup(cw, width), _ConvGroup(width, 4 * width),
+                                    _ConvGroup(4 * width, 4 * width))
         self.head = nn.Linear(4 * width, num_classes, bias=False)
         self.scale = 1 / 9
 
@@ -186,7 +230,7 @@ class AirNet(nn.Module):
         self.whiten.weight.copy_(torch.cat([filters, -filters]).to(self.whiten.weight.dtype))
 
     def bn_bias_params(self) -> list[nn.Parameter]:
-        return [m.bias for m in self.modules() if isinstance(m, GhostBatchNorm)]
+        return [m.bias for m in self.modules() if isinstance(m, StepBatchNorm)]
 
 
 # ---------------------------------------------------------------------------- other models
@@ -248,15 +292,15 @@ def _resnet18(num_classes: int) -> nn.Module:
     return m
 
 
-def build_model(name: str, num_classes: int = 10, width: int | None = None, bn_group: int = 32) -> nn.Module:
+def build_model(name: str, num_classes: int = 10, width: int | None = None) -> nn.Module:
     if width is not None and name not in WIDTHS:
         raise ValueError(f"--width applies to {', '.join(WIDTHS)} only; got --model={name} --width={width}")
     if name == "airnet":
-        return AirNet(num_classes, width or WIDTHS[name], bn_group)
+        return AirNet(num_classes, width or WIDTHS[name])
     if name == "resnet-small":
-        return ghost_batchnorm(ResNetSmall(num_classes, width or WIDTHS[name]), bn_group)
+        return step_batchnorm(ResNetSmall(num_classes, width or WIDTHS[name]))
     if name == "resnet18":
-        return ghost_batchnorm(_resnet18(num_classes), bn_group)
+        return step_batchnorm(_resnet18(num_classes))
     if name == "workshop-cnn":
         return WorkshopCNN(num_classes)
     raise ValueError(f"--model: got {name!r}; expected one of {', '.join(MODELS)}")
@@ -266,7 +310,7 @@ def build_model(name: str, num_classes: int = 10, width: int | None = None, bn_g
 
 @dataclass(frozen=True)
 class Precision:
-    """Autocast dtype (None: full fp32) and whether fp16 needs a GradScaler."""
+    """Autocast dtype (None: full fp32) and whether a GradScaler scales the loss (no policy uses one now)."""
 
     dtype: torch.dtype | None
     use_scaler: bool
@@ -281,11 +325,26 @@ class Precision:
         return {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[self.dtype]
 
 
-def precision_for(device: torch.device) -> Precision:
-    if device.type != "cuda":
-        # CPU autocast is slower than fp32 for these convs on most CPUs; keep CPU runs exact.
+PRECISIONS = ("fp16", "bf16", "fp32")
+DEFAULT_PRECISION = "fp16"
+"""airbench94 trains in fp16. bf16's 8-bit mantissa rounds the frozen whitening conv's operands ~10x more
+coarsely (review F10: 1.2% median / 4.8% worst-channel output error vs 0.1% / 1.0% for fp16), and no GPU A/B
+says that costs nothing, so fp16 is the default on every GPU: autocast with fp32 master weights and, as in
+airbench, no loss scaling. The loss is summed over the batch, so gradients are large, not small (the
+largest is ~19 at initialisation, review F9: far from fp16's limits either way); a GradScaler would start
+by skipping steps and read its overflow flag on the host every step. A non-finite loss or weight is
+caught by the trainer's divergence check (DIVERGED), as any other divergence."""
+
+
+def precision_for(device: torch.device, name: str = DEFAULT_PRECISION) -> Precision:
+    """The autocast policy of ``--precision`` on ``device``; a CPU always trains in fp32 (exact, and CPU
+    autocast is slower than fp32 for these convs on most CPUs)."""
+    if name not in PRECISIONS:
+        raise ValueError(f"--precision: got {name!r}; expected one of {', '.join(PRECISIONS)}")
+    if device.type != "cuda" or name == "fp32":
         return Precision(None, False)
-    if torch.cuda.is_bf16_supported(including_emulation=False):
+    if name == "bf16":
+        if not torch.cuda.is_bf16_supported(including_emulation=False):
+            raise ValueError(f"--precision=bf16: {torch.cuda.get_device_name(device)} has no bf16; use fp16")
         return Precision(torch.bfloat16, False)
-    # T4 (sm_75) has no bf16: fp16 with loss scaling.
-    return Precision(torch.float16, True)
+    return Precision(torch.float16, False)

@@ -13,7 +13,7 @@ that survives etcd restarting)::
         --global-batch-size=1024 --model=airnet --keep-checkpoints=3 --seed=0
 
 The optimisation is defined by the *global* batch, never by the number of processes: each step
-trains on the same samples, with the same BatchNorm groups, augmentation and learning rate at any
+trains on the same samples, with the same BatchNorm statistics, augmentation and learning rate at any
 world size, and the processes share it (data.Batching). A worker or node that dies makes torchrun
 restart the workers at whatever world size the rendezvous reaches; they resume from the newest
 node-local snapshot any of them holds (training/snapshot.py, taken after every step) or else the newest
@@ -40,7 +40,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from . import checkpoint as ckpt
 from . import exitcodes, snapshot
@@ -64,9 +63,20 @@ from .dist import DistEnv, all_reduce_sum, barrier, process_age_s, process_group
 from .evaluate import MODEL_FILE, evaluate_model, format_table, write_metrics
 from .guards import TrainerError, all_finite, check_divergence, flat_params, guarded_parameters
 from .lookahead import Lookahead
-from .model import DEFAULT_MODEL, MODELS, AirNet, build_model, calibrate_bn, precision_for
+from .model import (
+    DEFAULT_MODEL,
+    DEFAULT_PRECISION,
+    MODELS,
+    PRECISIONS,
+    AirNet,
+    build_model,
+    calibrate_bn,
+    precision_for,
+    sync_batchnorm,
+)
 from .recipe import LR_END, LR_PEAK, LR_START, RECIPES, build_optimizer, lr_factor
 from .results import upload_from_env
+from .wrap import compile_cache_dir, compiled_step, full_share, wrap_ddp
 
 HISTORY_FILE = "history.jsonl"
 CALIBRATION_IMAGES = 4096
@@ -92,7 +102,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="images per optimizer step over all processes; capped so a run has at least "
                         "data.MIN_STEPS steps (default %(default)s)")
     p.add_argument("--bn-group", type=int, default=DEFAULT_BN_GROUP,
-                   help="images per BatchNorm statistics group; the global batch is a multiple of it (default %(default)s)")
+                   help="images per unit in which a step's samples are dealt to the processes; the global batch is "
+                        "a multiple of it. BatchNorm statistics are those of the whole step (default %(default)s)")
     p.add_argument("--min-steps", type=int, default=MIN_STEPS,
                    help="shrink the global batch until the run has this many steps; 0: never (default %(default)s)")
     p.add_argument("--model", choices=MODELS, default=DEFAULT_MODEL)
@@ -100,7 +111,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=None, help="peak LR per 1,024 images (default: the model's recipe)")
     p.add_argument("--label-smoothing", type=float, default=0.2)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model (training/wrap.py)")
+    p.add_argument("--precision", choices=PRECISIONS, default=DEFAULT_PRECISION,
+                   help="autocast on a GPU (a CPU trains in fp32; default %(default)s, as airbench94)")
     p.add_argument("--keep-checkpoints", type=int, default=3)
     p.add_argument("--checkpoint-every", type=int, default=None, help="steps (default: once per epoch)")
     p.add_argument("--log-every", type=int, default=50, help="steps")
@@ -223,18 +236,21 @@ def train(args: argparse.Namespace, env: DistEnv) -> dict[str, Any]:
     plan = plan_batching(n_train, args.epochs, args.global_batch_size, args.bn_group, args.min_steps)
     recipe = RECIPES[args.model]
     peak = args.lr if args.lr is not None else recipe.lr
-    model = build_model(args.model, len(data.classes), args.width, plan.group)
+    model = build_model(args.model, len(data.classes), args.width)
     if isinstance(model, AirNet):
         model.init_whitening(normalize(data.train.images[:5000]))
     model = model.to(dev, memory_format=torch.channels_last)
-    precision = precision_for(dev)
+    try:
+        precision = precision_for(dev, args.precision)
+    except ValueError as e:
+        raise TrainerError(exitcodes.CONFIG_ERROR, str(e)) from e
     opt = build_optimizer(model, recipe, peak, plan.global_batch)
     scaler = torch.amp.GradScaler(dev.type, enabled=precision.use_scaler)
     lookahead = Lookahead(model, recipe.lookahead) if recipe.lookahead else None
     total_steps = args.epochs * plan.steps_per_epoch
     pos = {"step": 0, "epoch": 0, "sample_in_epoch": 0, "samples_seen": 0}
     identity = {"model": args.model, "width": args.width, "global_batch": plan.global_batch, "bn_group": plan.group,
-                "seed": args.seed, "epochs": args.epochs, "n_train": n_train}
+                "bn_stats": "step", "seed": args.seed, "epochs": args.epochs, "n_train": n_train}
 
     state = choose_checkpoint(env, run_dir, args.start_over)
     # A node-local snapshot newer than the durable checkpoint (any rank's: the states are replicas) wins.
@@ -256,11 +272,12 @@ def train(args: argparse.Namespace, env: DistEnv) -> dict[str, Any]:
         _set_rng_state(state["rng"])
         pos = {k: int(state[k]) for k in pos}
 
-    # A plain `python -m training.train` (no torchrun) trains as a world of one, without DDP. Buffers are
-    # not broadcast: training-mode BatchNorm keeps no running statistics (model.calibrate_bn sets them).
-    wrapped: nn.Module = (DDP(model, device_ids=[dev.index] if dev.type == "cuda" else None, forward_sync_buffers=False)
-                          if env.distributed else model)
-    step_fn = torch.compile(wrapped, dynamic=False) if args.compile else wrapped
+    # A plain `python -m training.train` (no torchrun) trains as a world of one, without DDP. DDP's settings and
+    # the compiled path: training/wrap.py. BatchNorm statistics span the processes of the step when there are several.
+    wrapped: nn.Module = wrap_ddp(model, dev) if env.distributed else model
+    sync_bn = env.distributed and world > 1
+    compiled = compiled_step(wrapped, args.run_dir) if args.compile else None
+    share = full_share(plan, world, env.rank)
     criterion = nn.CrossEntropyLoss(label_smoothing=args.label_smoothing, reduction="sum")
     flips = flip_parity(n_train, args.seed).to(dev)
     # The agent that restarted counts the restart; rank 0 may sit on another node, so take the max.
@@ -344,6 +361,8 @@ def train(args: argparse.Namespace, env: DistEnv) -> dict[str, Any]:
             sched = lr_factor(pos["step"] / total_steps)
             for g in opt.param_groups:
                 g["lr"] = g["base_lr"] * sched
+            sync_batchnorm(model, sync_bn, contributes=weight > 0)
+            step_fn = compiled if compiled is not None and len(idx) == share else wrapped  # no 2nd graph (wrap.py)
             with precision.autocast(dev.type):
                 logits = step_fn(x)
                 loss = criterion(logits.float(), y)
@@ -433,6 +452,8 @@ def _model_bytes(model: nn.Module, args: argparse.Namespace, data: Cifar, plan: 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.compile:
+        compile_cache_dir(args.run_dir)  # before torch._dynamo's import, which sets the variable to /tmp/...
     # DDP's constructor imports torch._dynamo (~1 s of CPU). Importing it on a side thread overlaps that
     # with the rendezvous wait and data loading, which shortens every restart.
     threading.Thread(target=importlib.import_module, args=("torch._dynamo",), daemon=True).start()
