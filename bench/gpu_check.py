@@ -123,7 +123,7 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 
 def item_a(tmp: Path, env: dict[str, str], gpus: int) -> dict[str, Any]:
     """The real launcher, cluster flags, real etcd; SIGKILL one worker; recovery seconds and steps redone."""
-    from components.torchrun import AGENT_ENV, CLUSTER_TIMEOUTS, AgentOptions, TrainerOptions, job_command
+    from components.torchrun import AGENT_ENV, CLUSTER_TIMEOUTS, AgentOptions, RdzvTls, TrainerOptions, job_command
     from training.data import write_synthetic_cifar
     from training.etcd_local import start_etcd
 
@@ -140,7 +140,9 @@ def item_a(tmp: Path, env: dict[str, str], gpus: int) -> dict[str, Any]:
     with start_etcd(tmp / "etcd") as endpoint:
         opts = AgentOptions(min_nodes=1, max_nodes=agents, nproc_per_node=1, rdzv_backend="etcd-v2",
                             rdzv_endpoint=endpoint, rdzv_id=f"gpu-check-{os.getpid()}", local_addr="127.0.0.1",
-                            timeouts=CLUSTER_TIMEOUTS)
+                            timeouts=CLUSTER_TIMEOUTS, tls=RdzvTls(ca_cert=str(endpoint.tls.ca_cert),
+                                                                  cert=str(endpoint.tls.client_cert),
+                                                                  key=str(endpoint.tls.client_key)))
         cmd = job_command(opts, trainer, python=sys.executable)
         try:
             for i in range(agents):

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from components.torchrun import CLUSTER_TIMEOUTS, AgentOptions, TrainerOptions, job_command
-from tests.etcd_server import ROOT, Job, etcd_endpoint, jobs, kill_workers_in_a_row, trainer_env  # noqa: F401
+from tests.etcd_server import ROOT, Job, client_tls, etcd_endpoint, jobs, kill_workers_in_a_row, trainer_env  # noqa: F401
 from training import exitcodes
 from training.data import TRAIN_FILES, batches_root, write_synthetic_cifar
 
@@ -87,7 +87,7 @@ def test_alone_a_fatal_code_survives_a_side_thread_inside_torch(tmp_path, data_d
 def _agent(endpoint: str, max_restarts: int = 20) -> AgentOptions:
     return AgentOptions(min_nodes=1, max_nodes=1, nproc_per_node=1, rdzv_backend="etcd-v2", rdzv_endpoint=endpoint,
                         rdzv_id=f"codes-{id(endpoint)}", max_restarts=max_restarts, local_addr="127.0.0.1",
-                        timeouts=CLUSTER_TIMEOUTS)
+                        timeouts=CLUSTER_TIMEOUTS, tls=client_tls(endpoint))
 
 
 @pytest.mark.slow

@@ -24,7 +24,7 @@ from components.torchrun import (
     fabric_check_command,
     module_command,
 )
-from tests.etcd_server import ROOT, etcd_endpoint, trainer_env  # noqa: F401  (fixture)
+from tests.etcd_server import ROOT, client_tls, etcd_endpoint, trainer_env  # noqa: F401  (fixture)
 from training.launch import no_nvidia_driver
 
 needs_cuda_build = pytest.mark.skipif(not torch.cuda._is_compiled(), reason="torch without CUDA cannot poison a fork")
@@ -34,7 +34,8 @@ def _agent(endpoint: str, nproc: int = 2) -> AgentOptions:
     # The cluster's rendezvous timings and restart budget; one node, so the first round completes at once.
     return AgentOptions(min_nodes=1, max_nodes=1, nproc_per_node=nproc, rdzv_backend="etcd-v2",
                         rdzv_endpoint=endpoint, rdzv_id=f"cuda-{Path(endpoint).name}-{id(endpoint)}",
-                        local_addr="127.0.0.1", timeouts=CLUSTER_TIMEOUTS)
+                        local_addr="127.0.0.1", timeouts=CLUSTER_TIMEOUTS,
+                        tls=client_tls(endpoint))
 
 
 def _run(cmd: list[str], env: dict[str, str], timeout_s: float = 120.0) -> subprocess.CompletedProcess:
