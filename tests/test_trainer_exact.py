@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import threading
 
 import pytest
 
@@ -43,11 +44,31 @@ def test_stop_mid_epoch_and_resume_is_bit_identical_to_uninterrupted(data_dir, t
 
 
 def test_resume_from_a_node_local_snapshot_is_bit_identical_to_uninterrupted(data_dir, tmp_path, monkeypatch):
-    """A crash after step 10 whose durable checkpoint is at step 8: the snapshot of step 10 is resumed from."""
+    """A crash after step 10 whose durable checkpoint is at step 8: the snapshot of step 10 is resumed from.
+
+    The first snapshot write is held until the run's last step (a loaded machine, at its worst): that step's
+    snapshot must still be taken, after the write in flight, not skipped (it once resumed at step 9)."""
     monkeypatch.setenv(snapshot.DIR_ENV, str(tmp_path / "shm"))
     assert train.main(_flags(data_dir, tmp_path / "straight")) == 0
     crashed = tmp_path / "crashed"
     monkeypatch.setattr(snapshot.Snapshots, "remove", lambda self: self.writer.wait())  # as if killed
+    release, write, offer = threading.Event(), snapshot.Snapshots._write, snapshot.Snapshots.offer
+
+    def held_write(self, cpu) -> None:
+        assert release.wait(60), "never released"
+        write(self, cpu)
+
+    def last_step_releases(self, state, **kw) -> bool:
+        if kw.get("final"):
+            release.set()  # the trainer waits for the write in flight here: let it finish
+        try:
+            return offer(self, state, **kw)
+        finally:
+            if state()["step"] >= 10:
+                release.set()
+
+    monkeypatch.setattr(snapshot.Snapshots, "_write", held_write)
+    monkeypatch.setattr(snapshot.Snapshots, "offer", last_step_releases)
     assert train.main(_flags(data_dir, crashed, "--max-steps=10", "--checkpoint-every=4")) == 0
     ckpt.ckpt_path(crashed, 10).unlink()  # the durable checkpoint of step 10 never happened
     monkeypatch.undo()
