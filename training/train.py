@@ -257,7 +257,12 @@ def train(args: argparse.Namespace, env: DistEnv) -> dict[str, Any]:
             print(f"[train] resuming at step {state['step']} with --epochs={args.epochs} (the checkpoint's run "
                   f"had {saved_epochs}): the LR schedule and Lookahead now run to step {total_steps}", flush=True)
         model.load_state_dict(state["model"])
+        # load_state_dict would bring back the saved groups' LR and weight decay too: keep this run's (from
+        # --lr; the same values when it is unchanged), so a changed learning rate applies from here on.
+        hyper = [{k: g[k] for k in ("lr", "base_lr", "weight_decay")} for g in opt.param_groups]
         opt.load_state_dict(state["optimizer"])
+        for g, h in zip(opt.param_groups, hyper, strict=True):
+            g.update(h)
         if state.get("scaler"):
             scaler.load_state_dict(state["scaler"])
         if lookahead is not None:
