@@ -65,7 +65,7 @@ from .data import (
 )
 from .dist import DistEnv, all_reduce_sum, barrier, process_age_s, process_group
 from .evaluate import MODEL_FILE, evaluate_model, format_table, write_metrics
-from .guards import TrainerError, all_finite, check_divergence, flat_params, guarded_parameters
+from .guards import TrainerError, all_finite, check_divergence, flat_params, guarded_parameters, weight_change_limit
 from .lookahead import Lookahead
 from .model import DEFAULT_MODEL, MODELS, AirNet, build_model, calibrate_bn, precision_for
 from .recipe import FP16_INIT_SCALE, LR_END, LR_PEAK, LR_START, RECIPES, build_optimizer, lr_factor
@@ -306,7 +306,7 @@ def train(args: argparse.Namespace, env: DistEnv) -> dict[str, Any]:
     def save(final: bool = False) -> None:
         # Nothing diverged or non-finite is ever written: it would poison every resume. (The window of the
         # weight check stays the --check-every one: its baseline only moves at the regular checks.)
-        check_divergence(pos["step"], loss_since_check, trainable, weights_at_check, world)
+        check_divergence(pos["step"], loss_since_check, trainable, weights_at_check, world, guard_limit)
         if not all_finite(model):
             raise TrainerError(exitcodes.DIVERGED, f"step {pos['step']}: non-finite weights; not checkpointed")
         if env.is_main:
@@ -333,6 +333,7 @@ def train(args: argparse.Namespace, env: DistEnv) -> dict[str, Any]:
     win = torch.zeros(3, dtype=torch.float64, device=dev)  # loss sum, correct, n since the last log line
     loss_since_check = torch.zeros((), dtype=torch.float64, device=dev)
     trainable = guarded_parameters(model)
+    guard_limit = weight_change_limit(plan.global_batch)
     weights_at_check = flat_params(trainable)
     win_t, last_saved = time.perf_counter(), pos["step"]
     t0 = time.perf_counter()
@@ -392,7 +393,7 @@ def train(args: argparse.Namespace, env: DistEnv) -> dict[str, Any]:
             snaps.offer(full_state, final=finished())
             if pos["step"] % args.check_every == 0 or finished():
                 weights_at_check = check_divergence(pos["step"], loss_since_check, trainable, weights_at_check,
-                                                    world)
+                                                    world, guard_limit)
                 loss_since_check.zero_()
             if pos["step"] % args.log_every == 0 or finished():
                 tot = all_reduce_sum(win.clone()).tolist()
