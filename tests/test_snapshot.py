@@ -111,11 +111,17 @@ def test_snapshot_copies_stay_within_their_share_of_wall_time(tmp_path, monkeypa
     monkeypatch.setattr(snapshot, "_clock", lambda: now[0])
     s = Snapshots(tmp_path / "run", rank=0, root=str(tmp_path / "shm"))
 
+    real_to_cpu = snapshot.to_cpu
+
+    def slow_to_cpu(obj, into=None):
+        if isinstance(obj, dict) and "step" in obj:  # the whole state (to_cpu recurses through this too)
+            now[0] += 0.003  # the copies take 3 ms
+        return real_to_cpu(obj, into)
+
+    monkeypatch.setattr(snapshot, "to_cpu", slow_to_cpu)
+
     def state(step: int):
-        def make() -> dict:
-            now[0] += 0.003  # building and copying the state takes 3 ms
-            return _state(step)
-        return make
+        return lambda: _state(step)
 
     assert s.offer(state(1))
     s.writer.wait()

@@ -185,10 +185,10 @@ class Snapshots:
         copy = HostCopy(state(), self._buffers, timed=True)
         self._buffers = copy.state  # reused by the next snapshot: the writer is done with them by then
 
-        host_s = _clock() - started  # building the state dict and queueing (on CPU: doing) the copies
 
         def write() -> None:
-            cost = max(copy.wait(), host_s)
+            # The copies' cost: queueing them (on CPU: doing them) and, on a GPU, their time on the stream.
+            cost = copy.wait()
             # The next snapshot starts no earlier than this one's copies allow within SNAPSHOT_BUDGET.
             self._next_at = started + cost / SNAPSHOT_BUDGET
             self._write(copy.state)
