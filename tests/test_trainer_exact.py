@@ -83,6 +83,7 @@ def test_resume_from_a_node_local_snapshot_is_bit_identical_to_uninterrupted(dat
 
 def test_each_epoch_trains_on_its_own_permutation(data_dir, tmp_path, monkeypatch):
     log = tmp_path / "samples.0"
+    monkeypatch.setattr(train, "rank_indices", train.rank_indices)  # undone after the test: install() leaks
     sample_log.install(log)
     assert train.main(_flags(data_dir, tmp_path / "run")) == 0
     epochs = sample_log.per_epoch([log])
@@ -121,6 +122,7 @@ def test_resize_mid_epoch_matches_uninterrupted_run_and_covers_every_sample(data
     other_lr = tmp_path / "other-lr"
     shutil.copytree(run, other_lr)
 
+    monkeypatch.setattr(train, "rank_indices", train.rank_indices)  # undone after the test: install() leaks
     sample_log.install(f"{prefix}-w1.0")
     assert train.main(flags) == 0
     seen = sample_log.per_epoch([tmp_path / "samples-w2.0", tmp_path / "samples-w2.1"])

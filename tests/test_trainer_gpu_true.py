@@ -128,6 +128,9 @@ class _Recorder(TorchFunctionMode):
 def _steady_window(monkeypatch, on, off, first: int = 10, last: int = 13) -> None:
     """Call ``on()`` as step ``first`` (0-based) sets its LR and ``off()`` as step ``last`` does: in between
     lie whole regular steps (Lookahead running, snapshots taken, no check, log line or checkpoint due)."""
+    from training import data
+
+    monkeypatch.setattr(train, "rank_indices", data.rank_indices)  # the trainer's own, not a test's logger
     real = train.lr_factor
 
     def hooked(progress: float) -> float:
