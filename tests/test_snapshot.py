@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from training import snapshot
 from training.dist import DistEnv
 from training.snapshot import Snapshots, agree
 
@@ -84,3 +85,53 @@ def test_ranks_agree_on_the_newest_snapshot_from_the_lowest_rank_holding_it(tmp_
 @pytest.mark.slow  # two or three gloo processes
 def test_no_snapshot_newer_than_the_durable_checkpoint_means_the_checkpoint(tmp_path):
     assert _agree(tmp_path, [5, 4], durable=5) == ["none", "none"]
+
+
+def test_snapshots_reuse_their_buffers(tmp_path):
+    """The copies go into buffers allocated once (pinned on a GPU), not new ones per snapshot."""
+    s = Snapshots(tmp_path / "run", rank=0, root=str(tmp_path / "shm"))
+    live = _state(1)
+    assert s.offer(lambda: live)
+    s.writer.wait()
+    first = s._buffers["model"]["w"].data_ptr()
+    live["model"]["w"].fill_(5.0)
+    live["step"] = 2
+    assert s.offer(lambda: live)
+    s.writer.wait()
+    assert s._buffers["model"]["w"].data_ptr() == first
+    got = s.read(IDENT)
+    assert got["step"] == 2 and torch.equal(got["model"]["w"], torch.full((3,), 5.0)), "the reused buffer holds step 2"
+    s.remove()
+
+
+def test_snapshot_copies_stay_within_their_share_of_wall_time(tmp_path, monkeypatch):
+    """A snapshot whose copies took c seconds is followed by the next no sooner than c / SNAPSHOT_BUDGET after it
+    began; the run's last step is snapshotted regardless. Time is stepped by hand (no wall clock)."""
+    now = [100.0]
+    monkeypatch.setattr(snapshot, "_clock", lambda: now[0])
+    s = Snapshots(tmp_path / "run", rank=0, root=str(tmp_path / "shm"))
+
+    real_to_cpu = snapshot.to_cpu
+
+    def slow_to_cpu(obj, into=None):
+        if isinstance(obj, dict) and "step" in obj:  # the whole state (to_cpu recurses through this too)
+            now[0] += 0.003  # the copies take 3 ms
+        return real_to_cpu(obj, into)
+
+    monkeypatch.setattr(snapshot, "to_cpu", slow_to_cpu)
+
+    def state(step: int):
+        return lambda: _state(step)
+
+    assert s.offer(state(1))
+    s.writer.wait()
+    gap = 0.003 / snapshot.SNAPSHOT_BUDGET  # 0.1 s
+    now[0] = 100.0 + 0.9 * gap
+    assert not s.offer(state(2)), "too soon: the copies would take more than their share"
+    assert s.offer(state(3), final=True), "the last step is always snapshotted"
+    s.writer.wait()
+    assert s.read(IDENT)["step"] == 3
+    now[0] += 1.1 * gap
+    assert s.offer(state(4))
+    s.writer.wait()
+    s.remove()

@@ -4,7 +4,9 @@ every sample is trained on once per epoch across an elastic resize, and errors e
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
+import threading
 
 import pytest
 
@@ -43,11 +45,31 @@ def test_stop_mid_epoch_and_resume_is_bit_identical_to_uninterrupted(data_dir, t
 
 
 def test_resume_from_a_node_local_snapshot_is_bit_identical_to_uninterrupted(data_dir, tmp_path, monkeypatch):
-    """A crash after step 10 whose durable checkpoint is at step 8: the snapshot of step 10 is resumed from."""
+    """A crash after step 10 whose durable checkpoint is at step 8: the snapshot of step 10 is resumed from.
+
+    The first snapshot write is held until the run's last step (a loaded machine, at its worst): that step's
+    snapshot must still be taken, after the write in flight, not skipped (it once resumed at step 9)."""
     monkeypatch.setenv(snapshot.DIR_ENV, str(tmp_path / "shm"))
     assert train.main(_flags(data_dir, tmp_path / "straight")) == 0
     crashed = tmp_path / "crashed"
     monkeypatch.setattr(snapshot.Snapshots, "remove", lambda self: self.writer.wait())  # as if killed
+    release, write, offer = threading.Event(), snapshot.Snapshots._write, snapshot.Snapshots.offer
+
+    def held_write(self, cpu) -> None:
+        assert release.wait(60), "never released"
+        write(self, cpu)
+
+    def last_step_releases(self, state, **kw) -> bool:
+        if kw.get("final"):
+            release.set()  # the trainer waits for the write in flight here: let it finish
+        try:
+            return offer(self, state, **kw)
+        finally:
+            if state()["step"] >= 10:
+                release.set()
+
+    monkeypatch.setattr(snapshot.Snapshots, "_write", held_write)
+    monkeypatch.setattr(snapshot.Snapshots, "offer", last_step_releases)
     assert train.main(_flags(data_dir, crashed, "--max-steps=10", "--checkpoint-every=4")) == 0
     ckpt.ckpt_path(crashed, 10).unlink()  # the durable checkpoint of step 10 never happened
     monkeypatch.undo()
@@ -61,6 +83,7 @@ def test_resume_from_a_node_local_snapshot_is_bit_identical_to_uninterrupted(dat
 
 def test_each_epoch_trains_on_its_own_permutation(data_dir, tmp_path, monkeypatch):
     log = tmp_path / "samples.0"
+    monkeypatch.setattr(train, "rank_indices", train.rank_indices)  # undone after the test: install() leaks
     sample_log.install(log)
     assert train.main(_flags(data_dir, tmp_path / "run")) == 0
     epochs = sample_log.per_epoch([log])
@@ -80,9 +103,14 @@ RESIZE_ATOL = 1e-4
 @pytest.mark.slow
 def test_resize_mid_epoch_matches_uninterrupted_run_and_covers_every_sample(data_dir, tmp_path, monkeypatch):
     """World 2 stops inside the second epoch; world 1 resumes. Each epoch still trains on every sample once,
-    and the final weights are those of an uninterrupted world-1 run."""
+    and the final weights are those of an uninterrupted world-1 run.
+
+    Three epochs of 7 steps, stopped at step 10: Lookahead sets the weights to its average at each epoch's
+    end, and the average takes in the weights at steps 15 and 20, so the resumed steps reach the final
+    weights (with two epochs they could not: the last pull before the end was at step 10). Negative control:
+    the same resume with another learning rate must fail the comparison."""
     run, prefix = tmp_path / "run", tmp_path / "samples"
-    flags = _flags(data_dir, run, "--epochs=2")
+    flags = _flags(data_dir, run)
     cmd = [TORCHRUN, "--standalone", "--nnodes=1", "--nproc-per-node=2", str(ROOT / "tests" / "sample_log.py"),
            *flags, "--max-steps=10"]
     proc = subprocess.run(cmd, cwd=ROOT, env=trainer_env({sample_log.LOG_ENV: f"{prefix}-w2"}), capture_output=True,
@@ -91,22 +119,30 @@ def test_resize_mid_epoch_matches_uninterrupted_run_and_covers_every_sample(data
     stop = ckpt.load_latest(run)[0]
     assert stop["epoch"] == 1 and stop["sample_in_epoch"] > 0, "the stop must fall inside the second epoch"
     assert stop["config"]["world_size"] == 2
+    other_lr = tmp_path / "other-lr"
+    shutil.copytree(run, other_lr)
 
+    monkeypatch.setattr(train, "rank_indices", train.rank_indices)  # undone after the test: install() leaks
     sample_log.install(f"{prefix}-w1.0")
     assert train.main(flags) == 0
     seen = sample_log.per_epoch([tmp_path / "samples-w2.0", tmp_path / "samples-w2.1"])
     for e, idx in sample_log.per_epoch([tmp_path / "samples-w1.0"], first_epoch=stop["epoch"]).items():
         seen.setdefault(e, []).extend(idx)
-    assert sorted(seen) == [0, 1]
+    assert sorted(seen) == [0, 1, 2]
     for e, idx in seen.items():
         assert sorted(idx) == list(range(N_TRAIN)), f"epoch {e}: samples seen twice or never"
 
     monkeypatch.setattr(train, "rank_indices", sample_log.ORIGINAL)
     straight = tmp_path / "straight"
-    assert train.main(_flags(data_dir, straight, "--epochs=2")) == 0
+    assert train.main(_flags(data_dir, straight)) == 0
     diff = max_weight_diff(straight, run)
     print(f"[measure] resize_max_abs_weight_diff={diff:.3g}")
     assert diff <= RESIZE_ATOL
+
+    assert train.main(_flags(data_dir, other_lr, "--lr=8")) == 0  # the recipe's peak is 11.5
+    wrong = max_weight_diff(straight, other_lr)
+    print(f"[measure] resize_negative_control_max_abs_weight_diff={wrong:.3g}")
+    assert wrong > 10 * RESIZE_ATOL, "the comparison cannot see the resumed steps"
 
 
 # ---------------------------------------------------------------- exit codes
@@ -130,8 +166,6 @@ def test_missing_data_exits_with_bad_input(tmp_path, capsys):
 
 
 def test_corrupt_data_batch_exits_with_bad_input_naming_it(data_dir, tmp_path, capsys):
-    import shutil
-
     bad = tmp_path / "data"
     shutil.copytree(data_dir, bad)
     victim = bad / "cifar-10-batches-py" / "data_batch_3"

@@ -121,6 +121,13 @@ def save_checkpoint(run_dir: str | os.PathLike, state: dict[str, Any], *, keep: 
     return path
 
 
+def same_run(saved: dict[str, Any], now: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """What differs between a checkpoint's run identity and this run's, as {key: (saved, now)}; {} when the
+    checkpoint belongs to this run. Keys the checkpoint has and this run no longer counts (``epochs``, which
+    older checkpoints held: the run resumes with the new count) are ignored."""
+    return {k: (saved.get(k), v) for k, v in now.items() if saved.get(k) != v}
+
+
 def _step_of(path: Path) -> int:
     m = _NAME.match(path.name)
     return int(m.group(1)) if m else -1

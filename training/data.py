@@ -241,9 +241,21 @@ def rank_indices(perm: torch.Tensor, pos: int, world: int, rank: int, batching: 
 
 # ---------------------------------------------------------------------------- augmentation
 
+_NORM: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _mean_std(device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    # Made once per device: torch.tensor(..., device=cuda) is a pageable host-to-device copy, which waits for
+    # every queued kernel (a host sync in every step, review 2026-11-24 F6).
+    key = (device, dtype)
+    if key not in _NORM:
+        _NORM[key] = (torch.tensor(MEAN, device=device, dtype=dtype).view(1, 3, 1, 1) * 255,
+                      torch.tensor(STD, device=device, dtype=dtype).view(1, 3, 1, 1) * 255)
+    return _NORM[key]
+
+
 def normalize(x_u8: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    mean = torch.tensor(MEAN, device=x_u8.device, dtype=dtype).view(1, 3, 1, 1) * 255
-    std = torch.tensor(STD, device=x_u8.device, dtype=dtype).view(1, 3, 1, 1) * 255
+    mean, std = _mean_std(x_u8.device, dtype)
     return (x_u8.to(dtype) - mean) / std
 
 

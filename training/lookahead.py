@@ -55,7 +55,8 @@ class Lookahead:
             p.copy_(a)
 
     def state_dict(self) -> list[torch.Tensor] | None:
-        return None if self.average is None else [a.detach().cpu() for a in self.average]
+        """The average itself, on its device (no copy, no host sync): the caller copies it (snapshot.HostCopy)."""
+        return None if self.average is None else [a.detach() for a in self.average]
 
     def load_state_dict(self, state: list[torch.Tensor] | None) -> None:
         if state is None:

@@ -16,8 +16,11 @@ The optimisation is defined by the *global* batch, never by the number of proces
 trains on the same samples, with the same BatchNorm statistics, augmentation and learning rate at any
 world size, and the processes share it (data.Batching). A worker or node that dies makes torchrun
 restart the workers at whatever world size the rendezvous reaches; they resume from the newest
-node-local snapshot any of them holds (training/snapshot.py, taken after every step) or else the newest
-valid checkpoint in ``--run-dir``, and the run carries on as if nothing had happened.
+node-local snapshot any of them holds (training/snapshot.py, taken every few steps) or else the newest
+valid checkpoint in ``--run-dir``, and the run carries on as if nothing had happened. A run started again
+on the same ``--run-dir`` with another ``--epochs`` resumes and trains to the new count (the LR schedule is
+re-derived for the new total); another model, width, global batch, BatchNorm group, seed or data set is
+refused (CONFIG_ERROR): that is a new run, with a new ``--run-dir`` (on the cluster: a new ``job.runId``).
 Rank 0 logs one line per ``--log-every`` steps and appends each record to ``history.jsonl``.
 Exit codes: training/exitcodes.py (bad flags, divergence, unreadable data or checkpoints).
 """
@@ -61,7 +64,7 @@ from .data import (
 )
 from .dist import DistEnv, all_reduce_sum, barrier, process_age_s, process_group
 from .evaluate import MODEL_FILE, evaluate_model, format_table, write_metrics
-from .guards import TrainerError, all_finite, check_divergence, flat_params, guarded_parameters
+from .guards import TrainerError, all_finite, check_divergence, flat_params, guarded_parameters, weight_change_limit
 from .lookahead import Lookahead
 from .model import (
     DEFAULT_MODEL,
@@ -74,7 +77,7 @@ from .model import (
     precision_for,
     sync_batchnorm,
 )
-from .recipe import LR_END, LR_PEAK, LR_START, RECIPES, build_optimizer, lr_factor
+from .recipe import FP16_INIT_SCALE, LR_END, LR_PEAK, LR_START, RECIPES, build_optimizer, lr_factor
 from .results import upload_from_env
 from .wrap import compile_cache_dir, compiled_step, full_share, wrap_ddp
 
@@ -245,12 +248,13 @@ def train(args: argparse.Namespace, env: DistEnv) -> dict[str, Any]:
     except ValueError as e:
         raise TrainerError(exitcodes.CONFIG_ERROR, str(e)) from e
     opt = build_optimizer(model, recipe, peak, plan.global_batch)
-    scaler = torch.amp.GradScaler(dev.type, enabled=precision.use_scaler)
+    scaler = torch.amp.GradScaler(dev.type, init_scale=FP16_INIT_SCALE, enabled=precision.use_scaler)
     lookahead = Lookahead(model, recipe.lookahead) if recipe.lookahead else None
     total_steps = args.epochs * plan.steps_per_epoch
     pos = {"step": 0, "epoch": 0, "sample_in_epoch": 0, "samples_seen": 0}
+    # What makes a checkpoint this run's: anything else (--epochs, --lr, ...) may change on a resume.
     identity = {"model": args.model, "width": args.width, "global_batch": plan.global_batch, "bn_group": plan.group,
-                "bn_stats": "step", "seed": args.seed, "epochs": args.epochs, "n_train": n_train}
+                "bn_stats": "step", "seed": args.seed, "n_train": n_train}
 
     state = choose_checkpoint(env, run_dir, args.start_over)
     # A node-local snapshot newer than the durable checkpoint (any rank's: the states are replicas) wins.
@@ -258,13 +262,25 @@ def train(args: argparse.Namespace, env: DistEnv) -> dict[str, Any]:
     newer = snapshot.agree(env, snaps.read(identity), int(state["step"]) if state is not None else 0)
     state = newer if newer is not None else state
     if state is not None:
-        saved = state["config"].get("identity", {})
-        if saved != identity:
-            diff = {k: (saved.get(k), v) for k, v in identity.items() if saved.get(k) != v}
+        saved_epochs = state["config"].get("epochs")
+        diff = ckpt.same_run(state["config"].get("identity", {}), identity)
+        if diff:
+            why = (f" (--epochs {saved_epochs} -> {args.epochs} changes the global batch on this {n_train}-image "
+                   f"set: --min-steps caps it)" if "global_batch" in diff and saved_epochs != args.epochs else "")
             raise TrainerError(exitcodes.CONFIG_ERROR, f"{run_dir}: the checkpoint's run differs from this one "
-                               f"(checkpoint, now): {diff}. Use a new --run-dir.")
+                               f"(checkpoint, now): {diff}{why}. A changed model, width, global batch, BatchNorm "
+                               "group, seed or data set is a new run: use a new --run-dir (on the cluster, a new "
+                               "job.runId).")
+        if saved_epochs is not None and saved_epochs != args.epochs and env.is_main:
+            print(f"[train] resuming at step {state['step']} with --epochs={args.epochs} (the checkpoint's run "
+                  f"had {saved_epochs}): the LR schedule and Lookahead now run to step {total_steps}", flush=True)
         model.load_state_dict(state["model"])
+        # load_state_dict would bring back the saved groups' LR and weight decay too: keep this run's (from
+        # --lr; the same values when it is unchanged), so a changed learning rate applies from here on.
+        hyper = [{k: g[k] for k in ("lr", "base_lr", "weight_decay")} for g in opt.param_groups]
         opt.load_state_dict(state["optimizer"])
+        for g, h in zip(opt.param_groups, hyper, strict=True):
+            g.update(h)
         if state.get("scaler"):
             scaler.load_state_dict(state["scaler"])
         if lookahead is not None:
@@ -309,7 +325,7 @@ def train(args: argparse.Namespace, env: DistEnv) -> dict[str, Any]:
     def save(final: bool = False) -> None:
         # Nothing diverged or non-finite is ever written: it would poison every resume. (The window of the
         # weight check stays the --check-every one: its baseline only moves at the regular checks.)
-        check_divergence(pos["step"], loss_since_check, trainable, weights_at_check, world)
+        check_divergence(pos["step"], loss_since_check, trainable, weights_at_check, world, guard_limit)
         if not all_finite(model):
             raise TrainerError(exitcodes.DIVERGED, f"step {pos['step']}: non-finite weights; not checkpointed")
         if env.is_main:
@@ -321,8 +337,13 @@ def train(args: argparse.Namespace, env: DistEnv) -> dict[str, Any]:
                 print(f"[train] step {pos['step']}: durable checkpoint skipped, the previous write is still "
                       "running (slow shared volume)", flush=True)
                 return
-            cpu = snapshot.to_cpu(full_state(final))
-            durable.submit(lambda: ckpt.save_checkpoint(run_dir, cpu, keep=args.keep_checkpoints))
+            copy = snapshot.HostCopy(full_state(final))
+
+            def write() -> None:
+                copy.wait()  # the device-to-host copies land before anything is serialised
+                ckpt.save_checkpoint(run_dir, copy.state, keep=args.keep_checkpoints)
+
+            durable.submit(write)
 
     def finished() -> bool:
         return pos["step"] >= total_steps or (args.max_steps is not None and pos["step"] >= args.max_steps)
@@ -331,6 +352,7 @@ def train(args: argparse.Namespace, env: DistEnv) -> dict[str, Any]:
     win = torch.zeros(3, dtype=torch.float64, device=dev)  # loss sum, correct, n since the last log line
     loss_since_check = torch.zeros((), dtype=torch.float64, device=dev)
     trainable = guarded_parameters(model)
+    guard_limit = weight_change_limit(plan.global_batch)
     weights_at_check = flat_params(trainable)
     win_t, last_saved = time.perf_counter(), pos["step"]
     t0 = time.perf_counter()
@@ -388,10 +410,11 @@ def train(args: argparse.Namespace, env: DistEnv) -> dict[str, Any]:
                 pos["sample_in_epoch"] = 0
                 if lookahead is not None:
                     lookahead.end_of_epoch()
-            snaps.offer(full_state)  # node-local, newest available; skipped while the previous write runs
+            # Node-local; skipped while the previous write runs or the copy budget is spent; the last step waits.
+            snaps.offer(full_state, final=finished())
             if pos["step"] % args.check_every == 0 or finished():
                 weights_at_check = check_divergence(pos["step"], loss_since_check, trainable, weights_at_check,
-                                                    world)
+                                                    world, guard_limit)
                 loss_since_check.zero_()
             if pos["step"] % args.log_every == 0 or finished():
                 tot = all_reduce_sum(win.clone()).tolist()
