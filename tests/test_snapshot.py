@@ -87,8 +87,11 @@ def test_no_snapshot_newer_than_the_durable_checkpoint_means_the_checkpoint(tmp_
     assert _agree(tmp_path, [5, 4], durable=5) == ["none", "none"]
 
 
-def test_snapshots_reuse_their_buffers(tmp_path):
-    """The copies go into buffers allocated once (pinned on a GPU), not new ones per snapshot."""
+def test_snapshots_reuse_their_buffers(tmp_path, monkeypatch):
+    """The copies go into buffers allocated once (pinned on a GPU), not new ones per snapshot. Time is stepped by
+    hand, so the copy budget (test below) never decides whether the second snapshot is taken."""
+    now = [100.0]
+    monkeypatch.setattr(snapshot, "_clock", lambda: now[0])
     s = Snapshots(tmp_path / "run", rank=0, root=str(tmp_path / "shm"))
     live = _state(1)
     assert s.offer(lambda: live)
@@ -96,6 +99,7 @@ def test_snapshots_reuse_their_buffers(tmp_path):
     first = s._buffers["model"]["w"].data_ptr()
     live["model"]["w"].fill_(5.0)
     live["step"] = 2
+    now[0] += 3600.0
     assert s.offer(lambda: live)
     s.writer.wait()
     assert s._buffers["model"]["w"].data_ptr() == first

@@ -36,6 +36,7 @@ def logistic_regression_accuracy(data_dir) -> float:
     return max(small, big.score(xt, data.test.labels.numpy()))
 
 
+@pytest.mark.long  # 150 s on 2 cores: make test-long and bench/digits.py
 def test_defaults_beat_logistic_regression_on_digits(tmp_path, monkeypatch):
     monkeypatch.delenv("MASTER_ADDR", raising=False)
     write_digits_cifar(tmp_path / "data")
