@@ -189,6 +189,7 @@ def _assert_nothing_left(out: Path) -> dict:
     return pids
 
 
+@pytest.mark.long  # 44 s: make test-long and make demo; make test keeps the runner's signal, Ctrl-C and bad-data cases
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_killed_worker_recovers_and_the_job_finishes(tmp_path):
@@ -274,7 +275,7 @@ def _failed_line(lines: list[str]) -> str:
     return failed[0]
 
 
-@pytest.mark.long  # make test-long: the runner's own path is covered in make test by the worker-kill case
+@pytest.mark.long  # make test-long; make test keeps the runner's signal, Ctrl-C and bad-data cases
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_etcd_killed_gives_a_one_line_cause(tmp_path):
@@ -315,7 +316,7 @@ def test_corrupt_data_file_is_named_and_not_retried(tmp_path):
     _assert_nothing_left(out / "real")
 
 
-@pytest.mark.long  # make test-long: the runner's own path is covered in make test by the worker-kill case
+@pytest.mark.long  # make test-long; make test keeps the runner's signal, Ctrl-C and bad-data cases
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_interrupted_run_resumes_from_its_folder(tmp_path):
@@ -337,7 +338,7 @@ def test_interrupted_run_resumes_from_its_folder(tmp_path):
     assert json.loads((run_dir / "metrics.json").read_text())["step"] == 24
 
 
-@pytest.mark.long  # make test-long: the runner's own path is covered in make test by the worker-kill case
+@pytest.mark.long  # make test-long; make test keeps the runner's signal, Ctrl-C and bad-data cases
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_losing_an_agent_then_finishing_exits_0(tmp_path):
@@ -379,7 +380,7 @@ def test_root_cause_of_a_full_disk_and_of_a_bad_trainer_flag_from_the_real_messa
     assert root_cause("[train] epoch=1 step=3 loss=2.1") is None
 
 
-@pytest.mark.long  # make test-long: the runner's own path is covered in make test by the worker-kill case
+@pytest.mark.long  # make test-long; make test keeps the runner's signal, Ctrl-C and bad-data cases
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_two_runs_sharing_out_keep_separate_folders(tmp_path):

@@ -207,6 +207,7 @@ KILLS_IN_CI = 6
 """Worker kills in a row in the test (twice the old budget of 3); bench/recovery.py runs the full 20."""
 
 
+@pytest.mark.long  # 39 s: make test-long; bench/recovery.py runs the full 20
 def test_worker_kills_in_a_row_end_in_the_uninterrupted_result(tmp_path, etcd_endpoint, jobs, data_dir):  # noqa: F811
     from tests.etcd_server import kill_workers_in_a_row, max_weight_diff
 
