@@ -75,6 +75,15 @@ def fork_is_clean() -> bool:
     return os.waitstatus_to_exitcode(status) == 0
 
 
+def preload_failure_logging() -> None:
+    """Import what torch's log formatter imports the first time it formats an exception: ``torch._dynamo``
+    (torch/_logging/_internal.py, ``TorchLogsFormatter.format``). The agent formats one when a worker fails, so
+    the first restart paid that import (~0.9 s on an idle 2-core machine, seconds on a busy node) between the
+    failure and the next rendezvous. Imported once at start instead, before any worker is forked (the fork
+    probe then covers it: it does not touch CUDA)."""
+    import torch._dynamo  # noqa: F401
+
+
 def _run_module(module: str, *argv: str) -> None:
     """A forked worker: run ``python -m module argv`` in this (already warm) interpreter."""
     import runpy
@@ -185,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         log.info("no NVIDIA driver on this machine: CUDA_VISIBLE_DEVICES='' for the agent and its workers")
     args = torchrun.parse_args(argv)
     config, entrypoint, cmd_args = torchrun.config_from_args(args)
+    preload_failure_logging()
     try:
         entrypoint, cmd_args = warm_workers(config, entrypoint, cmd_args)
     except ValueError as e:

@@ -40,7 +40,7 @@ itself included. Two rules fix this:
 ``complete`` round in the one state key; every change goes through compare-and-set on that key, so
 all agents see one sequence of rounds. Workers of an agent run only for the round it joined. Take any
 agent A whose workers run in round r while the key no longer lists A in round r (wiped, or A dropped):
-A's next monitor tick (``--monitor-interval`` 0.5 s + the 1 s sync cache) sees that and stops A's
+A's next monitor tick (``--monitor-interval`` 0.5 s + the ``SYNC_POLL_S`` sync cache) sees that and stops A's
 workers before A joins anything. A newcomer C that finds the key empty starts round 0 and waits
 ``first_round_timeout`` (never completed a round) unless ``max_nodes`` join earlier; A re-joins within
 those ~2 s, so C's round completes with A, not without it. A newcomer that finds A's round complete
@@ -52,6 +52,11 @@ rejoins the moment it reaches the store again.
 **The store is authenticated.** Agents unpickle the state (``pickle.loads`` in ``sync``), so whoever
 can write the key runs code in every agent: the client speaks HTTPS with a client certificate, and the
 server (components/etcd.py, training/etcd_local.py) requires one (``--client-cert-auth``).
+
+**Rounds form in a fraction of a second.** torch's op executor reads the state once a second while a round
+forms (``_delay(seconds=1)`` on ``SYNC``, behind a 1 s state cache), so every restart waited up to a second
+after the last agent had joined. Here both are ``SYNC_POLL_S``: a GET of one small key per agent every
+quarter second while a round forms, and at most one per monitor tick otherwise.
 
 Also kept from before: ``shutdown()`` closes the rendezvous only once the launcher has seen the run
 finish (:func:`allow_close`); otherwise an agent that gave up would close it for every replacement pod.
@@ -65,6 +70,7 @@ import time
 from datetime import timedelta
 
 from torch.distributed.elastic.rendezvous import RendezvousParameters
+from torch.distributed.elastic.rendezvous import dynamic_rendezvous as _dynamic
 from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
@@ -83,6 +89,12 @@ BACKEND = "eks-etcd"
 DEFAULT_STORE_RETRY_S = 600.0
 """Seconds of continuous store failure an agent rides out before it gives up (rdzv-conf store_retry_timeout)."""
 DEFAULT_FIRST_ROUND_S = 300.0
+SYNC_POLL_S = 0.25
+"""Seconds between an agent's reads of the rendezvous state while a round forms, and the state cache's age
+(torch: 1 s each). Costs a few small GETs per agent per second, only while a round forms."""
+TORCH_SYNC_DELAY_S = 1
+"""What torch's ``_DistributedRendezvousOpExecutor.run`` passes to ``_delay`` on ``SYNC`` (tests keep it true)."""
+_torch_delay = _dynamic._delay
 
 log = logging.getLogger(__name__)
 
@@ -178,11 +190,19 @@ def _create(params: RendezvousParameters) -> ElasticHandler:
     handler._state_holder.retry = retry
     handler.retry = retry
     handler.first_round_s = first_round_s
+    handler._state_holder._cache_duration = SYNC_POLL_S
     return handler
 
 
+def _poll_delay(seconds) -> None:
+    """torch's ``_delay`` with its one-second wait between reads of a forming round cut to ``SYNC_POLL_S``."""
+    _torch_delay(seconds=SYNC_POLL_S if seconds == TORCH_SYNC_DELAY_S else seconds)
+
+
 def register() -> None:
-    """Register the ``eks-etcd`` backend with torch's rendezvous registry (idempotent)."""
+    """Register the ``eks-etcd`` backend with torch's rendezvous registry, and poll forming rounds every
+    ``SYNC_POLL_S`` (idempotent)."""
+    _dynamic._delay = _poll_delay
     try:
         rdzv_registry.handler_registry.register(BACKEND, _create)
     except ValueError:  # already registered in this process
