@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from eks_ddp_runtime.exitcodes import FABRIC_FAILED
 
 from components.torchrun import (
     FABRIC_CHECK_MODULE,
@@ -28,7 +29,6 @@ from components.torchrun import (
 )
 from tests.etcd_server import ROOT, TORCHRUN, Agent, _processes, client_tls, etcd_endpoint, trainer_env  # noqa: F401
 from training import fabric_check as fc
-from training.exitcodes import FABRIC_FAILED
 
 # NCCL 2.2x INIT/NET lines as they appear with NCCL_DEBUG=INFO (host:pid:tid prefix), aws-ofi-nccl's included.
 NCCL_EFA_LOG = """\

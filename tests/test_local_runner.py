@@ -21,12 +21,13 @@ import time
 from pathlib import Path
 
 import pytest
+from eks_ddp_runtime import procs
+from eks_ddp_runtime.procs import alive, descendants, listening
 
 from components.torchrun import AGENT_ENV, LOCAL_TIMEOUTS, AgentOptions, RdzvTls, TrainerOptions, job_command
 from tests.util import ROOT
-from training import local, procs
+from training import local
 from training.plot import metrics_table, plot_history, read_history, read_test_accuracy
-from training.procs import alive, descendants, listening
 from training.progress import Progress, parse_record
 
 STEP = "[train] epoch=2 step=25 loss=1.2749 acc=0.804 img_s=603 world=2 lr=0.1562"
@@ -372,7 +373,7 @@ def test_root_cause_of_a_full_disk_and_of_a_bad_trainer_flag_from_the_real_messa
 
     proc = subprocess.run([sys.executable, "-m", "training.train", "--data-dir=/x", "--run-dir=/y", "--bogus=1"],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
-    from training import exitcodes
+    from eks_ddp_runtime import exitcodes
 
     assert proc.returncode == exitcodes.CONFIG_ERROR  # FATAL: the Job and the runner do not retry it
     (usage,) = [ln for ln in proc.stderr.splitlines() if "error:" in ln]

@@ -105,8 +105,8 @@ def test_training_command_is_valid_for_torchrun(name, manifests):
     docs = manifests[name]
     [container] = training_job(docs)["spec"]["template"]["spec"]["containers"]
     command = container["command"]
-    # The agent is torchrun behind training/launch.py's exit-code contract; it takes torchrun's flags.
-    assert command[:3] == ["python", "-m", "training.launch"]
+    # The agent is torchrun behind training/runtime/launch.py's exit-code contract; it takes torchrun's flags.
+    assert command[:3] == ["python", "-m", "eks_ddp_runtime.launch"]
     parser = get_args_parser()
     agent_flags = command[3:command.index("-m", 3)]
     # Exact option names (argparse would also accept abbreviations and silently misread them).
@@ -159,7 +159,7 @@ def test_p4de_fabric_check_job_runs_the_check_with_torchrun_on_every_node(manife
 @pytest.mark.parametrize("name", STACKS)
 def test_rendered_job_semantics_and_egress(name, manifests):
     """What the stacks apply: the training Job's success and retry semantics, and egress with destinations."""
-    from training import exitcodes
+    from eks_ddp_runtime import exitcodes
 
     docs = manifests[name]
     job = training_job(docs)

@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from eks_ddp_runtime import exitcodes
 from torch import nn
 
-from . import exitcodes
 from .checkpoint import atomic_write_bytes
 from .data import DataError, Split, load_cifar, normalize
 from .dist import all_reduce_sum

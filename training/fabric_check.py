@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .exitcodes import FABRIC_FAILED
+from eks_ddp_runtime.exitcodes import FABRIC_FAILED
 
 FABRIC_JSON = "fabric.json"
 GPU_MAX_BYTES = 1 << 30
@@ -63,7 +63,7 @@ class RankInfo:
     ofi_provider: str | None = None
     efa_devices: int = 0
     cuda_bad_fork: bool = False
-    """This process was forked from one that had initialised CUDA: it can never use a GPU (training/launch.py)."""
+    """This process was forked from one that had initialised CUDA: it can never use a GPU (training/runtime/launch.py)."""
 
 
 @dataclass

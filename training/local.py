@@ -23,7 +23,7 @@ each in its own session) and removes the temporary etcd folder.
 The console shows the trainer's records, a progress line, one line per worker failure and
 per traceback (the traceback itself is in logs/), the per-class table once, and on failure
 one line, ``[local] FAILED: <cause>``: etcd gone, disk full (ENOSPC), the corrupt data file,
-a bad trainer flag. Those a retry cannot fix (training/exitcodes.py) stop the run at once:
+a bad trainer flag. Those a retry cannot fix (training/runtime/exitcodes.py) stop the run at once:
 no retries. ``--kill-worker-at-step N`` SIGKILLs one trainer worker at step N to show
 recovery. Exit status: 0 when every agent exits 0, or when the job finished with the agents
 left after losing some (``--min-agents`` below ``--agents``).
@@ -71,8 +71,7 @@ except ImportError:  # installed (eks-ddp[trainer]), next to a project whose `co
         job_command,
     )
 
-from .local_args import _NOT_RESUMED, RUN_FILE, parse_args
-from .procs import (
+from eks_ddp_runtime.procs import (
     alive,
     cmdline,
     descendants,
@@ -84,6 +83,8 @@ from .procs import (
     start_reaper,
     stop_agents,
 )
+
+from .local_args import _NOT_RESUMED, RUN_FILE, parse_args
 from .progress import Progress, exception_line, format_duration, root_cause
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent

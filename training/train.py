@@ -1,11 +1,11 @@
 """Elastic DDP training of a CIFAR-10 classifier; the torchrun target.
 
 On each node the cluster's job pod runs this line (built by components/torchrun.py ``job_command``;
-``python -m training.launch`` is torchrun with the Job's exit-code contract and an etcd rendezvous
+``python -m eks_ddp_runtime.launch`` is torchrun with the Job's exit-code contract and an etcd rendezvous
 that survives etcd restarting)::
 
     TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 PYTORCH_NVML_BASED_CUDA_CHECK=1 EKS_DDP_PEER_DEADLINE_S=5 PYTHONUNBUFFERED=1 \\
-    python -m training.launch --nnodes=1:2 --nproc-per-node=1 \\
+    python -m eks_ddp_runtime.launch --nnodes=1:2 --nproc-per-node=1 \\
         --rdzv-backend=eks-etcd --rdzv-endpoint=ETCD_HOST:2379 --rdzv-id=RUN_ID \\
         --rdzv-conf=join_timeout=900,last_call_timeout=1,first_round_timeout=300,close_timeout=30,keep_alive_interval=1,keep_alive_max_attempt=4,store_retry_timeout=600,read_timeout=5,protocol=https,ca_cert=/etc/eks-ddp/rdzv-tls/ca.crt,ssl_cert=/etc/eks-ddp/rdzv-tls/tls.crt,ssl_cert_key=/etc/eks-ddp/rdzv-tls/tls.key \\
         --max-restarts=20 --monitor-interval=0.5 --local-addr=POD_IP \\
@@ -22,7 +22,7 @@ on the same ``--run-dir`` with another ``--epochs`` resumes and trains to the ne
 re-derived for the new total); another model, width, global batch, BatchNorm group, seed or data set is
 refused (CONFIG_ERROR): that is a new run, with a new ``--run-dir`` (on the cluster: a new ``job.runId``).
 Rank 0 logs one line per ``--log-every`` steps and appends each record to ``history.jsonl``.
-Exit codes: training/exitcodes.py (bad flags, divergence, unreadable data or checkpoints).
+Exit codes: training/runtime/exitcodes.py (bad flags, divergence, unreadable data or checkpoints).
 """
 
 from __future__ import annotations
@@ -42,10 +42,11 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from eks_ddp_runtime import exitcodes
 from torch import nn
 
 from . import checkpoint as ckpt
-from . import exitcodes, snapshot
+from . import snapshot
 from .data import (
     DEFAULT_BN_GROUP,
     DEFAULT_GLOBAL_BATCH,
