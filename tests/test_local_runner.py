@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -330,7 +331,7 @@ def test_interrupted_run_resumes_from_its_folder(tmp_path):
     finally:
         proc.kill()
     run_dir = _run_dir(out)
-    assert any(f"--resume {run_dir}" in line for line in lines)
+    assert any(f"resume it with: {sys.executable} -m training.local --resume {run_dir}" in line for line in lines)
     done = subprocess.run([sys.executable, "-m", "training.local", "--resume", str(run_dir), "--timeout", "240"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
@@ -400,3 +401,12 @@ def test_two_runs_sharing_out_keep_separate_folders(tmp_path):
         result = json.loads((f / "result.json").read_text())
         assert result["returncode"] == 0 and Path(result["run_dir"]).is_relative_to(f)
         assert (f / "training-curve.png").exists()
+
+
+def test_resume_line_names_this_interpreter_so_it_runs_without_an_activated_venv(tmp_path):
+    """Review U20: the printed command must work pasted as is, also when the venv with torch is not activated."""
+    run_dir = tmp_path / "my runs" / "run-1"
+    line = local.resume_command(run_dir)
+    assert shlex.split(line) == [sys.executable, "-m", "training.local", "--resume", str(run_dir)]
+    assert shlex.split(local.resume_command(run_dir, "eks_ddp_trainer"))[:3] == [sys.executable, "-m",
+                                                                                 "eks_ddp_trainer.local"]

@@ -104,6 +104,14 @@ def installed_modules(command: list[str], package: str | None = __package__) -> 
         return command
     return [f"{package}{c[len(_REPO_PACKAGE):]}" if i and command[i - 1] == "-m" and c.startswith(_REPO_PACKAGE + ".")
             else c for i, c in enumerate(command)]
+
+
+def resume_command(run_dir: Path, package: str | None = __package__) -> str:
+    """The command that resumes ``run_dir``, pasteable as printed: this interpreter (the virtual environment
+    that has torch, activated or not) and this runner's module name (``training`` or ``eks_ddp_trainer``)."""
+    return shlex.join([sys.executable, "-m", f"{package or _REPO_PACKAGE}.local", "--resume", str(run_dir)])
+
+
 CIFAR_SUBDIR = "cifar-10-batches-py"
 CIFAR_TRAIN_IMAGES = 50_000
 GRACE_S = 10.0
@@ -516,7 +524,7 @@ def run(o: argparse.Namespace, progress: Progress | None = None) -> RunResult:
         print(f"[local] FAILED: {job.cause} (full logs: {job.logs})", file=sys.stderr, flush=True)
     if result.returncode != 0:
         print("[local] not retried: a retry cannot fix this" if job.fatal else
-              f"[local] resume it with: python -m training.local --resume {job.run_dir}", flush=True)
+              f"[local] resume it with: {resume_command(job.run_dir)}", flush=True)
     job._write_json("result.json", {
         "returncode": result.returncode, "agent_returncodes": codes, "reason": reason, "cause": job.cause,
         "run_dir": job.run_dir, "kill_step": job.kill_step, "recovery_s": job.recovery_s,
