@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import catalog, k8s_versions
-from .config import StackConfig, duration_minutes
+from .config_checks import duration_minutes
+from .config_schema import StackConfig
 
 PRICE_DATE = "2025-10-01"
 PRICE_REGION = "us-east-1"

@@ -10,7 +10,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from . import preflight_live
-from .config import NodeGroupConfig
+from .config_schema import NodeGroupConfig
 
 
 class CapacityChecks:

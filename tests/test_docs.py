@@ -6,7 +6,8 @@ import re
 
 import yaml
 
-from components.config import TOP_LEVEL_KEYS, reference_table
+from components.config_reference import reference_table
+from components.config_schema import TOP_LEVEL_KEYS
 from tests.util import ROOT
 
 
