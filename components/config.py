@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterable
+from dataclasses import fields
 from typing import Any
 
 from . import rules
@@ -30,6 +31,7 @@ from .config_schema import (
     PROJECT,
     SUPPORTED_KUBERNETES_VERSIONS,
     TOP_LEVEL_KEYS,
+    TRAINER_ONLY_KEYS,
     ClusterConfig,
     ConfigError,
     EtcdConfig,
@@ -37,15 +39,17 @@ from .config_schema import (
     JobConfig,
     NetworkConfig,
     NodeGroupConfig,
+    RunConfig,
     StackConfig,
     StorageConfig,
+    WorkloadConfig,
 )
 
 __all__ = [
     "DEFAULT_KUBERNETES_VERSION", "OFFLINE_PLAN_ENV", "PROJECT", "SUPPORTED_KUBERNETES_VERSIONS", "TOP_LEVEL_KEYS",
     "ClusterConfig", "ConfigError", "EtcdConfig", "ImageConfig", "JobConfig", "NetworkConfig", "NodeGroupConfig",
-    "StackConfig", "StorageConfig", "choose_zones", "cluster_name_for", "duration_minutes", "group_zone_problems",
-    "load_stack_config", "reference_rows", "reference_table", "validate",
+    "RunConfig", "StackConfig", "StorageConfig", "WorkloadConfig", "choose_zones", "cluster_name_for",
+    "duration_minutes", "group_zone_problems", "load_stack_config", "reference_rows", "reference_table", "validate",
 ]
 
 
@@ -81,7 +85,7 @@ def load_stack_config(raw: dict[str, Any], *, region: str | None, stack: str | N
     storage = r.obj(StorageConfig, data.get("storage"), "storage")
     image = r.obj(ImageConfig, data.get("image"), "image")
     etcd = r.obj(EtcdConfig, data.get("etcd"), "etcd")
-    job = r.obj(JobConfig, data.get("job"), "job")
+    runs = _read_runs(r, data)
     preflight = True
     if "preflight" in data:
         preflight = r.value("preflight", data["preflight"], "bool")
@@ -89,11 +93,30 @@ def load_stack_config(raw: dict[str, Any], *, region: str | None, stack: str | N
     if r.problems:
         raise ConfigError(r.problems)
     cfg = StackConfig(region=region or "", network=network, cluster=cluster, node_groups=tuple(groups),
-                      storage=storage, image=image, etcd=etcd, job=job, preflight=bool(preflight))
+                      storage=storage, image=image, etcd=etcd, runs=runs, runs_listed="runs" in data,
+                      preflight=bool(preflight))
     problems = validate(cfg, placeholders_ok=placeholders_ok, today=today) + _ignored_settings(cfg, data)
     if problems:
         raise ConfigError(problems)
     return cfg
+
+
+def _read_runs(r: Reader, data: dict[str, Any]) -> tuple[RunConfig, ...]:
+    """``job:`` (one run of the bundled trainer; also when neither is set) or ``runs:`` (a list)."""
+    if "runs" not in data:
+        job = r.obj(JobConfig, data.get("job"), "job")
+        if job is None:
+            return ()
+        return (RunConfig(**{f.name: getattr(job, f.name) for f in fields(JobConfig)}),)
+    if "job" in data:
+        r.problems.append("eks-ddp:job and eks-ddp:runs: both set; expected one of them: job (one run of the "
+                          "bundled trainer) or runs (a list of runs, each with the job keys plus workload)")
+    raw = data["runs"]
+    if not isinstance(raw, list) or not raw:
+        r.bad("runs", raw, "a non-empty list of runs, each an object with the job keys plus workload")
+        return ()
+    runs = [r.obj(RunConfig, entry, f"runs[{i}]") for i, entry in enumerate(raw)]
+    return tuple(runs) if all(runs) else ()
 
 
 def cluster_name_for(stack: str, cfg: StackConfig | None = None) -> str:
@@ -112,9 +135,16 @@ def _ignored_settings(cfg: StackConfig, data: dict[str, Any]) -> list[str]:
             if key in net:
                 p.append(f"network.{key}: set together with network.vpcId, which uses your VPC as it is; "
                          f"expected no network.{key} (it only shapes a new VPC)")
-    if cfg.job.rdzv_backend == "c10d" and data.get("etcd"):
-        p.append(f"etcd: got {data['etcd']!r} with job.rdzvBackend 'c10d', which deploys no etcd; "
-                 "expected no eks-ddp:etcd, or job.rdzvBackend 'etcd-v2'")
+    if not cfg.uses_etcd and data.get("etcd"):
+        which = "every run's rdzvBackend" if cfg.runs_listed else "job.rdzvBackend"
+        p.append(f"etcd: got {data['etcd']!r} with {which} 'c10d', which deploys no etcd; "
+                 f"expected no eks-ddp:etcd, or {which} 'etcd-v2'")
+    if cfg.runs_listed:
+        for i, (run, raw) in enumerate(zip(cfg.runs, data["runs"], strict=True)):
+            if run.workload.custom:
+                p += [f"runs[{i}].{key}: set with a workload of your own, which never reads it (only the bundled "
+                      f"cifar10 trainer does); expected no runs[{i}].{key}: pass your own flags in "
+                      f"runs[{i}].workload.args" for key in TRAINER_ONLY_KEYS if key in raw]
     return p
 
 

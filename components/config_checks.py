@@ -15,7 +15,9 @@ from .config_schema import (
     ClusterConfig,
     NetworkConfig,
     NodeGroupConfig,
+    RunConfig,
     StackConfig,
+    WorkloadConfig,
 )
 
 _AZ = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$")
@@ -41,7 +43,7 @@ def validate(cfg: StackConfig, *, placeholders_ok: bool = False, today: dt.date 
         if g.name in names:
             p.append(f"nodeGroups[{i}].name: got {g.name!r}; expected a name not used by another group")
         names.add(g.name)
-    p += _check_job(cfg)
+    p += _check_runs(cfg)
     if cfg.image.prebuilt is not None and (bad := rules.image_by_digest("image.prebuilt", cfg.image.prebuilt)):
         p.append(bad)
     bucket = cfg.storage.results_bucket
@@ -201,32 +203,72 @@ def _check_group(g: NodeGroupConfig, key: str, region: str) -> list[str]:
     return p
 
 
-def _check_job(cfg: StackConfig) -> list[str]:
-    j = cfg.job
+def _check_runs(cfg: StackConfig) -> list[str]:
+    p: list[str] = []
+    for i, run in enumerate(cfg.runs):
+        p += _check_run(cfg, run, cfg.run_key(i))
+    seen: dict[str, int] = {}
+    for i, run in enumerate(cfg.runs):
+        if run.run_id in seen:
+            p.append(f"runs[{i}].runId: got {run.run_id!r}, already the runId of runs[{seen[run.run_id]}]; expected "
+                     "a runId of its own (it names the run's Job and its checkpoint and results folders)")
+        seen.setdefault(run.run_id, i)
+    first = cfg.runs[0].namespace
+    for i, run in enumerate(cfg.runs[1:], 1):
+        if run.namespace != first:
+            # One namespace holds the stack's training workloads: its quota, NetworkPolicies and service accounts.
+            p.append(f"runs[{i}].namespace: got {run.namespace!r}; expected the namespace of runs[0] ({first!r}): "
+                     "the stack's runs share one namespace")
+    return p
+
+
+def _check_run(cfg: StackConfig, j: RunConfig, key: str) -> list[str]:
     p: list[str] = []
     names = [g.name for g in cfg.node_groups]
     if j.node_group is not None and j.node_group not in names:
-        p.append(f"job.nodeGroup: got {j.node_group!r}; expected one of {', '.join(names)}")
-    p += _positive("job.nodes", j.nodes)
-    p += _positive("job.minNodes", j.min_nodes)
-    p += _positive("job.maxRestarts", j.max_restarts, 0)
-    p += _positive("job.faultBudget", j.fault_budget, 0)
+        p.append(f"{key}.nodeGroup: got {j.node_group!r}; expected one of {', '.join(names)}")
+    p += _positive(f"{key}.nodes", j.nodes)
+    p += _positive(f"{key}.minNodes", j.min_nodes)
+    p += _positive(f"{key}.maxRestarts", j.max_restarts, 0)
+    p += _positive(f"{key}.faultBudget", j.fault_budget, 0)
     if not 0 < j.active_deadline_hours <= 24 * 365:
-        p.append(f"job.activeDeadlineHours: got {j.active_deadline_hours!r}; expected a number of hours in (0, 8760]")
-    p += _positive("job.epochs", j.epochs)
-    if bad := rules.global_batch("job.globalBatchSize", j.global_batch_size):
+        p.append(f"{key}.activeDeadlineHours: got {j.active_deadline_hours!r}; expected a number of hours in "
+                 "(0, 8760]")
+    p += _positive(f"{key}.epochs", j.epochs)
+    if bad := rules.global_batch(f"{key}.globalBatchSize", j.global_batch_size):
         p.append(bad)
     if j.min_nodes > j.nodes:
-        p.append(f"job.minNodes: got {j.min_nodes}; expected <= job.nodes ({j.nodes})")
-    if bad := rules.learning_rate("job.learningRate", j.learning_rate):
+        p.append(f"{key}.minNodes: got {j.min_nodes}; expected <= {key}.nodes ({j.nodes})")
+    if bad := rules.learning_rate(f"{key}.learningRate", j.learning_rate):
         p.append(bad)
-    if bad := rules.run_id("job.runId", j.run_id):
+    if bad := rules.run_id(f"{key}.runId", j.run_id):
         p.append(bad)
-    if bad := rules.namespace("job.namespace", j.namespace):
+    if bad := rules.namespace(f"{key}.namespace", j.namespace):
         p.append(bad)
     if j.node_group is None or j.node_group in names:
         g = cfg.node_group(j.node_group or names[0])
         if j.nodes > g.max_size:
-            p.append(f"job.nodes: got {j.nodes}; expected <= nodeGroups maxSize of group {g.name!r} "
+            p.append(f"{key}.nodes: got {j.nodes}; expected <= nodeGroups maxSize of group {g.name!r} "
                      f"({g.max_size}): one pod per node")
+    p += _check_workload(j.workload, f"{key}.workload")
+    return p
+
+
+def _check_workload(w: WorkloadConfig, key: str) -> list[str]:
+    if not w.custom:
+        return []
+    p: list[str] = []
+    if w.image is not None and (bad := rules.image_by_digest(f"{key}.image", w.image)):
+        p.append(bad)
+    if (w.module is None) == (w.script is None):
+        got = f"module {w.module!r} and script {w.script!r}" if w.module else "neither module nor script"
+        p.append(f"{key}: got {got}; expected exactly one of {key}.module (python -m NAME) or {key}.script "
+                 "(a .py file in the image)")
+    if w.module is not None and (bad := rules.python_module(f"{key}.module", w.module)):
+        p.append(bad)
+    if w.script is not None and (bad := rules.script_path(f"{key}.script", w.script)):
+        p.append(bad)
+    p += rules.env_names(f"{key}.env", w.env)
+    if w.s3_uri is not None and (bad := rules.s3_prefix(f"{key}.data.s3", w.s3_uri)):
+        p.append(bad)
     return p

@@ -10,6 +10,7 @@ import json
 import math
 import re
 from dataclasses import MISSING, fields
+from types import MappingProxyType
 from typing import Any, get_args
 
 from .config_schema import (
@@ -21,6 +22,7 @@ from .config_schema import (
     RdzvBackend,
     ScanSeverity,
     UpgradePolicy,
+    WorkloadConfig,
     yaml_key,
 )
 
@@ -99,7 +101,57 @@ class Reader:
             if value in typ:
                 return value
             self.bad(key, value, "one of " + ", ".join(repr(c) for c in typ))
+        elif typ == "WorkloadConfig":
+            return self.workload(key, value)
         return None
+
+    def workload(self, key: str, value: Any) -> WorkloadConfig | None:
+        """``cifar10`` or ``{image, module | script, args, env, data: {s3}}`` (the value checks are in
+        config_checks; here only the shape)."""
+        if value == "cifar10":
+            return WorkloadConfig()
+        if not isinstance(value, dict):
+            self.bad(key, value, f"'cifar10' (the bundled trainer) or an object with keys {', '.join(WORKLOAD_KEYS)}")
+            return None
+        before = len(self.problems)
+        for k in value:
+            if k not in WORKLOAD_KEYS:
+                self.bad(f"{key}.{k}", value[k], "one of the known keys: " + ", ".join(WORKLOAD_KEYS)
+                         + suggest(k, dict.fromkeys(WORKLOAD_KEYS)))
+        strings = {k: self.value(f"{key}.{k}", value[k], "str") for k in ("image", "module", "script") if k in value}
+        args: tuple[str, ...] = ()
+        if "args" in value:
+            # An empty-string argument is legitimate (--suffix ''); numbers YAML read as numbers are not.
+            if isinstance(value["args"], list) and all(isinstance(a, str) for a in value["args"]):
+                args = tuple(value["args"])
+            else:
+                self.bad(f"{key}.args", value["args"], "a list of strings (quote numbers: ['--lr', '0.1'])")
+        env: dict[str, str] = {}
+        raw_env = value.get("env", {})
+        if not isinstance(raw_env, dict):
+            self.bad(f"{key}.env", raw_env, "an object of variable names to strings")
+        else:
+            for name, v in raw_env.items():
+                if isinstance(v, str):
+                    env[name] = v
+                elif isinstance(v, (int, float)) and not isinstance(v, bool):
+                    env[name] = str(v)  # OMP_NUM_THREADS: 4 is what anyone writes; the pod gets "4"
+                else:
+                    self.bad(f"{key}.env.{name}", v, "a string")
+        s3_uri = None
+        if "data" in value:
+            data = value["data"]
+            if not isinstance(data, dict) or set(data) != {"s3"}:
+                self.bad(f"{key}.data", data, "an object with one key, s3: {s3: 's3://bucket/prefix/'}")
+            else:
+                s3_uri = self.value(f"{key}.data.s3", data["s3"], "str")
+        if len(self.problems) > before:
+            return None
+        return WorkloadConfig(kind="custom", args=args, env=MappingProxyType(env), s3_uri=s3_uri, **strings)
+
+
+#: The keys of a custom workload object, in documentation order.
+WORKLOAD_KEYS = ("image", "module", "script", "args", "env", "data")
 
 
 def resolve(annotation: Any) -> Any:

@@ -6,7 +6,7 @@ from dataclasses import MISSING, fields
 from typing import Any
 
 from .config_reader import resolve
-from .config_schema import PROJECT, TOP_LEVEL_KEYS, yaml_key
+from .config_schema import PROJECT, TOP_LEVEL_KEYS, JobConfig, RunConfig, WorkloadConfig, yaml_key
 
 
 def _type_name(annotation: Any) -> str:
@@ -14,7 +14,37 @@ def _type_name(annotation: Any) -> str:
     if isinstance(kind, tuple):
         return " \\| ".join(f"`{c}`" for c in kind)
     return {"tuple": "list of string", "str": "string", "int": "integer", "float": "number",
-            "bool": "boolean"}.get(kind, str(kind))
+            "bool": "boolean", "Mapping[str, str]": "object of string",
+            "WorkloadConfig": "`cifar10` \\| object"}.get(kind, str(kind))
+
+
+def _default(f: Any) -> str:
+    if f.default is MISSING and f.default_factory is MISSING:
+        return "(required)"
+    if f.default is MISSING:  # a factory: an empty mapping, or the bundled workload
+        return "`cifar10`" if f.default_factory is WorkloadConfig else "`{}`"
+    if f.default is None:
+        return "—"
+    if isinstance(f.default, bool):
+        return f"`{str(f.default).lower()}`"
+    if f.default == ():
+        return "`[]`"
+    return f"`{f.default}`"
+
+
+def _runs_rows() -> list[tuple[str, str, str, str]]:
+    """``runs`` takes every ``job`` key (documented once, under job) plus the workload and its keys."""
+    prefix = f"{PROJECT}:runs[i]"
+    rows = [(f"{PROJECT}:runs", "list of object", "—",
+             f"Several runs side by side instead of {PROJECT}:job (not both): each entry takes every job key "
+             "(its own runId) plus workload.")]
+    extra = [f for f in fields(RunConfig) if f.name not in {g.name for g in fields(JobConfig)}]
+    for f in extra:
+        rows.append((f"{prefix}.{yaml_key(f)}", _type_name(f.type), _default(f), f.metadata["doc"]))
+    for f in fields(WorkloadConfig):
+        if yaml_key(f) != "-":  # kind: the string or the object says it
+            rows.append((f"{prefix}.workload.{yaml_key(f)}", _type_name(f.type), _default(f), f.metadata["doc"]))
+    return rows
 
 
 def reference_rows() -> list[tuple[str, str, str, str]]:
@@ -26,19 +56,12 @@ def reference_rows() -> list[tuple[str, str, str, str]]:
             rows.append((f"{PROJECT}:{top}", "boolean", "`true`",
                          "Check zone offerings, EFA, vCPU quotas and reservations before creating anything."))
             continue
+        if cls is RunConfig:
+            rows += _runs_rows()
+            continue
         prefix = f"{PROJECT}:{top}[i]" if top == "nodeGroups" else f"{PROJECT}:{top}"
         for f in fields(cls):
-            if f.default is MISSING and f.default_factory is MISSING:
-                default = "(required)"
-            elif f.default is None:
-                default = "—"
-            elif isinstance(f.default, bool):
-                default = f"`{str(f.default).lower()}`"
-            elif f.default == ():
-                default = "`[]`"
-            else:
-                default = f"`{f.default}`"
-            rows.append((f"{prefix}.{yaml_key(f)}", _type_name(f.type), default, f.metadata["doc"]))
+            rows.append((f"{prefix}.{yaml_key(f)}", _type_name(f.type), _default(f), f.metadata["doc"]))
     return rows
 
 

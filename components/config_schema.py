@@ -8,7 +8,9 @@ checks are ``config_checks.py``; ``config.py`` ties them together (``load_stack_
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Literal
 
 from . import catalog, k8s_versions, rules
@@ -28,6 +30,7 @@ ScanSeverity = Literal["CRITICAL", "HIGH", "MEDIUM", "LOW", "INFORMATIONAL", "di
 DEFAULT_KUBERNETES_VERSION = k8s_versions.DEFAULT_VERSION
 SUPPORTED_KUBERNETES_VERSIONS = k8s_versions.SUPPORTED_VERSIONS
 UpgradePolicy = Literal["STANDARD", "EXTENDED"]
+WorkloadKind = Literal["cifar10", "custom"]
 
 DNS_LABEL = rules.DNS_LABEL
 
@@ -191,6 +194,48 @@ class JobConfig:
         "node before training starts; default: true when the job's group has efa.", default=None)
 
 
+#: Keys of a run that only the bundled CIFAR-10 trainer reads: with your own workload they would do nothing.
+TRAINER_ONLY_KEYS = ("epochs", "globalBatchSize", "model", "learningRate", "compile")
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkloadConfig:
+    """``runs[i].workload``: what a run trains. Plain data; the program turns it into a ``Workload``.
+
+    In YAML either the string ``cifar10`` (the bundled trainer, the default) or an object with the keys
+    below (your own entrypoint), so ``kind`` has no key of its own."""
+
+    kind: WorkloadKind = _doc("'cifar10' (the bundled trainer) or 'custom' (an object).", default="cifar10",
+                              key="-")
+    image: str | None = _doc("Image the run's pods run (repo@sha256:digest); default: the stack's image.",
+                             default=None)
+    module: str | None = _doc("Python module the launcher runs (like python -m), e.g. mypkg.train; exactly one "
+                              "of module and script.", default=None)
+    script: str | None = _doc("Script in the image the launcher runs, e.g. /app/train.py; exactly one of module "
+                              "and script.", default=None)
+    args: tuple[str, ...] = _doc("Arguments after the module or script.", default=())
+    env: Mapping[str, str] = _doc(
+        "Environment variables of every worker (names like MY_VAR; not EKS_DDP_*, which the job sets).",
+        default_factory=lambda: MappingProxyType({}))
+    s3_uri: str | None = _doc(
+        "S3 prefix (s3://bucket/prefix/) staged once onto the shared volume, read-only, as $EKS_DDP_DATA_DIR; "
+        "default: no data stage.", default=None, key="data.s3")
+
+    @property
+    def custom(self) -> bool:
+        return self.kind == "custom"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig(JobConfig):
+    """One run: the ``eks-ddp:job`` keys plus what it trains. ``job:`` is the one-run form (the CIFAR-10
+    trainer); each entry of ``runs:`` is one of these."""
+
+    workload: WorkloadConfig = _doc(
+        "'cifar10' (the bundled trainer) or your own: an object with the workload keys below.",
+        default_factory=WorkloadConfig)
+
+
 @dataclass(frozen=True, kw_only=True)
 class StackConfig:
     """The whole validated stack config."""
@@ -202,27 +247,56 @@ class StackConfig:
     storage: StorageConfig
     image: ImageConfig
     etcd: EtcdConfig
-    job: JobConfig
+    runs: tuple[RunConfig, ...]
+    """Always at least one: ``job:`` gives one, ``runs:`` one per entry."""
+    runs_listed: bool = False
+    """True when the runs come from ``runs:`` (keys ``runs[i].*``), false for ``job:`` (keys ``job.*``)."""
     preflight: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.runs:
+            raise ValueError("StackConfig.runs: got (); expected at least one run")
+
+    @property
+    def job(self) -> RunConfig:
+        """The first run (the only one with ``job:``)."""
+        return self.runs[0]
+
+    def run_key(self, index: int) -> str:
+        """The YAML key of run ``index`` for messages: ``job`` or ``runs[<index>]``."""
+        return f"runs[{index}]" if self.runs_listed else "job"
 
     def node_group(self, name: str) -> NodeGroupConfig:
         return next(g for g in self.node_groups if g.name == name)
 
+    def group_of(self, run: JobConfig) -> NodeGroupConfig:
+        """The GPU node group a run runs on (its nodeGroup, default the first)."""
+        return self.node_group(run.node_group or self.node_groups[0].name)
+
     @property
     def job_group(self) -> NodeGroupConfig:
-        return self.node_group(self.job.node_group or self.node_groups[0].name)
+        return self.group_of(self.job)
+
+    def fabric_check_of(self, run: JobConfig) -> bool:
+        """A run's ``fabricCheck``, defaulting to its group's ``efa``."""
+        return run.fabric_check if run.fabric_check is not None else self.group_of(run).efa
 
     @property
     def fabric_check(self) -> bool:
         """``job.fabricCheck``, defaulting to the job group's ``efa``."""
-        return self.job.fabric_check if self.job.fabric_check is not None else self.job_group.efa
+        return self.fabric_check_of(self.job)
 
     @property
     def uses_efa(self) -> bool:
         return any(g.efa for g in self.node_groups)
 
+    @property
+    def uses_etcd(self) -> bool:
+        """Whether any run rendezvouses through etcd (then the stack deploys EtcdRendezvous)."""
+        return any(r.rdzv_backend == "etcd-v2" for r in self.runs)
 
-# Top-level keys: YAML key (without the "eks-ddp:" prefix) -> description.
+
+# Top-level keys: YAML key (without the "eks-ddp:" prefix) -> description. "job" and "runs" are alternatives.
 TOP_LEVEL_KEYS = {
     "network": NetworkConfig,
     "cluster": ClusterConfig,
@@ -231,6 +305,7 @@ TOP_LEVEL_KEYS = {
     "image": ImageConfig,
     "etcd": EtcdConfig,
     "job": JobConfig,
+    "runs": RunConfig,
     "preflight": bool,
 }
 
