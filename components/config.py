@@ -19,9 +19,10 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterable
 from dataclasses import fields
+from types import SimpleNamespace
 from typing import Any
 
-from . import rules
+from . import catalog, rules
 from .config_checks import duration_minutes, validate
 from .config_reader import Reader, parse_raw
 from .config_reference import reference_rows, reference_table
@@ -32,6 +33,7 @@ from .config_schema import (
     SUPPORTED_KUBERNETES_VERSIONS,
     TOP_LEVEL_KEYS,
     TRAINER_ONLY_KEYS,
+    CatalogEntryConfig,
     ClusterConfig,
     ConfigError,
     EtcdConfig,
@@ -86,6 +88,7 @@ def load_stack_config(raw: dict[str, Any], *, region: str | None, stack: str | N
     image = r.obj(ImageConfig, data.get("image"), "image")
     etcd = r.obj(EtcdConfig, data.get("etcd"), "etcd")
     runs = _read_runs(r, data)
+    types = _read_catalog(r, data.get("catalog"))
     preflight = True
     if "preflight" in data:
         preflight = r.value("preflight", data["preflight"], "bool")
@@ -94,11 +97,60 @@ def load_stack_config(raw: dict[str, Any], *, region: str | None, stack: str | N
         raise ConfigError(r.problems)
     cfg = StackConfig(region=region or "", network=network, cluster=cluster, node_groups=tuple(groups),
                       storage=storage, image=image, etcd=etcd, runs=runs, runs_listed="runs" in data,
-                      preflight=bool(preflight))
+                      catalog=types, preflight=bool(preflight))
+    # The stack's own types are registered before the checks (which look types up in the catalog) and
+    # taken back if the config is refused, so a bad stack leaves the catalog as it found it.
+    added = [t.name for t in types if t.name not in catalog.CATALOG]
+    for t in types:
+        catalog.register(t)
     problems = validate(cfg, placeholders_ok=placeholders_ok, today=today) + _ignored_settings(cfg, data)
     if problems:
+        for name in added:
+            catalog.unregister(name)
         raise ConfigError(problems)
     return cfg
+
+
+#: The stack key of each InstanceType field, for messages.
+_CATALOG_KEYS = {"gpu_model": "gpuModel", "gpu_memory_gib": "gpuMemoryGiB", "memory_gib": "memoryGiB",
+                 "efa_interfaces": "efaInterfaces", "price_per_hour": "priceUsdPerHour", "network_gbps": "networkGbps"}
+
+
+def _read_catalog(r: Reader, raw: Any) -> tuple[catalog.InstanceType, ...]:
+    """``eks-ddp:catalog``: each entry checked like a built-in row, named ``catalog[i].<key>``."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        r.bad("catalog", raw, "a list of instance types, each an object with name, gpus, gpuModel, vcpus, "
+                              "memoryGiB, priceUsdPerHour, ...")
+        return ()
+    types: list[catalog.InstanceType] = []
+    for i, entry in enumerate(raw):
+        key = f"catalog[{i}]"
+        e = r.obj(CatalogEntryConfig, entry, key)
+        if e is None:
+            continue
+        fields_ = dict(name=e.name, gpus=e.gpus, gpu_model=e.gpu_model or "", gpu_memory_gib=e.gpu_memory_gib,
+                       vcpus=e.vcpus, memory_gib=e.memory_gib, efa_interfaces=e.efa_interfaces,
+                       price_per_hour=e.price_usd_per_hour, efa_only_secondary=e.efa_only_secondary,
+                       network_gbps=e.network_gbps, price_source=e.price_source, price_date="(stack config)")
+        bad = catalog.instance_type_problems(SimpleNamespace(**fields_), key, names=_CATALOG_KEYS)
+        if e.name in catalog.BUILTIN:
+            bad.append(f"{key}.name: got {e.name!r}, which the built-in catalog lists; expected a type it does not "
+                       "list (python: catalog.register(..., replace=True) corrects a built-in row)")
+        elif (known := catalog.CATALOG.get(e.name)) is not None and not bad \
+                and known != catalog.InstanceType(**fields_):
+            bad.append(f"{key}.name: got {e.name!r}, already registered with other values ({known}); expected "
+                       "one description per type")
+        if e.name in [t.name for t in types]:
+            bad.append(f"{key}.name: got {e.name!r} twice; expected each type once")
+        if e.efa_interfaces and e.gpus and e.network_gbps is None:
+            bad.append(f"{key}.networkGbps: required with efaInterfaces ({e.efa_interfaces}); expected the type's "
+                       "network bandwidth in Gbps (the fabric check's floor is a quarter of it)")
+        r.problems += bad
+        if not bad:
+            types.append(catalog.InstanceType(**fields_))
+    return tuple(types)
 
 
 def _read_runs(r: Reader, data: dict[str, Any]) -> tuple[RunConfig, ...]:

@@ -124,7 +124,8 @@ def _check_cluster(c: ClusterConfig, placeholders_ok: bool = False) -> list[str]
                  + ", ".join(SUPPORTED_KUBERNETES_VERSIONS))
     if c.system_instance_type not in catalog.cpu_types():
         p.append(f"cluster.systemInstanceType: got {c.system_instance_type!r}; expected one of "
-                 + ", ".join(catalog.cpu_types()))
+                 + ", ".join(catalog.cpu_types()) + "; or describe it under eks-ddp:catalog (an x86_64 type with "
+                 "gpus 0, its vcpus, memoryGiB and priceUsdPerHour)")
     p += _positive("cluster.systemNodeCount", c.system_node_count)
     if bad := rules.retention_days("cluster.logRetentionDays", c.log_retention_days):
         p.append(bad)
@@ -164,7 +165,8 @@ def _check_group(g: NodeGroupConfig, key: str, region: str) -> list[str]:
                      f"{g.instance_type} (the pods are sized for it), e.g. a larger size of the same GPU")
     if it is None or it.gpus == 0:
         p.append(f"{key}.instanceType: got {g.instance_type!r}; expected a GPU type from the catalog: "
-                 + ", ".join(catalog.gpu_types()))
+                 + ", ".join(catalog.gpu_types()) + "; or describe it under eks-ddp:catalog (gpus, gpuModel, "
+                 "gpuMemoryGiB, vcpus, memoryGiB, efaInterfaces, priceUsdPerHour)")
     p += _positive(f"{key}.minSize", g.min_size, 0)
     p += _positive(f"{key}.maxSize", g.max_size, 1)
     if bad := rules.root_volume_gib(f"{key}.rootVolumeGiB", g.root_volume_gib):

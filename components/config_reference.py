@@ -59,7 +59,7 @@ def reference_rows() -> list[tuple[str, str, str, str]]:
         if cls is RunConfig:
             rows += _runs_rows()
             continue
-        prefix = f"{PROJECT}:{top}[i]" if top == "nodeGroups" else f"{PROJECT}:{top}"
+        prefix = f"{PROJECT}:{top}[i]" if top in ("nodeGroups", "catalog") else f"{PROJECT}:{top}"
         for f in fields(cls):
             rows.append((f"{prefix}.{yaml_key(f)}", _type_name(f.type), _default(f), f.metadata["doc"]))
     return rows

@@ -194,6 +194,27 @@ class JobConfig:
         "node before training starts; default: true when the job's group has efa.", default=None)
 
 
+@dataclass(frozen=True, kw_only=True)
+class CatalogEntryConfig:
+    """One entry of ``eks-ddp:catalog``: an instance type the built-in catalog does not list."""
+
+    name: str = _doc("EC2 instance type (x86_64), e.g. g7e.12xlarge; then usable as instanceType, "
+                     "spotInstanceTypes or systemInstanceType.")
+    gpus: int = _doc("NVIDIA GPUs per instance (0: a CPU type, for the system group).", default=0)
+    gpu_model: str | None = _doc("GPU model, e.g. L40S (the node label nvidia-<model>); required with gpus.",
+                                 default=None)
+    gpu_memory_gib: int = _doc("Memory per GPU in GiB; required with gpus.", default=0, key="gpuMemoryGiB")
+    vcpus: int = _doc("vCPUs per instance (pod sizing, vCPU quotas).")
+    memory_gib: int = _doc("Instance memory in GiB (pod sizing).", key="memoryGiB")
+    efa_interfaces: int = _doc("EFA-capable network cards; 0: no EFA.", default=0)
+    efa_only_secondary: bool = _doc("Make the EFA interfaces on cards > 0 EFA-only (no IP address), as AWS "
+                                    "recommends for p5-class types.", default=False)
+    network_gbps: int | None = _doc("Per-node network bandwidth in Gbps (the fabric check's floor); required with "
+                                    "efaInterfaces.", default=None)
+    price_usd_per_hour: float = _doc("On-demand $/hour, for the cost estimate.", key="priceUsdPerHour")
+    price_source: str = _doc("Where the price comes from (shown with the estimate).", default="eks-ddp:catalog")
+
+
 #: Keys of a run that only the bundled CIFAR-10 trainer reads: with your own workload they would do nothing.
 TRAINER_ONLY_KEYS = ("epochs", "globalBatchSize", "model", "learningRate", "compile")
 
@@ -251,6 +272,8 @@ class StackConfig:
     """Always at least one: ``job:`` gives one, ``runs:`` one per entry."""
     runs_listed: bool = False
     """True when the runs come from ``runs:`` (keys ``runs[i].*``), false for ``job:`` (keys ``job.*``)."""
+    catalog: tuple[catalog.InstanceType, ...] = ()
+    """The stack's own instance types (``eks-ddp:catalog``), registered in the catalog when loaded."""
     preflight: bool = True
 
     def __post_init__(self) -> None:
@@ -306,6 +329,7 @@ TOP_LEVEL_KEYS = {
     "etcd": EtcdConfig,
     "job": JobConfig,
     "runs": RunConfig,
+    "catalog": CatalogEntryConfig,
     "preflight": bool,
 }
 
