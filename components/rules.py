@@ -133,6 +133,50 @@ def image_by_digest(key: str, value: Any) -> str | None:
     return None
 
 
+PYTHON_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: Variables the job sets for every worker (run and data directories): a workload reads them, never sets them.
+RESERVED_ENV_PREFIX = "EKS_DDP_"
+S3_PREFIX = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.-]{1,61}[a-z0-9])/(?P<prefix>([^/\s]+/)*)$")
+
+
+def python_module(key: str, value: Any) -> str | None:
+    if not isinstance(value, str) or not PYTHON_MODULE.match(value):
+        return _got(key, value, "a Python module name such as mypkg.train (what python -m takes)")
+    return None
+
+
+def script_path(key: str, value: Any) -> str | None:
+    if not isinstance(value, str) or not value or any(c.isspace() for c in value) or value.startswith("-"):
+        return _got(key, value, "a path to a script in the image such as /app/train.py (no spaces; arguments go "
+                                "in args)")
+    return None
+
+
+def env_names(key: str, env: Any) -> list[str]:
+    """Names of environment variables a workload sets: shell-style, and not the job's own EKS_DDP_*."""
+    problems: list[str] = []
+    for name in env:
+        if not isinstance(name, str) or not ENV_NAME.match(name):
+            problems.append(_got(f"{key}.{name}", name, "a variable name of letters, digits and '_', not starting "
+                                                        "with a digit"))
+        elif name.startswith(RESERVED_ENV_PREFIX):
+            problems.append(_got(f"{key}.{name}", name, f"a name not starting with {RESERVED_ENV_PREFIX} (the job "
+                                                        "sets those: EKS_DDP_RUN_DIR, EKS_DDP_DATA_DIR)"))
+    return problems
+
+
+def s3_prefix(key: str, value: Any) -> str | None:
+    """An S3 prefix the data stage copies: ``s3://bucket/`` or ``s3://bucket/some/prefix/`` (trailing '/')."""
+    if not isinstance(value, str) or not S3_PREFIX.match(value):
+        hint = ""
+        if isinstance(value, str) and value.startswith("s3://") and not value.endswith("/"):
+            hint = f" (end it with '/': {value}/)"
+        return _got(key, value, "an S3 prefix such as s3://my-bucket/datasets/imagenet/ (a bucket name, then "
+                                f"folders, ending with '/'){hint}")
+    return None
+
+
 def cluster_name(key: str, value: Any) -> str | None:
     if not isinstance(value, str) or not EKS_CLUSTER_NAME.match(value) or len(value) > EKS_CLUSTER_NAME_MAX:
         return _got(key, value, "letters, digits, '-' and '_', starting with a letter or digit "
