@@ -155,17 +155,14 @@ class EksClusterArgs:
 def validate(args: EksClusterArgs) -> None:
     """Raise ValueError naming the bad field: the stack config's rules. A field the program needs as a value
     (names, counts, the version) refuses an Output with a message; Input fields skip their value checks."""
+    need = "known when the program runs"
     rules.require(
         rules.known("cluster_name", args.cluster_name, "a string", "it names the log group and the roles")
         or rules.cluster_name("cluster_name", args.cluster_name),
-        rules.known("kubernetes_version", args.kubernetes_version, "a version string",
-                    "it picks the add-on builds"),
-        rules.known("system_instance_type", args.system_instance_type, "an instance type",
-                    "it sizes the system pods"),
-        rules.known("endpoint_public_access", args.endpoint_public_access, "true or false",
-                    "it decides which CIDR checks apply"),
+        *[rules.known(f, getattr(args, f), "a plain value", need) for f in (
+            "kubernetes_version", "system_instance_type", "endpoint_public_access", "admin_principal_arns")],
         rules.whole("system_node_count", args.system_node_count, 1),
-        rules.known("log_retention_days", args.log_retention_days, "a number of days", "CloudWatch takes a few")
+        rules.known("log_retention_days", args.log_retention_days, "a number of days", need)
         or rules.retention_days("log_retention_days", args.log_retention_days))
     if args.kubernetes_version not in k8s_versions.SUPPORTED_VERSIONS:
         raise ValueError(f"kubernetes_version: got {args.kubernetes_version!r}; expected one of "
@@ -176,28 +173,19 @@ def validate(args: EksClusterArgs) -> None:
     # Documentation-range placeholders are the stack config's to reject (its message says which
     # `pulumi config set` fixes them); the offline plan renders example stacks that still hold them.
     # An Output (a StackReference's list) is passed through unchecked, as are Output entries.
-    cidrs = args.public_access_cidrs
-    if not rules.is_output(cidrs):
-        if args.endpoint_public_access:
-            plain = rules.outputs_skipped(cidrs)
-            if plain or not list(cidrs):
-                rules.require(*rules.public_access_cidrs("public_access_cidrs", plain, placeholders_ok=True))
-        elif list(cidrs):
-            raise ValueError(f"public_access_cidrs: got {list(cidrs)!r}; expected none with "
-                             "endpoint_public_access=False (the API endpoint is private only)")
+    cidrs = None if rules.is_output(args.public_access_cidrs) else list(args.public_access_cidrs)
+    if cidrs is not None and args.endpoint_public_access and (rules.outputs_skipped(cidrs) or not cidrs):
+        rules.require(*rules.public_access_cidrs("public_access_cidrs", rules.outputs_skipped(cidrs),
+                                                 placeholders_ok=True))
+    elif cidrs and not args.endpoint_public_access:
+        raise ValueError(f"public_access_cidrs: got {cidrs!r}; expected none with "
+                         "endpoint_public_access=False (the API endpoint is private only)")
     if not rules.is_output(args.private_subnet_ids) and len(list(args.private_subnet_ids)) < 2:
         raise ValueError("private_subnet_ids: expected at least 2 subnets in 2 zones (EKS requires two)")
-    rules.require(rules.known("admin_principal_arns", args.admin_principal_arns, "a list",
-                              "the program makes one access entry per ARN"))
     rules.require(*[rules.iam_principal(f"admin_principal_arns[{i}]", arn)
                     for i, arn in enumerate(args.admin_principal_arns)])
     if args.upgrade_policy not in ("STANDARD", "EXTENDED"):
         raise ValueError(f"upgrade_policy: got {args.upgrade_policy!r}; expected 'STANDARD' or 'EXTENDED'")
-
-
-def _seq(values: pulumi.Input[Sequence[pulumi.Input[str]]]) -> pulumi.Input[Sequence[pulumi.Input[str]]]:
-    """A list as given, or an Output of one (a StackReference's) passed through whole."""
-    return values if rules.is_output(values) else list(values)  # type: ignore[arg-type]
 
 
 def _assume_role_policy(service: str) -> str:
@@ -250,8 +238,8 @@ class EksCluster(pulumi.ComponentResource):
             # pulumi-eks passes an unset policy through, and EKS then defaults to EXTENDED support.
             upgrade_policy=aws.eks.ClusterUpgradePolicyArgs(support_type=args.upgrade_policy),
             vpc_id=args.vpc_id,
-            public_subnet_ids=_seq(args.public_subnet_ids),
-            private_subnet_ids=_seq(args.private_subnet_ids),
+            public_subnet_ids=rules.listed(args.public_subnet_ids),
+            private_subnet_ids=rules.listed(args.private_subnet_ids),
             skip_default_node_group=True,
             # Our node security group (below) instead of pulumi_eks's, so every rule is visible here.
             skip_default_security_groups=True,
@@ -261,7 +249,7 @@ class EksCluster(pulumi.ComponentResource):
             encryption_config_key_arn=secrets_key.arn,
             endpoint_private_access=True,
             endpoint_public_access=args.endpoint_public_access,
-            public_access_cidrs=_seq(args.public_access_cidrs) if args.endpoint_public_access else None,
+            public_access_cidrs=rules.listed(args.public_access_cidrs) if args.endpoint_public_access else None,
             # Without this the VPC CNI accepts NetworkPolicy objects but does not enforce them, and
             # etcd and the trainers would be reachable from every pod in the cluster.
             vpc_cni_options=eks.VpcCniOptionsArgs(enable_network_policy=True),
@@ -397,7 +385,7 @@ class EksCluster(pulumi.ComponentResource):
             f"{name}-system",
             cluster_name=self.cluster_name,
             node_role_arn=self.node_role_arn,
-            subnet_ids=_seq(args.private_subnet_ids),
+            subnet_ids=rules.listed(args.private_subnet_ids),
             ami_type=SYSTEM_AMI_TYPE,
             # Follows the control plane: an upgrade moves these nodes in the same `pulumi up` (after the
             # cluster, which cluster_name depends on), so the next upgrade is not refused for stale nodes.

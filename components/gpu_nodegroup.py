@@ -221,8 +221,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
 
         single_zone = args.efa or args.capacity_reservation_id is not None or args.availability_zone is not None
         self.zone = (args.availability_zone or next(iter(args.subnet_by_az))) if single_zone else None
-        subnet_ids = [args.subnet_by_az[self.zone]] if self.zone \
-            else args.subnet_ids if rules.is_output(args.subnet_ids) else list(args.subnet_ids)
+        subnet_ids = [args.subnet_by_az[self.zone]] if self.zone else rules.listed(args.subnet_ids)
 
         self.node_labels = {
             "eks-ddp/node-group": args.group_name,

@@ -75,6 +75,11 @@ def known(key: str, value: Any, expected: str, why: str) -> str | None:
     return None
 
 
+def listed(values: Any) -> Any:
+    """A sequence as a list, or an Output of one (a StackReference's) passed through whole."""
+    return values if is_output(values) else list(values)
+
+
 def outputs_skipped(values: Any) -> list[Any]:
     """The plain values of a sequence, leaving out Outputs (known only at deploy time, so not checked here)."""
     return [v for v in values if not is_output(v)]

@@ -160,6 +160,8 @@ def test_cluster_args_take_outputs_where_they_are_inputs_and_say_so_where_not():
         validate(_cluster_args(public_access_cidrs=out(["1.2.3.4/32"]), private_subnet_ids=out(["a", "b"]),
                                public_subnet_ids=out(["p"])))
         validate(_cluster_args(public_access_cidrs=[out("1.2.3.4/32"), "5.6.7.8/32"]))
+        validate(_cluster_args(public_access_cidrs=[out("1.2.3.4/32")]))
+        validate(_cluster_args(public_access_cidrs=out([]), endpoint_public_access=False))
         EksCluster("c", _cluster_args(public_access_cidrs=out(["1.2.3.4/32"]), private_subnet_ids=out(["a", "b"])))
         bad = {}
         for field, value in {"system_node_count": out(2), "kubernetes_version": out("1.35"),
