@@ -156,6 +156,9 @@ def _read_catalog(r: Reader, raw: Any) -> tuple[catalog.InstanceType, ...]:
 def _read_runs(r: Reader, data: dict[str, Any]) -> tuple[RunConfig, ...]:
     """``job:`` (one run of the bundled trainer; also when neither is set) or ``runs:`` (a list)."""
     if "runs" not in data:
+        if isinstance(data.get("job"), dict) and "workload" in data["job"]:
+            r.problems.append("job.workload: eks-ddp:job runs the bundled trainer; expected a workload of your own "
+                              "under eks-ddp:runs instead (a list: move the job keys into its first entry)")
         job = r.obj(JobConfig, data.get("job"), "job")
         if job is None:
             return ()

@@ -20,12 +20,11 @@ from .config_schema import (
     WorkloadConfig,
 )
 
-_AZ = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$")
-_ODCR = re.compile(r"^cr-[0-9a-f]{8,17}$")
-_IAM_PRINCIPAL = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:(role|user)/[\w+=,.@/-]+$")
+_AZ = rules.AZ
+_ODCR = rules.ODCR
+_IAM_PRINCIPAL = rules.IAM_PRINCIPAL
 _EFS_ID = re.compile(r"^fs-[0-9a-f]{8,40}$")
 _PLACEMENT_GROUP = re.compile(r"^[\x21-\x7e]{1,255}$")
-_DURATION = re.compile(r"^(\d+h)?(\d+m)?(\d+s)?$(?<!^)")
 
 
 def validate(cfg: StackConfig, *, placeholders_ok: bool = False, today: dt.date | None = None) -> list[str]:
@@ -129,17 +128,12 @@ def _check_cluster(c: ClusterConfig, placeholders_ok: bool = False) -> list[str]
     p += _positive("cluster.systemNodeCount", c.system_node_count)
     if bad := rules.retention_days("cluster.logRetentionDays", c.log_retention_days):
         p.append(bad)
-    scale_down = c.scale_down_unneeded_time
-    if not _DURATION.match(scale_down) or not 0 < duration_minutes(scale_down) <= 24 * 60:
-        p.append(f"cluster.scaleDownUnneededTime: got {c.scale_down_unneeded_time!r}; expected a duration of at "
-                 "most 24h such as 10m, 90s, 1h or 1h30m")
+    if bad := rules.scale_down_time("cluster.scaleDownUnneededTime", c.scale_down_unneeded_time):
+        p.append(bad)
     return p
 
 
-def duration_minutes(text: str) -> float:
-    """Minutes in a duration such as ``10m``, ``90s`` or ``1h30m`` (the autoscaler's Go duration subset)."""
-    units = {"h": 60.0, "m": 1.0, "s": 1 / 60}
-    return sum(int(n) * units[u] for n, u in re.findall(r"(\d+)([hms])", text))
+duration_minutes = rules.duration_minutes
 
 
 def _check_group(g: NodeGroupConfig, key: str, region: str) -> list[str]:

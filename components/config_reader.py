@@ -15,6 +15,7 @@ from typing import Any, get_args
 
 from .config_schema import (
     PROJECT,
+    SUPPORTED_KUBERNETES_VERSIONS,
     TOP_LEVEL_KEYS,
     CapacityType,
     ModelName,
@@ -27,6 +28,9 @@ from .config_schema import (
 )
 
 _INT_TEXT = re.compile(r"^-?\d+$")
+#: What a string key allows, added to the "quote it" message when a number arrives.
+_STRING_HINTS = {"kubernetesVersion": ", e.g. kubernetesVersion: \"" + SUPPORTED_KUBERNETES_VERSIONS[-1]
+                 + "\"; allowed: " + ", ".join(SUPPORTED_KUBERNETES_VERSIONS)}
 
 
 class Reader:
@@ -92,7 +96,12 @@ class Reader:
                 return str(value)
             if isinstance(value, str) and value:
                 return value
-            self.bad(key, value, "a non-empty string")
+            if isinstance(value, float):
+                # An unquoted 1.35 in YAML is a number, and 1.30 becomes 1.3: reading it back is guesswork.
+                self.bad(key, value, "a string: quote the value in the stack file (YAML reads an unquoted 1.30 as "
+                                     "the number 1.3)" + _STRING_HINTS.get(key.rsplit(".", 1)[-1], ""))
+            else:
+                self.bad(key, value, "a non-empty string")
         elif typ == "tuple":
             if isinstance(value, list) and all(isinstance(v, str) and v for v in value):
                 return tuple(value)
@@ -180,6 +189,14 @@ def parse_raw(raw: dict[str, str]) -> tuple[dict[str, Any], list[str]]:
     for full_key, text in raw.items():
         key = full_key.split(":", 1)[1] if ":" in full_key else full_key
         if key not in TOP_LEVEL_KEYS:
+            top = re.split(r"[.\[]", key, maxsplit=1)[0]
+            if top in TOP_LEVEL_KEYS and top != key:
+                # `pulumi config set eks-ddp:image.prebuilt X` (no --path) stores the dotted name as a key.
+                value = text if isinstance(text, str) else json.dumps(text)
+                problems.append(f"{PROJECT}:{key}: unknown key, a path set without --path; expected it inside "
+                                f"{PROJECT}:{top}: pulumi config rm '{PROJECT}:{key}' && pulumi config set --path "
+                                f"'{key}' '{value}'")
+                continue
             problems.append(f"{PROJECT}:{key}: unknown key; known keys: "
                             + ", ".join(TOP_LEVEL_KEYS) + suggest(key, TOP_LEVEL_KEYS))
             continue

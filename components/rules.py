@@ -9,6 +9,7 @@ directly gets the same rule and a clear ``ValueError`` instead of a failure deep
 
 from __future__ import annotations
 
+import inspect
 import ipaddress
 import math
 import re
@@ -59,7 +60,34 @@ def _got(key: str, value: Any, expected: str) -> str:
     return f"{key}: got {value!r}; expected {expected}"
 
 
+def is_output(value: Any) -> bool:
+    """A value known only when the deployment runs: a ``pulumi.Output`` (or another awaitable Input).
+
+    Checked by class name so this module stays importable without Pulumi (the stack config uses it)."""
+    return any(c.__name__ == "Output" and c.__module__.startswith("pulumi") for c in type(value).__mro__) \
+        or inspect.isawaitable(value)
+
+
+def known(key: str, value: Any, expected: str, why: str) -> str | None:
+    """For a field whose value the program itself needs (a name, a count, a choice): an Output cannot be used."""
+    if is_output(value):
+        return f"{key}: got a pulumi Output; expected {expected} known when the program runs ({why})"
+    return None
+
+
+def listed(values: Any) -> Any:
+    """A sequence as a list, or an Output of one (a StackReference's) passed through whole."""
+    return values if is_output(values) else list(values)
+
+
+def outputs_skipped(values: Any) -> list[Any]:
+    """The plain values of a sequence, leaving out Outputs (known only at deploy time, so not checked here)."""
+    return [v for v in values if not is_output(v)]
+
+
 def whole(key: str, value: Any, minimum: int = 1, maximum: int | None = None) -> str | None:
+    if is_output(value):
+        return known(key, value, "a whole number", "it sizes what the program creates")
     if isinstance(value, bool) or not isinstance(value, int):
         return _got(key, value, "a whole number")
     if value < minimum or (maximum is not None and value > maximum):
@@ -89,6 +117,48 @@ def namespace(key: str, value: Any) -> str | None:
         return bad
     if value in RESERVED_NAMESPACES or value.startswith("kube-"):
         return _got(key, value, "a namespace of your own (not default or kube-*), e.g. 'training'")
+    return None
+
+
+AZ = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$")
+ODCR = re.compile(r"^cr-[0-9a-f]{8,17}$")
+IAM_PRINCIPAL = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:(role|user)/[\w+=,.@/-]+$")
+
+
+def zone(key: str, value: Any, region: str | None = None) -> str | None:
+    if not isinstance(value, str) or not AZ.match(value) or (region and not value.startswith(region)):
+        return _got(key, value, f"a zone of region {region!r}" if region else "an availability zone such as us-west-2a")
+    return None
+
+
+def capacity_reservation_id(key: str, value: Any) -> str | None:
+    if is_output(value):
+        return None
+    if not isinstance(value, str) or not ODCR.match(value):
+        return _got(key, value, "an id like cr-0123456789abcdef0")
+    return None
+
+
+def iam_principal(key: str, value: Any) -> str | None:
+    if is_output(value):
+        return None
+    if not isinstance(value, str) or not IAM_PRINCIPAL.match(value):
+        return _got(key, value, "an IAM role or user ARN such as arn:aws:iam::123456789012:role/ci-deployer")
+    return None
+
+
+DURATION = re.compile(r"^(\d+h)?(\d+m)?(\d+s)?$(?<!^)")
+
+
+def duration_minutes(text: str) -> float:
+    """Minutes in a duration such as ``10m``, ``90s`` or ``1h30m`` (the autoscaler's Go duration subset)."""
+    units = {"h": 60.0, "m": 1.0, "s": 1 / 60}
+    return sum(int(n) * units[u] for n, u in re.findall(r"(\d+)([hms])", text))
+
+
+def scale_down_time(key: str, value: Any) -> str | None:
+    if not isinstance(value, str) or not DURATION.match(value) or not 0 < duration_minutes(value) <= 24 * 60:
+        return _got(key, value, "a duration of at most 24h such as 10m, 90s, 1h or 1h30m")
     return None
 
 

@@ -207,3 +207,9 @@ def test_dev_stacks_commented_runs_example_is_valid():
     cfg = load(with_runs(*runs))
     assert [r.run_id for r in cfg.runs] == ["cifar-a", "bert-1"]
     assert cfg.runs[1].workload.s3_uri == "s3://my-bucket/corpora/wiki/"
+
+
+def test_a_workload_under_job_points_at_runs():
+    raw = stack_config("dev")
+    raw["eks-ddp:job"] = {**raw["eks-ddp:job"], "workload": custom()}
+    rejects(raw, "job.workload: eks-ddp:job runs the bundled trainer", "under eks-ddp:runs")
