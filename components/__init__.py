@@ -1,37 +1,32 @@
-"""eks-ddp: Pulumi components for elastic PyTorch DDP training on AWS EKS.
+"""eks_ddp: Pulumi components for elastic PyTorch DDP training on AWS EKS.
 
-Import the components from here::
+Installed as ``eks_ddp`` (``pip install eks-ddp``; the repository's ``components/`` folder). Import the
+components from here::
 
-    from components import Network, EksCluster, GpuNodeGroup, EfsStore, ClusterAddons
-    from components import TrainerImage, EtcdRendezvous, ElasticJob
+    from eks_ddp import Network, EksCluster, GpuNodeGroup, EfsStore, ClusterAddons, ClusterAutoscaler
+    from eks_ddp import TrainerImage, EtcdRendezvous, ElasticJob, ResultsBucket
 
-Imports are lazy so that the pure modules (config, catalog, torchrun) load
-without pulling in the Pulumi providers.
+The names are plain imports (type checkers and IDEs see every class; the package ships ``py.typed``).
+Importing ``eks_ddp`` loads Pulumi and its AWS/EKS/Kubernetes SDKs, never torch: the trainer is the
+separate ``eks_ddp_trainer`` package.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from .addons import ClusterAddons, ClusterAddonsArgs
+from .autoscaler import ClusterAutoscaler, ClusterAutoscalerArgs
+from .cluster import EksCluster, EksClusterArgs
+from .efs import EfsStore, EfsStoreArgs
+from .elastic_job import ElasticJob, ElasticJobArgs
+from .etcd import EtcdRendezvous, EtcdRendezvousArgs
+from .gpu_nodegroup import GpuNodeGroup, GpuNodeGroupArgs
+from .image import TrainerImage, TrainerImageArgs
+from .network import Network, NetworkArgs
+from .results import ResultsBucket, ResultsBucketArgs
 
-_EXPORTS = {
-    "Network": "network", "NetworkArgs": "network",
-    "EksCluster": "cluster", "EksClusterArgs": "cluster",
-    "GpuNodeGroup": "gpu_nodegroup", "GpuNodeGroupArgs": "gpu_nodegroup",
-    "EfsStore": "efs", "EfsStoreArgs": "efs",
-    "ClusterAddons": "addons", "ClusterAddonsArgs": "addons",
-    "ClusterAutoscaler": "autoscaler", "ClusterAutoscalerArgs": "autoscaler",
-    "TrainerImage": "image", "TrainerImageArgs": "image",
-    "EtcdRendezvous": "etcd", "EtcdRendezvousArgs": "etcd",
-    "ElasticJob": "elastic_job", "ElasticJobArgs": "elastic_job",
-    "ResultsBucket": "results", "ResultsBucketArgs": "results",
-}
-
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'components' has no attribute {name!r}")
-    return getattr(importlib.import_module(f".{module}", __name__), name)
+__all__ = [
+    "ClusterAddons", "ClusterAddonsArgs", "ClusterAutoscaler", "ClusterAutoscalerArgs", "EfsStore", "EfsStoreArgs",
+    "EksCluster", "EksClusterArgs", "ElasticJob", "ElasticJobArgs", "EtcdRendezvous", "EtcdRendezvousArgs",
+    "GpuNodeGroup", "GpuNodeGroupArgs", "Network", "NetworkArgs", "ResultsBucket", "ResultsBucketArgs",
+    "TrainerImage", "TrainerImageArgs",
+]

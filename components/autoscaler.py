@@ -156,6 +156,22 @@ class ClusterAutoscalerArgs:
     """How long a node must be unneeded before it is removed (Go duration)."""
 
 
+def validate(args: ClusterAutoscalerArgs) -> None:
+    """Raise ValueError naming the bad field: the stack config's rules (cluster name, region, duration)."""
+    rules.require(
+        rules.known("cluster_name", args.cluster_name, "a string", "the IAM policy and the discovery tag name it")
+        or rules.cluster_name("cluster_name", args.cluster_name),
+        rules.known("region", args.region, "a region name", "it goes into the IAM policy and the chart values")
+        or rules.region("region", args.region),
+        rules.known("kubernetes_version", args.kubernetes_version, "a version string", "it picks the image")
+        or (None if args.kubernetes_version in PINS else
+            f"kubernetes_version: got {args.kubernetes_version!r}; expected one of {', '.join(PINS)} (the "
+            "versions the cluster autoscaler is pinned for)"),
+        rules.known("scale_down_unneeded_time", args.scale_down_unneeded_time, "a duration", "it goes into the "
+                    "chart values") or rules.scale_down_time("scale_down_unneeded_time", args.scale_down_unneeded_time),
+        rules.known("node_selector", args.node_selector, "a mapping of labels", "it goes into the chart values"))
+
+
 def helm_values(args: ClusterAutoscalerArgs, role_arn: pulumi.Input[str]) -> dict:
     """The chart values (names from the chart's values.yaml)."""
     return {
@@ -197,7 +213,7 @@ class ClusterAutoscaler(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: ClusterAutoscalerArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("eks-ddp:autoscaler:ClusterAutoscaler", name, None, opts)
-        pin(args.kubernetes_version)
+        validate(args)
         child = pulumi.ResourceOptions(parent=self)
         role = aws.iam.Role(
             f"{name}-role",

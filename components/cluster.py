@@ -35,7 +35,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_eks as eks
 
-from . import k8s_versions, rules
+from . import catalog, k8s_versions, rules
 
 STACK_TAG = "eks-ddp/stack"
 """The cluster's owner-stack tag (``components.preflight_live.STACK_TAG`` reads it)."""
@@ -116,13 +116,15 @@ class EksClusterArgs:
     """Physical EKS cluster name (fixed, so log group and tags can name it up front)."""
     vpc_id: pulumi.Input[str]
     """VPC of the cluster."""
-    public_subnet_ids: Sequence[pulumi.Input[str]]
+    public_subnet_ids: pulumi.Input[Sequence[pulumi.Input[str]]]
     """Public subnets, for internet-facing load balancers only (no nodes go there)."""
-    private_subnet_ids: Sequence[pulumi.Input[str]]
-    """Private subnets for the control-plane ENIs and every node."""
-    public_access_cidrs: Sequence[str] = ()
+    private_subnet_ids: pulumi.Input[Sequence[pulumi.Input[str]]]
+    """Private subnets for the control-plane ENIs and every node (an Output is taken as it is: its count is then
+    EKS's to check)."""
+    public_access_cidrs: pulumi.Input[Sequence[pulumi.Input[str]]] = ()
     """CIDRs allowed to reach the public API endpoint, e.g. your IP as a /32 (none with
-    ``endpoint_public_access=False``)."""
+    ``endpoint_public_access=False``). Checked like the stack config's; an Output (or Output entry) is
+    passed through unchecked."""
     endpoint_public_access: bool = True
     """Also serve the API on a public endpoint, to ``public_access_cidrs`` only. False: private only (CIS EKS
     5.4.2); the deploy then runs from the VPC or a network joined to it."""
@@ -151,22 +153,37 @@ class EksClusterArgs:
 
 
 def validate(args: EksClusterArgs) -> None:
-    """Raise ValueError naming the bad field."""
-    if not args.cluster_name:
-        raise ValueError("cluster_name: got ''; expected a name")
+    """Raise ValueError naming the bad field: the stack config's rules. A field the program needs as a value
+    (names, counts, the version) refuses an Output with a message; Input fields skip their value checks."""
+    need = "known when the program runs"
+    rules.require(
+        rules.known("cluster_name", args.cluster_name, "a string", "it names the log group and the roles")
+        or rules.cluster_name("cluster_name", args.cluster_name),
+        *[rules.known(f, getattr(args, f), "a plain value", need) for f in (
+            "kubernetes_version", "system_instance_type", "endpoint_public_access", "admin_principal_arns")],
+        rules.whole("system_node_count", args.system_node_count, 1),
+        rules.known("log_retention_days", args.log_retention_days, "a number of days", need)
+        or rules.retention_days("log_retention_days", args.log_retention_days))
+    if args.kubernetes_version not in k8s_versions.SUPPORTED_VERSIONS:
+        raise ValueError(f"kubernetes_version: got {args.kubernetes_version!r}; expected one of "
+                         + ", ".join(k8s_versions.SUPPORTED_VERSIONS))
+    if args.system_instance_type not in catalog.cpu_types():
+        raise ValueError(f"system_instance_type: got {args.system_instance_type!r}; expected one of "
+                         + ", ".join(catalog.cpu_types()) + ", or a type added with catalog.register(InstanceType(...))")
     # Documentation-range placeholders are the stack config's to reject (its message says which
     # `pulumi config set` fixes them); the offline plan renders example stacks that still hold them.
-    if args.endpoint_public_access:
-        rules.require(*rules.public_access_cidrs("public_access_cidrs", args.public_access_cidrs,
+    # An Output (a StackReference's list) is passed through unchecked, as are Output entries.
+    cidrs = None if rules.is_output(args.public_access_cidrs) else list(args.public_access_cidrs)
+    if cidrs is not None and args.endpoint_public_access and (rules.outputs_skipped(cidrs) or not cidrs):
+        rules.require(*rules.public_access_cidrs("public_access_cidrs", rules.outputs_skipped(cidrs),
                                                  placeholders_ok=True))
-    elif args.public_access_cidrs:
-        raise ValueError(f"public_access_cidrs: got {list(args.public_access_cidrs)!r}; expected none with "
+    elif cidrs and not args.endpoint_public_access:
+        raise ValueError(f"public_access_cidrs: got {cidrs!r}; expected none with "
                          "endpoint_public_access=False (the API endpoint is private only)")
-    rules.require(rules.retention_days("log_retention_days", args.log_retention_days))
-    if len(list(args.private_subnet_ids)) < 2:
+    if not rules.is_output(args.private_subnet_ids) and len(list(args.private_subnet_ids)) < 2:
         raise ValueError("private_subnet_ids: expected at least 2 subnets in 2 zones (EKS requires two)")
-    if args.system_node_count < 1:
-        raise ValueError(f"system_node_count: got {args.system_node_count}; expected >= 1 (CoreDNS and etcd run there)")
+    rules.require(*[rules.iam_principal(f"admin_principal_arns[{i}]", arn)
+                    for i, arn in enumerate(args.admin_principal_arns)])
     if args.upgrade_policy not in ("STANDARD", "EXTENDED"):
         raise ValueError(f"upgrade_policy: got {args.upgrade_policy!r}; expected 'STANDARD' or 'EXTENDED'")
 
@@ -221,8 +238,8 @@ class EksCluster(pulumi.ComponentResource):
             # pulumi-eks passes an unset policy through, and EKS then defaults to EXTENDED support.
             upgrade_policy=aws.eks.ClusterUpgradePolicyArgs(support_type=args.upgrade_policy),
             vpc_id=args.vpc_id,
-            public_subnet_ids=list(args.public_subnet_ids),
-            private_subnet_ids=list(args.private_subnet_ids),
+            public_subnet_ids=rules.listed(args.public_subnet_ids),
+            private_subnet_ids=rules.listed(args.private_subnet_ids),
             skip_default_node_group=True,
             # Our node security group (below) instead of pulumi_eks's, so every rule is visible here.
             skip_default_security_groups=True,
@@ -232,7 +249,7 @@ class EksCluster(pulumi.ComponentResource):
             encryption_config_key_arn=secrets_key.arn,
             endpoint_private_access=True,
             endpoint_public_access=args.endpoint_public_access,
-            public_access_cidrs=list(args.public_access_cidrs) if args.endpoint_public_access else None,
+            public_access_cidrs=rules.listed(args.public_access_cidrs) if args.endpoint_public_access else None,
             # Without this the VPC CNI accepts NetworkPolicy objects but does not enforce them, and
             # etcd and the trainers would be reachable from every pod in the cluster.
             vpc_cni_options=eks.VpcCniOptionsArgs(enable_network_policy=True),
@@ -368,7 +385,7 @@ class EksCluster(pulumi.ComponentResource):
             f"{name}-system",
             cluster_name=self.cluster_name,
             node_role_arn=self.node_role_arn,
-            subnet_ids=list(args.private_subnet_ids),
+            subnet_ids=rules.listed(args.private_subnet_ids),
             ami_type=SYSTEM_AMI_TYPE,
             # Follows the control plane: an upgrade moves these nodes in the same `pulumi up` (after the
             # cluster, which cluster_name depends on), so the next upgrade is not refused for stale nodes.

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import catalog, k8s_versions
-from .config import StackConfig, duration_minutes
+from .config_checks import duration_minutes
+from .config_schema import StackConfig
 
 PRICE_DATE = "2025-10-01"
 PRICE_REGION = "us-east-1"
@@ -68,7 +69,13 @@ IMAGES_PER_SECOND: dict[str, float] = {
     "L4": 7_500,
     "A100": 27_000,
     "H100": 48_000,
+    # L40S (Ada): ~0.8x A100 for fp16 convnets (more tensor FLOPs, half the memory bandwidth); H200: H100's
+    # compute with more memory bandwidth, which this small model barely uses: the H100 figure.
+    "L40S": 22_000,
+    "H200": 48_000,
 }
+#: A GPU model the table does not know (a registered type): the slowest rate, so the estimate errs high.
+UNKNOWN_GPU_IMAGES_PER_SECOND = min(IMAGES_PER_SECOND.values())
 # resnet18 with a 32x32 stem does ~1.5x the FLOPs of resnet-small per image, with more layers at full resolution.
 # airnet (the trainer's default) does 0.236 GFLOPs per image forward against resnet-small's 0.759
 # (measured with torch's FlopCounter, bench/RESULTS.md): credited 3x, below the FLOPs ratio, since small
@@ -254,7 +261,7 @@ def _items(cfg: StackConfig, day: dt.date) -> list[LineItem]:
 def throughput(cfg: StackConfig) -> tuple[float, str]:
     """Estimated images/s of the whole job, and how it was derived."""
     it = catalog.lookup(cfg.job_group.instance_type)
-    per_gpu = IMAGES_PER_SECOND[it.gpu_model] * MODEL_SPEED[cfg.job.model]
+    per_gpu = IMAGES_PER_SECOND.get(it.gpu_model, UNKNOWN_GPU_IMAGES_PER_SECOND) * MODEL_SPEED[cfg.job.model]
     gpus = cfg.job.nodes * it.gpus
     if gpus == 1:
         efficiency = 1.0
@@ -262,8 +269,9 @@ def throughput(cfg: StackConfig) -> tuple[float, str]:
         efficiency = SCALING_FAST
     else:
         efficiency = SCALING_TCP
-    how = (f"{per_gpu:,.0f} images/s per {it.gpu_model} for {cfg.job.model} (estimate) x {gpus} GPUs"
-           f" x {efficiency:g} data-parallel efficiency")
+    how = (f"{per_gpu:,.0f} images/s per {it.gpu_model} for {cfg.job.model} (estimate"
+           + ("" if it.gpu_model in IMAGES_PER_SECOND else f"; {it.gpu_model} unknown: the slowest GPU's rate")
+           + f") x {gpus} GPUs x {efficiency:g} data-parallel efficiency")
     return per_gpu * gpus * efficiency, how
 
 
@@ -306,6 +314,11 @@ def estimate(cfg: StackConfig, *, day: dt.date | None = None) -> Estimate:
         f"sizes not fixed by the stack: EFS {EFS_ASSUMED_GB} GB, ECR {ECR_ASSUMED_GB} GB, "
         f"control-plane logs {LOGS_ASSUMED_GB_PER_DAY:g} GB/day; {HOURS_PER_MONTH} hours per month",
     ]
+    used = [cfg.cluster.system_instance_type] + [g.instance_type for g in cfg.node_groups]
+    for name in dict.fromkeys(used):
+        it = catalog.lookup(name)
+        if (it.price_source, it.price_date) != (catalog.PRICE_SOURCE, catalog.PRICE_DATE):
+            assumptions.append(f"{name}: ${it.price_per_hour:g}/h from {it.price_source} ({it.price_date})")
     if cfg.job_group.capacity_reservation_id:
         assumptions.append(f"group '{cfg.job_group.name}' launches into {cfg.job_group.capacity_reservation_id}: "
                            "the reservation bills its instances whether a run uses them or not, so the per-run "

@@ -62,6 +62,9 @@ GPU_POOL = "gpu"
 IMDS_HOP_LIMIT = 1
 MIN_ROOT_VOLUME_GIB = rules.MIN_ROOT_VOLUME_GIB
 
+#: Longest group name: the stack config's limit (the name goes into the EKS node group's and resources' names).
+GROUP_NAME_MAX = 40
+
 _EKS_CAPACITY = {"onDemand": "ON_DEMAND", "spot": "SPOT", "capacityBlock": "CAPACITY_BLOCK"}
 
 
@@ -75,8 +78,8 @@ class GpuNodeGroupArgs:
     """EKS cluster to join."""
     node_role_arn: pulumi.Input[str]
     """IAM role of the nodes (needs an EC2_LINUX access entry on the cluster)."""
-    subnet_ids: Sequence[pulumi.Input[str]]
-    """Private subnets the group may use (all zones)."""
+    subnet_ids: pulumi.Input[Sequence[pulumi.Input[str]]]
+    """Private subnets the group may use (all zones); an Output is passed through whole."""
     subnet_by_az: Mapping[str, pulumi.Input[str]]
     """Zone -> private subnet, for single-zone groups (EFA, reservations)."""
     node_security_group_id: pulumi.Input[str]
@@ -118,11 +121,27 @@ class GpuNodeGroupArgs:
 
 
 def validate(args: GpuNodeGroupArgs) -> catalog.InstanceType:
-    """Raise ValueError naming the bad field; return the catalog entry."""
+    """Raise ValueError naming the bad field (the stack config's rules); return the catalog entry.
+
+    Fields the program needs as values (names, sizes, zones, choices) refuse an Output with a message saying
+    so; ``pulumi.Input`` fields (ids, ARNs, the subnet list) are passed through unchecked."""
+    why = "the program compares and labels with it"
+    rules.require(
+        rules.known("group_name", args.group_name, "a name", "it names and labels the nodes")
+        or rules.dns_label("group_name", args.group_name, GROUP_NAME_MAX),
+        rules.known("instance_type", args.instance_type, "an instance type", "it sizes pods and EFA interfaces"),
+        rules.whole("min_size", args.min_size, 0), rules.whole("desired_size", args.desired_size, 0),
+        rules.whole("max_size", args.max_size, 1),
+        *[rules.known(f, getattr(args, f), "a plain value", why) for f in (
+            "capacity_type", "efa", "availability_zone", "subnet_by_az", "spot_instance_types", "root_volume_gib")],
+        None if args.capacity_reservation_id is None
+        else rules.capacity_reservation_id("capacity_reservation_id", args.capacity_reservation_id),
+        None if args.availability_zone is None or rules.is_output(args.availability_zone)
+        else rules.zone("availability_zone", args.availability_zone))
     it = catalog.CATALOG.get(args.instance_type)
     if it is None or it.gpus == 0:
         raise ValueError(f"instance_type: got {args.instance_type!r}; expected a GPU type from the catalog: "
-                         + ", ".join(catalog.gpu_types()))
+                         + ", ".join(catalog.gpu_types()) + "; or one added with catalog.register(InstanceType(...))")
     if args.min_size < 0:
         raise ValueError(f"min_size: got {args.min_size}; expected >= 0")
     if args.max_size < 1:
@@ -157,7 +176,7 @@ def validate(args: GpuNodeGroupArgs) -> catalog.InstanceType:
     if args.capacity_reservation_id and not args.availability_zone:
         raise ValueError("availability_zone: required with capacity_reservation_id (the reservation's zone)")
     rules.require(rules.root_volume_gib("root_volume_gib", args.root_volume_gib))
-    if not args.subnet_ids:
+    if not rules.is_output(args.subnet_ids) and not args.subnet_ids:
         raise ValueError("subnet_ids: got []; expected the cluster's private subnets")
     if args.availability_zone is not None and args.availability_zone not in args.subnet_by_az:
         raise ValueError(f"availability_zone: got {args.availability_zone!r}; expected a zone with a private "
@@ -202,7 +221,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
 
         single_zone = args.efa or args.capacity_reservation_id is not None or args.availability_zone is not None
         self.zone = (args.availability_zone or next(iter(args.subnet_by_az))) if single_zone else None
-        subnet_ids = [args.subnet_by_az[self.zone]] if self.zone else list(args.subnet_ids)
+        subnet_ids = [args.subnet_by_az[self.zone]] if self.zone else rules.listed(args.subnet_ids)
 
         self.node_labels = {
             "eks-ddp/node-group": args.group_name,

@@ -81,18 +81,19 @@ class NetworkArgs:
 
     cluster_name: str
     """EKS cluster name, for the ``kubernetes.io/cluster/<name>`` subnet tags."""
-    availability_zones: Sequence[str]
-    """Zones of the new VPC, one public and one private subnet each (ignored with ``vpc_id``)."""
+    availability_zones: Sequence[str] = ()
+    """Zones of the new VPC, one public and one private subnet each (at least 2; not used with ``vpc_id``)."""
     vpc_cidr: str = "10.0.0.0/16"
     """CIDR of the new VPC."""
     nat_gateways: NatMode = "single"
     """'single': one NAT gateway (cheapest); 'perAz': one per zone (survives a zone outage)."""
-    vpc_id: str | None = None
-    """Existing VPC to use; then nothing is created."""
-    public_subnet_ids: Sequence[str] = field(default_factory=tuple)
+    vpc_id: pulumi.Input[str] | None = None
+    """Existing VPC to use (an Output too, e.g. from a StackReference); then nothing is created."""
+    public_subnet_ids: Sequence[pulumi.Input[str]] = field(default_factory=tuple)
     """Existing public subnets (with ``vpc_id``); may be empty for a private-only cluster."""
     private_subnet_ids: Sequence[str] = field(default_factory=tuple)
-    """Existing private subnets for nodes (with ``vpc_id``), in at least two zones."""
+    """Existing private subnets for nodes (with ``vpc_id``), in at least two zones: plain ids, because the
+    program looks up each one's zone while it runs (a single-zone node group picks its subnet by zone)."""
 
     @property
     def bring_your_own(self) -> bool:
@@ -100,22 +101,34 @@ class NetworkArgs:
 
 
 def validate(args: NetworkArgs) -> None:
-    """Raise ValueError naming the bad field."""
+    """Raise ValueError naming the bad field (the stack config's rules; Outputs where the program needs values
+    get a message saying so, never a TypeError)."""
+    rules.require(rules.known("cluster_name", args.cluster_name, "a string", "it names the subnets and their tags"))
+    rules.require(rules.cluster_name("cluster_name", args.cluster_name))
     if args.nat_gateways not in ("single", "perAz"):
         raise ValueError(f"nat_gateways: got {args.nat_gateways!r}; expected 'single' or 'perAz'")
+    for field_name in ("availability_zones", "public_subnet_ids", "private_subnet_ids"):
+        rules.require(rules.known(field_name, getattr(args, field_name), "a list",
+                                  "the program makes or looks up one subnet per entry"))
     if args.bring_your_own:
-        if len(args.private_subnet_ids) < 2:
-            raise ValueError(f"private_subnet_ids: got {list(args.private_subnet_ids)!r}; expected at least 2 "
+        ids = list(args.private_subnet_ids)
+        rules.require(*[rules.known(f"private_subnet_ids[{i}]", v, "a subnet id string",
+                                    "the program looks up its zone") for i, v in enumerate(ids)])
+        if len(ids) < 2:
+            raise ValueError(f"private_subnet_ids: got {ids!r}; expected at least 2 "
                              "subnets (EKS needs two zones) with vpc_id")
         return
     if args.public_subnet_ids or args.private_subnet_ids:
         raise ValueError("private_subnet_ids: subnet ids given without vpc_id; expected both or neither")
     zones = list(args.availability_zones)
+    rules.require(*[rules.known(f"availability_zones[{i}]", z, "a zone name", "it names the subnets")
+                    or rules.zone(f"availability_zones[{i}]", z) for i, z in enumerate(zones)])
     if len(zones) < 2:
         raise ValueError(f"availability_zones: got {zones!r}; expected at least 2 zones (EKS requires two)")
     if len(set(zones)) != len(zones):
         raise ValueError(f"availability_zones: got {zones!r}; expected distinct zones")
-    rules.require(rules.vpc_cidr("vpc_cidr", args.vpc_cidr))  # the stack config's rule: a private range
+    rules.require(rules.known("vpc_cidr", args.vpc_cidr, "a CIDR string", "the subnets are carved from it")
+                  or rules.vpc_cidr("vpc_cidr", args.vpc_cidr))  # the stack config's rule: a private range
     cidr.plan_subnets(args.vpc_cidr, len(zones))  # raises CidrError (a ValueError) naming vpc_cidr
 
 

@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 
 from . import k8s_versions
-from .config import OFFLINE_PLAN_ENV
+from .config_schema import OFFLINE_PLAN_ENV
 from .mocks import PROJECT_ROOT, ProgramResult, Recorded
 
 # Not manifests: providers, and Helm releases (their charts render in the cluster).

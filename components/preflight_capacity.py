@@ -10,7 +10,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from . import preflight_live
-from .config import NodeGroupConfig
+from .config_schema import NodeGroupConfig
 
 
 class CapacityChecks:
@@ -68,8 +68,9 @@ class CapacityChecks:
         free += own
         found = {**found, "AvailableInstanceCount": free}
         need, need_key = g.desired_size, f"{key}.desiredSize"
-        if g.name == self.cfg.job_group.name and self.cfg.job.nodes > need:
-            need, need_key = self.cfg.job.nodes, "job.nodes"
+        for r, run in enumerate(self.cfg.runs):  # the largest run on this group must fit at its full size
+            if self.cfg.group_of(run).name == g.name and run.nodes > need:
+                need, need_key = run.nodes, f"{self.cfg.run_key(r)}.nodes"
         if state == "active" and free < need:  # an inactive reservation failed above; its counts mean nothing
             self.fail(f"{need_key}: {need} nodes, but capacity reservation {cr_id} has only "
                       f"{free} of {total} instances free; lower {need_key} to {free} or free instances")

@@ -22,7 +22,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from .config import StackConfig
+from .config_schema import StackConfig
 
 OWNER_TAG = "eks:cluster-name"
 """EKS tags each managed node group instance with its cluster's name."""

@@ -9,6 +9,7 @@ directly gets the same rule and a clear ``ValueError`` instead of a failure deep
 
 from __future__ import annotations
 
+import inspect
 import ipaddress
 import math
 import re
@@ -59,7 +60,34 @@ def _got(key: str, value: Any, expected: str) -> str:
     return f"{key}: got {value!r}; expected {expected}"
 
 
+def is_output(value: Any) -> bool:
+    """A value known only when the deployment runs: a ``pulumi.Output`` (or another awaitable Input).
+
+    Checked by class name so this module stays importable without Pulumi (the stack config uses it)."""
+    return any(c.__name__ == "Output" and c.__module__.startswith("pulumi") for c in type(value).__mro__) \
+        or inspect.isawaitable(value)
+
+
+def known(key: str, value: Any, expected: str, why: str) -> str | None:
+    """For a field whose value the program itself needs (a name, a count, a choice): an Output cannot be used."""
+    if is_output(value):
+        return f"{key}: got a pulumi Output; expected {expected} known when the program runs ({why})"
+    return None
+
+
+def listed(values: Any) -> Any:
+    """A sequence as a list, or an Output of one (a StackReference's) passed through whole."""
+    return values if is_output(values) else list(values)
+
+
+def outputs_skipped(values: Any) -> list[Any]:
+    """The plain values of a sequence, leaving out Outputs (known only at deploy time, so not checked here)."""
+    return [v for v in values if not is_output(v)]
+
+
 def whole(key: str, value: Any, minimum: int = 1, maximum: int | None = None) -> str | None:
+    if is_output(value):
+        return known(key, value, "a whole number", "it sizes what the program creates")
     if isinstance(value, bool) or not isinstance(value, int):
         return _got(key, value, "a whole number")
     if value < minimum or (maximum is not None and value > maximum):
@@ -89,6 +117,48 @@ def namespace(key: str, value: Any) -> str | None:
         return bad
     if value in RESERVED_NAMESPACES or value.startswith("kube-"):
         return _got(key, value, "a namespace of your own (not default or kube-*), e.g. 'training'")
+    return None
+
+
+AZ = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$")
+ODCR = re.compile(r"^cr-[0-9a-f]{8,17}$")
+IAM_PRINCIPAL = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:(role|user)/[\w+=,.@/-]+$")
+
+
+def zone(key: str, value: Any, region: str | None = None) -> str | None:
+    if not isinstance(value, str) or not AZ.match(value) or (region and not value.startswith(region)):
+        return _got(key, value, f"a zone of region {region!r}" if region else "an availability zone such as us-west-2a")
+    return None
+
+
+def capacity_reservation_id(key: str, value: Any) -> str | None:
+    if is_output(value):
+        return None
+    if not isinstance(value, str) or not ODCR.match(value):
+        return _got(key, value, "an id like cr-0123456789abcdef0")
+    return None
+
+
+def iam_principal(key: str, value: Any) -> str | None:
+    if is_output(value):
+        return None
+    if not isinstance(value, str) or not IAM_PRINCIPAL.match(value):
+        return _got(key, value, "an IAM role or user ARN such as arn:aws:iam::123456789012:role/ci-deployer")
+    return None
+
+
+DURATION = re.compile(r"^(\d+h)?(\d+m)?(\d+s)?$(?<!^)")
+
+
+def duration_minutes(text: str) -> float:
+    """Minutes in a duration such as ``10m``, ``90s`` or ``1h30m`` (the autoscaler's Go duration subset)."""
+    units = {"h": 60.0, "m": 1.0, "s": 1 / 60}
+    return sum(int(n) * units[u] for n, u in re.findall(r"(\d+)([hms])", text))
+
+
+def scale_down_time(key: str, value: Any) -> str | None:
+    if not isinstance(value, str) or not DURATION.match(value) or not 0 < duration_minutes(value) <= 24 * 60:
+        return _got(key, value, "a duration of at most 24h such as 10m, 90s, 1h or 1h30m")
     return None
 
 
@@ -130,6 +200,50 @@ def image_by_digest(key: str, value: Any) -> str | None:
     if not isinstance(value, str) or not IMAGE_BY_DIGEST.match(value):
         return _got(key, value, "an image pinned by digest, "
                     "e.g. 123456789012.dkr.ecr.us-west-2.amazonaws.com/trainer@sha256:<64 hex>")
+    return None
+
+
+PYTHON_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: Variables the job sets for every worker (run and data directories): a workload reads them, never sets them.
+RESERVED_ENV_PREFIX = "EKS_DDP_"
+S3_PREFIX = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.-]{1,61}[a-z0-9])/(?P<prefix>([^/\s]+/)*)$")
+
+
+def python_module(key: str, value: Any) -> str | None:
+    if not isinstance(value, str) or not PYTHON_MODULE.match(value):
+        return _got(key, value, "a Python module name such as mypkg.train (what python -m takes)")
+    return None
+
+
+def script_path(key: str, value: Any) -> str | None:
+    if not isinstance(value, str) or not value or any(c.isspace() for c in value) or value.startswith("-"):
+        return _got(key, value, "a path to a script in the image such as /app/train.py (no spaces; arguments go "
+                                "in args)")
+    return None
+
+
+def env_names(key: str, env: Any) -> list[str]:
+    """Names of environment variables a workload sets: shell-style, and not the job's own EKS_DDP_*."""
+    problems: list[str] = []
+    for name in env:
+        if not isinstance(name, str) or not ENV_NAME.match(name):
+            problems.append(_got(f"{key}.{name}", name, "a variable name of letters, digits and '_', not starting "
+                                                        "with a digit"))
+        elif name.startswith(RESERVED_ENV_PREFIX):
+            problems.append(_got(f"{key}.{name}", name, f"a name not starting with {RESERVED_ENV_PREFIX} (the job "
+                                                        "sets those: EKS_DDP_RUN_DIR, EKS_DDP_DATA_DIR)"))
+    return problems
+
+
+def s3_prefix(key: str, value: Any) -> str | None:
+    """An S3 prefix the data stage copies: ``s3://bucket/`` or ``s3://bucket/some/prefix/`` (trailing '/')."""
+    if not isinstance(value, str) or not S3_PREFIX.match(value):
+        hint = ""
+        if isinstance(value, str) and value.startswith("s3://") and not value.endswith("/"):
+            hint = f" (end it with '/': {value}/)"
+        return _got(key, value, "an S3 prefix such as s3://my-bucket/datasets/imagenet/ (a bucket name, then "
+                                f"folders, ending with '/'){hint}")
     return None
 
 

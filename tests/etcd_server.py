@@ -74,11 +74,33 @@ def _processes() -> list[tuple[int, int, bytes]]:
     return out
 
 
-class Agent:
-    """One torchrun agent (a "node"), in its own process group, output to a log file."""
+_HELD = """import importlib, os, sys, time
+marker, module = sys.argv[1], sys.argv[2]
+launch = importlib.import_module(module)
+importlib.import_module("torch._dynamo")  # what the launcher imports at start (training/launch.py)
+deadline = time.monotonic() + 600
+while not os.path.exists(marker) and time.monotonic() < deadline:
+    time.sleep(0.05)
+sys.argv = [module, *sys.argv[3:]]
+raise SystemExit(launch.main(sys.argv[1:]))
+"""
+"""A held agent: imports its launcher (and torch) now, runs it once its marker file exists."""
 
-    def __init__(self, name: str, cmd: list[str], log_path: Path, env: dict[str, str], cwd: Path = ROOT) -> None:
+
+class Agent:
+    """One torchrun agent (a "node"), in its own process group, output to a log file.
+
+    ``held``: the process imports torch and the launcher at once but starts the agent only at :meth:`release`, so a
+    test can have a replacement node arrive at a chosen moment rather than after seconds of imports."""
+
+    def __init__(self, name: str, cmd: list[str], log_path: Path, env: dict[str, str], cwd: Path = ROOT,
+                 held: bool = False) -> None:
         self.name, self.cmd, self.log_path = name, cmd, log_path
+        self.marker = log_path.with_suffix(".release")
+        if held:
+            if cmd[1] != "-m":
+                raise ValueError(f"a held agent runs a module (python -m ...); got {cmd[:3]}")
+            cmd = [cmd[0], "-c", _HELD, str(self.marker), cmd[2], *cmd[3:]]
         with open(log_path, "wb") as log:
             self.proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True)
@@ -89,6 +111,10 @@ class Agent:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def release(self) -> None:
+        """Start a held agent's launcher."""
+        self.marker.touch()
 
     def workers(self) -> list[int]:
         """PIDs of this agent's trainer processes (its direct children running training.train)."""
@@ -158,21 +184,30 @@ class Job:
             job.add_agent()
         return job
 
-    def add_agent(self) -> Agent:
-        """Start one more agent of this job (a replacement or late node)."""
+    def add_agent(self, held: bool = False) -> Agent:
+        """Start one more agent of this job (a replacement or late node); ``held``: see :class:`Agent`."""
         i = len(self.agents)
-        self.agents.append(Agent(f"agent{i}", self.cmd, self.tmp / f"agent{i}.log", self.env, self.cwd))
+        self.agents.append(Agent(f"agent{i}", self.cmd, self.tmp / f"agent{i}.log", self.env, self.cwd, held))
         return self.agents[-1]
 
     def history(self) -> list[dict[str, Any]]:
+        """Rank 0's records so far. Read incrementally: tests poll this every 20 ms while a long run appends
+        thousands of records, and re-parsing the whole file each time would take the CPU the agents need."""
         path = self.run_dir / "history.jsonl"
         if not path.exists():
             return []
-        out = []
-        for line in path.read_text().splitlines():
-            with contextlib.suppress(json.JSONDecodeError):  # a line being appended right now
-                out.append(json.loads(line))
-        return out
+        cache = self.__dict__.setdefault("_history", {"offset": 0, "records": []})
+        with path.open("rb") as f:
+            if f.seek(0, os.SEEK_END) < cache["offset"]:  # a new file: start over
+                cache.update(offset=0, records=[])
+            f.seek(cache["offset"])
+            chunk = f.read()
+        complete = chunk[:chunk.rfind(b"\n") + 1]  # a line being appended right now waits for the next call
+        cache["offset"] += len(complete)
+        for line in complete.splitlines():
+            with contextlib.suppress(json.JSONDecodeError):
+                cache["records"].append(json.loads(line))
+        return list(cache["records"])
 
     def wait_for(self, predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
         deadline = time.monotonic() + timeout_s

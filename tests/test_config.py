@@ -289,3 +289,30 @@ def _problems(cfg: dict) -> list[str]:
     with pytest.raises(ConfigError) as info:
         load(cfg)
     return info.value.problems
+
+
+@pytest.mark.parametrize(("value", "shown"), [(1.35, "1.35"), (1.3, "1.3")])
+def test_unquoted_kubernetes_version_says_to_quote_it_and_lists_the_versions(dev, value, shown):
+    """U17: `kubernetesVersion: 1.35` (and 1.30, read as 1.3) said only "expected a non-empty string"."""
+    from components.config import SUPPORTED_KUBERNETES_VERSIONS
+
+    msg = rejects(set_path(dev, "eks-ddp:cluster.kubernetesVersion", value), f"cluster.kubernetesVersion: got {shown};")
+    assert "quote the value" in msg and "1.30 as the number 1.3" in msg
+    assert "allowed: " + ", ".join(SUPPORTED_KUBERNETES_VERSIONS) in msg
+    assert f'kubernetesVersion: "{SUPPORTED_KUBERNETES_VERSIONS[-1]}"' in msg
+    other = rejects(set_path(dev, "eks-ddp:job.runId", 1.5), "job.runId: got 1.5;")  # any string key: quote it
+    assert "quote the value" in other and "allowed" not in other
+
+
+@pytest.mark.parametrize(("key", "value", "path"), [
+    ("eks-ddp:image.prebuilt", "repo@sha256:" + "a" * 64, "image.prebuilt"),
+    ("eks-ddp:nodeGroups[0].instanceType", "g5.xlarge", "nodeGroups[0].instanceType"),
+    ("eks-ddp:job.epochs", "20", "job.epochs"),
+])
+def test_a_dotted_top_level_key_suggests_path(dev, key, value, path):
+    """U18: `pulumi config set eks-ddp:image.prebuilt X` without --path gave only "unknown key"."""
+    msg = rejects({**dev, key: value}, f"{key}: unknown key, a path set without --path")
+    assert f"pulumi config set --path '{path}' '{value}'" in msg
+    assert f"pulumi config rm '{key}'" in msg
+    plain = rejects({**dev, "eks-ddp:imagez": "x"}, "eks-ddp:imagez: unknown key; known keys")  # control
+    assert "--path" not in plain

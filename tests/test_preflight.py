@@ -231,6 +231,17 @@ def test_reservation_too_few_free_instances(aws):
                           "1 of 4 instances free")
 
 
+def test_reservation_too_few_free_instances_names_the_largest_run(aws):
+    raw = p4de_raw()
+    job = raw.pop("eks-ddp:job")
+    raw["eks-ddp:runs"] = [{**job, "runId": "small", "nodes": 1, "minNodes": 1}, {**job, "runId": "big", "nodes": 2}]
+    cfg = config(raw)
+    ec2 = aws(cfg)
+    add_reservations(ec2, [reservation(CR, "p4de.24xlarge", "us-east-1b", total=4, available=1)])
+    msg = only(preflight.check(cfg, ec2=ec2, quotas=StubQuotas()))
+    assert msg.startswith(f"runs[1].nodes: 2 nodes, but capacity reservation {CR} has only 1 of 4 instances free")
+
+
 def test_reservation_kind_must_match_capacity_type(aws):
     block = reservation(CR, "p4de.24xlarge", "us-east-1b", reservation_type="capacity-block")
     msg = only(check_with(aws, [block]))

@@ -116,7 +116,8 @@ def test_etcd_restart_costs_no_agent_and_no_restart(tmp_path, restartable_etcd: 
 
 def test_silent_node_is_dropped_within_15_s(tmp_path, etcd_endpoint, jobs, data_dir):  # noqa: F811
     # SIGSTOP of a node's agent and workers: no TCP reset ever comes; only the heartbeat can tell.
-    job = _job(tmp_path, etcd_endpoint, _trainer(data_dir, tmp_path / "run", epochs=6))
+    # Enough work that the survivor is still training when the replacement's agent has imported torch.
+    job = _job(tmp_path, etcd_endpoint, _trainer(data_dir, tmp_path / "run", epochs=40))
     jobs.append(job)
     job.wait_for(lambda: [r for r in job.history() if r.get("kind") == "step" and r["world"] == 2 and r["step"] >= 3],
                  90, "world-2 training")
@@ -249,16 +250,19 @@ def test_etcd_rescheduled_empty_costs_no_agent(tmp_path, restartable_etcd: Resta
 def test_replacement_pod_joins_the_running_job_at_the_next_round(tmp_path, etcd_endpoint, jobs, data_dir):  # noqa: F811
     """A node is lost, the survivor trains on at world 1; the Job's replacement pod (a new agent, same
     command) joins at the next round and training carries on at world 2, resuming where it was."""
-    job = _job(tmp_path, etcd_endpoint, _trainer(data_dir, tmp_path / "run", epochs=6))
+    job = _job(tmp_path, etcd_endpoint, _trainer(data_dir, tmp_path / "run", epochs=12))
     jobs.append(job)
     job.wait_for(lambda: [r for r in job.history() if r.get("kind") == "step" and r["world"] == 2 and r["step"] >= 3],
                  90, "world-2 training")
     job.agents[1].kill_node()
+    # The replacement imports torch meanwhile and arrives once the survivor trains alone: on a fast machine the
+    # survivor would otherwise finish the run during the replacement's imports.
+    replacement = job.add_agent(held=True)
     job.wait_for(lambda: [r for r in job.history() if r.get("kind") == "step" and r["world"] == 1], 60,
                  "training at world 1")
     last = [r for r in job.history() if r.get("kind") == "step"][-1]["step"]
     joined = time.time()
-    job.add_agent()
+    replacement.release()
     start = job.wait_for(lambda: [s for s in _starts(job) if s["time"] > joined and s["world"] == 2], 90,
                          "a world-2 round with the replacement")[0]
     assert start["resumed_step"] >= last, (start, last)  # from the survivor's snapshot, not from scratch
@@ -273,7 +277,7 @@ def test_replacement_pod_joins_the_running_job_at_the_next_round(tmp_path, etcd_
 BACK_WITHIN_S = 30
 
 
-def _store_job(tmp: Path, etcd: RestartableEtcd, data_dir: Path, jobs: list[Job], epochs: int = 40):  # noqa: F811
+def _store_job(tmp: Path, etcd: RestartableEtcd, data_dir: Path, jobs: list[Job], epochs: int = 300):  # noqa: F811
     def make(nodes: int) -> Job:
         job = _job(tmp, etcd.endpoint, _trainer(data_dir, tmp / "run", epochs=epochs), nodes=nodes)
         jobs.append(job)
