@@ -77,7 +77,7 @@ def _processes() -> list[tuple[int, int, bytes]]:
 _HELD = """import importlib, os, sys, time
 marker, module = sys.argv[1], sys.argv[2]
 launch = importlib.import_module(module)
-importlib.import_module("torch._dynamo")  # what the launcher imports at start (training/launch.py)
+importlib.import_module("torch._dynamo")  # what the launcher imports at start (training/runtime/launch.py)
 deadline = time.monotonic() + 600
 while not os.path.exists(marker) and time.monotonic() < deadline:
     time.sleep(0.05)
