@@ -193,13 +193,13 @@ def job_command(agent: AgentOptions, trainer: TrainerOptions, *, python: str = "
     return module_command(agent, TRAIN_MODULE, trainer.args(), python=python)
 
 
-FABRIC_CHECK_MODULE = "training.fabric_check"
+FABRIC_CHECK_MODULE = "eks_ddp_runtime.fabric_check"
 """The fabric check (all-reduce sweep, transport, bandwidth floor), run by the same agents as training."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class FabricCheckOptions:
-    """Arguments of ``training/fabric_check.py``."""
+    """Arguments of ``training/runtime/fabric_check.py`` (``eks_ddp_runtime.fabric_check``)."""
 
     run_dir: str
     """Where ``fabric.json`` goes: the training run's directory."""
@@ -227,7 +227,7 @@ class FabricCheckOptions:
 
 
 def fabric_check_command(agent: AgentOptions, check: FabricCheckOptions, *, python: str = "python") -> list[str]:
-    """The fabric check's agent command: the training command's agent flags, ``-m training.fabric_check``."""
+    """The fabric check's agent command: the training command's agent flags, ``-m eks_ddp_runtime.fabric_check``."""
     return module_command(agent, FABRIC_CHECK_MODULE, check.args(), python=python)
 
 

@@ -394,7 +394,7 @@ def test_fabric_check_gates_the_training_job():
     assert spec["backoffLimit"] == 0
     [container] = spec["template"]["spec"]["containers"]
     cmd = container["command"]
-    assert cmd[cmd.index("-m", 3) + 1] == "training.fabric_check"
+    assert cmd[cmd.index("-m", 3) + 1] == "eks_ddp_runtime.fabric_check"
     f = flags(cmd)
     # Every node of the job, and a failure is final (no worker restarts).
     assert f["nnodes"] == "2:2" and f["nproc-per-node"] == "8" and f["max-restarts"] == "0"
@@ -402,7 +402,7 @@ def test_fabric_check_gates_the_training_job():
     check_args = cmd[cmd.index("-m", 3) + 2:]
     assert check_args == ["--run-dir=/shared/runs/r1", "--require-efa", "--min-busbw-gbs=12.5",
                           "--instance-type=p4de.24xlarge"]
-    from training.fabric_check import _parse
+    from eks_ddp_runtime.fabric_check import _parse
 
     assert _parse(check_args).min_busbw_gbs == catalog.fabric_floor_gbs("p4de.24xlarge")
     # Shaped like a training pod: all GPUs and EFA devices, the same NCCL/EFA environment, one per node.

@@ -144,11 +144,11 @@ def test_p4de_fabric_check_job_runs_the_check_with_torchrun_on_every_node(manife
     assert "pulumi.com/skipAwait" not in (gate["metadata"].get("annotations") or {})
     [container] = gate["spec"]["template"]["spec"]["containers"]
     args = get_args_parser().parse_args(container["command"][3:])
-    assert args.module and args.training_script == "training.fabric_check"
+    assert args.module and args.training_script == "eks_ddp_runtime.fabric_check"
     assert args.nnodes == f"{cfg.job.nodes}:{cfg.job.nodes}" and args.max_restarts == 0
     assert args.nproc_per_node == "8"
 
-    from training.fabric_check import _parse
+    from eks_ddp_runtime.fabric_check import _parse
 
     check = _parse(args.training_script_args)
     assert check.require_efa and check.min_busbw_gbs == catalog.fabric_floor_gbs("p4de.24xlarge")

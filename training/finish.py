@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from eks_ddp_runtime.dist import DistEnv, barrier
 from torch import nn
 
 from . import checkpoint as ckpt
 from .data import Batching, Cifar, normalize
-from .dist import DistEnv, barrier
 from .evaluate import MODEL_FILE, evaluate_model, format_table, write_metrics
 from .model import calibrate_bn
 from .results import upload_from_env

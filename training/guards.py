@@ -6,9 +6,8 @@ import math
 
 import torch
 from eks_ddp_runtime import exitcodes
+from eks_ddp_runtime.dist import all_reduce_sum
 from torch import nn
-
-from .dist import all_reduce_sum
 
 
 class TrainerError(Exception):

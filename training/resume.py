@@ -7,9 +7,9 @@ from typing import Any
 
 import torch.distributed as dist
 from eks_ddp_runtime import exitcodes
+from eks_ddp_runtime.dist import DistEnv
 
 from . import checkpoint as ckpt
-from .dist import DistEnv
 from .guards import TrainerError
 
 

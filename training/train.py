@@ -40,6 +40,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from eks_ddp_runtime import exitcodes
+from eks_ddp_runtime.dist import DistEnv, all_reduce_sum, barrier, process_age_s, process_group
 from torch import nn
 
 from . import checkpoint as ckpt
@@ -55,7 +56,6 @@ from .data import (
     plan_batching,
     rank_indices,
 )
-from .dist import DistEnv, all_reduce_sum, barrier, process_age_s, process_group
 from .finish import finish
 from .guards import TrainerError, all_finite, check_divergence, flat_params, guarded_parameters, weight_change_limit
 from .lookahead import Lookahead
