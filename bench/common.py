@@ -40,7 +40,8 @@ def synthetic(dir_: Path, n_train: int, n_test: int = 500, noise: float = 60.0) 
 
 def env(threads: int) -> dict[str, str]:
     e = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}
-    e.update({"OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"})
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)  # keeps eks_ddp_runtime's
+    e.update({"OMP_NUM_THREADS": str(threads), "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"})
     return e
 
 

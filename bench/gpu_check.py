@@ -3,7 +3,7 @@
 On any Linux machine with one NVIDIA GPU (two are used when present) and this repository, with NO network, in at
 most about 10 minutes; writes ``gpu-check.json`` and ``gpu-check.md`` to ``--out``:
 
-(a) recovery: the real launcher (``python -m training.launch`` with the cluster's flags from
+(a) recovery: the real launcher (``python -m eks_ddp_runtime.launch`` with the cluster's flags from
     components/torchrun.py, one agent per GPU, up to two), a real etcd, training on CUDA; one worker is SIGKILLed
     and training resumes: seconds from the kill to the next step, and steps redone;
 (b) images/s of the default model (airnet) vs airbench94's network (bench/airbench94_net.py) in the same run,

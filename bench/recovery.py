@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/recovery.py [--repeats 3] [--only worker_kill,...] [--baseline DIR] [--out FILE]
 
-Each agent runs ``python -m training.launch`` with CLUSTER_TIMEOUTS, DEFAULT_MAX_RESTARTS and AGENT_ENV, the
+Each agent runs ``python -m eks_ddp_runtime.launch`` with CLUSTER_TIMEOUTS, DEFAULT_MAX_RESTARTS and AGENT_ENV, the
 command and environment components/torchrun.py renders into the EKS Job (tests/test_resilience.py uses the
 same). Faults:
 

@@ -166,7 +166,7 @@ class ElasticJobArgs:
     """How long ``pulumi up`` waits for data preparation (fresh nodes pull a multi-GB image first); longer
     than the Job's own 30-minute deadline, so a stuck download surfaces as the Job's failure."""
     fabric_check: bool = False
-    """Run ``training.fabric_check`` on every node of the job first, in a Job Pulumi awaits: the training Job
+    """Run ``eks_ddp_runtime.fabric_check`` on every node of the job first, in a Job Pulumi awaits: the training Job
     is created only after it passed (EFA transport when ``efa``, the catalog's bandwidth floor)."""
     fabric_check_timeout: str = "40m"
     """How long ``pulumi up`` waits for the fabric check (nodes may be launching and pulling the image)."""

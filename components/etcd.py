@@ -8,7 +8,7 @@ use the plain-HTTP metrics listener (``--listen-metrics-urls``: /health and /met
 policy admits from nowhere but the node itself.
 
 **Soft state, one member, moved freely.** The store holds only the rendezvous of running jobs (a few
-KiB; checkpoints live on the shared volume). The agents rebuild it after any loss (training/rendezvous.py:
+KiB; checkpoints live on the shared volume). The agents rebuild it after any loss (training/runtime/rendezvous.py:
 a wipe or an outage costs time, never a pod or a second world) and ride out outages of up to
 ``store_retry_timeout`` (600 s). So etcd needs no quorum and no persistent volume, and nothing should
 keep it in place:
@@ -138,7 +138,7 @@ class EtcdRendezvous(pulumi.ComponentResource):
         # Only this namespace's members may use the class (it preempts): a quota here, an admission policy elsewhere.
         priority_class_guard(f"{name}-etcd", priority.metadata.name, args.namespace, args.replicas, child)
         deployment = self._create_deployment(name, sa, priority, certs.server_secret, child)
-        # A drain may always take it (the agents ride out its move, training/rendezvous.py); a budget of
+        # A drain may always take it (the agents ride out its move, training/runtime/rendezvous.py); a budget of
         # zero disruptions would fail every system node-group update (review K5).
         k8s.policy.v1.PodDisruptionBudget(
             f"{name}-etcd-pdb",

@@ -2,7 +2,7 @@
 
 Part of ElasticJob (it uses the job's pod template and metadata helpers), kept in a module of its own.
 One agent per node of the job, shaped like a training pod (all GPUs, the EFA devices, the same NCCL/EFA
-environment), runs ``python -m training.fabric_check`` under the training agent's torchrun flags (the
+environment), runs ``python -m eks_ddp_runtime.fabric_check`` under the training agent's torchrun flags (the
 shared builder in torchrun.py) with every node required and no restarts. The check fails on missing EFA
 devices, a non-EFA transport or a bus bandwidth below the catalog's floor; a failed check fails the Job,
 and so ``pulumi up``, before the training Job exists (it depends on this one).

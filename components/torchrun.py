@@ -2,7 +2,7 @@
 
 The cluster's ElasticJob pods and the local runner (``python -m training.local``)
 both call :func:`job_command`, so the job tested on a laptop is the job that
-runs on EKS. The agent is ``python -m training.launch`` (torchrun's flags, the Job's
+runs on EKS. The agent is ``python -m eks_ddp_runtime.launch`` (torchrun's flags, the Job's
 exit-code contract, an etcd rendezvous that survives etcd restarting). Pure Python: no Pulumi, no torch.
 """
 
@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-LAUNCH_MODULE = "training.launch"
-"""The agent: torchrun with the Job's exit-code contract and the store-tolerant rendezvous (training/launch.py)."""
+LAUNCHER_MODULE = "eks_ddp_runtime.launch"
+"""The agent: torchrun with the Job's exit-code contract and the store-tolerant rendezvous (training/runtime/launch.py,
+installed as ``eks_ddp_runtime``)."""
 ETCD_BACKEND = "eks-etcd"
-"""``etcd-v2`` as agents run it: torch's etcd-v2 rendezvous with retries (training/rendezvous.py)."""
+"""``etcd-v2`` as agents run it: torch's etcd-v2 rendezvous with retries (training/runtime/rendezvous.py)."""
 TRAIN_MODULE = "training.train"
 """The trainer, run by torchrun as ``-m training.train`` from the image's WORKDIR."""
 
@@ -90,7 +91,7 @@ DEFAULT_MAX_RESTARTS = 20
 """Worker-group restarts per agent: each fault (a crash, a lost node, a spot interruption) costs one,
 a node joining costs none. Transient faults never end the run before this; FATAL codes end it at once."""
 PEER_DEADLINE_S = 5
-"""Seconds a worker waits for a silent peer's heartbeat before re-forming the group (training/watchdog.py)."""
+"""Seconds a worker waits for a silent peer's heartbeat before re-forming the group (training/runtime/watchdog.py)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -183,22 +184,22 @@ def torchrun_args(a: AgentOptions) -> list[str]:
 
 
 def module_command(agent: AgentOptions, module: str, args: list[str], *, python: str = "python") -> list[str]:
-    """``python -m training.launch <torchrun flags> -m <module> <args>``: every agent command line comes from here."""
-    return [python, "-m", LAUNCH_MODULE, *torchrun_args(agent), "-m", module, *args]
+    """``python -m eks_ddp_runtime.launch <torchrun flags> -m <module> <args>``: every agent command line comes from here."""
+    return [python, "-m", LAUNCHER_MODULE, *torchrun_args(agent), "-m", module, *args]
 
 
 def job_command(agent: AgentOptions, trainer: TrainerOptions, *, python: str = "python") -> list[str]:
-    """The full agent command: ``python -m training.launch <torchrun flags> -m training.train <trainer flags>``."""
+    """The full agent command: ``python -m eks_ddp_runtime.launch <torchrun flags> -m training.train <trainer flags>``."""
     return module_command(agent, TRAIN_MODULE, trainer.args(), python=python)
 
 
-FABRIC_CHECK_MODULE = "training.fabric_check"
+FABRIC_CHECK_MODULE = "eks_ddp_runtime.fabric_check"
 """The fabric check (all-reduce sweep, transport, bandwidth floor), run by the same agents as training."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class FabricCheckOptions:
-    """Arguments of ``training/fabric_check.py``."""
+    """Arguments of ``training/runtime/fabric_check.py`` (``eks_ddp_runtime.fabric_check``)."""
 
     run_dir: str
     """Where ``fabric.json`` goes: the training run's directory."""
@@ -226,14 +227,14 @@ class FabricCheckOptions:
 
 
 def fabric_check_command(agent: AgentOptions, check: FabricCheckOptions, *, python: str = "python") -> list[str]:
-    """The fabric check's agent command: the training command's agent flags, ``-m training.fabric_check``."""
+    """The fabric check's agent command: the training command's agent flags, ``-m eks_ddp_runtime.fabric_check``."""
     return module_command(agent, FABRIC_CHECK_MODULE, check.args(), python=python)
 
 
 # Environment every agent needs. Without TORCH_DISABLE_SHARE_RDZV_TCP_STORE a restart after a
 # worker failure reuses stale TCPStore addresses and burns the restart budget (pytorch#135712).
 # PYTORCH_NVML_BASED_CUDA_CHECK=1: torch's launcher asks for an accelerator in the agent; NVML answers
-# without initialising CUDA, so the workers the agent forks can still use their GPU (training/launch.py).
+# without initialising CUDA, so the workers the agent forks can still use their GPU (training/runtime/launch.py).
 AGENT_ENV = {
     "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
     "PYTORCH_NVML_BASED_CUDA_CHECK": "1",

@@ -4,6 +4,13 @@ import tempfile
 
 import pytest
 
+try:  # the runtime's import name comes from the install (pyproject: eks_ddp_runtime -> training/runtime)
+    import eks_ddp_runtime  # noqa: F401
+except ImportError as e:
+    raise pytest.UsageError("eks_ddp_runtime is not importable: install this checkout again (`make install`, "
+                            "or pip install -e '.[dev,trainer]') so the editable install maps it to "
+                            "training/runtime") from e
+
 from tests.util import run, stack_config
 from training.snapshot import DIR_ENV
 

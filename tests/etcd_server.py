@@ -53,7 +53,9 @@ def etcd_endpoint(tmp_path: Path) -> Iterator[str]:
 def trainer_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}
     env.update(AGENT_ENV)
-    env.update({"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""})
+    # ROOT first (``training``, ``tests``); the rest kept, so ``eks_ddp_runtime`` resolves as it does here.
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    env.update({"OMP_NUM_THREADS": "1", "PYTHONPATH": path, "CUDA_VISIBLE_DEVICES": ""})
     env.update(extra or {})
     return env
 
@@ -75,7 +77,7 @@ def _processes() -> list[tuple[int, int, bytes]]:
 _HELD = """import importlib, os, sys, time
 marker, module = sys.argv[1], sys.argv[2]
 launch = importlib.import_module(module)
-importlib.import_module("torch._dynamo")  # what the launcher imports at start (training/launch.py)
+importlib.import_module("torch._dynamo")  # what the launcher imports at start (training/runtime/launch.py)
 deadline = time.monotonic() + 600
 while not os.path.exists(marker) and time.monotonic() < deadline:
     time.sleep(0.05)

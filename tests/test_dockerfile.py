@@ -17,15 +17,15 @@ from pathlib import Path
 import pytest
 
 from components.image import DOCKERFILE, source_files
-from components.torchrun import LAUNCH_MODULE, TRAIN_MODULE, AgentOptions, TrainerOptions, job_command
+from components.torchrun import LAUNCHER_MODULE, TRAIN_MODULE, AgentOptions, TrainerOptions, job_command
 from tests.util import ROOT
 
 HADOLINT = ROOT / ".venv" / "bin" / "hadolint"
 CHECKOV = ROOT / ".venv-scan" / "bin" / "checkov"
 CHECKOV_SKIPS = ROOT / "tests" / "checkov-dockerfile-skips.yaml"
 
-# Modules the jobs run: the agent (LAUNCH_MODULE) with -m training.train (TRAIN_MODULE), then data prep and evaluation.
-JOB_MODULES = (LAUNCH_MODULE, TRAIN_MODULE, "training.prepare_data", "training.evaluate")
+# Modules the jobs run: the agent (LAUNCHER_MODULE) with -m training.train (TRAIN_MODULE), then data prep and evaluation.
+JOB_MODULES = (LAUNCHER_MODULE, TRAIN_MODULE, "training.prepare_data", "training.evaluate")
 
 
 @dataclass(frozen=True)
@@ -280,7 +280,7 @@ def test_job_commands_resolve_in_the_image(final):
         AgentOptions(min_nodes=1, max_nodes=2, nproc_per_node=1, rdzv_backend="etcd-v2",
                      rdzv_endpoint="etcd:2379", rdzv_id="run-1", max_restarts=3),
         TrainerOptions(data_dir="/shared/data", run_dir="/shared/runs/run-1"))
-    assert cmd[:3] == ["python", "-m", LAUNCH_MODULE] and cmd[cmd.index("-m", 3) + 1] == TRAIN_MODULE
+    assert cmd[:3] == ["python", "-m", LAUNCHER_MODULE] and cmd[cmd.index("-m", 3) + 1] == TRAIN_MODULE
     # python (with torch) is on PATH because the base image is the official PyTorch image (checked above).
     assert re.match(r"pytorch/pytorch:", [i for i in final if i.keyword == "FROM"][0].value)
 

@@ -60,7 +60,7 @@ def trainer(result: ProgramResult) -> dict:
 
 
 def flags(command: list[str]) -> dict[str, str]:
-    assert command[:3] == ["python", "-m", "training.launch"]
+    assert command[:3] == ["python", "-m", "eks_ddp_runtime.launch"]
     agent = command[3:command.index("-m", 3)]
     return dict(a.removeprefix("--").split("=", 1) for a in agent)
 
@@ -73,11 +73,11 @@ def test_agent_command_is_the_shared_torchrun_builder():
     result = run_job(nodes=3, min_nodes=2, max_restarts=5, run_id="exp-7", epochs=4, global_batch_size=256,
                      learning_rate=0.1, compile=True)
     cmd = trainer(result)["command"]
-    assert cmd[:3] == ["python", "-m", "training.launch"] and cmd[cmd.index("-m", 3) + 1] == "training.train"
+    assert cmd[:3] == ["python", "-m", "eks_ddp_runtime.launch"] and cmd[cmd.index("-m", 3) + 1] == "training.train"
     f = flags(cmd)
     assert f["nnodes"] == "2:3"
     assert f["nproc-per-node"] == "1"  # g4dn.xlarge: one T4
-    # etcd-v2 as the agent runs it: the same rendezvous with etcd calls retried (training/rendezvous.py)
+    # etcd-v2 as the agent runs it: the same rendezvous with etcd calls retried (training/runtime/rendezvous.py)
     assert f["rdzv-backend"] == "eks-etcd" and f["rdzv-endpoint"] == ETCD
     assert f["rdzv-id"] == "$(JOB_UID)" and f["local-addr"] == "$(POD_IP)"
     assert f["rdzv-conf"] == f"{CLUSTER_TIMEOUTS.conf()},{CLUSTER_TLS.conf()}"
@@ -205,9 +205,9 @@ def test_failure_policy_ignores_node_loss_and_fails_fast_on_bugs():
 def test_fail_job_on_the_trainer_exit_codes_and_nothing_that_cannot_occur():
     # Finding B-14: 126/127 never reach an exec-form container (a missing binary is a StartError), while
     # the trainer's own fatal codes (config error 3, divergence 4, bad input 5) must fail the Job at once.
-    from training import exitcodes
+    from eks_ddp_runtime import exitcodes
 
-    assert set(TRAINER_FATAL_EXIT_CODES) == set(exitcodes.FATAL)  # the library's mirror of training/exitcodes.py
+    assert set(TRAINER_FATAL_EXIT_CODES) == set(exitcodes.FATAL)  # the library's mirror of training/runtime/exitcodes.py
     spec = train_job(run_job()).inputs["spec"]
     [fail] = [r for r in spec["podFailurePolicy"]["rules"] if r["action"] == "FailJob"]
     codes = {int(v) for v in fail["onExitCodes"]["values"]}
@@ -394,7 +394,7 @@ def test_fabric_check_gates_the_training_job():
     assert spec["backoffLimit"] == 0
     [container] = spec["template"]["spec"]["containers"]
     cmd = container["command"]
-    assert cmd[cmd.index("-m", 3) + 1] == "training.fabric_check"
+    assert cmd[cmd.index("-m", 3) + 1] == "eks_ddp_runtime.fabric_check"
     f = flags(cmd)
     # Every node of the job, and a failure is final (no worker restarts).
     assert f["nnodes"] == "2:2" and f["nproc-per-node"] == "8" and f["max-restarts"] == "0"
@@ -402,7 +402,7 @@ def test_fabric_check_gates_the_training_job():
     check_args = cmd[cmd.index("-m", 3) + 2:]
     assert check_args == ["--run-dir=/shared/runs/r1", "--require-efa", "--min-busbw-gbs=12.5",
                           "--instance-type=p4de.24xlarge"]
-    from training.fabric_check import _parse
+    from eks_ddp_runtime.fabric_check import _parse
 
     assert _parse(check_args).min_busbw_gbs == catalog.fabric_floor_gbs("p4de.24xlarge")
     # Shaped like a training pod: all GPUs and EFA devices, the same NCCL/EFA environment, one per node.

@@ -1,8 +1,8 @@
 """Exit codes as the pod sees them: every exit path of the trainer as a real process, alone and under the launcher.
 
-The Job's pod failure policy acts on the agent's exit status (training/exitcodes.py, components/elastic_job.py):
+The Job's pod failure policy acts on the agent's exit status (training/runtime/exitcodes.py, components/elastic_job.py):
 0 done, 3/4/5 FATAL (fail the Job at once), 1 a spent fault budget (retried). Alone, ``python -m training.train``
-is what a user runs first; under ``python -m training.launch`` (the Job's own flags from components/torchrun.py,
+is what a user runs first; under ``python -m eks_ddp_runtime.launch`` (the Job's own flags from components/torchrun.py,
 a real etcd) the agent must hand the worker's code to the pod, whether workers are forked or fresh processes.
 """
 
@@ -14,10 +14,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from eks_ddp_runtime import exitcodes
 
 from components.torchrun import CLUSTER_TIMEOUTS, AgentOptions, TrainerOptions, job_command
 from tests.etcd_server import ROOT, Job, client_tls, etcd_endpoint, jobs, kill_workers_in_a_row, trainer_env  # noqa: F401
-from training import exitcodes
 from training.data import TRAIN_FILES, batches_root, write_synthetic_cifar
 
 
@@ -94,7 +94,7 @@ def _agent(endpoint: str, max_restarts: int = 20) -> AgentOptions:
 @pytest.mark.parametrize("case,fork", [
     # make test keeps one FATAL code under the launcher (the same Agent.fatal_code path serves 3, 4 and 5);
     # the others run in make test-long, as do fresh worker processes (what a GPU node without NVML gets,
-    # training/launch.py), where the standalone 134 would reach the agent as a SIGABRT, a transient failure.
+    # training/runtime/launch.py), where the standalone 134 would reach the agent as a SIGABRT, a transient failure.
     ("diverged", "1"),
     *(pytest.param(c, "1", marks=pytest.mark.long) for c in ("bad_input", "config", "done")),
     *(pytest.param(c, "0", marks=pytest.mark.long) for c in ("diverged", "done"))])

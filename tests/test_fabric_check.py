@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
+from eks_ddp_runtime import fabric_check as fc
+from eks_ddp_runtime.exitcodes import FABRIC_FAILED
 
 from components.torchrun import (
     FABRIC_CHECK_MODULE,
@@ -27,8 +29,6 @@ from components.torchrun import (
     job_command,
 )
 from tests.etcd_server import ROOT, TORCHRUN, Agent, _processes, client_tls, etcd_endpoint, trainer_env  # noqa: F401
-from training import fabric_check as fc
-from training.exitcodes import FABRIC_FAILED
 
 # NCCL 2.2x INIT/NET lines as they appear with NCCL_DEBUG=INFO (host:pid:tid prefix), aws-ofi-nccl's included.
 NCCL_EFA_LOG = """\
@@ -142,7 +142,7 @@ def test_launched_by_the_training_command_builder():
     train = job_command(agent, TrainerOptions(data_dir="/shared/data", run_dir="/shared/runs/r1"))
     # Same torchrun flags as training; only the module and its arguments differ.
     assert check[:check.index("-m", 3)] == train[:train.index("-m", 3)]
-    assert check[check.index("-m", 3):] == ["-m", "training.fabric_check", "--run-dir=/shared/runs/r1",
+    assert check[check.index("-m", 3):] == ["-m", "eks_ddp_runtime.fabric_check", "--run-dir=/shared/runs/r1",
                                          "--require-efa", "--min-busbw-gbs=12.5"]
 
 

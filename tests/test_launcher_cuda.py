@@ -4,7 +4,7 @@ torch's launcher asks ``torch.accelerator.is_available()`` in the agent before i
 initialises CUDA unless NVML answers, and a worker forked from such an agent dies in ``torch.cuda.set_device``
 ("Cannot re-initialize CUDA in forked subprocess"). The venv's torch is a CUDA build, so the poison shows on a
 machine without a GPU: torch's own bad-fork flag is set in the worker. Every agent here is
-``python -m training.launch`` with the Job's flags from components/torchrun.py and a real etcd.
+``python -m eks_ddp_runtime.launch`` with the Job's flags from components/torchrun.py and a real etcd.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from eks_ddp_runtime.launch import no_nvidia_driver
 
 from components.torchrun import (
     CLUSTER_TIMEOUTS,
@@ -25,7 +26,6 @@ from components.torchrun import (
     module_command,
 )
 from tests.etcd_server import ROOT, client_tls, etcd_endpoint, trainer_env  # noqa: F401  (fixture)
-from training.launch import no_nvidia_driver
 
 needs_cuda_build = pytest.mark.skipif(not torch.cuda._is_compiled(), reason="torch without CUDA cannot poison a fork")
 
@@ -99,7 +99,7 @@ def test_a_bad_fork_setting_is_a_usage_error_naming_the_variable(tmp_path, etcd_
 def test_the_probe_sees_a_poisoned_fork():
     # Negative control for the probe the tests above rely on: after torch's accelerator check without NVML,
     # a forked child is in a bad fork, and launch.fork_is_clean says so.
-    code = ("import os, torch\nfrom training.launch import fork_is_clean\nclean = fork_is_clean()\n"
+    code = ("import os, torch\nfrom eks_ddp_runtime.launch import fork_is_clean\nclean = fork_is_clean()\n"
             "torch.accelerator.is_available()\nprint(clean, fork_is_clean(), torch.cuda._is_compiled())")
     env = trainer_env({"PYTORCH_NVML_BASED_CUDA_CHECK": "0"})
     out = _run([sys.executable, "-c", code], env, 60).stdout.split()

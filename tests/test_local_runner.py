@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -21,12 +22,13 @@ import time
 from pathlib import Path
 
 import pytest
+from eks_ddp_runtime import procs
+from eks_ddp_runtime.procs import alive, descendants, listening
 
 from components.torchrun import AGENT_ENV, LOCAL_TIMEOUTS, AgentOptions, RdzvTls, TrainerOptions, job_command
 from tests.util import ROOT
-from training import local, procs
+from training import local
 from training.plot import metrics_table, plot_history, read_history, read_test_accuracy
-from training.procs import alive, descendants, listening
 from training.progress import Progress, parse_record
 
 STEP = "[train] epoch=2 step=25 loss=1.2749 acc=0.804 img_s=603 world=2 lr=0.1562"
@@ -329,7 +331,7 @@ def test_interrupted_run_resumes_from_its_folder(tmp_path):
     finally:
         proc.kill()
     run_dir = _run_dir(out)
-    assert any(f"--resume {run_dir}" in line for line in lines)
+    assert any(f"resume it with: {sys.executable} -m training.local --resume {run_dir}" in line for line in lines)
     done = subprocess.run([sys.executable, "-m", "training.local", "--resume", str(run_dir), "--timeout", "240"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
@@ -372,7 +374,7 @@ def test_root_cause_of_a_full_disk_and_of_a_bad_trainer_flag_from_the_real_messa
 
     proc = subprocess.run([sys.executable, "-m", "training.train", "--data-dir=/x", "--run-dir=/y", "--bogus=1"],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
-    from training import exitcodes
+    from eks_ddp_runtime import exitcodes
 
     assert proc.returncode == exitcodes.CONFIG_ERROR  # FATAL: the Job and the runner do not retry it
     (usage,) = [ln for ln in proc.stderr.splitlines() if "error:" in ln]
@@ -399,3 +401,12 @@ def test_two_runs_sharing_out_keep_separate_folders(tmp_path):
         result = json.loads((f / "result.json").read_text())
         assert result["returncode"] == 0 and Path(result["run_dir"]).is_relative_to(f)
         assert (f / "training-curve.png").exists()
+
+
+def test_resume_line_names_this_interpreter_so_it_runs_without_an_activated_venv(tmp_path):
+    """Review U20: the printed command must work pasted as is, also when the venv with torch is not activated."""
+    run_dir = tmp_path / "my runs" / "run-1"
+    line = local.resume_command(run_dir)
+    assert shlex.split(line) == [sys.executable, "-m", "training.local", "--resume", str(run_dir)]
+    assert shlex.split(local.resume_command(run_dir, "eks_ddp_trainer"))[:3] == [sys.executable, "-m",
+                                                                                 "eks_ddp_trainer.local"]

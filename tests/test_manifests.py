@@ -105,8 +105,8 @@ def test_training_command_is_valid_for_torchrun(name, manifests):
     docs = manifests[name]
     [container] = training_job(docs)["spec"]["template"]["spec"]["containers"]
     command = container["command"]
-    # The agent is torchrun behind training/launch.py's exit-code contract; it takes torchrun's flags.
-    assert command[:3] == ["python", "-m", "training.launch"]
+    # The agent is torchrun behind training/runtime/launch.py's exit-code contract; it takes torchrun's flags.
+    assert command[:3] == ["python", "-m", "eks_ddp_runtime.launch"]
     parser = get_args_parser()
     agent_flags = command[3:command.index("-m", 3)]
     # Exact option names (argparse would also accept abbreviations and silently misread them).
@@ -144,11 +144,11 @@ def test_p4de_fabric_check_job_runs_the_check_with_torchrun_on_every_node(manife
     assert "pulumi.com/skipAwait" not in (gate["metadata"].get("annotations") or {})
     [container] = gate["spec"]["template"]["spec"]["containers"]
     args = get_args_parser().parse_args(container["command"][3:])
-    assert args.module and args.training_script == "training.fabric_check"
+    assert args.module and args.training_script == "eks_ddp_runtime.fabric_check"
     assert args.nnodes == f"{cfg.job.nodes}:{cfg.job.nodes}" and args.max_restarts == 0
     assert args.nproc_per_node == "8"
 
-    from training.fabric_check import _parse
+    from eks_ddp_runtime.fabric_check import _parse
 
     check = _parse(args.training_script_args)
     assert check.require_efa and check.min_busbw_gbs == catalog.fabric_floor_gbs("p4de.24xlarge")
@@ -159,7 +159,7 @@ def test_p4de_fabric_check_job_runs_the_check_with_torchrun_on_every_node(manife
 @pytest.mark.parametrize("name", STACKS)
 def test_rendered_job_semantics_and_egress(name, manifests):
     """What the stacks apply: the training Job's success and retry semantics, and egress with destinations."""
-    from training import exitcodes
+    from eks_ddp_runtime import exitcodes
 
     docs = manifests[name]
     job = training_job(docs)

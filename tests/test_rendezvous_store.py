@@ -18,9 +18,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from eks_ddp_runtime import rendezvous
 
 from tests.etcd_server import client_tls, etcd_endpoint  # noqa: F401  (pytest fixture)
-from training import rendezvous
 from training.etcd_local import make_tls
 
 RUN_ID = "store-test"

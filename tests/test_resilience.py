@@ -1,6 +1,6 @@
 """Real faults against the cluster's agent command: real etcd 3.5.1, two real agents, gloo on CPU.
 
-Every agent runs ``python -m training.launch`` with CLUSTER_TIMEOUTS and AGENT_ENV, exactly the command
+Every agent runs ``python -m eks_ddp_runtime.launch`` with CLUSTER_TIMEOUTS and AGENT_ENV, exactly the command
 and environment components/torchrun.py renders into the EKS Job. Where a test starts one agent of a
 two-node job on purpose, the first-round wait (300 s on the cluster, for image pulls) is shortened;
 nothing else differs. Timings are asserted with room for a loaded CI machine; bench/recovery.py measures
@@ -16,11 +16,11 @@ import time
 from pathlib import Path
 
 import pytest
+from eks_ddp_runtime import exitcodes, watchdog
 
 from components.torchrun import AGENT_ENV, CLUSTER_TIMEOUTS, DEFAULT_MAX_RESTARTS, PEER_DEADLINE_S, TrainerOptions
 from tests.etcd_server import Job, RestartableEtcd, etcd_endpoint, jobs, restartable_etcd  # noqa: F401
 from training import checkpoint as ckpt
-from training import exitcodes, watchdog
 from training.data import write_synthetic_cifar
 
 pytestmark = pytest.mark.slow

@@ -21,15 +21,15 @@ from datetime import timedelta
 from types import SimpleNamespace
 
 import pytest
+from eks_ddp_runtime import rendezvous
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dyn
 from torch.distributed.elastic.rendezvous import utils as rdzv_utils
 
 from tests.util import ROOT
-from training import rendezvous
 
 _FIRST_EXCEPTION_LOG = textwrap.dedent("""
     import importlib.abc, json, sys
-    from training import launch
+    from eks_ddp_runtime import launch
     if sys.argv[1] == "preloaded":
         launch.preload_failure_logging()
     from torch.distributed.elastic.multiprocessing import api
@@ -63,7 +63,7 @@ def test_the_preload_happens_before_workers_start():
     """main() preloads after torch's launch config and before warm_workers (whose fork probe then covers it)."""
     import inspect
 
-    from training import launch
+    from eks_ddp_runtime import launch
 
     src = inspect.getsource(launch.main)
     assert src.index("preload_failure_logging()") < src.index("warm_workers(")

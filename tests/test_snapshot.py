@@ -10,9 +10,9 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from eks_ddp_runtime.dist import DistEnv
 
 from training import snapshot
-from training.dist import DistEnv
 from training.snapshot import Snapshots, agree
 
 IDENT = {"model": "m", "seed": 0}

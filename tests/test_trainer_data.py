@@ -17,8 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from eks_ddp_runtime import exitcodes
 
-from training import exitcodes, integrity
+from training import integrity
 from training.data import ALL_FILES, DataError, batches_root, load_cifar, read_class_names, write_synthetic_cifar
 
 ROOT = Path(__file__).resolve().parents[1]

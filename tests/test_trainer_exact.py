@@ -9,11 +9,12 @@ import subprocess
 import threading
 
 import pytest
+from eks_ddp_runtime import exitcodes
 
 from tests import sample_log
 from tests.etcd_server import ROOT, TORCHRUN, max_weight_diff, trainer_env
 from training import checkpoint as ckpt
-from training import exitcodes, snapshot, train
+from training import snapshot, train
 from training.data import write_synthetic_cifar
 
 N_TRAIN = 100

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from eks_ddp_runtime.dist import DistEnv
 from torch.overrides import TorchFunctionMode
 
 from training import checkpoint as ckpt
 from training import snapshot, train
 from training.data import write_synthetic_cifar
-from training.dist import DistEnv
 from training.evaluate import MODEL_FILE
 
 pytestmark = pytest.mark.usefixtures("in_process_trainer")

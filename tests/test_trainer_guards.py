@@ -6,9 +6,10 @@ import json
 
 import pytest
 import torch
+from eks_ddp_runtime import exitcodes
 
 from training import checkpoint as ckpt
-from training import exitcodes, train
+from training import train
 from training.data import write_synthetic_cifar
 
 

@@ -8,11 +8,12 @@ import subprocess
 
 import pytest
 import torch
+from eks_ddp_runtime import exitcodes
 
 from components.torchrun import TrainerOptions
 from tests.etcd_server import ROOT, TORCHRUN, trainer_env
 from training import checkpoint as ckpt
-from training import evaluate, exitcodes, train
+from training import evaluate, train
 from training.data import write_synthetic_cifar
 
 LINE = re.compile(r"^\[train\] epoch=\d+ step=\d+ loss=\d+\.\d{4} acc=\d\.\d{3} img_s=\d+ world=\d+ lr=\d+\.\d{4}$")

@@ -11,10 +11,11 @@ import sys
 from dataclasses import replace
 
 import pytest
+from eks_ddp_runtime import exitcodes
 
 from components.torchrun import TrainerOptions
 from tests.etcd_server import ROOT, trainer_env
-from training import exitcodes, train
+from training import train
 from training.data import write_synthetic_cifar
 
 N_TRAIN, BATCH = 64, 16  # 4 steps per epoch

@@ -28,7 +28,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .procs import die_with_parent
+from eks_ddp_runtime.procs import die_with_parent
 
 
 def find_etcd() -> str:

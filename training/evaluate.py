@@ -16,12 +16,12 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from eks_ddp_runtime import exitcodes
+from eks_ddp_runtime.dist import all_reduce_sum
 from torch import nn
 
-from . import exitcodes
 from .checkpoint import atomic_write_bytes
 from .data import DataError, Split, load_cifar, normalize
-from .dist import all_reduce_sum
 from .model import Precision, build_model, precision_for
 
 MODEL_FILE = "model.pt"

@@ -5,14 +5,13 @@ from __future__ import annotations
 import math
 
 import torch
+from eks_ddp_runtime import exitcodes
+from eks_ddp_runtime.dist import all_reduce_sum
 from torch import nn
-
-from . import exitcodes
-from .dist import all_reduce_sum
 
 
 class TrainerError(Exception):
-    """An error a retry cannot fix; ``main`` prints the message and exits with ``code`` (training/exitcodes.py)."""
+    """An error a retry cannot fix; ``main`` prints the message and exits with ``code`` (training/runtime/exitcodes.py)."""
 
     def __init__(self, code: int, message: str) -> None:
         super().__init__(message)

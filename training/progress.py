@@ -63,7 +63,7 @@ _ENOSPC = ("No space left on device", "[Errno 28]")
 def root_cause(line: str) -> str | None:
     """The one-line cause of a failure no retry can fix, when ``line`` states one; else None.
 
-    The trainer reports those as ``[train] error: ...`` (exit codes in training/exitcodes.py: a
+    The trainer reports those as ``[train] error: ...`` (exit codes in training/runtime/exitcodes.py: a
     corrupt data file is named there) or as a usage error; a full disk shows as ENOSPC anywhere."""
     if "[train] error:" in line:
         return line.split("[train] error:", 1)[1].strip()

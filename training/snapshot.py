@@ -38,9 +38,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from eks_ddp_runtime.dist import DistEnv
 
 from . import checkpoint as ckpt
-from .dist import DistEnv
 from .guards import tensors_finite
 
 log = logging.getLogger(__name__)

@@ -1,11 +1,11 @@
 """Elastic DDP training of a CIFAR-10 classifier; the torchrun target.
 
 On each node the cluster's job pod runs this line (built by components/torchrun.py ``job_command``;
-``python -m training.launch`` is torchrun with the Job's exit-code contract and an etcd rendezvous
+``python -m eks_ddp_runtime.launch`` is torchrun with the Job's exit-code contract and an etcd rendezvous
 that survives etcd restarting)::
 
     TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 PYTORCH_NVML_BASED_CUDA_CHECK=1 EKS_DDP_PEER_DEADLINE_S=5 PYTHONUNBUFFERED=1 \\
-    python -m training.launch --nnodes=1:2 --nproc-per-node=1 \\
+    python -m eks_ddp_runtime.launch --nnodes=1:2 --nproc-per-node=1 \\
         --rdzv-backend=eks-etcd --rdzv-endpoint=ETCD_HOST:2379 --rdzv-id=RUN_ID \\
         --rdzv-conf=join_timeout=900,last_call_timeout=1,first_round_timeout=300,close_timeout=30,keep_alive_interval=1,keep_alive_max_attempt=4,store_retry_timeout=600,read_timeout=5,protocol=https,ca_cert=/etc/eks-ddp/rdzv-tls/ca.crt,ssl_cert=/etc/eks-ddp/rdzv-tls/tls.crt,ssl_cert_key=/etc/eks-ddp/rdzv-tls/tls.key \\
         --max-restarts=20 --monitor-interval=0.5 --local-addr=POD_IP \\
@@ -22,17 +22,14 @@ on the same ``--run-dir`` with another ``--epochs`` resumes and trains to the ne
 re-derived for the new total); another model, width, global batch, BatchNorm group, seed or data set is
 refused (CONFIG_ERROR): that is a new run, with a new ``--run-dir`` (on the cluster: a new ``job.runId``).
 Rank 0 logs one line per ``--log-every`` steps and appends each record to ``history.jsonl``.
-Exit codes: training/exitcodes.py (bad flags, divergence, unreadable data or checkpoints).
+Exit codes: training/runtime/exitcodes.py (bad flags, divergence, unreadable data or checkpoints).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import io
-import json
 import logging
-import math
 import random
 import sys
 import threading
@@ -42,16 +39,13 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from eks_ddp_runtime import exitcodes
+from eks_ddp_runtime.dist import DistEnv, all_reduce_sum, barrier, process_age_s, process_group
 from torch import nn
 
 from . import checkpoint as ckpt
-from . import exitcodes, snapshot
+from . import snapshot
 from .data import (
-    DEFAULT_BN_GROUP,
-    DEFAULT_GLOBAL_BATCH,
-    MIN_STEPS,
-    Batching,
-    Cifar,
     DataError,
     StepNoise,
     augment,
@@ -62,121 +56,24 @@ from .data import (
     plan_batching,
     rank_indices,
 )
-from .dist import DistEnv, all_reduce_sum, barrier, process_age_s, process_group
-from .evaluate import MODEL_FILE, evaluate_model, format_table, write_metrics
+from .finish import finish
 from .guards import TrainerError, all_finite, check_divergence, flat_params, guarded_parameters, weight_change_limit
 from .lookahead import Lookahead
 from .model import (
-    DEFAULT_MODEL,
-    DEFAULT_PRECISION,
-    MODELS,
-    PRECISIONS,
     AirNet,
     build_model,
-    calibrate_bn,
     precision_for,
     sync_batchnorm,
 )
 from .recipe import FP16_INIT_SCALE, LR_END, LR_PEAK, LR_START, RECIPES, build_optimizer, lr_factor
-from .results import upload_from_env
+from .resume import choose_checkpoint
+from .runlog import HISTORY_FILE, RunLog  # noqa: F401  (HISTORY_FILE: the history's name, as train.HISTORY_FILE)
+from .train_args import parse_args
 from .wrap import compile_cache_dir, compiled_step, full_share, wrap_ddp
 
-HISTORY_FILE = "history.jsonl"
-CALIBRATION_IMAGES = 4096
 SAVE_GRACE_S = 1.0
 """Seconds a due durable checkpoint waits for the previous write before it is skipped (a slow shared volume)."""
-"""Training images that set the BatchNorm statistics before evaluation."""
 _AGE_AFTER_IMPORTS = process_age_s()
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # type: ignore[override]
-        # argparse's own exit code 2 looks like any crash; a bad flag must not be retried.
-        self.print_usage(sys.stderr)
-        self.exit(exitcodes.CONFIG_ERROR, f"{self.prog}: error: {message}\n")
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = _Parser(prog="torchrun ... -m training.train", description=__doc__.split("\n")[0])
-    p.add_argument("--data-dir", required=True, help="directory containing cifar-10-batches-py")
-    p.add_argument("--run-dir", required=True, help="checkpoints, model.pt, metrics.json, history.jsonl")
-    p.add_argument("--epochs", type=int, default=10)
-    p.add_argument("--global-batch-size", type=int, default=DEFAULT_GLOBAL_BATCH,
-                   help="images per optimizer step over all processes; capped so a run has at least "
-                        "data.MIN_STEPS steps (default %(default)s)")
-    p.add_argument("--bn-group", type=int, default=DEFAULT_BN_GROUP,
-                   help="images per unit in which a step's samples are dealt to the processes; the global batch is "
-                        "a multiple of it. BatchNorm statistics are those of the whole step (default %(default)s)")
-    p.add_argument("--min-steps", type=int, default=MIN_STEPS,
-                   help="shrink the global batch until the run has this many steps; 0: never (default %(default)s)")
-    p.add_argument("--model", choices=MODELS, default=DEFAULT_MODEL)
-    p.add_argument("--width", type=int, default=None, help="airnet/resnet-small base width (default 64)")
-    p.add_argument("--lr", type=float, default=None, help="peak LR per 1,024 images (default: the model's recipe)")
-    p.add_argument("--label-smoothing", type=float, default=0.2)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--compile", action="store_true", help="torch.compile the model (training/wrap.py)")
-    p.add_argument("--precision", choices=PRECISIONS, default=DEFAULT_PRECISION,
-                   help="autocast on a GPU (a CPU trains in fp32; default %(default)s, as airbench94)")
-    p.add_argument("--keep-checkpoints", type=int, default=3)
-    p.add_argument("--checkpoint-every", type=int, default=None, help="steps (default: once per epoch)")
-    p.add_argument("--log-every", type=int, default=50, help="steps")
-    p.add_argument("--check-every", type=int, default=5,
-                   help="steps between checks that the loss is finite (one host sync each)")
-    p.add_argument("--max-steps", type=int, default=None, help="stop after this many optimizer steps")
-    p.add_argument("--eval-batch-size", type=int, default=1000)
-    p.add_argument("--start-over", action="store_true",
-                   help="set unreadable checkpoints aside and train from scratch instead of failing")
-    p.add_argument("--tensorboard", action="store_true", help="also write TensorBoard events to <run-dir>/tb")
-    a = p.parse_args(argv)
-    for name in ("epochs", "global_batch_size", "bn_group", "keep_checkpoints", "log_every", "check_every",
-                 "checkpoint_every", "max_steps", "width", "eval_batch_size"):
-        v = getattr(a, name)
-        if v is not None and v < 1:
-            p.error(f"--{name.replace('_', '-')}: got {v}; expected >= 1")
-    if a.min_steps < 0:
-        p.error(f"--min-steps: got {a.min_steps}; expected >= 0")
-    if a.global_batch_size % a.bn_group:
-        # Also below the group (e.g. 7 with the default 32): a step trains whole BatchNorm groups only.
-        p.error(f"--global-batch-size: got {a.global_batch_size}; expected a multiple of --bn-group "
-                f"({a.bn_group}): a step trains whole BatchNorm groups (pass a --bn-group that divides it)")
-    if a.lr is not None and not (0 < a.lr and math.isfinite(a.lr)):
-        p.error(f"--lr: got {a.lr}; expected a positive number")
-    if not 0 <= a.label_smoothing < 1:
-        p.error(f"--label-smoothing: got {a.label_smoothing}; expected 0 <= x < 1")
-    if a.width is not None and a.model not in ("airnet", "resnet-small"):
-        p.error(f"--width applies to airnet and resnet-small only; got --model={a.model}")
-    return a
-
-
-class RunLog:
-    """Rank 0's log: one compact stdout line per record, and the same record as JSON in history.jsonl."""
-
-    def __init__(self, run_dir: Path, enabled: bool, tensorboard: bool) -> None:
-        self.enabled = enabled
-        self.path = run_dir / HISTORY_FILE
-        self.tb = None
-        if enabled and tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-                self.tb = SummaryWriter(str(run_dir / "tb"))
-            except ImportError:
-                print("[train] --tensorboard: the tensorboard package is not installed; not writing events",
-                      flush=True)
-
-    def record(self, event: str, line: str | None, **fields: Any) -> None:
-        if not self.enabled:
-            return
-        if line is not None:
-            print(f"[{event}] {line}", flush=True)
-        with open(self.path, "a") as f:
-            f.write(json.dumps({"event": event, "time": time.time(), **fields}) + "\n")
-        if self.tb is not None and event == "train" and fields.get("kind") == "step":
-            for k in ("loss", "acc", "lr", "img_s"):
-                self.tb.add_scalar(f"train/{k}", fields[k], fields["step"])
-
-    def close(self) -> None:
-        if self.tb is not None:
-            self.tb.close()
 
 
 def _rng_state() -> dict[str, Any]:
@@ -191,33 +88,6 @@ def _set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"].cpu())
-
-
-# ---------------------------------------------------------------------------- resume and save
-
-def choose_checkpoint(env: DistEnv, run_dir: Path, start_over: bool) -> dict[str, Any] | None:
-    """Rank 0 picks the newest valid checkpoint and every rank loads that same file.
-
-    Unreadable checkpoints are set aside (renamed, never deleted) with a warning naming them. If
-    checkpoints exist and none is readable, the run fails with BAD_INPUT unless ``start_over``.
-    """
-    chosen: list[str | None] = [None, None]
-    if env.is_main:
-        try:
-            found = ckpt.load_latest(run_dir, set_aside=True, allow_none_valid=start_over)
-            chosen[0] = str(found[1]) if found else None
-        except ckpt.CheckpointError as e:
-            chosen[1] = str(e)
-    if env.distributed:
-        dist.broadcast_object_list(chosen, src=0)
-    if chosen[1]:
-        raise TrainerError(exitcodes.BAD_INPUT, f"{chosen[1]} (--start-over trains from scratch instead)")
-    if not chosen[0]:
-        return None
-    try:
-        return ckpt.load_checkpoint(Path(chosen[0]), map_location="cpu")
-    except Exception as e:
-        raise TrainerError(exitcodes.BAD_INPUT, f"{chosen[0]}: unreadable on rank {env.rank}: {e}") from e
 
 
 # ---------------------------------------------------------------------------- training
@@ -438,39 +308,6 @@ def train(args: argparse.Namespace, env: DistEnv) -> dict[str, Any]:
     barrier()
     snaps.remove()
     return finish(args, env, model, data, plan, precision, pos, train_s, log)
-
-
-def finish(args: argparse.Namespace, env: DistEnv, model: nn.Module, data: Cifar, plan: Batching, precision,
-           pos: dict[str, int], train_s: float, log: RunLog) -> dict[str, Any]:
-    """BatchNorm statistics from training images, the final model file, and the test-set evaluation."""
-    calibrate_bn(model, normalize(data.train.images[:CALIBRATION_IMAGES]).contiguous(memory_format=torch.channels_last),
-                 args.eval_batch_size)
-    if env.is_main:
-        ckpt.atomic_write_bytes(Path(args.run_dir) / MODEL_FILE, _model_bytes(model, args, data, plan, pos["step"]))
-    metrics = evaluate_model(model, data.test, data.classes, precision=precision, batch_size=args.eval_batch_size,
-                             rank=env.rank, world=env.world_size)
-    metrics.update(model=args.model, width=args.width, step=pos["step"], epochs=args.epochs,
-                   samples_seen=pos["samples_seen"], world_size=env.world_size, precision=precision.name,
-                   global_batch=plan.global_batch, bn_group=plan.group,
-                   train_seconds_this_attempt=round(train_s, 3), restart=env.restart_count)
-    if env.is_main:
-        write_metrics(args.run_dir, metrics)
-        print(format_table(metrics), flush=True)
-        log.record("eval", None, kind="eval", accuracy=metrics["accuracy"],
-                   per_class=metrics["per_class"], step=pos["step"])
-    log.close()
-    barrier()
-    if env.is_main:
-        upload_from_env(args.run_dir)  # results off the cluster; never fails the run
-    return metrics
-
-
-def _model_bytes(model: nn.Module, args: argparse.Namespace, data: Cifar, plan: Batching, step: int) -> bytes:
-    buf = io.BytesIO()
-    torch.save({"model": model.state_dict(), "step": step,
-                "config": {"model": args.model, "width": args.width, "num_classes": len(data.classes),
-                           "bn_group": plan.group}}, buf)
-    return buf.getvalue()
 
 
 def main(argv: list[str] | None = None) -> int:

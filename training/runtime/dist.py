@@ -62,7 +62,7 @@ def process_group(timeout_s: float = 120.0) -> Iterator[DistEnv]:
         # A dead peer surfaces as a gloo/NCCL error; the timeout only bounds a silent hang.
         dist.init_process_group(backend=env.backend, timeout=timedelta(seconds=timeout_s),
                                 device_id=env.device if env.device.type == "cuda" else None)
-    # A silent peer (SIGSTOP, partition) is noticed in seconds, not after ``timeout_s`` (training/watchdog.py).
+    # A silent peer (SIGSTOP, partition) is noticed in seconds, not after ``timeout_s`` (watchdog.py).
     wd = watchdog.start_from_env(env.rank, env.world_size) if use_pg else None
     try:
         yield env

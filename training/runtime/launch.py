@@ -1,14 +1,14 @@
-"""The elastic agent: ``python -m training.launch <torchrun flags> -m training.train <trainer flags>``.
+"""The elastic agent: ``python -m eks_ddp_runtime.launch <torchrun flags> (-m MODULE | SCRIPT) <args>``.
 
 torch's torchrun with the job semantics a Kubernetes Job needs (the pod's exit code is the contract,
-see training/exitcodes.py and the Job's pod failure policy):
+see exitcodes.py and the Job's pod failure policy):
 
 * **0** when the run finished, also for an agent that arrives after it finished (a replacement pod
   for a lost node): it finds the rendezvous closed and has nothing left to do;
-* a **FATAL** code (training/exitcodes.py) as soon as one local worker exits with it: a retry cannot
+* a **FATAL** code (exitcodes.py) as soon as one local worker exits with it: a retry cannot
   fix a config error, a divergence or unreadable input, so no worker restart is spent on it;
 * **1** when the fault budget (``--max-restarts``) is spent. The rendezvous stays open: only a finished
-  run closes it (training/rendezvous.py), so a retried pod or the surviving agents carry on.
+  run closes it (rendezvous.py), so a retried pod or the surviving agents carry on.
 
 Flags are torchrun's; use ``--rdzv-backend=eks-etcd`` for the store-restart-tolerant etcd backend.
 """
@@ -134,7 +134,7 @@ class Agent(LocalElasticAgent):
             if fatal:
                 self.fatal_code = fatal[0]
                 self._remaining_restarts = 0  # _invoke_run then stops the workers and returns the failure
-                log.error("worker exited with fatal code %s (training/exitcodes.py): not restarting", fatal[0])
+                log.error("worker exited with fatal code %s (eks_ddp_runtime/exitcodes.py): not restarting", fatal[0])
         return result
 
 
@@ -159,7 +159,7 @@ def launch(config: launcher_api.LaunchConfig, entrypoint, args: list[str]) -> in
         result = agent.run()
         finished = not result.is_failed()
     except RendezvousClosedError:
-        # Only a finished run closes the rendezvous (training/rendezvous.py): nothing left to do.
+        # Only a finished run closes the rendezvous (rendezvous.py): nothing left to do.
         log.info("rendezvous %s is closed: the run already finished; exiting 0", config.run_id)
         return 0
     finally:
@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     logging.basicConfig(level=logging.INFO, format="[launch] %(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     # Rendezvous rounds and restarts in the pod log (torch's elastic loggers default to WARNING).
-    for name in ("torch.distributed.elastic", "torch.distributed.launcher", "training"):
+    for name in ("torch.distributed.elastic", "torch.distributed.launcher", "training", "eks_ddp_runtime"):
         logging.getLogger(name).setLevel(logging.INFO)
     # Before torch's launch config asks for an accelerator: with NVML answering, the agent never initialises
     # CUDA on a GPU node, so workers can still be forked (warm_workers verifies it either way).

@@ -5,7 +5,7 @@ torch 2.14.1's ``DynamicRendezvousHandler`` keeps one pickled ``_RendezvousState
 store never has a bad day: any failed call raises ``RendezvousConnectionError`` out of the agent's
 monitor loop (the agent exits although its workers need no store), and after an outage or an empty
 restart the agents drop out of the state for good (review K2). This backend is the same state machine
-over the same key, with these changes (``training/rdzv_store.py`` holds the etcd side: TLS, retries,
+over the same key, with these changes (``rdzv_store.py`` holds the etcd side: TLS, retries,
 idempotent adds):
 
 **No agent exits because the store is away** (``store_retry_timeout``, default 600 s). Calls a round
@@ -28,7 +28,7 @@ itself included. Two rules fix this:
    within the last expiry window plus one interval: heartbeats that could not be written prove nothing.
    Every live agent's keep-alive lands within one interval once the store answers, so a store that
    comes back with its data costs no restart at all. A node that really died meanwhile is dropped one
-   window later (and its peers' collectives have failed already: training/watchdog.py).
+   window later (and its peers' collectives have failed already: watchdog.py).
 2. *Absent means re-join.* ``num_nodes_waiting()`` returns 1 when this agent has completed a round and,
    after a successful sync, is no longer in ``participants`` (the store came back empty, or dropped it
    after a partial partition). The agent then restarts its workers (``_restart_workers``: a membership

@@ -23,7 +23,7 @@ DIVERGED = 4
 #: The data set or the checkpoints are unreadable (a named file is corrupt or missing).
 BAD_INPUT = 5
 
-#: The fabric check (training/fabric_check.py) found the network unfit: no EFA, TCP transport, low bandwidth.
+#: The fabric check (fabric_check.py) found the network unfit: no EFA, TCP transport, low bandwidth.
 #: Only the fabric-check Job sees it; it is not a trainer code.
 FABRIC_FAILED = 6
 

@@ -1,6 +1,6 @@
 """Fabric check: prove the job's network before an expensive training run starts on it.
 
-Run by torchrun on every node of the job (``python -m training.fabric_check`` as the worker module,
+Run by torchrun on every node of the job (``python -m eks_ddp_runtime.fabric_check`` as the worker module,
 the same agent command line as training), one process per GPU. It
 
 1. records which transport the collective library picked on each rank: NCCL writes its INIT/NET log
@@ -63,7 +63,7 @@ class RankInfo:
     ofi_provider: str | None = None
     efa_devices: int = 0
     cuda_bad_fork: bool = False
-    """This process was forked from one that had initialised CUDA: it can never use a GPU (training/launch.py)."""
+    """This process was forked from one that had initialised CUDA: it can never use a GPU (launch.py)."""
 
 
 @dataclass
@@ -189,7 +189,7 @@ def write_report(run_dir: Path, report: Report) -> Path:
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m training.fabric_check", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m eks_ddp_runtime.fabric_check", description=__doc__.split("\n\n")[0])
     p.add_argument("--run-dir", required=True, help="where fabric.json is written (the training run's directory)")
     p.add_argument("--require-efa", action="store_true", help="fail unless every rank has EFA devices and NCCL "
                    "picked the OFI/EFA transport")
