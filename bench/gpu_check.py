@@ -140,9 +140,7 @@ def item_a(tmp: Path, env: dict[str, str], gpus: int) -> dict[str, Any]:
     with start_etcd(tmp / "etcd") as endpoint:
         opts = AgentOptions(min_nodes=1, max_nodes=agents, nproc_per_node=1, rdzv_backend="etcd-v2",
                             rdzv_endpoint=endpoint, rdzv_id=f"gpu-check-{os.getpid()}", local_addr="127.0.0.1",
-                            timeouts=CLUSTER_TIMEOUTS, tls=RdzvTls(ca_cert=str(endpoint.tls.ca_cert),
-                                                                  cert=str(endpoint.tls.client_cert),
-                                                                  key=str(endpoint.tls.client_key)))
+                            timeouts=CLUSTER_TIMEOUTS, tls=RdzvTls.of(endpoint.tls))
         cmd = job_command(opts, trainer, python=sys.executable)
         try:
             for i in range(agents):

@@ -73,6 +73,13 @@ class RdzvTls:
         d = directory.rstrip("/")
         return cls(ca_cert=f"{d}/ca.crt", cert=f"{d}/tls.crt", key=f"{d}/tls.key")
 
+    @classmethod
+    def of(cls, files: object) -> RdzvTls:
+        """A local store's client files: anything with ``ca_cert``, ``client_cert`` and ``client_key`` paths
+        (``training/etcd_local.py``'s ``TlsFiles``, which the local runner, the tests and the GPU check use)."""
+        return cls(ca_cert=str(files.ca_cert), cert=str(files.client_cert),  # type: ignore[attr-defined]
+                   key=str(files.client_key))  # type: ignore[attr-defined]
+
     def conf(self) -> str:
         # torch's own etcd-v2 rdzv-conf keys (etcd_rendezvous_backend.create_backend).
         return f"protocol=https,ca_cert={self.ca_cert},ssl_cert={self.cert},ssl_cert_key={self.key}"

@@ -39,7 +39,7 @@ TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 def client_tls(endpoint: str) -> RdzvTls:
     """The agents' TLS files for a store started here (``endpoint.tls``, from training/etcd_local.py)."""
     tls: TlsFiles = endpoint.tls  # type: ignore[attr-defined]
-    return RdzvTls(ca_cert=str(tls.ca_cert), cert=str(tls.client_cert), key=str(tls.client_key))
+    return RdzvTls.of(tls)
 
 
 @pytest.fixture

@@ -59,8 +59,7 @@ _REPO_PACKAGE = "training"
 def _client_tls(endpoint: str) -> RdzvTls | None:
     """The agents' client files for the local etcd (training/etcd_local.py: TLS, client certificates required)."""
     tls = getattr(endpoint, "tls", None)
-    return None if tls is None else RdzvTls(ca_cert=str(tls.ca_cert), cert=str(tls.client_cert),
-                                             key=str(tls.client_key))
+    return None if tls is None else RdzvTls.of(tls)
 
 def installed_modules(command: list[str], package: str | None = __package__) -> list[str]:
     """The command with ``training.*`` modules named as this package is importable: ``training`` in the
