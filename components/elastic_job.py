@@ -43,9 +43,10 @@ from .torchrun import (
     RUNS_SUBDIR,
     SHARED_ROOT,
     AgentOptions,
-    TrainerOptions,
-    job_command,
+    module_command,
+    script_command,
 )
+from .workload import DATA_DIR_ENV, FATAL_EXIT_CODES, RUN_DIR_ENV, Cifar10Data, S3Data, Workload, cifar10_workload
 
 TRAINER_UID = 1000
 """The trainer image's user and group."""
@@ -64,13 +65,15 @@ PREPARE_LABELS = {"app.kubernetes.io/name": "eks-ddp-prepare-data", **_PART_OF}
 EVALUATE_LABELS = {"app.kubernetes.io/name": "eks-ddp-evaluate", **_PART_OF}
 TRAINER_LABELS: Mapping[str, str] = {**DEFAULT_CLIENT_LABELS, **_PART_OF}
 """Every training pod carries these; EtcdRendezvous admits exactly them on its client port."""
-TRAINER_FATAL_EXIT_CODES = (3, 4, 5)
+TRAINER_FATAL_EXIT_CODES = FATAL_EXIT_CODES
 """training/exitcodes.FATAL (config error, divergence, unreadable input), mirrored because the library never
-imports the trainer package; tests/test_elastic_job.py keeps the two equal."""
+imports the trainer package; tests/test_elastic_job.py keeps the two equal. A workload's own:
+``Workload.fatal_exit_codes``."""
 USAGE_EXIT_CODE = 2
 """argparse's usage error: the agent's own command line is wrong."""
 BUG_EXIT_CODES = [USAGE_EXIT_CODE, *TRAINER_FATAL_EXIT_CODES]
-"""Exit codes no retry can fix: the pod failure policy fails the Job on them. (A missing or non-executable
+"""Exit codes no retry can fix with the bundled trainer (``bug_exit_codes`` of its workload): the pod failure
+policy fails the Job on them. (A missing or non-executable
 binary is a container StartError, not an exit code 126/127, and a worker's own exit reaches the pod only
 through the launcher, which passes these codes on.)"""
 EVAL_RUN_DIR_ENV = "RUN_DIR"
@@ -137,16 +140,9 @@ class ElasticJobArgs:
     rdzv_server_labels: Mapping[str, str] = field(default_factory=lambda: dict(SERVER_LABELS))
     """Labels of the etcd pods (same namespace) the training pods may reach on the client port
     (EtcdRendezvous.pod_labels carry them)."""
-    epochs: int = 10
-    """Training epochs."""
-    global_batch_size: int = 1024
-    """Images per optimizer step over all GPUs."""
-    model: str = "airnet"
-    """Trainer model name."""
-    learning_rate: float | None = None
-    """Peak learning rate; None: the trainer's tuned default."""
-    compile: bool = False
-    """torch.compile the model."""
+    workload: Workload = field(default_factory=cifar10_workload)
+    """What the agents run (components/workload.py): a module or script, its args, env, image and data; default:
+    the bundled CIFAR-10 trainer (``cifar10_workload()``)."""
     results_role_arn: pulumi.Input[str] | None = None
     """IAM role (IRSA) the trainer's service account assumes to upload results (components/results.py)."""
     results_url: pulumi.Input[str] | None = None
@@ -222,8 +218,8 @@ class ElasticJob(pulumi.ComponentResource):
     job_name: str
     follow_command: pulumi.Output[str]
     """``kubectl logs -f`` over every agent of the training Job."""
-    evaluate_command: pulumi.Output[str]
-    """``kubectl create job --from=cronjob/...``: re-runs the evaluation. A shell line (it names the Job
+    evaluate_command: pulumi.Output[str] | None
+    """``kubectl create job --from=cronjob/...``: re-runs the evaluation (None without ``workload.evaluate``). A shell line (it names the Job
     after ``$(date +%s)``): ``eval "$(pulumi stack output evaluateCommand)"``."""
 
     def __init__(self, name: str, args: ElasticJobArgs, opts: pulumi.ResourceOptions | None = None):
@@ -234,6 +230,10 @@ class ElasticJob(pulumi.ComponentResource):
         self._prepare_name = f"{name}-prepare-data"
         self._evaluate_name = f"{name}-evaluate"
         self._run_dir = f"{SHARED_ROOT}/{RUNS_SUBDIR}/{a.run_id}"
+        data = a.workload.data
+        self._data_dir = f"{DATA_DIR}/{data.name}" if isinstance(data, S3Data) else DATA_DIR
+        self.image: pulumi.Input[str] = a.workload.image if a.workload.image is not None else a.image
+        """The training (and fabric-check) pods' image: the workload's, else the stack's."""
         self._train_labels = {**TRAINER_LABELS, "app.kubernetes.io/instance": self.job_name,
                               "app.kubernetes.io/component": "train"}
         child = pulumi.ResourceOptions(parent=self)
@@ -247,7 +247,8 @@ class ElasticJob(pulumi.ComponentResource):
                                             automount_service_account_token=False, opts=child)
         self._worker_sa_name = worker.metadata.name
         self._create_network_policies(name, child)
-        prepare = self._create_prepare_job(name, child)
+        # The CIFAR-10 download only for the bundled data set; a workload without data trains on what it brings.
+        prepare = [self._create_prepare_job(name, child)] if isinstance(data, Cifar10Data) else []
         endpoint: pulumi.Input[str]
         if a.rdzv_backend == "c10d":
             # The FQDN: kubelet writes it into the pod's /etc/hosts, so index 0 recognises itself as the
@@ -261,7 +262,8 @@ class ElasticJob(pulumi.ComponentResource):
 
         self._gates = create_fabric_check(self, name, child) if a.fabric_check else []
         self._create_train_job(name, endpoint, prepare, child)
-        self._create_evaluate_cronjob(name, child)
+        if a.workload.evaluate:
+            self._create_evaluate_cronjob(name, child)
 
         ns = pulumi.Output.from_input(a.namespace)
         self.follow_command = ns.apply(
@@ -269,7 +271,7 @@ class ElasticJob(pulumi.ComponentResource):
                       f"-l app.kubernetes.io/instance={self.job_name}")
         self.evaluate_command = ns.apply(
             lambda n: f"kubectl -n {n} create job --from=cronjob/{self._evaluate_name} "
-                      f"{self._evaluate_name}-$(date +%s)")
+                      f"{self._evaluate_name}-$(date +%s)") if a.workload.evaluate else None
         self.register_outputs({"job_name": self.job_name, "follow_command": self.follow_command,
                                "evaluate_command": self.evaluate_command})
 
@@ -285,18 +287,18 @@ class ElasticJob(pulumi.ComponentResource):
              grace_seconds: int = 30, ports: list[k8s.core.v1.ContainerPortArgs] | None = None,
              affinity: k8s.core.v1.AffinityArgs | None = None, subdomain: pulumi.Input[str] | None = None,
              on_gpu_nodes: bool = True, uploads: bool = False, writes_data: bool = False,
-             rdzv_tls: bool = False) -> k8s.core.v1.PodTemplateSpecArgs:
+             rdzv_tls: bool = False, image: pulumi.Input[str] | None = None) -> k8s.core.v1.PodTemplateSpecArgs:
         """A hardened single-container pod of the trainer image with /shared, /tmp and /dev/shm; on the job's
         GPU nodes (their selector, tolerating their taints), or with ``on_gpu_nodes=False`` on the system nodes.
         ``uploads``: run as the ServiceAccount with the uploader role (the training pods only).
-        ``writes_data``: the data stage (the dataset read-write, no run directory)."""
+        ``writes_data``: the data stage (the dataset read-write, no run directory). ``image``: default the stack's."""
         v1 = k8s.core.v1
         shared_mounts, shared_volumes = self._shared_volumes(writes_data)
         env_vars = [v1.EnvVarArgs(name=k, value=v) for k, v in {**_CACHE_ENV, **(env or {})}.items()]
         env_vars += [v1.EnvVarArgs(name=k, value_from=v1.EnvVarSourceArgs(
             field_ref=v1.ObjectFieldSelectorArgs(field_path=path))) for k, path in (field_env or {}).items()]
         container = v1.ContainerArgs(
-            name=name, image=self._args.image, image_pull_policy="IfNotPresent", command=command,
+            name=name, image=self._args.image if image is None else image, image_pull_policy="IfNotPresent", command=command,
             working_dir="/app", env=env_vars, resources=resources, ports=ports,
             volume_mounts=[*shared_mounts,
                            v1.VolumeMountArgs(name="tmp", mount_path="/tmp"),
@@ -382,6 +384,11 @@ class ElasticJob(pulumi.ComponentResource):
                                                       update=self._args.data_prep_timeout))))
 
     # --- 2. training ----------------------------------------------------------------------------
+    def _workload_env(self) -> dict[str, str]:
+        """What the job tells every worker of any workload (README "Your own training code")."""
+        pin = {DATA_PIN_ENV: DATA_PIN} if isinstance(self._args.workload.data, Cifar10Data) else {}
+        return {**pin, RUN_DIR_ENV: self._run_dir, DATA_DIR_ENV: self._data_dir}
+
     def _create_headless_service(self, name: str, child: pulumi.ResourceOptions) -> pulumi.Output[str]:
         # c10d: the Job's subdomain gives the pod of index 0 the stable name <job>-0.<service>.
         svc = k8s.core.v1.Service(
@@ -403,12 +410,12 @@ class ElasticJob(pulumi.ComponentResource):
             # $(VAR) is expanded by the kubelet: the Job's uid is unique per Job, stable across pod retries.
             rdzv_id="$(JOB_UID)", local_addr="$(POD_IP)",
             max_restarts=a.max_restarts, timeouts=CLUSTER_TIMEOUTS)
-        trainer = TrainerOptions(data_dir=DATA_DIR, run_dir=self._run_dir, epochs=a.epochs,
-                                 global_batch_size=a.global_batch_size, model=a.model, learning_rate=a.learning_rate,
-                                 compile=a.compile)
-        return job_command(agent, trainer)
+        w = a.workload
+        args = w.rendered_args(run_dir=self._run_dir, data_dir=self._data_dir)
+        return module_command(agent, w.module, args) if w.module is not None else \
+            script_command(agent, str(w.script), args)
 
-    def _create_train_job(self, name: str, endpoint: pulumi.Input[str], prepare: k8s.batch.v1.Job,
+    def _create_train_job(self, name: str, endpoint: pulumi.Input[str], prepare: list[pulumi.Resource],
                           child: pulumi.ResourceOptions) -> k8s.batch.v1.Job:
         a, it = self._args, self._it
         c10d = a.rdzv_backend == "c10d"
@@ -416,7 +423,7 @@ class ElasticJob(pulumi.ComponentResource):
         devices = {GPU_RESOURCE: it.gpus, **({EFA_RESOURCE: it.efa_interfaces} if a.efa else {})}
         # EFA needs an unlimited RLIMIT_MEMLOCK to register memory; a non-root container cannot raise it
         # (and 'restricted' forbids IPC_LOCK), so it comes from the node's container runtime.
-        env = {**AGENT_ENV, **nccl_env(it, a.efa), DATA_PIN_ENV: DATA_PIN}
+        env = {**a.workload.env, **AGENT_ENV, **nccl_env(it, a.efa), **self._workload_env()}
         if a.results_url is not None:
             env["EKS_DDP_RESULTS_URL"] = a.results_url  # type: ignore[assignment]  # an Output is a valid value
             if a.results_kms_key_arn is not None:
@@ -432,6 +439,7 @@ class ElasticJob(pulumi.ComponentResource):
             self._train_labels, "trainer", pulumi.Output.from_input(endpoint).apply(self.train_command),
             _resources(str(cpu), f"{memory}Gi", devices), env=env, field_env=field_env, shm_gib=shm,
             grace_seconds=60, affinity=affinity, subdomain=self.job_name if c10d else None, uploads=True, rdzv_tls=True,
+            image=self.image,
             ports=[k8s.core.v1.ContainerPortArgs(name="rdzv", container_port=C10D_PORT)] if c10d else None)
         # Failure handling (restartPolicy Never: a failed pod is replaced by a new pod of the same index, which
         # joins the running job at its next rendezvous round; the launcher never closes the rendezvous on a
@@ -448,7 +456,7 @@ class ElasticJob(pulumi.ComponentResource):
         failure_policy = k8s.batch.v1.PodFailurePolicyArgs(rules=[
             k8s.batch.v1.PodFailurePolicyRuleArgs(action="FailJob", on_exit_codes=(
                 k8s.batch.v1.PodFailurePolicyOnExitCodesRequirementArgs(
-                    container_name="trainer", operator="In", values=BUG_EXIT_CODES))),
+                    container_name="trainer", operator="In", values=bug_exit_codes(a.workload)))),
             k8s.batch.v1.PodFailurePolicyRuleArgs(action="Ignore", on_pod_conditions=[
                 k8s.batch.v1.PodFailurePolicyOnPodConditionsPatternArgs(type="DisruptionTarget", status="True")]),
         ])
@@ -476,7 +484,7 @@ class ElasticJob(pulumi.ComponentResource):
                 pod_failure_policy=failure_policy, pod_replacement_policy="Failed",
                 ttl_seconds_after_finished=a.ttl_seconds_after_finished, template=template),
             opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
-                depends_on=[prepare, *self._gates], delete_before_replace=True,
+                depends_on=[*prepare, *self._gates], delete_before_replace=True,
                 replace_on_changes=list(JOB_IMMUTABLE_FIELDS))))
 
     # --- 3. evaluation on demand ----------------------------------------------------------------
@@ -536,13 +544,18 @@ class ElasticJob(pulumi.ComponentResource):
                 opts=child)
 
 
+def bug_exit_codes(w: Workload) -> list[int]:
+    """The exit codes that fail the Job at once: argparse's usage error and the workload's FATAL codes."""
+    return [USAGE_EXIT_CODE, *(c for c in w.fatal_exit_codes if c != USAGE_EXIT_CODE)]
+
+
 def _check_rules(a: ElasticJobArgs) -> None:
     # The stack config's rules, under the Python field names (components/rules.py holds each one once).
     rules.require(
         rules.whole("nodes", a.nodes), rules.whole("min_nodes", a.min_nodes),
-        rules.whole("max_restarts", a.max_restarts, 0), rules.whole("epochs", a.epochs),
-        rules.global_batch("global_batch_size", a.global_batch_size), rules.model("model", a.model),
-        rules.learning_rate("learning_rate", a.learning_rate),
+        rules.whole("max_restarts", a.max_restarts, 0),
+        None if isinstance(a.workload, Workload) else
+        f"workload: got {a.workload!r}; expected a Workload (components/workload.py), e.g. cifar10_workload()",
         rules.namespace("namespace", a.namespace) if isinstance(a.namespace, str) else None,
         rules.image_by_digest("image", a.image) if isinstance(a.image, str) else None,
     )
@@ -561,6 +574,11 @@ def _validate(name: str, a: ElasticJobArgs) -> catalog.InstanceType:
         raise ValueError(f"pvc_name/data_claim/run_claim: got pvc_name={a.pvc_name!r}, data_claim={a.data_claim!r}, "
                          f"run_claim={a.run_claim!r}; expected data_claim and run_claim (per workload), or pvc_name "
                          "(the whole volume) alone")
+    owned = {*_CACHE_ENV, *AGENT_ENV, *nccl_env(it, True), "POD_IP", "JOB_UID", "EKS_DDP_RESULTS_URL",
+             "EKS_DDP_RESULTS_KMS_KEY", DATA_PIN_ENV}
+    if clash := sorted(owned & set(a.workload.env)):
+        raise ValueError(f"workload.env: got {', '.join(clash)}; expected names the job does not set itself "
+                         f"(it sets {', '.join(sorted(owned))})")
     if a.efa and not it.has_efa:
         raise ValueError(f"efa: got True for {a.instance_type!r}, which has no EFA interfaces")
     if not 1 <= a.min_nodes <= a.nodes:

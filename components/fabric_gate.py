@@ -98,6 +98,7 @@ def create_fabric_check(job: ElasticJob, name: str, child: pulumi.ResourceOption
         _resources(str(cpu), f"{memory}Gi", devices), env={**AGENT_ENV, **nccl_env(it, a.efa)},
         field_env={"POD_IP": "status.podIP", "JOB_UID": "metadata.labels['batch.kubernetes.io/controller-uid']"},
         shm_gib=shm, affinity=affinity, subdomain=gate if c10d else None, rdzv_tls=True,
+        image=job.image,
         ports=[k8s.core.v1.ContainerPortArgs(name="rdzv", container_port=C10D_PORT)] if c10d else None)
     # No retries: a failed check is a finding (fabric.json says which), not a flake. A node lost under
     # the check (DisruptionTarget) is not counted. replaceUnready: the next `pulumi up` re-runs a failed
