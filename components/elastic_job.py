@@ -32,14 +32,32 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from . import catalog, rules
-from .etcd import DEFAULT_CLIENT_LABELS, SERVER_LABELS, etcd_client_egress
-from .namespace import dns_egress, restricted_container_security, restricted_pod_security
+from .etcd import SERVER_LABELS, etcd_client_egress
+from .fabric_gate import create_fabric_check
+from .namespace import dns_egress
+from .podspec import (  # noqa: F401 (TRAINER_UID, GPUDIRECT_RDMA_FAMILIES, NCCL_NET_PLUGIN: API)
+    C10D_PORT,
+    CACHE_ENV,
+    DATA_DIR,
+    EFA_RESOURCE,
+    GPU_RESOURCE,
+    GPUDIRECT_RDMA_FAMILIES,
+    JOB_IMMUTABLE_FIELDS,
+    NCCL_NET_PLUGIN,
+    PART_OF,
+    TRAINER_LABELS,
+    TRAINER_UID,
+    PodFactory,
+    meta,
+    nccl_env,
+    one_per_node,
+    pod_resources,
+    resources,
+)
 from .torchrun import (
     AGENT_ENV,
     CLUSTER_TIMEOUTS,
-    DATA_SUBDIR,
     DEFAULT_MAX_RESTARTS,
-    RDZV_TLS_DIR,
     RUNS_SUBDIR,
     SHARED_ROOT,
     AgentOptions,
@@ -48,23 +66,12 @@ from .torchrun import (
 )
 from .workload import DATA_DIR_ENV, FATAL_EXIT_CODES, RUN_DIR_ENV, Cifar10Data, S3Data, Workload, cifar10_workload
 
-TRAINER_UID = 1000
-"""The trainer image's user and group."""
-C10D_PORT = 29400
-GPU_RESOURCE = "nvidia.com/gpu"
-EFA_RESOURCE = "vpc.amazonaws.com/efa"
-GPUDIRECT_RDMA_FAMILIES = ("p4d", "p4de", "p5")
-"""Instance families whose EFA supports GPUDirect RDMA (FI_EFA_USE_DEVICE_RDMA=1)."""
-DATA_DIR = f"{SHARED_ROOT}/{DATA_SUBDIR}"
-_PART_OF = {"app.kubernetes.io/part-of": "eks-ddp"}
 EGRESS_EXCEPT = ("169.254.0.0/16", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10")
 """Never reached through the HTTPS egress rule: link-local (instance metadata, the node's credentials) and every
 private range a VPC or its pods can use (the API server's private endpoint, other pods, EFS, anything peered).
 The project's in-cluster peers are admitted by their own rules; S3 (gateway endpoint) and STS are public ranges."""
-PREPARE_LABELS = {"app.kubernetes.io/name": "eks-ddp-prepare-data", **_PART_OF}
-EVALUATE_LABELS = {"app.kubernetes.io/name": "eks-ddp-evaluate", **_PART_OF}
-TRAINER_LABELS: Mapping[str, str] = {**DEFAULT_CLIENT_LABELS, **_PART_OF}
-"""Every training pod carries these; EtcdRendezvous admits exactly them on its client port."""
+PREPARE_LABELS = {"app.kubernetes.io/name": "eks-ddp-prepare-data", **PART_OF}
+EVALUATE_LABELS = {"app.kubernetes.io/name": "eks-ddp-evaluate", **PART_OF}
 TRAINER_FATAL_EXIT_CODES = FATAL_EXIT_CODES
 """training/exitcodes.FATAL (config error, divergence, unreadable input), mirrored because the library never
 imports the trainer package; tests/test_elastic_job.py keeps the two equal. A workload's own:
@@ -83,16 +90,8 @@ DATA_PIN_ENV = "EKS_DDP_DATA_PIN"
 DATA_PIN = "cifar-10"
 """The loaders accept only the official CIFAR-10 files (training/integrity.py: its PIN_ENV and CIFAR10_PIN,
 mirrored because the library never imports the trainer package; tests/test_shared_volume.py keeps them equal)."""
-JOB_IMMUTABLE_FIELDS = ("spec.completionMode", "spec.podFailurePolicy", "spec.successPolicy",
-                        "spec.backoffLimitPerIndex", "spec.managedBy")
-"""Job fields Kubernetes refuses to change (ValidateJobSpecUpdate, 422 "field is immutable") that the provider does
-not already replace the Job for: a change to one of them replaces the Job instead of failing `pulumi up`."""
 DEFAULT_FAULT_BUDGET = 20
 """Pod failures a run absorbs by default: spot capacity can take a node many times in one run."""
-# Writable paths on the read-only root filesystem; the image sets the same.
-_CACHE_ENV = {"HOME": "/tmp", "XDG_CACHE_HOME": "/tmp/.cache", "TORCH_HOME": "/tmp/torch",
-              "TORCHINDUCTOR_CACHE_DIR": "/tmp/torchinductor", "TRITON_CACHE_DIR": "/tmp/triton",
-              "MPLCONFIGDIR": "/tmp/matplotlib", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -171,46 +170,6 @@ class ElasticJobArgs:
         _check_rules(self)  # a bad value fails where the Args are built, naming the field
 
 
-def pod_resources(it: catalog.InstanceType) -> tuple[int, int, int]:
-    """(CPU cores, memory GiB, /dev/shm GiB) for one training pod on a whole node of type ``it``.
-
-    Leaves a tenth of the vCPUs (at least 1) and a quarter of the memory to the kubelet, the OS and the
-    node daemons (VPC CNI, kube-proxy, EFS CSI, device plugins). /dev/shm (NCCL's intra-node transport)
-    is memory-backed and counts against the pod's memory limit.
-    """
-    cpu = it.vcpus - max(1, it.vcpus // 10)
-    memory = it.memory_gib * 3 // 4
-    return cpu, memory, min(2 * it.gpus, max(1, memory // 4))
-
-
-NCCL_NET_PLUGIN = "ofi"
-"""NCCL loads ``libnccl-net-<name>.so``: the aws-ofi-nccl plugin the trainer image installs."""
-
-
-def nccl_env(it: catalog.InstanceType, efa: bool) -> dict[str, str]:
-    """NCCL/libfabric environment: NCCL over the EFA libfabric provider (aws-ofi-nccl) when ``efa``."""
-    env = {"NCCL_DEBUG": "WARN"}
-    if efa:
-        env.update({
-            "FI_PROVIDER": "efa",
-            # The trainer forks (torchrun workers); keeps registered memory safe across fork.
-            "FI_EFA_FORK_SAFE": "1",
-            # NCCL's bootstrap and out-of-band sockets use the pod's VPC interface; EFA carries the data.
-            "NCCL_SOCKET_IFNAME": "^lo",
-            # Load aws-ofi-nccl by name (libnccl-net-ofi.so, which the image's build checks is in the linker's
-            # path) instead of relying on a libnccl-net.so alias.
-            "NCCL_NET_PLUGIN": NCCL_NET_PLUGIN,
-        })
-        if it.family in GPUDIRECT_RDMA_FAMILIES:
-            env["FI_EFA_USE_DEVICE_RDMA"] = "1"
-    return env
-
-
-def _resources(cpu: str, memory: str, extra: Mapping[str, int] | None = None) -> k8s.core.v1.ResourceRequirementsArgs:
-    # Limits equal requests: Guaranteed QoS, so the kubelet evicts these pods last under node pressure.
-    amounts = {"cpu": cpu, "memory": memory, **{k: str(v) for k, v in (extra or {}).items()}}
-    return k8s.core.v1.ResourceRequirementsArgs(requests=dict(amounts), limits=dict(amounts))
-
 
 class ElasticJob(pulumi.ComponentResource):
     """Data preparation Job → elastic training Job → evaluation CronJob, with their NetworkPolicies."""
@@ -239,13 +198,17 @@ class ElasticJob(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
 
         irsa = {"eks.amazonaws.com/role-arn": a.results_role_arn} if a.results_role_arn is not None else None
-        sa = k8s.core.v1.ServiceAccount(f"{name}-sa", metadata=self._meta(f"{name}-trainer", _PART_OF, irsa),
+        sa = k8s.core.v1.ServiceAccount(f"{name}-sa", metadata=self._meta(f"{name}-trainer", PART_OF, irsa),
                                         automount_service_account_token=False, opts=child)
-        self._sa_name = sa.metadata.name
         # No role annotation: pods that never upload get no web-identity token and no AWS_ROLE_ARN.
-        worker = k8s.core.v1.ServiceAccount(f"{name}-worker-sa", metadata=self._meta(f"{name}-worker", _PART_OF),
+        worker = k8s.core.v1.ServiceAccount(f"{name}-worker-sa", metadata=self._meta(f"{name}-worker", PART_OF),
                                             automount_service_account_token=False, opts=child)
-        self._worker_sa_name = worker.metadata.name
+        self.pods = PodFactory(
+            namespace=a.namespace, image=a.image, efa=a.efa, node_selector=a.node_selector,
+            system_node_selector=a.system_node_selector, pvc_name=a.pvc_name, data_claim=a.data_claim,
+            run_claim=a.run_claim, run_dir=self._run_dir, rdzv_backend=a.rdzv_backend,
+            rdzv_tls_secret=a.rdzv_tls_secret, trainer_sa=sa.metadata.name, worker_sa=worker.metadata.name)
+        """The pods' shared pieces (components/podspec.py), for this component and its fabric-check gate."""
         self._create_network_policies(name, child)
         # The CIFAR-10 download only for the bundled data set; a workload without data trains on what it brings.
         prepare = [self._create_prepare_job(name, child)] if isinstance(data, Cifar10Data) else []
@@ -257,9 +220,6 @@ class ElasticJob(pulumi.ComponentResource):
                 lambda v: f"{self.job_name}-0.{v[0]}.{v[1]}.svc.cluster.local:{C10D_PORT}")
         else:
             endpoint = a.rdzv_endpoint  # type: ignore[assignment]
-        # The fabric-check gate lives in fabric_gate.py (imported here: it builds on this module).
-        from .fabric_gate import create_fabric_check
-
         self._gates = create_fabric_check(self, name, child) if a.fabric_check else []
         self._create_train_job(name, endpoint, prepare, child)
         if a.workload.evaluate:
@@ -278,90 +238,11 @@ class ElasticJob(pulumi.ComponentResource):
     # --- shared pod pieces -----------------------------------------------------------------------
     def _meta(self, name: str, labels: Mapping[str, str], annotations: Mapping[str, str] | None = None
               ) -> k8s.meta.v1.ObjectMetaArgs:
-        return k8s.meta.v1.ObjectMetaArgs(name=name, namespace=self._args.namespace, labels=dict(labels),
-                                          annotations=dict(annotations) if annotations else None)
-
-    def _pod(self, labels: Mapping[str, str], name: str, command: pulumi.Input[list[str]],
-             resources: k8s.core.v1.ResourceRequirementsArgs, *, env: Mapping[str, str] | None = None,
-             field_env: Mapping[str, str] | None = None, shm_gib: int = 1, restart_policy: str = "Never",
-             grace_seconds: int = 30, ports: list[k8s.core.v1.ContainerPortArgs] | None = None,
-             affinity: k8s.core.v1.AffinityArgs | None = None, subdomain: pulumi.Input[str] | None = None,
-             on_gpu_nodes: bool = True, uploads: bool = False, writes_data: bool = False,
-             rdzv_tls: bool = False, image: pulumi.Input[str] | None = None) -> k8s.core.v1.PodTemplateSpecArgs:
-        """A hardened single-container pod of the trainer image with /shared, /tmp and /dev/shm; on the job's
-        GPU nodes (their selector, tolerating their taints), or with ``on_gpu_nodes=False`` on the system nodes.
-        ``uploads``: run as the ServiceAccount with the uploader role (the training pods only).
-        ``writes_data``: the data stage (the dataset read-write, no run directory). ``image``: default the stack's."""
-        v1 = k8s.core.v1
-        shared_mounts, shared_volumes = self._shared_volumes(writes_data)
-        env_vars = [v1.EnvVarArgs(name=k, value=v) for k, v in {**_CACHE_ENV, **(env or {})}.items()]
-        env_vars += [v1.EnvVarArgs(name=k, value_from=v1.EnvVarSourceArgs(
-            field_ref=v1.ObjectFieldSelectorArgs(field_path=path))) for k, path in (field_env or {}).items()]
-        container = v1.ContainerArgs(
-            name=name, image=self._args.image if image is None else image, image_pull_policy="IfNotPresent", command=command,
-            working_dir="/app", env=env_vars, resources=resources, ports=ports,
-            volume_mounts=[*shared_mounts,
-                           v1.VolumeMountArgs(name="tmp", mount_path="/tmp"),
-                           v1.VolumeMountArgs(name="dshm", mount_path="/dev/shm"),
-                           *self._rdzv_tls_mounts(rdzv_tls)],
-            security_context=restricted_container_security(TRAINER_UID))
-        tolerations = [v1.TolerationArgs(key=key, operator="Exists", effect="NoSchedule")
-                       for key in (GPU_RESOURCE, *([EFA_RESOURCE] if self._args.efa else []))] if on_gpu_nodes else None
-        node_selector = self._args.node_selector if on_gpu_nodes else self._args.system_node_selector
-        return v1.PodTemplateSpecArgs(
-            metadata=k8s.meta.v1.ObjectMetaArgs(labels=dict(labels)),
-            spec=v1.PodSpecArgs(
-                restart_policy=restart_policy,
-                service_account_name=self._sa_name if uploads else self._worker_sa_name,
-                automount_service_account_token=False, enable_service_links=False,
-                node_selector=node_selector, tolerations=tolerations, affinity=affinity,
-                subdomain=subdomain, termination_grace_period_seconds=grace_seconds,
-                # fsGroup is a no-op on the EFS volume (the CSI driver declares no fsGroupPolicy, so kubelet never
-                # chowns an RWX volume without fsType): every NFS call runs as the access point's PosixUser
-                # 1000:1000, which is why uid 1000 can write there. It still owns the emptyDirs.
-                security_context=restricted_pod_security(TRAINER_UID, fs_group_change_policy="OnRootMismatch"),
-                containers=[container],
-                volumes=[
-                    *shared_volumes,
-                    v1.VolumeArgs(name="tmp", empty_dir=v1.EmptyDirVolumeSourceArgs(size_limit="20Gi")),
-                    v1.VolumeArgs(name="dshm", empty_dir=v1.EmptyDirVolumeSourceArgs(
-                        medium="Memory", size_limit=f"{shm_gib}Gi")),
-                    *self._rdzv_tls_volumes(rdzv_tls),
-                ]))
-
-    def _shared_volumes(self, writes_data: bool) -> tuple[list, list]:
-        """The shared volume's mounts and volumes: per workload (``data_claim``/``run_claim``: the dataset
-        read-only unless ``writes_data``, this run's directory unless ``writes_data``) or the whole claim."""
-        v1, a = k8s.core.v1, self._args
-        if a.pvc_name is not None:
-            return ([v1.VolumeMountArgs(name="shared", mount_path=SHARED_ROOT)],
-                    [v1.VolumeArgs(name="shared", persistent_volume_claim=v1.PersistentVolumeClaimVolumeSourceArgs(
-                        claim_name=a.pvc_name))])
-        # readOnly on the claim too: the EFS CSI driver then mounts the access point "ro".
-        mounts = [v1.VolumeMountArgs(name="data", mount_path=DATA_DIR, read_only=not writes_data)]
-        volumes = [v1.VolumeArgs(name="data", persistent_volume_claim=v1.PersistentVolumeClaimVolumeSourceArgs(
-            claim_name=a.data_claim, read_only=not writes_data))]
-        if not writes_data:
-            mounts.append(v1.VolumeMountArgs(name="run", mount_path=self._run_dir))
-            volumes.append(v1.VolumeArgs(name="run", persistent_volume_claim=v1.PersistentVolumeClaimVolumeSourceArgs(
-                claim_name=a.run_claim)))
-        return mounts, volumes
-
-    def _rdzv_tls_mounts(self, wanted: bool) -> list[k8s.core.v1.VolumeMountArgs]:
-        if not wanted or self._args.rdzv_backend != "etcd-v2":
-            return []
-        return [k8s.core.v1.VolumeMountArgs(name="rdzv-tls", mount_path=RDZV_TLS_DIR, read_only=True)]
-
-    def _rdzv_tls_volumes(self, wanted: bool) -> list[k8s.core.v1.VolumeArgs]:
-        if not wanted or self._args.rdzv_backend != "etcd-v2":
-            return []
-        # 0440 with fsGroup = the trainer's uid: readable by the agent only.
-        return [k8s.core.v1.VolumeArgs(name="rdzv-tls", secret=k8s.core.v1.SecretVolumeSourceArgs(
-            secret_name=self._args.rdzv_tls_secret, default_mode=0o440))]
+        return meta(name, self._args.namespace, labels, annotations)
 
     # --- 1. data preparation --------------------------------------------------------------------
     def _create_prepare_job(self, name: str, child: pulumi.ResourceOptions) -> k8s.batch.v1.Job:
-        template = self._pod(
+        template = self.pods.pod(
             PREPARE_LABELS, "prepare-data", ["python", "-m", "training.prepare_data", f"--data-dir={DATA_DIR}"],
             k8s.core.v1.ResourceRequirementsArgs(requests={"cpu": "500m", "memory": "1Gi"},
                                                  limits={"cpu": "1", "memory": "2Gi"}), restart_policy="OnFailure",
@@ -429,15 +310,10 @@ class ElasticJob(pulumi.ComponentResource):
             if a.results_kms_key_arn is not None:
                 env["EKS_DDP_RESULTS_KMS_KEY"] = a.results_kms_key_arn  # type: ignore[assignment]
         field_env = {"POD_IP": "status.podIP", "JOB_UID": "metadata.labels['batch.kubernetes.io/controller-uid']"}
-        # One agent per node: GPU limits alone would allow two agents on an 8-GPU node asking for 4.
-        affinity = k8s.core.v1.AffinityArgs(pod_anti_affinity=k8s.core.v1.PodAntiAffinityArgs(
-            required_during_scheduling_ignored_during_execution=[k8s.core.v1.PodAffinityTermArgs(
-                topology_key="kubernetes.io/hostname",
-                label_selector=k8s.meta.v1.LabelSelectorArgs(
-                    match_labels={"app.kubernetes.io/instance": self.job_name}))]))
-        template = self._pod(
+        affinity = one_per_node(self.job_name)
+        template = self.pods.pod(
             self._train_labels, "trainer", pulumi.Output.from_input(endpoint).apply(self.train_command),
-            _resources(str(cpu), f"{memory}Gi", devices), env=env, field_env=field_env, shm_gib=shm,
+            resources(str(cpu), f"{memory}Gi", devices), env=env, field_env=field_env, shm_gib=shm,
             grace_seconds=60, affinity=affinity, subdomain=self.job_name if c10d else None, uploads=True, rdzv_tls=True,
             image=self.image,
             ports=[k8s.core.v1.ContainerPortArgs(name="rdzv", container_port=C10D_PORT)] if c10d else None)
@@ -493,10 +369,10 @@ class ElasticJob(pulumi.ComponentResource):
         cpu = min(4, pod_resources(it)[0])
         # $(RUN_DIR) is expanded by the kubelet from the pod's env: this run by default; another run's directory
         # by setting RUN_DIR on the Job created from the CronJob (README "Evaluation").
-        template = self._pod(
+        template = self.pods.pod(
             EVALUATE_LABELS, "evaluate",
             ["python", "-m", "training.evaluate", f"--data-dir={DATA_DIR}", f"--run-dir=$({EVAL_RUN_DIR_ENV})"],
-            _resources(str(cpu), f"{min(16, it.memory_gib // 2)}Gi", {GPU_RESOURCE: 1}),
+            resources(str(cpu), f"{min(16, it.memory_gib // 2)}Gi", {GPU_RESOURCE: 1}),
             env={EVAL_RUN_DIR_ENV: self._run_dir, DATA_PIN_ENV: DATA_PIN})
         k8s.batch.v1.CronJob(
             f"{name}-evaluate",
@@ -574,7 +450,7 @@ def _validate(name: str, a: ElasticJobArgs) -> catalog.InstanceType:
         raise ValueError(f"pvc_name/data_claim/run_claim: got pvc_name={a.pvc_name!r}, data_claim={a.data_claim!r}, "
                          f"run_claim={a.run_claim!r}; expected data_claim and run_claim (per workload), or pvc_name "
                          "(the whole volume) alone")
-    owned = {*_CACHE_ENV, *AGENT_ENV, *nccl_env(it, True), "POD_IP", "JOB_UID", "EKS_DDP_RESULTS_URL",
+    owned = {*CACHE_ENV, *AGENT_ENV, *nccl_env(it, True), "POD_IP", "JOB_UID", "EKS_DDP_RESULTS_URL",
              "EKS_DDP_RESULTS_KMS_KEY", DATA_PIN_ENV}
     if clash := sorted(owned & set(a.workload.env)):
         raise ValueError(f"workload.env: got {', '.join(clash)}; expected names the job does not set itself "
