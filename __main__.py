@@ -43,6 +43,7 @@ from components.config import (
     group_zone_problems,
     load_stack_config,
 )
+from components.data_stage import data_stage_role, stage_service_account
 from components.namespace import training_namespace
 from components.network import standard_zones
 from components.results import run_prefix
@@ -235,6 +236,13 @@ for i, run in enumerate(cfg.runs):
     role_arn = results.role_arn if i == 0 else results.uploader_role(
         f"results-uploader-{run.run_id}", run.run_id, f"{job_name}-trainer")
     group = cfg.group_of(run)
+    workload = workload_of(run)
+    data_role_arn = None
+    if isinstance(workload.data, S3Data):  # the stage's own role: list and read exactly that prefix
+        data_role_arn = data_stage_role(
+            f"data-stage-{run.run_id}", workload.data, oidc_provider_arn=cluster.oidc_provider_arn,
+            oidc_provider_url=cluster.oidc_provider_url, namespace=namespace.metadata.name,
+            service_account=stage_service_account(job_name), partition=rules_partition(cfg.region))
     jobs.append(ElasticJob(job_name, ElasticJobArgs(
         namespace=namespace.metadata.name,
         image=image.image_ref,
@@ -254,7 +262,8 @@ for i, run in enumerate(cfg.runs):
         rdzv_backend=run.rdzv_backend,
         rdzv_endpoint=etcd.endpoint if etcd and run.rdzv_backend == "etcd-v2" else None,
         rdzv_tls_secret=etcd.client_tls_secret if etcd and run.rdzv_backend == "etcd-v2" else None,
-        workload=workload_of(run),
+        workload=workload,
+        data_role_arn=data_role_arn,
         results_role_arn=role_arn,
         results_url=run_url(run.run_id),
         results_kms_key_arn=results.kms_key_arn,

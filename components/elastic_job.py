@@ -32,6 +32,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from . import catalog, rules
+from .data_stage import create_s3_stage
 from .etcd import SERVER_LABELS, etcd_client_egress
 from .fabric_gate import create_fabric_check
 from .namespace import dns_egress
@@ -40,6 +41,7 @@ from .podspec import (  # noqa: F401 (TRAINER_UID, GPUDIRECT_RDMA_FAMILIES, NCCL
     CACHE_ENV,
     DATA_DIR,
     EFA_RESOURCE,
+    EGRESS_EXCEPT,
     GPU_RESOURCE,
     GPUDIRECT_RDMA_FAMILIES,
     JOB_IMMUTABLE_FIELDS,
@@ -66,10 +68,6 @@ from .torchrun import (
 )
 from .workload import DATA_DIR_ENV, FATAL_EXIT_CODES, RUN_DIR_ENV, Cifar10Data, S3Data, Workload, cifar10_workload
 
-EGRESS_EXCEPT = ("169.254.0.0/16", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10")
-"""Never reached through the HTTPS egress rule: link-local (instance metadata, the node's credentials) and every
-private range a VPC or its pods can use (the API server's private endpoint, other pods, EFS, anything peered).
-The project's in-cluster peers are admitted by their own rules; S3 (gateway endpoint) and STS are public ranges."""
 PREPARE_LABELS = {"app.kubernetes.io/name": "eks-ddp-prepare-data", **PART_OF}
 EVALUATE_LABELS = {"app.kubernetes.io/name": "eks-ddp-evaluate", **PART_OF}
 TRAINER_FATAL_EXIT_CODES = FATAL_EXIT_CODES
@@ -142,6 +140,9 @@ class ElasticJobArgs:
     workload: Workload = field(default_factory=cifar10_workload)
     """What the agents run (components/workload.py): a module or script, its args, env, image and data; default:
     the bundled CIFAR-10 trainer (``cifar10_workload()``)."""
+    data_role_arn: pulumi.Input[str] | None = None
+    """With ``S3Data``: the IAM role (IRSA) the S3 data stage's ServiceAccount ``<name>-stage`` assumes
+    (components/data_stage.py ``data_stage_role``: list and read that prefix only); required then."""
     results_role_arn: pulumi.Input[str] | None = None
     """IAM role (IRSA) the trainer's service account assumes to upload results (components/results.py)."""
     results_url: pulumi.Input[str] | None = None
@@ -211,7 +212,8 @@ class ElasticJob(pulumi.ComponentResource):
         """The pods' shared pieces (components/podspec.py), for this component and its fabric-check gate."""
         self._create_network_policies(name, child)
         # The CIFAR-10 download only for the bundled data set; a workload without data trains on what it brings.
-        prepare = [self._create_prepare_job(name, child)] if isinstance(data, Cifar10Data) else []
+        prepare = [self._create_prepare_job(name, child)] if isinstance(data, Cifar10Data) else \
+            [create_s3_stage(self, name, child)] if isinstance(data, S3Data) else []
         endpoint: pulumi.Input[str]
         if a.rdzv_backend == "c10d":
             # The FQDN: kubelet writes it into the pod's /etc/hosts, so index 0 recognises itself as the
@@ -455,6 +457,9 @@ def _validate(name: str, a: ElasticJobArgs) -> catalog.InstanceType:
     if clash := sorted(owned & set(a.workload.env)):
         raise ValueError(f"workload.env: got {', '.join(clash)}; expected names the job does not set itself "
                          f"(it sets {', '.join(sorted(owned))})")
+    if isinstance(a.workload.data, S3Data) and a.data_role_arn is None:
+        raise ValueError(f"data_role_arn: got None with workload.data {a.workload.data.uri!r}; expected the S3 data "
+                         "stage's IAM role (data_stage.data_stage_role(...)); its pods get no other AWS credentials")
     if a.efa and not it.has_efa:
         raise ValueError(f"efa: got True for {a.instance_type!r}, which has no EFA interfaces")
     if not 1 <= a.min_nodes <= a.nodes:

@@ -27,6 +27,10 @@ EFA_RESOURCE = "vpc.amazonaws.com/efa"
 GPUDIRECT_RDMA_FAMILIES = ("p4d", "p4de", "p5")
 """Instance families whose EFA supports GPUDirect RDMA (FI_EFA_USE_DEVICE_RDMA=1)."""
 DATA_DIR = f"{SHARED_ROOT}/{DATA_SUBDIR}"
+EGRESS_EXCEPT = ("169.254.0.0/16", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10")
+"""Never reached through the HTTPS egress rule: link-local (instance metadata, the node's credentials) and every
+private range a VPC or its pods can use (the API server's private endpoint, other pods, EFS, anything peered).
+The project's in-cluster peers are admitted by their own rules; S3 (gateway endpoint) and STS are public ranges."""
 PART_OF = {"app.kubernetes.io/part-of": "eks-ddp"}
 TRAINER_LABELS: Mapping[str, str] = {**DEFAULT_CLIENT_LABELS, **PART_OF}
 """Every training pod carries these; EtcdRendezvous admits exactly them on its client port."""
@@ -129,11 +133,12 @@ class PodFactory:
              grace_seconds: int = 30, ports: list[k8s.core.v1.ContainerPortArgs] | None = None,
              affinity: k8s.core.v1.AffinityArgs | None = None, subdomain: pulumi.Input[str] | None = None,
              on_gpu_nodes: bool = True, uploads: bool = False, writes_data: bool = False,
-             rdzv_tls: bool = False, image: pulumi.Input[str] | None = None) -> k8s.core.v1.PodTemplateSpecArgs:
+             rdzv_tls: bool = False, image: pulumi.Input[str] | None = None,
+             service_account: pulumi.Input[str] | None = None) -> k8s.core.v1.PodTemplateSpecArgs:
         """A hardened single-container pod of the trainer image with /shared, /tmp and /dev/shm; on the job's
         GPU nodes (their selector, tolerating their taints), or with ``on_gpu_nodes=False`` on the system nodes.
         ``uploads``: run as the ServiceAccount with the uploader role (the training pods only).
-        ``writes_data``: the data stage (the dataset read-write, no run directory). ``image``: default the stack's."""
+        ``writes_data``: the data stage (the dataset read-write, no run directory). ``image``: default the stack's. ``service_account``: another than those two (the S3 data stage's)."""
         v1 = k8s.core.v1
         shared_mounts, shared_volumes = self.shared_volumes(writes_data)
         env_vars = [v1.EnvVarArgs(name=k, value=v) for k, v in {**CACHE_ENV, **(env or {})}.items()]
@@ -154,7 +159,7 @@ class PodFactory:
             metadata=k8s.meta.v1.ObjectMetaArgs(labels=dict(labels)),
             spec=v1.PodSpecArgs(
                 restart_policy=restart_policy,
-                service_account_name=self.trainer_sa if uploads else self.worker_sa,
+                service_account_name=service_account or (self.trainer_sa if uploads else self.worker_sa),
                 automount_service_account_token=False, enable_service_links=False,
                 node_selector=node_selector, tolerations=tolerations, affinity=affinity,
                 subdomain=subdomain, termination_grace_period_seconds=grace_seconds,

@@ -108,7 +108,7 @@ def test_a_custom_workload_gets_the_same_pods_with_its_own_command_image_env_and
     base = dict(instance_type="p4de.24xlarge", efa=True, fabric_check=True)
     bundled = run_job(**base)
     mine = run_job(**base, workload=custom(image=OTHER_IMAGE, fatal_exit_codes=(7,), data=S3Data(
-        uri="s3://my-data/wiki/", name="wiki")))
+        uri="s3://my-data/wiki/", name="wiki")), data_role_arn=DATA_ROLE)
     [c] = _pod(mine)["containers"]
     cmd = c["command"]
     i = cmd.index("-m", 3)
@@ -129,7 +129,7 @@ def test_a_custom_workload_gets_the_same_pods_with_its_own_command_image_env_and
     # No CIFAR-10 download, no evaluation CronJob; the same NetworkPolicies.
     assert not [r for r in mine.of_type(JOB) if r.name == "training-prepare-data"]
     assert not mine.of_type("kubernetes:batch/v1:CronJob") and mine.outputs["evaluate"] is None
-    assert [(r.name, r.inputs["spec"]) for r in mine.of_type(NETPOL)] == \
+    assert [(r.name, r.inputs["spec"]) for r in mine.of_type(NETPOL) if r.name != "training-stage-data-netpol"] == \
         [(r.name, r.inputs["spec"]) for r in bundled.of_type(NETPOL)]
     assert not [d for d in mine.one(JOB, "training-train").dependencies if "prepare-data" in d]
     assert [d for d in bundled.one(JOB, "training-train").dependencies if "prepare-data" in d]
@@ -158,3 +158,69 @@ def test_elastic_job_args_take_only_a_workload():
         pulumi.export("ok", True)
 
     assert run_program({}, program=program).outputs["ok"] is True
+
+
+# --- the S3 data stage -------------------------------------------------------------------------------
+DATA_ROLE = "arn:aws:iam::123456789012:role/data-stage"
+WIKI = S3Data(uri="s3://my-data/corpora/wiki/", name="wiki")
+
+
+def test_an_s3_workload_stages_its_prefix_first_in_its_own_image_with_its_own_role():
+    result = run_job(workload=custom(image=OTHER_IMAGE, data=WIKI), data_role_arn=DATA_ROLE,
+                     system_node_selector={"role": "system"})
+    stage = result.one(JOB, "training-stage-data")
+    spec = stage.inputs["spec"]
+    pod = spec["template"]["spec"]
+    [c] = pod["containers"]
+    assert c["command"] == ["python", "-m", "eks_ddp_runtime.stage_s3", "s3://my-data/corpora/wiki/",
+                            "/shared/data/wiki"]
+    assert c["image"] == OTHER_IMAGE and pod["nodeSelector"] == {"role": "system"} and not pod.get("tolerations")
+    assert pod["restartPolicy"] == "Never" and spec["podFailurePolicy"]["rules"][0]["onExitCodes"]["values"] == \
+        [2, 3, 5]
+    [sa] = [r for r in result.of_type("kubernetes:core/v1:ServiceAccount") if r.name == "training-stage-sa"]
+    assert pod["serviceAccountName"] == sa.inputs["metadata"]["name"] == "training-stage"
+    assert sa.inputs["metadata"]["annotations"] == {"eks.amazonaws.com/role-arn": DATA_ROLE}
+    # The shared volume read-write for the stage (it writes /shared/data/wiki), read-only for training.
+    [mount] = [m for m in c["volumeMounts"] if m["mountPath"] == "/shared"]
+    assert not mount.get("readOnly")
+    netpol = result.one(NETPOL, "training-stage-data-netpol").inputs["spec"]
+    assert netpol["ingress"] == [] and [p["port"] for p in netpol["egress"][1]["ports"]] == [443]
+    train = result.one(JOB, "training-train")
+    assert [d for d in train.dependencies if d.endswith("training-stage-data")]
+    # Other workloads have no stage.
+    assert not [r for r in run_job().of_type(JOB) if r.name == "training-stage-data"]
+
+
+def test_an_s3_workload_needs_the_stage_role():
+    with pytest.raises(ValueError, match=r"data_role_arn: got None with workload.data 's3://my-data/corpora/wiki/'"):
+        run_job(workload=custom(data=WIKI))
+
+
+def test_the_stage_role_lists_exactly_the_prefix_and_reads_only_under_it():
+    import json
+
+    from components.data_stage import read_prefix_policy
+
+    doc = json.loads(read_prefix_policy(WIKI, "aws-cn"))
+    listing, read = doc["Statement"]
+    assert listing == {"Sid": "ListThePrefixOnly", "Effect": "Allow", "Action": "s3:ListBucket",
+                       "Resource": "arn:aws-cn:s3:::my-data",
+                       "Condition": {"StringEquals": {"s3:prefix": "corpora/wiki/"}}}
+    assert read == {"Sid": "ReadUnderThePrefixOnly", "Effect": "Allow", "Action": "s3:GetObject",
+                    "Resource": "arn:aws-cn:s3:::my-data/corpora/wiki/*"}
+    assert len(doc["Statement"]) == 2
+
+
+def test_the_program_gives_an_s3_run_its_stage_and_role():
+    from tests.test_config_runs import DIGEST, with_runs
+
+    result = run(with_runs({"runId": "a", "nodes": 1}, {"runId": "b", "nodes": 1, "workload": {
+        "image": DIGEST, "module": "bert.train", "data": {"s3": "s3://my-data/corpora/wiki/"}}}))
+    role = result.one("aws:iam/role:Role", "data-stage-b")
+    assert ':serviceaccount:training:training-b-stage"' in role.inputs["assumeRolePolicy"]
+    policy = result.one("aws:iam/rolePolicy:RolePolicy", "data-stage-b").inputs["policy"]
+    assert "arn:aws:s3:::my-data/corpora/wiki/*" in policy
+    stage = result.one(JOB, "training-b-stage-data").inputs["spec"]["template"]["spec"]["containers"][0]
+    assert stage["command"][-2:] == ["s3://my-data/corpora/wiki/", "/shared/data/wiki"] and stage["image"] == DIGEST
+    train = result.one(JOB, "training-b-train").inputs["spec"]["template"]["spec"]["containers"][0]
+    assert {e["name"]: e.get("value") for e in train["env"]}["EKS_DDP_DATA_DIR"] == "/shared/data/wiki"
