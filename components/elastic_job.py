@@ -1,25 +1,21 @@
-"""ElasticJob: data preparation, then an elastic torchrun training job, plus evaluation on demand.
+"""ElasticJob: a workload's data stage, then an elastic torchrun training job (plus the bundled trainer's extras).
 
 ``pulumi up`` creates, in order:
 
-1. a Job running ``python -m training.prepare_data`` (idempotent, checksum-verified) that Pulumi
-   *awaits*, so training never starts on a missing or half-written dataset;
-2. the training Job: an Indexed Job with one torchrun agent per node (``--nnodes=min:max``), which
-   Pulumi does *not* await (``pulumi.com/skipAwait``); follow it with the ``follow_command`` output;
-3. a suspended CronJob that re-runs the test-set evaluation of the run on demand::
+1. the workload's data stage, which Pulumi *awaits*, so training never starts on a missing or half-written
+   dataset: the CIFAR-10 download for ``Cifar10Data`` (cifar10_stages.py), the S3 copy for ``S3Data``
+   (data_stage.py), nothing without data; with ``fabric_check`` also the fabric check (fabric_gate.py);
+2. the training Job: an Indexed Job with one ``eks_ddp_runtime.launch`` agent per node (``--nnodes=min:max``)
+   running the workload's module or script, which Pulumi does *not* await (``pulumi.com/skipAwait``); follow it
+   with the ``follow_command`` output;
+3. with ``workload.evaluate`` (the bundled trainer), a suspended CronJob that re-runs the test-set evaluation
+   on demand (the ``evaluate_command`` output).
 
-       kubectl -n <namespace> create job --from=cronjob/<name>-evaluate <name>-evaluate-$(date +%s)
-
-   (the ``evaluate_command`` output). Training's rank 0 already evaluates once at the end.
-
-Every pod runs the trainer image by digest as uid 1000 on a read-only root filesystem, with writable
-``emptyDir`` volumes for ``/tmp`` (HOME and caches) and ``/dev/shm``, the shared volume (per workload with
-``data_claim``/``run_claim``: the dataset at ``/shared/data``, read-only except in the data stage, and this
-run's ``/shared/runs/<run_id>``; or one whole-volume ``pvc_name`` at ``/shared``), no service-account token,
-and a NetworkPolicy of its own. Only the training pods, which upload the results,
-run as the ServiceAccount that carries the uploader role (``<name>-trainer``); data preparation, evaluation and the
-fabric check run as ``<name>-worker``, which has no IAM role, so the pod-identity webhook (which mutates by
-ServiceAccount name, whatever ``automountServiceAccountToken`` says) gives them no AWS credentials.
+Every pod is built by podspec.py (the image by digest as uid 1000, read-only root filesystem, the shared volume,
+no service-account token) and has a NetworkPolicy. Only the training pods, which upload the results, run as
+the ServiceAccount with the uploader role (``<name>-trainer``); the S3 stage as ``<name>-stage`` (read-only on
+its prefix); everything else as ``<name>-worker``, which has no IAM role, so the pod-identity webhook (which
+mutates by ServiceAccount name, whatever ``automountServiceAccountToken`` says) gives them no AWS credentials.
 """
 
 from __future__ import annotations
@@ -32,6 +28,15 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from . import catalog, rules
+from .cifar10_stages import (  # noqa: F401 (EVAL_RUN_DIR_ENV: API)
+    DATA_PIN,
+    DATA_PIN_ENV,
+    EVAL_RUN_DIR_ENV,
+    EVALUATE_LABELS,
+    PREPARE_LABELS,
+    create_evaluate_cronjob,
+    create_prepare_job,
+)
 from .data_stage import create_s3_stage
 from .etcd import SERVER_LABELS, etcd_client_egress
 from .fabric_gate import create_fabric_check
@@ -68,8 +73,6 @@ from .torchrun import (
 )
 from .workload import DATA_DIR_ENV, FATAL_EXIT_CODES, RUN_DIR_ENV, Cifar10Data, S3Data, Workload, cifar10_workload
 
-PREPARE_LABELS = {"app.kubernetes.io/name": "eks-ddp-prepare-data", **PART_OF}
-EVALUATE_LABELS = {"app.kubernetes.io/name": "eks-ddp-evaluate", **PART_OF}
 TRAINER_FATAL_EXIT_CODES = FATAL_EXIT_CODES
 """training/exitcodes.FATAL (config error, divergence, unreadable input), mirrored because the library never
 imports the trainer package; tests/test_elastic_job.py keeps the two equal. A workload's own:
@@ -81,13 +84,6 @@ BUG_EXIT_CODES = [USAGE_EXIT_CODE, *TRAINER_FATAL_EXIT_CODES]
 policy fails the Job on them. (A missing or non-executable
 binary is a container StartError, not an exit code 126/127, and a worker's own exit reaches the pod only
 through the launcher, which passes these codes on.)"""
-EVAL_RUN_DIR_ENV = "RUN_DIR"
-"""The evaluation pod's run directory (default: this stack's run); override it per Job to evaluate another run
-(only with a whole-volume ``pvc_name``: with ``run_claim`` the pod mounts this run's directory alone)."""
-DATA_PIN_ENV = "EKS_DDP_DATA_PIN"
-DATA_PIN = "cifar-10"
-"""The loaders accept only the official CIFAR-10 files (training/integrity.py: its PIN_ENV and CIFAR10_PIN,
-mirrored because the library never imports the trainer package; tests/test_shared_volume.py keeps them equal)."""
 DEFAULT_FAULT_BUDGET = 20
 """Pod failures a run absorbs by default: spot capacity can take a node many times in one run."""
 
@@ -212,7 +208,7 @@ class ElasticJob(pulumi.ComponentResource):
         """The pods' shared pieces (components/podspec.py), for this component and its fabric-check gate."""
         self._create_network_policies(name, child)
         # The CIFAR-10 download only for the bundled data set; a workload without data trains on what it brings.
-        prepare = [self._create_prepare_job(name, child)] if isinstance(data, Cifar10Data) else \
+        prepare = [create_prepare_job(self, name, child)] if isinstance(data, Cifar10Data) else \
             [create_s3_stage(self, name, child)] if isinstance(data, S3Data) else []
         endpoint: pulumi.Input[str]
         if a.rdzv_backend == "c10d":
@@ -225,7 +221,7 @@ class ElasticJob(pulumi.ComponentResource):
         self._gates = create_fabric_check(self, name, child) if a.fabric_check else []
         self._create_train_job(name, endpoint, prepare, child)
         if a.workload.evaluate:
-            self._create_evaluate_cronjob(name, child)
+            create_evaluate_cronjob(self, name, child)
 
         ns = pulumi.Output.from_input(a.namespace)
         self.follow_command = ns.apply(
@@ -241,30 +237,6 @@ class ElasticJob(pulumi.ComponentResource):
     def _meta(self, name: str, labels: Mapping[str, str], annotations: Mapping[str, str] | None = None
               ) -> k8s.meta.v1.ObjectMetaArgs:
         return meta(name, self._args.namespace, labels, annotations)
-
-    # --- 1. data preparation --------------------------------------------------------------------
-    def _create_prepare_job(self, name: str, child: pulumi.ResourceOptions) -> k8s.batch.v1.Job:
-        template = self.pods.pod(
-            PREPARE_LABELS, "prepare-data", ["python", "-m", "training.prepare_data", f"--data-dir={DATA_DIR}"],
-            k8s.core.v1.ResourceRequirementsArgs(requests={"cpu": "500m", "memory": "1Gi"},
-                                                 limits={"cpu": "1", "memory": "2Gi"}), restart_policy="OnFailure",
-            on_gpu_nodes=False, writes_data=True)
-        # On the system nodes, never the GPU nodes: GPU groups idle at zero nodes and only the cluster
-        # autoscaler brings them up, for pods that ask for GPUs. A prep pod pinned to them would stay
-        # Pending and `pulumi up` (which awaits this Job) would hang until the Job's deadline.
-        return k8s.batch.v1.Job(
-            f"{name}-prepare-data",
-            # replaceUnready: a prep Job that failed (download host down, deadline passed) is replaced on the next
-            # `pulumi up` instead of being awaited again and failing it at once.
-            metadata=self._meta(self._prepare_name, PREPARE_LABELS, {"pulumi.com/replaceUnready": "true"}),
-            spec=k8s.batch.v1.JobSpecArgs(
-                backoff_limit=3, active_deadline_seconds=1800, ttl_seconds_after_finished=24 * 3600,
-                template=template),
-            # Awaited (no skipAwait): the training Job depends on it, so it starts only on a verified dataset.
-            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
-                delete_before_replace=True,
-                custom_timeouts=pulumi.CustomTimeouts(create=self._args.data_prep_timeout,
-                                                      update=self._args.data_prep_timeout))))
 
     # --- 2. training ----------------------------------------------------------------------------
     def _workload_env(self) -> dict[str, str]:
@@ -364,31 +336,6 @@ class ElasticJob(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
                 depends_on=[*prepare, *self._gates], delete_before_replace=True,
                 replace_on_changes=list(JOB_IMMUTABLE_FIELDS))))
-
-    # --- 3. evaluation on demand ----------------------------------------------------------------
-    def _create_evaluate_cronjob(self, name: str, child: pulumi.ResourceOptions) -> None:
-        it = self._it
-        cpu = min(4, pod_resources(it)[0])
-        # $(RUN_DIR) is expanded by the kubelet from the pod's env: this run by default; another run's directory
-        # by setting RUN_DIR on the Job created from the CronJob (README "Evaluation").
-        template = self.pods.pod(
-            EVALUATE_LABELS, "evaluate",
-            ["python", "-m", "training.evaluate", f"--data-dir={DATA_DIR}", f"--run-dir=$({EVAL_RUN_DIR_ENV})"],
-            resources(str(cpu), f"{min(16, it.memory_gib // 2)}Gi", {GPU_RESOURCE: 1}),
-            env={EVAL_RUN_DIR_ENV: self._run_dir, DATA_PIN_ENV: DATA_PIN})
-        k8s.batch.v1.CronJob(
-            f"{name}-evaluate",
-            metadata=self._meta(self._evaluate_name, EVALUATE_LABELS),
-            spec=k8s.batch.v1.CronJobSpecArgs(
-                # Suspended: never fires on its own; the schedule is required by the API only.
-                suspend=True, schedule="0 0 1 1 *", concurrency_policy="Forbid",
-                successful_jobs_history_limit=1, failed_jobs_history_limit=1,
-                job_template=k8s.batch.v1.JobTemplateSpecArgs(
-                    metadata=k8s.meta.v1.ObjectMetaArgs(labels=EVALUATE_LABELS),
-                    spec=k8s.batch.v1.JobSpecArgs(
-                        backoff_limit=1, active_deadline_seconds=3600, ttl_seconds_after_finished=24 * 3600,
-                        template=template))),
-            opts=child)
 
     # --- network policies ---------------------------------------------------------------------------
     def _create_network_policies(self, name: str, child: pulumi.ResourceOptions) -> None:
