@@ -27,7 +27,6 @@ from typing import Literal
 import pulumi
 import pulumi_kubernetes as k8s
 
-from . import catalog, rules
 from .cifar10_stages import (  # noqa: F401 (EVAL_RUN_DIR_ENV: API)
     DATA_PIN,
     DATA_PIN_ENV,
@@ -38,6 +37,7 @@ from .cifar10_stages import (  # noqa: F401 (EVAL_RUN_DIR_ENV: API)
     create_prepare_job,
 )
 from .data_stage import create_s3_stage
+from .elastic_job_checks import check_rules, validate
 from .etcd import SERVER_LABELS, etcd_client_egress
 from .fabric_gate import create_fabric_check
 from .namespace import dns_egress
@@ -164,7 +164,7 @@ class ElasticJobArgs:
     """How long ``pulumi up`` waits for the fabric check (nodes may be launching and pulling the image)."""
 
     def __post_init__(self) -> None:
-        _check_rules(self)  # a bad value fails where the Args are built, naming the field
+        check_rules(self)  # a bad value fails where the Args are built, naming the field
 
 
 
@@ -181,7 +181,7 @@ class ElasticJob(pulumi.ComponentResource):
     def __init__(self, name: str, args: ElasticJobArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("eks-ddp:elastic_job:ElasticJob", name, None, opts)
         self._args = a = args
-        self._it = _validate(name, args)
+        self._it = validate(name, args)
         self.job_name = f"{name}-{a.run_id}"
         self._prepare_name = f"{name}-prepare-data"
         self._evaluate_name = f"{name}-evaluate"
@@ -372,63 +372,3 @@ class ElasticJob(pulumi.ComponentResource):
 def bug_exit_codes(w: Workload) -> list[int]:
     """The exit codes that fail the Job at once: argparse's usage error and the workload's FATAL codes."""
     return [USAGE_EXIT_CODE, *(c for c in w.fatal_exit_codes if c != USAGE_EXIT_CODE)]
-
-
-def _check_rules(a: ElasticJobArgs) -> None:
-    # The stack config's rules, under the Python field names (components/rules.py holds each one once).
-    rules.require(
-        rules.whole("nodes", a.nodes), rules.whole("min_nodes", a.min_nodes),
-        rules.whole("max_restarts", a.max_restarts, 0),
-        None if isinstance(a.workload, Workload) else
-        f"workload: got {a.workload!r}; expected a Workload (components/workload.py), e.g. cifar10_workload()",
-        rules.namespace("namespace", a.namespace) if isinstance(a.namespace, str) else None,
-        rules.image_by_digest("image", a.image) if isinstance(a.image, str) else None,
-    )
-
-
-def _validate(name: str, a: ElasticJobArgs) -> catalog.InstanceType:
-    _check_rules(a)
-    try:
-        it = catalog.lookup(a.instance_type)
-    except KeyError as err:
-        raise ValueError(f"instance_type: {err.args[0]}") from None
-    if it.gpus < 1:
-        raise ValueError(f"instance_type: got {a.instance_type!r}, which has no GPU; expected a GPU type")
-    whole, per_workload = a.pvc_name is not None, (a.data_claim is not None, a.run_claim is not None)
-    if not ((whole and per_workload == (False, False)) or (not whole and per_workload == (True, True))):
-        raise ValueError(f"pvc_name/data_claim/run_claim: got pvc_name={a.pvc_name!r}, data_claim={a.data_claim!r}, "
-                         f"run_claim={a.run_claim!r}; expected data_claim and run_claim (per workload), or pvc_name "
-                         "(the whole volume) alone")
-    owned = {*CACHE_ENV, *AGENT_ENV, *nccl_env(it, True), "POD_IP", "JOB_UID", "EKS_DDP_RESULTS_URL",
-             "EKS_DDP_RESULTS_KMS_KEY", DATA_PIN_ENV}
-    if clash := sorted(owned & set(a.workload.env)):
-        raise ValueError(f"workload.env: got {', '.join(clash)}; expected names the job does not set itself "
-                         f"(it sets {', '.join(sorted(owned))})")
-    if isinstance(a.workload.data, S3Data) and a.data_role_arn is None:
-        raise ValueError(f"data_role_arn: got None with workload.data {a.workload.data.uri!r}; expected the S3 data "
-                         "stage's IAM role (data_stage.data_stage_role(...)); its pods get no other AWS credentials")
-    if a.efa and not it.has_efa:
-        raise ValueError(f"efa: got True for {a.instance_type!r}, which has no EFA interfaces")
-    if not 1 <= a.min_nodes <= a.nodes:
-        raise ValueError(f"min_nodes: got {a.min_nodes}; expected 1 <= min_nodes <= nodes ({a.nodes})")
-    for key in ("max_restarts", "fault_budget"):
-        if getattr(a, key) < 0:
-            raise ValueError(f"{key}: got {getattr(a, key)}; expected a whole number >= 0")
-    if a.active_deadline_hours is not None and not a.active_deadline_hours * 3600 >= 1:
-        raise ValueError(f"active_deadline_hours: got {a.active_deadline_hours}; expected None or at least 1 second")
-    if a.rdzv_backend not in ("etcd-v2", "c10d"):
-        raise ValueError(f"rdzv_backend: got {a.rdzv_backend!r}; expected 'etcd-v2' or 'c10d'")
-    if a.rdzv_backend == "etcd-v2" and a.rdzv_endpoint is None:
-        raise ValueError("rdzv_endpoint: required with rdzv_backend 'etcd-v2' (EtcdRendezvous.endpoint)")
-    if a.rdzv_backend == "etcd-v2" and a.rdzv_tls_secret is None:
-        raise ValueError("rdzv_tls_secret: required with rdzv_backend 'etcd-v2' (EtcdRendezvous.client_tls_secret: "
-                         "the store accepts only clients with its certificate)")
-    if a.rdzv_backend == "c10d" and a.rdzv_endpoint is not None:
-        raise ValueError(f"rdzv_endpoint: got {a.rdzv_endpoint!r}; expected None with 'c10d' "
-                         "(the agent of index 0 hosts the store)")
-    # Pod hostnames are <job>-<index>; both must stay DNS labels.
-    rules.require(rules.run_id("run_id", a.run_id))
-    if len(f"{name}-{a.run_id}-{a.nodes}") > 63:
-        raise ValueError(f"run_id: got {a.run_id!r}; expected lowercase letters, digits and '-' making "
-                         f"'{name}-<run_id>-<index>' at most 63 characters (pod host names)")
-    return it
