@@ -229,6 +229,7 @@ def run_url(run_id: str) -> pulumi.Output[str]:
 
 
 jobs = []
+staged: dict[str, tuple[str, int]] = {}  # dataset directory -> (S3 prefix, run index)
 for i, run in enumerate(cfg.runs):
     # The first run keeps the names the one-run stack always had (its deployed Job is never replaced for a name);
     # every further run is named after its runId.
@@ -239,6 +240,12 @@ for i, run in enumerate(cfg.runs):
     workload = workload_of(run)
     data_role_arn = None
     if isinstance(workload.data, S3Data):  # the stage's own role: list and read exactly that prefix
+        if staged.setdefault(workload.data.name, (workload.data.uri, i))[0] != workload.data.uri:
+            uri, j = staged[workload.data.name]
+            raise pulumi.RunError(
+                f"{cfg.run_key(i)}.workload.data.s3: got {workload.data.uri!r}, which would stage into "
+                f"/shared/data/{workload.data.name} like {cfg.run_key(j)}'s {uri!r}; expected prefixes whose last "
+                "folders differ")
         data_role_arn = data_stage_role(
             f"data-stage-{run.run_id}", workload.data, oidc_provider_arn=cluster.oidc_provider_arn,
             oidc_provider_url=cluster.oidc_provider_url, namespace=namespace.metadata.name,

@@ -224,3 +224,16 @@ def test_the_program_gives_an_s3_run_its_stage_and_role():
     assert stage["command"][-2:] == ["s3://my-data/corpora/wiki/", "/shared/data/wiki"] and stage["image"] == DIGEST
     train = result.one(JOB, "training-b-train").inputs["spec"]["template"]["spec"]["containers"][0]
     assert {e["name"]: e.get("value") for e in train["env"]}["EKS_DDP_DATA_DIR"] == "/shared/data/wiki"
+
+
+def test_two_prefixes_that_would_stage_into_one_directory_are_refused():
+    from tests.test_config_runs import DIGEST, with_runs
+
+    def s3_run(run_id: str, uri: str) -> dict:
+        return {"runId": run_id, "nodes": 1, "workload": {"image": DIGEST, "module": "m", "data": {"s3": uri}}}
+
+    with pytest.raises(Exception, match=r"runs\[1\].workload.data.s3: got 's3://other/x/wiki/'.*/shared/data/wiki "
+                                        r"like runs\[0\]'s 's3://my-data/wiki/'"):
+        run(with_runs(s3_run("a", "s3://my-data/wiki/"), s3_run("b", "s3://other/x/wiki/")))
+    # Control: the same prefix twice is one data set, staged idempotently.
+    run(with_runs(s3_run("a", "s3://my-data/wiki/"), s3_run("b", "s3://my-data/wiki/")))

@@ -129,7 +129,8 @@ def stage(client: Any, uri: str, dest: Path, *, log: Any = print) -> int:
         if check(client, bucket, obj, path) is None:
             continue
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.part-{os.getpid()}")
+        # A random suffix, not the pid: two runs' stage pods (pid 1 each) may stage the same prefix at once.
+        tmp = path.with_name(f".{path.name}.part-{os.urandom(6).hex()}")
         why = None
         for _ in range(2):  # one retry: a torn download, then it is the object's problem
             client.download_file(bucket, obj["key"], str(tmp))
@@ -140,7 +141,7 @@ def stage(client: Any, uri: str, dest: Path, *, log: Any = print) -> int:
             raise BadInput(f"s3://{bucket}/{obj['key']}: {why} after two downloads")
         os.replace(tmp, path)
         fetched += 1
-    tmp_marker = marker.with_name(f"{MARKER}.{os.getpid()}")
+    tmp_marker = marker.with_name(f"{MARKER}.{os.urandom(6).hex()}")
     tmp_marker.write_text(json.dumps({"uri": uri, "listing": key, "objects": len(objects),
                                       "bytes": sum(o["size"] for o in objects)}))
     os.replace(tmp_marker, marker)
