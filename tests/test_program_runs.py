@@ -63,3 +63,12 @@ def test_the_job_form_keeps_its_names():
     assert result.one(JOB, "training-train").inputs["metadata"]["name"] == "training-run-1"
     assert sorted(result.outputs["runs"]) == ["run-1"]
     assert result.outputs["trainingJobName"] == "training-run-1"
+
+
+def test_fetch_results_reads_with_the_profile_it_is_given(tmp_path, capsys, monkeypatch):
+    from training import fetch_results
+
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
+    rc = fetch_results.main(["s3://bucket/runs/b/", "--profile", "research", "--out", str(tmp_path / "out")])
+    assert rc == 1 and "profile (research) could not be found" in capsys.readouterr().err
