@@ -72,3 +72,26 @@ def test_fetch_results_reads_with_the_profile_it_is_given(tmp_path, capsys, monk
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
     rc = fetch_results.main(["s3://bucket/runs/b/", "--profile", "research", "--out", str(tmp_path / "out")])
     assert rc == 1 and "profile (research) could not be found" in capsys.readouterr().err
+
+
+def test_a_plan_with_a_custom_s3_run_passes_the_strict_kubernetes_schema(tmp_path):
+    import yaml
+    from kubernetes_validate import validate
+
+    from components.plan import render_manifests, write_manifests
+
+    cfg = with_runs({"runId": "a", "nodes": 1}, {"runId": "b", "nodes": 1, "workload": {
+        "image": DIGEST, "script": "/app/train.py", "args": ["--x"], "env": {"MODE": "fast"},
+        "data": {"s3": "s3://my-data/wiki/"}}})
+    write_manifests(render_manifests(run(cfg)), tmp_path)
+    version = cfg["eks-ddp:cluster"]["kubernetesVersion"]
+    names, errors = set(), []
+    for path in sorted(tmp_path.glob("*.yaml")):
+        doc = yaml.safe_load(path.read_text())
+        names.add(doc["metadata"]["name"])
+        try:
+            validate(doc, version, strict=True)
+        except Exception as err:  # noqa: BLE001 - collect every failure with its file
+            errors.append(f"{path.name}: {getattr(err, 'message', err)}")
+    assert not errors, "\n".join(errors)
+    assert {"training-b-stage-data", "training-b-b", "training-b-stage"} <= names

@@ -237,3 +237,17 @@ def test_two_prefixes_that_would_stage_into_one_directory_are_refused():
         run(with_runs(s3_run("a", "s3://my-data/wiki/"), s3_run("b", "s3://other/x/wiki/")))
     # Control: the same prefix twice is one data set, staged idempotently.
     run(with_runs(s3_run("a", "s3://my-data/wiki/"), s3_run("b", "s3://my-data/wiki/")))
+
+
+def test_the_stage_pod_is_hardened_like_every_other():
+    result = run_job(workload=custom(data=WIKI), data_role_arn=DATA_ROLE)
+    stage = result.one(JOB, "training-stage-data").inputs["spec"]["template"]
+    bundled = result.one(JOB, "training-train").inputs["spec"]["template"]
+    spec, [c] = stage["spec"], stage["spec"]["containers"]
+    assert spec["automountServiceAccountToken"] is False and spec["securityContext"] == bundled["spec"]["securityContext"]
+    assert c["securityContext"] == bundled["spec"]["containers"][0]["securityContext"]
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    [sa] = [r for r in result.of_type("kubernetes:core/v1:ServiceAccount") if r.name == "training-stage-sa"]
+    assert sa.inputs["automountServiceAccountToken"] is False
+    netpol = result.one(NETPOL, "training-stage-data-netpol").inputs["spec"]
+    assert all(stage["metadata"]["labels"].get(k) == v for k, v in netpol["podSelector"]["matchLabels"].items())
