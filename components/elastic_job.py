@@ -95,7 +95,8 @@ class ElasticJobArgs:
     namespace: pulumi.Input[str]
     """Namespace of every object (Pod Security 'restricted')."""
     image: pulumi.Input[str]
-    """Trainer image by digest (``repo@sha256:...``)."""
+    """The stack's image by digest (``repo@sha256:...``): the bundled trainer's; a ``workload.image`` replaces it in
+    the training, fabric-check and S3-stage pods."""
     pvc_name: pulumi.Input[str] | None = None
     """A ReadWriteMany claim of the whole shared volume, mounted at /shared in every pod. Prefer
     ``data_claim`` + ``run_claim`` (what the stack uses): then no pod sees another run's directory."""
