@@ -37,14 +37,42 @@ from components.config import (
     OFFLINE_PLAN_ENV,
     PROJECT,
     ConfigError,
+    RunConfig,
     choose_zones,
     cluster_name_for,
     group_zone_problems,
     load_stack_config,
 )
+from components.data_stage import data_stage_role, stage_service_account
 from components.namespace import training_namespace
 from components.network import standard_zones
+from components.results import run_prefix
 from components.rules import partition as rules_partition
+from components.workload import S3Data, Workload, cifar10_workload, dataset_name
+
+
+def workload_of(run: RunConfig) -> Workload:
+    """The Workload a run's config names: the bundled trainer, or the user's module/script."""
+    w = run.workload
+    if not w.custom:
+        return cifar10_workload(epochs=run.epochs, global_batch_size=run.global_batch_size, model=run.model,
+                                learning_rate=run.learning_rate, compile=run.compile)
+    data = S3Data(uri=w.s3_uri, name=dataset_name(w.s3_uri)) if w.s3_uri else None
+    return Workload(name=run.run_id, image=w.image, module=w.module, script=w.script, args=w.args, env=w.env,
+                    data=data)
+
+
+def run_outputs(j: ElasticJob, run_id: str) -> pulumi.Output:
+    """Shell lines for one run: follow its log, its Job's status, cancel it, fetch its results."""
+    return pulumi.Output.all(j.follow_command, namespace.metadata.name, run_url(run_id)).apply(lambda v: {
+        "follow": v[0],
+        "status": f"kubectl -n {v[1]} get job {j.job_name} -o wide",
+        # Deleting the Job stops its pods; checkpoints stay in /shared/runs/<runId> and a later `pulumi up`
+        # (with --refresh) creates the Job again, which resumes from them.
+        "cancel": f"kubectl -n {v[1]} delete job {j.job_name}",
+        "fetchResults": f"eks-ddp-fetch-results {v[2]} --region {cfg.region} --out results/{run_id}{profile_flag}",
+    })
+
 
 # --- config: the only place that reads Pulumi config -----------------------------------------
 raw = {k: v for k, v in {**get_config_env(), **CONFIG.get()}.items() if k.startswith(PROJECT + ":")}
@@ -155,6 +183,7 @@ storage = EfsStore("storage", EfsStoreArgs(
     oidc_provider_url=cluster.oidc_provider_url,
     namespace=namespace.metadata.name,
     run_id=cfg.job.run_id,  # its own access point and claim: the run's pods never see another run's directory
+    more_run_ids=tuple(r.run_id for r in cfg.runs[1:]),
     retain_on_destroy=cfg.storage.retain_on_destroy,
     file_system_id=cfg.storage.file_system_id,
     kubernetes_version=cfg.cluster.kubernetes_version,
@@ -171,9 +200,8 @@ image = TrainerImage("trainer-image", TrainerImageArgs(
 ))
 
 # --- Kubernetes workloads ------------------------------------------------------------------------
-job_group = cfg.job_group
 etcd = None
-if cfg.job.rdzv_backend == "etcd-v2":
+if cfg.uses_etcd:
     etcd = EtcdRendezvous("rendezvous", EtcdRendezvousArgs(
         namespace=namespace.metadata.name,
         replicas=cfg.etcd.replicas,
@@ -192,36 +220,63 @@ results = ResultsBucket("results", ResultsBucketArgs(
     existing_bucket=cfg.storage.results_bucket,
     partition=rules_partition(cfg.region),
 ))
-results_url = pulumi.Output.concat("s3://", results.bucket_name, "/", results.prefix)
+profile = pulumi.Config("aws").get("profile")
+profile_flag = f" --profile {profile}" if profile else ""
 
-job = ElasticJob(JOB_NAME, ElasticJobArgs(
-    namespace=namespace.metadata.name,
-    image=image.image_ref,
-    data_claim=storage.data_claim_name,
-    run_claim=storage.run_claim_name,
-    instance_type=job_group.instance_type,
-    efa=job_group.efa,
-    fabric_check=cfg.fabric_check,
-    node_selector=gpu_groups[cfg.node_groups.index(job_group)].node_labels,
-    system_node_selector=cluster.system_node_labels,
-    nodes=cfg.job.nodes,
-    min_nodes=cfg.job.min_nodes,
-    max_restarts=cfg.job.max_restarts,
-    fault_budget=cfg.job.fault_budget,
-    active_deadline_hours=cfg.job.active_deadline_hours,
-    run_id=cfg.job.run_id,
-    rdzv_backend=cfg.job.rdzv_backend,
-    rdzv_endpoint=etcd.endpoint if etcd else None,
-    rdzv_tls_secret=etcd.client_tls_secret if etcd else None,
-    epochs=cfg.job.epochs,
-    global_batch_size=cfg.job.global_batch_size,
-    model=cfg.job.model,
-    learning_rate=cfg.job.learning_rate,
-    compile=cfg.job.compile,
-    results_role_arn=results.role_arn,
-    results_url=results_url,
-    results_kms_key_arn=results.kms_key_arn,
-), opts=pulumi.ResourceOptions(provider=k8s_provider, depends_on=[addons, *gpu_groups]))
+
+def run_url(run_id: str) -> pulumi.Output[str]:
+    return pulumi.Output.concat("s3://", results.bucket_name, "/", run_prefix(run_id))
+
+
+jobs = []
+staged: dict[str, tuple[str, int]] = {}  # dataset directory -> (S3 prefix, run index)
+for i, run in enumerate(cfg.runs):
+    # The first run keeps the names the one-run stack always had (its deployed Job is never replaced for a name);
+    # every further run is named after its runId.
+    job_name = JOB_NAME if i == 0 else f"{JOB_NAME}-{run.run_id}"
+    role_arn = results.role_arn if i == 0 else results.uploader_role(
+        f"results-uploader-{run.run_id}", run.run_id, f"{job_name}-trainer")
+    group = cfg.group_of(run)
+    workload = workload_of(run)
+    data_role_arn = None
+    if isinstance(workload.data, S3Data):  # the stage's own role: list and read exactly that prefix
+        if staged.setdefault(workload.data.name, (workload.data.uri, i))[0] != workload.data.uri:
+            uri, j = staged[workload.data.name]
+            raise pulumi.RunError(
+                f"{cfg.run_key(i)}.workload.data.s3: got {workload.data.uri!r}, which would stage into "
+                f"/shared/data/{workload.data.name} like {cfg.run_key(j)}'s {uri!r}; expected prefixes whose last "
+                "folders differ")
+        data_role_arn = data_stage_role(
+            f"data-stage-{run.run_id}", workload.data, oidc_provider_arn=cluster.oidc_provider_arn,
+            oidc_provider_url=cluster.oidc_provider_url, namespace=namespace.metadata.name,
+            service_account=stage_service_account(job_name), partition=rules_partition(cfg.region))
+    jobs.append(ElasticJob(job_name, ElasticJobArgs(
+        namespace=namespace.metadata.name,
+        image=image.image_ref,
+        data_claim=storage.data_claim_name,
+        run_claim=storage.run_claim_names[run.run_id],
+        instance_type=group.instance_type,
+        efa=group.efa,
+        fabric_check=cfg.fabric_check_of(run),
+        node_selector=gpu_groups[cfg.node_groups.index(group)].node_labels,
+        system_node_selector=cluster.system_node_labels,
+        nodes=run.nodes,
+        min_nodes=run.min_nodes,
+        max_restarts=run.max_restarts,
+        fault_budget=run.fault_budget,
+        active_deadline_hours=run.active_deadline_hours,
+        run_id=run.run_id,
+        rdzv_backend=run.rdzv_backend,
+        rdzv_endpoint=etcd.endpoint if etcd and run.rdzv_backend == "etcd-v2" else None,
+        rdzv_tls_secret=etcd.client_tls_secret if etcd and run.rdzv_backend == "etcd-v2" else None,
+        workload=workload,
+        data_role_arn=data_role_arn,
+        results_role_arn=role_arn,
+        results_url=run_url(run.run_id),
+        results_kms_key_arn=results.kms_key_arn,
+    ), opts=pulumi.ResourceOptions(provider=k8s_provider, depends_on=[addons, *gpu_groups])))
+job = jobs[0]
+results_url = run_url(cfg.job.run_id)
 
 # --- outputs ------------------------------------------------------------------------------------
 pulumi.export("clusterName", cluster.cluster_name)
@@ -232,12 +287,16 @@ pulumi.export("pvcName", storage.run_claim_name)  # the run's directory (checkpo
 pulumi.export("dataClaimName", storage.data_claim_name)
 pulumi.export("imageRef", image.image_ref)
 pulumi.export("kubectl", cluster.cluster_name.apply(
-    lambda n: f"aws eks update-kubeconfig --region {cfg.region} --name {n} && kubectl -n {cfg.job.namespace} get pods"))
+    lambda n: f"aws eks update-kubeconfig --region {cfg.region} --name {n}{profile_flag} && "
+              f"kubectl -n {cfg.job.namespace} get pods"))
 pulumi.export("followTraining", job.follow_command)
 pulumi.export("trainingJobName", job.job_name)
 pulumi.export("evaluateCommand", job.evaluate_command)  # re-runs the test-set evaluation
 pulumi.export("results", {"bucket": results.bucket_name, "prefix": results.prefix, "url": results_url,
                           "kmsKeyArn": results.kms_key_arn})  # readers need kms:Decrypt on it
 pulumi.export("fetchResults", results_url.apply(  # eval "$(pulumi stack output fetchResults)"
-    lambda url: f"python -m training.fetch_results {url} --region {cfg.region} --out results/{cfg.job.run_id}"))
+    lambda url: f"python -m training.fetch_results {url} --region {cfg.region} --out results/{cfg.job.run_id}"
+                f"{profile_flag}"))
+# One entry per run (runId -> shell lines): eval "$(pulumi stack output runs --json | jq -r '.["<runId>"].follow')"
+pulumi.export("runs", {run.run_id: run_outputs(j, run.run_id) for run, j in zip(cfg.runs, jobs, strict=True)})
 pulumi.export("costEstimate", cost.estimate(cfg).as_dict())

@@ -126,6 +126,8 @@ class EfsStoreArgs:
     """Namespace of the claim (the training namespace)."""
     run_id: str
     """The run whose directory (``runs/<run_id>``) gets the ``run`` access point and claim."""
+    more_run_ids: tuple[str, ...] = ()
+    """Further runs of the stack: each gets an access point and claim of its own (``run_claim_names``)."""
     claim_name: str = "shared"
     """Stem of the claims' names (``<claim>-data``, ``<claim>-run-<run_id>``) and of their directory
     ``/eks-ddp/<namespace>/<claim>``."""
@@ -148,7 +150,11 @@ def validate(args: EfsStoreArgs) -> None:
         raise ValueError(f"file_system_id: got {args.file_system_id!r}; expected an EFS id such as fs-0123456789abcdef0")
     if not args.claim_name:
         raise ValueError("claim_name: got ''; expected a name such as 'shared'")
-    rules.require(rules.run_id("run_id", args.run_id))
+    rules.require(rules.run_id("run_id", args.run_id),
+                  *(rules.run_id(f"more_run_ids[{i}]", r) for i, r in enumerate(args.more_run_ids)))
+    if len({args.run_id, *args.more_run_ids}) != 1 + len(args.more_run_ids):
+        raise ValueError(f"more_run_ids: got {args.more_run_ids!r} with run_id {args.run_id!r}; expected distinct "
+                         "run ids")
 
 
 def irsa_trust_policy(oidc_provider_arn: str, issuer_url: str, namespace: str, service_account: str) -> str:
@@ -194,6 +200,8 @@ class EfsStore(pulumi.ComponentResource):
     """The dataset's claim (``/shared/data``): read-write for the data stage, read-only for everything else."""
     run_claim_name: pulumi.Output[str]
     """This run's claim (``/shared/runs/<run_id>``): checkpoints, final model, metrics."""
+    run_claim_names: dict[str, pulumi.Output[str]]
+    """Every run's claim by run id (``run_id`` and ``more_run_ids``)."""
 
     def __init__(self, name: str, args: EfsStoreArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("eks-ddp:efs:EfsStore", name, None, opts)
@@ -260,16 +268,22 @@ class EfsStore(pulumi.ComponentResource):
         data_ap = self._access_point(f"{name}-data", fs_id, pulumi.Output.concat(base, "/data"), tags, keep_ap)
         run_ap = self._access_point(f"{name}-run", fs_id, pulumi.Output.concat(base, f"/runs/{args.run_id}"), tags,
                                     keep_ap)
+        more_aps = {rid: self._access_point(f"{name}-run-{rid}", fs_id, pulumi.Output.concat(base, f"/runs/{rid}"),
+                                            tags, keep_ap) for rid in args.more_run_ids}
         # Kept with the file system: a retained file system must not fall back to EFS's open default policy.
         aws.efs.FileSystemPolicy(
             f"{name}-policy", file_system_id=fs_id,
-            policy=pulumi.Output.all(data_ap.arn, run_ap.arn).apply(file_system_policy), opts=keep_ap)
+            policy=pulumi.Output.all(data_ap.arn, run_ap.arn, *(ap.arn for ap in more_aps.values())).apply(
+                file_system_policy), opts=keep_ap)
 
         after = [addon, *mount_targets]
         self.data_claim_name = self._static_claim(f"{name}-data", f"{args.claim_name}-data", fs_id, data_ap, args,
                                                   after)
         self.run_claim_name = self._static_claim(f"{name}-run", f"{args.claim_name}-run-{args.run_id}", fs_id, run_ap,
                                                  args, after)
+        self.run_claim_names = {args.run_id: self.run_claim_name, **{
+            rid: self._static_claim(f"{name}-run-{rid}", f"{args.claim_name}-run-{rid}", fs_id, ap, args, after)
+            for rid, ap in more_aps.items()}}
         self.file_system_id = pulumi.Output.from_input(fs_id)
         self.register_outputs({"file_system_id": self.file_system_id, "data_claim_name": self.data_claim_name,
                                "run_claim_name": self.run_claim_name})

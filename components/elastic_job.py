@@ -1,25 +1,21 @@
-"""ElasticJob: data preparation, then an elastic torchrun training job, plus evaluation on demand.
+"""ElasticJob: a workload's data stage, then an elastic torchrun training job (plus the bundled trainer's extras).
 
 ``pulumi up`` creates, in order:
 
-1. a Job running ``python -m training.prepare_data`` (idempotent, checksum-verified) that Pulumi
-   *awaits*, so training never starts on a missing or half-written dataset;
-2. the training Job: an Indexed Job with one torchrun agent per node (``--nnodes=min:max``), which
-   Pulumi does *not* await (``pulumi.com/skipAwait``); follow it with the ``follow_command`` output;
-3. a suspended CronJob that re-runs the test-set evaluation of the run on demand::
+1. the workload's data stage, which Pulumi *awaits*, so training never starts on a missing or half-written
+   dataset: the CIFAR-10 download for ``Cifar10Data`` (cifar10_stages.py), the S3 copy for ``S3Data``
+   (data_stage.py), nothing without data; with ``fabric_check`` also the fabric check (fabric_gate.py);
+2. the training Job: an Indexed Job with one ``eks_ddp_runtime.launch`` agent per node (``--nnodes=min:max``)
+   running the workload's module or script, which Pulumi does *not* await (``pulumi.com/skipAwait``); follow it
+   with the ``follow_command`` output;
+3. with ``workload.evaluate`` (the bundled trainer), a suspended CronJob that re-runs the test-set evaluation
+   on demand (the ``evaluate_command`` output).
 
-       kubectl -n <namespace> create job --from=cronjob/<name>-evaluate <name>-evaluate-$(date +%s)
-
-   (the ``evaluate_command`` output). Training's rank 0 already evaluates once at the end.
-
-Every pod runs the trainer image by digest as uid 1000 on a read-only root filesystem, with writable
-``emptyDir`` volumes for ``/tmp`` (HOME and caches) and ``/dev/shm``, the shared volume (per workload with
-``data_claim``/``run_claim``: the dataset at ``/shared/data``, read-only except in the data stage, and this
-run's ``/shared/runs/<run_id>``; or one whole-volume ``pvc_name`` at ``/shared``), no service-account token,
-and a NetworkPolicy of its own. Only the training pods, which upload the results,
-run as the ServiceAccount that carries the uploader role (``<name>-trainer``); data preparation, evaluation and the
-fabric check run as ``<name>-worker``, which has no IAM role, so the pod-identity webhook (which mutates by
-ServiceAccount name, whatever ``automountServiceAccountToken`` says) gives them no AWS credentials.
+Every pod is built by podspec.py (the image by digest as uid 1000, read-only root filesystem, the shared volume,
+no service-account token) and has a NetworkPolicy. Only the training pods, which upload the results, run as
+the ServiceAccount with the uploader role (``<name>-trainer``); the S3 stage as ``<name>-stage`` (read-only on
+its prefix); everything else as ``<name>-worker``, which has no IAM role, so the pod-identity webhook (which
+mutates by ServiceAccount name, whatever ``automountServiceAccountToken`` says) gives them no AWS credentials.
 """
 
 from __future__ import annotations
@@ -31,65 +27,65 @@ from typing import Literal
 import pulumi
 import pulumi_kubernetes as k8s
 
-from . import catalog, rules
-from .etcd import DEFAULT_CLIENT_LABELS, SERVER_LABELS, etcd_client_egress
-from .namespace import dns_egress, restricted_container_security, restricted_pod_security
+from .cifar10_stages import (  # noqa: F401 (EVAL_RUN_DIR_ENV: API)
+    DATA_PIN,
+    DATA_PIN_ENV,
+    EVAL_RUN_DIR_ENV,
+    EVALUATE_LABELS,
+    PREPARE_LABELS,
+    create_evaluate_cronjob,
+    create_prepare_job,
+)
+from .data_stage import create_s3_stage
+from .elastic_job_checks import check_rules, validate
+from .etcd import SERVER_LABELS, etcd_client_egress
+from .fabric_gate import create_fabric_check
+from .namespace import dns_egress
+from .podspec import (  # noqa: F401 (TRAINER_UID, GPUDIRECT_RDMA_FAMILIES, NCCL_NET_PLUGIN: API)
+    C10D_PORT,
+    CACHE_ENV,
+    DATA_DIR,
+    EFA_RESOURCE,
+    EGRESS_EXCEPT,
+    GPU_RESOURCE,
+    GPUDIRECT_RDMA_FAMILIES,
+    JOB_IMMUTABLE_FIELDS,
+    NCCL_NET_PLUGIN,
+    PART_OF,
+    TRAINER_LABELS,
+    TRAINER_UID,
+    PodFactory,
+    meta,
+    nccl_env,
+    one_per_node,
+    pod_resources,
+    resources,
+)
 from .torchrun import (
     AGENT_ENV,
     CLUSTER_TIMEOUTS,
-    DATA_SUBDIR,
     DEFAULT_MAX_RESTARTS,
-    RDZV_TLS_DIR,
     RUNS_SUBDIR,
     SHARED_ROOT,
     AgentOptions,
-    TrainerOptions,
-    job_command,
+    module_command,
+    script_command,
 )
+from .workload import DATA_DIR_ENV, FATAL_EXIT_CODES, RUN_DIR_ENV, Cifar10Data, S3Data, Workload, cifar10_workload
 
-TRAINER_UID = 1000
-"""The trainer image's user and group."""
-C10D_PORT = 29400
-GPU_RESOURCE = "nvidia.com/gpu"
-EFA_RESOURCE = "vpc.amazonaws.com/efa"
-GPUDIRECT_RDMA_FAMILIES = ("p4d", "p4de", "p5")
-"""Instance families whose EFA supports GPUDirect RDMA (FI_EFA_USE_DEVICE_RDMA=1)."""
-DATA_DIR = f"{SHARED_ROOT}/{DATA_SUBDIR}"
-_PART_OF = {"app.kubernetes.io/part-of": "eks-ddp"}
-EGRESS_EXCEPT = ("169.254.0.0/16", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10")
-"""Never reached through the HTTPS egress rule: link-local (instance metadata, the node's credentials) and every
-private range a VPC or its pods can use (the API server's private endpoint, other pods, EFS, anything peered).
-The project's in-cluster peers are admitted by their own rules; S3 (gateway endpoint) and STS are public ranges."""
-PREPARE_LABELS = {"app.kubernetes.io/name": "eks-ddp-prepare-data", **_PART_OF}
-EVALUATE_LABELS = {"app.kubernetes.io/name": "eks-ddp-evaluate", **_PART_OF}
-TRAINER_LABELS: Mapping[str, str] = {**DEFAULT_CLIENT_LABELS, **_PART_OF}
-"""Every training pod carries these; EtcdRendezvous admits exactly them on its client port."""
-TRAINER_FATAL_EXIT_CODES = (3, 4, 5)
+TRAINER_FATAL_EXIT_CODES = FATAL_EXIT_CODES
 """training/exitcodes.FATAL (config error, divergence, unreadable input), mirrored because the library never
-imports the trainer package; tests/test_elastic_job.py keeps the two equal."""
+imports the trainer package; tests/test_elastic_job.py keeps the two equal. A workload's own:
+``Workload.fatal_exit_codes``."""
 USAGE_EXIT_CODE = 2
 """argparse's usage error: the agent's own command line is wrong."""
 BUG_EXIT_CODES = [USAGE_EXIT_CODE, *TRAINER_FATAL_EXIT_CODES]
-"""Exit codes no retry can fix: the pod failure policy fails the Job on them. (A missing or non-executable
+"""Exit codes no retry can fix with the bundled trainer (``bug_exit_codes`` of its workload): the pod failure
+policy fails the Job on them. (A missing or non-executable
 binary is a container StartError, not an exit code 126/127, and a worker's own exit reaches the pod only
 through the launcher, which passes these codes on.)"""
-EVAL_RUN_DIR_ENV = "RUN_DIR"
-"""The evaluation pod's run directory (default: this stack's run); override it per Job to evaluate another run
-(only with a whole-volume ``pvc_name``: with ``run_claim`` the pod mounts this run's directory alone)."""
-DATA_PIN_ENV = "EKS_DDP_DATA_PIN"
-DATA_PIN = "cifar-10"
-"""The loaders accept only the official CIFAR-10 files (training/integrity.py: its PIN_ENV and CIFAR10_PIN,
-mirrored because the library never imports the trainer package; tests/test_shared_volume.py keeps them equal)."""
-JOB_IMMUTABLE_FIELDS = ("spec.completionMode", "spec.podFailurePolicy", "spec.successPolicy",
-                        "spec.backoffLimitPerIndex", "spec.managedBy")
-"""Job fields Kubernetes refuses to change (ValidateJobSpecUpdate, 422 "field is immutable") that the provider does
-not already replace the Job for: a change to one of them replaces the Job instead of failing `pulumi up`."""
 DEFAULT_FAULT_BUDGET = 20
 """Pod failures a run absorbs by default: spot capacity can take a node many times in one run."""
-# Writable paths on the read-only root filesystem; the image sets the same.
-_CACHE_ENV = {"HOME": "/tmp", "XDG_CACHE_HOME": "/tmp/.cache", "TORCH_HOME": "/tmp/torch",
-              "TORCHINDUCTOR_CACHE_DIR": "/tmp/torchinductor", "TRITON_CACHE_DIR": "/tmp/triton",
-              "MPLCONFIGDIR": "/tmp/matplotlib", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,7 +95,8 @@ class ElasticJobArgs:
     namespace: pulumi.Input[str]
     """Namespace of every object (Pod Security 'restricted')."""
     image: pulumi.Input[str]
-    """Trainer image by digest (``repo@sha256:...``)."""
+    """The stack's image by digest (``repo@sha256:...``): the bundled trainer's; a ``workload.image`` replaces it in
+    the training, fabric-check and S3-stage pods."""
     pvc_name: pulumi.Input[str] | None = None
     """A ReadWriteMany claim of the whole shared volume, mounted at /shared in every pod. Prefer
     ``data_claim`` + ``run_claim`` (what the stack uses): then no pod sees another run's directory."""
@@ -137,16 +134,12 @@ class ElasticJobArgs:
     rdzv_server_labels: Mapping[str, str] = field(default_factory=lambda: dict(SERVER_LABELS))
     """Labels of the etcd pods (same namespace) the training pods may reach on the client port
     (EtcdRendezvous.pod_labels carry them)."""
-    epochs: int = 10
-    """Training epochs."""
-    global_batch_size: int = 1024
-    """Images per optimizer step over all GPUs."""
-    model: str = "airnet"
-    """Trainer model name."""
-    learning_rate: float | None = None
-    """Peak learning rate; None: the trainer's tuned default."""
-    compile: bool = False
-    """torch.compile the model."""
+    workload: Workload = field(default_factory=cifar10_workload)
+    """What the agents run (components/workload.py): a module or script, its args, env, image and data; default:
+    the bundled CIFAR-10 trainer (``cifar10_workload()``)."""
+    data_role_arn: pulumi.Input[str] | None = None
+    """With ``S3Data``: the IAM role (IRSA) the S3 data stage's ServiceAccount ``<name>-stage`` assumes
+    (components/data_stage.py ``data_stage_role``: list and read that prefix only); required then."""
     results_role_arn: pulumi.Input[str] | None = None
     """IAM role (IRSA) the trainer's service account assumes to upload results (components/results.py)."""
     results_url: pulumi.Input[str] | None = None
@@ -172,48 +165,8 @@ class ElasticJobArgs:
     """How long ``pulumi up`` waits for the fabric check (nodes may be launching and pulling the image)."""
 
     def __post_init__(self) -> None:
-        _check_rules(self)  # a bad value fails where the Args are built, naming the field
+        check_rules(self)  # a bad value fails where the Args are built, naming the field
 
-
-def pod_resources(it: catalog.InstanceType) -> tuple[int, int, int]:
-    """(CPU cores, memory GiB, /dev/shm GiB) for one training pod on a whole node of type ``it``.
-
-    Leaves a tenth of the vCPUs (at least 1) and a quarter of the memory to the kubelet, the OS and the
-    node daemons (VPC CNI, kube-proxy, EFS CSI, device plugins). /dev/shm (NCCL's intra-node transport)
-    is memory-backed and counts against the pod's memory limit.
-    """
-    cpu = it.vcpus - max(1, it.vcpus // 10)
-    memory = it.memory_gib * 3 // 4
-    return cpu, memory, min(2 * it.gpus, max(1, memory // 4))
-
-
-NCCL_NET_PLUGIN = "ofi"
-"""NCCL loads ``libnccl-net-<name>.so``: the aws-ofi-nccl plugin the trainer image installs."""
-
-
-def nccl_env(it: catalog.InstanceType, efa: bool) -> dict[str, str]:
-    """NCCL/libfabric environment: NCCL over the EFA libfabric provider (aws-ofi-nccl) when ``efa``."""
-    env = {"NCCL_DEBUG": "WARN"}
-    if efa:
-        env.update({
-            "FI_PROVIDER": "efa",
-            # The trainer forks (torchrun workers); keeps registered memory safe across fork.
-            "FI_EFA_FORK_SAFE": "1",
-            # NCCL's bootstrap and out-of-band sockets use the pod's VPC interface; EFA carries the data.
-            "NCCL_SOCKET_IFNAME": "^lo",
-            # Load aws-ofi-nccl by name (libnccl-net-ofi.so, which the image's build checks is in the linker's
-            # path) instead of relying on a libnccl-net.so alias.
-            "NCCL_NET_PLUGIN": NCCL_NET_PLUGIN,
-        })
-        if it.family in GPUDIRECT_RDMA_FAMILIES:
-            env["FI_EFA_USE_DEVICE_RDMA"] = "1"
-    return env
-
-
-def _resources(cpu: str, memory: str, extra: Mapping[str, int] | None = None) -> k8s.core.v1.ResourceRequirementsArgs:
-    # Limits equal requests: Guaranteed QoS, so the kubelet evicts these pods last under node pressure.
-    amounts = {"cpu": cpu, "memory": memory, **{k: str(v) for k, v in (extra or {}).items()}}
-    return k8s.core.v1.ResourceRequirementsArgs(requests=dict(amounts), limits=dict(amounts))
 
 
 class ElasticJob(pulumi.ComponentResource):
@@ -222,32 +175,42 @@ class ElasticJob(pulumi.ComponentResource):
     job_name: str
     follow_command: pulumi.Output[str]
     """``kubectl logs -f`` over every agent of the training Job."""
-    evaluate_command: pulumi.Output[str]
-    """``kubectl create job --from=cronjob/...``: re-runs the evaluation. A shell line (it names the Job
+    evaluate_command: pulumi.Output[str] | None
+    """``kubectl create job --from=cronjob/...``: re-runs the evaluation (None without ``workload.evaluate``). A shell line (it names the Job
     after ``$(date +%s)``): ``eval "$(pulumi stack output evaluateCommand)"``."""
 
     def __init__(self, name: str, args: ElasticJobArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("eks-ddp:elastic_job:ElasticJob", name, None, opts)
         self._args = a = args
-        self._it = _validate(name, args)
+        self._it = validate(name, args)
         self.job_name = f"{name}-{a.run_id}"
         self._prepare_name = f"{name}-prepare-data"
         self._evaluate_name = f"{name}-evaluate"
         self._run_dir = f"{SHARED_ROOT}/{RUNS_SUBDIR}/{a.run_id}"
+        data = a.workload.data
+        self._data_dir = f"{DATA_DIR}/{data.name}" if isinstance(data, S3Data) else DATA_DIR
+        self.image: pulumi.Input[str] = a.workload.image if a.workload.image is not None else a.image
+        """The training (and fabric-check) pods' image: the workload's, else the stack's."""
         self._train_labels = {**TRAINER_LABELS, "app.kubernetes.io/instance": self.job_name,
                               "app.kubernetes.io/component": "train"}
         child = pulumi.ResourceOptions(parent=self)
 
         irsa = {"eks.amazonaws.com/role-arn": a.results_role_arn} if a.results_role_arn is not None else None
-        sa = k8s.core.v1.ServiceAccount(f"{name}-sa", metadata=self._meta(f"{name}-trainer", _PART_OF, irsa),
+        sa = k8s.core.v1.ServiceAccount(f"{name}-sa", metadata=self._meta(f"{name}-trainer", PART_OF, irsa),
                                         automount_service_account_token=False, opts=child)
-        self._sa_name = sa.metadata.name
         # No role annotation: pods that never upload get no web-identity token and no AWS_ROLE_ARN.
-        worker = k8s.core.v1.ServiceAccount(f"{name}-worker-sa", metadata=self._meta(f"{name}-worker", _PART_OF),
+        worker = k8s.core.v1.ServiceAccount(f"{name}-worker-sa", metadata=self._meta(f"{name}-worker", PART_OF),
                                             automount_service_account_token=False, opts=child)
-        self._worker_sa_name = worker.metadata.name
+        self.pods = PodFactory(
+            namespace=a.namespace, image=a.image, efa=a.efa, node_selector=a.node_selector,
+            system_node_selector=a.system_node_selector, pvc_name=a.pvc_name, data_claim=a.data_claim,
+            run_claim=a.run_claim, run_dir=self._run_dir, rdzv_backend=a.rdzv_backend,
+            rdzv_tls_secret=a.rdzv_tls_secret, trainer_sa=sa.metadata.name, worker_sa=worker.metadata.name)
+        """The pods' shared pieces (components/podspec.py), for this component and its fabric-check gate."""
         self._create_network_policies(name, child)
-        prepare = self._create_prepare_job(name, child)
+        # The CIFAR-10 download only for the bundled data set; a workload without data trains on what it brings.
+        prepare = [create_prepare_job(self, name, child)] if isinstance(data, Cifar10Data) else \
+            [create_s3_stage(self, name, child)] if isinstance(data, S3Data) else []
         endpoint: pulumi.Input[str]
         if a.rdzv_backend == "c10d":
             # The FQDN: kubelet writes it into the pod's /etc/hosts, so index 0 recognises itself as the
@@ -256,12 +219,10 @@ class ElasticJob(pulumi.ComponentResource):
                 lambda v: f"{self.job_name}-0.{v[0]}.{v[1]}.svc.cluster.local:{C10D_PORT}")
         else:
             endpoint = a.rdzv_endpoint  # type: ignore[assignment]
-        # The fabric-check gate lives in fabric_gate.py (imported here: it builds on this module).
-        from .fabric_gate import create_fabric_check
-
         self._gates = create_fabric_check(self, name, child) if a.fabric_check else []
         self._create_train_job(name, endpoint, prepare, child)
-        self._create_evaluate_cronjob(name, child)
+        if a.workload.evaluate:
+            create_evaluate_cronjob(self, name, child)
 
         ns = pulumi.Output.from_input(a.namespace)
         self.follow_command = ns.apply(
@@ -269,119 +230,21 @@ class ElasticJob(pulumi.ComponentResource):
                       f"-l app.kubernetes.io/instance={self.job_name}")
         self.evaluate_command = ns.apply(
             lambda n: f"kubectl -n {n} create job --from=cronjob/{self._evaluate_name} "
-                      f"{self._evaluate_name}-$(date +%s)")
+                      f"{self._evaluate_name}-$(date +%s)") if a.workload.evaluate else None
         self.register_outputs({"job_name": self.job_name, "follow_command": self.follow_command,
                                "evaluate_command": self.evaluate_command})
 
     # --- shared pod pieces -----------------------------------------------------------------------
     def _meta(self, name: str, labels: Mapping[str, str], annotations: Mapping[str, str] | None = None
               ) -> k8s.meta.v1.ObjectMetaArgs:
-        return k8s.meta.v1.ObjectMetaArgs(name=name, namespace=self._args.namespace, labels=dict(labels),
-                                          annotations=dict(annotations) if annotations else None)
-
-    def _pod(self, labels: Mapping[str, str], name: str, command: pulumi.Input[list[str]],
-             resources: k8s.core.v1.ResourceRequirementsArgs, *, env: Mapping[str, str] | None = None,
-             field_env: Mapping[str, str] | None = None, shm_gib: int = 1, restart_policy: str = "Never",
-             grace_seconds: int = 30, ports: list[k8s.core.v1.ContainerPortArgs] | None = None,
-             affinity: k8s.core.v1.AffinityArgs | None = None, subdomain: pulumi.Input[str] | None = None,
-             on_gpu_nodes: bool = True, uploads: bool = False, writes_data: bool = False,
-             rdzv_tls: bool = False) -> k8s.core.v1.PodTemplateSpecArgs:
-        """A hardened single-container pod of the trainer image with /shared, /tmp and /dev/shm; on the job's
-        GPU nodes (their selector, tolerating their taints), or with ``on_gpu_nodes=False`` on the system nodes.
-        ``uploads``: run as the ServiceAccount with the uploader role (the training pods only).
-        ``writes_data``: the data stage (the dataset read-write, no run directory)."""
-        v1 = k8s.core.v1
-        shared_mounts, shared_volumes = self._shared_volumes(writes_data)
-        env_vars = [v1.EnvVarArgs(name=k, value=v) for k, v in {**_CACHE_ENV, **(env or {})}.items()]
-        env_vars += [v1.EnvVarArgs(name=k, value_from=v1.EnvVarSourceArgs(
-            field_ref=v1.ObjectFieldSelectorArgs(field_path=path))) for k, path in (field_env or {}).items()]
-        container = v1.ContainerArgs(
-            name=name, image=self._args.image, image_pull_policy="IfNotPresent", command=command,
-            working_dir="/app", env=env_vars, resources=resources, ports=ports,
-            volume_mounts=[*shared_mounts,
-                           v1.VolumeMountArgs(name="tmp", mount_path="/tmp"),
-                           v1.VolumeMountArgs(name="dshm", mount_path="/dev/shm"),
-                           *self._rdzv_tls_mounts(rdzv_tls)],
-            security_context=restricted_container_security(TRAINER_UID))
-        tolerations = [v1.TolerationArgs(key=key, operator="Exists", effect="NoSchedule")
-                       for key in (GPU_RESOURCE, *([EFA_RESOURCE] if self._args.efa else []))] if on_gpu_nodes else None
-        node_selector = self._args.node_selector if on_gpu_nodes else self._args.system_node_selector
-        return v1.PodTemplateSpecArgs(
-            metadata=k8s.meta.v1.ObjectMetaArgs(labels=dict(labels)),
-            spec=v1.PodSpecArgs(
-                restart_policy=restart_policy,
-                service_account_name=self._sa_name if uploads else self._worker_sa_name,
-                automount_service_account_token=False, enable_service_links=False,
-                node_selector=node_selector, tolerations=tolerations, affinity=affinity,
-                subdomain=subdomain, termination_grace_period_seconds=grace_seconds,
-                # fsGroup is a no-op on the EFS volume (the CSI driver declares no fsGroupPolicy, so kubelet never
-                # chowns an RWX volume without fsType): every NFS call runs as the access point's PosixUser
-                # 1000:1000, which is why uid 1000 can write there. It still owns the emptyDirs.
-                security_context=restricted_pod_security(TRAINER_UID, fs_group_change_policy="OnRootMismatch"),
-                containers=[container],
-                volumes=[
-                    *shared_volumes,
-                    v1.VolumeArgs(name="tmp", empty_dir=v1.EmptyDirVolumeSourceArgs(size_limit="20Gi")),
-                    v1.VolumeArgs(name="dshm", empty_dir=v1.EmptyDirVolumeSourceArgs(
-                        medium="Memory", size_limit=f"{shm_gib}Gi")),
-                    *self._rdzv_tls_volumes(rdzv_tls),
-                ]))
-
-    def _shared_volumes(self, writes_data: bool) -> tuple[list, list]:
-        """The shared volume's mounts and volumes: per workload (``data_claim``/``run_claim``: the dataset
-        read-only unless ``writes_data``, this run's directory unless ``writes_data``) or the whole claim."""
-        v1, a = k8s.core.v1, self._args
-        if a.pvc_name is not None:
-            return ([v1.VolumeMountArgs(name="shared", mount_path=SHARED_ROOT)],
-                    [v1.VolumeArgs(name="shared", persistent_volume_claim=v1.PersistentVolumeClaimVolumeSourceArgs(
-                        claim_name=a.pvc_name))])
-        # readOnly on the claim too: the EFS CSI driver then mounts the access point "ro".
-        mounts = [v1.VolumeMountArgs(name="data", mount_path=DATA_DIR, read_only=not writes_data)]
-        volumes = [v1.VolumeArgs(name="data", persistent_volume_claim=v1.PersistentVolumeClaimVolumeSourceArgs(
-            claim_name=a.data_claim, read_only=not writes_data))]
-        if not writes_data:
-            mounts.append(v1.VolumeMountArgs(name="run", mount_path=self._run_dir))
-            volumes.append(v1.VolumeArgs(name="run", persistent_volume_claim=v1.PersistentVolumeClaimVolumeSourceArgs(
-                claim_name=a.run_claim)))
-        return mounts, volumes
-
-    def _rdzv_tls_mounts(self, wanted: bool) -> list[k8s.core.v1.VolumeMountArgs]:
-        if not wanted or self._args.rdzv_backend != "etcd-v2":
-            return []
-        return [k8s.core.v1.VolumeMountArgs(name="rdzv-tls", mount_path=RDZV_TLS_DIR, read_only=True)]
-
-    def _rdzv_tls_volumes(self, wanted: bool) -> list[k8s.core.v1.VolumeArgs]:
-        if not wanted or self._args.rdzv_backend != "etcd-v2":
-            return []
-        # 0440 with fsGroup = the trainer's uid: readable by the agent only.
-        return [k8s.core.v1.VolumeArgs(name="rdzv-tls", secret=k8s.core.v1.SecretVolumeSourceArgs(
-            secret_name=self._args.rdzv_tls_secret, default_mode=0o440))]
-
-    # --- 1. data preparation --------------------------------------------------------------------
-    def _create_prepare_job(self, name: str, child: pulumi.ResourceOptions) -> k8s.batch.v1.Job:
-        template = self._pod(
-            PREPARE_LABELS, "prepare-data", ["python", "-m", "training.prepare_data", f"--data-dir={DATA_DIR}"],
-            k8s.core.v1.ResourceRequirementsArgs(requests={"cpu": "500m", "memory": "1Gi"},
-                                                 limits={"cpu": "1", "memory": "2Gi"}), restart_policy="OnFailure",
-            on_gpu_nodes=False, writes_data=True)
-        # On the system nodes, never the GPU nodes: GPU groups idle at zero nodes and only the cluster
-        # autoscaler brings them up, for pods that ask for GPUs. A prep pod pinned to them would stay
-        # Pending and `pulumi up` (which awaits this Job) would hang until the Job's deadline.
-        return k8s.batch.v1.Job(
-            f"{name}-prepare-data",
-            # replaceUnready: a prep Job that failed (download host down, deadline passed) is replaced on the next
-            # `pulumi up` instead of being awaited again and failing it at once.
-            metadata=self._meta(self._prepare_name, PREPARE_LABELS, {"pulumi.com/replaceUnready": "true"}),
-            spec=k8s.batch.v1.JobSpecArgs(
-                backoff_limit=3, active_deadline_seconds=1800, ttl_seconds_after_finished=24 * 3600,
-                template=template),
-            # Awaited (no skipAwait): the training Job depends on it, so it starts only on a verified dataset.
-            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
-                delete_before_replace=True,
-                custom_timeouts=pulumi.CustomTimeouts(create=self._args.data_prep_timeout,
-                                                      update=self._args.data_prep_timeout))))
+        return meta(name, self._args.namespace, labels, annotations)
 
     # --- 2. training ----------------------------------------------------------------------------
+    def _workload_env(self) -> dict[str, str]:
+        """What the job tells every worker of any workload (README "Your own training code")."""
+        pin = {DATA_PIN_ENV: DATA_PIN} if isinstance(self._args.workload.data, Cifar10Data) else {}
+        return {**pin, RUN_DIR_ENV: self._run_dir, DATA_DIR_ENV: self._data_dir}
+
     def _create_headless_service(self, name: str, child: pulumi.ResourceOptions) -> pulumi.Output[str]:
         # c10d: the Job's subdomain gives the pod of index 0 the stable name <job>-0.<service>.
         svc = k8s.core.v1.Service(
@@ -403,12 +266,12 @@ class ElasticJob(pulumi.ComponentResource):
             # $(VAR) is expanded by the kubelet: the Job's uid is unique per Job, stable across pod retries.
             rdzv_id="$(JOB_UID)", local_addr="$(POD_IP)",
             max_restarts=a.max_restarts, timeouts=CLUSTER_TIMEOUTS)
-        trainer = TrainerOptions(data_dir=DATA_DIR, run_dir=self._run_dir, epochs=a.epochs,
-                                 global_batch_size=a.global_batch_size, model=a.model, learning_rate=a.learning_rate,
-                                 compile=a.compile)
-        return job_command(agent, trainer)
+        w = a.workload
+        args = w.rendered_args(run_dir=self._run_dir, data_dir=self._data_dir)
+        return module_command(agent, w.module, args) if w.module is not None else \
+            script_command(agent, str(w.script), args)
 
-    def _create_train_job(self, name: str, endpoint: pulumi.Input[str], prepare: k8s.batch.v1.Job,
+    def _create_train_job(self, name: str, endpoint: pulumi.Input[str], prepare: list[pulumi.Resource],
                           child: pulumi.ResourceOptions) -> k8s.batch.v1.Job:
         a, it = self._args, self._it
         c10d = a.rdzv_backend == "c10d"
@@ -416,22 +279,18 @@ class ElasticJob(pulumi.ComponentResource):
         devices = {GPU_RESOURCE: it.gpus, **({EFA_RESOURCE: it.efa_interfaces} if a.efa else {})}
         # EFA needs an unlimited RLIMIT_MEMLOCK to register memory; a non-root container cannot raise it
         # (and 'restricted' forbids IPC_LOCK), so it comes from the node's container runtime.
-        env = {**AGENT_ENV, **nccl_env(it, a.efa), DATA_PIN_ENV: DATA_PIN}
+        env = {**a.workload.env, **AGENT_ENV, **nccl_env(it, a.efa), **self._workload_env()}
         if a.results_url is not None:
             env["EKS_DDP_RESULTS_URL"] = a.results_url  # type: ignore[assignment]  # an Output is a valid value
             if a.results_kms_key_arn is not None:
                 env["EKS_DDP_RESULTS_KMS_KEY"] = a.results_kms_key_arn  # type: ignore[assignment]
         field_env = {"POD_IP": "status.podIP", "JOB_UID": "metadata.labels['batch.kubernetes.io/controller-uid']"}
-        # One agent per node: GPU limits alone would allow two agents on an 8-GPU node asking for 4.
-        affinity = k8s.core.v1.AffinityArgs(pod_anti_affinity=k8s.core.v1.PodAntiAffinityArgs(
-            required_during_scheduling_ignored_during_execution=[k8s.core.v1.PodAffinityTermArgs(
-                topology_key="kubernetes.io/hostname",
-                label_selector=k8s.meta.v1.LabelSelectorArgs(
-                    match_labels={"app.kubernetes.io/instance": self.job_name}))]))
-        template = self._pod(
+        affinity = one_per_node(self.job_name)
+        template = self.pods.pod(
             self._train_labels, "trainer", pulumi.Output.from_input(endpoint).apply(self.train_command),
-            _resources(str(cpu), f"{memory}Gi", devices), env=env, field_env=field_env, shm_gib=shm,
+            resources(str(cpu), f"{memory}Gi", devices), env=env, field_env=field_env, shm_gib=shm,
             grace_seconds=60, affinity=affinity, subdomain=self.job_name if c10d else None, uploads=True, rdzv_tls=True,
+            image=self.image,
             ports=[k8s.core.v1.ContainerPortArgs(name="rdzv", container_port=C10D_PORT)] if c10d else None)
         # Failure handling (restartPolicy Never: a failed pod is replaced by a new pod of the same index, which
         # joins the running job at its next rendezvous round; the launcher never closes the rendezvous on a
@@ -448,7 +307,7 @@ class ElasticJob(pulumi.ComponentResource):
         failure_policy = k8s.batch.v1.PodFailurePolicyArgs(rules=[
             k8s.batch.v1.PodFailurePolicyRuleArgs(action="FailJob", on_exit_codes=(
                 k8s.batch.v1.PodFailurePolicyOnExitCodesRequirementArgs(
-                    container_name="trainer", operator="In", values=BUG_EXIT_CODES))),
+                    container_name="trainer", operator="In", values=bug_exit_codes(a.workload)))),
             k8s.batch.v1.PodFailurePolicyRuleArgs(action="Ignore", on_pod_conditions=[
                 k8s.batch.v1.PodFailurePolicyOnPodConditionsPatternArgs(type="DisruptionTarget", status="True")]),
         ])
@@ -476,33 +335,8 @@ class ElasticJob(pulumi.ComponentResource):
                 pod_failure_policy=failure_policy, pod_replacement_policy="Failed",
                 ttl_seconds_after_finished=a.ttl_seconds_after_finished, template=template),
             opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
-                depends_on=[prepare, *self._gates], delete_before_replace=True,
+                depends_on=[*prepare, *self._gates], delete_before_replace=True,
                 replace_on_changes=list(JOB_IMMUTABLE_FIELDS))))
-
-    # --- 3. evaluation on demand ----------------------------------------------------------------
-    def _create_evaluate_cronjob(self, name: str, child: pulumi.ResourceOptions) -> None:
-        it = self._it
-        cpu = min(4, pod_resources(it)[0])
-        # $(RUN_DIR) is expanded by the kubelet from the pod's env: this run by default; another run's directory
-        # by setting RUN_DIR on the Job created from the CronJob (README "Evaluation").
-        template = self._pod(
-            EVALUATE_LABELS, "evaluate",
-            ["python", "-m", "training.evaluate", f"--data-dir={DATA_DIR}", f"--run-dir=$({EVAL_RUN_DIR_ENV})"],
-            _resources(str(cpu), f"{min(16, it.memory_gib // 2)}Gi", {GPU_RESOURCE: 1}),
-            env={EVAL_RUN_DIR_ENV: self._run_dir, DATA_PIN_ENV: DATA_PIN})
-        k8s.batch.v1.CronJob(
-            f"{name}-evaluate",
-            metadata=self._meta(self._evaluate_name, EVALUATE_LABELS),
-            spec=k8s.batch.v1.CronJobSpecArgs(
-                # Suspended: never fires on its own; the schedule is required by the API only.
-                suspend=True, schedule="0 0 1 1 *", concurrency_policy="Forbid",
-                successful_jobs_history_limit=1, failed_jobs_history_limit=1,
-                job_template=k8s.batch.v1.JobTemplateSpecArgs(
-                    metadata=k8s.meta.v1.ObjectMetaArgs(labels=EVALUATE_LABELS),
-                    spec=k8s.batch.v1.JobSpecArgs(
-                        backoff_limit=1, active_deadline_seconds=3600, ttl_seconds_after_finished=24 * 3600,
-                        template=template))),
-            opts=child)
 
     # --- network policies ---------------------------------------------------------------------------
     def _create_network_policies(self, name: str, child: pulumi.ResourceOptions) -> None:
@@ -536,53 +370,6 @@ class ElasticJob(pulumi.ComponentResource):
                 opts=child)
 
 
-def _check_rules(a: ElasticJobArgs) -> None:
-    # The stack config's rules, under the Python field names (components/rules.py holds each one once).
-    rules.require(
-        rules.whole("nodes", a.nodes), rules.whole("min_nodes", a.min_nodes),
-        rules.whole("max_restarts", a.max_restarts, 0), rules.whole("epochs", a.epochs),
-        rules.global_batch("global_batch_size", a.global_batch_size), rules.model("model", a.model),
-        rules.learning_rate("learning_rate", a.learning_rate),
-        rules.namespace("namespace", a.namespace) if isinstance(a.namespace, str) else None,
-        rules.image_by_digest("image", a.image) if isinstance(a.image, str) else None,
-    )
-
-
-def _validate(name: str, a: ElasticJobArgs) -> catalog.InstanceType:
-    _check_rules(a)
-    try:
-        it = catalog.lookup(a.instance_type)
-    except KeyError as err:
-        raise ValueError(f"instance_type: {err.args[0]}") from None
-    if it.gpus < 1:
-        raise ValueError(f"instance_type: got {a.instance_type!r}, which has no GPU; expected a GPU type")
-    whole, per_workload = a.pvc_name is not None, (a.data_claim is not None, a.run_claim is not None)
-    if not ((whole and per_workload == (False, False)) or (not whole and per_workload == (True, True))):
-        raise ValueError(f"pvc_name/data_claim/run_claim: got pvc_name={a.pvc_name!r}, data_claim={a.data_claim!r}, "
-                         f"run_claim={a.run_claim!r}; expected data_claim and run_claim (per workload), or pvc_name "
-                         "(the whole volume) alone")
-    if a.efa and not it.has_efa:
-        raise ValueError(f"efa: got True for {a.instance_type!r}, which has no EFA interfaces")
-    if not 1 <= a.min_nodes <= a.nodes:
-        raise ValueError(f"min_nodes: got {a.min_nodes}; expected 1 <= min_nodes <= nodes ({a.nodes})")
-    for key in ("max_restarts", "fault_budget"):
-        if getattr(a, key) < 0:
-            raise ValueError(f"{key}: got {getattr(a, key)}; expected a whole number >= 0")
-    if a.active_deadline_hours is not None and not a.active_deadline_hours * 3600 >= 1:
-        raise ValueError(f"active_deadline_hours: got {a.active_deadline_hours}; expected None or at least 1 second")
-    if a.rdzv_backend not in ("etcd-v2", "c10d"):
-        raise ValueError(f"rdzv_backend: got {a.rdzv_backend!r}; expected 'etcd-v2' or 'c10d'")
-    if a.rdzv_backend == "etcd-v2" and a.rdzv_endpoint is None:
-        raise ValueError("rdzv_endpoint: required with rdzv_backend 'etcd-v2' (EtcdRendezvous.endpoint)")
-    if a.rdzv_backend == "etcd-v2" and a.rdzv_tls_secret is None:
-        raise ValueError("rdzv_tls_secret: required with rdzv_backend 'etcd-v2' (EtcdRendezvous.client_tls_secret: "
-                         "the store accepts only clients with its certificate)")
-    if a.rdzv_backend == "c10d" and a.rdzv_endpoint is not None:
-        raise ValueError(f"rdzv_endpoint: got {a.rdzv_endpoint!r}; expected None with 'c10d' "
-                         "(the agent of index 0 hosts the store)")
-    # Pod hostnames are <job>-<index>; both must stay DNS labels.
-    rules.require(rules.run_id("run_id", a.run_id))
-    if len(f"{name}-{a.run_id}-{a.nodes}") > 63:
-        raise ValueError(f"run_id: got {a.run_id!r}; expected lowercase letters, digits and '-' making "
-                         f"'{name}-<run_id>-<index>' at most 63 characters (pod host names)")
-    return it
+def bug_exit_codes(w: Workload) -> list[int]:
+    """The exit codes that fail the Job at once: argparse's usage error and the workload's FATAL codes."""
+    return [USAGE_EXIT_CODE, *(c for c in w.fatal_exit_codes if c != USAGE_EXIT_CODE)]

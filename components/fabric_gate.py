@@ -1,6 +1,6 @@
 """The fabric-check gate of :class:`~.elastic_job.ElasticJob`: a Job Pulumi awaits before the training Job.
 
-Part of ElasticJob (it uses the job's pod template and metadata helpers), kept in a module of its own.
+Part of ElasticJob, kept in a module of its own; both build their pods with components/podspec.py.
 One agent per node of the job, shaped like a training pod (all GPUs, the EFA devices, the same NCCL/EFA
 environment), runs ``python -m eks_ddp_runtime.fabric_check`` under the training agent's torchrun flags (the
 shared builder in torchrun.py) with every node required and no restarts. The check fails on missing EFA
@@ -16,18 +16,19 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from . import catalog
-from .elastic_job import (
+from .etcd import etcd_client_egress
+from .namespace import dns_egress
+from .podspec import (
     C10D_PORT,
     EFA_RESOURCE,
     GPU_RESOURCE,
     JOB_IMMUTABLE_FIELDS,
     TRAINER_LABELS,
-    _resources,
     nccl_env,
+    one_per_node,
     pod_resources,
+    resources,
 )
-from .etcd import etcd_client_egress
-from .namespace import dns_egress
 from .torchrun import AGENT_ENV, CLUSTER_TIMEOUTS, AgentOptions, FabricCheckOptions, fabric_check_command
 
 if TYPE_CHECKING:
@@ -64,7 +65,7 @@ def create_fabric_check(job: ElasticJob, name: str, child: pulumi.ResourceOption
     endpoint: pulumi.Input[str] = a.rdzv_endpoint  # type: ignore[assignment]
     if c10d:
         svc = k8s.core.v1.Service(
-            f"{name}-fabric-rdzv", metadata=job._meta(gate, labels),
+            f"{name}-fabric-rdzv", metadata=job.pods.meta(gate, labels),
             spec=k8s.core.v1.ServiceSpecArgs(
                 cluster_ip="None", publish_not_ready_addresses=True,
                 selector={"app.kubernetes.io/instance": gate},
@@ -81,7 +82,7 @@ def create_fabric_check(job: ElasticJob, name: str, child: pulumi.ResourceOption
     if not c10d:
         egress.append(etcd_client_egress(a.rdzv_server_labels))
     made.append(net.NetworkPolicy(
-        f"{name}-fabric-netpol", metadata=job._meta(gate, labels),
+        f"{name}-fabric-netpol", metadata=job.pods.meta(gate, labels),
         spec=net.NetworkPolicySpecArgs(
             pod_selector=k8s.meta.v1.LabelSelectorArgs(match_labels={"app.kubernetes.io/instance": gate}),
             policy_types=["Ingress", "Egress"], ingress=[net.NetworkPolicyIngressRuleArgs(from_=peers)],
@@ -89,22 +90,20 @@ def create_fabric_check(job: ElasticJob, name: str, child: pulumi.ResourceOption
         opts=child))
     cpu, memory, shm = pod_resources(it)
     devices = {GPU_RESOURCE: it.gpus, **({EFA_RESOURCE: it.efa_interfaces} if a.efa else {})}
-    affinity = k8s.core.v1.AffinityArgs(pod_anti_affinity=k8s.core.v1.PodAntiAffinityArgs(
-        required_during_scheduling_ignored_during_execution=[k8s.core.v1.PodAffinityTermArgs(
-            topology_key="kubernetes.io/hostname",
-            label_selector=k8s.meta.v1.LabelSelectorArgs(match_labels={"app.kubernetes.io/instance": gate}))]))
-    template = job._pod(
+    affinity = one_per_node(gate)
+    template = job.pods.pod(
         labels, "fabric-check", pulumi.Output.from_input(endpoint).apply(lambda e: fabric_check_command_of(job, e)),
-        _resources(str(cpu), f"{memory}Gi", devices), env={**AGENT_ENV, **nccl_env(it, a.efa)},
+        resources(str(cpu), f"{memory}Gi", devices), env={**AGENT_ENV, **nccl_env(it, a.efa)},
         field_env={"POD_IP": "status.podIP", "JOB_UID": "metadata.labels['batch.kubernetes.io/controller-uid']"},
         shm_gib=shm, affinity=affinity, subdomain=gate if c10d else None, rdzv_tls=True,
+        image=job.image,
         ports=[k8s.core.v1.ContainerPortArgs(name="rdzv", container_port=C10D_PORT)] if c10d else None)
     # No retries: a failed check is a finding (fabric.json says which), not a flake. A node lost under
     # the check (DisruptionTarget) is not counted. replaceUnready: the next `pulumi up` re-runs a failed
     # check instead of failing on the old Job.
     gate_job = k8s.batch.v1.Job(
         f"{name}-fabric-check",
-        metadata=job._meta(gate, labels, {"pulumi.com/replaceUnready": "true"}),
+        metadata=job.pods.meta(gate, labels, {"pulumi.com/replaceUnready": "true"}),
         spec=k8s.batch.v1.JobSpecArgs(
             completion_mode="Indexed", completions=a.nodes, parallelism=a.nodes, backoff_limit=0,
             active_deadline_seconds=1800, pod_replacement_policy="Failed",

@@ -175,7 +175,6 @@ class ResultsBucket(pulumi.ComponentResource):
         super().__init__("eks-ddp:results:ResultsBucket", name, None, opts)
         validate(args)
         tags = {"eks-ddp/results": name, **(args.tags or {})}
-        child = pulumi.ResourceOptions(parent=self)
         self.prefix = run_prefix(args.run_id)
 
         if args.existing_bucket is not None:
@@ -204,18 +203,27 @@ class ResultsBucket(pulumi.ComponentResource):
             bucket_arn = bucket.arn
             self.kms_key_arn = key.arn
 
-        role = aws.iam.Role(
-            f"{name}-uploader",
-            description=f"Trainer (IRSA): writes results under {self.prefix} only",
-            assume_role_policy=pulumi.Output.all(args.oidc_provider_arn, args.oidc_provider_url, args.namespace).apply(
-                lambda a: irsa_trust_policy(a[0], a[1], a[2], args.service_account)),
-            tags=tags, opts=child)
-        aws.iam.RolePolicy(f"{name}-uploader", role=role.id,
-                           policy=pulumi.Output.all(bucket_arn, self.kms_key_arn).apply(
-                               lambda v: upload_policy(v[0], args.run_id, v[1])), opts=child)
-        self.role_arn = role.arn
+        self._args, self._tags, self._bucket_arn = args, tags, bucket_arn
+        self.role_arn = self.uploader_role(f"{name}-uploader", args.run_id, args.service_account)
         self.register_outputs({"bucket_name": self.bucket_name, "prefix": self.prefix, "role_arn": self.role_arn,
                                "kms_key_arn": self.kms_key_arn})
+
+    def uploader_role(self, name: str, run_id: str, service_account: str) -> pulumi.Output[str]:
+        """An IRSA role (its ARN) that ``service_account`` assumes to write under ``runs/<run_id>/`` only: one per
+        run of the stack, all on this bucket."""
+        rules.require(rules.run_id("run_id", run_id))
+        args, prefix = self._args, run_prefix(run_id)
+        child = pulumi.ResourceOptions(parent=self)
+        role = aws.iam.Role(
+            name,
+            description=f"Trainer (IRSA): writes results under {prefix} only",
+            assume_role_policy=pulumi.Output.all(args.oidc_provider_arn, args.oidc_provider_url, args.namespace).apply(
+                lambda a: irsa_trust_policy(a[0], a[1], a[2], service_account)),
+            tags=self._tags, opts=child)
+        aws.iam.RolePolicy(name, role=role.id,
+                           policy=pulumi.Output.all(self._bucket_arn, self.kms_key_arn).apply(
+                               lambda v: upload_policy(v[0], run_id, v[1])), opts=child)
+        return role.arn
 
     def _private_bucket(self, name: str, args: ResultsBucketArgs, tags: dict[str, str],
                         kms_key_arn: pulumi.Input[str] | None, *, expire_days: int | None = None

@@ -195,6 +195,13 @@ def module_command(agent: AgentOptions, module: str, args: list[str], *, python:
     return [python, "-m", LAUNCHER_MODULE, *torchrun_args(agent), "-m", module, *args]
 
 
+def script_command(agent: AgentOptions, script: str, args: list[str], *, python: str = "python") -> list[str]:
+    """``python -m eks_ddp_runtime.launch <torchrun flags> <script> <args>``: a workload that is a file in the image."""
+    if not script or script.startswith("-"):
+        raise ValueError(f"script: got {script!r}; expected a path to a script (not a flag)")
+    return [python, "-m", LAUNCHER_MODULE, *torchrun_args(agent), script, *args]
+
+
 def job_command(agent: AgentOptions, trainer: TrainerOptions, *, python: str = "python") -> list[str]:
     """The full agent command: ``python -m eks_ddp_runtime.launch <torchrun flags> -m training.train <trainer flags>``."""
     return module_command(agent, TRAIN_MODULE, trainer.args(), python=python)

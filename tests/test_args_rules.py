@@ -8,15 +8,14 @@ import pytest
 
 from components.elastic_job import ElasticJobArgs
 from components.etcd import EtcdRendezvousArgs
+from components.workload import cifar10_workload
 
 DIGEST = "123456789012.dkr.ecr.us-west-2.amazonaws.com/trainer@sha256:" + "a" * 64
 GOOD = dict(namespace="training", image=DIGEST, pvc_name="shared", instance_type="g5.12xlarge",
             rdzv_endpoint="http://etcd:2379", rdzv_tls_secret="rendezvous-etcd-tls-client-tls")
 
-BAD_JOB = {
-    "epochs": 0, "global_batch_size": -5, "model": "resnet50", "learning_rate": math.nan,
-    "namespace": "Bad_NS", "image": "repo@sha256:...", "nodes": "4",
-}
+BAD_JOB = {"namespace": "Bad_NS", "image": "repo@sha256:...", "nodes": "4", "workload": "cifar10"}
+BAD_TRAINER = {"epochs": 0, "global_batch_size": -5, "model": "resnet50", "learning_rate": math.nan}
 
 
 @pytest.mark.parametrize("field,value", BAD_JOB.items(), ids=BAD_JOB.keys())
@@ -25,10 +24,20 @@ def test_elastic_job_args_reject_a_bad_value_naming_the_field(field, value):
         ElasticJobArgs(**{**GOOD, field: value})
 
 
+@pytest.mark.parametrize("field,value", BAD_TRAINER.items(), ids=BAD_TRAINER.keys())
+def test_the_bundled_trainer_workload_rejects_a_bad_value_naming_the_field(field, value):
+    with pytest.raises(ValueError, match=rf"^(.*; )?{field}: got "):
+        cifar10_workload(**{field: value})
+
+
 def test_elastic_job_args_list_every_bad_field_at_once():
     with pytest.raises(ValueError) as info:
         ElasticJobArgs(**{**GOOD, **{k: v for k, v in BAD_JOB.items() if k != "nodes"}})
-    for field in ("epochs", "global_batch_size", "model", "learning_rate", "namespace", "image"):
+    for field in ("namespace", "image", "workload"):
+        assert f"{field}: got" in str(info.value), field
+    with pytest.raises(ValueError) as info:
+        cifar10_workload(**BAD_TRAINER)
+    for field in BAD_TRAINER:
         assert f"{field}: got" in str(info.value), field
 
 
@@ -267,7 +276,7 @@ def test_importing_the_package_loads_no_torch():
     from tests.util import ROOT
 
     code = ("import sys\nfor m in ('torch', 'torchvision', 'matplotlib', 'etcd'):\n    sys.modules[m] = None\n"
-            "import eks_ddp, eks_ddp.torchrun\nprint(sorted(eks_ddp.__all__)[0])")
+            "import eks_ddp, eks_ddp.torchrun\nprint(' '.join(sorted(eks_ddp.__all__)))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip() == "ClusterAddons"
+    assert {"ClusterAddons", "ElasticJob", "Workload", "cifar10_workload"} <= set(out.stdout.split())

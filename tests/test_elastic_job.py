@@ -20,6 +20,7 @@ from components.elastic_job import (
 from components.etcd import DEFAULT_CLIENT_LABELS, SERVER_LABELS
 from components.mocks import ProgramResult, Recorded, run_program
 from components.torchrun import AGENT_ENV, CLUSTER_TIMEOUTS, CLUSTER_TLS
+from components.workload import cifar10_workload
 
 IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/eks-ddp-trainer@sha256:" + "ab" * 32
 GPU_NODES = {"eks-ddp/node-group": "gpu"}
@@ -70,8 +71,8 @@ def env_of(container: dict) -> dict[str, dict]:
 
 
 def test_agent_command_is_the_shared_torchrun_builder():
-    result = run_job(nodes=3, min_nodes=2, max_restarts=5, run_id="exp-7", epochs=4, global_batch_size=256,
-                     learning_rate=0.1, compile=True)
+    result = run_job(nodes=3, min_nodes=2, max_restarts=5, run_id="exp-7",
+                     workload=cifar10_workload(epochs=4, global_batch_size=256, learning_rate=0.1, compile=True))
     cmd = trainer(result)["command"]
     assert cmd[:3] == ["python", "-m", "eks_ddp_runtime.launch"] and cmd[cmd.index("-m", 3) + 1] == "training.train"
     f = flags(cmd)

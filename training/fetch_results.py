@@ -1,7 +1,7 @@
 """Fetch a cluster run's results from S3 and show them as the local runner does.
 
     eval "$(pulumi stack output fetchResults)"
-    python -m training.fetch_results s3://<bucket>/runs/<runId>/ [--region R] [--out results/<runId>]
+    python -m training.fetch_results s3://<bucket>/runs/<runId>/ [--region R] [--profile P] [--out results/<runId>]
 
 Downloads ``metrics.json``, ``history.jsonl``, ``training-curve.png`` and ``model.pt`` into
 ``--out``, prints the per-class table and (re)draws ``training-curve.png`` from the history
@@ -42,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("url", help="s3://<bucket>/runs/<runId>/ (the stack output results.url)")
     p.add_argument("--region", help="the stack's region (default: your AWS configuration's)")
     p.add_argument("--out", type=Path, help="local folder (default results/<runId>)")
+    p.add_argument("--profile", help="AWS profile to read with (the stack's aws:profile; default: your configuration's)")
     a = p.parse_args(argv)
     try:
         bucket, prefix = split_url(a.url)
@@ -52,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     import botocore.exceptions
 
     try:
-        got = fetch(a.url, out, client=boto3.client("s3", region_name=a.region))
+        got = fetch(a.url, out, client=boto3.Session(profile_name=a.profile).client("s3", region_name=a.region))
     except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as err:
         print(f"eks-ddp-fetch-results: {a.url}: {err}", file=sys.stderr)
         return 1

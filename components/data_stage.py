@@ -1,0 +1,105 @@
+"""The S3 data stage of :class:`~.elastic_job.ElasticJob` for a workload with :class:`~.workload.S3Data`.
+
+A Job on the system nodes runs ``python -m eks_ddp_runtime.stage_s3 s3://bucket/prefix/ /shared/data/<name>``
+in the workload's image (boto3 must be in it): every object copied once and verified, a rerun a no-op
+(training/runtime/stage_s3.py). Pulumi awaits it; the training Job depends on it, so training never starts on a
+half-staged dataset. Its pods run as a ServiceAccount of their own whose IAM role (IRSA,
+:func:`data_stage_role`) may list exactly that prefix and read objects under it, nothing else; they reach only
+DNS and HTTPS outside the VPC's private ranges (S3, STS).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+import pulumi
+import pulumi_aws as aws
+import pulumi_kubernetes as k8s
+
+from .efs import irsa_trust_policy
+from .namespace import dns_egress
+from .podspec import DATA_DIR, EGRESS_EXCEPT, PART_OF
+from .workload import S3Data
+
+if TYPE_CHECKING:
+    from .elastic_job import ElasticJob
+
+STAGE_LABELS = {"app.kubernetes.io/name": "eks-ddp-stage-data", **PART_OF}
+STAGE_MODULE = "eks_ddp_runtime.stage_s3"
+
+
+def read_prefix_policy(data: S3Data, partition: str = "aws") -> str:
+    """List exactly the prefix, read objects under it: the stage's only permissions."""
+    bucket_arn = f"arn:{partition}:s3:::{data.bucket}"
+    listing: dict = {"Sid": "ListThePrefixOnly", "Effect": "Allow", "Action": "s3:ListBucket",
+                     "Resource": bucket_arn}
+    if data.prefix:
+        listing["Condition"] = {"StringEquals": {"s3:prefix": data.prefix}}
+    return json.dumps({"Version": "2012-10-17", "Statement": [
+        listing,
+        {"Sid": "ReadUnderThePrefixOnly", "Effect": "Allow", "Action": "s3:GetObject",
+         "Resource": f"{bucket_arn}/{data.prefix}*"},
+    ]})
+
+
+def stage_service_account(job_component_name: str) -> str:
+    """The stage pods' ServiceAccount: the only one the data role trusts."""
+    return f"{job_component_name}-stage"
+
+
+def data_stage_role(name: str, data: S3Data, *, oidc_provider_arn: pulumi.Input[str],
+                    oidc_provider_url: pulumi.Input[str], namespace: pulumi.Input[str], service_account: str,
+                    partition: str = "aws", opts: pulumi.ResourceOptions | None = None) -> pulumi.Output[str]:
+    """An IRSA role (its ARN) for ``service_account`` that may only list and read ``data``'s prefix: pass it as
+    ``ElasticJobArgs.data_role_arn``."""
+    role = aws.iam.Role(
+        name, description=f"S3 data stage (IRSA): reads {data.uri} only",
+        assume_role_policy=pulumi.Output.all(oidc_provider_arn, oidc_provider_url, namespace).apply(
+            lambda a: irsa_trust_policy(a[0], a[1], a[2], service_account)),
+        opts=opts)
+    aws.iam.RolePolicy(name, role=role.id, policy=read_prefix_policy(data, partition), opts=opts)
+    return role.arn
+
+
+def create_s3_stage(job: ElasticJob, name: str, child: pulumi.ResourceOptions) -> k8s.batch.v1.Job:
+    """The stage's ServiceAccount, NetworkPolicy and Job (awaited); returns the Job the training Job waits on."""
+    a = job._args
+    data = a.workload.data
+    assert isinstance(data, S3Data)
+    sa = k8s.core.v1.ServiceAccount(
+        f"{name}-stage-sa", metadata=job.pods.meta(stage_service_account(name), PART_OF,
+                                                   {"eks.amazonaws.com/role-arn": a.data_role_arn}),
+        automount_service_account_token=False, opts=child)
+    net = k8s.networking.v1
+    https = net.NetworkPolicyEgressRuleArgs(
+        to=[net.NetworkPolicyPeerArgs(ip_block=net.IPBlockArgs(cidr="0.0.0.0/0", except_=list(EGRESS_EXCEPT)))],
+        ports=[net.NetworkPolicyPortArgs(port=443, protocol="TCP")])
+    net.NetworkPolicy(
+        f"{name}-stage-data-netpol", metadata=job.pods.meta(f"{name}-stage-data", STAGE_LABELS),
+        spec=net.NetworkPolicySpecArgs(
+            pod_selector=k8s.meta.v1.LabelSelectorArgs(match_labels=dict(STAGE_LABELS)),
+            policy_types=["Ingress", "Egress"], ingress=[], egress=[dns_egress(), https]),
+        opts=child)
+    template = job.pods.pod(
+        STAGE_LABELS, "stage-data", ["python", "-m", STAGE_MODULE, data.uri, f"{DATA_DIR}/{data.name}"],
+        k8s.core.v1.ResourceRequirementsArgs(requests={"cpu": "500m", "memory": "1Gi"},
+                                             limits={"cpu": "2", "memory": "4Gi"}),
+        on_gpu_nodes=False, writes_data=True, image=job.image, service_account=sa.metadata.name)
+    # Exit codes 3 (boto3 missing, a bad URI) and 5 (a corrupt object, an escaping key) fail the Job, and so
+    # `pulumi up`, at once; anything else (network, throttling) is retried in a new pod.
+    fatal = k8s.batch.v1.PodFailurePolicyArgs(rules=[
+        k8s.batch.v1.PodFailurePolicyRuleArgs(action="FailJob", on_exit_codes=(
+            k8s.batch.v1.PodFailurePolicyOnExitCodesRequirementArgs(
+                container_name="stage-data", operator="In", values=[2, 3, 5]))),
+        k8s.batch.v1.PodFailurePolicyRuleArgs(action="Ignore", on_pod_conditions=[
+            k8s.batch.v1.PodFailurePolicyOnPodConditionsPatternArgs(type="DisruptionTarget", status="True")]),
+    ])
+    return k8s.batch.v1.Job(
+        f"{name}-stage-data",
+        metadata=job.pods.meta(f"{name}-stage-data", STAGE_LABELS, {"pulumi.com/replaceUnready": "true"}),
+        spec=k8s.batch.v1.JobSpecArgs(backoff_limit=3, active_deadline_seconds=6 * 3600, pod_failure_policy=fatal,
+                                      ttl_seconds_after_finished=24 * 3600, template=template),
+        opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
+            delete_before_replace=True,
+            custom_timeouts=pulumi.CustomTimeouts(create="6h", update="6h"))))

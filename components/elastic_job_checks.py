@@ -1,0 +1,74 @@
+"""The checks of :class:`~.elastic_job.ElasticJobArgs`: each names the field, the bad value and what is allowed."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from . import catalog, rules
+from .cifar10_stages import DATA_PIN_ENV
+from .podspec import CACHE_ENV, nccl_env
+from .torchrun import AGENT_ENV
+from .workload import S3Data, Workload
+
+if TYPE_CHECKING:
+    from .elastic_job import ElasticJobArgs
+
+
+def check_rules(a: ElasticJobArgs) -> None:
+    # The stack config's rules, under the Python field names (components/rules.py holds each one once).
+    rules.require(
+        rules.whole("nodes", a.nodes), rules.whole("min_nodes", a.min_nodes),
+        rules.whole("max_restarts", a.max_restarts, 0),
+        None if isinstance(a.workload, Workload) else
+        f"workload: got {a.workload!r}; expected a Workload (components/workload.py), e.g. cifar10_workload()",
+        rules.namespace("namespace", a.namespace) if isinstance(a.namespace, str) else None,
+        rules.image_by_digest("image", a.image) if isinstance(a.image, str) else None,
+    )
+
+
+def validate(name: str, a: ElasticJobArgs) -> catalog.InstanceType:
+    check_rules(a)
+    try:
+        it = catalog.lookup(a.instance_type)
+    except KeyError as err:
+        raise ValueError(f"instance_type: {err.args[0]}") from None
+    if it.gpus < 1:
+        raise ValueError(f"instance_type: got {a.instance_type!r}, which has no GPU; expected a GPU type")
+    whole, per_workload = a.pvc_name is not None, (a.data_claim is not None, a.run_claim is not None)
+    if not ((whole and per_workload == (False, False)) or (not whole and per_workload == (True, True))):
+        raise ValueError(f"pvc_name/data_claim/run_claim: got pvc_name={a.pvc_name!r}, data_claim={a.data_claim!r}, "
+                         f"run_claim={a.run_claim!r}; expected data_claim and run_claim (per workload), or pvc_name "
+                         "(the whole volume) alone")
+    owned = {*CACHE_ENV, *AGENT_ENV, *nccl_env(it, True), "POD_IP", "JOB_UID", "EKS_DDP_RESULTS_URL",
+             "EKS_DDP_RESULTS_KMS_KEY", DATA_PIN_ENV}
+    if clash := sorted(owned & set(a.workload.env)):
+        raise ValueError(f"workload.env: got {', '.join(clash)}; expected names the job does not set itself "
+                         f"(it sets {', '.join(sorted(owned))})")
+    if isinstance(a.workload.data, S3Data) and a.data_role_arn is None:
+        raise ValueError(f"data_role_arn: got None with workload.data {a.workload.data.uri!r}; expected the S3 data "
+                         "stage's IAM role (data_stage.data_stage_role(...)); its pods get no other AWS credentials")
+    if a.efa and not it.has_efa:
+        raise ValueError(f"efa: got True for {a.instance_type!r}, which has no EFA interfaces")
+    if not 1 <= a.min_nodes <= a.nodes:
+        raise ValueError(f"min_nodes: got {a.min_nodes}; expected 1 <= min_nodes <= nodes ({a.nodes})")
+    for key in ("max_restarts", "fault_budget"):
+        if getattr(a, key) < 0:
+            raise ValueError(f"{key}: got {getattr(a, key)}; expected a whole number >= 0")
+    if a.active_deadline_hours is not None and not a.active_deadline_hours * 3600 >= 1:
+        raise ValueError(f"active_deadline_hours: got {a.active_deadline_hours}; expected None or at least 1 second")
+    if a.rdzv_backend not in ("etcd-v2", "c10d"):
+        raise ValueError(f"rdzv_backend: got {a.rdzv_backend!r}; expected 'etcd-v2' or 'c10d'")
+    if a.rdzv_backend == "etcd-v2" and a.rdzv_endpoint is None:
+        raise ValueError("rdzv_endpoint: required with rdzv_backend 'etcd-v2' (EtcdRendezvous.endpoint)")
+    if a.rdzv_backend == "etcd-v2" and a.rdzv_tls_secret is None:
+        raise ValueError("rdzv_tls_secret: required with rdzv_backend 'etcd-v2' (EtcdRendezvous.client_tls_secret: "
+                         "the store accepts only clients with its certificate)")
+    if a.rdzv_backend == "c10d" and a.rdzv_endpoint is not None:
+        raise ValueError(f"rdzv_endpoint: got {a.rdzv_endpoint!r}; expected None with 'c10d' "
+                         "(the agent of index 0 hosts the store)")
+    # Pod hostnames are <job>-<index>; both must stay DNS labels.
+    rules.require(rules.run_id("run_id", a.run_id))
+    if len(f"{name}-{a.run_id}-{a.nodes}") > 63:
+        raise ValueError(f"run_id: got {a.run_id!r}; expected lowercase letters, digits and '-' making "
+                         f"'{name}-<run_id>-<index>' at most 63 characters (pod host names)")
+    return it
