@@ -1,29 +1,35 @@
 """Offline plan: what ``pulumi up`` would create for a stack, without the CLI or AWS.
 
-    python -m components.plan --stack dev [--out DIR]
+    eks-ddp-plan [--project-dir DIR] [--stack dev] [--out OUT]     (python -m components.plan in this repository)
 
-Runs ``__main__.py`` under Pulumi's mock engine with ``Pulumi.<stack>.yaml``,
-prints the resource tree (type, name, parent), the count per type and the
-stack outputs, and writes every rendered Kubernetes manifest to DIR as YAML.
-Bad config exits 2 with the config error alone.
+Runs the Pulumi program of DIR (default: the current folder; its ``Pulumi.yaml`` names the project and,
+optionally, ``main``) under Pulumi's mock engine with ``Pulumi.<stack>.yaml``, prints the resource tree (type,
+name, parent), the count per type and the stack outputs, and writes every rendered Kubernetes manifest to OUT
+as YAML. Any program that uses the components works: its config is read under its own project name, and its
+folder comes first on the import path. eks-ddp's own program also gets its cost estimate, version notices
+and placeholder notes. Bad eks-ddp config exits 2 with the config error alone; a program that fails exits 1
+with the exception and the line of the program it came from (``--traceback`` for all of it).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
 import re
 import sys
 import time
+import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from . import k8s_versions
-from .config_schema import OFFLINE_PLAN_ENV
+from .config_schema import OFFLINE_PLAN_ENV, PROJECT
 from .mocks import PROJECT_ROOT, ProgramResult, Recorded
 
 # Not manifests: providers, and Helm releases (their charts render in the cluster).
@@ -47,12 +53,42 @@ _Yaml12Loader.add_implicit_resolver(
 
 
 
+@dataclass(frozen=True)
+class Project:
+    """A Pulumi project folder: its name (the config namespace) and its program file."""
+
+    root: Path
+    name: str
+    program: Path
+
+
+def load_project(root: Path) -> Project:
+    """``root/Pulumi.yaml``'s ``name`` and ``main`` (a file, or a folder holding ``__main__.py``)."""
+    path = root / "Pulumi.yaml"
+    if not path.is_file():
+        raise PlanError(f"--project-dir: no Pulumi.yaml in {root.resolve()}; run from your Pulumi project's folder "
+                        "or name it with --project-dir DIR")
+    try:
+        doc = yaml.load(path.read_text(), Loader=_Yaml12Loader) or {}
+    except yaml.YAMLError as err:
+        raise PlanError(f"{path}: not valid YAML ({getattr(err, 'problem', None) or err})") from None
+    name = doc.get("name") if isinstance(doc, dict) else None
+    if not isinstance(name, str) or not name:
+        raise PlanError(f"{path}: expected a project 'name:'")
+    main = root / str(doc.get("main") or ".")
+    program = main / "__main__.py" if main.is_dir() else main
+    if not program.is_file():
+        raise PlanError(f"{path}: no program at {program} (Pulumi.yaml 'main:', default __main__.py)")
+    return Project(root=root, name=name, program=program)
+
+
 def load_stack_file(stack: str, root: Path = PROJECT_ROOT) -> dict[str, Any]:
     """The stack's config as Pulumi hands it to the program: full keys, JSON for objects."""
     path = root / f"Pulumi.{stack}.yaml"
     if not path.exists():
         known = ", ".join(sorted(p.name[len("Pulumi."):-len(".yaml")] for p in root.glob("Pulumi.*.yaml")))
-        raise PlanError(f"--stack: no file {path.name}; stacks here: {known}")
+        raise PlanError(f"--stack: no file {path.name} in {root.resolve()}; stacks there: {known or 'none'} "
+                        "(--project-dir names another folder)")
     try:
         doc = yaml.load(path.read_text(), Loader=_Yaml12Loader) or {}
     except yaml.YAMLError as err:
@@ -136,44 +172,84 @@ def _tree_lines(result: ProgramResult) -> list[str]:
     return lines
 
 
+INDEX_FILE = ".eks-ddp-plan.json"
+"""The manifests a plan wrote to its --out folder: the next plan deletes those and nothing else."""
+_MANIFEST_NAME = re.compile(r"^\d{2,}-[a-z0-9]+-[a-z0-9.-]+\.yaml$")
+
+
+def _owned(out: Path) -> set[str]:
+    try:
+        names = json.loads((out / INDEX_FILE).read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return set()
+    # Only plain manifest names: an index edited to name another file never gets that file deleted.
+    return {n for n in names if isinstance(n, str) and _MANIFEST_NAME.match(n)}
+
+
 def write_manifests(manifests: list[dict[str, Any]], out: Path) -> list[Path]:
-    out.mkdir(parents=True, exist_ok=True)
-    for old in out.glob("*.yaml"):
-        old.unlink()
-    paths = []
+    """Write one YAML file per manifest into ``out``. Deletes only the files an earlier plan listed in
+    ``out``'s index (INDEX_FILE); refuses (PlanError) to overwrite a file it did not write."""
+    names = []
     for i, m in enumerate(manifests):
         ns = m["metadata"].get("namespace")
         ns = ns if isinstance(ns, str) else "cluster"
-        path = out / f"{i:02d}-{m['kind'].lower()}-{ns}-{m['metadata']['name']}.yaml"
-        path.write_text(yaml.safe_dump(m, sort_keys=False))
-        paths.append(path)
+        names.append(f"{i:02d}-{m['kind'].lower()}-{ns}-{m['metadata']['name']}.yaml")
+    owned = _owned(out)
+    if clashes := [n for n in names if (out / n).exists() and n not in owned]:
+        more = f" and {len(clashes) - 1} more" if len(clashes) > 1 else ""
+        raise PlanError(f"--out: {out} already holds {clashes[0]}{more}, which eks-ddp-plan did not write; "
+                        "name an empty folder or one an earlier plan wrote")
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in owned - set(names):
+        (out / stale).unlink(missing_ok=True)
+    paths = []
+    for name, m in zip(names, manifests, strict=True):
+        (out / name).write_text(yaml.safe_dump(m, sort_keys=False))
+        paths.append(out / name)
+    (out / INDEX_FILE).write_text(json.dumps({"files": names}, indent=1) + "\n")
     return paths
 
 
 def plan(stack: str, root: Path = PROJECT_ROOT, overrides: dict[str, Any] | None = None) -> ProgramResult:
-    """Run the program offline for ``stack``; raise PlanError on bad config."""
+    """Run the program of the project in ``root`` offline for ``stack``; raise PlanError on bad eks-ddp config.
+    The program's own exceptions propagate."""
     import pulumi
 
     from .mocks import run_program
 
+    project = load_project(root)
     config = load_stack_file(stack, root)
     # Preflight calls AWS; offline there is nothing to ask. `pulumi up` runs it. A value that is not a
     # boolean stays, so the plan rejects it as `pulumi up` would.
-    if config.get("eks-ddp:preflight", "true") in ("true", "false"):
+    if project.name == PROJECT and config.get("eks-ddp:preflight", "true") in ("true", "false"):
         config["eks-ddp:preflight"] = "false"
     config.update(overrides or {})
     region = config.get("aws:region", "us-west-2")
     previous = os.environ.get(OFFLINE_PLAN_ENV)
     os.environ[OFFLINE_PLAN_ENV] = "1"
+    folder = str(root.resolve())
+    sys.path.insert(0, folder)  # the program imports its own packages, as `pulumi up` run in its folder does
     try:
-        return run_program(config, stack=stack, program=root / "__main__.py", region=region)
+        return run_program(config, stack=stack, project=project.name, program=project.program, region=region)
     except pulumi.RunError as err:
         raise PlanError(str(err)) from None
     finally:
+        with contextlib.suppress(ValueError):
+            sys.path.remove(folder)
         if previous is None:
             os.environ.pop(OFFLINE_PLAN_ENV, None)
         else:
             os.environ[OFFLINE_PLAN_ENV] = previous
+
+
+def program_error(err: BaseException, project: Path) -> str:
+    """One line for a program that raised: the exception, and the deepest line of the project's own code."""
+    where = ""
+    root = str(project.resolve())
+    for frame in traceback.extract_tb(err.__traceback__):
+        if frame.filename.startswith(root):
+            where = f" (at {frame.filename}:{frame.lineno}: {frame.line})"
+    return f"the program failed: {type(err).__name__}: {err}{where}"
 
 
 def version_warnings(stack: str, root: Path = PROJECT_ROOT, today: dt.date | None = None) -> list[str]:
@@ -191,52 +267,75 @@ def version_warnings(stack: str, root: Path = PROJECT_ROOT, today: dt.date | Non
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="eks-ddp-plan", description=__doc__.split("\n\n")[0])
     parser.add_argument("--stack", default="dev", help="stack name: reads Pulumi.<stack>.yaml (default: dev)")
-    parser.add_argument("--out", type=Path, help="write rendered Kubernetes manifests to this folder")
-    parser.add_argument("--project-dir", type=Path, default=PROJECT_ROOT,
-                        help="folder holding __main__.py and the Pulumi.<stack>.yaml files (default: this project)")
+    parser.add_argument("--out", type=Path, help="write rendered Kubernetes manifests to this folder (files it did "
+                        "not write are never deleted or overwritten)")
+    parser.add_argument("--project-dir", type=Path, default=Path.cwd(),
+                        help="the Pulumi project: Pulumi.yaml, its program and Pulumi.<stack>.yaml (default: the "
+                             "current folder)")
+    parser.add_argument("--traceback", action="store_true", help="show the whole traceback of a failing program")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     try:
+        project = load_project(args.project_dir)
         result = plan(args.stack, args.project_dir)
     except PlanError as err:
         print(f"eks-ddp-plan: {err}", file=sys.stderr)
         return 2
+    except Exception as err:  # the user's program: say what and where, not a page of engine frames
+        if args.traceback:
+            traceback.print_exc()
+        print(f"eks-ddp-plan: {program_error(err, args.project_dir)}", file=sys.stderr)
+        if not args.traceback:
+            print("eks-ddp-plan: --traceback shows all of it", file=sys.stderr)
+        return 1
     elapsed = time.perf_counter() - start
+    ours = project.name == PROJECT
 
-    print(f"# Plan for stack {args.stack!r}: {len(result.resources)} resources ({elapsed:.1f} s, offline)")
+    print(f"# Plan for project {project.name!r}, stack {args.stack!r}: {len(result.resources)} resources "
+          f"({elapsed:.1f} s, offline)")
     print("\n## Resource tree (type  name)")
     print("\n".join(_tree_lines(result)))
     print("\n## Resources per type")
     counts = result.counts()
-    width = max(len(t) for t in counts)
+    width = max((len(t) for t in counts), default=0)
     for typ, n in counts.items():
         print(f"{typ:<{width}}  {n}")
     print("\n## Outputs")
     for key, value in sorted(result.outputs.items()):
         shown = "[secret]" if key in result.secret_outputs else value
-        if key == "costEstimate":
+        if key == "costEstimate" and ours:
             shown = "(see Cost estimate below)"
         if isinstance(shown, (dict, list)):
             shown = json.dumps(shown, indent=2)
         print(f"{key}: {shown}")
+    if ours:
+        _eks_ddp_notes(result, args.stack, args.project_dir)
+    if args.out:
+        try:
+            paths = write_manifests(render_manifests(result), args.out)
+        except PlanError as err:
+            print(f"eks-ddp-plan: {err}", file=sys.stderr)
+            return 2
+        print(f"\nwrote {len(paths)} Kubernetes manifests to {args.out}/")
+    return 0
+
+
+def _eks_ddp_notes(result: ProgramResult, stack: str, root: Path) -> None:
+    """eks-ddp's own program: cost, version notices, placeholders, preflight."""
     if "costEstimate" in result.outputs:
         from . import cost
 
         print("\n## Cost estimate")
         print(cost.render(result.outputs["costEstimate"]))
-    for notice in version_warnings(args.stack, args.project_dir):
+    for notice in version_warnings(stack, root):
         print(f"\nWARNING: {notice}")
     from . import cli_version
 
     if too_old := cli_version.problem():  # `pulumi up` (preflight) refuses it
         print(f"\nWARNING: {too_old}")
-    for note in placeholder_notes(load_stack_file(args.stack, args.project_dir)):
+    for note in placeholder_notes(load_stack_file(stack, root)):
         print(f"\nnote: {note}")
     print("\npreflight: skipped offline (runs on `pulumi up` unless eks-ddp:preflight is false)")
-    if args.out:
-        paths = write_manifests(render_manifests(result), args.out)
-        print(f"\nwrote {len(paths)} Kubernetes manifests to {args.out}/")
-    return 0
 
 
 if __name__ == "__main__":

@@ -117,6 +117,7 @@ def test_bad_stack_config_fails_naming_the_key_before_any_resource(tmp_path, cap
 
 def test_yaml_syntax_error_exits_2_with_file_and_line(tmp_path, capsys):
     shutil.copy(ROOT / "__main__.py", tmp_path / "__main__.py")
+    shutil.copy(ROOT / "Pulumi.yaml", tmp_path / "Pulumi.yaml")
     (tmp_path / "Pulumi.case.yaml").write_text("config:\n  aws:region: us-west-2\n  eks-ddp:job: {epochs: 3\n")
     assert plan_mod.main(["--stack", "case", "--project-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err

@@ -30,6 +30,7 @@ def test_bad_config_registers_nothing():
 
 def test_bad_config_exits_2_with_the_message_alone(tmp_path):
     shutil.copy(ROOT / "__main__.py", tmp_path / "__main__.py")
+    shutil.copy(ROOT / "Pulumi.yaml", tmp_path / "Pulumi.yaml")
     doc = yaml.safe_load((ROOT / "Pulumi.dev.yaml").read_text())
     doc["config"]["eks-ddp:nodeGroups"][0]["instanceType"] = "g4dn.enormous"
     (tmp_path / "Pulumi.bad.yaml").write_text(yaml.safe_dump(doc))
@@ -118,3 +119,65 @@ def test_p4de_stack_can_skip_the_fabric_check_by_config():
     jobs = {r.name: r for r in result.of_type("kubernetes:batch/v1:Job")}
     assert "training-fabric-check" not in jobs
     assert not [u for u in jobs["training-train"].dependencies if "fabric" in u]
+
+
+# --- --out never deletes or overwrites what it did not write (review U5) ------------------------------------
+
+
+def test_out_into_a_project_folder_keeps_every_file_it_did_not_write(tmp_path):
+    """The review ran `eks-ddp-plan --out <project>`: Pulumi.yaml, the stack file and my-notes.yaml were deleted."""
+    mine = {"Pulumi.yaml": "name: mine\nruntime: python\n", "Pulumi.dev.yaml": "config:\n  mine:secret: x\n",
+            "my-notes.yaml": "notes: keep\n", "00-persistentvolume-cluster-training-shared-data.yaml": "kind: PersistentVolume  # a team's own manifest\n"}
+    for name, text in mine.items():
+        (tmp_path / name).write_text(text)
+    first = _plan("--stack", "dev", "--out", str(tmp_path))
+    # A file of the plan's own name that it did not write: refused, nothing written, nothing deleted.
+    assert first.returncode == 2 and "00-persistentvolume-cluster-training-shared-data.yaml" not in first.stdout, first.stdout[-500:]
+    assert "did not write" in first.stderr and "00-persistentvolume-cluster-training-shared-data.yaml" in first.stderr, first.stderr
+    assert {p.name: p.read_text() for p in tmp_path.iterdir()} == mine
+    (tmp_path / "00-persistentvolume-cluster-training-shared-data.yaml").unlink()
+    del mine["00-persistentvolume-cluster-training-shared-data.yaml"]
+    for _ in range(2):
+        proc = _plan("--stack", "dev", "--out", str(tmp_path))
+        assert proc.returncode == 0, proc.stderr
+        assert all((tmp_path / name).read_text() == text for name, text in mine.items())
+    index = json.loads((tmp_path / ".eks-ddp-plan.json").read_text())["files"]
+    assert sorted(p.name for p in tmp_path.glob("*.yaml")) == sorted([*mine, *index])
+
+
+def test_out_deletes_only_the_manifests_its_index_lists(tmp_path):
+    from components.plan import INDEX_FILE, write_manifests
+
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "a", "namespace": "t"}}
+    svc = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "b", "namespace": "t"}}
+    first = write_manifests([job, svc], tmp_path)
+    assert [p.name for p in first] == ["00-job-t-a.yaml", "01-service-t-b.yaml"]
+    (tmp_path / "notes.yaml").write_text("mine\n")
+    # An index edited to name other files never gets them deleted: only plain manifest names count.
+    index = json.loads((tmp_path / INDEX_FILE).read_text())
+    (tmp_path / INDEX_FILE).write_text(json.dumps({"files": [*index["files"], "notes.yaml", "../x.yaml"]}))
+    second = write_manifests([svc], tmp_path)
+    assert [p.name for p in second] == ["00-service-t-b.yaml"]
+    assert sorted(p.name for p in tmp_path.glob("*.yaml")) == ["00-service-t-b.yaml", "notes.yaml"]
+
+
+# --- any program that uses the components (review U2, U9) --------------------------------------------------
+
+
+def test_no_project_here_names_the_folder_and_the_flag(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "eks_ddp.plan", "--stack", "dev"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)  # the installed name, as eks-ddp-plan runs
+    assert proc.returncode == 2 and str(tmp_path) in proc.stderr and "--project-dir" in proc.stderr, proc.stderr
+
+
+def test_a_failing_program_says_what_and_where_in_one_screen(tmp_path):
+    (tmp_path / "Pulumi.yaml").write_text("name: teamx\nruntime: python\n")
+    (tmp_path / "Pulumi.dev.yaml").write_text("config:\n  teamx:size: '3'\n")
+    (tmp_path / "__main__.py").write_text("import pulumi\nsize = pulumi.Config().require_int('size')\n"
+                                          "raise ValueError(f'size {size} is too small')\n")
+    proc = _plan("--stack", "dev", "--project-dir", str(tmp_path))
+    assert proc.returncode == 1
+    assert "ValueError: size 3 is too small" in proc.stderr  # read from teamx:size, the program's own namespace
+    assert f"{tmp_path / '__main__.py'}:3" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    full = _plan("--stack", "dev", "--project-dir", str(tmp_path), "--traceback")
+    assert full.returncode == 1 and "Traceback" in full.stderr
