@@ -331,14 +331,23 @@ def test_program_grants_nodes_pulls_from_the_trainer_repository_only(dev_result)
 
 
 def test_job_modules_exist_in_the_image(dev_result):
-    """Every `-m <module>` a job container runs is a file the Dockerfile copies under /app."""
+    """Every `-m <module>` a job container runs is a file the Dockerfile copies under /app: the trainer's
+    ``training/`` as ``training``, the runtime's ``training/runtime/`` as ``eks_ddp_runtime``."""
+    dockerfile = (ROOT / "docker" / "Dockerfile").read_text()
+    copied = {"training.": "training/", "eks_ddp_runtime.": "training/runtime/"}
+    assert "COPY training/runtime/ /app/eks_ddp_runtime/" in dockerfile
+    seen = set()
     for c in job_containers(dev_result):
         argv = [*c.get("command", []), *c.get("args", [])]
         for i, tok in enumerate(argv[:-1]):
             if tok == "-m":
                 module = argv[i + 1]
-                assert module.startswith("training."), module
-                assert (ROOT / (module.replace(".", "/") + ".py")).is_file(), module
+                prefix = next((p for p in copied if module.startswith(p)), None)
+                assert prefix, f"{module}: not in a package the image copies ({', '.join(copied)})"
+                path = copied[prefix] + module[len(prefix):].replace(".", "/") + ".py"
+                assert (ROOT / path).is_file(), (module, path)
+                seen.add(prefix)
+    assert seen == set(copied), seen  # the launcher and the trainer both run
 
 
 def test_prebuilt_stack_builds_nothing_and_jobs_use_it():
