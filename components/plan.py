@@ -106,18 +106,31 @@ def load_stack_file(stack: str, root: Path = PROJECT_ROOT) -> dict[str, Any]:
     return config
 
 
+PLACEHOLDER_RESERVATION = "cr-0123456789abcdef0"
+"""The example p4de stack's capacityReservationId: AWS's documentation id, which no account holds."""
+
+
 def placeholder_notes(config: dict[str, Any]) -> list[str]:
     """What ``pulumi up`` would reject that the offline plan let through (the example stacks' placeholders)."""
     from .rules import public_access_cidrs
 
+    notes = []
+    try:
+        groups = json.loads(config.get("eks-ddp:nodeGroups", "[]"))
+        notes += [f"`pulumi up` (preflight) rejects nodeGroups[{i}].capacityReservationId: "
+                  f"{PLACEHOLDER_RESERVATION} is the example's placeholder; set your reservation's id, or remove the "
+                  "key for on-demand capacity" for i, g in enumerate(groups)
+                  if isinstance(g, dict) and g.get("capacityReservationId") == PLACEHOLDER_RESERVATION]
+    except (AttributeError, TypeError, json.JSONDecodeError):
+        pass
     try:
         cluster = json.loads(config.get("eks-ddp:cluster", "{}"))
         cidrs = cluster.get("publicAccessCidrs") or []
         if cluster.get("endpointPublicAccess") is False:
-            return []  # a private-only endpoint takes no CIDRs (the stack config says so if some are set)
+            return notes  # a private-only endpoint takes no CIDRs (the stack config says so if some are set)
     except (AttributeError, TypeError, json.JSONDecodeError):
-        return []
-    return [f"`pulumi up` rejects {p}" for p in public_access_cidrs("cluster.publicAccessCidrs", cidrs)]
+        return notes
+    return [*notes, *(f"`pulumi up` rejects {p}" for p in public_access_cidrs("cluster.publicAccessCidrs", cidrs))]
 
 
 def render_manifests(result: ProgramResult) -> list[dict[str, Any]]:

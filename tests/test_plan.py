@@ -181,3 +181,12 @@ def test_a_failing_program_says_what_and_where_in_one_screen(tmp_path):
     assert f"{tmp_path / '__main__.py'}:3" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     full = _plan("--stack", "dev", "--project-dir", str(tmp_path), "--traceback")
     assert full.returncode == 1 and "Traceback" in full.stderr
+
+
+def test_p4de_plan_notes_the_example_reservation_id():
+    """Review U23: the example stack's documentation reservation id passed the offline plan without a word."""
+    from components.plan import load_stack_file, placeholder_notes
+
+    p4de = placeholder_notes(load_stack_file("p4de", ROOT))
+    assert any("nodeGroups[0].capacityReservationId" in n and "cr-0123456789abcdef0" in n for n in p4de), p4de
+    assert not any("capacityReservationId" in n for n in placeholder_notes(load_stack_file("dev", ROOT)))
