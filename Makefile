@@ -2,11 +2,12 @@
 PYTHON ?= python3
 VENV := .venv
 SCAN_VENV := .venv-scan
+DEPLOY_VENV := .venv-deploy
 BIN := $(VENV)/bin
 STACK ?= dev
 OUT ?= plan-out
 
-.PHONY: install test test-long lint demo plan bench gpu-check gpu-check-bundle clean
+.PHONY: install install-deploy test test-long lint demo plan bench gpu-check gpu-check-bundle clean
 
 install: $(VENV)/.installed $(SCAN_VENV)/.installed
 
@@ -14,6 +15,16 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip==25.2
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev,trainer]'
+	touch $@
+
+# What `pulumi preview/up/destroy` run in (Pulumi.yaml's virtualenv): the library and Pulumi, no torch (~0.5 GB
+# instead of the trainer's multi-GB install).
+install-deploy: $(DEPLOY_VENV)/.installed
+
+$(DEPLOY_VENV)/.installed: pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(DEPLOY_VENV)
+	$(DEPLOY_VENV)/bin/pip install --quiet --upgrade pip==25.2
+	$(DEPLOY_VENV)/bin/pip install --quiet -c constraints.txt -e .
 	touch $@
 
 # checkov's own pins clash with pulumi's, so it lives in a separate environment.
@@ -59,4 +70,4 @@ gpu-check-bundle: $(VENV)/.installed
 	$(BIN)/python bench/gpu_bundle.py .gpu-bundle
 
 clean:
-	rm -rf $(VENV) $(SCAN_VENV) plan-out demo-out gpu-check-out .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(SCAN_VENV) $(DEPLOY_VENV) plan-out demo-out gpu-check-out .pytest_cache .ruff_cache

@@ -129,3 +129,24 @@ def test_local_runner_without_the_trainer_extra_says_which_install_it_needs(inst
                          timeout=120, env={**os.environ, "PYTHONPATH": f"{blocker}{os.pathsep}{installed}"})
     assert out.returncode == 2, (out.stdout, out.stderr)
     assert "pip install 'eks-ddp[trainer]'" in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def test_deploying_needs_no_torch(tmp_path):
+    """Review U16: `pulumi up` ran in the trainer's multi-GB .venv. Pulumi.yaml now names .venv-deploy, which
+    `make install-deploy` fills with the library alone, and the whole program plans with torch unimportable."""
+    import yaml
+
+    runtime = yaml.safe_load((ROOT / "Pulumi.yaml").read_text())["runtime"]["options"]
+    assert runtime["virtualenv"] == ".venv-deploy"
+    makefile = (ROOT / "Makefile").read_text()
+    recipe = makefile.split("$(DEPLOY_VENV)/.installed:", 1)[1].split("\n\n", 1)[0]
+    installs = [line for line in recipe.splitlines() if "pip install" in line and "pip==" not in line]
+    assert installs and all("-e ." in line and "[" not in line for line in installs), installs
+    blocker = tmp_path / "blocker"
+    blocker.mkdir()
+    (blocker / "sitecustomize.py").write_text(
+        "import sys\nfor m in ('torch', 'torchvision', 'matplotlib', 'etcd'):\n    sys.modules[m] = None\n")
+    out = subprocess.run([sys.executable, "-m", "components.plan", "--stack", "dev"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300, env={**os.environ, "PYTHONPATH": f"{blocker}{os.pathsep}{ROOT}"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "kubernetes:batch/v1:Job" in out.stdout
