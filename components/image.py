@@ -74,7 +74,14 @@ class TrainerImageArgs:
     kms_key_arn: pulumi.Input[str] | None = None
     """KMS key that encrypts the repositories; default: the AWS managed key for ECR (aws/ecr)."""
     context_dir: str = str(PROJECT_ROOT)
-    """Build context: the repository root, holding ``docker/`` and ``training/``."""
+    """Build context. Default: this repository's root, holding ``docker/`` and ``training/``: the bundled trainer
+    image builds from a checkout of the repository (the installed wheel ships no ``docker/``). For your own image:
+    your build context, with ``dockerfile`` and ``source_paths``."""
+    dockerfile: str = DOCKERFILE
+    """The Dockerfile, relative to ``context_dir``."""
+    source_paths: tuple[str, ...] = SOURCE_DIRS
+    """Files and folders under ``context_dir`` the image is built from: the immutable tag is a hash of them, so a
+    change anywhere the build reads must be in here (else the old image keeps running, or the push is refused)."""
     scan_fail_severity: str = "CRITICAL"
     """Fail ``pulumi up`` before any job gets the image if ECR's scan on push finds anything at or above this
     severity (CRITICAL, HIGH, MEDIUM, LOW, INFORMATIONAL), or ``disabled``. ``image_ref`` resolves only once the
@@ -89,10 +96,13 @@ class TrainerImageArgs:
 
 
 def source_files(context_dir: str | Path, dirs: tuple[str, ...] = SOURCE_DIRS) -> list[Path]:
-    """The files under ``dirs`` that the build reads, as paths relative to ``context_dir``, sorted."""
+    """The files under ``dirs`` (folders, or single files) that the build reads, relative to ``context_dir``."""
     root = Path(context_dir)
     out: list[Path] = []
     for top in dirs:
+        if (root / top).is_file():
+            out.append(Path(top))
+            continue
         for dirpath, dirnames, filenames in os.walk(root / top):
             dirnames[:] = sorted(d for d in dirnames if d not in _IGNORED_DIRS)
             for name in filenames:
@@ -104,14 +114,14 @@ def source_files(context_dir: str | Path, dirs: tuple[str, ...] = SOURCE_DIRS) -
     return sorted(out, key=lambda p: p.as_posix())
 
 
-def source_hash(context_dir: str | Path, dirs: tuple[str, ...] = SOURCE_DIRS) -> str:
+def source_hash(context_dir: str | Path, dirs: tuple[str, ...] = SOURCE_DIRS, dockerfile: str = DOCKERFILE) -> str:
     """SHA-256 over the build inputs' relative paths, modes and contents, and their directories' modes.
 
     Changes whenever the image or pulumi-docker-build's context hash would (both see modes)."""
     root = Path(context_dir)
     files = source_files(root, dirs)
-    if not any(p.as_posix() == DOCKERFILE for p in files):
-        raise ValueError(f"TrainerImageArgs.context_dir: {root} has no {DOCKERFILE}")
+    if not any(p.as_posix() == Path(dockerfile).as_posix() for p in files):
+        raise ValueError(missing_dockerfile(root, dockerfile, dirs))
     h = hashlib.sha256()
     parents = sorted({parent for rel in files for parent in rel.parents if parent != Path(".")},
                      key=lambda p: p.as_posix())
@@ -129,9 +139,18 @@ def _mode(path: Path) -> bytes:
     return stat.filemode(path.stat().st_mode).encode()
 
 
-def image_tag(context_dir: str | Path) -> str:
+def missing_dockerfile(root: Path, dockerfile: str, dirs: tuple[str, ...]) -> str:
+    if not (root / dockerfile).is_file():
+        return (f"TrainerImageArgs.context_dir: {root} has no {dockerfile}. The bundled trainer image builds from a "
+                "checkout of the eks-ddp repository (the installed package ships no docker/): set context_dir to "
+                "the checkout, or give your own build context with dockerfile and source_paths, or use prebuilt")
+    return (f"TrainerImageArgs.source_paths: got {list(dirs)}; expected them to include the Dockerfile "
+            f"{dockerfile!r} (the image tag hashes what the build reads)")
+
+
+def image_tag(context_dir: str | Path, dirs: tuple[str, ...] = SOURCE_DIRS, dockerfile: str = DOCKERFILE) -> str:
     """The immutable tag for the current sources, e.g. ``src-3f2a...``."""
-    return TAG_PREFIX + source_hash(context_dir)[:TAG_HASH_CHARS]
+    return TAG_PREFIX + source_hash(context_dir, dirs, dockerfile)[:TAG_HASH_CHARS]
 
 
 def ecr_repository_arn(image_ref: str) -> str | None:
@@ -186,6 +205,13 @@ def _validate(args: TrainerImageArgs) -> None:
                          "e.g. 123456789012.dkr.ecr.us-west-2.amazonaws.com/trainer@sha256:<64 hex>")
     if isinstance(args.keep_images, bool) or not isinstance(args.keep_images, int) or args.keep_images < 1:
         raise ValueError(f"TrainerImageArgs.keep_images: got {args.keep_images!r}; expected a whole number >= 1")
+    if isinstance(args.source_paths, str) or not args.source_paths or not all(
+            isinstance(p, str) and p and not Path(p).is_absolute() and ".." not in Path(p).parts
+            for p in args.source_paths):
+        raise ValueError(f"TrainerImageArgs.source_paths: got {args.source_paths!r}; expected a non-empty tuple of "
+                         "paths relative to context_dir")
+    if args.prebuilt is None and not (Path(args.context_dir) / args.dockerfile).is_file():
+        raise ValueError(missing_dockerfile(Path(args.context_dir), args.dockerfile, tuple(args.source_paths)))
 
 
 class TrainerImage(pulumi.ComponentResource):
@@ -213,7 +239,7 @@ class TrainerImage(pulumi.ComponentResource):
         else:
             self.repository = self._create_repository()
             self.cache_repository = self._create_cache_repository() if args.registry_cache else None
-            self.image = self._create_image(image_tag(args.context_dir))
+            self.image = self._create_image(image_tag(args.context_dir, tuple(args.source_paths), args.dockerfile))
             self.repository_url = self.repository.repository_url
             self.repository_arn = self.repository.arn
             # A pure digest reference: what runs can never change under a tag.
@@ -304,7 +330,7 @@ class TrainerImage(pulumi.ComponentResource):
         return docker_build.Image(
             f"{self._name}-build",
             context=docker_build.BuildContextArgs(location=location),
-            dockerfile=docker_build.DockerfileArgs(location=os.path.normpath(os.path.join(location, DOCKERFILE))),
+            dockerfile=docker_build.DockerfileArgs(location=os.path.normpath(os.path.join(location, self._args.dockerfile))),
             platforms=[PLATFORM],
             push=True,
             tags=[repo.repository_url.apply(lambda url: f"{url}:{tag}")],

@@ -237,6 +237,55 @@ def test_context_without_dockerfile_is_rejected(tmp_path):
         image_tag(tmp_path)
 
 
+def test_a_context_without_the_bundled_dockerfile_fails_at_construction_saying_where_it_builds(tmp_path):
+    """Review U3: from the installed wheel (no docker/) TrainerImageArgs() failed only with "has no
+    docker/Dockerfile". Now it fails where the component is built, saying the bundled image builds from a checkout
+    and how to build one's own."""
+    def program():
+        TrainerImage("img", TrainerImageArgs(context_dir=str(tmp_path)))
+
+    with pytest.raises(ValueError, match="builds from a checkout of the eks-ddp repository") as err:
+        run_program({}, program=program)
+    assert "dockerfile and source_paths" in str(err.value) and "prebuilt" in str(err.value)
+
+
+def _own_context(tmp_path):
+    (tmp_path / "build").mkdir()
+    (tmp_path / "build" / "Containerfile").write_text("FROM scratch\nCOPY src/ /src/\n")
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "train.py").write_text("print('v1')\n")
+    (tmp_path / "notes.md").write_text("not in the image\n")
+    return TrainerImageArgs(context_dir=str(tmp_path), dockerfile="build/Containerfile",
+                            source_paths=("build", "src"))
+
+
+def test_a_users_own_context_and_dockerfile_build_with_a_tag_of_what_they_read(tmp_path):
+    """Review U3: a user's own build context was hashed over docker/ and training/ only, so a code change kept the
+    same immutable tag (the old image kept running, or the push was refused)."""
+    args = _own_context(tmp_path)
+
+    def program():
+        TrainerImage("img", args)
+
+    first = run_program({}, program=program).one(IMAGE)
+    assert first.inputs["dockerfile"]["location"].endswith("build/Containerfile"), first.inputs["dockerfile"]
+    (tmp_path / "notes.md").write_text("edited\n")  # outside source_paths: same image
+    assert run_program({}, program=program).one(IMAGE).inputs["tags"] == first.inputs["tags"]
+    (tmp_path / "src" / "train.py").write_text("print('v2')\n")  # the code the image runs: a new tag
+    assert run_program({}, program=program).one(IMAGE).inputs["tags"] != first.inputs["tags"]
+
+
+@pytest.mark.parametrize("paths", [(), ("../outside",), ("/abs",), "src", ("src",)])
+def test_source_paths_must_be_relative_and_include_the_dockerfile(tmp_path, paths):
+    args = _own_context(tmp_path)
+    with pytest.raises(ValueError, match="TrainerImageArgs.source_paths"):
+        def program():
+            TrainerImage("img", TrainerImageArgs(context_dir=args.context_dir, dockerfile=args.dockerfile,
+                                                 source_paths=paths))
+
+        run_program({}, program=program)
+
+
 # --- node access -------------------------------------------------------------------------------------
 
 
