@@ -44,6 +44,7 @@ from components.config import (
     load_stack_config,
 )
 from components.data_stage import data_stage_role, stage_service_account
+from components.elastic_job import trainer_service_account
 from components.namespace import training_namespace
 from components.network import standard_zones
 from components.results import run_prefix
@@ -215,7 +216,7 @@ results = ResultsBucket("results", ResultsBucketArgs(
     oidc_provider_arn=cluster.oidc_provider_arn,
     oidc_provider_url=cluster.oidc_provider_url,
     namespace=namespace.metadata.name,
-    service_account=f"{JOB_NAME}-trainer",  # ElasticJob's service account for its trainer pods
+    service_account=trainer_service_account(JOB_NAME),  # the first run's training pods
     run_id=cfg.job.run_id,
     existing_bucket=cfg.storage.results_bucket,
     partition=rules_partition(cfg.region),
@@ -235,7 +236,7 @@ for i, run in enumerate(cfg.runs):
     # every further run is named after its runId.
     job_name = JOB_NAME if i == 0 else f"{JOB_NAME}-{run.run_id}"
     role_arn = results.role_arn if i == 0 else results.uploader_role(
-        f"results-uploader-{run.run_id}", run.run_id, f"{job_name}-trainer")
+        f"results-uploader-{run.run_id}", run.run_id, trainer_service_account(job_name))
     group = cfg.group_of(run)
     workload = workload_of(run)
     data_role_arn = None

@@ -272,6 +272,9 @@ class EksCluster(pulumi.ComponentResource):
         # pulumi-eks's kubeconfig output never names a profile (it is built for the default chain).
         self.kubeconfig = pulumi.Output.secret(
             cluster.get_kubeconfig(profile_name=args.aws_profile) if args.aws_profile else cluster.kubeconfig_json)
+        self.eks_cluster = cluster
+        """The ``pulumi_eks.Cluster``: its ``eks_cluster`` output carries the endpoint and certificate authority, for a
+        composing program's own Kubernetes provider (or use ``kubeconfig``)."""
         self.oidc_provider_arn = cluster.oidc_provider_arn
         self.oidc_provider_url = cluster.oidc_provider_url
         self.node_security_group_id = node_sg.id

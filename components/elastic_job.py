@@ -169,6 +169,12 @@ class ElasticJobArgs:
 
 
 
+def trainer_service_account(name: str) -> str:
+    """The ServiceAccount of ElasticJob ``name``'s training pods (``<name>-trainer``): known before the job exists,
+    so a results bucket's upload role can trust it."""
+    return f"{name}-trainer"
+
+
 class ElasticJob(pulumi.ComponentResource):
     """Data preparation Job → elastic training Job → evaluation CronJob, with their NetworkPolicies."""
 
@@ -187,6 +193,10 @@ class ElasticJob(pulumi.ComponentResource):
         self._prepare_name = f"{name}-prepare-data"
         self._evaluate_name = f"{name}-evaluate"
         self._run_dir = f"{SHARED_ROOT}/{RUNS_SUBDIR}/{a.run_id}"
+        self.run_dir = self._run_dir
+        """The run's directory in every pod (checkpoints, model, metrics): the workers' EKS_DDP_RUN_DIR."""
+        self.service_account_name = trainer_service_account(name)
+        """The training pods' ServiceAccount: the one ``ResultsBucketArgs.service_account`` must name."""
         data = a.workload.data
         self._data_dir = f"{DATA_DIR}/{data.name}" if isinstance(data, S3Data) else DATA_DIR
         self.image: pulumi.Input[str] = a.workload.image if a.workload.image is not None else a.image
@@ -196,7 +206,7 @@ class ElasticJob(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
 
         irsa = {"eks.amazonaws.com/role-arn": a.results_role_arn} if a.results_role_arn is not None else None
-        sa = k8s.core.v1.ServiceAccount(f"{name}-sa", metadata=self._meta(f"{name}-trainer", PART_OF, irsa),
+        sa = k8s.core.v1.ServiceAccount(f"{name}-sa", metadata=self._meta(trainer_service_account(name), PART_OF, irsa),
                                         automount_service_account_token=False, opts=child)
         # No role annotation: pods that never upload get no web-identity token and no AWS_ROLE_ARN.
         worker = k8s.core.v1.ServiceAccount(f"{name}-worker-sa", metadata=self._meta(f"{name}-worker", PART_OF),

@@ -305,6 +305,10 @@ class GpuNodeGroup(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, ignore_changes=["scalingConfig.desiredSize"]),
         )
         self.node_group_name = group.node_group_name
+        self.node_group = group
+        """The ``aws.eks.NodeGroup`` (for a composing program's own dependencies and outputs)."""
+        self.launch_template = lt
+        """Its ``aws.ec2.LaunchTemplate`` (IMDSv2, root volume, EFA interfaces, placement)."""
         self._tag_node_template(group, scheduling.node_template_tags(
             labels=group_labels, taints=[(GPU_TAINT_KEY, "true", "NoSchedule")], instance_type=args.instance_type,
             efa=args.efa, root_volume_gib=args.root_volume_gib))

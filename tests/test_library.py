@@ -150,3 +150,45 @@ def test_deploying_needs_no_torch(tmp_path):
                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": f"{blocker}{os.pathsep}{ROOT}"})
     assert out.returncode == 0, out.stderr[-3000:]
     assert "kubernetes:batch/v1:Job" in out.stdout
+
+
+def test_components_expose_what_a_composing_program_needs():
+    """Review U15: no node group, launch template, service account or run directory to wire into one's own program."""
+    import pulumi
+
+    from components import (
+        EksCluster,
+        EksClusterArgs,
+        ElasticJob,
+        ElasticJobArgs,
+        GpuNodeGroup,
+        GpuNodeGroupArgs,
+        ResultsBucketArgs,
+    )
+    from components.mocks import run_program
+
+    seen = {}
+
+    def program():
+        cluster = EksCluster("c", EksClusterArgs(cluster_name="c1", vpc_id="vpc-1", public_subnet_ids=["subnet-1"],
+                                                 private_subnet_ids=["subnet-2", "subnet-3"],
+                                                 public_access_cidrs=["203.0.113.7/32"]))
+        group = GpuNodeGroup("g", GpuNodeGroupArgs(
+            group_name="g", cluster_name=cluster.cluster_name, node_role_arn=cluster.node_role_arn,
+            subnet_ids=["subnet-2"], subnet_by_az={"us-west-2a": "subnet-2"},
+            node_security_group_id=cluster.node_security_group_id,
+            cluster_security_group_id=cluster.cluster_security_group_id, instance_type="g5.xlarge"))
+        job = ElasticJob("train", ElasticJobArgs(namespace="ml", image="r/t@sha256:" + "0" * 64, pvc_name="shared",
+                                                 instance_type="g5.xlarge", rdzv_backend="c10d", run_id="exp-1"))
+        seen.update(node_group=group.node_group, launch_template=group.launch_template, eks=cluster.eks_cluster,
+                    sa=job.service_account_name, run_dir=job.run_dir)
+        ResultsBucketArgs(oidc_provider_arn="arn:aws:iam::1:oidc-provider/x", oidc_provider_url="https://x",
+                          namespace="ml", service_account=job.service_account_name, run_id="exp-1")
+
+    result = run_program({}, program=program)
+    assert isinstance(seen["node_group"], pulumi.CustomResource) and seen["node_group"]._name == "g"
+    assert isinstance(seen["launch_template"], pulumi.CustomResource)
+    assert isinstance(seen["eks"], pulumi.Resource)
+    (sa,) = [r for r in result.of_type("kubernetes:core/v1:ServiceAccount") if r.inputs["metadata"]["name"]
+             == seen["sa"]]
+    assert seen["sa"] == "train-trainer" and sa and seen["run_dir"] == "/shared/runs/exp-1"
