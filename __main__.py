@@ -296,8 +296,7 @@ pulumi.export("evaluateCommand", job.evaluate_command)  # re-runs the test-set e
 pulumi.export("results", {"bucket": results.bucket_name, "prefix": results.prefix, "url": results_url,
                           "kmsKeyArn": results.kms_key_arn})  # readers need kms:Decrypt on it
 pulumi.export("fetchResults", results_url.apply(  # eval "$(pulumi stack output fetchResults)"
-    lambda url: f"python -m training.fetch_results {url} --region {cfg.region} --out results/{cfg.job.run_id}"
-                f"{profile_flag}"))
+    lambda url: f"eks-ddp-fetch-results {url} --region {cfg.region} --out results/{cfg.job.run_id}{profile_flag}"))
 # One entry per run (runId -> shell lines): eval "$(pulumi stack output runs --json | jq -r '.["<runId>"].follow')"
 pulumi.export("runs", {run.run_id: run_outputs(j, run.run_id) for run, j in zip(cfg.runs, jobs, strict=True)})
 pulumi.export("costEstimate", cost.estimate(cfg).as_dict())

@@ -298,7 +298,7 @@ def test_program_wires_the_role_into_the_trainer_service_account_and_env():
     run_id = stack_config()["eks-ddp:job"]["runId"] if "runId" in stack_config()["eks-ddp:job"] else "run-1"
     assert env["EKS_DDP_RESULTS_URL"] == f"s3://{bucket}/runs/{run_id}/"
     assert result.outputs["results"]["url"] == env["EKS_DDP_RESULTS_URL"]
-    assert result.outputs["fetchResults"].startswith(f"python -m training.fetch_results s3://{bucket}/runs/{run_id}/")
+    assert result.outputs["fetchResults"].startswith(f"eks-ddp-fetch-results s3://{bucket}/runs/{run_id}/")
     netpol = result.one("kubernetes:networking.k8s.io/v1:NetworkPolicy", "training-train-netpol").inputs
     assert any(p.get("port") == 443 for rule in netpol["spec"]["egress"] for p in rule.get("ports", []))
 
