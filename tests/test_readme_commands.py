@@ -37,6 +37,7 @@ pulumi() {{ cat {shlex.quote(str(tmp_path))}/"$3"; }}
 aws() {{ printf '%s\\n' "aws $*" >> {shlex.quote(str(log))}; }}
 kubectl() {{ printf '%s\\n' "kubectl $*" >> {shlex.quote(str(log))}; }}
 python() {{ printf '%s\\n' "python $*" >> {shlex.quote(str(log))}; }}
+eks-ddp-fetch-results() {{ printf '%s\\n' "eks-ddp-fetch-results $*" >> {shlex.quote(str(log))}; }}
 {line}
 """
     proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30)
