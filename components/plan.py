@@ -207,19 +207,24 @@ def write_manifests(manifests: list[dict[str, Any]], out: Path) -> list[Path]:
         ns = m["metadata"].get("namespace")
         ns = ns if isinstance(ns, str) else "cluster"
         names.append(f"{i:02d}-{m['kind'].lower()}-{ns}-{m['metadata']['name']}.yaml")
+    if out.exists() and not out.is_dir():
+        raise PlanError(f"--out: {out} is a file, not a folder; name a folder for the manifests")
     owned = _owned(out)
     if clashes := [n for n in names if (out / n).exists() and n not in owned]:
         more = f" and {len(clashes) - 1} more" if len(clashes) > 1 else ""
         raise PlanError(f"--out: {out} already holds {clashes[0]}{more}, which eks-ddp-plan did not write; "
                         "name an empty folder or one an earlier plan wrote")
-    out.mkdir(parents=True, exist_ok=True)
-    for stale in owned - set(names):
-        (out / stale).unlink(missing_ok=True)
     paths = []
-    for name, m in zip(names, manifests, strict=True):
-        (out / name).write_text(yaml.safe_dump(m, sort_keys=False))
-        paths.append(out / name)
-    (out / INDEX_FILE).write_text(json.dumps({"files": names}, indent=1) + "\n")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for stale in owned - set(names):
+            (out / stale).unlink(missing_ok=True)
+        for name, m in zip(names, manifests, strict=True):
+            (out / name).write_text(yaml.safe_dump(m, sort_keys=False))
+            paths.append(out / name)
+        (out / INDEX_FILE).write_text(json.dumps({"files": names}, indent=1) + "\n")
+    except OSError as err:  # a parent that is a file, no permission, a full disk: say which path, no traceback
+        raise PlanError(f"--out: cannot write {err.filename or out}: {err.strerror or err}") from None
     return paths
 
 

@@ -190,3 +190,14 @@ def test_p4de_plan_notes_the_example_reservation_id():
     p4de = placeholder_notes(load_stack_file("p4de", ROOT))
     assert any("nodeGroups[0].capacityReservationId" in n and "cr-0123456789abcdef0" in n for n in p4de), p4de
     assert not any("capacityReservationId" in n for n in placeholder_notes(load_stack_file("dev", ROOT)))
+
+
+def test_out_naming_a_file_exits_2_and_leaves_it_alone(tmp_path):
+    """--out naming an existing file (or a path under one) ended in a FileExistsError traceback."""
+    notes = tmp_path / "my-notes.yaml"
+    notes.write_text("notes: keep\n")
+    for out in (notes, notes / "sub"):
+        proc = _plan("--stack", "dev", "--out", str(out))
+        assert proc.returncode == 2, proc.stderr[-800:]
+        assert str(notes) in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-800:]
+    assert notes.read_text() == "notes: keep\n" and sorted(p.name for p in tmp_path.iterdir()) == ["my-notes.yaml"]
