@@ -245,15 +245,18 @@ def plan(stack: str, root: Path = PROJECT_ROOT, overrides: dict[str, Any] | None
     region = config.get("aws:region", "us-west-2")
     previous = os.environ.get(OFFLINE_PLAN_ENV)
     os.environ[OFFLINE_PLAN_ENV] = "1"
-    folder = str(root.resolve())
-    sys.path.insert(0, folder)  # the program imports its own packages, as `pulumi up` run in its folder does
+    # The program imports its own packages, as under `pulumi up`: its own folder (a `main:` folder is run as a
+    # directory, which puts it first) and the project's, ahead of anything installed or in this repository.
+    folders = list(dict.fromkeys([str(project.program.parent.resolve()), str(root.resolve())]))
+    sys.path[:0] = folders
     try:
         return run_program(config, stack=stack, project=project.name, program=project.program, region=region)
     except pulumi.RunError as err:
         raise PlanError(str(err)) from None
     finally:
-        with contextlib.suppress(ValueError):
-            sys.path.remove(folder)
+        for folder in folders:
+            with contextlib.suppress(ValueError):
+                sys.path.remove(folder)
         if previous is None:
             os.environ.pop(OFFLINE_PLAN_ENV, None)
         else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import resource
 import shutil
 import subprocess
@@ -168,6 +169,32 @@ def test_no_project_here_names_the_folder_and_the_flag(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "eks_ddp.plan", "--stack", "dev"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)  # the installed name, as eks-ddp-plan runs
     assert proc.returncode == 2 and str(tmp_path) in proc.stderr and "--project-dir" in proc.stderr, proc.stderr
+
+
+def test_a_program_in_a_main_folder_plans_from_its_own_folder_with_its_own_packages(tmp_path):
+    """Review U2: run as the console script, the project's folder was not on the import path and the config was
+    read under eks-ddp:. Here the program lives in `main: infra/`, imports a sibling module and the project's own
+    `components` package (which this repository, also on the path, has too), and reads its own namespace."""
+    (tmp_path / "Pulumi.yaml").write_text("name: teamx\nruntime: python\nmain: infra/\n")
+    (tmp_path / "Pulumi.dev.yaml").write_text("config:\n  teamx:size: '3'\n")
+    (tmp_path / "components").mkdir()
+    (tmp_path / "components" / "__init__.py").write_text("OWNER = 'teamx'\n")
+    (tmp_path / "infra").mkdir()
+    (tmp_path / "infra" / "naming.py").write_text("def name(n):\n    return f'teamx-{n}'\n")
+    (tmp_path / "infra" / "__main__.py").write_text(
+        "import pulumi\nimport components\nfrom naming import name\n"
+        "pulumi.export('owner', components.OWNER)\n"
+        "pulumi.export('cluster', name(pulumi.Config().require_int('size')))\n")
+    (tmp_path / "elsewhere").mkdir()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*sys.path[1:], str(ROOT)])}
+    # From the project's folder with no arguments (the default), and from another folder with --project-dir.
+    for cwd, args in ((tmp_path, []), (tmp_path / "elsewhere", ["--project-dir", str(tmp_path)])):
+        proc = subprocess.run([sys.executable, "-m", "eks_ddp.plan", *args], cwd=cwd, capture_output=True,
+                              text=True, timeout=120, env=env)
+        assert proc.returncode == 0, proc.stderr
+        assert "project 'teamx', stack 'dev'" in proc.stdout
+        assert "owner: teamx" in proc.stdout and "cluster: teamx-3" in proc.stdout, proc.stdout
+        assert "Cost estimate" not in proc.stdout and "preflight" not in proc.stdout  # eks-ddp's notes: its own
 
 
 def test_a_failing_program_says_what_and_where_in_one_screen(tmp_path):
