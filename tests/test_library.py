@@ -131,6 +131,23 @@ def test_local_runner_without_the_trainer_extra_says_which_install_it_needs(inst
     assert "pip install 'eks-ddp[trainer]'" in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 
+def test_fetch_results_runs_in_a_library_only_install(installed, tmp_path):
+    """Review U8/U10: the README's fetchResults command is a console script of the library: it must start (and
+    refuse a bad URL in one line) without torch, torchvision or matplotlib, from any folder."""
+    script = installed / "bin" / "eks-ddp-fetch-results"
+    blocker = tmp_path / "blocker"
+    blocker.mkdir()
+    (blocker / "sitecustomize.py").write_text(
+        "import sys\nfor m in ('torch', 'torchvision', 'matplotlib', 'etcd'):\n    sys.modules[m] = None\n")
+    env = {**os.environ, "PYTHONPATH": f"{blocker}{os.pathsep}{installed}"}
+    helped = subprocess.run([sys.executable, str(script), "--help"], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=120, env=env)
+    assert helped.returncode == 0 and "s3://<bucket>/runs/<runId>/" in helped.stdout, (helped.stdout, helped.stderr)
+    bad = subprocess.run([sys.executable, str(script), "https://example.com/x"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120, env=env)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and "s3://" in bad.stderr, bad.stderr
+
+
 def test_deploying_needs_no_torch(tmp_path):
     """Review U16: `pulumi up` ran in the trainer's multi-GB .venv. Pulumi.yaml now names .venv-deploy, which
     `make install-deploy` fills with the library alone, and the whole program plans with torch unimportable."""
