@@ -4,6 +4,12 @@ scikit-learn's handwritten digits (1,797 real 8x8 images, upsampled to 32x32, th
 1,297 train / 500 test, stratified; the same split for both. The trainer gets only --data-dir and
 --run-dir: every other setting is its default (model, width, global batch and its cap for small data
 sets, learning rate, schedule, augmentation, BatchNorm calibration, test-time augmentation).
+
+On 1,297 images the defaults cap the global batch to 32 (so that the run has --min-steps=400 steps), so a
+second case lifts the cap (--min-steps=0) and trains at the default global batch of 1,024 for 200 epochs:
+the same 400 steps (one of 1,024 images and one of 256 per epoch, the rest of the 1,280 in whole groups),
+with the learning rate, warm-up, divergence guard and whole-step BatchNorm statistics that a CIFAR-10 run
+at the defaults uses. Both must have at most half of logistic regression's test errors.
 """
 
 from __future__ import annotations
@@ -36,18 +42,29 @@ def logistic_regression_accuracy(data_dir) -> float:
     return max(small, big.score(xt, data.test.labels.numpy()))
 
 
-@pytest.mark.long  # 150 s on 2 cores: make test-long and bench/digits.py
-def test_defaults_beat_logistic_regression_on_digits(tmp_path, monkeypatch):
+# (flags beyond --data-dir/--run-dir, the global batch the run must use, its steps)
+CASES = {
+    "defaults": ([], 32, 400),
+    "global-batch-1024": (["--min-steps=0", "--epochs=200"], 1024, 400),
+}
+
+
+# make test-long and bench/digits.py: ~150 s (defaults) and ~20 min (global batch 1,024) on 2 cores
+@pytest.mark.long
+@pytest.mark.parametrize("case", list(CASES))
+def test_defaults_beat_logistic_regression_on_digits(case, tmp_path, monkeypatch):
     monkeypatch.delenv("MASTER_ADDR", raising=False)
     write_digits_cifar(tmp_path / "data")
     baseline = logistic_regression_accuracy(tmp_path / "data")
     assert 0.95 < baseline < 0.985, baseline  # the reference figures: 96-97%
 
+    flags, global_batch, steps = CASES[case]
     run = tmp_path / "run"
-    assert train.main([f"--data-dir={tmp_path / 'data'}", f"--run-dir={run}"]) == 0
+    assert train.main([f"--data-dir={tmp_path / 'data'}", f"--run-dir={run}", *flags]) == 0
     metrics = json.loads((run / "metrics.json").read_text())
-    print(f"[measure] digits trainer_accuracy={metrics['accuracy']:.4f} logistic_regression={baseline:.4f} "
-          f"global_batch={metrics['global_batch']} steps={metrics['step']}")
+    print(f"[measure] digits case={case} trainer_accuracy={metrics['accuracy']:.4f} "
+          f"logistic_regression={baseline:.4f} global_batch={metrics['global_batch']} steps={metrics['step']}")
     assert metrics["total"] == 500 and metrics["model"] == "airnet"
+    assert (metrics["global_batch"], metrics["step"]) == (global_batch, steps), metrics
     # A clear margin: at most half the errors of logistic regression.
     assert 1 - metrics["accuracy"] <= 0.5 * (1 - baseline), (metrics["accuracy"], baseline)
