@@ -84,6 +84,21 @@ def test_alone_a_fatal_code_survives_a_side_thread_inside_torch(tmp_path, data_d
     assert "side thread(s) still running after 10 s (busy-torch): exiting 4" in out
 
 
+@pytest.mark.parametrize("case", ["done", "diverged"])
+def test_alone_the_code_is_final_before_interpreter_shutdown(case, tmp_path, data_dir):
+    # Seen once at the end of a successful two-process run on a loaded machine: rank 1 printed nothing wrong, then
+    # "terminate called without an active exception" and SIGABRT at interpreter shutdown (C++ teardown), so the
+    # agent saw a failed worker. tests/shutdown_abort_probe.py makes shutdown abort every time; the process must
+    # still end with the trainer's code.
+    over, code, says = CASES[case]
+    opts = _trainer(data_dir, tmp_path / "run", **over)
+    proc = subprocess.run([sys.executable, "-m", "tests.shutdown_abort_probe", *opts.args()], cwd=ROOT,
+                          env=trainer_env(), capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == code, out[-3000:]
+    assert says in out
+
+
 def _agent(endpoint: str, max_restarts: int = 20) -> AgentOptions:
     return AgentOptions(min_nodes=1, max_nodes=1, nproc_per_node=1, rdzv_backend="etcd-v2", rdzv_endpoint=endpoint,
                         rdzv_id=f"codes-{id(endpoint)}", max_restarts=max_restarts, local_addr="127.0.0.1",

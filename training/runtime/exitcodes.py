@@ -32,14 +32,17 @@ FATAL = (CONFIG_ERROR, DIVERGED, BAD_INPUT)
 
 
 def exit_process(code: int, *, drain_s: float = 10.0) -> NoReturn:
-    """End this process with exit status ``code``, also while a side thread still runs torch code.
+    """End this process with exit status ``code``, whatever interpreter shutdown would do.
 
-    At interpreter shutdown Python stops every daemon thread where it stands; one inside torch's C++ (a snapshot
-    or checkpoint being written when a FATAL error ends the run) is unwound through a ``noexcept`` frame and the
-    process aborts with "terminate called without an active exception": exit 134, not ``code``, and a Job that
-    sees 134 retries what must fail at once. So: wait up to ``drain_s`` for the side threads (a write in flight
-    ends in milliseconds to seconds), and if one still runs, flush the output and end the process without the
-    interpreter's shutdown.
+    The exit status is the pod's verdict (0 done, a FATAL code fails the Job, anything else is retried), so it
+    is decided here and never left to interpreter shutdown, which can abort: a daemon thread inside torch's C++
+    (a snapshot or checkpoint being written when a FATAL error ends the run) is unwound through a ``noexcept``
+    frame, and torch's C++ teardown can meet a still-joinable ``std::thread`` (seen once at the end of a
+    successful two-process run on a loaded machine); either way "terminate called without an active exception",
+    SIGABRT (134 from a shell), not ``code``, and a Job that sees it retries what must fail at once or counts a
+    finished worker as failed. So: wait up to ``drain_s`` for the side threads (a write in flight ends in
+    milliseconds to seconds), flush the output and end the process without the interpreter's shutdown. Every
+    file the trainer keeps is written and closed (atomically, fsynced) before it returns its code.
     """
     deadline = time.monotonic() + drain_s
     me = threading.current_thread()
@@ -50,9 +53,8 @@ def exit_process(code: int, *, drain_s: float = 10.0) -> NoReturn:
     if alive:
         print(f"[exit] {len(alive)} side thread(s) still running after {drain_s:g} s ({', '.join(alive)}): "
               f"exiting {code} without interpreter shutdown", file=sys.stderr)
-        logging.shutdown()
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        os._exit(code)
-    raise SystemExit(code)
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
