@@ -92,7 +92,7 @@ def test_alone_the_code_is_final_before_interpreter_shutdown(case, tmp_path, dat
     # still end with the trainer's code.
     over, code, says = CASES[case]
     opts = _trainer(data_dir, tmp_path / "run", **over)
-    proc = subprocess.run([sys.executable, "-m", "tests.shutdown_abort_probe", *opts.args()], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "tests.shutdown_abort_probe", "training.train", *opts.args()], cwd=ROOT,
                           env=trainer_env(), capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
     out = proc.stdout + proc.stderr
     assert proc.returncode == code, out[-3000:]

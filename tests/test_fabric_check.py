@@ -131,6 +131,15 @@ def test_alone_without_torchrun_require_efa_fails_with_the_reason_and_exit_code(
     assert "FABRIC CHECK FAILED: no EFA devices" in proc.stdout
 
 
+def test_alone_the_fabric_verdict_is_final_before_interpreter_shutdown(tmp_path):
+    # As for the trainer (tests/test_exit_codes.py): shutdown made to abort must not change the Job's verdict.
+    proc = subprocess.run([sys.executable, "-m", "tests.shutdown_abort_probe", FABRIC_CHECK_MODULE,
+                           f"--run-dir={tmp_path}", "--require-efa"],
+                          cwd=ROOT, env=trainer_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == FABRIC_FAILED, proc.stdout + proc.stderr
+    assert "FABRIC CHECK FAILED: no EFA devices" in proc.stdout
+
+
 # --- the command line -------------------------------------------------------------------------------------
 
 

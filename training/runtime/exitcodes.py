@@ -31,6 +31,12 @@ FABRIC_FAILED = 6
 FATAL = (CONFIG_ERROR, DIVERGED, BAD_INPUT)
 
 
+forked_worker = False
+"""True in a worker the launcher forked (launch.py ``_run_module``): there the code goes back through torch's worker
+wrapper (``record`` returns a 0 to the agent as the worker's return value, which the agent waits for), and the
+multiprocessing child then ends with ``os._exit`` itself, so interpreter shutdown never runs in it."""
+
+
 def exit_process(code: int, *, drain_s: float = 10.0) -> NoReturn:
     """End this process with exit status ``code``, whatever interpreter shutdown would do.
 
@@ -53,6 +59,8 @@ def exit_process(code: int, *, drain_s: float = 10.0) -> NoReturn:
     if alive:
         print(f"[exit] {len(alive)} side thread(s) still running after {drain_s:g} s ({', '.join(alive)}): "
               f"exiting {code} without interpreter shutdown", file=sys.stderr)
+    if forked_worker:
+        raise SystemExit(code)
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):

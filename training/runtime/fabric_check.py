@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .exitcodes import FABRIC_FAILED
+from .exitcodes import FABRIC_FAILED, exit_process
 
 FABRIC_JSON = "fabric.json"
 GPU_MAX_BYTES = 1 << 30
@@ -307,4 +307,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())  # the verdict is final before interpreter shutdown, which can abort (exitcodes.py)
