@@ -148,8 +148,12 @@ def test_default_model_step_on_cpu_is_not_slower_than_airbench94_net(monkeypatch
     x = torch.randn(64, 3, 32, 32).contiguous(memory_format=torch.channels_last)
     y = torch.randint(0, 10, (64,))
     best = [float("inf")] * 2
-    for _ in range(5):  # bounded: 5 rounds, ~0.3 s each per net on an idle core
-        for i, net in enumerate(nets):
+    # Bounded: 15 rounds, ~0.3 s each per net on an idle core. The least of 15 and not of 5: under a CPU hog with
+    # `make test`'s second pytest process beside it, cache and scheduler noise lifted every one of 5 airnet
+    # samples (ratio 1.18); the noise only adds time, so the least of more samples converges on each net's cost.
+    for r in range(15):
+        for i in (0, 1) if r % 2 == 0 else (1, 0):  # each net goes first in half of the rounds
+            net = nets[i]
             t = time.thread_time()
             F.cross_entropy(net(x), y, reduction="sum").backward()
             best[i] = min(best[i], time.thread_time() - t)
