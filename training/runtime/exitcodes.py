@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import multiprocessing
 import os
 import sys
 import threading
@@ -29,12 +30,6 @@ FABRIC_FAILED = 6
 
 #: Every code above, for the pod failure policy and the launcher.
 FATAL = (CONFIG_ERROR, DIVERGED, BAD_INPUT)
-
-
-forked_worker = False
-"""True in a worker the launcher forked (launch.py ``_run_module``): there the code goes back through torch's worker
-wrapper (``record`` returns a 0 to the agent as the worker's return value, which the agent waits for), and the
-multiprocessing child then ends with ``os._exit`` itself, so interpreter shutdown never runs in it."""
 
 
 def exit_process(code: int, *, drain_s: float = 10.0) -> NoReturn:
@@ -59,7 +54,11 @@ def exit_process(code: int, *, drain_s: float = 10.0) -> NoReturn:
     if alive:
         print(f"[exit] {len(alive)} side thread(s) still running after {drain_s:g} s ({', '.join(alive)}): "
               f"exiting {code} without interpreter shutdown", file=sys.stderr)
-    if forked_worker:
+    if multiprocessing.parent_process() is not None:
+        # A multiprocessing child, as the workers the launcher forks are (launch.py ``_run_module``): the code goes
+        # back through torch's worker wrapper (``record`` hands a 0 to the agent as the return value it waits for;
+        # os._exit would leave it waiting), and a forked child then ends with ``os._exit`` itself, so interpreter
+        # shutdown never runs there.
         raise SystemExit(code)
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):

@@ -88,9 +88,6 @@ def _run_module(module: str, *argv: str) -> None:
     """A forked worker: run ``python -m module argv`` in this (already warm) interpreter."""
     import runpy
 
-    from . import exitcodes
-
-    exitcodes.forked_worker = True  # exit_process hands the code back to torch's worker wrapper
     sys.argv = [module, *argv]
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 
