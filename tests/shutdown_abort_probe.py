@@ -1,8 +1,8 @@
 """``python -m tests.shutdown_abort_probe MODULE <flags>``: MODULE (the trainer, the fabric check) run as ``__main__``
-in a process whose
-interpreter shutdown aborts (an atexit handler calls ``os.abort``), standing in for what torch's C++ teardown can do
-there: a static destructor meeting a still-joinable ``std::thread`` ends the process with "terminate called without
-an active exception" (SIGABRT) whatever the trainer returned. The exit status must be decided before shutdown."""
+in a process whose interpreter shutdown aborts (an atexit handler calls ``os.abort``), standing in for what torch's
+C++ teardown can do there: a static destructor meeting a still-joinable ``std::thread`` ends the process with
+"terminate called without an active exception" (SIGABRT) whatever the module returned. The exit status must be
+decided before shutdown."""
 
 from __future__ import annotations
 

@@ -49,7 +49,7 @@ CASES = {
 }
 
 
-# make test-long and bench/digits.py: ~150 s (defaults) and ~20 min (global batch 1,024) on 2 cores
+# make test-long and bench/digits.py: ~1 min (defaults) and ~10 min (global batch 1,024) on 2 cores (RESULTS.md)
 @pytest.mark.long
 @pytest.mark.parametrize("case", list(CASES))
 def test_defaults_beat_logistic_regression_on_digits(case, tmp_path, monkeypatch):
