@@ -63,14 +63,15 @@ def workload_of(run: RunConfig) -> Workload:
                     data=data)
 
 
-def run_outputs(j: ElasticJob, run_id: str) -> pulumi.Output:
+def run_outputs(j: ElasticJob, run_id: str, key: str) -> pulumi.Output:
     """Shell lines for one run: follow its log, its Job's status, cancel it, fetch its results."""
     return pulumi.Output.all(j.follow_command, namespace.metadata.name, run_url(run_id)).apply(lambda v: {
         "follow": v[0],
         "status": f"kubectl -n {v[1]} get job {j.job_name} -o wide",
-        # Deleting the Job stops its pods; checkpoints stay in /shared/runs/<runId> and a later `pulumi up`
-        # (with --refresh) creates the Job again, which resumes from them.
-        "cancel": f"kubectl -n {v[1]} delete job {j.job_name}",
+        # Suspending stops the pods at once (no `up` needed) and the Job ignores spec.suspend, so no `up` resumes
+        # it; the key makes it final: the next `up` removes the Job. Checkpoints stay; state run resumes.
+        "cancel": f"kubectl -n {v[1]} patch job {j.job_name} --type=merge -p '{{\"spec\":{{\"suspend\":true}}}}' "
+                  f"&& pulumi config set --path '{key}.state' cancelled",
         "fetchResults": f"eks-ddp-fetch-results {v[2]} --region {cfg.region} --out results/{run_id}{profile_flag}",
     })
 
@@ -275,6 +276,7 @@ for i, run in enumerate(cfg.runs):
         results_role_arn=role_arn,
         results_url=run_url(run.run_id),
         results_kms_key_arn=results.kms_key_arn,
+        state=run.state,
     ), opts=pulumi.ResourceOptions(provider=k8s_provider, depends_on=[addons, *gpu_groups])))
 job = jobs[0]
 results_url = run_url(cfg.job.run_id)
@@ -298,5 +300,6 @@ pulumi.export("results", {"bucket": results.bucket_name, "prefix": results.prefi
 pulumi.export("fetchResults", results_url.apply(  # eval "$(pulumi stack output fetchResults)"
     lambda url: f"eks-ddp-fetch-results {url} --region {cfg.region} --out results/{cfg.job.run_id}{profile_flag}"))
 # One entry per run (runId -> shell lines): eval "$(pulumi stack output runs --json | jq -r '.["<runId>"].follow')"
-pulumi.export("runs", {run.run_id: run_outputs(j, run.run_id) for run, j in zip(cfg.runs, jobs, strict=True)})
+pulumi.export("runs", {run.run_id: run_outputs(j, run.run_id, cfg.run_key(i))
+                       for i, (run, j) in enumerate(zip(cfg.runs, jobs, strict=True))})
 pulumi.export("costEstimate", cost.estimate(cfg).as_dict())
