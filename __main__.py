@@ -44,7 +44,7 @@ from components.config import (
     load_stack_config,
 )
 from components.data_stage import data_stage_role, stage_service_account
-from components.elastic_job import trainer_service_account
+from components.elastic_job import rdzv_client_labels, trainer_service_account
 from components.namespace import training_namespace
 from components.network import standard_zones
 from components.results import run_prefix
@@ -202,14 +202,6 @@ image = TrainerImage("trainer-image", TrainerImageArgs(
 ))
 
 # --- Kubernetes workloads ------------------------------------------------------------------------
-etcd = None
-if cfg.uses_etcd:
-    etcd = EtcdRendezvous("rendezvous", EtcdRendezvousArgs(
-        namespace=namespace.metadata.name,
-        replicas=cfg.etcd.replicas,
-        node_selector=cluster.system_node_labels,
-    ), opts=pulumi.ResourceOptions(provider=k8s_provider, depends_on=[addons]))
-
 # Results leave the cluster: rank 0 uploads them to s3://<bucket>/runs/<runId>/ with a role that may write
 # only there. The bucket is retained on destroy.
 JOB_NAME = "training"
@@ -252,6 +244,21 @@ for i, run in enumerate(cfg.runs):
             f"data-stage-{run.run_id}", workload.data, oidc_provider_arn=cluster.oidc_provider_arn,
             oidc_provider_url=cluster.oidc_provider_url, namespace=namespace.metadata.name,
             service_account=stage_service_account(job_name), partition=rules_partition(cfg.region))
+    # Every etcd-v2 run has a store of its own (its own CA and client certificate, Service, NetworkPolicy admitting
+    # only its pods): no run's pods hold a certificate, or reach a store, that another run's agents read. The first
+    # run's keeps the name one-run stacks always had ("rendezvous"), so their store and Job are not replaced.
+    rdzv: dict = {}
+    if run.rdzv_backend == "etcd-v2":
+        client, *more_clients = rdzv_client_labels(job_name, run.run_id)
+        store = EtcdRendezvous("rendezvous" if i == 0 else f"rendezvous-{run.run_id}", EtcdRendezvousArgs(
+            namespace=namespace.metadata.name,
+            replicas=cfg.etcd.replicas,
+            node_selector=cluster.system_node_labels,
+            client_labels=client,
+            more_client_labels=more_clients,
+        ), opts=pulumi.ResourceOptions(provider=k8s_provider, depends_on=[addons]))
+        rdzv = dict(rdzv_endpoint=store.endpoint, rdzv_tls_secret=store.client_tls_secret,
+                    rdzv_server_labels=store.selector)
     jobs.append(ElasticJob(job_name, ElasticJobArgs(
         namespace=namespace.metadata.name,
         image=image.image_ref,
@@ -269,8 +276,7 @@ for i, run in enumerate(cfg.runs):
         active_deadline_hours=run.active_deadline_hours,
         run_id=run.run_id,
         rdzv_backend=run.rdzv_backend,
-        rdzv_endpoint=etcd.endpoint if etcd and run.rdzv_backend == "etcd-v2" else None,
-        rdzv_tls_secret=etcd.client_tls_secret if etcd and run.rdzv_backend == "etcd-v2" else None,
+        **rdzv,
         workload=workload,
         data_role_arn=data_role_arn,
         results_role_arn=role_arn,

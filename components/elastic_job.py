@@ -180,6 +180,14 @@ def trainer_service_account(name: str) -> str:
     return f"{name}-trainer"
 
 
+def rdzv_client_labels(name: str, run_id: str) -> list[dict[str, str]]:
+    """Label sets of ElasticJob ``name``'s pods that use the rendezvous store (its training Job's, then its
+    fabric check's; fabric_gate.py names that Job ``<job>-fabric``): known before the job exists, so a store of
+    the run's own (EtcdRendezvousArgs ``client_labels``, ``more_client_labels``) admits exactly them."""
+    job = f"{name}-{run_id}"
+    return [{**TRAINER_LABELS, "app.kubernetes.io/instance": instance} for instance in (job, f"{job}-fabric")]
+
+
 class ElasticJob(pulumi.ComponentResource):
     """Data preparation Job → elastic training Job → evaluation CronJob, with their NetworkPolicies."""
 
