@@ -152,7 +152,12 @@ gpu_groups = [
     for g in cfg.node_groups
 ]
 
-k8s_provider = k8s.Provider("k8s", kubeconfig=cluster.kubeconfig, enable_server_side_apply=True)
+# skip_update_unreachable: a cluster this machine cannot reach (a new IP outside publicAccessCidrs, no access entry)
+# leaves the Kubernetes resources as they are in state, instead of failing the refresh every `up` runs first, and with
+# it the update that would fix the endpoint; preflight fails, naming the fix, unless this update applies it
+# (components/preflight_live.py check_endpoint_access).
+k8s_provider = k8s.Provider("k8s", kubeconfig=cluster.kubeconfig, enable_server_side_apply=True,
+                            skip_update_unreachable=True)
 k8s_opts = pulumi.ResourceOptions(provider=k8s_provider)
 
 addons = ClusterAddons("addons", ClusterAddonsArgs(

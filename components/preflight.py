@@ -331,10 +331,12 @@ class _Checker(CapacityChecks):
 
 
 def check(cfg: StackConfig, *, ec2: Any, quotas: Any, today: dt.date | None = None, eks: Any = None,
-          cluster_name: str | None = None, stack_id: str | None = None) -> Report:
+          cluster_name: str | None = None, stack_id: str | None = None, sts: Any = None,
+          egress_ip: Callable[[], str | None] | None = None) -> Report:
     """Run every preflight check with the given boto3 ``ec2`` and ``service-quotas`` clients; with ``eks`` and
     ``cluster_name`` also the checks against what this stack already runs (:mod:`components.preflight_live`).
-    ``stack_id`` (``<organization>/<project>/<stack>``) is the cluster's owner tag."""
+    ``stack_id`` (``<organization>/<project>/<stack>``) is the cluster's owner tag; ``sts`` and ``egress_ip`` (this
+    machine's public IP) check that this machine reaches a live cluster's API endpoint."""
     c = _Checker(cfg, ec2, quotas, cluster_name)
     # Extended support bills the control plane $0.60/h instead of $0.10/h: say so before anything is created.
     notice = k8s_versions.support_notice(cfg.cluster.kubernetes_version, cfg.cluster.upgrade_policy,
@@ -348,7 +350,7 @@ def check(cfg: StackConfig, *, ec2: Any, quotas: Any, today: dt.date | None = No
     c.check_placement_groups()
     c.check_quotas()
     if eks is not None and cluster_name is not None:
-        preflight_live.check_live(c, eks, cluster_name, stack_id)
+        preflight_live.check_live(c, eks, cluster_name, stack_id, sts=sts, egress_ip=egress_ip)
     return c.report
 
 
@@ -364,6 +366,15 @@ def clients(region: str, profile: str | None = None) -> tuple[Any, Any, Any]:
             session.client("eks", config=config))
 
 
+def clients_sts(region: str, profile: str | None = None) -> Any:
+    """The STS client of the same credentials as :func:`clients` (who runs this update)."""
+    import boto3
+    from botocore.config import Config
+
+    session = boto3.Session(profile_name=profile) if profile else boto3.Session()
+    return session.client("sts", config=Config(region_name=region, connect_timeout=5, read_timeout=15))
+
+
 def run_or_raise(cfg: StackConfig, *, profile: str | None = None, ec2: Any = None, quotas: Any = None,
                  eks: Any = None, cluster_name: str | None = None, stack_id: str | None = None) -> Report:
     """Run the checks; log warnings; raise pulumi.RunError (no traceback) listing every failure.
@@ -373,14 +384,18 @@ def run_or_raise(cfg: StackConfig, *, profile: str | None = None, ec2: Any = Non
     """
     import pulumi
 
+    sts = egress_ip = None
     if ec2 is None or quotas is None:
         try:
             made_ec2, made_quotas, made_eks = clients(cfg.region, profile)
+            sts = clients_sts(cfg.region, profile)
         except BotoCoreError as err:  # e.g. ProfileNotFound
             pulumi.log.warn(f"preflight: could not create AWS clients ({err}); nothing was checked")
             return Report(warnings=[str(err)])
         ec2, quotas, eks = ec2 or made_ec2, quotas or made_quotas, eks or made_eks
-    report = check(cfg, ec2=ec2, quotas=quotas, eks=eks, cluster_name=cluster_name, stack_id=stack_id)
+        egress_ip = preflight_live.checkip
+    report = check(cfg, ec2=ec2, quotas=quotas, eks=eks, cluster_name=cluster_name, stack_id=stack_id, sts=sts,
+                   egress_ip=egress_ip)
     if too_old := cli_version.problem():
         report.failures.append(too_old)
     for message in report.warnings:
