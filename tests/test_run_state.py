@@ -13,6 +13,8 @@ finished run stays finished.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -101,9 +103,18 @@ def _launch(tmp_path, run_dir, *worker_args: str) -> subprocess.CompletedProcess
     cmd = [sys.executable, "-m", "eks_ddp_runtime.launch", "--nnodes=1", "--nproc-per-node=1",
            "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", f"--rdzv-id=r{time.time_ns()}",
            "-m", "marker_worker", *worker_args]
-    return subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:  # the agent and its workers: one process group
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
+@pytest.mark.slow
 def test_a_finished_run_is_not_trained_again_by_its_launcher(tmp_path):
     (tmp_path / "marker_worker.py").write_text(WORKER)
     run_dir = tmp_path / "runs" / "r"
