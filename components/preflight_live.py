@@ -228,7 +228,7 @@ def check_endpoint_access(c: Any, eks: Any, found: dict[str, Any], cluster_name:
             c.warn(f"cluster.endpointPublicAccess: the API endpoint of {cluster_name} is private: pulumi reaches it "
                    "only from inside its VPC (or a network peered with it); from elsewhere every Kubernetes change is "
                    "skipped (skipUpdateUnreachable) and pulumi destroy fails")
-        elif not _in_any(ip, live):
+        elif "publicAccessCidrs" in vpc and not _in_any(ip, live):
             cidrs = ",".join(f'"{x}"' for x in [*live, f"{ip}/32"])
             if _in_any(ip, list(cfg.cluster.public_access_cidrs)):
                 c.warn(f"cluster.publicAccessCidrs: this machine's public IP {ip} is in the stack's CIDRs but not yet in "
