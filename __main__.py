@@ -49,6 +49,7 @@ from components.namespace import training_namespace
 from components.network import standard_zones
 from components.results import run_prefix
 from components.rules import partition as rules_partition
+from components.scan_gate import STACK_SETTING
 from components.workload import S3Data, Workload, cifar10_workload, dataset_name
 
 
@@ -198,6 +199,7 @@ image = TrainerImage("trainer-image", TrainerImageArgs(
     scan_fail_severity=cfg.image.scan_fail_severity,
     aws_profile=pulumi.Config("aws").get("profile"),
     node_role_name=cluster.node_role_name,
+    scan_setting=STACK_SETTING,
 ))
 
 # --- Kubernetes workloads ------------------------------------------------------------------------
