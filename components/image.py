@@ -47,9 +47,9 @@ PULL_ACTIONS = ("ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer", "ecr:BatchChe
 """What a node needs to pull one repository's images."""
 
 _IMAGE_BY_DIGEST = re.compile(r"^[^\s@]+@sha256:[0-9a-f]{64}$")
-_ECR_IMAGE = re.compile(
-    r"^(?P<account>\d{12})\.dkr\.ecr(?:-fips)?\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(?P<cn>\.cn)?"
-    r"/(?P<repo>[^@]+)@sha256:[0-9a-f]{64}$")
+_ECR_IMAGE = re.compile(  # the IPv4 (and FIPS) registry host, or the dual-stack one (<id>.dkr-ecr.<region>.on.aws)
+    r"^(?P<account>\d{12})\.(?:dkr\.ecr(?:-fips)?\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(?P<cn>\.cn)?"
+    r"|dkr-ecr\.(?P<dual>[a-z0-9-]+)\.on\.aws)/(?P<repo>[^@]+)@sha256:[0-9a-f]{64}$")
 # Build outputs and editor files that .dockerignore keeps out of the context (and so out of the hash).
 _IGNORED_DIRS = {"__pycache__", ".pytest_cache", ".ruff_cache", ".mypy_cache", ".ipynb_checkpoints"}
 _IGNORED_SUFFIXES = (".pyc", ".pyo", ".pyd", ".swp")
@@ -163,8 +163,9 @@ def ecr_repository_arn(image_ref: str) -> str | None:
     if m is None:
         return None
     repo = re.sub(r":[^/:]+$", "", m["repo"])  # repo:tag@sha256:... -> the tag is not part of the name
-    partition = "aws-cn" if m["cn"] else rules.partition(m["region"])
-    return f"arn:{partition}:ecr:{m['region']}:{m['account']}:repository/{repo}"
+    region = m["region"] or m["dual"]
+    partition = "aws-cn" if m["cn"] else rules.partition(region)
+    return f"arn:{partition}:ecr:{region}:{m['account']}:repository/{repo}"
 
 
 def pull_policy(repository_arn: str, sid: str = "PullTrainerImage") -> str:

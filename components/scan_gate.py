@@ -43,9 +43,9 @@ missing scan is final."""
 STACK_SETTING = "eks-ddp:image.scanFailSeverity"
 """The stack config's key for the severity (the repository's program); library callers name their Args field."""
 DONE = ("COMPLETE", "ACTIVE")  # ACTIVE: enhanced scanning (Amazon Inspector) keeps scanning continuously
-_ECR_REF = re.compile(
-    r"^(?P<account>\d{12})\.dkr\.ecr(?:-fips)?\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(?:\.cn)?"
-    r"/(?P<repo>[^@:]+)(?::[^@]+)?@(?P<digest>sha256:[0-9a-f]{64})$")
+_ECR_REF = re.compile(  # the IPv4 (and FIPS) registry host, or the dual-stack one (<id>.dkr-ecr.<region>.on.aws)
+    r"^(?P<account>\d{12})\.(?:dkr\.ecr(?:-fips)?\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(?:\.cn)?"
+    r"|dkr-ecr\.(?P<dual>[a-z0-9-]+)\.on\.aws)/(?P<repo>[^@:]+)(?::[^@]+)?@(?P<digest>sha256:[0-9a-f]{64})$")
 
 
 class ScanGateError(Exception):
@@ -55,7 +55,9 @@ class ScanGateError(Exception):
 def scan_target(image_ref: str) -> dict[str, str] | None:
     """Registry, region, repository and digest of an ECR image reference by digest; None for other registries."""
     m = _ECR_REF.match(image_ref)
-    return None if m is None else {k: m[k] for k in ("account", "region", "repo", "digest")}
+    if m is None:
+        return None
+    return {"account": m["account"], "region": m["region"] or m["dual"], "repo": m["repo"], "digest": m["digest"]}
 
 
 def blocking(counts: Mapping[str, int], fail_at: str) -> dict[str, int]:

@@ -92,10 +92,18 @@ def test_one_grant_per_distinct_image_and_none_outside_ecr():
      "arn:aws-cn:ecr:cn-north-1:123456789012:repository/a"),
     ("123456789012.dkr.ecr-fips.us-east-1.amazonaws.com/a:v1@sha256:" + "0" * 64,
      "arn:aws:ecr:us-east-1:123456789012:repository/a"),
+    ("123456789012.dkr-ecr.eu-west-1.on.aws/team/a@sha256:" + "0" * 64,  # the dual-stack registry host
+     "arn:aws:ecr:eu-west-1:123456789012:repository/team/a"),
     (NGC_IMAGE, None),
 ])
 def test_the_repository_arn_names_the_registrys_partition(image, arn):
+    from components.scan_gate import scan_target
+
     assert ecr_repository_arn(image) == arn
+    target = scan_target(image)  # the scan gate and preflight read the same registry, region and repository
+    assert (target is None) == (arn is None)
+    if target:
+        assert arn == f"arn:{arn.split(':')[1]}:ecr:{target['region']}:{target['account']}:repository/{target['repo']}"
 
 
 def _library_job(**extra):
