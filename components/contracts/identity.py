@@ -35,7 +35,9 @@ policy alone suffices ("Policy evaluation for requests within a single account")
 the cluster re-creates, a digest cannot (Kubernetes "Images": "the image digest ... always the same").
 
 Images outside ECR (quay.io, nvcr.io, public.ecr.aws ...) need no IAM grant: the kubelet does not use the node
-role for them; they are checked for the digest only.
+role for them; they are checked for the digest only. Pods that Helm releases create (device plugins, the
+autoscaler) are not rendered manifests and so not checked here; the node role's add-on registry grant
+(``components.cluster.node_image_pull_policy``) covers their ECR images.
 """
 
 from __future__ import annotations
