@@ -49,7 +49,9 @@ from components.namespace import training_namespace
 from components.network import standard_zones
 from components.results import run_prefix
 from components.rules import partition as rules_partition
+from components.scan_gate import STACK_SETTING
 from components.workload import S3Data, Workload, cifar10_workload, dataset_name
+from components.workload_image import WorkloadImage, WorkloadImageArgs, workload_image_name
 
 
 def workload_of(run: RunConfig) -> Workload:
@@ -59,8 +61,8 @@ def workload_of(run: RunConfig) -> Workload:
         return cifar10_workload(epochs=run.epochs, global_batch_size=run.global_batch_size, model=run.model,
                                 learning_rate=run.learning_rate, compile=run.compile)
     data = S3Data(uri=w.s3_uri, name=dataset_name(w.s3_uri)) if w.s3_uri else None
-    return Workload(name=run.run_id, image=w.image, module=w.module, script=w.script, args=w.args, env=w.env,
-                    data=data)
+    return Workload(name=run.run_id, image=run_images.get(w.image, w.image), module=w.module, script=w.script,
+                    args=w.args, env=w.env, data=data)
 
 
 def run_outputs(j: ElasticJob, run_id: str) -> pulumi.Output:
@@ -198,7 +200,13 @@ image = TrainerImage("trainer-image", TrainerImageArgs(
     scan_fail_severity=cfg.image.scan_fail_severity,
     aws_profile=pulumi.Config("aws").get("profile"),
     node_role_name=cluster.node_role_name,
+    scan_setting=STACK_SETTING,
 ))
+# Every distinct runs[i].workload.image: the nodes may pull exactly its ECR repository, and it passes the scan gate.
+run_images = {img: WorkloadImage(f"run-image-{workload_image_name(img)}", WorkloadImageArgs(
+    image=img, node_role_name=cluster.node_role_name, scan_fail_severity=cfg.image.scan_fail_severity,
+    scan_setting=STACK_SETTING, aws_profile=pulumi.Config("aws").get("profile"))).image_ref
+    for img in dict.fromkeys(r.workload.image for r in cfg.runs if r.workload.custom and r.workload.image)}
 
 # --- Kubernetes workloads ------------------------------------------------------------------------
 etcd = None

@@ -19,7 +19,8 @@ limit of 1 already keeps pods from borrowing the node's credentials; only host-n
 inline policy that pulls images only from the regional EKS add-on registry
 (``ADDON_REGISTRY_ACCOUNTS``). It deliberately lacks AmazonEC2ContainerRegistryReadOnly
 (pull from every repository in the account): the trainer image component grants
-pull on its own repository to ``node_role_name``.
+pull on its own repository to ``node_role_name``, and :class:`components.workload_image.WorkloadImage` (which an
+``ElasticJob`` given ``node_role_name`` makes) on each run image's repository.
 
 The system node group (``eks-ddp/pool=system``) runs CoreDNS, add-on controllers
 and etcd; GPU groups are :class:`components.gpu_nodegroup.GpuNodeGroup`.

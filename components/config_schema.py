@@ -150,7 +150,8 @@ class ImageConfig:
         "destroy deletes them.", default=False)
     scan_fail_severity: ScanSeverity = _doc(
         "Fail 'pulumi up' before any job runs the image if ECR's scan on push finds anything at or above this "
-        "severity; 'disabled' runs it unchecked. Images outside ECR are not gated.", default="CRITICAL")
+        "severity; 'disabled' runs it unchecked. Gates every runs[i].workload.image in ECR too; images outside ECR "
+        "are not gated.", default="CRITICAL")
     registry_cache: bool = _doc(
         "Share the BuildKit layer cache through a second, mutable ECR repository (faster builds in CI); the "
         "build trusts its layers, so anyone who can push to it can plant code in the image. Default: local "
@@ -228,7 +229,8 @@ class WorkloadConfig:
 
     kind: WorkloadKind = _doc("'cifar10' (the bundled trainer) or 'custom' (an object).", default="cifar10",
                               key="-")
-    image: str | None = _doc("Image the run's pods run (repo@sha256:digest); default: the stack's image.",
+    image: str | None = _doc("Image the run's pods run (repo@sha256:digest); default: the stack's image. In ECR "
+                             "the nodes get pull rights on its repository, and it is scan-gated (image.scanFailSeverity).",
                              default=None)
     module: str | None = _doc("Python module the launcher runs (like python -m), e.g. mypkg.train; exactly one "
                               "of module and script.", default=None)

@@ -72,6 +72,7 @@ from .torchrun import (
     script_command,
 )
 from .workload import DATA_DIR_ENV, FATAL_EXIT_CODES, RUN_DIR_ENV, Cifar10Data, S3Data, Workload, cifar10_workload
+from .workload_image import job_image
 
 TRAINER_FATAL_EXIT_CODES = FATAL_EXIT_CODES
 """training/exitcodes.FATAL (config error, divergence, unreadable input), mirrored because the library never
@@ -163,6 +164,17 @@ class ElasticJobArgs:
     is created only after it passed (EFA transport when ``efa``, the catalog's bandwidth floor)."""
     fabric_check_timeout: str = "40m"
     """How long ``pulumi up`` waits for the fabric check (nodes may be launching and pulling the image)."""
+    node_role_name: pulumi.Input[str] | None = None
+    """IAM role of the nodes the job runs on (``EksCluster.node_role_name``). With it, a ``workload.image`` in ECR
+    (given as a string) gets a pull-only grant on exactly its repository (components/workload_image.py), so
+    you never rebuild the repository ARN yourself. None: the node role must already be allowed to pull it
+    (an ``EksCluster``'s role is not: it pulls only what it was granted)."""
+    image_scan_fail_severity: str = "CRITICAL"
+    """A ``workload.image`` in ECR (given as a string) passes the ECR scan gate before any pod gets it: findings at
+    or above this severity fail ``pulumi up``; ``disabled`` runs it unscanned. An Output image is taken as it is
+    (gate it with :class:`components.workload_image.WorkloadImage`)."""
+    aws_profile: str | None = None
+    """The AWS profile the scan gate reads ECR with (it runs in the program, with boto3)."""
 
     def __post_init__(self) -> None:
         check_rules(self)  # a bad value fails where the Args are built, naming the field
@@ -199,8 +211,10 @@ class ElasticJob(pulumi.ComponentResource):
         """The training pods' ServiceAccount: the one ``ResultsBucketArgs.service_account`` must name."""
         data = a.workload.data
         self._data_dir = f"{DATA_DIR}/{data.name}" if isinstance(data, S3Data) else DATA_DIR
-        self.image: pulumi.Input[str] = a.workload.image if a.workload.image is not None else a.image
-        """The training (and fabric-check) pods' image: the workload's, else the stack's."""
+        self.image: pulumi.Input[str] = a.image if a.workload.image is None else job_image(
+            self, f"{name}-image", a.workload.image, node_role_name=a.node_role_name,
+            scan_fail_severity=a.image_scan_fail_severity, aws_profile=a.aws_profile)
+        """The training (and fabric-check) pods' image: the workload's (granted and gated), else the stack's."""
         self._train_labels = {**TRAINER_LABELS, "app.kubernetes.io/instance": self.job_name,
                               "app.kubernetes.io/component": "train"}
         child = pulumi.ResourceOptions(parent=self)

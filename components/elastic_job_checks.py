@@ -9,6 +9,7 @@ from .cifar10_stages import DATA_PIN_ENV
 from .podspec import CACHE_ENV, nccl_env
 from .torchrun import AGENT_ENV
 from .workload import S3Data, Workload
+from .workload_image import SCAN_SEVERITIES
 
 if TYPE_CHECKING:
     from .elastic_job import ElasticJobArgs
@@ -23,6 +24,8 @@ def check_rules(a: ElasticJobArgs) -> None:
         f"workload: got {a.workload!r}; expected a Workload (components/workload.py), e.g. cifar10_workload()",
         rules.namespace("namespace", a.namespace) if isinstance(a.namespace, str) else None,
         rules.image_by_digest("image", a.image) if isinstance(a.image, str) else None,
+        None if a.image_scan_fail_severity in SCAN_SEVERITIES else
+        f"image_scan_fail_severity: got {a.image_scan_fail_severity!r}; expected one of {', '.join(SCAN_SEVERITIES)}",
     )
 
 

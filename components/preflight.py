@@ -27,7 +27,10 @@ With an EKS client and the cluster name it also checks what the stack already ru
 (:mod:`components.preflight_live`): the cluster name's owner, the version step, resizes
 against live desired sizes, and this cluster's own nodes (not counted twice).
 
-IAM actions used (all read-only): eks:DescribeCluster, eks:ListNodegroups, eks:DescribeNodegroup,
+With ECR clients it also checks that every ECR image the stack names (``image.prebuilt``,
+``runs[i].workload.image``) exists by its digest (:mod:`components.preflight_images`).
+
+IAM actions used (all read-only): ecr:DescribeImages, eks:DescribeCluster, eks:ListNodegroups, eks:DescribeNodegroup,
 ec2:DescribeAvailabilityZones, ec2:DescribeSubnets,
 ec2:DescribeInstanceTypeOfferings, ec2:DescribeInstanceTypes, ec2:DescribeInstances,
 ec2:DescribeCapacityReservations, ec2:DescribePlacementGroups, servicequotas:GetServiceQuota,
@@ -43,7 +46,7 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
-from . import catalog, cli_version, k8s_versions, preflight_live
+from . import catalog, cli_version, k8s_versions, preflight_images, preflight_live
 from .config import StackConfig, choose_zones
 from .network import EKS_UNSUPPORTED_ZONE_IDS
 from .preflight_capacity import CapacityChecks, placement_group_of  # noqa: F401 (placement_group_of: API)
@@ -331,10 +334,12 @@ class _Checker(CapacityChecks):
 
 
 def check(cfg: StackConfig, *, ec2: Any, quotas: Any, today: dt.date | None = None, eks: Any = None,
-          cluster_name: str | None = None, stack_id: str | None = None) -> Report:
+          cluster_name: str | None = None, stack_id: str | None = None,
+          ecr: Callable[[str], Any] | None = None) -> Report:
     """Run every preflight check with the given boto3 ``ec2`` and ``service-quotas`` clients; with ``eks`` and
     ``cluster_name`` also the checks against what this stack already runs (:mod:`components.preflight_live`).
-    ``stack_id`` (``<organization>/<project>/<stack>``) is the cluster's owner tag."""
+    ``stack_id`` (``<organization>/<project>/<stack>``) is the cluster's owner tag. ``ecr(region)`` gives an
+    ECR client of a region: with it, every ECR image the stack names must exist (:mod:`components.preflight_images`)."""
     c = _Checker(cfg, ec2, quotas, cluster_name)
     # Extended support bills the control plane $0.60/h instead of $0.10/h: say so before anything is created.
     notice = k8s_versions.support_notice(cfg.cluster.kubernetes_version, cfg.cluster.upgrade_policy,
@@ -349,6 +354,8 @@ def check(cfg: StackConfig, *, ec2: Any, quotas: Any, today: dt.date | None = No
     c.check_quotas()
     if eks is not None and cluster_name is not None:
         preflight_live.check_live(c, eks, cluster_name, stack_id)
+    if ecr is not None:
+        preflight_images.check_images(c, ecr)
     return c.report
 
 
@@ -364,8 +371,21 @@ def clients(region: str, profile: str | None = None) -> tuple[Any, Any, Any]:
             session.client("eks", config=config))
 
 
+def ecr_clients(profile: str | None = None) -> Callable[[str], Any]:
+    """ECR clients by region (an image's registry may sit in another region than the stack), made once each."""
+    import functools
+
+    import boto3
+    from botocore.config import Config
+
+    session = boto3.Session(profile_name=profile) if profile else boto3.Session()
+    return functools.cache(lambda region: session.client("ecr", config=Config(
+        region_name=region, connect_timeout=5, read_timeout=15, retries={"max_attempts": 3, "mode": "standard"})))
+
+
 def run_or_raise(cfg: StackConfig, *, profile: str | None = None, ec2: Any = None, quotas: Any = None,
-                 eks: Any = None, cluster_name: str | None = None, stack_id: str | None = None) -> Report:
+                 eks: Any = None, cluster_name: str | None = None, stack_id: str | None = None,
+                 ecr: Callable[[str], Any] | None = None) -> Report:
     """Run the checks; log warnings; raise pulumi.RunError (no traceback) listing every failure.
 
     ``profile`` is the stack's ``aws:profile`` (so the checks ask the account the provider deploys
@@ -380,7 +400,8 @@ def run_or_raise(cfg: StackConfig, *, profile: str | None = None, ec2: Any = Non
             pulumi.log.warn(f"preflight: could not create AWS clients ({err}); nothing was checked")
             return Report(warnings=[str(err)])
         ec2, quotas, eks = ec2 or made_ec2, quotas or made_quotas, eks or made_eks
-    report = check(cfg, ec2=ec2, quotas=quotas, eks=eks, cluster_name=cluster_name, stack_id=stack_id)
+        ecr = ecr or ecr_clients(profile)
+    report = check(cfg, ec2=ec2, quotas=quotas, eks=eks, cluster_name=cluster_name, stack_id=stack_id, ecr=ecr)
     if too_old := cli_version.problem():
         report.failures.append(too_old)
     for message in report.warnings:
