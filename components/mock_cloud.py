@@ -214,6 +214,9 @@ _INVOKES = {
     "aws:iam/getPolicyDocument:getPolicyDocument": _policy_document,
     "aws:ec2/getSubnet:getSubnet": _subnet,
     "eks:index:Cluster/getKubeconfig": lambda m, a: {"result": json.dumps(_profile_kubeconfig(a))},
+    "aws:cloudwatch/getLogGroup:getLogGroup": lambda m, a: {
+        "name": a["name"], "id": a["name"], "tags": m.log_group_tags.get(a["name"], {}),
+        "arn": f"arn:aws:logs:{m.region}:{ACCOUNT}:log-group:{a['name']}"},
     "aws:cloudwatch/getLogGroups:getLogGroups": lambda m, a: {
         "logGroupNames": [g for g in m.log_groups if g.startswith(a.get("logGroupNamePrefix", ""))],
         "arns": [], "id": m.region},
