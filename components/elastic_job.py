@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -37,7 +37,7 @@ from .cifar10_stages import (  # noqa: F401 (EVAL_RUN_DIR_ENV: API)
     create_prepare_job,
 )
 from .data_stage import create_s3_stage
-from .elastic_job_checks import check_rules, validate
+from .elastic_job_checks import check_rules, claim_run_dir, validate
 from .etcd import SERVER_LABELS, etcd_client_egress
 from .fabric_gate import create_fabric_check
 from .namespace import dns_egress
@@ -72,6 +72,9 @@ from .torchrun import (
     script_command,
 )
 from .workload import DATA_DIR_ENV, FATAL_EXIT_CODES, RUN_DIR_ENV, Cifar10Data, S3Data, Workload, cifar10_workload
+
+if TYPE_CHECKING:
+    from .gpu_nodegroup import GpuNodeGroup
 
 TRAINER_FATAL_EXIT_CODES = FATAL_EXIT_CODES
 """training/exitcodes.FATAL (config error, divergence, unreadable input), mirrored because the library never
@@ -116,6 +119,9 @@ class ElasticJobArgs:
     """Labels of the CPU system nodes. Data preparation runs there: it needs no GPU, and a GPU group scaled
     to zero would leave it Pending (and ``pulumi up``, which awaits it, hanging). None: no nodeSelector; the
     pod still never lands on a GPU node, since it does not tolerate their taint."""
+    node_group: GpuNodeGroup | None = None
+    """The job's GPU node group: ``nodes`` may not exceed its ``max_size``. Unset: the group of this program that
+    ``node_selector`` selects (its ``node_labels``), when there is one."""
     nodes: int = 2
     """torchrun agents (one pod per node): the max of --nnodes."""
     min_nodes: int = 1
@@ -189,6 +195,7 @@ class ElasticJob(pulumi.ComponentResource):
         super().__init__("eks-ddp:elastic_job:ElasticJob", name, None, opts)
         self._args = a = args
         self._it = validate(name, args)
+        claim_run_dir(name, args)
         self.job_name = f"{name}-{a.run_id}"
         self._prepare_name = f"{name}-prepare-data"
         self._evaluate_name = f"{name}-evaluate"
