@@ -257,6 +257,7 @@ for i, run in enumerate(cfg.runs):
         namespace=namespace.metadata.name,
         image=image.image_ref,
         data_claim=storage.data_claim_name,
+        data_read_only_claim=storage.data_read_only_claim_name,  # EFS refuses writes through it
         run_claim=storage.run_claim_names[run.run_id],
         instance_type=group.instance_type,
         efa=group.efa,

@@ -25,8 +25,10 @@ run's checkpoints and metrics). EFS gives that without a storage operator:
   (root ``/eks-ddp/<namespace>/<claim>/runs/<run_id>``, this run's checkpoints and results);
   each is a statically provisioned PersistentVolume (``volumeHandle: <fs-id>::<fsap-id>``; the
   driver mounts an access point over TLS, and ``encryptInTransit`` is set explicitly; ``mountOptions: [iam]``
-  makes it an IAM-authorised mount) bound to a claim in the training namespace. A run's pods mount its ``run`` claim and the ``data`` claim
-  (read-only, except for the data stage), never the whole file system, so one run cannot reach
+  makes it an IAM-authorised mount) bound to a claim in the training namespace. A run's pods mount its
+  ``run`` claim and the dataset: the data stage the ``data`` claim, every other pod the ``data-ro`` claim (a
+  third access point on the same directory, which the policy refuses every write through, so the dataset is
+  read-only at EFS, not only in the pod spec), never the whole file system, so one run cannot reach
   another run's directory. The paths are the ones the earlier dynamically provisioned claim
   ``shared`` used, so data and checkpoints written before carry over;
 * a file-system policy (``file_system_policy``): every client request must use TLS
@@ -203,9 +205,11 @@ def irsa_trust_policy(oidc_provider_arn: str, issuer_url: str, namespace: str,
     }]})
 
 
-def file_system_policy(access_point_arns: Sequence[str], client_role_arn: str | None = None) -> str:
+def file_system_policy(access_point_arns: Sequence[str], client_role_arn: str | None = None,
+                       read_only_arns: Sequence[str] = ()) -> str:
     """Client access only over TLS, only through ``access_point_arns`` (via a mount target), never as root, and
-    only for ``client_role_arn`` (the CSI driver's role, which the node plugin mounts with).
+    only for ``client_role_arn`` (the CSI driver's role, which the node plugin mounts with); no writes through
+    ``read_only_arns`` (a subset of ``access_point_arns``).
 
     The Deny statements also bind IAM-authenticated clients whose identity policy would allow more. Without
     ``client_role_arn`` the allow names every principal (``AWS: *``), anonymous clients included.
@@ -220,6 +224,10 @@ def file_system_policy(access_point_arns: Sequence[str], client_role_arn: str | 
          "Condition": {"StringNotEquals": {"elasticfilesystem:AccessPointArn": list(access_point_arns)}}},
         {"Sid": "DenyRootAccess", "Effect": "Deny", "Principal": anyone,
          "Action": "elasticfilesystem:ClientRootAccess"},
+        *([{"Sid": "DenyWritesThroughReadOnlyAccessPoints", "Effect": "Deny", "Principal": anyone,
+            "Action": "elasticfilesystem:ClientWrite",
+            "Condition": {"StringEquals": {"elasticfilesystem:AccessPointArn": list(read_only_arns)}}}]
+          if read_only_arns else []),
         {"Sid": "AllowStackAccessPoints", "Effect": "Allow", "Principal": allowed,
          "Action": list(CLIENT_ACTIONS),
          "Condition": {"StringEquals": {"elasticfilesystem:AccessPointArn": list(access_point_arns)},
@@ -232,7 +240,10 @@ class EfsStore(pulumi.ComponentResource):
 
     file_system_id: pulumi.Output[str]
     data_claim_name: pulumi.Output[str]
-    """The dataset's claim (``/shared/data``): read-write for the data stage, read-only for everything else."""
+    """The dataset's claim (``/shared/data``): read-write, for the data stage."""
+    data_read_only_claim_name: pulumi.Output[str]
+    """The dataset's read-only claim (the same directory through an access point EFS refuses writes through):
+    for every pod that only reads the dataset."""
     run_claim_name: pulumi.Output[str]
     """This run's claim (``/shared/runs/<run_id>``): checkpoints, final model, metrics."""
     run_claim_names: dict[str, pulumi.Output[str]]
@@ -287,11 +298,13 @@ class EfsStore(pulumi.ComponentResource):
         base = pulumi.Output.concat("/eks-ddp/", args.namespace, f"/{args.claim_name}")
         keep_ap = pulumi.ResourceOptions(parent=self, retain_on_delete=args.retain_on_destroy)
         data_ap = self._access_point(f"{name}-data", fs_id, pulumi.Output.concat(base, "/data"), tags, keep_ap)
+        # The same directory for the pods that only read it: EFS refuses every write through this one.
+        data_ro_ap = self._access_point(f"{name}-data-ro", fs_id, pulumi.Output.concat(base, "/data"), tags, keep_ap)
         run_ap = self._access_point(f"{name}-run", fs_id, pulumi.Output.concat(base, f"/runs/{args.run_id}"), tags,
                                     keep_ap)
         more_aps = {rid: self._access_point(f"{name}-run-{rid}", fs_id, pulumi.Output.concat(base, f"/runs/{rid}"),
                                             tags, keep_ap) for rid in args.more_run_ids}
-        ap_arns = [data_ap.arn, run_ap.arn, *(ap.arn for ap in more_aps.values())]
+        ap_arns = [data_ap.arn, run_ap.arn, *(ap.arn for ap in more_aps.values()), data_ro_ap.arn]
         mount = aws.iam.RolePolicy(
             f"{name}-efs-csi-mount", role=role.id,
             policy=pulumi.Output.all(fs_arn, *ap_arns).apply(lambda a: json.dumps(csi_node_policy(a[0], a[1:]))),
@@ -299,7 +312,7 @@ class EfsStore(pulumi.ComponentResource):
         # Kept with the file system: a retained file system must not fall back to EFS's open default policy.
         aws.efs.FileSystemPolicy(
             f"{name}-policy", file_system_id=fs_id,
-            policy=pulumi.Output.all(role.arn, *ap_arns).apply(lambda a: file_system_policy(a[1:], a[0])),
+            policy=pulumi.Output.all(role.arn, *ap_arns).apply(lambda a: file_system_policy(a[1:], a[0], a[-1:])),
             opts=keep_ap)
 
         addon = aws.eks.Addon(
@@ -319,6 +332,8 @@ class EfsStore(pulumi.ComponentResource):
         after = [addon, *mount_targets]
         self.data_claim_name = self._static_claim(f"{name}-data", f"{args.claim_name}-data", fs_id, data_ap, args,
                                                   after)
+        self.data_read_only_claim_name = self._static_claim(
+            f"{name}-data-ro", f"{args.claim_name}-data-ro", fs_id, data_ro_ap, args, after, read_only=True)
         self.run_claim_name = self._static_claim(f"{name}-run", f"{args.claim_name}-run-{args.run_id}", fs_id, run_ap,
                                                  args, after)
         self.run_claim_names = {args.run_id: self.run_claim_name, **{
@@ -326,6 +341,7 @@ class EfsStore(pulumi.ComponentResource):
             for rid, ap in more_aps.items()}}
         self.file_system_id = pulumi.Output.from_input(fs_id)
         self.register_outputs({"file_system_id": self.file_system_id, "data_claim_name": self.data_claim_name,
+                               "data_read_only_claim_name": self.data_read_only_claim_name,
                                "run_claim_name": self.run_claim_name})
 
     def _access_point(self, name: str, fs_id: pulumi.Input[str], path: pulumi.Input[str], tags: dict[str, str],
@@ -340,15 +356,17 @@ class EfsStore(pulumi.ComponentResource):
             tags={**tags, "Name": name}, opts=opts)
 
     def _static_claim(self, name: str, claim: str, fs_id: pulumi.Input[str], ap: aws.efs.AccessPoint,
-                      args: EfsStoreArgs, after: list[pulumi.Resource]) -> pulumi.Output[str]:
-        """A PersistentVolume on one access point, pre-bound to a claim of the same name in the namespace."""
+                      args: EfsStoreArgs, after: list[pulumi.Resource], read_only: bool = False) -> pulumi.Output[str]:
+        """A PersistentVolume on one access point, pre-bound to a claim of the same name in the namespace
+        (``ReadOnlyMany`` with ``read_only``: the policy refuses writes through that access point)."""
+        modes = ["ReadOnlyMany"] if read_only else ["ReadWriteMany"]
         labels = {"app.kubernetes.io/part-of": "eks-ddp"}
         pv_name = pulumi.Output.concat(args.namespace, f"-{claim}")  # cluster-scoped: unique per namespace
         pv = k8s.core.v1.PersistentVolume(
             name,
             metadata=k8s.meta.v1.ObjectMetaArgs(name=pv_name, labels=labels),
             spec=k8s.core.v1.PersistentVolumeSpecArgs(
-                capacity={"storage": CLAIM_SIZE}, access_modes=["ReadWriteMany"], volume_mode="Filesystem",
+                capacity={"storage": CLAIM_SIZE}, access_modes=modes, volume_mode="Filesystem",
                 persistent_volume_reclaim_policy="Retain", storage_class_name="",
                 claim_ref=k8s.core.v1.ObjectReferenceArgs(namespace=args.namespace, name=claim),
                 csi=k8s.core.v1.CSIPersistentVolumeSourceArgs(
@@ -362,7 +380,7 @@ class EfsStore(pulumi.ComponentResource):
             name,
             metadata=k8s.meta.v1.ObjectMetaArgs(name=claim, namespace=args.namespace, labels=labels),
             spec=k8s.core.v1.PersistentVolumeClaimSpecArgs(
-                access_modes=["ReadWriteMany"], storage_class_name="", volume_name=pv.metadata.name,
+                access_modes=modes, storage_class_name="", volume_name=pv.metadata.name,
                 resources=k8s.core.v1.VolumeResourceRequirementsArgs(requests={"storage": CLAIM_SIZE})),
             opts=pulumi.ResourceOptions(parent=self, depends_on=after))
         return pvc.metadata.name

@@ -106,6 +106,9 @@ class ElasticJobArgs:
     data_claim: pulumi.Input[str] | None = None
     """The dataset's claim (EfsStore.data_claim_name), mounted at /shared/data: read-write in the data stage,
     read-only in every other pod."""
+    data_read_only_claim: pulumi.Input[str] | None = None
+    """The dataset's read-only claim (EfsStore.data_read_only_claim_name), with ``data_claim``: every pod but the
+    data stage mounts it instead, so EFS itself refuses their writes to the dataset."""
     run_claim: pulumi.Input[str] | None = None
     """This run's claim (EfsStore.run_claim_name), mounted at /shared/runs/<run_id> in the training, fabric-check
     and evaluation pods; the data stage does not mount it."""
@@ -221,7 +224,8 @@ class ElasticJob(pulumi.ComponentResource):
         self.pods = PodFactory(
             namespace=a.namespace, image=a.image, efa=a.efa, node_selector=a.node_selector,
             system_node_selector=a.system_node_selector, pvc_name=a.pvc_name, data_claim=a.data_claim,
-            run_claim=a.run_claim, run_dir=self._run_dir, rdzv_backend=a.rdzv_backend,
+            run_claim=a.run_claim, data_read_only_claim=a.data_read_only_claim, run_dir=self._run_dir,
+            rdzv_backend=a.rdzv_backend,
             rdzv_tls_secret=a.rdzv_tls_secret, trainer_sa=sa.metadata.name, worker_sa=worker.metadata.name)
         """The pods' shared pieces (components/podspec.py), for this component and its fabric-check gate."""
         self._create_network_policies(name, child)

@@ -43,6 +43,9 @@ def validate(name: str, a: ElasticJobArgs) -> catalog.InstanceType:
         raise ValueError(f"pvc_name/data_claim/run_claim: got pvc_name={a.pvc_name!r}, data_claim={a.data_claim!r}, "
                          f"run_claim={a.run_claim!r}; expected data_claim and run_claim (per workload), or pvc_name "
                          "(the whole volume) alone")
+    if a.data_read_only_claim is not None and a.data_claim is None:
+        raise ValueError(f"data_read_only_claim: got {a.data_read_only_claim!r} without data_claim; expected it with "
+                         "data_claim (the data stage writes through data_claim)")
     owned = {*CACHE_ENV, *AGENT_ENV, *nccl_env(it, True), "POD_IP", "JOB_UID", "EKS_DDP_RESULTS_URL",
              "EKS_DDP_RESULTS_KMS_KEY", DATA_PIN_ENV}
     if clash := sorted(owned & set(a.workload.env)):

@@ -52,7 +52,7 @@ def test_the_dev_and_p4de_plans_mount_every_efs_volume(dev_view, p4de_result):
     assert contract.efs_mounts_permitted(dev_view) == []
     assert check(p4de_result, only=("storage",)) == []
     mounts = [contract.mount_of(pv) for pv in dev_view.kind("PersistentVolume")]
-    assert len(mounts) == 2 and all(m.iam and m.tls for m in mounts)
+    assert len(mounts) == 3 and all(m.iam and m.tls for m in mounts)
     assert [i.how for i in contract.node_identities(dev_view)] == ["IRSA of efs-csi-node-sa (add-on role)"]
 
 
@@ -63,6 +63,7 @@ def test_the_mounts_and_policy_before_b9_are_reported(dev_view):
     before = _edited(dev_view, policy=lambda v: file_system_policy(_ap_arns(v)), pv=_anonymous)
     found = contract.efs_mounts_permitted(before)
     assert {v.subject for v in found} == {"PersistentVolume training-shared-data",
+                                          "PersistentVolume training-shared-data-ro",
                                           "PersistentVolume training-shared-run-run-1"}
     assert all("without iam (anonymous)" in v.message and "DenyOtherThanStackAccessPoints" in v.message
                for v in found), found
@@ -132,3 +133,16 @@ def test_a_condition_key_efs_does_not_enforce_is_reported(dev_view):
 ])
 def test_iam_condition_semantics(condition, context, holds):
     assert contract.condition_holds(condition, context) is holds
+
+
+def test_a_pod_that_writes_through_the_read_only_claim_is_reported(dev_view):
+    """T12's negative control: the training pods mount the dataset's read-only claim read-only; one that mounts it
+    read-write would find every write refused by EFS (DenyWritesThroughReadOnlyAccessPoints)."""
+    view = _edited(dev_view)
+    for m in view.manifests:
+        for vol in (((m.get("spec") or {}).get("template") or {}).get("spec") or {}).get("volumes") or []:
+            if (vol.get("persistentVolumeClaim") or {}).get("claimName") == "shared-data-ro":
+                vol["persistentVolumeClaim"]["readOnly"] = False
+    found = contract.efs_mounts_permitted(view)
+    assert [v.subject for v in found] == ["PersistentVolume training-shared-data-ro"]
+    assert "ClientWrite" in found[0].message and "DenyWritesThroughReadOnlyAccessPoints" in found[0].message

@@ -95,7 +95,8 @@ def test_one_access_point_per_workload_for_the_non_root_trainer(result):
     fs_id = result.one("aws:efs/fileSystem:FileSystem").outputs["id"]
     # The paths the earlier dynamically provisioned claim "shared" used: data and checkpoints carry over.
     assert {k: ap.inputs["rootDirectory"]["path"] for k, ap in aps.items()} == {
-        "data": "/eks-ddp/training/shared/data", "run": "/eks-ddp/training/shared/runs/run-7"}
+        "data": "/eks-ddp/training/shared/data", "run": "/eks-ddp/training/shared/runs/run-7",
+        "ro": "/eks-ddp/training/shared/data"}
     for ap in aps.values():
         assert ap.inputs["fileSystemId"] == fs_id
         assert {k: int(v) for k, v in ap.inputs["posixUser"].items()} == {"uid": 1000, "gid": 1000}
@@ -107,8 +108,8 @@ def test_claims_are_static_volumes_on_the_access_points_over_tls_with_iam(result
     fs_id = result.one("aws:efs/fileSystem:FileSystem").outputs["id"]
     pvs = {r.inputs["spec"]["claimRef"]["name"]: r.inputs for r in result.of_type("kubernetes:core/v1:PersistentVolume")}
     pvcs = {r.inputs["metadata"]["name"]: r.inputs for r in result.of_type("kubernetes:core/v1:PersistentVolumeClaim")}
-    assert sorted(pvs) == sorted(pvcs) == ["shared-data", "shared-run-run-7"]
-    for claim, kind in (("shared-data", "data"), ("shared-run-run-7", "run")):
+    assert sorted(pvs) == sorted(pvcs) == ["shared-data", "shared-data-ro", "shared-run-run-7"]
+    for claim, kind in (("shared-data", "data"), ("shared-run-run-7", "run"), ("shared-data-ro", "ro")):
         pv, pvc = pvs[claim], pvcs[claim]
         assert pv["spec"]["csi"] == {"driver": "efs.csi.aws.com",
                                      "volumeHandle": f"{fs_id}::{aps[kind].outputs['id']}",
@@ -119,7 +120,9 @@ def test_claims_are_static_volumes_on_the_access_points_over_tls_with_iam(result
         assert pv["metadata"]["name"] == f"training-{claim}"
         assert pvc["metadata"]["namespace"] == "training"
         assert pvc["spec"]["volumeName"] == pv["metadata"]["name"]
-        assert pvc["spec"]["accessModes"] == ["ReadWriteMany"] and pvc["spec"]["storageClassName"] == ""
+        modes = ["ReadOnlyMany"] if kind == "ro" else ["ReadWriteMany"]
+        assert pv["spec"]["accessModes"] == pvc["spec"]["accessModes"] == modes
+        assert pvc["spec"]["storageClassName"] == ""
     # No dynamic provisioning: a claim the stack did not make would get an access point outside the policy.
     assert result.of_type("kubernetes:storage.k8s.io/v1:StorageClass") == []
     assert result.outputs == {"fs": fs_id, "data": "shared-data", "run": "shared-run-run-7"}
@@ -268,3 +271,12 @@ def test_the_node_plugin_mounts_only_through_the_stack_access_points_never_as_ro
         "StringEquals": {"elasticfilesystem:AccessPointArn": sorted(
             ap.outputs["arn"] for ap in result.of_type("aws:efs/accessPoint:AccessPoint"))},
         "Bool": {"elasticfilesystem:AccessedViaMountTarget": "true"}}
+
+
+def test_the_dataset_is_read_only_at_efs_for_every_reader(result):
+    """T12: the readers' access point (same directory as the data stage's) takes no write from anyone: a pod that
+    mounts its claim without readOnly still cannot write the dataset."""
+    ro = _access_points(result)["ro"].outputs["arn"]
+    deny = {s["Sid"]: s for s in _policy(result)}["DenyWritesThroughReadOnlyAccessPoints"]
+    assert (deny["Effect"], deny["Principal"], deny["Action"]) == ("Deny", {"AWS": "*"}, "elasticfilesystem:ClientWrite")
+    assert deny["Condition"] == {"StringEquals": {"elasticfilesystem:AccessPointArn": [ro]}}
