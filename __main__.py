@@ -47,6 +47,7 @@ from components.data_stage import data_stage_role, stage_service_account
 from components.elastic_job import trainer_service_account
 from components.namespace import training_namespace
 from components.network import standard_zones
+from components.preflight_live import owner_id
 from components.results import run_prefix
 from components.rules import partition as rules_partition
 from components.scan_gate import STACK_SETTING
@@ -87,11 +88,12 @@ except ConfigError as err:
 
 stack = pulumi.get_stack()
 cluster_name = cluster_name_for(stack, cfg)
-stack_id = f"{pulumi.get_organization()}/{pulumi.get_project()}/{stack}"
+# Unique per stack on every backend: a self-managed backend's organization is always "organization".
+stack_id = owner_id(pulumi.get_organization(), pulumi.get_project(), stack, cfg.cluster.owner_id)
 if cfg.preflight:
     # Same account as the provider: a stack that sets aws:profile must be checked with that profile.
     preflight.run_or_raise(cfg, profile=pulumi.Config("aws").get("profile"), cluster_name=cluster_name,
-                           stack_id=stack_id)
+                           stack_id=stack_id, organization=pulumi.get_organization())
 # Regular zones where EKS accepts subnets: never a Local Zone, never an unsupported zone ID.
 zones = choose_zones(cfg, [] if cfg.network.availability_zones else standard_zones())
 
@@ -263,6 +265,7 @@ for i, run in enumerate(cfg.runs):
         namespace=namespace.metadata.name,
         image=image.image_ref,
         data_claim=storage.data_claim_name,
+        data_read_only_claim=storage.data_read_only_claim_name,  # EFS refuses writes through it
         run_claim=storage.run_claim_names[run.run_id],
         instance_type=group.instance_type,
         efa=group.efa,

@@ -93,6 +93,12 @@ class ClusterConfig:
     name: str | None = _doc(
         "EKS cluster name (and its log group /aws/eks/<name>/cluster); unset: eks-ddp-<stack>. Preflight refuses "
         "a name another stack's cluster has in the account and region: set one unique there.", default=None)
+    owner_id: str | None = _doc(
+        "A value unique to this stack (8-64 letters, digits, '.', '_', '-'), set once and kept: it makes the owner "
+        "tag (eks-ddp/stack) of the cluster and its log group unique on a self-managed backend (S3, GCS, Azure, "
+        "--local), where every organization is 'organization'. Required there (preflight says); e.g. "
+        "pulumi config set --path cluster.ownerId $(python3 -c 'import uuid; print(uuid.uuid4().hex)').",
+        default=None)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -37,7 +37,7 @@ from .cifar10_stages import (  # noqa: F401 (EVAL_RUN_DIR_ENV: API)
     create_prepare_job,
 )
 from .data_stage import create_s3_stage
-from .elastic_job_checks import check_rules, validate
+from .elastic_job_checks import check_rules, claim_run_dir, validate
 from .etcd import SERVER_LABELS, etcd_client_egress
 from .fabric_gate import create_fabric_check
 from .namespace import dns_egress
@@ -74,6 +74,9 @@ from .torchrun import (
 from .workload import DATA_DIR_ENV, FATAL_EXIT_CODES, RUN_DIR_ENV, Cifar10Data, S3Data, Workload, cifar10_workload
 from .workload_image import job_image
 
+if TYPE_CHECKING:
+    from .gpu_nodegroup import GpuNodeGroup
+
 TRAINER_FATAL_EXIT_CODES = FATAL_EXIT_CODES
 """training/exitcodes.FATAL (config error, divergence, unreadable input), mirrored because the library never
 imports the trainer package; tests/test_elastic_job.py keeps the two equal. A workload's own:
@@ -104,6 +107,9 @@ class ElasticJobArgs:
     data_claim: pulumi.Input[str] | None = None
     """The dataset's claim (EfsStore.data_claim_name), mounted at /shared/data: read-write in the data stage,
     read-only in every other pod."""
+    data_read_only_claim: pulumi.Input[str] | None = None
+    """The dataset's read-only claim (EfsStore.data_read_only_claim_name), with ``data_claim``: every pod but the
+    data stage mounts it instead, so EFS itself refuses their writes to the dataset."""
     run_claim: pulumi.Input[str] | None = None
     """This run's claim (EfsStore.run_claim_name), mounted at /shared/runs/<run_id> in the training, fabric-check
     and evaluation pods; the data stage does not mount it."""
@@ -117,6 +123,9 @@ class ElasticJobArgs:
     """Labels of the CPU system nodes. Data preparation runs there: it needs no GPU, and a GPU group scaled
     to zero would leave it Pending (and ``pulumi up``, which awaits it, hanging). None: no nodeSelector; the
     pod still never lands on a GPU node, since it does not tolerate their taint."""
+    node_group: GpuNodeGroup | None = None
+    """The job's GPU node group: ``nodes`` may not exceed its ``max_size``. Unset: the group of this program that
+    ``node_selector`` selects (its ``node_labels``), when there is one."""
     nodes: int = 2
     """torchrun agents (one pod per node): the max of --nnodes."""
     min_nodes: int = 1
@@ -201,6 +210,7 @@ class ElasticJob(pulumi.ComponentResource):
         super().__init__("eks-ddp:elastic_job:ElasticJob", name, None, opts)
         self._args = a = args
         self._it = validate(name, args)
+        claim_run_dir(name, args)
         self.job_name = f"{name}-{a.run_id}"
         self._prepare_name = f"{name}-prepare-data"
         self._evaluate_name = f"{name}-evaluate"
@@ -228,7 +238,8 @@ class ElasticJob(pulumi.ComponentResource):
         self.pods = PodFactory(
             namespace=a.namespace, image=a.image, efa=a.efa, node_selector=a.node_selector,
             system_node_selector=a.system_node_selector, pvc_name=a.pvc_name, data_claim=a.data_claim,
-            run_claim=a.run_claim, run_dir=self._run_dir, rdzv_backend=a.rdzv_backend,
+            run_claim=a.run_claim, data_read_only_claim=a.data_read_only_claim, run_dir=self._run_dir,
+            rdzv_backend=a.rdzv_backend,
             rdzv_tls_secret=a.rdzv_tls_secret, trainer_sa=sa.metadata.name, worker_sa=worker.metadata.name)
         """The pods' shared pieces (components/podspec.py), for this component and its fabric-check gate."""
         self._create_network_policies(name, child)

@@ -334,8 +334,8 @@ class _Checker(CapacityChecks):
 
 
 def check(cfg: StackConfig, *, ec2: Any, quotas: Any, today: dt.date | None = None, eks: Any = None,
-          cluster_name: str | None = None, stack_id: str | None = None,
-          ecr: Callable[[str], Any] | None = None) -> Report:
+          cluster_name: str | None = None, stack_id: str | None = None, logs: Any = None,
+          organization: str | None = None, ecr: Callable[[str], Any] | None = None) -> Report:
     """Run every preflight check with the given boto3 ``ec2`` and ``service-quotas`` clients; with ``eks`` and
     ``cluster_name`` also the checks against what this stack already runs (:mod:`components.preflight_live`).
     ``stack_id`` (``<organization>/<project>/<stack>``) is the cluster's owner tag. ``ecr(region)`` gives an
@@ -353,7 +353,7 @@ def check(cfg: StackConfig, *, ec2: Any, quotas: Any, today: dt.date | None = No
     c.check_placement_groups()
     c.check_quotas()
     if eks is not None and cluster_name is not None:
-        preflight_live.check_live(c, eks, cluster_name, stack_id)
+        preflight_live.check_live(c, eks, cluster_name, stack_id, logs=logs, organization=organization)
     if ecr is not None:
         preflight_images.check_images(c, ecr)
     return c.report
@@ -383,8 +383,19 @@ def ecr_clients(profile: str | None = None) -> Callable[[str], Any]:
         region_name=region, connect_timeout=5, read_timeout=15, retries={"max_attempts": 3, "mode": "standard"})))
 
 
+def logs_client(region: str, profile: str | None = None) -> Any:
+    """A CloudWatch Logs client with the same short timeouts as :func:`clients`."""
+    import boto3
+    from botocore.config import Config
+
+    config = Config(region_name=region, connect_timeout=5, read_timeout=15,
+                    retries={"max_attempts": 3, "mode": "standard"})
+    return (boto3.Session(profile_name=profile) if profile else boto3.Session()).client("logs", config=config)
+
+
 def run_or_raise(cfg: StackConfig, *, profile: str | None = None, ec2: Any = None, quotas: Any = None,
                  eks: Any = None, cluster_name: str | None = None, stack_id: str | None = None,
+                 logs: Any = None, organization: str | None = None,
                  ecr: Callable[[str], Any] | None = None) -> Report:
     """Run the checks; log warnings; raise pulumi.RunError (no traceback) listing every failure.
 
@@ -401,7 +412,9 @@ def run_or_raise(cfg: StackConfig, *, profile: str | None = None, ec2: Any = Non
             return Report(warnings=[str(err)])
         ec2, quotas, eks = ec2 or made_ec2, quotas or made_quotas, eks or made_eks
         ecr = ecr or ecr_clients(profile)
-    report = check(cfg, ec2=ec2, quotas=quotas, eks=eks, cluster_name=cluster_name, stack_id=stack_id, ecr=ecr)
+        logs = logs or logs_client(cfg.region, profile)
+    report = check(cfg, ec2=ec2, quotas=quotas, eks=eks, cluster_name=cluster_name, stack_id=stack_id, logs=logs,
+                   organization=organization, ecr=ecr)
     if too_old := cli_version.problem():
         report.failures.append(too_old)
     for message in report.warnings:
