@@ -47,9 +47,12 @@ from components.data_stage import data_stage_role, stage_service_account
 from components.elastic_job import rdzv_client_labels, trainer_service_account
 from components.namespace import training_namespace
 from components.network import standard_zones
+from components.preflight_live import owner_id
 from components.results import run_prefix
 from components.rules import partition as rules_partition
+from components.scan_gate import STACK_SETTING
 from components.workload import S3Data, Workload, cifar10_workload, dataset_name
+from components.workload_image import WorkloadImage, WorkloadImageArgs, workload_image_name
 
 
 def workload_of(run: RunConfig) -> Workload:
@@ -59,8 +62,8 @@ def workload_of(run: RunConfig) -> Workload:
         return cifar10_workload(epochs=run.epochs, global_batch_size=run.global_batch_size, model=run.model,
                                 learning_rate=run.learning_rate, compile=run.compile)
     data = S3Data(uri=w.s3_uri, name=dataset_name(w.s3_uri)) if w.s3_uri else None
-    return Workload(name=run.run_id, image=w.image, module=w.module, script=w.script, args=w.args, env=w.env,
-                    data=data)
+    return Workload(name=run.run_id, image=run_images.get(w.image, w.image), module=w.module, script=w.script,
+                    args=w.args, env=w.env, data=data)
 
 
 def run_outputs(j: ElasticJob, run_id: str, key: str) -> pulumi.Output:
@@ -86,11 +89,12 @@ except ConfigError as err:
 
 stack = pulumi.get_stack()
 cluster_name = cluster_name_for(stack, cfg)
-stack_id = f"{pulumi.get_organization()}/{pulumi.get_project()}/{stack}"
+# Unique per stack on every backend: a self-managed backend's organization is always "organization".
+stack_id = owner_id(pulumi.get_organization(), pulumi.get_project(), stack, cfg.cluster.owner_id)
 if cfg.preflight:
     # Same account as the provider: a stack that sets aws:profile must be checked with that profile.
     preflight.run_or_raise(cfg, profile=pulumi.Config("aws").get("profile"), cluster_name=cluster_name,
-                           stack_id=stack_id)
+                           stack_id=stack_id, organization=pulumi.get_organization())
 # Regular zones where EKS accepts subnets: never a Local Zone, never an unsupported zone ID.
 zones = choose_zones(cfg, [] if cfg.network.availability_zones else standard_zones())
 
@@ -204,7 +208,13 @@ image = TrainerImage("trainer-image", TrainerImageArgs(
     scan_fail_severity=cfg.image.scan_fail_severity,
     aws_profile=pulumi.Config("aws").get("profile"),
     node_role_name=cluster.node_role_name,
+    scan_setting=STACK_SETTING,
 ))
+# Every distinct runs[i].workload.image: the nodes may pull exactly its ECR repository, and it passes the scan gate.
+run_images = {img: WorkloadImage(f"run-image-{workload_image_name(img)}", WorkloadImageArgs(
+    image=img, node_role_name=cluster.node_role_name, scan_fail_severity=cfg.image.scan_fail_severity,
+    scan_setting=STACK_SETTING, aws_profile=pulumi.Config("aws").get("profile"))).image_ref
+    for img in dict.fromkeys(r.workload.image for r in cfg.runs if r.workload.custom and r.workload.image)}
 
 # --- Kubernetes workloads ------------------------------------------------------------------------
 # Results leave the cluster: rank 0 uploads them to s3://<bucket>/runs/<runId>/ with a role that may write
@@ -268,6 +278,7 @@ for i, run in enumerate(cfg.runs):
         namespace=namespace.metadata.name,
         image=image.image_ref,
         data_claim=storage.data_claim_name,
+        data_read_only_claim=storage.data_read_only_claim_name,  # EFS refuses writes through it
         run_claim=storage.run_claim_names[run.run_id],
         instance_type=group.instance_type,
         efa=group.efa,

@@ -6,6 +6,7 @@ components from here::
     from eks_ddp import Network, EksCluster, GpuNodeGroup, EfsStore, ClusterAddons, ClusterAutoscaler
     from eks_ddp import TrainerImage, EtcdRendezvous, ElasticJob, ResultsBucket
     from eks_ddp import Workload, S3Data, Cifar10Data, cifar10_workload   # what an ElasticJob trains
+    from eks_ddp import WorkloadImage   # your image: the nodes' pull grant and the ECR scan gate
 
 The names are plain imports (type checkers and IDEs see every class; the package ships ``py.typed``).
 Importing ``eks_ddp`` loads Pulumi and its AWS/EKS/Kubernetes SDKs, never torch: the trainer is the
@@ -25,10 +26,12 @@ from .image import TrainerImage, TrainerImageArgs
 from .network import Network, NetworkArgs
 from .results import ResultsBucket, ResultsBucketArgs
 from .workload import Cifar10Data, S3Data, Workload, cifar10_workload
+from .workload_image import WorkloadImage, WorkloadImageArgs
 
 __all__ = [
     "ClusterAddons", "ClusterAddonsArgs", "ClusterAutoscaler", "ClusterAutoscalerArgs", "EfsStore", "EfsStoreArgs",
     "EksCluster", "EksClusterArgs", "ElasticJob", "ElasticJobArgs", "EtcdRendezvous", "EtcdRendezvousArgs",
     "GpuNodeGroup", "GpuNodeGroupArgs", "Network", "NetworkArgs", "ResultsBucket", "ResultsBucketArgs",
     "TrainerImage", "TrainerImageArgs", "Workload", "S3Data", "Cifar10Data", "cifar10_workload",
+    "WorkloadImage", "WorkloadImageArgs",
 ]

@@ -19,7 +19,8 @@ limit of 1 already keeps pods from borrowing the node's credentials; only host-n
 inline policy that pulls images only from the regional EKS add-on registry
 (``ADDON_REGISTRY_ACCOUNTS``). It deliberately lacks AmazonEC2ContainerRegistryReadOnly
 (pull from every repository in the account): the trainer image component grants
-pull on its own repository to ``node_role_name``.
+pull on its own repository to ``node_role_name``, and :class:`components.workload_image.WorkloadImage` (which an
+``ElasticJob`` given ``node_role_name`` makes) on each run image's repository.
 
 The system node group (``eks-ddp/pool=system``) runs CoreDNS, add-on controllers
 and etcd; GPU groups are :class:`components.gpu_nodegroup.GpuNodeGroup`.
@@ -148,8 +149,9 @@ class EksClusterArgs:
     tags: dict[str, str] | None = None
     """Extra tags for the AWS resources."""
     stack_id: str | None = None
-    """``<organization>/<project>/<stack>``, tagged on the EKS cluster (``eks-ddp/stack``) so preflight can tell
-    this stack's cluster from another stack's of the same name."""
+    """The stack's owner id (``components.preflight_live.owner_id``: ``<organization>/<project>/<stack>``, plus
+    ``/<cluster.ownerId>`` on a self-managed backend), tagged on the EKS cluster and its log group
+    (``eks-ddp/stack``) so preflight and the log group's adoption can tell this stack's from another's."""
 
 
 def validate(args: EksClusterArgs) -> None:
@@ -302,12 +304,24 @@ class EksCluster(pulumi.ComponentResource):
         # EKS also re-creates it while a deleted control plane flushes its last logs, so a deleted group
         # comes back and the next `pulumi up` of the stack would fail with ResourceAlreadyExists. So the
         # group is never deleted (skip_destroy; it expires by retention) and an existing one is adopted.
+        # A group whose owner tag names another stack is never adopted: that would rewrite another team's
+        # retention and tags (and its cluster of this name makes our CreateCluster fail anyway).
         log_name = log_group_name(self._args.cluster_name)
-        found = aws.cloudwatch.get_log_groups(log_group_name_prefix=log_name, opts=pulumi.InvokeOptions(parent=self))
+        invoke = pulumi.InvokeOptions(parent=self)
+        found = aws.cloudwatch.get_log_groups(log_group_name_prefix=log_name, opts=invoke)
         existing = log_name in (found.log_group_names or [])
+        stack_id = self._args.stack_id
+        if existing and stack_id is not None:
+            owner = (aws.cloudwatch.get_log_group(name=log_name, opts=invoke).tags or {}).get(STACK_TAG)
+            from .preflight_live import legacy_owner  # botocore-free at import time
+
+            if owner is not None and owner != stack_id and owner != legacy_owner(stack_id):
+                raise ValueError(f"cluster_name: the log group {log_name} belongs to stack {owner!r}, not to this "
+                                 f"stack ({stack_id}); it is never adopted; expected a cluster name no other stack's "
+                                 "cluster or log group has (stack config: cluster.name)")
         return aws.cloudwatch.LogGroup(
             f"{self._name}-logs", name=log_name, retention_in_days=self._args.log_retention_days,
-            skip_destroy=True, tags=self._tags,
+            skip_destroy=True, tags={**self._tags, STACK_TAG: stack_id} if stack_id else self._tags,
             opts=pulumi.ResourceOptions(parent=self, import_=log_name if existing else None))
 
     def _create_node_role(self) -> None:

@@ -17,6 +17,7 @@ dataclasses), ``config_checks.py`` (cross-field checks), ``config_reference.py``
 from __future__ import annotations
 
 import datetime as dt
+import re
 from collections.abc import Iterable
 from dataclasses import fields
 from types import SimpleNamespace
@@ -77,6 +78,10 @@ def load_stack_config(raw: dict[str, Any], *, region: str | None, stack: str | N
     elif named is None and stack is not None and (bad := rules.cluster_name("stack name", cluster_name_for(stack))):
         r.problems.append(f"{bad} (the cluster is named eks-ddp-<stack>: rename the stack with "
                           "'pulumi stack rename', or set eks-ddp:cluster.name)")
+    owner = getattr(cluster, "owner_id", None)
+    if owner is not None and not re.fullmatch(r"[A-Za-z0-9._-]{8,64}", str(owner)):
+        r.problems.append(f"cluster.ownerId: got {owner!r}; expected 8-64 letters, digits, '.', '_' or '-', unique "
+                          "to this stack (e.g. a uuid4 hex)")
     groups_raw = data.get("nodeGroups")
     groups: list[NodeGroupConfig] = []
     if not isinstance(groups_raw, list) or not groups_raw:

@@ -94,6 +94,12 @@ class ClusterConfig:
     name: str | None = _doc(
         "EKS cluster name (and its log group /aws/eks/<name>/cluster); unset: eks-ddp-<stack>. Preflight refuses "
         "a name another stack's cluster has in the account and region: set one unique there.", default=None)
+    owner_id: str | None = _doc(
+        "A value unique to this stack (8-64 letters, digits, '.', '_', '-'), set once and kept: it makes the owner "
+        "tag (eks-ddp/stack) of the cluster and its log group unique on a self-managed backend (S3, GCS, Azure, "
+        "--local), where every organization is 'organization'. Required there (preflight says); e.g. "
+        "pulumi config set --path cluster.ownerId $(python3 -c 'import uuid; print(uuid.uuid4().hex)').",
+        default=None)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -151,7 +157,8 @@ class ImageConfig:
         "destroy deletes them.", default=False)
     scan_fail_severity: ScanSeverity = _doc(
         "Fail 'pulumi up' before any job runs the image if ECR's scan on push finds anything at or above this "
-        "severity; 'disabled' runs it unchecked. Images outside ECR are not gated.", default="CRITICAL")
+        "severity; 'disabled' runs it unchecked. Gates every runs[i].workload.image in ECR too; images outside ECR "
+        "are not gated.", default="CRITICAL")
     registry_cache: bool = _doc(
         "Share the BuildKit layer cache through a second, mutable ECR repository (faster builds in CI); the "
         "build trusts its layers, so anyone who can push to it can plant code in the image. Default: local "
@@ -232,7 +239,8 @@ class WorkloadConfig:
 
     kind: WorkloadKind = _doc("'cifar10' (the bundled trainer) or 'custom' (an object).", default="cifar10",
                               key="-")
-    image: str | None = _doc("Image the run's pods run (repo@sha256:digest); default: the stack's image.",
+    image: str | None = _doc("Image the run's pods run (repo@sha256:digest); default: the stack's image. In ECR "
+                             "the nodes get pull rights on its repository, and it is scan-gated (image.scanFailSeverity).",
                              default=None)
     module: str | None = _doc("Python module the launcher runs (like python -m), e.g. mypkg.train; exactly one "
                               "of module and script.", default=None)

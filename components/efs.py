@@ -8,29 +8,41 @@ run's checkpoints and metrics). EFS gives that without a storage operator:
 * one mount target per zone (EFS allows one per zone; with several private
   subnets in a zone, the first), behind a security group that admits NFS
   (tcp 2049) only from the cluster's node security group;
-* the EFS CSI driver as an EKS add-on (build per Kubernetes version: ``k8s_versions.ADDON_VERSIONS``) whose
-  controller assumes its own IAM role through IRSA (only the service account
-  ``kube-system:efs-csi-controller-sa`` may assume it). Deliberately narrower than AWS's
-  documented ``StringLike efs-csi-*`` trust, which also admits the node service account: the
-  nodes only mount (plain NFS over TLS to the mount target in their zone), which needs no AWS
-  call; the ``iam`` mount option or efs-utils' mount-target-IP fallback would need it, and then
-  the node SA must be added here. Its permissions are an inline policy (:func:`csi_controller_policy`):
-  access points only on this file system, not the managed policy's every file system in the account;
+* the EFS CSI driver as an EKS add-on (build per Kubernetes version: ``k8s_versions.ADDON_VERSIONS``) with one
+  IAM role through IRSA. The add-on's ``service_account_role_arn`` annotates *both* of its service accounts,
+  the controller's and the node DaemonSet's (AWS's EKS user guide, "Amazon EFS CSI driver" add-on page, widens
+  the role's trust to ``efs-csi-*`` for that reason; its configuration schema has no separate node role:
+  aws/containers-roadmap#2820; the driver's own docs, ``docs/iam-policy-create.md``, give the node account a
+  role of its own, by Pod Identity or the IRSA annotation, which the add-on cannot set separately), so the
+  role trusts exactly those two accounts,
+  ``kube-system:efs-csi-controller-sa`` and ``kube-system:efs-csi-node-sa``, and nothing else. Its permissions
+  are two inline policies: :func:`csi_controller_policy` (access points only on this file system, not the
+  managed policy's every file system in the account) and :func:`csi_node_policy` (``ClientMount`` and
+  ``ClientWrite`` on this file system only through this stack's access points; never ``ClientRootAccess``).
+  The node plugin mounts with the ``iam`` option, so efs-utils signs the mount with that role (aws/efs-utils
+  ``src/efs_utils_common/aws_credentials.py``, ``get_aws_security_credentials``: the web identity the IRSA
+  webhook puts into the pod's environment comes before the instance profile);
 * one EFS access point per workload, both owned by uid/gid 1000 (the non-root trainer) with
   mode 700: ``data`` (root ``/eks-ddp/<namespace>/<claim>/data``, the dataset) and ``run``
   (root ``/eks-ddp/<namespace>/<claim>/runs/<run_id>``, this run's checkpoints and results);
   each is a statically provisioned PersistentVolume (``volumeHandle: <fs-id>::<fsap-id>``; the
-  driver mounts an access point over TLS, and ``encryptInTransit`` is set explicitly) bound to a
-  claim in the training namespace. A run's pods mount its ``run`` claim and the ``data`` claim
-  (read-only, except for the data stage), never the whole file system, so one run cannot reach
+  driver mounts an access point over TLS, and ``encryptInTransit`` is set explicitly; ``mountOptions: [iam]``
+  makes it an IAM-authorised mount) bound to a claim in the training namespace. A run's pods mount its
+  ``run`` claim and the dataset: the data stage the ``data`` claim, every other pod the ``data-ro`` claim (a
+  third access point on the same directory, which the policy refuses every write through, so the dataset is
+  read-only at EFS, not only in the pod spec), never the whole file system, so one run cannot reach
   another run's directory. The paths are the ones the earlier dynamically provisioned claim
   ``shared`` used, so data and checkpoints written before carry over;
 * a file-system policy (``file_system_policy``): every client request must use TLS
   (``aws:SecureTransport``) and one of this stack's access points
   (``elasticfilesystem:AccessPointArn``, through a mount target); root access
-  (``ClientRootAccess``) is denied to every client. Without a policy EFS grants full access,
-  root included, to any client that reaches a mount target. With ``file_system_id`` the stack
-  puts its policy on the adopted file system too (replacing whatever policy it had).
+  (``ClientRootAccess``) is denied to every client; the only client allowed at all is the CSI role, so an
+  anonymous client (a mount without ``iam``, from any pod or host that reaches a mount target) is refused:
+  EFS sets ``AccessPointArn`` for IAM clients (EFS user guide, "Using access points in IAM policies"), and
+  no statement allows an anonymous one (EFS user guide, "Creating file system policies", "Prevent anonymous
+  access"). Without a policy EFS grants full access, root included, to any client that reaches a mount
+  target. With ``file_system_id`` the stack puts its policy on the adopted file system too (replacing
+  whatever policy it had). ``components.contracts.storage`` checks every mount of the plan against it.
 
 Keeping data on ``pulumi destroy``
 ----------------------------------
@@ -68,6 +80,14 @@ from . import k8s_versions, rules
 
 _FS_ID = re.compile(r"^fs-[0-9a-f]{8,40}$")
 EFS_CSI_CONTROLLER_SA = "efs-csi-controller-sa"
+EFS_CSI_NODE_SA = "efs-csi-node-sa"
+"""The node DaemonSet's service account (aws-efs-csi-driver chart, ``node.serviceAccount.name``): it mounts."""
+MOUNT_OPTIONS = ("iam",)
+"""The PersistentVolumes' ``mountOptions``: the driver passes them to efs-utils (aws-efs-csi-driver
+``pkg/driver/node.go``, NodePublishVolume: the volume capability's mount flags), which then authenticates the
+mount with the node plugin's IAM role. TLS comes from ``encryptInTransit`` and the access point."""
+CLIENT_ACTIONS = ("elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite")
+"""What a mount through an access point needs: read (mount) and write. ``ClientRootAccess`` never."""
 EFS_CSI_NAMESPACE = "kube-system"
 DRIVER_TAG = "efs.csi.aws.com/cluster"
 """The tag the EFS CSI controller puts on every access point it creates (value ``true``)."""
@@ -94,6 +114,19 @@ def csi_controller_policy(file_system_arn: str) -> dict:
          "Resource": "*", "Condition": driver},
         {"Sid": "DeleteDriverAccessPoints", "Effect": "Allow", "Action": ["elasticfilesystem:DeleteAccessPoint"],
          "Resource": "*", "Condition": driver},
+    ]}
+
+
+def csi_node_policy(file_system_arn: str, access_point_arns: Sequence[str]) -> dict:
+    """The node plugin's mount permissions: read and write on this file system, only through ``access_point_arns``
+    and a mount target; no ``ClientRootAccess`` (EFS user guide, "Using IAM to control file system data access":
+    an allow in either the identity or the file-system policy suffices; "Using access points in IAM policies"
+    for the ``elasticfilesystem:AccessPointArn`` condition)."""
+    return {"Version": "2012-10-17", "Statement": [
+        {"Sid": "MountThroughStackAccessPoints", "Effect": "Allow", "Action": list(CLIENT_ACTIONS),
+         "Resource": file_system_arn,
+         "Condition": {"StringEquals": {"elasticfilesystem:AccessPointArn": sorted(access_point_arns)},
+                       "Bool": {"elasticfilesystem:AccessedViaMountTarget": "true"}}},
     ]}
 
 
@@ -157,27 +190,35 @@ def validate(args: EfsStoreArgs) -> None:
                          "run ids")
 
 
-def irsa_trust_policy(oidc_provider_arn: str, issuer_url: str, namespace: str, service_account: str) -> str:
-    """Trust policy letting exactly one Kubernetes service account assume a role through the OIDC provider."""
+def irsa_trust_policy(oidc_provider_arn: str, issuer_url: str, namespace: str,
+                      service_account: str | Sequence[str]) -> str:
+    """Trust policy letting exactly the named Kubernetes service account(s) assume a role through the OIDC provider."""
     issuer = issuer_url.removeprefix("https://")
+    names = [service_account] if isinstance(service_account, str) else list(service_account)
+    subjects = [f"system:serviceaccount:{namespace}:{n}" for n in names]
     return json.dumps({"Version": "2012-10-17", "Statement": [{
         "Effect": "Allow",
         "Principal": {"Federated": oidc_provider_arn},
         "Action": "sts:AssumeRoleWithWebIdentity",
         "Condition": {"StringEquals": {
-            f"{issuer}:sub": f"system:serviceaccount:{namespace}:{service_account}",
+            f"{issuer}:sub": subjects[0] if len(subjects) == 1 else subjects,
             f"{issuer}:aud": "sts.amazonaws.com",
         }},
     }]})
 
 
-def file_system_policy(access_point_arns: Sequence[str]) -> str:
-    """Client access only over TLS, only through ``access_point_arns`` (via a mount target), never as root.
+def file_system_policy(access_point_arns: Sequence[str], client_role_arn: str | None = None,
+                       read_only_arns: Sequence[str] = ()) -> str:
+    """Client access only over TLS, only through ``access_point_arns`` (via a mount target), never as root, and
+    only for ``client_role_arn`` (the CSI driver's role, which the node plugin mounts with); no writes through
+    ``read_only_arns`` (a subset of ``access_point_arns``).
 
-    The Deny statements also bind IAM-authenticated clients whose identity policy would allow more.
+    The Deny statements also bind IAM-authenticated clients whose identity policy would allow more. Without
+    ``client_role_arn`` the allow names every principal (``AWS: *``), anonymous clients included.
     """
-    client = ["elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite", "elasticfilesystem:ClientRootAccess"]
+    client = [*CLIENT_ACTIONS, "elasticfilesystem:ClientRootAccess"]
     anyone = {"AWS": "*"}
+    allowed = {"AWS": client_role_arn} if client_role_arn else anyone
     return json.dumps({"Version": "2012-10-17", "Statement": [
         {"Sid": "DenyWithoutTls", "Effect": "Deny", "Principal": anyone, "Action": client,
          "Condition": {"Bool": {"aws:SecureTransport": "false"}}},
@@ -185,8 +226,12 @@ def file_system_policy(access_point_arns: Sequence[str]) -> str:
          "Condition": {"StringNotEquals": {"elasticfilesystem:AccessPointArn": list(access_point_arns)}}},
         {"Sid": "DenyRootAccess", "Effect": "Deny", "Principal": anyone,
          "Action": "elasticfilesystem:ClientRootAccess"},
-        {"Sid": "AllowStackAccessPoints", "Effect": "Allow", "Principal": anyone,
-         "Action": ["elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite"],
+        *([{"Sid": "DenyWritesThroughReadOnlyAccessPoints", "Effect": "Deny", "Principal": anyone,
+            "Action": "elasticfilesystem:ClientWrite",
+            "Condition": {"StringEquals": {"elasticfilesystem:AccessPointArn": list(read_only_arns)}}}]
+          if read_only_arns else []),
+        {"Sid": "AllowStackAccessPoints", "Effect": "Allow", "Principal": allowed,
+         "Action": list(CLIENT_ACTIONS),
          "Condition": {"StringEquals": {"elasticfilesystem:AccessPointArn": list(access_point_arns)},
                        "Bool": {"elasticfilesystem:AccessedViaMountTarget": "true"}}},
     ]})
@@ -197,7 +242,10 @@ class EfsStore(pulumi.ComponentResource):
 
     file_system_id: pulumi.Output[str]
     data_claim_name: pulumi.Output[str]
-    """The dataset's claim (``/shared/data``): read-write for the data stage, read-only for everything else."""
+    """The dataset's claim (``/shared/data``): read-write, for the data stage."""
+    data_read_only_claim_name: pulumi.Output[str]
+    """The dataset's read-only claim (the same directory through an access point EFS refuses writes through):
+    for every pod that only reads the dataset."""
     run_claim_name: pulumi.Output[str]
     """This run's claim (``/shared/runs/<run_id>``): checkpoints, final model, metrics."""
     run_claim_names: dict[str, pulumi.Output[str]]
@@ -237,9 +285,9 @@ class EfsStore(pulumi.ComponentResource):
 
         role = aws.iam.Role(
             f"{name}-efs-csi",
-            description="EFS CSI controller (IRSA): creates and deletes access points",
+            description="EFS CSI driver (IRSA): the controller manages access points, the node plugin mounts",
             assume_role_policy=pulumi.Output.all(args.oidc_provider_arn, args.oidc_provider_url).apply(
-                lambda a: irsa_trust_policy(a[0], a[1], EFS_CSI_NAMESPACE, EFS_CSI_CONTROLLER_SA)),
+                lambda a: irsa_trust_policy(a[0], a[1], EFS_CSI_NAMESPACE, (EFS_CSI_CONTROLLER_SA, EFS_CSI_NODE_SA))),
             tags=tags, opts=child)
         invoke = pulumi.InvokeOptions(parent=self)
         fs_arn = pulumi.Output.concat(
@@ -249,6 +297,26 @@ class EfsStore(pulumi.ComponentResource):
             f"{name}-efs-csi", role=role.id,
             policy=fs_arn.apply(lambda arn: json.dumps(csi_controller_policy(arn))),
             opts=child)
+        base = pulumi.Output.concat("/eks-ddp/", args.namespace, f"/{args.claim_name}")
+        keep_ap = pulumi.ResourceOptions(parent=self, retain_on_delete=args.retain_on_destroy)
+        data_ap = self._access_point(f"{name}-data", fs_id, pulumi.Output.concat(base, "/data"), tags, keep_ap)
+        # The same directory for the pods that only read it: EFS refuses every write through this one.
+        data_ro_ap = self._access_point(f"{name}-data-ro", fs_id, pulumi.Output.concat(base, "/data"), tags, keep_ap)
+        run_ap = self._access_point(f"{name}-run", fs_id, pulumi.Output.concat(base, f"/runs/{args.run_id}"), tags,
+                                    keep_ap)
+        more_aps = {rid: self._access_point(f"{name}-run-{rid}", fs_id, pulumi.Output.concat(base, f"/runs/{rid}"),
+                                            tags, keep_ap) for rid in args.more_run_ids}
+        ap_arns = [data_ap.arn, run_ap.arn, *(ap.arn for ap in more_aps.values()), data_ro_ap.arn]
+        mount = aws.iam.RolePolicy(
+            f"{name}-efs-csi-mount", role=role.id,
+            policy=pulumi.Output.all(fs_arn, *ap_arns).apply(lambda a: json.dumps(csi_node_policy(a[0], a[1:]))),
+            opts=child)
+        # Kept with the file system: a retained file system must not fall back to EFS's open default policy.
+        aws.efs.FileSystemPolicy(
+            f"{name}-policy", file_system_id=fs_id,
+            policy=pulumi.Output.all(role.arn, *ap_arns).apply(lambda a: file_system_policy(a[1:], a[0], a[-1:])),
+            opts=keep_ap)
+
         addon = aws.eks.Addon(
             f"{name}-efs-csi-driver",
             cluster_name=args.cluster_name,
@@ -261,24 +329,13 @@ class EfsStore(pulumi.ComponentResource):
             resolve_conflicts_on_create="OVERWRITE",
             resolve_conflicts_on_update="PRESERVE",
             tags=tags,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[attach]))
-
-        base = pulumi.Output.concat("/eks-ddp/", args.namespace, f"/{args.claim_name}")
-        keep_ap = pulumi.ResourceOptions(parent=self, retain_on_delete=args.retain_on_destroy)
-        data_ap = self._access_point(f"{name}-data", fs_id, pulumi.Output.concat(base, "/data"), tags, keep_ap)
-        run_ap = self._access_point(f"{name}-run", fs_id, pulumi.Output.concat(base, f"/runs/{args.run_id}"), tags,
-                                    keep_ap)
-        more_aps = {rid: self._access_point(f"{name}-run-{rid}", fs_id, pulumi.Output.concat(base, f"/runs/{rid}"),
-                                            tags, keep_ap) for rid in args.more_run_ids}
-        # Kept with the file system: a retained file system must not fall back to EFS's open default policy.
-        aws.efs.FileSystemPolicy(
-            f"{name}-policy", file_system_id=fs_id,
-            policy=pulumi.Output.all(data_ap.arn, run_ap.arn, *(ap.arn for ap in more_aps.values())).apply(
-                file_system_policy), opts=keep_ap)
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[attach, mount]))
 
         after = [addon, *mount_targets]
         self.data_claim_name = self._static_claim(f"{name}-data", f"{args.claim_name}-data", fs_id, data_ap, args,
                                                   after)
+        self.data_read_only_claim_name = self._static_claim(
+            f"{name}-data-ro", f"{args.claim_name}-data-ro", fs_id, data_ro_ap, args, after, read_only=True)
         self.run_claim_name = self._static_claim(f"{name}-run", f"{args.claim_name}-run-{args.run_id}", fs_id, run_ap,
                                                  args, after)
         self.run_claim_names = {args.run_id: self.run_claim_name, **{
@@ -286,6 +343,7 @@ class EfsStore(pulumi.ComponentResource):
             for rid, ap in more_aps.items()}}
         self.file_system_id = pulumi.Output.from_input(fs_id)
         self.register_outputs({"file_system_id": self.file_system_id, "data_claim_name": self.data_claim_name,
+                               "data_read_only_claim_name": self.data_read_only_claim_name,
                                "run_claim_name": self.run_claim_name})
 
     def _access_point(self, name: str, fs_id: pulumi.Input[str], path: pulumi.Input[str], tags: dict[str, str],
@@ -300,28 +358,31 @@ class EfsStore(pulumi.ComponentResource):
             tags={**tags, "Name": name}, opts=opts)
 
     def _static_claim(self, name: str, claim: str, fs_id: pulumi.Input[str], ap: aws.efs.AccessPoint,
-                      args: EfsStoreArgs, after: list[pulumi.Resource]) -> pulumi.Output[str]:
-        """A PersistentVolume on one access point, pre-bound to a claim of the same name in the namespace."""
+                      args: EfsStoreArgs, after: list[pulumi.Resource], read_only: bool = False) -> pulumi.Output[str]:
+        """A PersistentVolume on one access point, pre-bound to a claim of the same name in the namespace
+        (``ReadOnlyMany`` with ``read_only``: the policy refuses writes through that access point)."""
+        modes = ["ReadOnlyMany"] if read_only else ["ReadWriteMany"]
         labels = {"app.kubernetes.io/part-of": "eks-ddp"}
         pv_name = pulumi.Output.concat(args.namespace, f"-{claim}")  # cluster-scoped: unique per namespace
         pv = k8s.core.v1.PersistentVolume(
             name,
             metadata=k8s.meta.v1.ObjectMetaArgs(name=pv_name, labels=labels),
             spec=k8s.core.v1.PersistentVolumeSpecArgs(
-                capacity={"storage": CLAIM_SIZE}, access_modes=["ReadWriteMany"], volume_mode="Filesystem",
+                capacity={"storage": CLAIM_SIZE}, access_modes=modes, volume_mode="Filesystem",
                 persistent_volume_reclaim_policy="Retain", storage_class_name="",
                 claim_ref=k8s.core.v1.ObjectReferenceArgs(namespace=args.namespace, name=claim),
                 csi=k8s.core.v1.CSIPersistentVolumeSourceArgs(
                     driver=EFS_CSI_DRIVER,
                     # <fs-id>:<subpath>:<access point>: the driver mounts an access point with TLS (efs-utils).
                     volume_handle=pulumi.Output.concat(fs_id, "::", ap.id),
-                    volume_attributes={"encryptInTransit": "true"})),
+                    volume_attributes={"encryptInTransit": "true"}),
+                mount_options=list(MOUNT_OPTIONS)),
             opts=pulumi.ResourceOptions(parent=self, depends_on=after))
         pvc = k8s.core.v1.PersistentVolumeClaim(
             name,
             metadata=k8s.meta.v1.ObjectMetaArgs(name=claim, namespace=args.namespace, labels=labels),
             spec=k8s.core.v1.PersistentVolumeClaimSpecArgs(
-                access_modes=["ReadWriteMany"], storage_class_name="", volume_name=pv.metadata.name,
+                access_modes=modes, storage_class_name="", volume_name=pv.metadata.name,
                 resources=k8s.core.v1.VolumeResourceRequirementsArgs(requests={"storage": CLAIM_SIZE})),
             opts=pulumi.ResourceOptions(parent=self, depends_on=after))
         return pvc.metadata.name

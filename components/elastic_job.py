@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -37,7 +37,7 @@ from .cifar10_stages import (  # noqa: F401 (EVAL_RUN_DIR_ENV: API)
     create_prepare_job,
 )
 from .data_stage import create_s3_stage
-from .elastic_job_checks import check_rules, validate
+from .elastic_job_checks import check_rules, claim_run_dir, validate
 from .etcd import SERVER_LABELS, etcd_client_egress
 from .fabric_gate import create_fabric_check
 from .namespace import dns_egress
@@ -72,6 +72,10 @@ from .torchrun import (
     script_command,
 )
 from .workload import DATA_DIR_ENV, FATAL_EXIT_CODES, RUN_DIR_ENV, Cifar10Data, S3Data, Workload, cifar10_workload
+from .workload_image import job_image
+
+if TYPE_CHECKING:
+    from .gpu_nodegroup import GpuNodeGroup
 
 TRAINER_FATAL_EXIT_CODES = FATAL_EXIT_CODES
 """training/exitcodes.FATAL (config error, divergence, unreadable input), mirrored because the library never
@@ -103,6 +107,9 @@ class ElasticJobArgs:
     data_claim: pulumi.Input[str] | None = None
     """The dataset's claim (EfsStore.data_claim_name), mounted at /shared/data: read-write in the data stage,
     read-only in every other pod."""
+    data_read_only_claim: pulumi.Input[str] | None = None
+    """The dataset's read-only claim (EfsStore.data_read_only_claim_name), with ``data_claim``: every pod but the
+    data stage mounts it instead, so EFS itself refuses their writes to the dataset."""
     run_claim: pulumi.Input[str] | None = None
     """This run's claim (EfsStore.run_claim_name), mounted at /shared/runs/<run_id> in the training, fabric-check
     and evaluation pods; the data stage does not mount it."""
@@ -116,6 +123,9 @@ class ElasticJobArgs:
     """Labels of the CPU system nodes. Data preparation runs there: it needs no GPU, and a GPU group scaled
     to zero would leave it Pending (and ``pulumi up``, which awaits it, hanging). None: no nodeSelector; the
     pod still never lands on a GPU node, since it does not tolerate their taint."""
+    node_group: GpuNodeGroup | None = None
+    """The job's GPU node group: ``nodes`` may not exceed its ``max_size``. Unset: the group of this program that
+    ``node_selector`` selects (its ``node_labels``), when there is one."""
     nodes: int = 2
     """torchrun agents (one pod per node): the max of --nnodes."""
     min_nodes: int = 1
@@ -168,6 +178,17 @@ class ElasticJobArgs:
     is created only after it passed (EFA transport when ``efa``, the catalog's bandwidth floor)."""
     fabric_check_timeout: str = "40m"
     """How long ``pulumi up`` waits for the fabric check (nodes may be launching and pulling the image)."""
+    node_role_name: pulumi.Input[str] | None = None
+    """IAM role of the nodes the job runs on (``EksCluster.node_role_name``). With it, a ``workload.image`` in ECR
+    (given as a string) gets a pull-only grant on exactly its repository (components/workload_image.py), so
+    you never rebuild the repository ARN yourself. None: the node role must already be allowed to pull it
+    (an ``EksCluster``'s role is not: it pulls only what it was granted)."""
+    image_scan_fail_severity: str = "CRITICAL"
+    """A ``workload.image`` in ECR (given as a string) passes the ECR scan gate before any pod gets it: findings at
+    or above this severity fail ``pulumi up``; ``disabled`` runs it unscanned. An Output image is taken as it is
+    (gate it with :class:`components.workload_image.WorkloadImage`)."""
+    aws_profile: str | None = None
+    """The AWS profile the scan gate reads ECR with (it runs in the program, with boto3)."""
 
     def __post_init__(self) -> None:
         check_rules(self)  # a bad value fails where the Args are built, naming the field
@@ -202,6 +223,7 @@ class ElasticJob(pulumi.ComponentResource):
         super().__init__("eks-ddp:elastic_job:ElasticJob", name, None, opts)
         self._args = a = args
         self._it = validate(name, args)
+        claim_run_dir(name, args)
         self.job_name = f"{name}-{a.run_id}"
         self._prepare_name = f"{name}-prepare-data"
         self._evaluate_name = f"{name}-evaluate"
@@ -212,8 +234,10 @@ class ElasticJob(pulumi.ComponentResource):
         """The training pods' ServiceAccount: the one ``ResultsBucketArgs.service_account`` must name."""
         data = a.workload.data
         self._data_dir = f"{DATA_DIR}/{data.name}" if isinstance(data, S3Data) else DATA_DIR
-        self.image: pulumi.Input[str] = a.workload.image if a.workload.image is not None else a.image
-        """The training (and fabric-check) pods' image: the workload's, else the stack's."""
+        self.image: pulumi.Input[str] = a.image if a.workload.image is None else job_image(
+            self, f"{name}-image", a.workload.image, node_role_name=a.node_role_name,
+            scan_fail_severity=a.image_scan_fail_severity, aws_profile=a.aws_profile)
+        """The training (and fabric-check) pods' image: the workload's (granted and gated), else the stack's."""
         self._train_labels = {**TRAINER_LABELS, "app.kubernetes.io/instance": self.job_name,
                               "app.kubernetes.io/component": "train"}
         child = pulumi.ResourceOptions(parent=self)
@@ -227,7 +251,8 @@ class ElasticJob(pulumi.ComponentResource):
         self.pods = PodFactory(
             namespace=a.namespace, image=a.image, efa=a.efa, node_selector=a.node_selector,
             system_node_selector=a.system_node_selector, pvc_name=a.pvc_name, data_claim=a.data_claim,
-            run_claim=a.run_claim, run_dir=self._run_dir, rdzv_backend=a.rdzv_backend,
+            run_claim=a.run_claim, data_read_only_claim=a.data_read_only_claim, run_dir=self._run_dir,
+            rdzv_backend=a.rdzv_backend,
             rdzv_tls_secret=a.rdzv_tls_secret, trainer_sa=sa.metadata.name, worker_sa=worker.metadata.name)
         """The pods' shared pieces (components/podspec.py), for this component and its fabric-check gate."""
         self._create_network_policies(name, child)

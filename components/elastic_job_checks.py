@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import weakref
+from typing import TYPE_CHECKING, Any
+
+import pulumi
 
 from . import catalog, rules
 from .cifar10_stages import DATA_PIN_ENV
+from .gpu_nodegroup import group_for
 from .podspec import CACHE_ENV, nccl_env
 from .torchrun import AGENT_ENV
 from .workload import S3Data, Workload
+from .workload_image import SCAN_SEVERITIES
 
 if TYPE_CHECKING:
     from .elastic_job import ElasticJobArgs
@@ -23,6 +28,8 @@ def check_rules(a: ElasticJobArgs) -> None:
         f"workload: got {a.workload!r}; expected a Workload (components/workload.py), e.g. cifar10_workload()",
         rules.namespace("namespace", a.namespace) if isinstance(a.namespace, str) else None,
         rules.image_by_digest("image", a.image) if isinstance(a.image, str) else None,
+        None if a.image_scan_fail_severity in SCAN_SEVERITIES else
+        f"image_scan_fail_severity: got {a.image_scan_fail_severity!r}; expected one of {', '.join(SCAN_SEVERITIES)}",
     )
 
 
@@ -39,6 +46,9 @@ def validate(name: str, a: ElasticJobArgs) -> catalog.InstanceType:
         raise ValueError(f"pvc_name/data_claim/run_claim: got pvc_name={a.pvc_name!r}, data_claim={a.data_claim!r}, "
                          f"run_claim={a.run_claim!r}; expected data_claim and run_claim (per workload), or pvc_name "
                          "(the whole volume) alone")
+    if a.data_read_only_claim is not None and a.data_claim is None:
+        raise ValueError(f"data_read_only_claim: got {a.data_read_only_claim!r} without data_claim; expected it with "
+                         "data_claim (the data stage writes through data_claim)")
     owned = {*CACHE_ENV, *AGENT_ENV, *nccl_env(it, True), "POD_IP", "JOB_UID", "EKS_DDP_RESULTS_URL",
              "EKS_DDP_RESULTS_KMS_KEY", DATA_PIN_ENV}
     if clash := sorted(owned & set(a.workload.env)):
@@ -49,6 +59,11 @@ def validate(name: str, a: ElasticJobArgs) -> catalog.InstanceType:
                          "stage's IAM role (data_stage.data_stage_role(...)); its pods get no other AWS credentials")
     if a.efa and not it.has_efa:
         raise ValueError(f"efa: got True for {a.instance_type!r}, which has no EFA interfaces")
+    group = a.node_group if a.node_group is not None else group_for(a.node_selector)
+    if group is not None and a.nodes > group.max_size:
+        raise ValueError(f"nodes: got {a.nodes}; expected at most {group.max_size}, the max_size of node group "
+                         f"{group.group_name!r} the job runs on (one agent per node: the autoscaler never grows the "
+                         "group past max_size, and the extra pods would stay Pending)")
     if not 1 <= a.min_nodes <= a.nodes:
         raise ValueError(f"min_nodes: got {a.min_nodes}; expected 1 <= min_nodes <= nodes ({a.nodes})")
     for key in ("max_restarts", "fault_budget"):
@@ -74,3 +89,34 @@ def validate(name: str, a: ElasticJobArgs) -> catalog.InstanceType:
         raise ValueError(f"run_id: got {a.run_id!r}; expected lowercase letters, digits and '-' making "
                          f"'{name}-<run_id>-<index>' at most 63 characters (pod host names)")
     return it
+
+
+_RUN_DIRS: weakref.WeakKeyDictionary[Any, list[tuple[str, Any, Any, str | None]]] = weakref.WeakKeyDictionary()
+"""Per program run (its root stack): (job name, namespace, claim, run id) of every ElasticJob made so far."""
+
+
+def _same(x: Any, y: Any) -> bool:
+    """The same claim or namespace: equal plain values, or the very same Output (an Output's value is unknown)."""
+    return x is y or (isinstance(x, str) and isinstance(y, str) and x == y)
+
+
+def claim_run_dir(name: str, a: ElasticJobArgs) -> None:
+    """Refuse a second ElasticJob of this program writing the same run directory: the same ``run_id`` on the same
+    whole-volume claim (``pvc_name``: ``/shared/runs/<run_id>``), or the same ``run_claim`` (the run directory
+    itself); then register this one."""
+    root = pulumi.runtime.get_root_resource()
+    if root is None:
+        return
+    seen = _RUN_DIRS.setdefault(root, [])
+    whole = a.pvc_name is not None
+    claim, run_id = (a.pvc_name, a.run_id) if whole else (a.run_claim, None)
+    for other, namespace, other_claim, other_run in seen:
+        if _same(namespace, a.namespace) and _same(other_claim, claim) and other_run == run_id:
+            shown = claim if isinstance(claim, str) else "(the same Output)"
+            key = "run_id" if whole else "run_claim"
+            value = a.run_id if whole else shown
+            raise ValueError(f"{key}: got {value!r} for ElasticJob {name!r}, but ElasticJob {other!r} already writes "
+                             f"/shared/runs/{a.run_id} on claim {shown!r}: the second would resume from the "
+                             f"first's checkpoints and overwrite its results; expected a {key} no other job of the "
+                             "program uses on that claim")
+    seen.append((name, a.namespace, claim, run_id))

@@ -45,9 +45,10 @@ Every property is set here, where it can be read and tested:
 from __future__ import annotations
 
 import base64
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import pulumi
 import pulumi_aws as aws
@@ -203,6 +204,23 @@ def update_strategy(args: GpuNodeGroupArgs) -> str:
     return "MINIMAL" if args.capacity_reservation_id else "DEFAULT"
 
 
+_GROUPS: weakref.WeakKeyDictionary[Any, list[GpuNodeGroup]] = weakref.WeakKeyDictionary()
+
+
+def _program_groups() -> list[GpuNodeGroup]:
+    """The GPU node groups this Pulumi program has made so far (one list per program run: its root stack)."""
+    root = pulumi.runtime.get_root_resource()
+    return _GROUPS.setdefault(root, []) if root is not None else []
+
+
+def group_for(node_selector: Any) -> GpuNodeGroup | None:
+    """The group of this program whose node labels ``node_selector`` (a plain mapping) selects, or None."""
+    if not isinstance(node_selector, dict):
+        return None
+    return next((g for g in _program_groups()
+                 if g.node_labels.items() <= node_selector.items()), None)
+
+
 class GpuNodeGroup(pulumi.ComponentResource):
     """A tainted GPU managed node group with its own launch template (optionally EFA, reservation, spot)."""
 
@@ -211,11 +229,15 @@ class GpuNodeGroup(pulumi.ComponentResource):
     """Labels every node of the group carries (the job's nodeSelector)."""
     zone: str | None
     """The single zone of the group, or None when it spans every private subnet."""
+    max_size: int
+    """The most nodes the group (and so a job on it: one agent per node) can get."""
 
     def __init__(self, name: str, args: GpuNodeGroupArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("eks-ddp:gpu_nodegroup:GpuNodeGroup", name, None, opts)
         it = validate(args)
         self._name, self._args = name, args
+        self.group_name = args.group_name
+        self.max_size = args.max_size
         self._tags = {"eks-ddp/node-group": args.group_name, **(args.tags or {})}
         child = pulumi.ResourceOptions(parent=self)
 
@@ -312,6 +334,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
         self._tag_node_template(group, scheduling.node_template_tags(
             labels=group_labels, taints=[(GPU_TAINT_KEY, "true", "NoSchedule")], instance_type=args.instance_type,
             efa=args.efa, root_volume_gib=args.root_volume_gib))
+        _program_groups().append(self)
         self.register_outputs({"node_group_name": self.node_group_name, "node_labels": self.node_labels})
 
     def _tag_node_template(self, group: aws.eks.NodeGroup, tags: Mapping[str, str]) -> None:

@@ -27,6 +27,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_docker_build as docker_build
 
+from . import rules
 from .scan_gate import SEVERITIES, ScanGate, scan_target
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -46,9 +47,9 @@ PULL_ACTIONS = ("ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer", "ecr:BatchChe
 """What a node needs to pull one repository's images."""
 
 _IMAGE_BY_DIGEST = re.compile(r"^[^\s@]+@sha256:[0-9a-f]{64}$")
-_ECR_IMAGE = re.compile(
-    r"^(?P<account>\d{12})\.dkr\.ecr(?:-fips)?\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(?P<cn>\.cn)?"
-    r"/(?P<repo>[^@]+)@sha256:[0-9a-f]{64}$")
+_ECR_IMAGE = re.compile(  # the IPv4 (and FIPS) registry host, or the dual-stack one (<id>.dkr-ecr.<region>.on.aws)
+    r"^(?P<account>\d{12})\.(?:dkr\.ecr(?:-fips)?\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(?P<cn>\.cn)?"
+    r"|dkr-ecr\.(?P<dual>[a-z0-9-]+)\.on\.aws)/(?P<repo>[^@]+)@sha256:[0-9a-f]{64}$")
 # Build outputs and editor files that .dockerignore keeps out of the context (and so out of the hash).
 _IGNORED_DIRS = {"__pycache__", ".pytest_cache", ".ruff_cache", ".mypy_cache", ".ipynb_checkpoints"}
 _IGNORED_SUFFIXES = (".pyc", ".pyo", ".pyd", ".swp")
@@ -86,6 +87,8 @@ class TrainerImageArgs:
     """Fail ``pulumi up`` before any job gets the image if ECR's scan on push finds anything at or above this
     severity (CRITICAL, HIGH, MEDIUM, LOW, INFORMATIONAL), or ``disabled``. ``image_ref`` resolves only once the
     scan passed (:class:`components.scan_gate.ScanGate`); images outside ECR are not gated."""
+    scan_setting: str = "TrainerImageArgs.scan_fail_severity"
+    """What the scan gate's failures tell you to change: this field; the stack's program passes its stack key."""
     aws_profile: str | None = None
     """The stack's ``aws:profile``, for the scan gate's ECR calls (it runs in the program, with boto3)."""
     registry_cache: bool = False
@@ -154,21 +157,23 @@ def image_tag(context_dir: str | Path, dirs: tuple[str, ...] = SOURCE_DIRS, dock
 
 
 def ecr_repository_arn(image_ref: str) -> str | None:
-    """ARN of the ECR repository an image reference points into, or None for other registries."""
+    """ARN of the ECR repository an image reference points into, or None for other registries. The partition
+    comes from the registry's region (aws, aws-cn, aws-us-gov), as the repository's ARN names it."""
     m = _ECR_IMAGE.match(image_ref)
     if m is None:
         return None
     repo = re.sub(r":[^/:]+$", "", m["repo"])  # repo:tag@sha256:... -> the tag is not part of the name
-    partition = "aws-cn" if m["cn"] else "aws"
-    return f"arn:{partition}:ecr:{m['region']}:{m['account']}:repository/{repo}"
+    region = m["region"] or m["dual"]
+    partition = "aws-cn" if m["cn"] else rules.partition(region)
+    return f"arn:{partition}:ecr:{region}:{m['account']}:repository/{repo}"
 
 
-def pull_policy(repository_arn: str) -> str:
+def pull_policy(repository_arn: str, sid: str = "PullTrainerImage") -> str:
     """Node policy: pull from one repository; GetAuthorizationToken cannot be scoped to a resource."""
     return json.dumps({
         "Version": "2012-10-17",
         "Statement": [
-            {"Sid": "PullTrainerImage", "Effect": "Allow", "Action": list(PULL_ACTIONS),
+            {"Sid": sid, "Effect": "Allow", "Action": list(PULL_ACTIONS),
              "Resource": repository_arn},
             {"Sid": "EcrLogin", "Effect": "Allow", "Action": "ecr:GetAuthorizationToken", "Resource": "*"},
         ],
@@ -255,7 +260,8 @@ class TrainerImage(pulumi.ComponentResource):
 
         if args.scan_fail_severity != "disabled" and (args.prebuilt is None or scan_target(args.prebuilt)):
             gate = ScanGate(f"{name}-scan", image_ref=self.image_ref, fail_at=args.scan_fail_severity,
-                            profile=args.aws_profile, opts=pulumi.ResourceOptions(parent=self))
+                            setting=args.scan_setting, profile=args.aws_profile,
+                            opts=pulumi.ResourceOptions(parent=self))
             self.image_ref = gate.image_ref  # a data dependency: whatever runs the image waits for the gate
 
         self.register_outputs({

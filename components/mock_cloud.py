@@ -99,7 +99,14 @@ def _ecr_repository(m: RecordingMocks, name: str, inputs: dict) -> tuple[str, di
 
 def _efs(m: RecordingMocks, name: str, inputs: dict) -> tuple[str, dict]:
     fs_id = f"fs-{_digest(name)[:17]}"
-    return fs_id, {"dnsName": f"{fs_id}.efs.{m.region}.amazonaws.com"}
+    return fs_id, {"dnsName": f"{fs_id}.efs.{m.region}.amazonaws.com",
+                   "arn": f"arn:aws:elasticfilesystem:{m.region}:{ACCOUNT}:file-system/{fs_id}"}
+
+
+def _efs_access_point(m: RecordingMocks, name: str, inputs: dict) -> tuple[str, dict]:
+    """EFS's ARN form (the storage contract matches policies against it)."""
+    ap_id = f"fsap-{_digest(name)[:17]}"
+    return ap_id, {"arn": f"arn:aws:elasticfilesystem:{m.region}:{ACCOUNT}:access-point/{ap_id}"}
 
 
 def _node_group(m: RecordingMocks, name: str, inputs: dict) -> tuple[str, dict]:
@@ -148,7 +155,7 @@ _OUTPUTS = {
     "aws:ec2/eip:Eip": _with_prefix("eipalloc"),
     "aws:ec2/placementGroup:PlacementGroup": _named,
     "aws:efs/fileSystem:FileSystem": _efs,
-    "aws:efs/accessPoint:AccessPoint": _with_prefix("fsap"),
+    "aws:efs/accessPoint:AccessPoint": _efs_access_point,
     "aws:ecr/repository:Repository": _ecr_repository,
     "aws:iam/role:Role": _named,
     "aws:s3/bucket:Bucket": _s3_bucket,
@@ -207,6 +214,9 @@ _INVOKES = {
     "aws:iam/getPolicyDocument:getPolicyDocument": _policy_document,
     "aws:ec2/getSubnet:getSubnet": _subnet,
     "eks:index:Cluster/getKubeconfig": lambda m, a: {"result": json.dumps(_profile_kubeconfig(a))},
+    "aws:cloudwatch/getLogGroup:getLogGroup": lambda m, a: {
+        "name": a["name"], "id": a["name"], "tags": m.log_group_tags.get(a["name"], {}),
+        "arn": f"arn:aws:logs:{m.region}:{ACCOUNT}:log-group:{a['name']}"},
     "aws:cloudwatch/getLogGroups:getLogGroups": lambda m, a: {
         "logGroupNames": [g for g in m.log_groups if g.startswith(a.get("logGroupNamePrefix", ""))],
         "arns": [], "id": m.region},

@@ -73,6 +73,8 @@ class RecordingMocks(pulumi.runtime.Mocks):
         self.calls: list[tuple[str, dict[str, Any]]] = []
         self.log_groups: list[str] = []
         """CloudWatch log groups that already exist in the account (``getLogGroups`` answers from it)."""
+        self.log_group_tags: dict[str, dict[str, str]] = {}
+        """Tags of those log groups by name (``getLogGroup`` answers from it)."""
         self._lock = threading.Lock()
 
     # -- resources ---------------------------------------------------------------------------

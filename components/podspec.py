@@ -115,6 +115,8 @@ class PodFactory:
     data_claim: pulumi.Input[str] | None
     run_claim: pulumi.Input[str] | None
     run_dir: str
+    data_read_only_claim: pulumi.Input[str] | None = None
+    """The dataset's read-only claim: mounted instead of ``data_claim`` by every pod that does not write data."""
     rdzv_backend: str
     rdzv_tls_secret: pulumi.Input[str] | None
     trainer_sa: pulumi.Input[str]
@@ -185,9 +187,10 @@ class PodFactory:
                     [v1.VolumeArgs(name="shared", persistent_volume_claim=v1.PersistentVolumeClaimVolumeSourceArgs(
                         claim_name=a.pvc_name))])
         # readOnly on the claim too: the EFS CSI driver then mounts the access point "ro".
+        data = a.data_claim if writes_data or a.data_read_only_claim is None else a.data_read_only_claim
         mounts = [v1.VolumeMountArgs(name="data", mount_path=DATA_DIR, read_only=not writes_data)]
         volumes = [v1.VolumeArgs(name="data", persistent_volume_claim=v1.PersistentVolumeClaimVolumeSourceArgs(
-            claim_name=a.data_claim, read_only=not writes_data))]
+            claim_name=data, read_only=not writes_data))]
         if not writes_data:
             mounts.append(v1.VolumeMountArgs(name="run", mount_path=self.run_dir))
             volumes.append(v1.VolumeArgs(name="run", persistent_volume_claim=v1.PersistentVolumeClaimVolumeSourceArgs(

@@ -27,7 +27,10 @@ With an EKS client and the cluster name it also checks what the stack already ru
 (:mod:`components.preflight_live`): the cluster name's owner, the version step, resizes
 against live desired sizes, and this cluster's own nodes (not counted twice).
 
-IAM actions used (all read-only): eks:DescribeCluster, eks:ListNodegroups, eks:DescribeNodegroup,
+With ECR clients it also checks that every ECR image the stack names (``image.prebuilt``,
+``runs[i].workload.image``) exists by its digest (:mod:`components.preflight_images`).
+
+IAM actions used (all read-only): ecr:DescribeImages, eks:DescribeCluster, eks:ListNodegroups, eks:DescribeNodegroup,
 ec2:DescribeAvailabilityZones, ec2:DescribeSubnets,
 ec2:DescribeInstanceTypeOfferings, ec2:DescribeInstanceTypes, ec2:DescribeInstances,
 ec2:DescribeCapacityReservations, ec2:DescribePlacementGroups, servicequotas:GetServiceQuota,
@@ -43,7 +46,7 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
-from . import catalog, cli_version, k8s_versions, preflight_live
+from . import catalog, cli_version, k8s_versions, preflight_images, preflight_live
 from .config import StackConfig, choose_zones
 from .network import EKS_UNSUPPORTED_ZONE_IDS
 from .preflight_capacity import CapacityChecks, placement_group_of  # noqa: F401 (placement_group_of: API)
@@ -331,12 +334,15 @@ class _Checker(CapacityChecks):
 
 
 def check(cfg: StackConfig, *, ec2: Any, quotas: Any, today: dt.date | None = None, eks: Any = None,
-          cluster_name: str | None = None, stack_id: str | None = None, sts: Any = None,
+          cluster_name: str | None = None, stack_id: str | None = None, logs: Any = None,
+          organization: str | None = None, ecr: Callable[[str], Any] | None = None, sts: Any = None,
           egress_ip: Callable[[], str | None] | None = None) -> Report:
     """Run every preflight check with the given boto3 ``ec2`` and ``service-quotas`` clients; with ``eks`` and
     ``cluster_name`` also the checks against what this stack already runs (:mod:`components.preflight_live`).
-    ``stack_id`` (``<organization>/<project>/<stack>``) is the cluster's owner tag; ``sts`` and ``egress_ip`` (this
-    machine's public IP) check that this machine reaches a live cluster's API endpoint."""
+    ``stack_id`` (``<organization>/<project>/<stack>``) is the cluster's owner tag. ``ecr(region)`` gives an
+    ECR client of a region: with it, every ECR image the stack names must exist (:mod:`components.preflight_images`).
+    ``sts`` and ``egress_ip`` (this machine's public IP) check that this machine reaches a live cluster's API
+    endpoint."""
     c = _Checker(cfg, ec2, quotas, cluster_name)
     # Extended support bills the control plane $0.60/h instead of $0.10/h: say so before anything is created.
     notice = k8s_versions.support_notice(cfg.cluster.kubernetes_version, cfg.cluster.upgrade_policy,
@@ -350,7 +356,10 @@ def check(cfg: StackConfig, *, ec2: Any, quotas: Any, today: dt.date | None = No
     c.check_placement_groups()
     c.check_quotas()
     if eks is not None and cluster_name is not None:
-        preflight_live.check_live(c, eks, cluster_name, stack_id, sts=sts, egress_ip=egress_ip)
+        preflight_live.check_live(c, eks, cluster_name, stack_id, logs=logs, organization=organization, sts=sts,
+                                  egress_ip=egress_ip)
+    if ecr is not None:
+        preflight_images.check_images(c, ecr)
     return c.report
 
 
@@ -366,6 +375,28 @@ def clients(region: str, profile: str | None = None) -> tuple[Any, Any, Any]:
             session.client("eks", config=config))
 
 
+def ecr_clients(profile: str | None = None) -> Callable[[str], Any]:
+    """ECR clients by region (an image's registry may sit in another region than the stack), made once each."""
+    import functools
+
+    import boto3
+    from botocore.config import Config
+
+    session = boto3.Session(profile_name=profile) if profile else boto3.Session()
+    return functools.cache(lambda region: session.client("ecr", config=Config(
+        region_name=region, connect_timeout=5, read_timeout=15, retries={"max_attempts": 3, "mode": "standard"})))
+
+
+def logs_client(region: str, profile: str | None = None) -> Any:
+    """A CloudWatch Logs client with the same short timeouts as :func:`clients`."""
+    import boto3
+    from botocore.config import Config
+
+    config = Config(region_name=region, connect_timeout=5, read_timeout=15,
+                    retries={"max_attempts": 3, "mode": "standard"})
+    return (boto3.Session(profile_name=profile) if profile else boto3.Session()).client("logs", config=config)
+
+
 def clients_sts(region: str, profile: str | None = None) -> Any:
     """The STS client of the same credentials as :func:`clients` (who runs this update)."""
     import boto3
@@ -376,7 +407,9 @@ def clients_sts(region: str, profile: str | None = None) -> Any:
 
 
 def run_or_raise(cfg: StackConfig, *, profile: str | None = None, ec2: Any = None, quotas: Any = None,
-                 eks: Any = None, cluster_name: str | None = None, stack_id: str | None = None) -> Report:
+                 eks: Any = None, cluster_name: str | None = None, stack_id: str | None = None,
+                 logs: Any = None, organization: str | None = None,
+                 ecr: Callable[[str], Any] | None = None) -> Report:
     """Run the checks; log warnings; raise pulumi.RunError (no traceback) listing every failure.
 
     ``profile`` is the stack's ``aws:profile`` (so the checks ask the account the provider deploys
@@ -393,9 +426,11 @@ def run_or_raise(cfg: StackConfig, *, profile: str | None = None, ec2: Any = Non
             pulumi.log.warn(f"preflight: could not create AWS clients ({err}); nothing was checked")
             return Report(warnings=[str(err)])
         ec2, quotas, eks = ec2 or made_ec2, quotas or made_quotas, eks or made_eks
+        ecr = ecr or ecr_clients(profile)
+        logs = logs or logs_client(cfg.region, profile)
         egress_ip = preflight_live.checkip
-    report = check(cfg, ec2=ec2, quotas=quotas, eks=eks, cluster_name=cluster_name, stack_id=stack_id, sts=sts,
-                   egress_ip=egress_ip)
+    report = check(cfg, ec2=ec2, quotas=quotas, eks=eks, cluster_name=cluster_name, stack_id=stack_id, logs=logs,
+                   organization=organization, ecr=ecr, sts=sts, egress_ip=egress_ip)
     if too_old := cli_version.problem():
         report.failures.append(too_old)
     for message in report.warnings:

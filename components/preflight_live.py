@@ -10,6 +10,13 @@ config meets on a later ``pulumi up``:
 - **a resize** (A2): a GPU group's desired size belongs to the autoscaler; a ``minSize`` above it would be refused
   by EKS, and a ``maxSize`` below it would scale in running (training) nodes: both fail with the
   ``aws eks update-nodegroup-config`` to run first;
+- **the owner id** (B6): on a self-managed backend ``pulumi.get_organization()`` is the constant
+  ``"organization"`` (pulumi/pulumi ``pkg/backend/diy/backend.go``: "DIY backend always uses "organization" as
+  the fixed organization name"), so ``<organization>/<project>/<stack>`` is the same for two teams' ``dev``
+  stacks; there the owner id takes ``cluster.ownerId``, a value the stack keeps in its config, and preflight
+  refuses to go on without one (:func:`owner_id`, :func:`check_owner_id`);
+- **the log group** (B6): ``/aws/eks/<cluster>/cluster`` whose owner tag names another stack is never adopted
+  (``components/cluster.py`` imports an existing group only when its tag is absent or this stack's);
 - **own nodes** (A5): instances tagged ``eks:cluster-name=<cluster>`` (EKS tags every managed node group instance)
   are this stack's demand already counted at ``maxSize``, not extra load on the quota or the reservation;
 - **the API endpoint from here**: this machine's public IP within the live cluster's ``publicAccessCidrs`` and the
@@ -17,7 +24,7 @@ config meets on a later ``pulumi up``:
   (:func:`check_endpoint_access`).
 
 IAM actions (read-only): eks:DescribeCluster, eks:ListNodegroups, eks:DescribeNodegroup, eks:ListAccessEntries,
-ec2:DescribeInstances, sts:GetCallerIdentity.
+ec2:DescribeInstances, logs:DescribeLogGroups, logs:ListTagsForResource, sts:GetCallerIdentity.
 """
 
 from __future__ import annotations
@@ -40,6 +47,57 @@ STACK_TAG = "eks-ddp/stack"
 GROUP_LABEL = "eks-ddp/node-group"
 CHECKIP_URL = "https://checkip.amazonaws.com"
 """Answers the caller's public IPv4 address, as AWS sees it (the address ``publicAccessCidrs`` is matched with)."""
+DIY_ORGANIZATION = "organization"
+"""What ``pulumi.get_organization()`` returns on every self-managed (DIY) backend."""
+OWNER_ID_KEY = "cluster.ownerId"
+OWNER_ID_COMMAND = ("pulumi config set --path cluster.ownerId "
+                    "$(python3 -c 'import uuid; print(uuid.uuid4().hex)')")
+
+
+def owner_id(organization: str, project: str, stack: str, stack_owner_id: str | None = None) -> str:
+    """The stack's owner tag: ``<organization>/<project>/<stack>``, plus ``/<cluster.ownerId>`` when set (unique on
+    a self-managed backend, where the organization is always ``organization``)."""
+    base = f"{organization}/{project}/{stack}"
+    return f"{base}/{stack_owner_id}" if stack_owner_id else base
+
+
+def check_owner_id(c: Any, organization: str | None) -> None:
+    """A self-managed backend without ``cluster.ownerId``: two stacks of one name would share one owner."""
+    if organization == DIY_ORGANIZATION and c.cfg.cluster.owner_id is None:
+        c.fail(f"{OWNER_ID_KEY}: required on a self-managed backend (S3, GCS, Azure Blob, --local), where every "
+               f"stack's organization is {DIY_ORGANIZATION!r}: another project's stack of this name in the account "
+               f"would look like this one and its cluster and log group like this stack's; set it once and keep "
+               f"it: {OWNER_ID_COMMAND}")
+
+
+def legacy_owner(stack_id: str | None) -> str | None:
+    """The owner tag a DIY stack wrote before it had ``cluster.ownerId``."""
+    if stack_id is None or stack_id.count("/") != 3 or not stack_id.startswith(DIY_ORGANIZATION + "/"):
+        return None
+    return stack_id.rsplit("/", 1)[0]
+
+
+def log_group_owner(logs: Any, name: str) -> tuple[bool, str | None]:
+    """(whether the log group exists, its ``eks-ddp/stack`` tag or None)."""
+    groups = [g for page in logs.get_paginator("describe_log_groups").paginate(logGroupNamePrefix=name)
+              for g in page.get("logGroups", []) if g.get("logGroupName") == name]
+    if not groups:
+        return False, None
+    arn = groups[0]["arn"].removesuffix(":*")
+    return True, (logs.list_tags_for_resource(resourceArn=arn).get("tags") or {}).get(STACK_TAG)
+
+
+def check_log_group(c: Any, logs: Any, cluster_name: str, stack_id: str | None) -> None:
+    """The control-plane log group of this cluster name, tagged by another stack, is never this stack's."""
+    name = f"/aws/eks/{cluster_name}/cluster"
+    found = c.attempt("logs", "DescribeLogGroups", f"the owner of log group {name}", lambda: log_group_owner(logs, name))
+    if not found:
+        return
+    exists, owner = found
+    if exists and owner is not None and stack_id is not None and owner not in (stack_id, legacy_owner(stack_id)):
+        c.fail(f"cluster.name: the log group {name} belongs to stack {owner!r}, not to this stack ({stack_id}); "
+               "it is never adopted: set another name: pulumi config set --path cluster.name <name> (a name no "
+               "cluster or log group in this account and region has)")
 
 
 def minor(version: str) -> tuple[int, int]:
@@ -81,7 +139,11 @@ def check_cluster_name(c: Any, found: dict[str, Any], cluster_name: str, stack_i
     owner = (found.get("tags") or {}).get(STACK_TAG)
     fix = ("set another name: pulumi config set --path cluster.name <name> (a name no cluster in this account "
            "and region has)")
-    if owner is not None and stack_id is not None and owner != stack_id:
+    if owner is not None and owner == legacy_owner(stack_id):
+        c.warn(f"cluster.name: the EKS cluster {cluster_name!r} carries the owner tag {owner!r}, which any stack "
+               f"named like this one on a self-managed backend wrote before {OWNER_ID_KEY}; if it is this stack's, "
+               f"`pulumi up` retags it {stack_id!r}; if not, `pulumi up` fails at CreateCluster: {fix}")
+    elif owner is not None and stack_id is not None and owner != stack_id:
         c.fail(f"cluster.name: an EKS cluster named {cluster_name!r} already exists in {c.cfg.region} and belongs to "
                f"stack {owner!r}, not to this stack ({stack_id}); {fix}")
     elif owner is None:
@@ -126,16 +188,20 @@ def check_resize(c: Any, live: dict[str, dict[str, Any]], cfg: StackConfig, clus
                    "then pulumi up")
 
 
-def check_live(c: Any, eks: Any, cluster_name: str, stack_id: str | None, *, sts: Any = None,
+def check_live(c: Any, eks: Any, cluster_name: str, stack_id: str | None, logs: Any = None,
+               organization: str | None = None, *, sts: Any = None,
                egress_ip: Callable[[], str | None] | None = None) -> None:
     """Every live-state check; API errors become warnings through the checker."""
+    check_owner_id(c, organization)
+    if logs is not None:
+        check_log_group(c, logs, cluster_name, stack_id)
     found = c.attempt("eks", "DescribeCluster", f"whether cluster {cluster_name} exists",
                       lambda: describe_cluster(eks, cluster_name))
     if found is None:
         return
     check_cluster_name(c, found, cluster_name, stack_id)
     owner = (found.get("tags") or {}).get(STACK_TAG) if found else None
-    if owner is not None and stack_id is not None and owner != stack_id:
+    if owner is not None and stack_id is not None and owner not in (stack_id, legacy_owner(stack_id)):
         return  # another stack's cluster: its version and groups are not this stack's to judge
     check_version_step(c, found, c.cfg)
     if found:

@@ -11,7 +11,7 @@ except ImportError as e:
                             "or pip install -e '.[dev,trainer]') so the editable install maps it to "
                             "training/runtime") from e
 
-from tests.util import run, stack_config
+from tests.util import byo_stack_config, run, stack_config
 from training.snapshot import DIR_ENV
 
 
@@ -48,3 +48,10 @@ def dev_result():
 def p4de_result():
     """The p4de example stack run once under mocks (read-only)."""
     return run(stack_config("p4de"), stack="p4de")
+
+
+@pytest.fixture(scope="session")
+def byo_result():
+    """The dev stack with two runs of other images (two ECR repositories, one in another account) and an S3 data
+    set in another account's bucket (tests/util.py ``byo_stack_config``), run once under mocks (read-only)."""
+    return run(byo_stack_config())

@@ -256,3 +256,32 @@ def test_system_group_follows_the_cluster_version_and_its_update_is_not_blocked_
     ng = result.one("aws:eks/nodeGroup:NodeGroup").inputs
     assert ng["version"] == ARGS.kubernetes_version
     assert ng["forceUpdateVersion"] is True
+
+
+# --- B6: an owner unique per stack; never adopt another stack's log group -------------------------------------
+
+LOG = "/aws/eks/eks-ddp-test/cluster"
+ME = "organization/eks-ddp/dev/0123456789abcdef"
+
+
+def _with_log_group(tags: dict[str, str]) -> RecordingMocks:
+    mocks = RecordingMocks()
+    mocks.log_groups = [LOG]
+    mocks.log_group_tags = {LOG: tags}
+    return mocks
+
+
+def test_a_log_group_another_stack_tagged_is_never_adopted():
+    """B6: two teams' `dev` stacks on self-managed backends: the second must not import (and retag) the first's
+    log group. Its owner tag names the other stack: construction fails naming both owners and the key."""
+    args = dataclasses.replace(ARGS, stack_id=ME)
+    other = "organization/eks-ddp/dev/fedcba9876543210"
+    with pytest.raises(ValueError, match=f"^cluster_name: the log group {LOG} belongs to stack '{other}', not to "
+                                         f"this stack \\({ME}\\).*cluster.name"):
+        _run(args, mocks=_with_log_group({"eks-ddp/stack": other}))
+    # Its own group, one tagged before cluster.ownerId, and an untagged one (EKS re-creates it without tags
+    # while a deleted control plane flushes) are adopted; the group carries the owner tag from now on.
+    for tags in ({"eks-ddp/stack": ME}, {"eks-ddp/stack": "organization/eks-ddp/dev"}, {}):
+        lg = _run(args, mocks=_with_log_group(tags))[0].one("aws:cloudwatch/logGroup:LogGroup")
+        assert lg.import_id == LOG, tags
+        assert lg.inputs["tags"]["eks-ddp/stack"] == ME

@@ -66,7 +66,9 @@ def test_nfs_open_only_to_the_node_security_group(result):
     assert not result.one("aws:ec2/securityGroup:SecurityGroup").inputs.get("ingress")
 
 
-def test_csi_driver_addon_pinned_with_irsa_role_for_the_controller_only(result):
+def test_csi_driver_addon_pinned_with_irsa_role_for_its_two_service_accounts_only(result):
+    """The add-on's role annotates the controller's and the node plugin's service accounts (the node plugin mounts
+    with ``iam``): the trust names exactly those two."""
     addon = result.one("aws:eks/addon:Addon").inputs
     assert addon["addonName"] == "aws-efs-csi-driver"
     # The default version 1.35 has no confirmed pin: EKS's default build for 1.35 (M12).
@@ -78,9 +80,10 @@ def test_csi_driver_addon_pinned_with_irsa_role_for_the_controller_only(result):
     assert trust[0]["Action"] == "sts:AssumeRoleWithWebIdentity"
     assert trust[0]["Principal"] == {"Federated": ARGS.oidc_provider_arn}
     assert trust[0]["Condition"] == {"StringEquals": {
-        f"{ISSUER}:sub": "system:serviceaccount:kube-system:efs-csi-controller-sa",
+        f"{ISSUER}:sub": ["system:serviceaccount:kube-system:efs-csi-controller-sa",
+                          "system:serviceaccount:kube-system:efs-csi-node-sa"],
         f"{ISSUER}:aud": "sts.amazonaws.com"}}
-    assert result.one("aws:iam/rolePolicy:RolePolicy").inputs["role"] == role.outputs["id"]
+    assert {p.inputs["role"] for p in result.of_type("aws:iam/rolePolicy:RolePolicy")} == {role.outputs["id"]}
 
 
 def _access_points(result) -> dict[str, dict]:
@@ -92,30 +95,34 @@ def test_one_access_point_per_workload_for_the_non_root_trainer(result):
     fs_id = result.one("aws:efs/fileSystem:FileSystem").outputs["id"]
     # The paths the earlier dynamically provisioned claim "shared" used: data and checkpoints carry over.
     assert {k: ap.inputs["rootDirectory"]["path"] for k, ap in aps.items()} == {
-        "data": "/eks-ddp/training/shared/data", "run": "/eks-ddp/training/shared/runs/run-7"}
+        "data": "/eks-ddp/training/shared/data", "run": "/eks-ddp/training/shared/runs/run-7",
+        "ro": "/eks-ddp/training/shared/data"}
     for ap in aps.values():
         assert ap.inputs["fileSystemId"] == fs_id
         assert {k: int(v) for k, v in ap.inputs["posixUser"].items()} == {"uid": 1000, "gid": 1000}
         assert ap.inputs["rootDirectory"]["creationInfo"] == {"ownerUid": 1000, "ownerGid": 1000, "permissions": "700"}
 
 
-def test_claims_are_static_volumes_on_the_access_points_over_tls(result):
+def test_claims_are_static_volumes_on_the_access_points_over_tls_with_iam(result):
     aps = _access_points(result)
     fs_id = result.one("aws:efs/fileSystem:FileSystem").outputs["id"]
     pvs = {r.inputs["spec"]["claimRef"]["name"]: r.inputs for r in result.of_type("kubernetes:core/v1:PersistentVolume")}
     pvcs = {r.inputs["metadata"]["name"]: r.inputs for r in result.of_type("kubernetes:core/v1:PersistentVolumeClaim")}
-    assert sorted(pvs) == sorted(pvcs) == ["shared-data", "shared-run-run-7"]
-    for claim, kind in (("shared-data", "data"), ("shared-run-run-7", "run")):
+    assert sorted(pvs) == sorted(pvcs) == ["shared-data", "shared-data-ro", "shared-run-run-7"]
+    for claim, kind in (("shared-data", "data"), ("shared-run-run-7", "run"), ("shared-data-ro", "ro")):
         pv, pvc = pvs[claim], pvcs[claim]
         assert pv["spec"]["csi"] == {"driver": "efs.csi.aws.com",
                                      "volumeHandle": f"{fs_id}::{aps[kind].outputs['id']}",
                                      "volumeAttributes": {"encryptInTransit": "true"}}
+        assert pv["spec"]["mountOptions"] == ["iam"]
         assert pv["spec"]["persistentVolumeReclaimPolicy"] == "Retain"
         assert pv["spec"]["claimRef"] == {"namespace": "training", "name": claim}
         assert pv["metadata"]["name"] == f"training-{claim}"
         assert pvc["metadata"]["namespace"] == "training"
         assert pvc["spec"]["volumeName"] == pv["metadata"]["name"]
-        assert pvc["spec"]["accessModes"] == ["ReadWriteMany"] and pvc["spec"]["storageClassName"] == ""
+        modes = ["ReadOnlyMany"] if kind == "ro" else ["ReadWriteMany"]
+        assert pv["spec"]["accessModes"] == pvc["spec"]["accessModes"] == modes
+        assert pvc["spec"]["storageClassName"] == ""
     # No dynamic provisioning: a claim the stack did not make would get an access point outside the policy.
     assert result.of_type("kubernetes:storage.k8s.io/v1:StorageClass") == []
     assert result.outputs == {"fs": fs_id, "data": "shared-data", "run": "shared-run-run-7"}
@@ -146,7 +153,9 @@ def test_file_system_policy_requires_tls_the_stack_access_points_and_no_root(res
     assert len(allows) == 1
     assert "elasticfilesystem:ClientRootAccess" not in allows[0]["Action"]
     assert sorted(allows[0]["Condition"]["StringEquals"]["elasticfilesystem:AccessPointArn"]) == arns
-    assert all(s["Principal"] == {"AWS": "*"} for s in statements.values())
+    # Only the CSI driver's role may mount: no anonymous client (a mount without iam) is allowed.
+    assert allows[0]["Principal"] == {"AWS": result.one("aws:iam/role:Role").outputs["arn"]}
+    assert all(s["Principal"] == {"AWS": "*"} for s in statements.values() if s["Effect"] == "Deny")
 
 
 def test_policy_and_access_points_are_kept_with_a_kept_file_system(result):
@@ -234,7 +243,8 @@ def test_csi_role_scoped_to_file_system(result):
     stays within its schema (no controller.tags)."""
     assert result.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment") == []
     fs_id = result.one("aws:efs/fileSystem:FileSystem").outputs["id"]
-    policy = json.loads(result.one("aws:iam/rolePolicy:RolePolicy").inputs["policy"])
+    policy = json.loads(next(p for p in result.of_type("aws:iam/rolePolicy:RolePolicy")
+                             if p.name == "storage-efs-csi").inputs["policy"])
     by_action = {a: s for s in policy["Statement"] for a in s["Action"]}
     assert by_action["elasticfilesystem:CreateAccessPoint"]["Resource"] == \
         f"arn:aws:elasticfilesystem:us-west-2:123456789012:file-system/{fs_id}"
@@ -247,3 +257,26 @@ def test_csi_role_scoped_to_file_system(result):
                    and s["Resource"] == "*" and not s.get("Condition") for a, s in by_action.items())
     config = json.loads(result.one("aws:eks/addon:Addon").inputs["configurationValues"])
     assert config == {"node": {"tolerations": [{"operator": "Exists"}]}}
+
+
+def test_the_node_plugin_mounts_only_through_the_stack_access_points_never_as_root(result):
+    """B9: the node plugin's mount rights (its role's identity policy): ClientMount and ClientWrite on this file
+    system through this stack's access points and a mount target; no ClientRootAccess."""
+    fs_arn = f"arn:aws:elasticfilesystem:us-west-2:123456789012:file-system/{result.one('aws:efs/fileSystem:FileSystem').outputs['id']}"
+    policy = json.loads(result.one("aws:iam/rolePolicy:RolePolicy", "storage-efs-csi-mount").inputs["policy"])
+    (stmt,) = policy["Statement"]
+    assert stmt["Effect"] == "Allow" and stmt["Resource"] == fs_arn
+    assert stmt["Action"] == ["elasticfilesystem:ClientMount", "elasticfilesystem:ClientWrite"]
+    assert stmt["Condition"] == {
+        "StringEquals": {"elasticfilesystem:AccessPointArn": sorted(
+            ap.outputs["arn"] for ap in result.of_type("aws:efs/accessPoint:AccessPoint"))},
+        "Bool": {"elasticfilesystem:AccessedViaMountTarget": "true"}}
+
+
+def test_the_dataset_is_read_only_at_efs_for_every_reader(result):
+    """T12: the readers' access point (same directory as the data stage's) takes no write from anyone: a pod that
+    mounts its claim without readOnly still cannot write the dataset."""
+    ro = _access_points(result)["ro"].outputs["arn"]
+    deny = {s["Sid"]: s for s in _policy(result)}["DenyWritesThroughReadOnlyAccessPoints"]
+    assert (deny["Effect"], deny["Principal"], deny["Action"]) == ("Deny", {"AWS": "*"}, "elasticfilesystem:ClientWrite")
+    assert deny["Condition"] == {"StringEquals": {"elasticfilesystem:AccessPointArn": [ro]}}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pulumi
 import pytest
 
@@ -482,3 +484,39 @@ def test_immutable_job_fields_replace_the_job():
         assert immutable <= set(job.replace_on_changes), (job.name, job.replace_on_changes)
         # and each listed field is one the Job really sets or Kubernetes defaults (paths in the provider's casing)
         assert {"completionMode", "podFailurePolicy"} <= set(job.inputs["spec"])
+
+
+# --- U6, U7: library use is checked like the stack config ------------------------------------------------------
+
+def _library_program(*jobs: dict, max_size: int = 2):
+    """A program that makes one GPU node group (max_size) and ElasticJobs on it the way the README shows."""
+    from components.gpu_nodegroup import GpuNodeGroup
+    from tests.test_gpu_nodegroup import BASE
+
+    def program() -> None:
+        group = GpuNodeGroup("gpu", dataclasses.replace(BASE, max_size=max_size, desired_size=0))
+        for i, overrides in enumerate(jobs):
+            ElasticJob(overrides.pop("name", f"job{i}"), ElasticJobArgs(**{
+                "namespace": "training", "image": IMAGE, "pvc_name": "shared", "instance_type": "g4dn.xlarge",
+                "node_selector": group.node_labels, "nodes": 2, "rdzv_endpoint": ETCD,
+                "rdzv_tls_secret": RDZV_TLS_SECRET, **overrides}))
+
+    return run_program({}, program=program)
+
+
+def test_nodes_above_the_node_groups_max_size_fail_naming_both():
+    """U6: nodes=3 on a max-2 group rendered parallelism 3; the third pod would stay Pending (the autoscaler never
+    grows a group past max_size) and the first round would wait for it."""
+    with pytest.raises(ValueError, match=r"^nodes: got 3; expected at most 2, the max_size of node group 'gpu'"):
+        _library_program({"nodes": 3})
+    _library_program({"nodes": 4}, max_size=4)
+
+
+def test_two_jobs_with_one_run_id_on_one_claim_fail_naming_both():
+    """U7: two ElasticJobs with run_id exp-7 on the claim `shared` both wrote /shared/runs/exp-7."""
+    with pytest.raises(ValueError, match=r"^run_id: got 'exp-7' for ElasticJob 'b', but ElasticJob 'a' already "
+                                         r"writes /shared/runs/exp-7 on claim 'shared'"):
+        _library_program({"name": "a", "run_id": "exp-7"}, {"name": "b", "run_id": "exp-7"})
+    # Another run id, or another claim, is another directory.
+    _library_program({"name": "a", "run_id": "exp-7"}, {"name": "b", "run_id": "exp-8"},
+                     {"name": "c", "run_id": "exp-7", "pvc_name": "other"})

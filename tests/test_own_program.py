@@ -70,7 +70,8 @@ PROGRAM = textwrap.dedent('''
             namespace="ml", image="''' + IMAGE + '''", instance_type="g5.12xlarge", nodes=2, min_nodes=1,
             node_selector=gpus.node_labels, data_claim=store.data_claim_name,
             run_claim=store.run_claim_names[run_id], run_id=run_id, rdzv_endpoint=etcd.endpoint,
-            rdzv_tls_secret=etcd.client_tls_secret, workload=workload, data_role_arn=role), opts=opts)
+            rdzv_tls_secret=etcd.client_tls_secret, workload=workload, data_role_arn=role,
+            node_role_name=cluster.node_role_name), opts=opts)
         pulumi.export(f"follow-{run_id}", job.follow_command)
 ''')
 
@@ -137,6 +138,9 @@ def test_a_users_own_program_previews_offline_and_runs_its_entrypoint_under_the_
     assert stages and all("s3://team-datasets/glue/sst2/" in _command(j) for j in stages), sorted(jobs)
     assert not [j for j in jobs.values() if "training.prepare_data" in " ".join(_command(j))]
     assert "ml-dev" in done.stdout or "myinfra" in done.stdout, done.stdout[-2000:]
+    # The nodes may pull the image: each job grants the node role pull on its repository (and gates it).
+    assert "ft-bert-a-image-node-pull" in done.stdout and "ft-bert-b-image-node-pull" in done.stdout, \
+        done.stdout[-3000:]
 
 
 def _command(job: dict) -> list[str]:

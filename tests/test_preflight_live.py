@@ -8,7 +8,7 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from components import preflight
+from components import preflight, preflight_live
 from components.config import choose_zones
 from tests.stub_quotas import StubQuotas, add_reservations, reservation
 from tests.test_preflight import CR, config, p4de_raw
@@ -73,11 +73,15 @@ def test_cluster_name_key_names_the_cluster_and_its_log_group():
     from tests.util import run
 
     raw = set_path(stack_config("dev"), "eks-ddp:cluster.name", "team-a-dev")
+    raw = set_path(raw, "eks-ddp:cluster.ownerId", "0123456789abcdef")
     result = run(raw)
     assert result.one("eks:index:Cluster").inputs["name"] == "team-a-dev"
-    assert result.one("aws:cloudwatch/logGroup:LogGroup", "cluster-logs").inputs["name"] == "/aws/eks/team-a-dev/cluster"
+    group = result.one("aws:cloudwatch/logGroup:LogGroup", "cluster-logs").inputs
+    assert group["name"] == "/aws/eks/team-a-dev/cluster"
+    # B6: the owner id takes cluster.ownerId (unique on a self-managed backend), on the cluster and its log group.
     tags = result.one("eks:index:Cluster").inputs["clusterTags"]
-    assert tags["eks-ddp/stack"].endswith("/dev")
+    assert tags["eks-ddp/stack"] == group["tags"]["eks-ddp/stack"]
+    assert tags["eks-ddp/stack"].endswith("/eks-ddp/dev/0123456789abcdef")  # the mocks' organization is None
 
 
 # --- A3: one minor at a time, never back ---------------------------------------------------------------------
@@ -277,3 +281,56 @@ def test_the_kubernetes_provider_skips_an_unreachable_cluster_instead_of_failing
     # pulumi-kubernetes provider.go Read: without it every resource's refresh fails when the endpoint is unreachable.
     [provider] = dev_result.of_type("pulumi:providers:kubernetes")
     assert provider.inputs["skipUpdateUnreachable"] == "true"
+
+
+# --- B6: an owner unique per stack on every backend ------------------------------------------------------------
+
+DIY = "organization/eks-ddp/dev"
+
+
+def test_a_self_managed_backend_needs_an_owner_id(aws):
+    """B6: pulumi.get_organization() is "organization" on every DIY backend, so two teams' `dev` stacks would
+    share the owner tag; preflight refuses to go on without cluster.ownerId and prints the command."""
+    cfg = config(stack_config("dev"))
+    eks = boto3.client("eks", region_name=cfg.region)
+    report = preflight.check(cfg, ec2=aws(cfg), quotas=StubQuotas(), eks=eks, cluster_name=NAME, stack_id=DIY,
+                             organization="organization")
+    [msg] = report.failures
+    assert msg.startswith("cluster.ownerId: required on a self-managed backend") and \
+        "pulumi config set --path cluster.ownerId" in msg
+    assert preflight.check(cfg, ec2=aws(cfg), quotas=StubQuotas(), eks=eks, cluster_name=NAME, stack_id="acme/eks-ddp/dev",
+                           organization="acme").ok
+    owned = config(set_path(stack_config("dev"), "eks-ddp:cluster.ownerId", "0123456789abcdef"))
+    assert preflight.check(owned, ec2=aws(owned), quotas=StubQuotas(), eks=eks, cluster_name=NAME,
+                           stack_id=f"{DIY}/0123456789abcdef", organization="organization").ok
+
+
+def test_owner_id_is_unique_per_stack_only_with_its_own_id():
+    assert preflight_live.owner_id("organization", "eks-ddp", "dev") == DIY
+    assert preflight_live.owner_id("organization", "eks-ddp", "dev", "a1") != \
+        preflight_live.owner_id("organization", "eks-ddp", "dev", "b2")
+
+
+def test_a_log_group_another_stack_tagged_fails_preflight(aws):
+    """B6 on moto's CloudWatch Logs: the control-plane log group of this cluster name, tagged by another stack."""
+    cfg = config(stack_config("dev"))
+    logs = boto3.client("logs", region_name=cfg.region)
+    me, other = f"{DIY}/aaaaaaaa", f"{DIY}/bbbbbbbb"
+    logs.create_log_group(logGroupName=f"/aws/eks/{NAME}/cluster", tags={"eks-ddp/stack": other})
+    eks = boto3.client("eks", region_name=cfg.region)
+    report = preflight.check(cfg, ec2=aws(cfg), quotas=StubQuotas(), eks=eks, cluster_name=NAME, stack_id=me,
+                             logs=logs)
+    [msg] = report.failures
+    assert msg.startswith(f"cluster.name: the log group /aws/eks/{NAME}/cluster belongs to stack '{other}'")
+    for owner in (me, DIY):  # its own, or its own from before cluster.ownerId
+        logs.tag_resource(resourceArn=logs.describe_log_groups()["logGroups"][0]["arn"].removesuffix(":*"),
+                          tags={"eks-ddp/stack": owner})
+        assert preflight.check(cfg, ec2=aws(cfg), quotas=StubQuotas(), eks=eks, cluster_name=NAME, stack_id=me,
+                               logs=logs).ok
+
+
+def test_a_cluster_tagged_before_owner_ids_is_a_warning_not_another_owner(aws):
+    cfg = config(stack_config("dev"))
+    eks = eks_cluster(cfg.region, owner=DIY)
+    report = check(cfg, aws(cfg), eks, stack_id=f"{DIY}/0123456789abcdef")
+    assert report.ok and any("carries the owner tag 'organization/eks-ddp/dev'" in w for w in report.warnings)

@@ -21,9 +21,10 @@ def test_adding_a_run_leaves_the_first_runs_resources_identical():
     before, after = _by_urn(one), _by_urn(two)
     assert set(before) <= set(after)
     changed = sorted(urn for urn in before if before[urn] != after[urn])
-    # Only the file system policy changes: it admits b's access point too.
-    assert [u.rsplit("::", 1)[1] for u in changed] == ["storage-policy"], changed
-    assert [u.rsplit("::", 1)[0].rsplit("$", 1)[1] for u in changed] == [EFS_POLICY]
+    # Only the file system policy and the CSI role's mount policy change: both admit b's access point too.
+    assert [u.rsplit("::", 1)[1] for u in changed] == ["storage-policy", "storage-efs-csi-mount"], changed
+    assert [u.rsplit("::", 1)[0].rsplit("$", 1)[1] for u in changed] == [EFS_POLICY,
+                                                                         "aws:iam/rolePolicy:RolePolicy"]
     # b's own Job, claim, role: named after its runId.
     train_b = two.one(JOB, "training-b-train").inputs
     assert train_b["metadata"]["name"] == "training-b-b"
@@ -31,7 +32,7 @@ def test_adding_a_run_leaves_the_first_runs_resources_identical():
     assert c["image"] == DIGEST and c["command"][-3:] == ["-m", "bert.train", "--out=/shared/runs/b"]
     claims = {v["persistentVolumeClaim"]["claimName"] for v in train_b["spec"]["template"]["spec"]["volumes"]
               if "persistentVolumeClaim" in v}
-    assert claims == {"shared-data", "shared-run-b"}
+    assert claims == {"shared-data-ro", "shared-run-b"}
     assert two.one("aws:iam/role:Role", "results-uploader-b")
     assert not [r for r in two.of_type(JOB) if r.name == "training-b-prepare-data"]  # no CIFAR-10 for b
     # Negative control: the comparison sees a change to run a.

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from components.scan_gate import ScanGateError, blocking, check_image, scan_target
+from components.scan_gate import STACK_SETTING, ScanGateError, blocking, check_image, scan_target
 from tests.util import run, set_path, stack_config
 
 DIGEST = "sha256:" + "ab" * 32
@@ -49,7 +49,8 @@ class Clock:
 
 def check(ecr, fail_at="CRITICAL", wait_s=100):
     clock = Clock()
-    return check_image(ecr, REF, fail_at, wait_s=wait_s, poll_s=10, sleep=clock.sleep, clock=clock)
+    return check_image(ecr, REF, fail_at, setting=STACK_SETTING, wait_s=wait_s, poll_s=10, sleep=clock.sleep,
+                       clock=clock)
 
 
 def test_a_critical_finding_fails_naming_the_image_counts_and_key():
@@ -113,3 +114,90 @@ def test_a_severity_outside_the_list_is_rejected_naming_the_key():
         load_stack_config(cfg, region="us-west-2")
     assert any(p.startswith("image.scanFailSeverity: got 'SEVERE'") and "'disabled'" in p
                for p in info.value.problems), info.value.problems
+
+
+# --- an image without any scan (U3): reported at once, naming what to do in the caller's terms ---------------
+
+@pytest.fixture
+def moto_ecr(monkeypatch):
+    """moto's ECR with one repository that does not scan on push, holding one image pushed just now."""
+    import json
+
+    import boto3
+    from moto import mock_aws
+
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(var, "testing")
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    with mock_aws():
+        ecr = boto3.client("ecr", region_name="us-west-2")
+        ecr.create_repository(repositoryName="nlp/bert")  # scanOnPush defaults to false
+        manifest = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+                               "config": {}, "layers": []})
+        digest = ecr.put_image(repositoryName="nlp/bert", imageManifest=manifest)["image"]["imageId"]["imageDigest"]
+        yield ecr, f"123456789012.dkr.ecr.us-west-2.amazonaws.com/nlp/bert@{digest}"
+
+
+def test_a_prebuilt_image_without_a_scan_fails_at_once_with_what_to_do(moto_ecr):
+    import datetime as dt
+
+    ecr, ref = moto_ecr
+    pushed = ecr.describe_images(repositoryName="nlp/bert")["imageDetails"][0]["imagePushedAt"]
+    clock = Clock()
+    with pytest.raises(ScanGateError) as info:
+        check_image(ecr, ref, "CRITICAL", setting="WorkloadImageArgs.scan_fail_severity", sleep=clock.sleep,
+                    clock=clock, now=lambda: pushed + dt.timedelta(days=3))
+    msg = str(info.value)
+    assert clock.now == 0, "waited for a scan that will never come"
+    assert "ECR has no scan of this image" in msg and ref in msg
+    assert "aws ecr start-image-scan --registry-id 123456789012 --repository-name nlp/bert" in msg
+    assert "scanOnPush=true" in msg and "WorkloadImageArgs.scan_fail_severity to 'disabled'" in msg
+    assert "eks-ddp:image" not in msg  # a library caller is never told about a stack key it does not have
+
+
+def test_a_fresh_push_gets_a_short_grace_for_its_scan_on_push(moto_ecr):
+    import datetime as dt
+
+    ecr, ref = moto_ecr  # pushed "now": the scan on push may still be starting
+    pushed = ecr.describe_images(repositoryName="nlp/bert")["imageDetails"][0]["imagePushedAt"]
+    clock = Clock()
+    with pytest.raises(ScanGateError, match="ECR has no scan of this image"):
+        check_image(ecr, ref, "HIGH", setting=STACK_SETTING, poll_s=10, sleep=clock.sleep, clock=clock,
+                    now=lambda: pushed + dt.timedelta(seconds=clock.now))
+    assert clock.now == 120, clock.now  # the grace after the push (NOT_FOUND_GRACE_S), not the 900 s scan wait
+
+
+def test_without_a_push_time_a_missing_scan_fails_after_the_grace_not_the_whole_wait():
+    ecr = FakeEcr(("NOT_FOUND", None))  # no describe_images on this client: the grace counts from the first miss
+    with pytest.raises(ScanGateError, match="none after 120 s") as info:
+        check(ecr, wait_s=900)
+    assert len(ecr.calls) == 13 and STACK_SETTING in str(info.value)
+
+
+def test_a_denied_scan_read_names_the_permission_and_the_setting():
+    from botocore.exceptions import ClientError
+
+    class Denied(FakeEcr):
+        def describe_image_scan_findings(self, **kw):
+            raise ClientError({"Error": {"Code": "AccessDeniedException", "Message": "no"}},
+                              "DescribeImageScanFindings")
+
+    with pytest.raises(ScanGateError) as info:
+        check(Denied(("COMPLETE", {})))
+    msg = str(info.value)
+    assert "allow ecr:DescribeImageScanFindings" in msg and "repository/eks-ddp/trainer" in msg
+    assert f"set {STACK_SETTING} to 'disabled'" in msg
+
+
+def test_the_gate_names_the_setting_of_its_callers_context(dev_result):
+    from components import TrainerImage, TrainerImageArgs
+    from components.mocks import run_program
+
+    [gate] = dev_result.of_type(GATE)
+    assert gate.inputs["setting"] == STACK_SETTING  # the stack's program: its stack key
+
+    def program():
+        TrainerImage("lib", TrainerImageArgs(prebuilt=REF))
+
+    [lib_gate] = run_program({}, program=program).of_type(GATE)
+    assert lib_gate.inputs["setting"] == "TrainerImageArgs.scan_fail_severity"

@@ -37,8 +37,10 @@ def test_each_pod_mounts_the_dataset_and_only_its_own_run(dev_result):
     assert run_claim.endswith("-run-1")
     t = _templates(dev_result)
     assert _shared(t["prepare"]) == {"/shared/data": (data_claim, False, False)}
+    # T12: every pod that only reads the dataset mounts it through the read-only access point's claim.
     for kind in ("train", "evaluate"):
-        assert _shared(t[kind]) == {"/shared/data": (data_claim, True, True), run_dir: (run_claim, False, False)}, kind
+        assert _shared(t[kind]) == {"/shared/data": (f"{data_claim}-ro", True, True),
+                                    run_dir: (run_claim, False, False)}, kind
 
 
 def test_the_job_pins_the_official_dataset_for_every_loader(dev_result):
@@ -75,6 +77,6 @@ def test_the_stack_locks_its_file_system_to_tls_and_its_access_points(dev_result
     assert denies["DenyWithoutTls"]["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
     assert denies["DenyRootAccess"]["Action"] == "elasticfilesystem:ClientRootAccess"
     aps = sorted(ap.outputs["arn"] for ap in dev_result.of_type("aws:efs/accessPoint:AccessPoint"))
-    assert len(aps) == 2
+    assert len(aps) == 3  # data, data read-only, run
     assert sorted(denies["DenyOtherThanStackAccessPoints"]["Condition"]["StringNotEquals"][
         "elasticfilesystem:AccessPointArn"]) == aps

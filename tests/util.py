@@ -33,6 +33,29 @@ def stack_config(stack: str = "dev") -> dict[str, Any]:
     return out
 
 
+BYO_OWN_ACCOUNT_IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/nlp/bert@sha256:" + "b1" * 32
+"""A run image in another repository of the stack's own account (the mocks' account)."""
+BYO_OTHER_ACCOUNT_IMAGE = "210987654321.dkr.ecr.us-west-2.amazonaws.com/vision/vit:v3@sha256:" + "c2" * 32
+"""A run image in another account's repository, same region (a tag before the digest, as users write it)."""
+BYO_OTHER_ACCOUNT_DATA = "s3://datalake-210987654321-usw2/corpora/wiki/"
+"""An S3 data set in a bucket another account (210987654321) owns."""
+
+
+def byo_stack_config() -> dict[str, Any]:
+    """The dev stack with three runs: the bundled trainer, and two runs of other images (two ECR repositories,
+    one in another account), one of them staging an S3 data set from another account's bucket."""
+    out = {k: v for k, v in stack_config("dev").items() if k != "eks-ddp:job"}
+    out["eks-ddp:runs"] = [
+        {"runId": "cifar-a", "nodes": 1},
+        {"runId": "bert-1", "nodes": 2, "workload": {
+            "image": BYO_OWN_ACCOUNT_IMAGE, "module": "bert.train", "args": ["--lr", "0.1"],
+            "data": {"s3": BYO_OTHER_ACCOUNT_DATA}}},
+        {"runId": "vit-1", "nodes": 2, "rdzvBackend": "c10d", "workload": {
+            "image": BYO_OTHER_ACCOUNT_IMAGE, "script": "/app/train.py"}},
+    ]
+    return out
+
+
 def set_path(config: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
     """Copy of ``config`` with ``path`` set, e.g. ``eks-ddp:nodeGroups[0].efa``."""
     new = copy.deepcopy(config)
@@ -93,4 +116,4 @@ def parent_chain(result: ProgramResult, urn: str) -> list[str]:
     return chain
 
 
-__all__ = ["ROOT", "Path", "stack_config", "set_path", "drop_path", "run", "parent_chain"]
+__all__ = ["ROOT", "Path", "stack_config", "byo_stack_config", "set_path", "drop_path", "run", "parent_chain"]
