@@ -247,6 +247,19 @@ def s3_prefix(key: str, value: Any) -> str | None:
     return None
 
 
+S3_BUCKET = re.compile(r"^(?!xn--)(?!.*\.\.)(?!\d+\.\d+\.\d+\.\d+$)[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+"""An S3 bucket name (S3 user guide "General purpose bucket naming rules": 3-63 lowercase letters, digits, '.'
+and '-', starting and ending with a letter or digit, no '..', not an IP address, not 'xn--')."""
+
+
+def s3_bucket(key: str, value: Any) -> str | None:
+    if not isinstance(value, str) or not S3_BUCKET.match(value):
+        hint = " (a bucket name, not a URI)" if isinstance(value, str) and "/" in value else ""
+        return _got(key, value, "an S3 bucket name: 3-63 lowercase letters, digits, '.' and '-', starting and "
+                                f"ending with a letter or digit{hint}")
+    return None
+
+
 def cluster_name(key: str, value: Any) -> str | None:
     if not isinstance(value, str) or not EKS_CLUSTER_NAME.match(value) or len(value) > EKS_CLUSTER_NAME_MAX:
         return _got(key, value, "letters, digits, '-' and '_', starting with a letter or digit "
