@@ -98,8 +98,9 @@ def validate(args: ResultsBucketArgs) -> None:
         raise ValueError("service_account: got ''; expected the trainer's service account name")
 
 
-def upload_policy(bucket_arn: str, run_id: str, kms_key_arn: str | None = None) -> str:
-    """The role's only permissions: write objects under the run's prefix, with the bucket's key, through S3."""
+def upload_policy(bucket_arn: str, run_id: str, kms_key_arn: str | None = None, partition: str = "aws") -> str:
+    """The role's only permissions: write objects under the run's prefix, with the bucket's key, through S3 (of the
+    partition: ``kms:ViaService`` is ``s3.<region>.<its DNS suffix>``)."""
     statements: list[dict] = [{
         "Sid": "WriteOwnRunOnly",
         "Effect": "Allow",
@@ -112,7 +113,7 @@ def upload_policy(bucket_arn: str, run_id: str, kms_key_arn: str | None = None) 
             "Effect": "Allow",
             "Action": ["kms:GenerateDataKey", "kms:Decrypt"],
             "Resource": kms_key_arn,
-            "Condition": {"StringLike": {"kms:ViaService": "s3.*.amazonaws.com"}},
+            "Condition": {"StringLike": {"kms:ViaService": f"s3.*.{rules.dns_suffix(partition)}"}},
         })
     return json.dumps({"Version": "2012-10-17", "Statement": statements})
 
@@ -222,7 +223,7 @@ class ResultsBucket(pulumi.ComponentResource):
             tags=self._tags, opts=child)
         aws.iam.RolePolicy(name, role=role.id,
                            policy=pulumi.Output.all(self._bucket_arn, self.kms_key_arn).apply(
-                               lambda v: upload_policy(v[0], run_id, v[1])), opts=child)
+                               lambda v: upload_policy(v[0], run_id, v[1], args.partition)), opts=child)
         return role.arn
 
     def _private_bucket(self, name: str, args: ResultsBucketArgs, tags: dict[str, str],

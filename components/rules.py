@@ -354,6 +354,22 @@ def partition(region: str) -> str:
     return "aws-cn" if region.startswith("cn-") else "aws-us-gov" if region.startswith("us-gov-") else "aws"
 
 
+DNS_SUFFIXES = {"aws": "amazonaws.com", "aws-cn": "amazonaws.com.cn", "aws-us-gov": "amazonaws.com"}
+"""Each partition's DNS suffix (the provider's ``aws.get_partition().dns_suffix``): service endpoints, and so the
+``kms:ViaService`` values, end with it (``s3.cn-north-1.amazonaws.com.cn``)."""
+
+
+def dns_suffix(partition_name: str) -> str:
+    return DNS_SUFFIXES.get(partition_name, "amazonaws.com")
+
+
+def ec2_principal(partition_name: str) -> str:
+    """EC2's service principal: ``ec2.amazonaws.com.cn`` in China, where EKS requires it in a node role's trust
+    ("Following required service principals [ec2.amazonaws.com.cn] were not found", awslabs/cdk-eks-blueprints
+    issue 558; hashicorp/terraform-provider-aws pull 47141). Most other services keep ``.amazonaws.com`` there."""
+    return f"ec2.{dns_suffix(partition_name)}" if partition_name == "aws-cn" else "ec2.amazonaws.com"
+
+
 def s3_gateway_service_name(region: str) -> str:
     """The S3 gateway endpoint's service name: China regions prefix ``cn.`` (``cn.com.amazonaws.<region>.s3``)."""
     return f"{'cn.' if partition(region) == 'aws-cn' else ''}com.amazonaws.{region}.s3"

@@ -44,6 +44,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import rules
 from ..data_stage import STAGE_MODULE
 from . import PlanView, Violation, contract
 from .iam_policy import ALLOW, DENY, UNKNOWN, Decision, Request, evaluate, evaluate_all
@@ -61,8 +62,6 @@ SAMPLE_KEY = "eks-ddp-contract-sample"
 _SSE = "s3:x-amz-server-side-encryption"
 _SSE_KEY = "s3:x-amz-server-side-encryption-aws-kms-key-id"
 _SSE_C = "s3:x-amz-server-side-encryption-customer-algorithm"
-_DNS_SUFFIX = {"aws": "amazonaws.com", "aws-us-gov": "amazonaws.com", "aws-cn": "amazonaws.com.cn",
-               "aws-iso": "c2s.ic.gov", "aws-iso-b": "sc2s.sgov.gov"}
 
 
 @dataclass(frozen=True)
@@ -275,7 +274,8 @@ def _check(plan: _Plan, sas: Mapping[tuple[str, str], Any], use: Use, facts: Fac
     owner = account if in_plan else facts.bucket_owners.get(use.bucket)
     bucket_region = region if in_plan else facts.bucket_regions.get(use.bucket, region)
     endpoint = next((e for e in plan.endpoints if bucket_region and _region_of_endpoint(e) == bucket_region), None)
-    resource = f"arn:{partition}:s3:::{use.bucket}" + (f"/{use.key}" if use.key is not None else "")
+    s3_partition = rules.partition(region) if region else partition  # S3 ARNs name the stack's partition
+    resource = f"arn:{s3_partition}:s3:::{use.bucket}" + (f"/{use.key}" if use.key is not None else "")
     ctx: dict[str, Any] = {
         "aws:SecureTransport": "true", "aws:PrincipalArn": role_arn, "aws:PrincipalAccount": account,
         "aws:SourceVpce": endpoint.outputs.get("id") if endpoint else None,
@@ -339,7 +339,8 @@ def _check_kms(plan: _Plan, use: Use, what: str, role_arn: str, policies: list[s
     key = str(use.kms_key)
     account, partition = _account(role_arn), _partition(role_arn)
     key_region = key.split(":")[3] if len(key.split(":")) > 3 and key.split(":")[3] else region
-    ctx = {"kms:ViaService": f"s3.{key_region}.{_DNS_SUFFIX.get(partition, 'amazonaws.com')}",
+    suffix = rules.dns_suffix(rules.partition(key_region) if key_region else partition)
+    ctx = {"kms:ViaService": f"s3.{key_region}.{suffix}",
            "kms:CallerAccount": account, "aws:PrincipalArn": role_arn, "aws:PrincipalAccount": account,
            "aws:SecureTransport": "true", "aws:ResourceAccount": _account(key) or None}
     found = plan.keys.get(key)
