@@ -85,6 +85,16 @@ def s3_endpoint_policy(region: str, account_id: str, *, data_uris: Sequence[str]
     return json.dumps({"Version": "2012-10-17", "Statement": statements}, sort_keys=True)
 
 
+def flow_logs_trust_policy(region: str, account_id: str) -> str:
+    """The flow-log role's trust: VPC Flow Logs, only on behalf of this account's flow logs in this region (VPC user
+    guide "IAM role for publishing flow logs to CloudWatch Logs", its confused-deputy conditions)."""
+    return json.dumps({"Version": "2012-10-17", "Statement": [{
+        "Effect": "Allow", "Principal": {"Service": "vpc-flow-logs.amazonaws.com"}, "Action": "sts:AssumeRole",
+        "Condition": {"StringEquals": {"aws:SourceAccount": account_id},
+                      "ArnLike": {"aws:SourceArn": f"arn:{rules.partition(region)}:ec2:{region}:{account_id}:"
+                                                   "vpc-flow-log/*"}}}]})
+
+
 EKS_UNSUPPORTED_ZONE_IDS = ("use1-az3", "usw1-az2", "cac1-az3")
 """Zone IDs where EKS refuses cluster subnets (UnsupportedAvailabilityZoneException), from the EKS user guide
 "VPC and subnet requirements". Zone *names* map to IDs differently in each account, so filter by ID."""
@@ -285,22 +295,20 @@ class Network(pulumi.ComponentResource):
         # Adopted with no rules: EC2's allow-all-between-members default is revoked.
         aws.ec2.DefaultSecurityGroup(f"{name}-default-sg", vpc_id=vpc.id,
                                      tags={"Name": f"{args.cluster_name}-default-closed"}, opts=child)
-        self._create_flow_logs(vpc.id)
+        self._create_flow_logs(vpc.id, region, account_id)
 
         self.vpc_id = vpc.id
         self.public_subnet_ids = [s.id for s in public_subnets]
         self.private_subnet_ids = [s.id for s in private_subnets]
         self.private_subnet_by_az = {zone: s.id for zone, s in zip(zones, private_subnets, strict=True)}
 
-    def _create_flow_logs(self, vpc_id: pulumi.Input[str]) -> None:
+    def _create_flow_logs(self, vpc_id: pulumi.Input[str], region: str, account_id: str) -> None:
         name, cluster = self._name, self._args.cluster_name
         child = pulumi.ResourceOptions(parent=self)
         group = aws.cloudwatch.LogGroup(f"{name}-flow-logs", name=f"/eks-ddp/{cluster}/vpc-flow-logs",
                                         retention_in_days=FLOW_LOG_RETENTION_DAYS, opts=child)
-        role = aws.iam.Role(f"{name}-flow-logs", assume_role_policy=json.dumps({
-            "Version": "2012-10-17", "Statement": [{
-                "Effect": "Allow", "Principal": {"Service": "vpc-flow-logs.amazonaws.com"},
-                "Action": "sts:AssumeRole"}]}), opts=child)
+        role = aws.iam.Role(f"{name}-flow-logs", assume_role_policy=flow_logs_trust_policy(region, account_id),
+                            opts=child)
         aws.iam.RolePolicy(f"{name}-flow-logs", role=role.id, policy=group.arn.apply(lambda arn: json.dumps({
             "Version": "2012-10-17", "Statement": [{
                 "Effect": "Allow", "Action": ["logs:CreateLogStream", "logs:PutLogEvents",

@@ -187,3 +187,20 @@ def test_default_zones_are_regular_zones_where_eks_accepts_subnets():
     assert set(args["excludeZoneIds"]) == {"use1-az3", "usw1-az2", "cac1-az3"}
     zones = sorted({s.inputs["availabilityZone"] for s in result.of_type("aws:ec2/subnet:Subnet")})
     assert "us-east-1a" not in zones and len(zones) == stack_config("dev")["eks-ddp:network"]["azCount"]
+
+
+def test_flow_log_role_trusts_the_service_only_for_this_accounts_flow_logs():
+    """Confused deputy (VPC user guide "IAM role for publishing flow logs to CloudWatch Logs"): VPC Flow Logs may
+    assume the role only for a flow log of this account and region, evaluated as IAM would."""
+    from components.contracts.iam_policy import ALLOW, IMPLICIT_DENY, Request, evaluate
+
+    result, _ = _run(NetworkArgs(cluster_name="demo", availability_zones=ZONES2))
+    trust = result.one("aws:iam/role:Role", "network-flow-logs").inputs["assumeRolePolicy"]
+
+    def assume(account: str, region: str = "us-west-2") -> str:
+        ctx = {"aws:SourceAccount": account, "aws:SourceArn": f"arn:aws:ec2:{region}:{account}:vpc-flow-log/fl-0a1"}
+        return evaluate(trust, Request("vpc-flow-logs.amazonaws.com", "sts:AssumeRole", "role", ctx),
+                        resource_policy=True).effect
+
+    assert assume("123456789012") == ALLOW
+    assert assume("999999999999") == IMPLICIT_DENY and assume("123456789012", "eu-west-1") == IMPLICIT_DENY
