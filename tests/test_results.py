@@ -393,3 +393,25 @@ def test_the_upload_step_exits_1_on_a_real_process_when_the_upload_fails(tmp_pat
     assert "UPLOAD FAILED" in done.stderr and "NoCredentialsError" in (run / results.FAILED_MARKER).read_text()
     env.pop("EKS_DDP_RESULTS_URL")
     assert subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, timeout=120).returncode == 2
+
+
+def test_the_results_key_is_used_only_through_s3_and_the_account_keeps_administering_it(result):
+    """The key's own policy, evaluated as KMS would: no direct decrypt even for a principal allowed kms:* on every
+    key (IAM's grant is necessary, the key policy decides where); S3 of this account may; the account can still
+    change the policy (no lock-out)."""
+    from components.contracts.iam_policy import ALLOW, IMPLICIT_DENY, Request, evaluate
+
+    key = result.one("aws:kms/key:Key", "results-kms")
+    policy, arn = key.inputs.get("policy") or "{}", key.outputs["arn"]
+    admin = "arn:aws:iam::123456789012:role/admin"
+
+    def ask(action: str, principal: str = admin, **ctx) -> tuple[str, bool]:
+        d = evaluate(policy, Request(principal, action, arn, ctx), resource_policy=True)
+        return d.effect, d.via_account
+
+    via_s3 = {"kms:ViaService": "s3.us-west-2.amazonaws.com", "kms:CallerAccount": "123456789012"}
+    assert ask("kms:Decrypt", **{"kms:ViaService": None, "kms:CallerAccount": "123456789012"})[0] == IMPLICIT_DENY
+    assert ask("kms:Decrypt", **via_s3) == (ALLOW, True)  # and the caller's IAM policy must allow it too
+    assert ask("kms:GenerateDataKey", **{**via_s3, "kms:ViaService": "s3.eu-west-1.amazonaws.com"})[0] == IMPLICIT_DENY
+    assert ask("kms:Decrypt", "arn:aws:iam::999999999999:role/x", **via_s3)[0] == IMPLICIT_DENY
+    assert ask("kms:PutKeyPolicy") == (ALLOW, True) and ask("kms:ScheduleKeyDeletion") == (ALLOW, True)
