@@ -139,3 +139,25 @@ def test_a_results_bucket_of_another_account_or_none_fails_naming_results_bucket
                             f"({MOTO_ACCOUNT}; s3:HeadBucket with ExpectedBucketOwner: 403)")
     [found] = s3_failures(check(results(stack_config("dev"), "never-made"), aws))
     assert found.startswith("storage.resultsBucket: bucket 'never-made' does not exist")
+
+
+def test_run_or_raise_checks_the_buckets_a_stack_names_with_clients_of_its_profile(aws, monkeypatch):
+    """What __main__.py calls: a stack naming a bucket gets S3 clients (of its aws:profile) and a RunError naming
+    the key; the dev stack asks for none."""
+    import pulumi
+
+    made: list[tuple[str, str | None]] = []
+
+    def clients(region, profile=None):
+        made.append((region, profile))
+        return aws
+
+    monkeypatch.setattr(preflight_s3, "clients", clients)
+    monkeypatch.setattr(pulumi.log, "warn", lambda *a, **k: None)
+    ec2 = boto3.client("ec2", region_name=REGION)
+    preflight.run_or_raise(config(stack_config("dev")), ec2=ec2, quotas=StubQuotas(), profile="team")
+    assert made == []
+    with pytest.raises(pulumi.RunError, match=r"storage.resultsBucket: bucket 'never-made' does not exist"):
+        preflight.run_or_raise(config(results(stack_config("dev"), "never-made")), ec2=ec2, quotas=StubQuotas(),
+                               profile="team")
+    assert made == [(REGION, "team")]
