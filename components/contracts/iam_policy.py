@@ -129,15 +129,11 @@ def _principal_matches(stmt: dict[str, Any], req: Request) -> tuple[bool | None,
                 return True, False, None
             if p == req.principal:
                 return True, False, None
-            if kind == "AWS" and req.account and p in (req.account, f"arn:{_partition(req.principal)}:iam::"
-                                                                   f"{req.account}:root"):
+            # The account (its id, or its root in the caller's partition: a request never crosses partitions).
+            if kind == "AWS" and req.account and (p == req.account or re.fullmatch(
+                    rf"arn:aws[a-z-]*:iam::{req.account}:root", str(p))):
                 return True, True, None
     return False, False, None
-
-
-def _partition(arn: str) -> str:
-    parts = arn.split(":")
-    return parts[1] if len(parts) > 1 else "aws"
 
 
 def _condition(block: dict[str, Any], ctx: Mapping[str, Any]) -> tuple[bool | None, list[str]]:
