@@ -43,7 +43,7 @@ from components.config import (
     group_zone_problems,
     load_stack_config,
 )
-from components.data_stage import data_stage_role, stage_service_account
+from components.data_stage import data_stage_role
 from components.elastic_job import trainer_service_account
 from components.namespace import training_namespace
 from components.network import standard_zones
@@ -106,6 +106,9 @@ network = Network("network", NetworkArgs(
     vpc_id=cfg.network.vpc_id,
     public_subnet_ids=cfg.network.public_subnet_ids,
     private_subnet_ids=cfg.network.private_subnet_ids,
+    # The S3 endpoint admits this account's buckets; the runs' data sets and the named extras may be anyone's.
+    s3_data_uris=[r.workload.s3_uri for r in cfg.runs if r.workload.s3_uri],
+    s3_endpoint_extra_buckets=cfg.network.s3_endpoint_extra_buckets,
 ))
 
 # A brought VPC's subnet zones are known now (looked up, nothing created): fail before the cluster bills.
@@ -229,6 +232,7 @@ results = ResultsBucket("results", ResultsBucketArgs(
     service_account=trainer_service_account(JOB_NAME),  # the first run's training pods
     run_id=cfg.job.run_id,
     existing_bucket=cfg.storage.results_bucket,
+    existing_kms_key_arn=cfg.storage.results_kms_key_arn,  # its uploaders may use it
     partition=rules_partition(cfg.region),
 ))
 profile = pulumi.Config("aws").get("profile")
@@ -260,7 +264,7 @@ for i, run in enumerate(cfg.runs):
         data_role_arn = data_stage_role(
             f"data-stage-{run.run_id}", workload.data, oidc_provider_arn=cluster.oidc_provider_arn,
             oidc_provider_url=cluster.oidc_provider_url, namespace=namespace.metadata.name,
-            service_account=stage_service_account(job_name), partition=rules_partition(cfg.region))
+            job_name=job_name, partition=rules_partition(cfg.region))
     jobs.append(ElasticJob(job_name, ElasticJobArgs(
         namespace=namespace.metadata.name,
         image=image.image_ref,

@@ -327,7 +327,7 @@ class EksCluster(pulumi.ComponentResource):
     def _create_node_role(self) -> None:
         name = self._name
         child = pulumi.ResourceOptions(parent=self)
-        role = aws.iam.Role(f"{name}-node", assume_role_policy=_assume_role_policy("ec2.amazonaws.com"),
+        role = aws.iam.Role(f"{name}-node", assume_role_policy=_assume_role_policy(rules.ec2_principal(self._partition)),
                             description="EKS worker nodes (system and GPU groups)", tags=self._tags, opts=child)
         self._node_policy_attachments = [
             aws.iam.RolePolicyAttachment(f"{name}-node-{short}", role=role.name,

@@ -24,6 +24,7 @@ _AZ = rules.AZ
 _ODCR = rules.ODCR
 _IAM_PRINCIPAL = rules.IAM_PRINCIPAL
 _EFS_ID = re.compile(r"^fs-[0-9a-f]{8,40}$")
+_KMS_KEY_ARN = re.compile(r"^arn:aws[a-z-]*:kms:[a-z0-9-]+:\d{12}:key/[0-9a-f-]{36}$")
 _PLACEMENT_GROUP = re.compile(r"^[\x21-\x7e]{1,255}$")
 
 
@@ -49,6 +50,13 @@ def validate(cfg: StackConfig, *, placeholders_ok: bool = False, today: dt.date 
     if bucket is not None and not re.match(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$", bucket):
         p.append(f"storage.resultsBucket: got {bucket!r}; expected an S3 bucket name (3-63 lowercase letters, "
                  "digits, '.' and '-')")
+    key_arn = cfg.storage.results_kms_key_arn
+    if key_arn is not None and (bucket is None or not _KMS_KEY_ARN.match(key_arn)):
+        p.append(f"storage.resultsKmsKeyArn: got {key_arn!r}; expected the ARN of a KMS key "
+                 "(arn:aws:kms:<region>:<account>:key/<id>), and only with storage.resultsBucket")
+    for i, extra in enumerate(cfg.network.s3_endpoint_extra_buckets):
+        if bad := rules.s3_bucket(f"network.s3EndpointExtraBuckets[{i}]", extra):
+            p.append(bad)
     fs_id = cfg.storage.file_system_id
     if fs_id is not None and not _EFS_ID.match(fs_id):
         p.append(f"storage.fileSystemId: got {fs_id!r}; expected an EFS file system id like fs-0123456789abcdef0")

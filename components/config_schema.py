@@ -60,6 +60,10 @@ class NetworkConfig:
     vpc_id: str | None = _doc("Existing VPC to use instead of creating one.", default=None)
     public_subnet_ids: tuple[str, ...] = _doc("Existing public subnets (with vpcId).", default=())
     private_subnet_ids: tuple[str, ...] = _doc("Existing private subnets for nodes (with vpcId).", default=())
+    s3_endpoint_extra_buckets: tuple[str, ...] = _doc(
+        "Other accounts' S3 buckets (names) your workloads read themselves (a data lake, AWS Open Data): the new "
+        "VPC's S3 endpoint admits only this account's buckets, the runs' data.s3 prefixes and these (list, get); "
+        "preflight checks each exists.", default=())
 
     @property
     def bring_your_own(self) -> bool:
@@ -143,6 +147,10 @@ class StorageConfig:
     results_bucket: str | None = _doc(
         "Existing S3 bucket for run results (e.g. the one an earlier 'pulumi destroy' kept, as 'pulumi stack "
         "output results' named it): uploads go there; none is created.", default=None)
+    results_kms_key_arn: str | None = _doc(
+        "With resultsBucket: the KMS key (ARN) the bucket encrypts with by default (the earlier stack's results "
+        "kmsKeyArn output); the uploaders may use it. Preflight refuses an SSE-KMS bucket whose key differs.",
+        default=None)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -9,6 +9,7 @@ import pulumi
 
 from . import catalog, rules
 from .cifar10_stages import DATA_PIN_ENV
+from .data_stage import trust_problem
 from .gpu_nodegroup import group_for
 from .podspec import CACHE_ENV, nccl_env
 from .torchrun import AGENT_ENV
@@ -57,6 +58,8 @@ def validate(name: str, a: ElasticJobArgs) -> catalog.InstanceType:
     if isinstance(a.workload.data, S3Data) and a.data_role_arn is None:
         raise ValueError(f"data_role_arn: got None with workload.data {a.workload.data.uri!r}; expected the S3 data "
                          "stage's IAM role (data_stage.data_stage_role(...)); its pods get no other AWS credentials")
+    if isinstance(a.workload.data, S3Data) and (bad := trust_problem(name, a.namespace, a.data_role_arn)):
+        raise ValueError(bad)
     if a.efa and not it.has_efa:
         raise ValueError(f"efa: got True for {a.instance_type!r}, which has no EFA interfaces")
     group = a.node_group if a.node_group is not None else group_for(a.node_selector)

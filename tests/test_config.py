@@ -316,3 +316,24 @@ def test_a_dotted_top_level_key_suggests_path(dev, key, value, path):
     assert f"pulumi config rm '{key}'" in msg
     plain = rejects({**dev, "eks-ddp:imagez": "x"}, "eks-ddp:imagez: unknown key; known keys")  # control
     assert "--path" not in plain
+
+
+def test_results_kms_key_arn_needs_the_bucket_and_an_arn(dev):
+    key = "arn:aws:kms:us-west-2:123456789012:key/0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
+    rejects(set_path(dev, "eks-ddp:storage.resultsKmsKeyArn", key), "storage.resultsKmsKeyArn",
+            "only with storage.resultsBucket")
+    with_bucket = set_path(dev, "eks-ddp:storage.resultsBucket", "results-kept-1234")
+    rejects(set_path(with_bucket, "eks-ddp:storage.resultsKmsKeyArn", "alias/results"), "storage.resultsKmsKeyArn",
+            "'alias/results'", "the ARN of a KMS key")
+    assert load(set_path(with_bucket, "eks-ddp:storage.resultsKmsKeyArn", key)).storage.results_kms_key_arn == key
+
+
+def test_s3_endpoint_extra_buckets_are_bucket_names(dev):
+    bad = ["data-lake", "s3://data-lake/x/", "Bad_Name"]
+    for i in (1, 2):
+        rejects(set_path(dev, "eks-ddp:network.s3EndpointExtraBuckets", bad), f"network.s3EndpointExtraBuckets[{i}]",
+                repr(bad[i]), "an S3 bucket name")
+    assert load(set_path(dev, "eks-ddp:network.s3EndpointExtraBuckets", bad[:1])).network.s3_endpoint_extra_buckets \
+        == ("data-lake",)
+    byo = {"vpcId": "vpc-1", "privateSubnetIds": ["subnet-a", "subnet-b"], "s3EndpointExtraBuckets": ["data-lake"]}
+    rejects(set_path(dev, "eks-ddp:network", byo), "network.s3EndpointExtraBuckets", "network.vpcId")

@@ -227,3 +227,10 @@ def test_arns_follow_partition(region, part):
     assert len(built) == 3
     for p in built:
         assert "arn:aws:" not in p.inputs["policy"] and f"arn:{part}:" in p.inputs["policy"], (p.name, p.inputs)
+    # B11: S3 calls KMS as s3.<region>.<the partition's DNS suffix>; EKS wants ec2.amazonaws.com.cn in China.
+    from components.contracts import check
+
+    assert [str(v) for v in check(result, only=("s3",))] == []
+    principal = "ec2.amazonaws.com.cn" if part == "aws-cn" else "ec2.amazonaws.com"
+    assert json.loads(result.one("aws:iam/role:Role", "cluster-node").inputs["assumeRolePolicy"])[
+        "Statement"][0]["Principal"] == {"Service": principal}

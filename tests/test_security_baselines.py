@@ -172,7 +172,9 @@ def _s3_endpoint_gaps(endpoint: Recorded) -> list[str]:
         scoped = "aws:ResourceAccount" in json.dumps(stmt.get("Condition") or {})
         if not scoped and any(r.split(":::")[-1].split("/")[0] in ("*", "") for r in resources):
             gaps.append(f"{stmt.get('Sid')}: every bucket")
-        if not scoped and stmt["Action"] not in ("s3:GetObject", ["s3:GetObject"]):
+        actions = [stmt["Action"]] if isinstance(stmt["Action"], str) else stmt["Action"]
+        # Outside the account only reads of named buckets: the AWS-owned ones, the data sets, the extra buckets.
+        if not scoped and not set(actions) <= {"s3:GetObject", "s3:ListBucket"}:
             gaps.append(f"{stmt.get('Sid')}: {stmt['Action']} outside the account")
     return gaps
 
@@ -190,6 +192,10 @@ def test_s3_endpoint_detector_catches_no_policy_and_open_statements():
     open_all = {"Statement": [{"Sid": "All", "Effect": "Allow", "Principal": "*", "Action": "s3:*", "Resource": "*"}]}
     assert _s3_endpoint_gaps(_rec(ep, {"policy": json.dumps(open_all)})) == [
         "All: every bucket", "All: s3:* outside the account"]
+    write = {"Statement": [{"Sid": "Put", "Effect": "Allow", "Principal": "*", "Action": ["s3:GetObject", "s3:PutObject"],
+                            "Resource": "arn:aws:s3:::lake/*"}]}
+    assert _s3_endpoint_gaps(_rec(ep, {"policy": json.dumps(write)})) == [
+        "Put: ['s3:GetObject', 's3:PutObject'] outside the account"]
 
 
 def test_cis_aws_3_9_checkov_ckv2_aws_11_vpc_flow_logs_on(result):

@@ -251,3 +251,32 @@ def test_the_stage_pod_is_hardened_like_every_other():
     assert sa.inputs["automountServiceAccountToken"] is False
     netpol = result.one(NETPOL, "training-stage-data-netpol").inputs["spec"]
     assert all(stage["metadata"]["labels"].get(k) == v for k, v in netpol["podSelector"]["matchLabels"].items())
+
+
+def _job_with_stage_role(**role_kw) -> None:
+    from components.data_stage import data_stage_role
+    from components.elastic_job import ElasticJob, ElasticJobArgs
+
+    def program() -> None:
+        role = data_stage_role("stage", WIKI, oidc_provider_arn="arn:aws:iam::123456789012:oidc-provider/x",
+                               oidc_provider_url="https://x", namespace="training", **role_kw)
+        ElasticJob("training", ElasticJobArgs(
+            namespace="training", image=IMAGE, pvc_name="shared", instance_type="g4dn.xlarge", rdzv_endpoint=ETCD,
+            rdzv_tls_secret=RDZV_TLS_SECRET, workload=custom(data=WIKI), data_role_arn=role))
+
+    run_program({}, program=program)
+
+
+def test_a_stage_role_trusting_another_service_account_fails_at_construction():
+    """The stage pods run as stage_service_account(<ElasticJob name>); a role trusting anything else would pass the
+    plan and fail inside the awaited stage Job with AccessDenied."""
+    with pytest.raises(ValueError, match=r"^data_role_arn: the role trusts ServiceAccount 'mlp-stage', but "
+                                         r"ElasticJob 'training' runs its S3 stage as 'training-stage'.*"
+                                         r"data_stage_role\(\.\.\., job_name='training'\)"):
+        _job_with_stage_role(service_account="mlp-stage")
+    with pytest.raises(ValueError, match=r"^data_role_arn: the role trusts ServiceAccount 'train-stage'"):
+        _job_with_stage_role(job_name="train")
+    with pytest.raises(ValueError, match=r"^job_name/service_account: got job_name=None, service_account=None"):
+        _job_with_stage_role()
+    _job_with_stage_role(job_name="training")  # control: the job's own name
+    _job_with_stage_role(service_account="training-stage")
