@@ -267,4 +267,6 @@ def _check_workload(w: WorkloadConfig, key: str) -> list[str]:
     p += rules.env_names(f"{key}.env", w.env)
     if w.s3_uri is not None and (bad := rules.s3_prefix(f"{key}.data.s3", w.s3_uri)):
         p.append(bad)
+    if bad := rules.manifest_sha256(f"{key}.data.sha256", w.s3_sha256):
+        p.append(bad)
     return p

@@ -241,6 +241,10 @@ class WorkloadConfig:
     s3_uri: str | None = _doc(
         "S3 prefix (s3://bucket/prefix/) staged once onto the shared volume, read-only, as $EKS_DDP_DATA_DIR; "
         "default: no data stage.", default=None, key="data.s3")
+    s3_sha256: str | None = _doc(
+        "The data set's pin: the sha256 of the manifest the S3 stage writes and logs; the stage and every "
+        "training pod then refuse other content (exit 5). Default: checked against the manifest alone.",
+        default=None, key="data.sha256")
 
     @property
     def custom(self) -> bool:

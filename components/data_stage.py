@@ -20,7 +20,7 @@ import pulumi_kubernetes as k8s
 from .efs import irsa_trust_policy
 from .namespace import dns_egress
 from .podspec import DATA_DIR, EGRESS_EXCEPT, PART_OF
-from .workload import S3Data
+from .workload import DATA_VERIFY_ENV, S3Data
 
 if TYPE_CHECKING:
     from .elastic_job import ElasticJob
@@ -85,7 +85,8 @@ def create_s3_stage(job: ElasticJob, name: str, child: pulumi.ResourceOptions) -
         STAGE_LABELS, "stage-data", ["python", "-m", STAGE_MODULE, data.uri, f"{DATA_DIR}/{data.name}"],
         k8s.core.v1.ResourceRequirementsArgs(requests={"cpu": "500m", "memory": "1Gi"},
                                              limits={"cpu": "2", "memory": "4Gi"}),
-        on_gpu_nodes=False, writes_data=True, image=job.image, service_account=sa.metadata.name)
+        env={DATA_VERIFY_ENV: data.verify}, on_gpu_nodes=False, writes_data=True, image=job.image,
+        service_account=sa.metadata.name)
     # Exit codes 3 (boto3 missing, a bad URI) and 5 (a corrupt object, an escaping key) fail the Job, and so
     # `pulumi up`, at once; anything else (network, throttling) is retried in a new pod.
     fatal = k8s.batch.v1.PodFailurePolicyArgs(rules=[

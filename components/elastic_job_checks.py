@@ -8,7 +8,7 @@ from . import catalog, rules
 from .cifar10_stages import DATA_PIN_ENV
 from .podspec import CACHE_ENV, nccl_env
 from .torchrun import AGENT_ENV
-from .workload import S3Data, Workload
+from .workload import DATA_VERIFY_ENV, S3Data, Workload
 
 if TYPE_CHECKING:
     from .elastic_job import ElasticJobArgs
@@ -40,7 +40,7 @@ def validate(name: str, a: ElasticJobArgs) -> catalog.InstanceType:
                          f"run_claim={a.run_claim!r}; expected data_claim and run_claim (per workload), or pvc_name "
                          "(the whole volume) alone")
     owned = {*CACHE_ENV, *AGENT_ENV, *nccl_env(it, True), "POD_IP", "JOB_UID", "EKS_DDP_RESULTS_URL",
-             "EKS_DDP_RESULTS_KMS_KEY", DATA_PIN_ENV}
+             "EKS_DDP_RESULTS_KMS_KEY", DATA_PIN_ENV, DATA_VERIFY_ENV}
     if clash := sorted(owned & set(a.workload.env)):
         raise ValueError(f"workload.env: got {', '.join(clash)}; expected names the job does not set itself "
                          f"(it sets {', '.join(sorted(owned))})")

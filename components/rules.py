@@ -247,6 +247,17 @@ def s3_prefix(key: str, value: Any) -> str | None:
     return None
 
 
+MANIFEST_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def manifest_sha256(key: str, value: Any) -> str | None:
+    """A staged data set's pin: the SHA-256 of its manifest (64 lowercase hex digits), or None."""
+    if value is None or (isinstance(value, str) and MANIFEST_SHA256.match(value)):
+        return None
+    return _got(key, value, "64 lowercase hex digits: the sha256 of the data set's manifest, which the S3 stage "
+                            "logs (sha256sum /shared/data/<name>/.eks-ddp-manifest.json)")
+
+
 def cluster_name(key: str, value: Any) -> str | None:
     if not isinstance(value, str) or not EKS_CLUSTER_NAME.match(value) or len(value) > EKS_CLUSTER_NAME_MAX:
         return _got(key, value, "letters, digits, '-' and '_', starting with a letter or digit "
