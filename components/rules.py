@@ -47,8 +47,9 @@ RESERVED_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease
 #: RFC 5737 documentation ranges: the example stacks' placeholders live there; nobody's real address does.
 DOCUMENTATION_RANGES = tuple(ipaddress.ip_network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24"))
 
-#: The widest single CIDR the API endpoint may be opened to (a /8 is 16 million addresses).
-MIN_PUBLIC_PREFIX = 8
+#: The widest single CIDR the API endpoint may be opened to, and the most the list may span together: a /16 is
+#: 65,536 addresses, a company's or a campus's egress range at most; wider is a large part of an ISP.
+MIN_PUBLIC_PREFIX = 16
 
 #: Largest global batch the trainer accepts (CIFAR-10 has 50,000 training images).
 MAX_GLOBAL_BATCH = 65536

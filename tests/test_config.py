@@ -174,6 +174,14 @@ def test_world_open_api_endpoint(dev, cidr):
             repr(cidr), "whole internet")
 
 
+@pytest.mark.parametrize("cidrs, key", [(["18.0.0.0/12"], "cluster.publicAccessCidrs[0]"),
+                                         ([f"18.{n}.0.0/17" for n in range(0, 256, 128)] + ["19.0.0.0/24"],
+                                          "cluster.publicAccessCidrs")])
+def test_an_api_endpoint_open_wider_than_a_slash_16_is_refused(dev, cidrs, key):
+    rejects(set_path(dev, "eks-ddp:cluster.publicAccessCidrs", cidrs), key, "/16")
+    load(set_path(dev, "eks-ddp:cluster.publicAccessCidrs", ["18.0.0.0/16"]))  # control: a /16 is accepted
+
+
 def test_missing_region(dev):
     cfg = dict(dev)
     del cfg["aws:region"]
