@@ -307,6 +307,9 @@ AWS_CHECKS = {
         g.name for g in r.of_type("aws:cloudwatch/logGroup:LogGroup") if not g.inputs.get("retentionInDays")],
     "CKV_AWS_158: every CloudWatch log group encrypted with a customer-managed key": lambda r: [
         g.name for g in r.of_type("aws:cloudwatch/logGroup:LogGroup") if not g.inputs.get("kmsKeyId")],
+    "CKV_AWS_338: every CloudWatch log group kept at least 365 days": lambda r: [
+        g.name for g in r.of_type("aws:cloudwatch/logGroup:LogGroup")
+        if not 365 <= int(g.inputs.get("retentionInDays") or 0)],
     "CKV_AWS_62 / CKV_AWS_63: no inline policy allows Action '*'": lambda r: [
         name for name, s in _statements(r) if s["Effect"] == "Allow"
         and any(a == "*" or a.endswith(":*") for a in _as_list(s["Action"]))],
@@ -340,6 +343,9 @@ EXPLAINED = {
     "CKV_AWS_158: every CloudWatch log group encrypted with a customer-managed key":
         "control-plane and flow logs use CloudWatch Logs' service-side encryption; a CMK needs a key policy "
         "granting logs.<region>.amazonaws.com (not done: security review S15, open)",
+    "CKV_AWS_338: every CloudWatch log group kept at least 365 days":
+        "cost over audit depth by default: control-plane logs 30 days (cluster.logRetentionDays; set 365 or more "
+        "for a year's audit trail), flow logs 90 days; a retention is always set (CKV_AWS_66)",
     "EKS BP iam 'Update the aws-node daemonset to use IRSA': no CNI policy on the node role":
         "security review S11, open: the vpc-cni add-on is created inside pulumi_eks.Cluster, whose OIDC provider "
         "is an output of the same resource, so its IRSA role needs the add-on managed outside pulumi_eks",
@@ -370,7 +376,8 @@ def test_aws_checks_catch_what_they_name():
                                                                                "httpPutResponseHopLimit": 2}})
     bad = ProgramResult(resources=[star, repo, group, lt], outputs={}, secret_outputs=set())
     for check, needle in (("CKV_AWS_355", "x: s3:PutObject"), ("CKV_AWS_62", "x"), ("CKV_AWS_51", "x"),
-                          ("CKV_AWS_163", "x"), ("CKV_AWS_136", "x"), ("CKV_AWS_66", "x"), ("CKV_AWS_79", "x")):
+                          ("CKV_AWS_163", "x"), ("CKV_AWS_136", "x"), ("CKV_AWS_66", "x"), ("CKV_AWS_79", "x"),
+                          ("CKV_AWS_338", "x")):
         [name] = [c for c in AWS_CHECKS if c.startswith(check)]
         assert needle in AWS_CHECKS[name](bad), check
 
