@@ -45,7 +45,7 @@ from components.config import (
 )
 from components.data_stage import data_stage_role, stage_service_account
 from components.elastic_job import trainer_service_account
-from components.namespace import training_namespace
+from components.namespace import label_cluster_namespaces, training_namespace
 from components.network import standard_zones
 from components.results import run_prefix
 from components.rules import partition as rules_partition
@@ -173,6 +173,7 @@ autoscaler = ClusterAutoscaler("autoscaler", ClusterAutoscalerArgs(
 ), opts=pulumi.ResourceOptions(providers={"kubernetes": k8s_provider}, depends_on=[cluster]))
 
 namespace = training_namespace(cfg.job.namespace, opts=k8s_opts)
+label_cluster_namespaces("pod-security", opts=k8s_opts)
 
 storage = EfsStore("storage", EfsStoreArgs(
     cluster_name=cluster.cluster_name,

@@ -70,6 +70,41 @@ def _public_egress(policy: dict) -> list[str]:
     return found
 
 
+# --- Kubernetes: pod security on every namespace -------------------------------------------------------------
+
+PSA_ENFORCE = "pod-security.kubernetes.io/enforce"
+
+
+def psa_gaps(result: ProgramResult) -> list[str]:
+    """Namespaces of the cluster (those every cluster has but kube-system, and every one the stack creates) without
+    an enforced Pod Security profile of at least 'baseline' (EKS BP pod security "PSA labels on every namespace")."""
+    from components.rules import RESERVED_NAMESPACES
+
+    labels: dict[str, dict] = {ns: {} for ns in RESERVED_NAMESPACES if ns != "kube-system"}
+    for kind in ("kubernetes:core/v1:Namespace", "kubernetes:core/v1:NamespacePatch"):
+        for r in result.of_type(kind):
+            meta = r.inputs.get("metadata") or {}
+            labels.setdefault(meta.get("name"), {}).update(meta.get("labels") or {})
+    return sorted(f"{ns}: enforce {lab.get(PSA_ENFORCE)!r}" for ns, lab in labels.items()
+                  if lab.get(PSA_ENFORCE) not in ("baseline", "restricted"))
+
+
+def test_bp_pod_security_every_namespace_enforces_at_least_baseline(result):
+    assert psa_gaps(result) == []
+    [training] = [r for r in result.of_type("kubernetes:core/v1:Namespace") if r.inputs["metadata"]["name"] == NS]
+    assert training.inputs["metadata"]["labels"][PSA_ENFORCE] == "restricted"
+
+
+def test_psa_gaps_catches_an_unlabelled_namespace():
+    """Negative control: the plan before the cluster's own namespaces were labelled (only the training one)."""
+    ns = _rec("kubernetes:core/v1:Namespace", {"metadata": {"name": NS, "labels": {PSA_ENFORCE: "restricted"}}})
+    privileged = _rec("kubernetes:core/v1:NamespacePatch", {"metadata": {"name": "default",
+                                                                          "labels": {PSA_ENFORCE: "privileged"}}})
+    bare = ProgramResult(resources=[ns, privileged], outputs={}, secret_outputs=set())
+    assert psa_gaps(bare) == ["default: enforce 'privileged'", "kube-node-lease: enforce None",
+                              "kube-public: enforce None"]
+
+
 # --- Kubernetes: network ------------------------------------------------------------------------------------
 
 def test_cis_4_3_2_bp_network_default_deny_in_the_training_namespace(docs):
