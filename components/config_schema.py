@@ -186,7 +186,9 @@ class JobConfig:
                             default="airnet")
     learning_rate: float | None = _doc("Peak learning rate per 1,024 images; default: the model's recipe.",
                                        default=None)
-    rdzv_backend: RdzvBackend = _doc("'etcd-v2' (EtcdRendezvous) or 'c10d' (no etcd).", default="etcd-v2")
+    rdzv_backend: RdzvBackend = _doc("'etcd-v2' (EtcdRendezvous, client certificates) or 'c10d' (no etcd; an "
+                                     "unauthenticated store whose state every agent unpickles: trusted clusters "
+                                     "only, README 'Job semantics').", default="etcd-v2")
     namespace: str = _doc("Kubernetes namespace of the training workloads.", default="training")
     compile: bool = _doc("Use torch.compile in the trainer.", default=False)
     fabric_check: bool | None = _doc(
