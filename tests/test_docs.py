@@ -87,3 +87,9 @@ def test_the_c10d_backend_is_documented_as_unauthenticated_where_it_is_chosen():
 def test_the_job_back_off_for_ignored_disruptions_is_documented():
     readme = (ROOT / "README.md").read_text()
     assert "pod-creation back-off, which counts every failed pod, ignored\n  ones included" in readme
+
+
+def test_running_on_aws_keeps_the_passphrase_out_of_shell_history_and_names_a_kms_secrets_provider():
+    step = (ROOT / "README.md").read_text().split("## Running on AWS", 1)[1].split("2. **AWS credentials**", 1)[0]
+    assert "export PULUMI_CONFIG_PASSPHRASE_FILE=" in step and "--secrets-provider \"awskms://" in step
+    assert "can mint rendezvous certificates" in step
