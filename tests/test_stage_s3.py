@@ -223,6 +223,29 @@ def test_a_file_in_place_that_s3_cannot_vouch_for_is_downloaded_again(s3, tmp_pa
     dataset.Manifest.load(tmp_path / "ds").verify()
 
 
+def test_two_stages_of_one_prefix_at_once_both_succeed(s3, tmp_path):
+    # Two runs with the same data set start their stage pods together: one stage runs whole (and writes the
+    # manifest) while the other is between a download and its rename. Both end staged; neither takes the other's
+    # part file for tampering or deletes it (an older layout kept part files inside the directory, so the first
+    # to finish deleted the other's, which then downloaded again, and a part file created between the cleanup and
+    # the check failed the stage as tampering).
+    put(s3, "ds/a.txt", b"alpha")
+    put(s3, "ds/b.txt", b"beta")
+    inner: list[int] = []
+
+    class Racing(Counting):
+        def download_file(self, bucket, key, path):
+            super().download_file(bucket, key, path)
+            if not inner:
+                inner.append(stage_s3.stage(s3, "s3://data/ds/", tmp_path / "ds", log=lambda *_: None))
+
+    outer = Racing(s3)
+    assert stage_s3.stage(outer, "s3://data/ds/", tmp_path / "ds", log=lambda *_: None) == 1
+    assert inner == [2] and outer.downloads == ["ds/a.txt"]  # b.txt was in place, checked, by then
+    dataset.Manifest.load(tmp_path / "ds").verify()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds"]  # no part file left anywhere
+
+
 def test_two_sources_cannot_share_a_data_directory(s3, tmp_path):
     root, _ = _staged(s3, tmp_path)
     put(s3, "other/a.txt", b"alpha")

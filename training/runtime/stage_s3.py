@@ -41,6 +41,7 @@ from .exitcodes import BAD_INPUT, CONFIG_ERROR
 LEGACY_MARKER = ".eks-ddp-staged.json"
 """What older stages wrote instead of a manifest (a listing fingerprint, no hashes): removed once the manifest is."""
 _PART = re.compile(r"^\..+\.part-[0-9a-f]{12}$")
+"""Part files older stages left inside the directory when interrupted."""
 _S3 = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.-]{1,61}[a-z0-9])/(?P<prefix>([^/\s]+/)*)$")
 _CHUNK = 8 << 20
 
@@ -165,19 +166,23 @@ def stage(client: Any, uri: str, dest: Path, *, pin: str | None = None, log: Any
         why, sha, vouched = verify_object(client, bucket, obj, path)
         if why is not None or not vouched:  # missing, different, or not checkable against S3: download it
             path.parent.mkdir(parents=True, exist_ok=True)
-            # A random suffix, not the pid: two runs' stage pods (pid 1 each) may stage the same prefix at once.
-            tmp = path.with_name(f".{path.name}.part-{os.urandom(6).hex()}")
+            # Beside the data directory, not in it (the directory only ever holds whole, checked files, so a
+            # concurrent stage of the same prefix, which two runs' stage pods may be, never meets a part file
+            # there); a random suffix, not the pid (pid 1 in every pod).
+            tmp = dest.parent / f".{dest.name}.part-{os.urandom(6).hex()}"
             why = None
-            for _ in range(2):  # one retry: a torn download, then it is the object's problem
-                client.download_file(bucket, obj["key"], str(tmp))
-                if (why := verify_object(client, bucket, obj, tmp)[0]) is None:
-                    break
-            if why is not None:
+            try:
+                for _ in range(2):  # one retry: a torn download, then it is the object's problem
+                    client.download_file(bucket, obj["key"], str(tmp))
+                    if (why := verify_object(client, bucket, obj, tmp)[0]) is None:
+                        break
+                if why is not None:
+                    raise BadInput(f"s3://{bucket}/{obj['key']}: {why} after two downloads")
+                # The digest of what is renamed into place, read from the file itself (not the download's check).
+                sha = dataset.sha256_file(tmp)
+                os.replace(tmp, path)
+            finally:
                 tmp.unlink(missing_ok=True)
-                raise BadInput(f"s3://{bucket}/{obj['key']}: {why} after two downloads")
-            # The digest of what is renamed into place, read from the file itself (not the download's check).
-            sha = dataset.sha256_file(tmp)
-            os.replace(tmp, path)
             fetched += 1
         rows.append({**obj, "path": rel.as_posix(), "sha256": sha})
     blob = dataset.manifest_bytes(uri, rows)
@@ -186,7 +191,7 @@ def stage(client: Any, uri: str, dest: Path, *, pin: str | None = None, log: Any
         raise BadInput(f"{uri}: the staged data set's manifest has sha256 {digest}, not the pinned {pin} "
                        "(workload.data.sha256): the prefix's content is not the one pinned; nothing was "
                        "marked staged")
-    # Leftovers of an interrupted stage, and an older stage's marker: the manifest lists every file there is.
+    # An older stage's marker, and the part files it kept inside the directory: the manifest lists every file.
     listed = {dest / r["path"] for r in rows}
     for p in dest.rglob(".*"):
         if p not in listed and p.is_file() and (_PART.match(p.name) or p == dest / LEGACY_MARKER):
