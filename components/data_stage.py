@@ -1,8 +1,9 @@
 """The S3 data stage of :class:`~.elastic_job.ElasticJob` for a workload with :class:`~.workload.S3Data`.
 
 A Job on the system nodes runs ``python -m eks_ddp_runtime.stage_s3 s3://bucket/prefix/ /shared/data/<name>``
-in the workload's image (boto3 must be in it): every object copied once and verified, a rerun a no-op
-(training/runtime/stage_s3.py). Pulumi awaits it; the training Job depends on it, so training never starts on a
+in the workload's image (boto3 must be in it): every object copied once and verified, then the data set's
+manifest written once; a rerun re-verifies every file against it (and the pin, ``EKS_DDP_DATA_VERIFY``) and
+downloads nothing (training/runtime/stage_s3.py, dataset.py). Pulumi awaits it; the training Job depends on it, so training never starts on a
 half-staged dataset. Its pods run as a ServiceAccount of their own whose IAM role (IRSA,
 :func:`data_stage_role`) may list exactly that prefix and read objects under it, nothing else; they reach only
 DNS and HTTPS outside the VPC's private ranges (S3, STS).
