@@ -122,6 +122,7 @@ cluster = EksCluster("cluster", EksClusterArgs(
     log_retention_days=cfg.cluster.log_retention_days,
     aws_profile=pulumi.Config("aws").get("profile"),
     admin_principal_arns=cfg.cluster.admin_principal_arns,
+    viewer_principal_arns=cfg.cluster.viewer_principal_arns,
     stack_id=stack_id,
 ))
 

@@ -114,10 +114,16 @@ def _check_cluster(c: ClusterConfig, placeholders_ok: bool = False) -> list[str]
     else:
         p += rules.public_access_cidrs("cluster.publicAccessCidrs", c.public_access_cidrs,
                                        placeholders_ok=placeholders_ok)
-    for i, arn in enumerate(c.admin_principal_arns):
-        if not _IAM_PRINCIPAL.match(arn):
-            p.append(f"cluster.adminPrincipalArns[{i}]: got {arn!r}; expected an IAM role or user ARN such as "
-                     "arn:aws:iam::123456789012:role/ci-deployer")
+    seen: set[str] = set()
+    for key, arns in (("adminPrincipalArns", c.admin_principal_arns), ("viewerPrincipalArns", c.viewer_principal_arns)):
+        for i, arn in enumerate(arns):
+            if not _IAM_PRINCIPAL.match(arn):
+                p.append(f"cluster.{key}[{i}]: got {arn!r}; expected an IAM role or user ARN such as "
+                         "arn:aws:iam::123456789012:role/ci-deployer")
+            elif arn in seen:
+                p.append(f"cluster.{key}[{i}]: got {arn!r} a second time; expected each principal once, in "
+                         "cluster.adminPrincipalArns or cluster.viewerPrincipalArns (one EKS access entry each)")
+            seen.add(arn)
     if c.kubernetes_version not in SUPPORTED_KUBERNETES_VERSIONS:
         p.append(f"cluster.kubernetesVersion: got {c.kubernetes_version!r}; expected one of "
                  + ", ".join(SUPPORTED_KUBERNETES_VERSIONS))

@@ -87,6 +87,9 @@ class ClusterConfig:
     admin_principal_arns: tuple[str, ...] = _doc(
         "IAM role/user ARNs given cluster-admin besides the creator of the cluster (a teammate, a CI role).",
         default=())
+    viewer_principal_arns: tuple[str, ...] = _doc(
+        "IAM role/user ARNs that may only look (AmazonEKSViewPolicy: objects and pod logs, no Secrets, no "
+        "changes); each principal in one list only.", default=())
     scale_down_unneeded_time: str = _doc(
         "How long a GPU node must sit unneeded before the cluster autoscaler removes it (e.g. 10m, 1h): "
         "the idle tail after a run; longer keeps nodes warm between runs.", default="10m")

@@ -9,7 +9,7 @@ import pulumi
 import pytest
 
 from components import cluster as cluster_mod
-from components.cluster import EksCluster, EksClusterArgs
+from components.cluster import EksCluster, EksClusterArgs, validate
 from components.mocks import RecordingMocks, run_program
 
 ARGS = EksClusterArgs(
@@ -256,3 +256,17 @@ def test_system_group_follows_the_cluster_version_and_its_update_is_not_blocked_
     ng = result.one("aws:eks/nodeGroup:NodeGroup").inputs
     assert ng["version"] == ARGS.kubernetes_version
     assert ng["forceUpdateVersion"] is True
+
+
+def test_viewer_principals_get_view_only_access_entries():
+    admin, viewer = "arn:aws:iam::123456789012:role/ci-deployer", "arn:aws:iam::123456789012:role/ml-team"
+    result, _ = _run(dataclasses.replace(ARGS, admin_principal_arns=[admin], viewer_principal_arns=[viewer]))
+    entries = result.one("eks:index:Cluster").inputs["accessEntries"]
+    assert entries["viewer-0"] == {"principalArn": viewer, "accessPolicies": {"view": {
+        "policyArn": "arn:aws:eks::aws:cluster-access-policy/AmazonEKSViewPolicy", "accessScope": {"type": "cluster"}}}}
+    assert entries["admin-0"]["principalArn"] == admin
+    # EKS takes one access entry per principal: the same ARN in both lists is refused before any call.
+    with pytest.raises(ValueError, match=r"viewer_principal_arns\[0\]: got .*ci-deployer' a second time"):
+        validate(dataclasses.replace(ARGS, admin_principal_arns=[admin], viewer_principal_arns=[admin]))
+    with pytest.raises(ValueError, match=r"viewer_principal_arns\[0\]: got 'bob'; expected an IAM role or user ARN"):
+        validate(dataclasses.replace(ARGS, viewer_principal_arns=["bob"]))
