@@ -188,7 +188,8 @@ def write_once(root: Path, blob: bytes) -> bool:
     """Create ``root/MANIFEST`` with ``blob`` unless it exists: True if this call created it. The file appears
     whole (a fsynced temporary file, hard-linked into place: ``link`` fails rather than replace); an existing
     manifest with other bytes raises DataError."""
-    tmp = root / f".{MANIFEST}.{os.urandom(6).hex()}.tmp"
+    # Beside the directory, not in it: a stage killed before the unlink leaves no unlisted file in the data set.
+    tmp = root.parent / f".{root.name}{MANIFEST}.{os.urandom(6).hex()}.tmp"
     with open(tmp, "wb") as f:
         f.write(blob)
         f.flush()
