@@ -45,7 +45,7 @@ from components.config import (
 )
 from components.data_stage import data_stage_role
 from components.elastic_job import trainer_service_account
-from components.namespace import training_namespace
+from components.namespace import label_cluster_namespaces, training_namespace
 from components.network import standard_zones
 from components.preflight_live import owner_id
 from components.results import run_prefix
@@ -61,7 +61,7 @@ def workload_of(run: RunConfig) -> Workload:
     if not w.custom:
         return cifar10_workload(epochs=run.epochs, global_batch_size=run.global_batch_size, model=run.model,
                                 learning_rate=run.learning_rate, compile=run.compile)
-    data = S3Data(uri=w.s3_uri, name=dataset_name(w.s3_uri)) if w.s3_uri else None
+    data = S3Data(uri=w.s3_uri, name=dataset_name(w.s3_uri), sha256=w.s3_sha256) if w.s3_uri else None
     return Workload(name=run.run_id, image=run_images.get(w.image, w.image), module=w.module, script=w.script,
                     args=w.args, env=w.env, data=data)
 
@@ -129,6 +129,7 @@ cluster = EksCluster("cluster", EksClusterArgs(
     log_retention_days=cfg.cluster.log_retention_days,
     aws_profile=pulumi.Config("aws").get("profile"),
     admin_principal_arns=cfg.cluster.admin_principal_arns,
+    viewer_principal_arns=cfg.cluster.viewer_principal_arns,
     stack_id=stack_id,
 ))
 
@@ -180,6 +181,7 @@ autoscaler = ClusterAutoscaler("autoscaler", ClusterAutoscalerArgs(
 ), opts=pulumi.ResourceOptions(providers={"kubernetes": k8s_provider}, depends_on=[cluster]))
 
 namespace = training_namespace(cfg.job.namespace, opts=k8s_opts)
+label_cluster_namespaces("pod-security", opts=k8s_opts)
 
 storage = EfsStore("storage", EfsStoreArgs(
     cluster_name=cluster.cluster_name,

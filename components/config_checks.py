@@ -122,10 +122,16 @@ def _check_cluster(c: ClusterConfig, placeholders_ok: bool = False) -> list[str]
     else:
         p += rules.public_access_cidrs("cluster.publicAccessCidrs", c.public_access_cidrs,
                                        placeholders_ok=placeholders_ok)
-    for i, arn in enumerate(c.admin_principal_arns):
-        if not _IAM_PRINCIPAL.match(arn):
-            p.append(f"cluster.adminPrincipalArns[{i}]: got {arn!r}; expected an IAM role or user ARN such as "
-                     "arn:aws:iam::123456789012:role/ci-deployer")
+    seen: set[str] = set()
+    for key, arns in (("adminPrincipalArns", c.admin_principal_arns), ("viewerPrincipalArns", c.viewer_principal_arns)):
+        for i, arn in enumerate(arns):
+            if not _IAM_PRINCIPAL.match(arn):
+                p.append(f"cluster.{key}[{i}]: got {arn!r}; expected an IAM role or user ARN such as "
+                         "arn:aws:iam::123456789012:role/ci-deployer")
+            elif arn in seen:
+                p.append(f"cluster.{key}[{i}]: got {arn!r} a second time; expected each principal once, in "
+                         "cluster.adminPrincipalArns or cluster.viewerPrincipalArns (one EKS access entry each)")
+            seen.add(arn)
     if c.kubernetes_version not in SUPPORTED_KUBERNETES_VERSIONS:
         p.append(f"cluster.kubernetesVersion: got {c.kubernetes_version!r}; expected one of "
                  + ", ".join(SUPPORTED_KUBERNETES_VERSIONS))
@@ -274,5 +280,7 @@ def _check_workload(w: WorkloadConfig, key: str) -> list[str]:
         p.append(bad)
     p += rules.env_names(f"{key}.env", w.env)
     if w.s3_uri is not None and (bad := rules.s3_prefix(f"{key}.data.s3", w.s3_uri)):
+        p.append(bad)
+    if bad := rules.manifest_sha256(f"{key}.data.sha256", w.s3_sha256):
         p.append(bad)
     return p

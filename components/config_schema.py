@@ -91,6 +91,9 @@ class ClusterConfig:
     admin_principal_arns: tuple[str, ...] = _doc(
         "IAM role/user ARNs given cluster-admin besides the creator of the cluster (a teammate, a CI role).",
         default=())
+    viewer_principal_arns: tuple[str, ...] = _doc(
+        "IAM role/user ARNs that may only look (AmazonEKSViewPolicy: objects and pod logs, no Secrets, no "
+        "changes); each principal in one list only.", default=())
     scale_down_unneeded_time: str = _doc(
         "How long a GPU node must sit unneeded before the cluster autoscaler removes it (e.g. 10m, 1h): "
         "the idle tail after a run; longer keeps nodes warm between runs.", default="10m")
@@ -201,7 +204,9 @@ class JobConfig:
                             default="airnet")
     learning_rate: float | None = _doc("Peak learning rate per 1,024 images; default: the model's recipe.",
                                        default=None)
-    rdzv_backend: RdzvBackend = _doc("'etcd-v2' (EtcdRendezvous) or 'c10d' (no etcd).", default="etcd-v2")
+    rdzv_backend: RdzvBackend = _doc("'etcd-v2' (EtcdRendezvous, client certificates) or 'c10d' (no etcd; an "
+                                     "unauthenticated store whose state every agent unpickles: trusted clusters "
+                                     "only, README 'Job semantics').", default="etcd-v2")
     namespace: str = _doc("Kubernetes namespace of the training workloads.", default="training")
     compile: bool = _doc("Use torch.compile in the trainer.", default=False)
     fabric_check: bool | None = _doc(
@@ -257,6 +262,10 @@ class WorkloadConfig:
     s3_uri: str | None = _doc(
         "S3 prefix (s3://bucket/prefix/) staged once onto the shared volume, read-only, as $EKS_DDP_DATA_DIR; "
         "default: no data stage.", default=None, key="data.s3")
+    s3_sha256: str | None = _doc(
+        "The data set's pin: the sha256 of the manifest the S3 stage writes and logs; the stage and every "
+        "training pod then refuse other content (exit 5). Default: checked against the manifest alone.",
+        default=None, key="data.sha256")
 
     @property
     def custom(self) -> bool:

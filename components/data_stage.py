@@ -1,8 +1,9 @@
 """The S3 data stage of :class:`~.elastic_job.ElasticJob` for a workload with :class:`~.workload.S3Data`.
 
 A Job on the system nodes runs ``python -m eks_ddp_runtime.stage_s3 s3://bucket/prefix/ /shared/data/<name>``
-in the workload's image (boto3 must be in it): every object copied once and verified, a rerun a no-op
-(training/runtime/stage_s3.py). Pulumi awaits it; the training Job depends on it, so training never starts on a
+in the workload's image (boto3 must be in it): every object copied once and verified, then the data set's
+manifest written once; a rerun re-verifies every file against it (and the pin, ``EKS_DDP_DATA_VERIFY``) and
+downloads nothing (training/runtime/stage_s3.py, dataset.py). Pulumi awaits it; the training Job depends on it, so training never starts on a
 half-staged dataset. Its pods run as a ServiceAccount of their own whose IAM role (IRSA,
 :func:`data_stage_role`) may list exactly that prefix and read objects under it, nothing else; they reach only
 DNS and HTTPS outside the VPC's private ranges (S3, STS).
@@ -20,7 +21,7 @@ import pulumi_kubernetes as k8s
 from .efs import irsa_trust_policy
 from .namespace import dns_egress
 from .podspec import DATA_DIR, EGRESS_EXCEPT, PART_OF
-from .workload import S3Data
+from .workload import DATA_VERIFY_ENV, S3Data
 
 if TYPE_CHECKING:
     from .elastic_job import ElasticJob
@@ -117,7 +118,8 @@ def create_s3_stage(job: ElasticJob, name: str, child: pulumi.ResourceOptions) -
         STAGE_LABELS, "stage-data", ["python", "-m", STAGE_MODULE, data.uri, f"{DATA_DIR}/{data.name}"],
         k8s.core.v1.ResourceRequirementsArgs(requests={"cpu": "500m", "memory": "1Gi"},
                                              limits={"cpu": "2", "memory": "4Gi"}),
-        on_gpu_nodes=False, writes_data=True, image=job.image, service_account=sa.metadata.name)
+        env={DATA_VERIFY_ENV: data.verify}, on_gpu_nodes=False, writes_data=True, image=job.image,
+        service_account=sa.metadata.name)
     # Exit codes 3 (boto3 missing, a bad URI) and 5 (a corrupt object, an escaping key) fail the Job, and so
     # `pulumi up`, at once; anything else (network, throttling) is retried in a new pod.
     fatal = k8s.batch.v1.PodFailurePolicyArgs(rules=[

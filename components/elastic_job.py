@@ -71,7 +71,16 @@ from .torchrun import (
     module_command,
     script_command,
 )
-from .workload import DATA_DIR_ENV, FATAL_EXIT_CODES, RUN_DIR_ENV, Cifar10Data, S3Data, Workload, cifar10_workload
+from .workload import (
+    DATA_DIR_ENV,
+    DATA_VERIFY_ENV,
+    FATAL_EXIT_CODES,
+    RUN_DIR_ENV,
+    Cifar10Data,
+    S3Data,
+    Workload,
+    cifar10_workload,
+)
 from .workload_image import job_image
 
 if TYPE_CHECKING:
@@ -277,7 +286,9 @@ class ElasticJob(pulumi.ComponentResource):
     # --- 2. training ----------------------------------------------------------------------------
     def _workload_env(self) -> dict[str, str]:
         """What the job tells every worker of any workload (README "Your own training code")."""
-        pin = {DATA_PIN_ENV: DATA_PIN} if isinstance(self._args.workload.data, Cifar10Data) else {}
+        data = self._args.workload.data
+        pin = {DATA_PIN_ENV: DATA_PIN} if isinstance(data, Cifar10Data) else \
+            {DATA_VERIFY_ENV: data.verify} if isinstance(data, S3Data) else {}
         return {**pin, RUN_DIR_ENV: self._run_dir, DATA_DIR_ENV: self._data_dir}
 
     def _create_headless_service(self, name: str, child: pulumi.ResourceOptions) -> pulumi.Output[str]:
@@ -405,6 +416,15 @@ class ElasticJob(pulumi.ComponentResource):
                 opts=child)
 
 
+BAD_INPUT_EXIT_CODE = 5
+"""eks_ddp_runtime.exitcodes.BAD_INPUT: also the launcher's own verdict on a staged data set that fails its
+manifest or pin, before any worker starts."""
+
+
 def bug_exit_codes(w: Workload) -> list[int]:
-    """The exit codes that fail the Job at once: argparse's usage error and the workload's FATAL codes."""
-    return [USAGE_EXIT_CODE, *(c for c in w.fatal_exit_codes if c != USAGE_EXIT_CODE)]
+    """The exit codes that fail the Job at once: argparse's usage error and the workload's FATAL codes, and with
+    S3 data the launcher's BAD_INPUT (a data set that fails its check stays failed on every retry)."""
+    codes = [USAGE_EXIT_CODE, *(c for c in w.fatal_exit_codes if c != USAGE_EXIT_CODE)]
+    if isinstance(w.data, S3Data) and BAD_INPUT_EXIT_CODE not in codes:
+        codes.append(BAD_INPUT_EXIT_CODE)
+    return codes

@@ -13,7 +13,7 @@ from .data_stage import trust_problem
 from .gpu_nodegroup import group_for
 from .podspec import CACHE_ENV, nccl_env
 from .torchrun import AGENT_ENV
-from .workload import S3Data, Workload
+from .workload import DATA_VERIFY_ENV, S3Data, Workload
 from .workload_image import SCAN_SEVERITIES
 
 if TYPE_CHECKING:
@@ -51,7 +51,7 @@ def validate(name: str, a: ElasticJobArgs) -> catalog.InstanceType:
         raise ValueError(f"data_read_only_claim: got {a.data_read_only_claim!r} without data_claim; expected it with "
                          "data_claim (the data stage writes through data_claim)")
     owned = {*CACHE_ENV, *AGENT_ENV, *nccl_env(it, True), "POD_IP", "JOB_UID", "EKS_DDP_RESULTS_URL",
-             "EKS_DDP_RESULTS_KMS_KEY", DATA_PIN_ENV}
+             "EKS_DDP_RESULTS_KMS_KEY", DATA_PIN_ENV, DATA_VERIFY_ENV}
     if clash := sorted(owned & set(a.workload.env)):
         raise ValueError(f"workload.env: got {', '.join(clash)}; expected names the job does not set itself "
                          f"(it sets {', '.join(sorted(owned))})")

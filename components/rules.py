@@ -47,8 +47,9 @@ RESERVED_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease
 #: RFC 5737 documentation ranges: the example stacks' placeholders live there; nobody's real address does.
 DOCUMENTATION_RANGES = tuple(ipaddress.ip_network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24"))
 
-#: The widest single CIDR the API endpoint may be opened to (a /8 is 16 million addresses).
-MIN_PUBLIC_PREFIX = 8
+#: The widest single CIDR the API endpoint may be opened to, and the most the list may span together: a /16 is
+#: 65,536 addresses, a company's or a campus's egress range at most; wider is a large part of an ISP.
+MIN_PUBLIC_PREFIX = 16
 
 #: Largest global batch the trainer accepts (CIFAR-10 has 50,000 training images).
 MAX_GLOBAL_BATCH = 65536
@@ -258,6 +259,17 @@ def s3_bucket(key: str, value: Any) -> str | None:
         return _got(key, value, "an S3 bucket name: 3-63 lowercase letters, digits, '.' and '-', starting and "
                                 f"ending with a letter or digit{hint}")
     return None
+
+
+MANIFEST_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def manifest_sha256(key: str, value: Any) -> str | None:
+    """A staged data set's pin: the SHA-256 of its manifest (64 lowercase hex digits), or None."""
+    if value is None or (isinstance(value, str) and MANIFEST_SHA256.match(value)):
+        return None
+    return _got(key, value, "64 lowercase hex digits: the sha256 of the data set's manifest, which the S3 stage "
+                            "logs (sha256sum /shared/data/<name>/.eks-ddp-manifest.json)")
 
 
 def cluster_name(key: str, value: Any) -> str | None:

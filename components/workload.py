@@ -27,6 +27,9 @@ RUN_DIR_ENV = "EKS_DDP_RUN_DIR"
 """The run's directory (``/shared/runs/<run_id>``): checkpoints go there; resume from the newest one."""
 DATA_DIR_ENV = "EKS_DDP_DATA_DIR"
 """The dataset's directory, read-only (``/shared/data``, or ``/shared/data/<name>`` for :class:`S3Data`)."""
+DATA_VERIFY_ENV = "EKS_DDP_DATA_VERIFY"
+"""How the launcher and the S3 stage verify an :class:`S3Data` set: ``manifest`` or ``sha256:<pin>``
+(eks_ddp_runtime.dataset.VERIFY_ENV; tests/test_workload.py keeps the two equal)."""
 RUN_DIR_REF = f"$({RUN_DIR_ENV})"
 DATA_DIR_REF = f"$({DATA_DIR_ENV})"
 FATAL_EXIT_CODES = (3, 4, 5)
@@ -42,9 +45,19 @@ class S3Data:
     """The S3 prefix copied, ``s3://bucket/prefix/`` (ending with '/'); every object under it is staged."""
     name: str
     """The dataset's directory under /shared/data (a DNS label, e.g. ``imagenet``)."""
+    sha256: str | None = None
+    """The pin: the SHA-256 of the manifest the stage writes (it logs it); the stage and every training pod then
+    refuse a data set whose manifest differs. None: verified against the manifest alone (catches corruption and
+    a change to some files, not a rewrite of the data set together with its manifest)."""
 
     def __post_init__(self) -> None:
-        rules.require(rules.s3_prefix("data.uri", self.uri), rules.dns_label("data.name", self.name))
+        rules.require(rules.s3_prefix("data.uri", self.uri), rules.dns_label("data.name", self.name),
+                      rules.manifest_sha256("data.sha256", self.sha256))
+
+    @property
+    def verify(self) -> str:
+        """The ``EKS_DDP_DATA_VERIFY`` value of the stage and the training pods."""
+        return "manifest" if self.sha256 is None else f"sha256:{self.sha256}"
 
     @property
     def bucket(self) -> str:

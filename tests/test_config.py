@@ -174,6 +174,24 @@ def test_world_open_api_endpoint(dev, cidr):
             repr(cidr), "whole internet")
 
 
+@pytest.mark.parametrize("cidrs, key", [(["18.0.0.0/12"], "cluster.publicAccessCidrs[0]"),
+                                         ([f"18.{n}.0.0/17" for n in range(0, 256, 128)] + ["19.0.0.0/24"],
+                                          "cluster.publicAccessCidrs")])
+def test_an_api_endpoint_open_wider_than_a_slash_16_is_refused(dev, cidrs, key):
+    rejects(set_path(dev, "eks-ddp:cluster.publicAccessCidrs", cidrs), key, "/16")
+    load(set_path(dev, "eks-ddp:cluster.publicAccessCidrs", ["18.0.0.0/16"]))  # control: a /16 is accepted
+
+
+def test_viewer_principals_are_checked_and_one_principal_has_one_entry(dev):
+    arn = "arn:aws:iam::123456789012:role/ml-team"
+    rejects(set_path(dev, "eks-ddp:cluster.viewerPrincipalArns", ["bob"]), "cluster.viewerPrincipalArns[0]: got 'bob'",
+            "an IAM role or user ARN")
+    both = set_path(set_path(dev, "eks-ddp:cluster.adminPrincipalArns", [arn]), "eks-ddp:cluster.viewerPrincipalArns",
+                    [arn])
+    rejects(both, "cluster.viewerPrincipalArns[0]", "a second time", "one EKS access entry each")
+    assert load(set_path(dev, "eks-ddp:cluster.viewerPrincipalArns", [arn])).cluster.viewer_principal_arns == (arn,)
+
+
 def test_missing_region(dev):
     cfg = dict(dev)
     del cfg["aws:region"]

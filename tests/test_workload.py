@@ -119,13 +119,15 @@ def test_a_custom_workload_gets_the_same_pods_with_its_own_command_image_env_and
     env = env_of(c)
     assert env["MODE"]["value"] == "fast" and env["EKS_DDP_DATA_DIR"]["value"] == "/shared/data/wiki"
     assert env["EKS_DDP_RUN_DIR"]["value"] == "/shared/runs/run-1" and "EKS_DDP_DATA_PIN" not in env
-    assert set(env) - {"MODE", "EKS_DDP_DATA_PIN"} == set(env_of(trainer(bundled))) - {"EKS_DDP_DATA_PIN"}
+    assert env["EKS_DDP_DATA_VERIFY"]["value"] == "manifest"
+    assert set(env) - {"MODE", "EKS_DDP_DATA_VERIFY"} == set(env_of(trainer(bundled))) - {"EKS_DDP_DATA_PIN"}
     for key in ("resources", "volumeMounts", "securityContext", "ports"):
         assert c.get(key) == trainer(bundled).get(key), key
     for key in ("volumes", "tolerations", "nodeSelector", "affinity", "securityContext", "serviceAccountName"):
         assert _pod(mine).get(key) == _pod(bundled).get(key), key
     policy = mine.one(JOB, "training-train").inputs["spec"]["podFailurePolicy"]["rules"]
-    assert policy[0]["onExitCodes"]["values"] == [2, 7]
+    # 5: the launcher's verdict on S3 data that fails its manifest, fatal whatever the workload's own codes.
+    assert policy[0]["onExitCodes"]["values"] == [2, 7, 5]
     # No CIFAR-10 download, no evaluation CronJob; the same NetworkPolicies.
     assert not [r for r in mine.of_type(JOB) if r.name == "training-prepare-data"]
     assert not mine.of_type("kubernetes:batch/v1:CronJob") and mine.outputs["evaluate"] is None
@@ -215,7 +217,7 @@ def test_the_program_gives_an_s3_run_its_stage_and_role():
     from tests.test_config_runs import DIGEST, with_runs
 
     result = run(with_runs({"runId": "a", "nodes": 1}, {"runId": "b", "nodes": 1, "workload": {
-        "image": DIGEST, "module": "bert.train", "data": {"s3": "s3://my-data/corpora/wiki/"}}}))
+        "image": DIGEST, "module": "bert.train", "data": {"s3": "s3://my-data/corpora/wiki/", "sha256": "cd" * 32}}}))
     role = result.one("aws:iam/role:Role", "data-stage-b")
     assert ':serviceaccount:training:training-b-stage"' in role.inputs["assumeRolePolicy"]
     policy = result.one("aws:iam/rolePolicy:RolePolicy", "data-stage-b").inputs["policy"]
@@ -224,6 +226,7 @@ def test_the_program_gives_an_s3_run_its_stage_and_role():
     assert stage["command"][-2:] == ["s3://my-data/corpora/wiki/", "/shared/data/wiki"] and stage["image"] == DIGEST
     train = result.one(JOB, "training-b-train").inputs["spec"]["template"]["spec"]["containers"][0]
     assert {e["name"]: e.get("value") for e in train["env"]}["EKS_DDP_DATA_DIR"] == "/shared/data/wiki"
+    assert {e["name"]: e.get("value") for e in train["env"]}["EKS_DDP_DATA_VERIFY"] == "sha256:" + "cd" * 32
 
 
 def test_two_prefixes_that_would_stage_into_one_directory_are_refused():
@@ -280,3 +283,21 @@ def test_a_stage_role_trusting_another_service_account_fails_at_construction():
         _job_with_stage_role()
     _job_with_stage_role(job_name="training")  # control: the job's own name
     _job_with_stage_role(service_account="training-stage")
+
+
+def test_an_s3_data_set_is_verified_by_the_stage_and_every_training_pod_pinned_when_asked():
+    from eks_ddp_runtime import dataset
+
+    from components.workload import DATA_VERIFY_ENV
+
+    assert DATA_VERIFY_ENV == dataset.VERIFY_ENV and WIKI.verify == "manifest"
+    pin = "ab" * 32
+    pinned = S3Data(uri=WIKI.uri, name="wiki", sha256=pin)
+    result = run_job(workload=custom(data=pinned), data_role_arn=DATA_ROLE)
+    stage = result.one(JOB, "training-stage-data").inputs["spec"]["template"]["spec"]["containers"][0]
+    for c in (stage, trainer(result)):
+        assert env_of(c)["EKS_DDP_DATA_VERIFY"]["value"] == f"sha256:{pin}"
+    # The runtime reads exactly what the Job writes.
+    assert dataset.parse_verify(pinned.verify) == pin and dataset.parse_verify(WIKI.verify) is None
+    with pytest.raises(ValueError, match=r"data.sha256: got 'AB'; expected 64 lowercase hex digits"):
+        S3Data(uri=WIKI.uri, name="wiki", sha256="AB")
