@@ -136,8 +136,9 @@ def test_every_resource_sits_under_a_component(result):
     for r in result.resources:
         if r.type.startswith("pulumi:providers:") or r.type.startswith("eks-ddp:"):
             continue
-        # The namespace is shared by every workload and created by the program itself.
-        if r.type == "kubernetes:core/v1:Namespace":
+        # The namespace is shared by every workload and created by the program itself, as are the Pod Security
+        # labels it patches onto the namespaces the cluster creates.
+        if r.type in ("kubernetes:core/v1:Namespace", "kubernetes:core/v1:NamespacePatch"):
             continue
         chain = parent_chain(result, r.urn)
         if not chain or not chain[0].startswith(("eks-ddp:", "eks:index:")):
