@@ -38,7 +38,7 @@ from .cifar10_stages import (  # noqa: F401 (EVAL_RUN_DIR_ENV: API)
 )
 from .data_stage import create_s3_stage
 from .elastic_job_checks import check_rules, validate
-from .etcd import SERVER_LABELS, etcd_client_egress
+from .etcd import etcd_client_egress, store_selector, store_service_of
 from .fabric_gate import create_fabric_check
 from .namespace import dns_egress
 from .podspec import (  # noqa: F401 (TRAINER_UID, GPUDIRECT_RDMA_FAMILIES, NCCL_NET_PLUGIN: API)
@@ -131,9 +131,11 @@ class ElasticJobArgs:
     rdzv_tls_secret: pulumi.Input[str] | None = None
     """Secret with the rendezvous client certificate (tls.crt, tls.key, ca.crt; EtcdRendezvous.client_tls_secret),
     mounted read-only into the agents' pods; required with etcd-v2, whose store demands a client certificate."""
-    rdzv_server_labels: Mapping[str, str] = field(default_factory=lambda: dict(SERVER_LABELS))
-    """Labels of the etcd pods (same namespace) the training pods may reach on the client port
-    (EtcdRendezvous.pod_labels carry them)."""
+    rdzv_server_labels: Mapping[str, str] | None = None
+    """The store Service's selector (same namespace): the training and fabric-check pods' egress rule to the client
+    port selects exactly these labels, which admits the Service's ClusterIP on EKS (``etcd_client_egress``). None:
+    the selector of the EtcdRendezvous whose ``endpoint`` is ``rdzv_endpoint`` (``EtcdRendezvous.server_selector``);
+    set it for a store of your own."""
     workload: Workload = field(default_factory=cifar10_workload)
     """What the agents run (components/workload.py): a module or script, its args, env, image and data; default:
     the bundled CIFAR-10 trainer (``cifar10_workload()``)."""
@@ -349,6 +351,13 @@ class ElasticJob(pulumi.ComponentResource):
                 replace_on_changes=list(JOB_IMMUTABLE_FIELDS))))
 
     # --- network policies ---------------------------------------------------------------------------
+    def store_egress(self) -> k8s.networking.v1.NetworkPolicyEgressRuleArgs:
+        """The agents' egress rule to the etcd store's client port, selecting the store Service's own selector."""
+        a = self._args
+        selector: pulumi.Input[Mapping[str, str]] = dict(a.rdzv_server_labels) if a.rdzv_server_labels else \
+            pulumi.Output.from_input(a.rdzv_endpoint).apply(lambda e: store_selector(store_service_of(str(e))))
+        return etcd_client_egress(selector)
+
     def _create_network_policies(self, name: str, child: pulumi.ResourceOptions) -> None:
         net = k8s.networking.v1
         dns = dns_egress()
@@ -358,7 +367,7 @@ class ElasticJob(pulumi.ComponentResource):
         # the IP stack. Out of the namespace they reach only DNS and etcd.
         train_egress = [dns, net.NetworkPolicyEgressRuleArgs(to=peers)]
         if self._args.rdzv_backend == "etcd-v2":
-            train_egress.append(etcd_client_egress(self._args.rdzv_server_labels))
+            train_egress.append(self.store_egress())
         # Data preparation downloads CIFAR-10 over HTTPS (through the NAT gateway); the trainers reach S3 and STS
         # over HTTPS. TLS only (no port 80: nothing leaves in cleartext), never the instance metadata service,
         # nor the VPC's own ranges beyond what other rules admit.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from . import catalog, rules
@@ -63,6 +64,11 @@ def validate(name: str, a: ElasticJobArgs) -> catalog.InstanceType:
     if a.rdzv_backend == "etcd-v2" and a.rdzv_tls_secret is None:
         raise ValueError("rdzv_tls_secret: required with rdzv_backend 'etcd-v2' (EtcdRendezvous.client_tls_secret: "
                          "the store accepts only clients with its certificate)")
+    if a.rdzv_server_labels is not None and not (
+            isinstance(a.rdzv_server_labels, Mapping) and a.rdzv_server_labels
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in a.rdzv_server_labels.items())):
+        raise ValueError(f"rdzv_server_labels: got {a.rdzv_server_labels!r}; expected None (the EtcdRendezvous "
+                         "of rdzv_endpoint) or the store Service's selector, a non-empty mapping of strings")
     if a.rdzv_backend == "c10d" and a.rdzv_endpoint is not None:
         raise ValueError(f"rdzv_endpoint: got {a.rdzv_endpoint!r}; expected None with 'c10d' "
                          "(the agent of index 0 hosts the store)")

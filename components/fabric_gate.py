@@ -16,7 +16,6 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from . import catalog
-from .etcd import etcd_client_egress
 from .namespace import dns_egress
 from .podspec import (
     C10D_PORT,
@@ -80,7 +79,7 @@ def create_fabric_check(job: ElasticJob, name: str, child: pulumi.ResourceOption
         match_labels={"app.kubernetes.io/instance": gate}))]
     egress = [dns_egress(), net.NetworkPolicyEgressRuleArgs(to=peers)]
     if not c10d:
-        egress.append(etcd_client_egress(a.rdzv_server_labels))
+        egress.append(job.store_egress())
     made.append(net.NetworkPolicy(
         f"{name}-fabric-netpol", metadata=job.pods.meta(gate, labels),
         spec=net.NetworkPolicySpecArgs(

@@ -17,7 +17,7 @@ from components.elastic_job import (
     nccl_env,
     pod_resources,
 )
-from components.etcd import DEFAULT_CLIENT_LABELS, SERVER_LABELS
+from components.etcd import DEFAULT_CLIENT_LABELS, store_selector
 from components.mocks import ProgramResult, Recorded, run_program
 from components.torchrun import AGENT_ENV, CLUSTER_TIMEOUTS, CLUSTER_TLS
 from components.workload import cifar10_workload
@@ -326,7 +326,19 @@ def test_every_egress_rule_names_its_destination(overrides):
         assert not etcd_rules
     else:
         [rule] = etcd_rules
-        assert rule["to"] == [{"podSelector": {"matchLabels": dict(SERVER_LABELS)}}]
+        assert rule["to"] == [{"podSelector": {"matchLabels": store_selector("rendezvous-etcd")}}]
+
+
+@pytest.mark.parametrize("labels", [{}, {"app.kubernetes.io/name": 1}, "etcd"])
+def test_store_labels_must_be_a_selector(labels):
+    with pytest.raises(ValueError, match=r"rdzv_server_labels: got .*; expected None"):
+        run_job(rdzv_server_labels=labels)
+
+
+def test_a_store_of_your_own_is_selected_by_the_labels_given():
+    result = run_job(rdzv_server_labels={"app": "my-etcd"})
+    train = result.one(NETPOL, "training-train-netpol").inputs["spec"]
+    assert {"podSelector": {"matchLabels": {"app": "my-etcd"}}} in [t for r in train["egress"] for t in r["to"]]
 
 
 def test_evaluation_runs_on_demand_from_a_suspended_cronjob():
