@@ -363,9 +363,10 @@ class ElasticJob(pulumi.ComponentResource):
         dns = dns_egress()
         peers = [net.NetworkPolicyPeerArgs(pod_selector=k8s.meta.v1.LabelSelectorArgs(
             match_labels={"app.kubernetes.io/instance": self.job_name}))]
-        # Agents talk to each other on any port (rendezvous store, NCCL/gloo sockets); EFA traffic bypasses
-        # the IP stack. Out of the namespace they reach only DNS and etcd.
-        train_egress = [dns, net.NetworkPolicyEgressRuleArgs(to=peers)]
+        # Agents talk to each other on any TCP port (torch's TCPStore, gloo, NCCL's bootstrap and sockets pick
+        # ports at run time); EFA traffic bypasses the IP stack. Out of the namespace they reach only DNS and etcd.
+        tcp = [net.NetworkPolicyPortArgs(protocol="TCP")]
+        train_egress = [dns, net.NetworkPolicyEgressRuleArgs(to=peers, ports=tcp)]
         if self._args.rdzv_backend == "etcd-v2":
             train_egress.append(self.store_egress())
         # Data preparation downloads CIFAR-10 over HTTPS (through the NAT gateway); the trainers reach S3 and STS
@@ -375,7 +376,8 @@ class ElasticJob(pulumi.ComponentResource):
             to=[net.NetworkPolicyPeerArgs(ip_block=net.IPBlockArgs(cidr="0.0.0.0/0", except_=list(EGRESS_EXCEPT)))],
             ports=[net.NetworkPolicyPortArgs(port=443, protocol="TCP")])
         for suffix, labels, ingress, egress in (
-            ("train", {"app.kubernetes.io/instance": self.job_name}, [net.NetworkPolicyIngressRuleArgs(from_=peers)],
+            ("train", {"app.kubernetes.io/instance": self.job_name},
+             [net.NetworkPolicyIngressRuleArgs(from_=peers, ports=tcp)],
              train_egress + ([internet] if self._args.results_url is not None else [])),  # S3 + STS upload
             ("prepare-data", PREPARE_LABELS, [], [dns, internet]),
             ("evaluate", EVALUATE_LABELS, [], [dns]),
