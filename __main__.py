@@ -49,7 +49,7 @@ from components.namespace import training_namespace
 from components.network import standard_zones
 from components.results import run_prefix
 from components.rules import partition as rules_partition
-from components.workload import S3Data, Workload, cifar10_workload, dataset_name
+from components.workload import Egress, S3Data, Workload, cifar10_workload, dataset_name
 
 
 def workload_of(run: RunConfig) -> Workload:
@@ -60,7 +60,8 @@ def workload_of(run: RunConfig) -> Workload:
                                 learning_rate=run.learning_rate, compile=run.compile)
     data = S3Data(uri=w.s3_uri, name=dataset_name(w.s3_uri)) if w.s3_uri else None
     return Workload(name=run.run_id, image=w.image, module=w.module, script=w.script, args=w.args, env=w.env,
-                    data=data)
+                    data=data, egress=tuple(Egress.parse("workload.egress", e) for e in w.egress),  # checked in config
+                    iam_statements=w.iam_statements)
 
 
 def run_outputs(j: ElasticJob, run_id: str) -> pulumi.Output:

@@ -19,6 +19,7 @@ from .config_schema import (
     StackConfig,
     WorkloadConfig,
 )
+from .workload import Egress, iam_statement_problems
 
 _AZ = rules.AZ
 _ODCR = rules.ODCR
@@ -267,4 +268,10 @@ def _check_workload(w: WorkloadConfig, key: str) -> list[str]:
     p += rules.env_names(f"{key}.env", w.env)
     if w.s3_uri is not None and (bad := rules.s3_prefix(f"{key}.data.s3", w.s3_uri)):
         p.append(bad)
+    for i, text in enumerate(w.egress):
+        try:
+            Egress.parse(f"{key}.egress[{i}]", text)
+        except ValueError as err:
+            p.append(str(err))
+    p += iam_statement_problems(f"{key}.iamStatements", w.iam_statements)
     return p

@@ -241,6 +241,13 @@ class WorkloadConfig:
     s3_uri: str | None = _doc(
         "S3 prefix (s3://bucket/prefix/) staged once onto the shared volume, read-only, as $EKS_DDP_DATA_DIR; "
         "default: no data stage.", default=None, key="data.s3")
+    egress: tuple[str, ...] = _doc(
+        "Where the training pods connect outside the cluster, each opened in their NetworkPolicy (nothing else is): "
+        "'https' (public addresses on 443), 'internet:PORTS', or 'CIDR:PORTS' (e.g. '10.20.0.0/16:5432'; "
+        "'/udp' after the ports for UDP).", default=())
+    iam_statements: tuple[Mapping[str, Any], ...] = _doc(
+        "IAM policy statements ({Effect, Action, Resource, Condition}) the training pods need, added to the run's "
+        "IRSA role (the results uploader's).", default=())
 
     @property
     def custom(self) -> bool:

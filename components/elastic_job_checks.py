@@ -48,6 +48,10 @@ def validate(name: str, a: ElasticJobArgs) -> catalog.InstanceType:
     if isinstance(a.workload.data, S3Data) and a.data_role_arn is None:
         raise ValueError(f"data_role_arn: got None with workload.data {a.workload.data.uri!r}; expected the S3 data "
                          "stage's IAM role (data_stage.data_stage_role(...)); its pods get no other AWS credentials")
+    if a.workload.iam_statements and a.results_role_arn is None:
+        raise ValueError("workload.iam_statements: given, but results_role_arn is None; expected the training pods' "
+                         "IRSA role to attach them to (ResultsBucket.uploader_role(...), or a role of yours trusting "
+                         "the ServiceAccount <name>-trainer)")
     if a.efa and not it.has_efa:
         raise ValueError(f"efa: got True for {a.instance_type!r}, which has no EFA interfaces")
     if not 1 <= a.min_nodes <= a.nodes:

@@ -185,3 +185,46 @@ def test_egress_and_ingress_must_both_allow():
                     netpol("server", {"app": "db"})])
     client, server = (next(p for p in c.pods if p.name == f"Pod/{n}") for n in ("client", "server"))
     assert c.egress(client, server) and not c.ingress(server, client)
+
+
+# --- a stack with a workload of its own: declared egress, an S3 data set --------------------------------------
+BERT = "123456789012.dkr.ecr.us-west-2.amazonaws.com/bert@sha256:" + "a" * 64
+
+
+@pytest.fixture(scope="module")
+def custom_view() -> PlanView:
+    from tests.util import run as run_stack
+    from tests.util import stack_config
+
+    cfg = {k: v for k, v in stack_config("dev").items() if k != "eks-ddp:job"}
+    cfg["eks-ddp:runs"] = [{"runId": "cifar", "nodes": 1}, {"runId": "bert", "nodes": 2, "workload": {
+        "image": BERT, "module": "bert.train", "data": {"s3": "s3://my-data/wiki/"},
+        "egress": ["https", "10.20.0.0/16:5432"],
+        "iamStatements": [{"Effect": "Allow", "Action": ["s3:GetObject"], "Resource": ["arn:aws:s3:::ckpt/*"]}]}}]
+    return PlanView.of(run_stack(cfg))
+
+
+def bert_policy(ms: list[dict]) -> dict:
+    return policy(ms, "training-bert-train")
+
+
+def test_a_custom_workload_gets_what_it_declares_and_nothing_else(custom_view):
+    assert run(manifests(custom_view), custom_view) == []
+
+
+def test_declared_egress_that_is_not_rendered_is_reported(custom_view):
+    ms = manifests(custom_view)
+    spec = bert_policy(ms)["spec"]
+    spec["egress"] = [r for r in spec["egress"] if not any(p.get("port") == 5432 for p in r.get("ports", []))]
+    assert run(ms, custom_view) == [
+        "[network] training/Job/training-bert-bert: needs TCP 5432 to 10.20.0.0/16 for its declared egress "
+        "10.20.0.0/16, which the policies as EKS enforces them do not allow"]
+
+
+def test_rendered_egress_that_is_not_declared_is_reported(custom_view):
+    ms = manifests(custom_view)
+    job = next(m for m in ms if m["kind"] == "Job" and m["metadata"]["name"] == "training-bert-bert")
+    del job["metadata"]["annotations"]["eks-ddp/egress"]
+    assert run(ms, custom_view) == [
+        "[network] training/Job/training-bert-bert: egress to 10.20.0.0/16 on TCP 5432 (training-bert-train), "
+        "which nothing it runs or declares needs"]

@@ -255,8 +255,8 @@ def check_extra(c: Cluster, all_needs: list[Need]) -> list[Violation]:
     ours = {id(x) for x in (*plan, *(s for s in c.services if s.namespace in {p.namespace for p in plan}))}
     for src in [*plan, *strangers]:
         for dst in c.pods:
-            if src in strangers and id(dst) not in ours:
-                continue
+            if (src in strangers and id(dst) not in ours) or (dst is src and src.replicas < 2):
+                continue  # a lone pod has no replica to talk to
             got = c.egress(src, dst, definite=False, cidrs=False).intersect(
                 c.ingress(dst, src, definite=False, cidrs=False))
             extra = got if src in strangers else got.minus(justified.get((id(src), id(dst)), Ports()))

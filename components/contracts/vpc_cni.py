@@ -142,6 +142,8 @@ class Pod:
     labels: dict[str, str]
     spec: dict[str, Any]
     owner: dict[str, Any] = field(default_factory=dict)
+    replicas: int = 1
+    """How many of these pods run at once (a Job's parallelism, a Deployment's replicas)."""
 
     @property
     def container_ports(self) -> list[dict[str, Any]]:
@@ -427,8 +429,12 @@ def pods_of(manifests: Iterable[dict[str, Any]]) -> list[Pod]:
         labels = dict((tmpl.get("metadata") or {}).get("labels") or {})
         if kind == "Job":
             labels.update({"job-name": meta["name"], "batch.kubernetes.io/job-name": meta["name"]})
+        spec = m.get("spec") or {}
+        if kind == "CronJob":
+            spec = (spec.get("jobTemplate") or {}).get("spec") or {}
+        at_once = spec.get("parallelism", 1) if kind in ("Job", "CronJob") else spec.get("replicas", 1)
         out.append(Pod(name=f"{kind}/{meta['name']}", namespace=meta.get("namespace", "default"), labels=labels,
-                       spec=tmpl.get("spec") or {}, owner=m))
+                       spec=tmpl.get("spec") or {}, owner=m, replicas=2 if kind == "DaemonSet" else int(at_once)))
     return out
 
 
