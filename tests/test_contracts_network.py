@@ -51,6 +51,32 @@ def test_the_store_selector_of_the_old_code_is_reported(dev_view):
     assert "getMatchingServiceClusterIPs" in found[0]
 
 
+@pytest.mark.parametrize("labels", [None, dict(SERVER_LABELS)])
+def test_the_components_with_the_old_default_store_labels_are_reported(labels):
+    # ElasticJob and EtcdRendezvous as a program of your own builds them; SERVER_LABELS was the old default of
+    # rdzv_server_labels: every training pod's egress missed the store's ClusterIP.
+    import pulumi
+
+    from components.elastic_job import ElasticJob, ElasticJobArgs
+    from components.etcd import EtcdRendezvous, EtcdRendezvousArgs
+    from components.mocks import run_program
+    from components.namespace import NamespaceBaseline
+
+    def program() -> None:
+        NamespaceBaseline("ns", NS)
+        etcd = EtcdRendezvous("rendezvous", EtcdRendezvousArgs(namespace=NS))
+        job = ElasticJob("training", ElasticJobArgs(
+            namespace=NS, image="r.example/t@sha256:" + "a" * 64, pvc_name="shared", instance_type="g4dn.xlarge",
+            nodes=2, rdzv_endpoint=etcd.endpoint, rdzv_tls_secret=etcd.client_tls_secret, rdzv_server_labels=labels))
+        pulumi.export("job", job.job_name)
+
+    found = [str(v) for v in check(run_program({}, program=program), only=("network",))]
+    if labels is None:
+        assert found == []
+    else:
+        assert len(found) == 1 and "for the store" in found[0] and "getMatchingServiceClusterIPs" in found[0]
+
+
 def test_the_pod_ip_alone_does_not_reach_a_clusterip_store(dev_view):
     # The same rule by pod labels admits the member's pod IP, which the agents never dial: still reported.
     ms = manifests(dev_view)
