@@ -9,8 +9,9 @@ from ipaddress import IPv4Network as Net
 import pytest
 
 from components.contracts import PlanView, check
+from components.contracts.netobjects import Ports
 from components.contracts.network import check_manifests, vpc_cidrs_of
-from components.contracts.vpc_cni import Ports, cluster_of
+from components.contracts.vpc_cni import cluster_of
 from components.etcd import SERVER_LABELS
 
 NS = "training"

@@ -43,7 +43,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import PlanView, Violation, contract
-from .vpc_cni import PRIVATE_RANGES, Cluster, Net, Pod, Ports, Service, cluster_of, ports_of, subtract
+from .netobjects import PRIVATE_RANGES, Net, Pod, Ports, Service, ports_of, subtract
+from .vpc_cni import Cluster, cluster_of
 
 EGRESS_ANNOTATION = "eks-ddp/egress"
 """A Job's declared egress (JSON: ``[{"cidr": ..., "except": [...], "ports": [...], "protocol": "TCP"}]``)."""
