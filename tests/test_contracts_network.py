@@ -255,3 +255,26 @@ def test_rendered_egress_that_is_not_declared_is_reported(custom_view):
     assert run(ms, custom_view) == [
         "[network] training/Job/training-bert-bert: egress to 10.20.0.0/16 on TCP 5432 (training-bert-train), "
         "which nothing it runs or declares needs"]
+
+
+# --- c10d: the store on the pod of index 0, behind a headless Service -----------------------------------------
+@pytest.fixture(scope="module")
+def c10d_view() -> PlanView:
+    from tests.util import run as run_stack
+    from tests.util import set_path, stack_config
+
+    cfg = set_path(stack_config("dev"), "eks-ddp:job.rdzvBackend", "c10d")
+    cfg.pop("eks-ddp:etcd", None)
+    return PlanView.of(run_stack(cfg))
+
+
+def test_c10d_reaches_index_zero_through_the_headless_service(c10d_view):
+    assert run(manifests(c10d_view), c10d_view) == []
+    ms = manifests(c10d_view)
+    spec = policy(ms, "training-train")["spec"]
+    spec["egress"] = [r for r in spec["egress"] if not any("podSelector" in t and "namespaceSelector" not in t
+                                                           for t in r.get("to", []))]
+    found = run(ms, c10d_view)
+    assert any(v.startswith("[network] training/Job/training-run-1: needs TCP 29400 to training/Job/training-run-1 "
+                            "for the store (training-run-1-0.training-run-1.training.svc.cluster.local:29400)")
+               for v in found), found

@@ -12,7 +12,8 @@ What a pod needs is read from the rendered manifests, never from our own constan
 * **store**: the launcher dials the host:port of torchrun's ``--rdzv-endpoint`` (torch/distributed/run.py; our
   launcher takes the same flag) in the container's command line. A ``<svc>.<ns>[.svc[.cluster.local]]`` name is that
   Service (ClusterIP: egress to the ClusterIP on the Service port, ingress at every backing pod on the target port);
-  ``<host>.<svc>.<ns>...`` is a pod behind a headless Service (its pod IP).
+  ``<host>.<svc>.<ns>...`` is a pod behind a headless Service (its pod IP). A name outside the cluster's domain
+  is reached only through declared egress.
 * **peers**: a launcher with ``--nnodes`` above 1 talks to the other pods of its own workload on any TCP port
   (torch's TCPStore, gloo and NCCL's bootstrap and socket transports pick ports at run time).
 * **DNS**: a pod that dials anything by name needs UDP and TCP 53 to the ``kube-dns`` Service in kube-system
@@ -66,8 +67,8 @@ ELSEWHERE = "eks-ddp-contract-elsewhere"
 
 @dataclass
 class Need:
-    """A flow ``src`` needs: to a pod, a Service, or networks (``must`` allowed for sure; ``may`` is what the
-    need justifies, for networks a wider region than ``must``)."""
+    """A flow ``src`` needs to ``dst`` (a pod, a Service, or networks every address of which must be allowed) on
+    ``ports``; for networks, ``may`` is the wider region the need justifies (the check for extra egress)."""
 
     src: Pod
     dst: Pod | Service | tuple[Net, ...]
@@ -266,8 +267,8 @@ def check_extra(c: Cluster, all_needs: list[Need]) -> list[Violation]:
             if extra:
                 out.append(Violation(NAME, repr(src), f"may reach {dst!r} on {extra}, which nothing it runs needs"))
         for svc in c.services:
-            if src in strangers and id(svc) not in ours:
-                continue
+            if svc.headless or (src in strangers and id(svc) not in ours):
+                continue  # a headless Service has no ClusterIP: its pods' own check covers it
             for got in c.via_service(src, svc, definite=False, cidrs=False).values():
                 extra = got if src in strangers else got.minus(justified.get((id(src), id(svc)), Ports()))
                 if id(svc) in tolerated_dns:
