@@ -20,14 +20,16 @@ What a pod needs is read from the rendered manifests, never from our own constan
   (its ClusterIP, then a CoreDNS pod).
 * **S3/AWS**: a container argument or env value ``s3://...`` needs HTTPS (TCP 443) to every public address (S3's
   regional endpoints are published public ranges; the gateway endpoint routes them, the addresses stay public);
-  a ServiceAccount with an IRSA role (``eks.amazonaws.com/role-arn``) needs the same for STS.
+  a ServiceAccount with an IRSA role (``eks.amazonaws.com/role-arn``) needs the same for STS (the EKS pod identity
+  webhook injects ``AWS_ROLE_ARN`` and a web-identity token; the SDK exchanges it at STS's regional endpoint,
+  EKS user guide "IAM roles for service accounts").
 * **downloads**: ``python -m training.prepare_data`` fetches CIFAR-10 over HTTPS from a public host
   (training/prepare_data.py ``URL``).
 * **declared egress**: the CIDRs and ports a workload declares, recorded on its Job as the annotation
   ``eks-ddp/egress`` (components/workload.py ``Egress``) — rendered into its policy, and allowed for no other pod.
-* **API server**: a pod that mounts a service-account token (``automountServiceAccountToken`` not false on the pod
-  or its ServiceAccount) needs TCP 443 to the ``kubernetes`` Service; no other pod may reach it (its ClusterIP, or
-  the control plane's ENIs in the VPC).
+* **API server**: a pod that mounts a service-account token (``automountServiceAccountToken`` not false on the pod,
+  else on its ServiceAccount; Kubernetes "Configure Service Accounts for Pods") needs TCP 443 to the ``kubernetes``
+  Service; no other pod may reach it (its ClusterIP, or the control plane's ENIs in the VPC).
 
 "Nothing else": no pod of the plan, and no pod outside it (a stranger in another namespace, or one without our
 labels in ours), reaches a pod or Service of the plan beyond those needs (DNS to kube-dns is always tolerated);
