@@ -51,7 +51,7 @@ from components.preflight_live import owner_id
 from components.results import run_prefix
 from components.rules import partition as rules_partition
 from components.scan_gate import STACK_SETTING
-from components.workload import S3Data, Workload, cifar10_workload, dataset_name
+from components.workload import Egress, S3Data, Workload, cifar10_workload, dataset_name
 from components.workload_image import WorkloadImage, WorkloadImageArgs, workload_image_name
 
 
@@ -63,7 +63,9 @@ def workload_of(run: RunConfig) -> Workload:
                                 learning_rate=run.learning_rate, compile=run.compile)
     data = S3Data(uri=w.s3_uri, name=dataset_name(w.s3_uri), sha256=w.s3_sha256) if w.s3_uri else None
     return Workload(name=run.run_id, image=run_images.get(w.image, w.image), module=w.module, script=w.script,
-                    args=w.args, env=w.env, data=data)
+                    args=w.args, env=w.env, data=data,
+                    egress=tuple(Egress.parse("workload.egress", e) for e in w.egress),  # checked in config
+                    iam_statements=w.iam_statements)
 
 
 def run_outputs(j: ElasticJob, run_id: str) -> pulumi.Output:

@@ -19,6 +19,7 @@ from .config_schema import (
     StackConfig,
     WorkloadConfig,
 )
+from .workload import Egress, iam_statement_problems
 
 _AZ = rules.AZ
 _ODCR = rules.ODCR
@@ -283,4 +284,10 @@ def _check_workload(w: WorkloadConfig, key: str) -> list[str]:
         p.append(bad)
     if bad := rules.manifest_sha256(f"{key}.data.sha256", w.s3_sha256):
         p.append(bad)
+    for i, text in enumerate(w.egress):
+        try:
+            Egress.parse(f"{key}.egress[{i}]", text)
+        except ValueError as err:
+            p.append(str(err))
+    p += iam_statement_problems(f"{key}.iamStatements", w.iam_statements)
     return p

@@ -157,14 +157,28 @@ class Reader:
                 s3_uri = self.value(f"{key}.data.s3", data["s3"], "str")
                 if "sha256" in data:
                     s3_sha256 = self.value(f"{key}.data.sha256", data["sha256"], "str")
+        egress: tuple[str, ...] = ()
+        if "egress" in value:
+            if isinstance(value["egress"], list) and all(isinstance(e, str) and e for e in value["egress"]):
+                egress = tuple(value["egress"])
+            else:
+                self.bad(f"{key}.egress", value["egress"], "a list of strings ('https', 'internet:PORTS' or "
+                                                           "'CIDR:PORTS')")
+        statements: tuple[Any, ...] = ()
+        if "iamStatements" in value:
+            if isinstance(value["iamStatements"], list):
+                statements = tuple(value["iamStatements"])
+            else:
+                self.bad(f"{key}.iamStatements", value["iamStatements"], "a list of IAM statements (objects with "
+                                                                         "Effect, Action and Resource)")
         if len(self.problems) > before:
             return None
         return WorkloadConfig(kind="custom", args=args, env=MappingProxyType(env), s3_uri=s3_uri,
-                              s3_sha256=s3_sha256, **strings)
+                              s3_sha256=s3_sha256, egress=egress, iam_statements=statements, **strings)
 
 
 #: The keys of a custom workload object, in documentation order.
-WORKLOAD_KEYS = ("image", "module", "script", "args", "env", "data")
+WORKLOAD_KEYS = ("image", "module", "script", "args", "env", "data", "egress", "iamStatements")
 
 
 def resolve(annotation: Any) -> Any:

@@ -266,6 +266,13 @@ class WorkloadConfig:
         "The data set's pin: the sha256 of the manifest the S3 stage writes and logs; the stage and every "
         "training pod then refuse other content (exit 5). Default: checked against the manifest alone.",
         default=None, key="data.sha256")
+    egress: tuple[str, ...] = _doc(
+        "Where the training pods connect outside the cluster, each opened in their NetworkPolicy (nothing else is): "
+        "'https' (public addresses on 443), 'internet:PORTS', or 'CIDR:PORTS' (e.g. '10.20.0.0/16:5432'; "
+        "'/udp' after the ports for UDP).", default=())
+    iam_statements: tuple[Mapping[str, Any], ...] = _doc(
+        "IAM policy statements ({Effect, Action, Resource, Condition}) the training pods need, added to the run's "
+        "IRSA role (the results uploader's).", default=())
 
     @property
     def custom(self) -> bool:

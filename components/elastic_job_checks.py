@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import weakref
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import pulumi
@@ -60,6 +61,10 @@ def validate(name: str, a: ElasticJobArgs) -> catalog.InstanceType:
                          "stage's IAM role (data_stage.data_stage_role(...)); its pods get no other AWS credentials")
     if isinstance(a.workload.data, S3Data) and (bad := trust_problem(name, a.namespace, a.data_role_arn)):
         raise ValueError(bad)
+    if a.workload.iam_statements and a.results_role_arn is None:
+        raise ValueError("workload.iam_statements: given, but results_role_arn is None; expected the training pods' "
+                         "IRSA role to attach them to (ResultsBucket.uploader_role(...), or a role of yours trusting "
+                         "the ServiceAccount <name>-trainer)")
     if a.efa and not it.has_efa:
         raise ValueError(f"efa: got True for {a.instance_type!r}, which has no EFA interfaces")
     group = a.node_group if a.node_group is not None else group_for(a.node_selector)
@@ -81,6 +86,11 @@ def validate(name: str, a: ElasticJobArgs) -> catalog.InstanceType:
     if a.rdzv_backend == "etcd-v2" and a.rdzv_tls_secret is None:
         raise ValueError("rdzv_tls_secret: required with rdzv_backend 'etcd-v2' (EtcdRendezvous.client_tls_secret: "
                          "the store accepts only clients with its certificate)")
+    if a.rdzv_server_labels is not None and not (
+            isinstance(a.rdzv_server_labels, Mapping) and a.rdzv_server_labels
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in a.rdzv_server_labels.items())):
+        raise ValueError(f"rdzv_server_labels: got {a.rdzv_server_labels!r}; expected None (the EtcdRendezvous "
+                         "of rdzv_endpoint) or the store Service's selector, a non-empty mapping of strings")
     if a.rdzv_backend == "c10d" and a.rdzv_endpoint is not None:
         raise ValueError(f"rdzv_endpoint: got {a.rdzv_endpoint!r}; expected None with 'c10d' "
                          "(the agent of index 0 hosts the store)")
