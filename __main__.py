@@ -43,15 +43,15 @@ from components.config import (
     group_zone_problems,
     load_stack_config,
 )
-from components.data_stage import data_stage_role, stage_service_account
+from components.data_stage import data_stage_role
 from components.elastic_job import rdzv_client_labels, trainer_service_account
-from components.namespace import training_namespace
+from components.namespace import label_cluster_namespaces, training_namespace
 from components.network import standard_zones
 from components.preflight_live import owner_id
 from components.results import run_prefix
 from components.rules import partition as rules_partition
 from components.scan_gate import STACK_SETTING
-from components.workload import S3Data, Workload, cifar10_workload, dataset_name
+from components.workload import Egress, S3Data, Workload, cifar10_workload, dataset_name
 from components.workload_image import WorkloadImage, WorkloadImageArgs, workload_image_name
 
 
@@ -61,9 +61,11 @@ def workload_of(run: RunConfig) -> Workload:
     if not w.custom:
         return cifar10_workload(epochs=run.epochs, global_batch_size=run.global_batch_size, model=run.model,
                                 learning_rate=run.learning_rate, compile=run.compile)
-    data = S3Data(uri=w.s3_uri, name=dataset_name(w.s3_uri)) if w.s3_uri else None
+    data = S3Data(uri=w.s3_uri, name=dataset_name(w.s3_uri), sha256=w.s3_sha256) if w.s3_uri else None
     return Workload(name=run.run_id, image=run_images.get(w.image, w.image), module=w.module, script=w.script,
-                    args=w.args, env=w.env, data=data)
+                    args=w.args, env=w.env, data=data,
+                    egress=tuple(Egress.parse("workload.egress", e) for e in w.egress),  # checked in config
+                    iam_statements=w.iam_statements)
 
 
 def run_outputs(j: ElasticJob, run_id: str, key: str) -> pulumi.Output:
@@ -107,6 +109,9 @@ network = Network("network", NetworkArgs(
     vpc_id=cfg.network.vpc_id,
     public_subnet_ids=cfg.network.public_subnet_ids,
     private_subnet_ids=cfg.network.private_subnet_ids,
+    # The S3 endpoint admits this account's buckets; the runs' data sets and the named extras may be anyone's.
+    s3_data_uris=[r.workload.s3_uri for r in cfg.runs if r.workload.s3_uri],
+    s3_endpoint_extra_buckets=cfg.network.s3_endpoint_extra_buckets,
 ))
 
 # A brought VPC's subnet zones are known now (looked up, nothing created): fail before the cluster bills.
@@ -127,6 +132,7 @@ cluster = EksCluster("cluster", EksClusterArgs(
     log_retention_days=cfg.cluster.log_retention_days,
     aws_profile=pulumi.Config("aws").get("profile"),
     admin_principal_arns=cfg.cluster.admin_principal_arns,
+    viewer_principal_arns=cfg.cluster.viewer_principal_arns,
     stack_id=stack_id,
 ))
 
@@ -183,6 +189,7 @@ autoscaler = ClusterAutoscaler("autoscaler", ClusterAutoscalerArgs(
 ), opts=pulumi.ResourceOptions(providers={"kubernetes": k8s_provider}, depends_on=[cluster]))
 
 namespace = training_namespace(cfg.job.namespace, opts=k8s_opts)
+label_cluster_namespaces("pod-security", opts=k8s_opts)
 
 storage = EfsStore("storage", EfsStoreArgs(
     cluster_name=cluster.cluster_name,
@@ -227,6 +234,7 @@ results = ResultsBucket("results", ResultsBucketArgs(
     service_account=trainer_service_account(JOB_NAME),  # the first run's training pods
     run_id=cfg.job.run_id,
     existing_bucket=cfg.storage.results_bucket,
+    existing_kms_key_arn=cfg.storage.results_kms_key_arn,  # its uploaders may use it
     partition=rules_partition(cfg.region),
 ))
 profile = pulumi.Config("aws").get("profile")
@@ -258,7 +266,7 @@ for i, run in enumerate(cfg.runs):
         data_role_arn = data_stage_role(
             f"data-stage-{run.run_id}", workload.data, oidc_provider_arn=cluster.oidc_provider_arn,
             oidc_provider_url=cluster.oidc_provider_url, namespace=namespace.metadata.name,
-            service_account=stage_service_account(job_name), partition=rules_partition(cfg.region))
+            job_name=job_name, partition=rules_partition(cfg.region))
     # Every etcd-v2 run has a store of its own (its own CA and client certificate, Service, NetworkPolicy admitting
     # only its pods): no run's pods hold a certificate, or reach a store, that another run's agents read. The first
     # run's keeps the name one-run stacks always had ("rendezvous"), so their store and Job are not replaced.
@@ -273,7 +281,7 @@ for i, run in enumerate(cfg.runs):
             more_client_labels=more_clients,
         ), opts=pulumi.ResourceOptions(provider=k8s_provider, depends_on=[addons]))
         rdzv = dict(rdzv_endpoint=store.endpoint, rdzv_tls_secret=store.client_tls_secret,
-                    rdzv_server_labels=store.selector)
+                    rdzv_server_labels=store.server_selector)
     jobs.append(ElasticJob(job_name, ElasticJobArgs(
         namespace=namespace.metadata.name,
         image=image.image_ref,

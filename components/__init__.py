@@ -5,7 +5,7 @@ components from here::
 
     from eks_ddp import Network, EksCluster, GpuNodeGroup, EfsStore, ClusterAddons, ClusterAutoscaler
     from eks_ddp import TrainerImage, EtcdRendezvous, ElasticJob, ResultsBucket
-    from eks_ddp import Workload, S3Data, Cifar10Data, cifar10_workload   # what an ElasticJob trains
+    from eks_ddp import Workload, S3Data, Cifar10Data, Egress, cifar10_workload   # what an ElasticJob trains
     from eks_ddp import WorkloadImage   # your image: the nodes' pull grant and the ECR scan gate
 
 The names are plain imports (type checkers and IDEs see every class; the package ships ``py.typed``).
@@ -25,13 +25,13 @@ from .gpu_nodegroup import GpuNodeGroup, GpuNodeGroupArgs
 from .image import TrainerImage, TrainerImageArgs
 from .network import Network, NetworkArgs
 from .results import ResultsBucket, ResultsBucketArgs
-from .workload import Cifar10Data, S3Data, Workload, cifar10_workload
+from .workload import Cifar10Data, Egress, S3Data, Workload, cifar10_workload
 from .workload_image import WorkloadImage, WorkloadImageArgs
 
 __all__ = [
     "ClusterAddons", "ClusterAddonsArgs", "ClusterAutoscaler", "ClusterAutoscalerArgs", "EfsStore", "EfsStoreArgs",
     "EksCluster", "EksClusterArgs", "ElasticJob", "ElasticJobArgs", "EtcdRendezvous", "EtcdRendezvousArgs",
     "GpuNodeGroup", "GpuNodeGroupArgs", "Network", "NetworkArgs", "ResultsBucket", "ResultsBucketArgs",
-    "TrainerImage", "TrainerImageArgs", "Workload", "S3Data", "Cifar10Data", "cifar10_workload",
+    "TrainerImage", "TrainerImageArgs", "Workload", "S3Data", "Cifar10Data", "cifar10_workload", "Egress",
     "WorkloadImage", "WorkloadImageArgs",
 ]

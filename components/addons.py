@@ -23,7 +23,8 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
-from . import k8s_versions
+from . import k8s_versions, rules
+from .cluster import addon_registry_account
 
 NVIDIA_DEVICE_PLUGIN_CHART = "nvidia-device-plugin"
 NVIDIA_DEVICE_PLUGIN_REPO = "https://nvidia.github.io/k8s-device-plugin"
@@ -34,6 +35,19 @@ EFA_DEVICE_PLUGIN_CHART = "aws-efa-k8s-device-plugin"
 EFA_DEVICE_PLUGIN_REPO = "https://aws.github.io/eks-charts"
 EFA_DEVICE_PLUGIN_VERSION = "v0.5.20"
 """Chart version as eks-charts publishes it (with a leading 'v')."""
+
+EFA_PLUGIN_REPOSITORY = "eks/aws-efa-k8s-device-plugin"
+
+
+def efa_plugin_image_repository(region: str) -> str | None:
+    """Where the EFA plugin image comes from: the chart's default (the us-west-2 EKS registry, ``image.repository``
+    in eks-charts ``stable/aws-efa-k8s-device-plugin``) in the commercial partition; in aws-cn and aws-us-gov,
+    whose credentials cannot pull from it, the region's own EKS add-on registry (its account, the partition's
+    DNS suffix), which the node role may pull from."""
+    part = rules.partition(region)
+    if part == "aws":
+        return None
+    return f"{addon_registry_account(region)}.dkr.ecr.{region}.{rules.dns_suffix(part)}/{EFA_PLUGIN_REPOSITORY}"
 
 
 ADDON_NAMESPACE = "kube-system"
@@ -93,9 +107,12 @@ class ClusterAddons(pulumi.ComponentResource):
 
         if args.efa:
             # The chart builds its own instance-type affinity; it reads only these two scheduling values.
-            scheduling = {k: v for k, v in gpu_daemonset_values().items() if k in ("tolerations", "nodeSelector")}
+            values = {k: v for k, v in gpu_daemonset_values().items() if k in ("tolerations", "nodeSelector")}
+            region = aws.get_region(opts=pulumi.InvokeOptions(parent=self)).region
+            if repository := efa_plugin_image_repository(region):
+                values["image"] = {"repository": repository}
             efa = release("efa-device-plugin", "aws-efa-k8s-device-plugin", EFA_DEVICE_PLUGIN_CHART,
-                          EFA_DEVICE_PLUGIN_VERSION, EFA_DEVICE_PLUGIN_REPO, scheduling)
+                          EFA_DEVICE_PLUGIN_VERSION, EFA_DEVICE_PLUGIN_REPO, values)
             self.release_names.append(efa.name)
 
         aws.eks.Addon(

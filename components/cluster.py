@@ -57,6 +57,11 @@ CLUSTER_ADMIN_POLICY_ARN = "arn:aws:eks::aws:cluster-access-policy/AmazonEKSClus
 def cluster_admin_policy_arn(partition: str) -> str:
     return CLUSTER_ADMIN_POLICY_ARN.replace("arn:aws:", f"arn:{partition}:", 1)
 
+
+VIEW_POLICY_ARN = "arn:aws:eks::aws:cluster-access-policy/AmazonEKSViewPolicy"
+"""EKS's counterpart of Kubernetes' ``view`` role: read most objects and pod logs, no Secrets, no changes (EKS user
+guide, "Review access policy permissions")."""
+
 DEFAULT_ADDON_REGISTRY_ACCOUNT = "602401143452"
 ADDON_REGISTRY_ACCOUNTS = {
     # Regions whose EKS add-on images live outside the default account, from the AWS EKS user guide
@@ -146,6 +151,9 @@ class EksClusterArgs:
     admin_principal_arns: Sequence[str] = ()
     """IAM roles/users that get cluster-admin (an access entry with AmazonEKSClusterAdminPolicy), besides the
     principal that creates the cluster: a teammate or a CI role."""
+    viewer_principal_arns: Sequence[str] = ()
+    """IAM roles/users that may only look: follow a run's logs and see its objects, no Secrets, no changes (an
+    access entry with AmazonEKSViewPolicy, cluster scope)."""
     tags: dict[str, str] | None = None
     """Extra tags for the AWS resources."""
     stack_id: str | None = None
@@ -162,7 +170,8 @@ def validate(args: EksClusterArgs) -> None:
         rules.known("cluster_name", args.cluster_name, "a string", "it names the log group and the roles")
         or rules.cluster_name("cluster_name", args.cluster_name),
         *[rules.known(f, getattr(args, f), "a plain value", need) for f in (
-            "kubernetes_version", "system_instance_type", "endpoint_public_access", "admin_principal_arns")],
+            "kubernetes_version", "system_instance_type", "endpoint_public_access", "admin_principal_arns",
+            "viewer_principal_arns")],
         rules.whole("system_node_count", args.system_node_count, 1),
         rules.known("log_retention_days", args.log_retention_days, "a number of days", need)
         or rules.retention_days("log_retention_days", args.log_retention_days))
@@ -184,8 +193,17 @@ def validate(args: EksClusterArgs) -> None:
                          "endpoint_public_access=False (the API endpoint is private only)")
     if not rules.is_output(args.private_subnet_ids) and len(list(args.private_subnet_ids)) < 2:
         raise ValueError("private_subnet_ids: expected at least 2 subnets in 2 zones (EKS requires two)")
-    rules.require(*[rules.iam_principal(f"admin_principal_arns[{i}]", arn)
-                    for i, arn in enumerate(args.admin_principal_arns)])
+    rules.require(*[rules.iam_principal(f"{key}[{i}]", arn)
+                    for key in ("admin_principal_arns", "viewer_principal_arns")
+                    for i, arn in enumerate(getattr(args, key))])
+    # EKS takes one access entry per principal (CreateAccessEntry: ResourceInUseException).
+    seen: set[str] = set()
+    for key in ("admin_principal_arns", "viewer_principal_arns"):
+        for i, arn in enumerate(getattr(args, key)):
+            if arn in seen:
+                raise ValueError(f"{key}[{i}]: got {arn!r} a second time; expected each principal once, in "
+                                 "admin_principal_arns or viewer_principal_arns (one access entry each)")
+            seen.add(arn)
     if args.upgrade_policy not in ("STANDARD", "EXTENDED"):
         raise ValueError(f"upgrade_policy: got {args.upgrade_policy!r}; expected 'STANDARD' or 'EXTENDED'")
 
@@ -261,7 +279,13 @@ class EksCluster(pulumi.ComponentResource):
                     access_policies={"cluster-admin": eks.AccessPolicyAssociationArgs(
                         policy_arn=cluster_admin_policy_arn(self._partition),
                         access_scope=aws.eks.AccessPolicyAssociationAccessScopeArgs(type="cluster"))})
-                for i, arn in enumerate(args.admin_principal_arns)},
+                for i, arn in enumerate(args.admin_principal_arns)} | {
+                f"viewer-{i}": eks.AccessEntryArgs(
+                    principal_arn=arn,
+                    access_policies={"view": eks.AccessPolicyAssociationArgs(
+                        policy_arn=VIEW_POLICY_ARN.replace("arn:aws:", f"arn:{self._partition}:", 1),
+                        access_scope=aws.eks.AccessPolicyAssociationAccessScopeArgs(type="cluster"))})
+                for i, arn in enumerate(args.viewer_principal_arns)},
             tags=self._tags,
             # Only on the cluster: on every resource it would change the launch templates' instance tags, and so
             # roll the nodes, on an existing stack.
@@ -327,7 +351,7 @@ class EksCluster(pulumi.ComponentResource):
     def _create_node_role(self) -> None:
         name = self._name
         child = pulumi.ResourceOptions(parent=self)
-        role = aws.iam.Role(f"{name}-node", assume_role_policy=_assume_role_policy("ec2.amazonaws.com"),
+        role = aws.iam.Role(f"{name}-node", assume_role_policy=_assume_role_policy(rules.ec2_principal(self._partition)),
                             description="EKS worker nodes (system and GPU groups)", tags=self._tags, opts=child)
         self._node_policy_attachments = [
             aws.iam.RolePolicyAttachment(f"{name}-node-{short}", role=role.name,

@@ -191,7 +191,7 @@ def _ignored_settings(cfg: StackConfig, data: dict[str, Any]) -> list[str]:
     p: list[str] = []
     net = data.get("network") if isinstance(data.get("network"), dict) else {}
     if cfg.network.bring_your_own:
-        for key in ("vpcCidr", "azCount", "availabilityZones", "natGateways"):
+        for key in ("vpcCidr", "azCount", "availabilityZones", "natGateways", "s3EndpointExtraBuckets"):
             if key in net:
                 p.append(f"network.{key}: set together with network.vpcId, which uses your VPC as it is; "
                          f"expected no network.{key} (it only shapes a new VPC)")

@@ -19,6 +19,7 @@ from .config_schema import (
     StackConfig,
     WorkloadConfig,
 )
+from .workload import Egress, iam_statement_problems
 
 RDZV_RUN_ID_MAX = 44 - len("rendezvous-")
 """The longest runId of a run after the first with a store of its own (its name is 'rendezvous-<runId>')."""
@@ -27,6 +28,7 @@ _AZ = rules.AZ
 _ODCR = rules.ODCR
 _IAM_PRINCIPAL = rules.IAM_PRINCIPAL
 _EFS_ID = re.compile(r"^fs-[0-9a-f]{8,40}$")
+_KMS_KEY_ARN = re.compile(r"^arn:aws[a-z-]*:kms:[a-z0-9-]+:\d{12}:key/[0-9a-f-]{36}$")
 _PLACEMENT_GROUP = re.compile(r"^[\x21-\x7e]{1,255}$")
 
 
@@ -52,6 +54,13 @@ def validate(cfg: StackConfig, *, placeholders_ok: bool = False, today: dt.date 
     if bucket is not None and not re.match(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$", bucket):
         p.append(f"storage.resultsBucket: got {bucket!r}; expected an S3 bucket name (3-63 lowercase letters, "
                  "digits, '.' and '-')")
+    key_arn = cfg.storage.results_kms_key_arn
+    if key_arn is not None and (bucket is None or not _KMS_KEY_ARN.match(key_arn)):
+        p.append(f"storage.resultsKmsKeyArn: got {key_arn!r}; expected the ARN of a KMS key "
+                 "(arn:aws:kms:<region>:<account>:key/<id>), and only with storage.resultsBucket")
+    for i, extra in enumerate(cfg.network.s3_endpoint_extra_buckets):
+        if bad := rules.s3_bucket(f"network.s3EndpointExtraBuckets[{i}]", extra):
+            p.append(bad)
     fs_id = cfg.storage.file_system_id
     if fs_id is not None and not _EFS_ID.match(fs_id):
         p.append(f"storage.fileSystemId: got {fs_id!r}; expected an EFS file system id like fs-0123456789abcdef0")
@@ -117,10 +126,16 @@ def _check_cluster(c: ClusterConfig, placeholders_ok: bool = False) -> list[str]
     else:
         p += rules.public_access_cidrs("cluster.publicAccessCidrs", c.public_access_cidrs,
                                        placeholders_ok=placeholders_ok)
-    for i, arn in enumerate(c.admin_principal_arns):
-        if not _IAM_PRINCIPAL.match(arn):
-            p.append(f"cluster.adminPrincipalArns[{i}]: got {arn!r}; expected an IAM role or user ARN such as "
-                     "arn:aws:iam::123456789012:role/ci-deployer")
+    seen: set[str] = set()
+    for key, arns in (("adminPrincipalArns", c.admin_principal_arns), ("viewerPrincipalArns", c.viewer_principal_arns)):
+        for i, arn in enumerate(arns):
+            if not _IAM_PRINCIPAL.match(arn):
+                p.append(f"cluster.{key}[{i}]: got {arn!r}; expected an IAM role or user ARN such as "
+                         "arn:aws:iam::123456789012:role/ci-deployer")
+            elif arn in seen:
+                p.append(f"cluster.{key}[{i}]: got {arn!r} a second time; expected each principal once, in "
+                         "cluster.adminPrincipalArns or cluster.viewerPrincipalArns (one EKS access entry each)")
+            seen.add(arn)
     if c.kubernetes_version not in SUPPORTED_KUBERNETES_VERSIONS:
         p.append(f"cluster.kubernetesVersion: got {c.kubernetes_version!r}; expected one of "
                  + ", ".join(SUPPORTED_KUBERNETES_VERSIONS))
@@ -276,4 +291,12 @@ def _check_workload(w: WorkloadConfig, key: str) -> list[str]:
     p += rules.env_names(f"{key}.env", w.env)
     if w.s3_uri is not None and (bad := rules.s3_prefix(f"{key}.data.s3", w.s3_uri)):
         p.append(bad)
+    if bad := rules.manifest_sha256(f"{key}.data.sha256", w.s3_sha256):
+        p.append(bad)
+    for i, text in enumerate(w.egress):
+        try:
+            Egress.parse(f"{key}.egress[{i}]", text)
+        except ValueError as err:
+            p.append(str(err))
+    p += iam_statement_problems(f"{key}.iamStatements", w.iam_statements)
     return p

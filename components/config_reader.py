@@ -148,20 +148,38 @@ class Reader:
                     env[name] = str(v)  # OMP_NUM_THREADS: 4 is what anyone writes; the pod gets "4"
                 else:
                     self.bad(f"{key}.env.{name}", v, "a string")
-        s3_uri = None
+        s3_uri = s3_sha256 = None
         if "data" in value:
             data = value["data"]
-            if not isinstance(data, dict) or set(data) != {"s3"}:
-                self.bad(f"{key}.data", data, "an object with one key, s3: {s3: 's3://bucket/prefix/'}")
+            if not isinstance(data, dict) or "s3" not in data or not set(data) <= {"s3", "sha256"}:
+                self.bad(f"{key}.data", data, "an object with one key, s3, and optionally sha256: {s3: "
+                         "'s3://bucket/prefix/', sha256: <the data set's manifest sha256>}")
             else:
                 s3_uri = self.value(f"{key}.data.s3", data["s3"], "str")
+                if "sha256" in data:
+                    s3_sha256 = self.value(f"{key}.data.sha256", data["sha256"], "str")
+        egress: tuple[str, ...] = ()
+        if "egress" in value:
+            if isinstance(value["egress"], list) and all(isinstance(e, str) and e for e in value["egress"]):
+                egress = tuple(value["egress"])
+            else:
+                self.bad(f"{key}.egress", value["egress"], "a list of strings ('https', 'internet:PORTS' or "
+                                                           "'CIDR:PORTS')")
+        statements: tuple[Any, ...] = ()
+        if "iamStatements" in value:
+            if isinstance(value["iamStatements"], list):
+                statements = tuple(value["iamStatements"])
+            else:
+                self.bad(f"{key}.iamStatements", value["iamStatements"], "a list of IAM statements (objects with "
+                                                                         "Effect, Action and Resource)")
         if len(self.problems) > before:
             return None
-        return WorkloadConfig(kind="custom", args=args, env=MappingProxyType(env), s3_uri=s3_uri, **strings)
+        return WorkloadConfig(kind="custom", args=args, env=MappingProxyType(env), s3_uri=s3_uri,
+                              s3_sha256=s3_sha256, egress=egress, iam_statements=statements, **strings)
 
 
 #: The keys of a custom workload object, in documentation order.
-WORKLOAD_KEYS = ("image", "module", "script", "args", "env", "data")
+WORKLOAD_KEYS = ("image", "module", "script", "args", "env", "data", "egress", "iamStatements")
 
 
 def resolve(annotation: Any) -> Any:

@@ -18,6 +18,10 @@ def _type_name(annotation: Any) -> str:
             "WorkloadConfig": "`cifar10` \\| object"}.get(kind, str(kind))
 
 
+def _field_type(f: Any) -> str:
+    return "list of object" if str(f.type).startswith("tuple[Mapping") else _type_name(f.type)
+
+
 def _default(f: Any) -> str:
     if f.default is MISSING and f.default_factory is MISSING:
         return "(required)"
@@ -43,7 +47,7 @@ def _runs_rows() -> list[tuple[str, str, str, str]]:
         rows.append((f"{prefix}.{yaml_key(f)}", _type_name(f.type), _default(f), f.metadata["doc"]))
     for f in fields(WorkloadConfig):
         if yaml_key(f) != "-":  # kind: the string or the object says it
-            rows.append((f"{prefix}.workload.{yaml_key(f)}", _type_name(f.type), _default(f), f.metadata["doc"]))
+            rows.append((f"{prefix}.workload.{yaml_key(f)}", _field_type(f), _default(f), f.metadata["doc"]))
     return rows
 
 

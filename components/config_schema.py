@@ -61,6 +61,10 @@ class NetworkConfig:
     vpc_id: str | None = _doc("Existing VPC to use instead of creating one.", default=None)
     public_subnet_ids: tuple[str, ...] = _doc("Existing public subnets (with vpcId).", default=())
     private_subnet_ids: tuple[str, ...] = _doc("Existing private subnets for nodes (with vpcId).", default=())
+    s3_endpoint_extra_buckets: tuple[str, ...] = _doc(
+        "Other accounts' S3 buckets (names) your workloads read themselves (a data lake, AWS Open Data): the new "
+        "VPC's S3 endpoint admits only this account's buckets, the runs' data.s3 prefixes and these (list, get); "
+        "preflight checks each exists.", default=())
 
     @property
     def bring_your_own(self) -> bool:
@@ -88,6 +92,9 @@ class ClusterConfig:
     admin_principal_arns: tuple[str, ...] = _doc(
         "IAM role/user ARNs given cluster-admin besides the creator of the cluster (a teammate, a CI role).",
         default=())
+    viewer_principal_arns: tuple[str, ...] = _doc(
+        "IAM role/user ARNs that may only look (AmazonEKSViewPolicy: objects and pod logs, no Secrets, no "
+        "changes); each principal in one list only.", default=())
     scale_down_unneeded_time: str = _doc(
         "How long a GPU node must sit unneeded before the cluster autoscaler removes it (e.g. 10m, 1h): "
         "the idle tail after a run; longer keeps nodes warm between runs.", default="10m")
@@ -144,6 +151,10 @@ class StorageConfig:
     results_bucket: str | None = _doc(
         "Existing S3 bucket for run results (e.g. the one an earlier 'pulumi destroy' kept, as 'pulumi stack "
         "output results' named it): uploads go there; none is created.", default=None)
+    results_kms_key_arn: str | None = _doc(
+        "With resultsBucket: the KMS key (ARN) the bucket encrypts with by default (the earlier stack's results "
+        "kmsKeyArn output); the uploaders may use it. Preflight refuses an SSE-KMS bucket whose key differs.",
+        default=None)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -194,7 +205,9 @@ class JobConfig:
                             default="airnet")
     learning_rate: float | None = _doc("Peak learning rate per 1,024 images; default: the model's recipe.",
                                        default=None)
-    rdzv_backend: RdzvBackend = _doc("'etcd-v2' (EtcdRendezvous) or 'c10d' (no etcd).", default="etcd-v2")
+    rdzv_backend: RdzvBackend = _doc("'etcd-v2' (EtcdRendezvous, client certificates) or 'c10d' (no etcd; an "
+                                     "unauthenticated store whose state every agent unpickles: trusted clusters "
+                                     "only, README 'Job semantics').", default="etcd-v2")
     namespace: str = _doc("Kubernetes namespace of the training workloads.", default="training")
     compile: bool = _doc("Use torch.compile in the trainer.", default=False)
     fabric_check: bool | None = _doc(
@@ -253,6 +266,17 @@ class WorkloadConfig:
     s3_uri: str | None = _doc(
         "S3 prefix (s3://bucket/prefix/) staged once onto the shared volume, read-only, as $EKS_DDP_DATA_DIR; "
         "default: no data stage.", default=None, key="data.s3")
+    s3_sha256: str | None = _doc(
+        "The data set's pin: the sha256 of the manifest the S3 stage writes and logs; the stage and every "
+        "training pod then refuse other content (exit 5). Default: checked against the manifest alone.",
+        default=None, key="data.sha256")
+    egress: tuple[str, ...] = _doc(
+        "Where the training pods connect outside the cluster, each opened in their NetworkPolicy (nothing else is): "
+        "'https' (public addresses on 443), 'internet:PORTS', or 'CIDR:PORTS' (e.g. '10.20.0.0/16:5432'; "
+        "'/udp' after the ports for UDP).", default=())
+    iam_statements: tuple[Mapping[str, Any], ...] = _doc(
+        "IAM policy statements ({Effect, Action, Resource, Condition}) the training pods need, added to the run's "
+        "IRSA role (the results uploader's).", default=())
 
     @property
     def custom(self) -> bool:

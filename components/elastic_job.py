@@ -20,11 +20,13 @@ mutates by ServiceAccount name, whatever ``automountServiceAccountToken`` says) 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 import pulumi
+import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
 from .cifar10_stages import (  # noqa: F401 (EVAL_RUN_DIR_ENV: API)
@@ -38,7 +40,7 @@ from .cifar10_stages import (  # noqa: F401 (EVAL_RUN_DIR_ENV: API)
 )
 from .data_stage import create_s3_stage
 from .elastic_job_checks import check_rules, claim_run_dir, validate
-from .etcd import SERVER_LABELS, etcd_client_egress
+from .etcd import etcd_client_egress, store_selector, store_service_of
 from .fabric_gate import create_fabric_check
 from .namespace import dns_egress
 from .podspec import (  # noqa: F401 (TRAINER_UID, GPUDIRECT_RDMA_FAMILIES, NCCL_NET_PLUGIN: API)
@@ -71,7 +73,17 @@ from .torchrun import (
     module_command,
     script_command,
 )
-from .workload import DATA_DIR_ENV, FATAL_EXIT_CODES, RUN_DIR_ENV, Cifar10Data, S3Data, Workload, cifar10_workload
+from .workload import (
+    DATA_DIR_ENV,
+    DATA_VERIFY_ENV,
+    FATAL_EXIT_CODES,
+    RUN_DIR_ENV,
+    Cifar10Data,
+    Egress,
+    S3Data,
+    Workload,
+    cifar10_workload,
+)
 from .workload_image import job_image
 
 if TYPE_CHECKING:
@@ -81,6 +93,9 @@ TRAINER_FATAL_EXIT_CODES = FATAL_EXIT_CODES
 """training/exitcodes.FATAL (config error, divergence, unreadable input), mirrored because the library never
 imports the trainer package; tests/test_elastic_job.py keeps the two equal. A workload's own:
 ``Workload.fatal_exit_codes``."""
+EGRESS_ANNOTATION = "eks-ddp/egress"
+"""The training Job's annotation listing ``workload.egress`` (JSON): what components/contracts/network.py checks the
+rendered NetworkPolicy against."""
 USAGE_EXIT_CODE = 2
 """argparse's usage error: the agent's own command line is wrong."""
 BUG_EXIT_CODES = [USAGE_EXIT_CODE, *TRAINER_FATAL_EXIT_CODES]
@@ -141,9 +156,11 @@ class ElasticJobArgs:
     rdzv_tls_secret: pulumi.Input[str] | None = None
     """Secret with the rendezvous client certificate (tls.crt, tls.key, ca.crt; EtcdRendezvous.client_tls_secret),
     mounted read-only into the agents' pods; required with etcd-v2, whose store demands a client certificate."""
-    rdzv_server_labels: Mapping[str, str] = field(default_factory=lambda: dict(SERVER_LABELS))
-    """Labels of the etcd pods (same namespace) the training pods may reach on the client port
-    (EtcdRendezvous.pod_labels carry them)."""
+    rdzv_server_labels: Mapping[str, str] | None = None
+    """The store Service's selector (same namespace): the training and fabric-check pods' egress rule to the client
+    port selects exactly these labels, which admits the Service's ClusterIP on EKS (``etcd_client_egress``). None:
+    the selector of the EtcdRendezvous whose ``endpoint`` is ``rdzv_endpoint`` (``EtcdRendezvous.server_selector``);
+    set it for a store of your own."""
     workload: Workload = field(default_factory=cifar10_workload)
     """What the agents run (components/workload.py): a module or script, its args, env, image and data; default:
     the bundled CIFAR-10 trainer (``cifar10_workload()``)."""
@@ -256,6 +273,8 @@ class ElasticJob(pulumi.ComponentResource):
             rdzv_tls_secret=a.rdzv_tls_secret, trainer_sa=sa.metadata.name, worker_sa=worker.metadata.name)
         """The pods' shared pieces (components/podspec.py), for this component and its fabric-check gate."""
         self._create_network_policies(name, child)
+        if a.workload.iam_statements:
+            self._create_workload_policy(name, child)
         # The CIFAR-10 download only for the bundled data set; a workload without data trains on what it brings.
         prepare = [create_prepare_job(self, name, child)] if isinstance(data, Cifar10Data) else \
             [create_s3_stage(self, name, child)] if isinstance(data, S3Data) else []
@@ -292,7 +311,9 @@ class ElasticJob(pulumi.ComponentResource):
     # --- 2. training ----------------------------------------------------------------------------
     def _workload_env(self) -> dict[str, str]:
         """What the job tells every worker of any workload (README "Your own training code")."""
-        pin = {DATA_PIN_ENV: DATA_PIN} if isinstance(self._args.workload.data, Cifar10Data) else {}
+        data = self._args.workload.data
+        pin = {DATA_PIN_ENV: DATA_PIN} if isinstance(data, Cifar10Data) else \
+            {DATA_VERIFY_ENV: data.verify} if isinstance(data, S3Data) else {}
         return {**pin, RUN_DIR_ENV: self._run_dir, DATA_DIR_ENV: self._data_dir}
 
     def _create_headless_service(self, name: str, child: pulumi.ResourceOptions) -> pulumi.Output[str]:
@@ -376,6 +397,8 @@ class ElasticJob(pulumi.ComponentResource):
             # and the garbage collector removes its pods.
             "pulumi.com/deletionPropagationPolicy": "background",
         }
+        if a.workload.egress:  # what the workload declared, beside the rules rendered from it (the network contract)
+            annotations[EGRESS_ANNOTATION] = json.dumps([e.record() for e in a.workload.egress])
         return k8s.batch.v1.Job(
             f"{name}-train",
             metadata=self._meta(self.job_name, self._train_labels, annotations),
@@ -391,28 +414,51 @@ class ElasticJob(pulumi.ComponentResource):
                 ignore_changes=["spec.suspend"],
                 replace_on_changes=list(JOB_IMMUTABLE_FIELDS))))
 
+    def _create_workload_policy(self, name: str, child: pulumi.ResourceOptions) -> None:
+        # On the training pods' IRSA role: their ServiceAccount carries one role, the results upload's, so the
+        # workload's statements join it rather than replace it (and the trust stays bound to that ServiceAccount).
+        a = self._args
+        aws.iam.RolePolicy(
+            f"{name}-workload", name=f"{name}-workload",
+            role=pulumi.Output.from_input(a.results_role_arn).apply(lambda arn: role_name_of(str(arn))),
+            policy=json.dumps({"Version": "2012-10-17", "Statement": [dict(st) for st in a.workload.iam_statements]}),
+            opts=child)
+
     # --- network policies ---------------------------------------------------------------------------
+    def store_egress(self) -> k8s.networking.v1.NetworkPolicyEgressRuleArgs:
+        """The agents' egress rule to the etcd store's client port, selecting the store Service's own selector."""
+        a = self._args
+        selector: pulumi.Input[Mapping[str, str]] = dict(a.rdzv_server_labels) if a.rdzv_server_labels else \
+            pulumi.Output.from_input(a.rdzv_endpoint).apply(lambda e: store_selector(store_service_of(str(e))))
+        return etcd_client_egress(selector)
+
     def _create_network_policies(self, name: str, child: pulumi.ResourceOptions) -> None:
         net = k8s.networking.v1
         dns = dns_egress()
         peers = [net.NetworkPolicyPeerArgs(pod_selector=k8s.meta.v1.LabelSelectorArgs(
             match_labels={"app.kubernetes.io/instance": self.job_name}))]
-        # Agents talk to each other on any port (rendezvous store, NCCL/gloo sockets); EFA traffic bypasses
-        # the IP stack. Out of the namespace they reach only DNS and etcd.
-        train_egress = [dns, net.NetworkPolicyEgressRuleArgs(to=peers)]
+        # Agents talk to each other on any TCP port (torch's TCPStore, gloo, NCCL's bootstrap and sockets pick
+        # ports at run time); EFA traffic bypasses the IP stack. Out of the namespace they reach only DNS and etcd.
+        tcp = [net.NetworkPolicyPortArgs(protocol="TCP")]
+        train_egress = [dns, net.NetworkPolicyEgressRuleArgs(to=peers, ports=tcp)]
         if self._args.rdzv_backend == "etcd-v2":
-            train_egress.append(etcd_client_egress(self._args.rdzv_server_labels))
+            train_egress.append(self.store_egress())
         # Data preparation downloads CIFAR-10 over HTTPS (through the NAT gateway); the trainers reach S3 and STS
         # over HTTPS. TLS only (no port 80: nothing leaves in cleartext), never the instance metadata service,
         # nor the VPC's own ranges beyond what other rules admit.
-        internet = net.NetworkPolicyEgressRuleArgs(
-            to=[net.NetworkPolicyPeerArgs(ip_block=net.IPBlockArgs(cidr="0.0.0.0/0", except_=list(EGRESS_EXCEPT)))],
-            ports=[net.NetworkPolicyPortArgs(port=443, protocol="TCP")])
+        a = self._args
+        internet = egress_rule(Egress.internet(443))
+        # HTTPS to public addresses for the results upload (S3) and the role's credentials (STS); then the same
+        # declared by the workload adds nothing.
+        aws_https = [Egress.internet(443)] if a.results_url is not None or a.results_role_arn is not None else []
+        train_egress += [egress_rule(e) for e in (*aws_https, *(e for e in a.workload.egress if e not in aws_https))]
+        data = a.workload.data
         for suffix, labels, ingress, egress in (
-            ("train", {"app.kubernetes.io/instance": self.job_name}, [net.NetworkPolicyIngressRuleArgs(from_=peers)],
-             train_egress + ([internet] if self._args.results_url is not None else [])),  # S3 + STS upload
-            ("prepare-data", PREPARE_LABELS, [], [dns, internet]),
-            ("evaluate", EVALUATE_LABELS, [], [dns]),
+            ("train", {"app.kubernetes.io/instance": self.job_name},
+             [net.NetworkPolicyIngressRuleArgs(from_=peers, ports=tcp)], train_egress),
+            # The bundled trainer's own pods: only when it runs them.
+            *([("prepare-data", PREPARE_LABELS, [], [dns, internet])] if isinstance(data, Cifar10Data) else []),
+            *([("evaluate", EVALUATE_LABELS, [], [dns])] if a.workload.evaluate else []),
         ):
             net.NetworkPolicy(
                 f"{name}-{suffix}-netpol",
@@ -423,6 +469,26 @@ class ElasticJob(pulumi.ComponentResource):
                 opts=child)
 
 
+BAD_INPUT_EXIT_CODE = 5
+"""eks_ddp_runtime.exitcodes.BAD_INPUT: also the launcher's own verdict on a staged data set that fails its
+manifest or pin, before any worker starts."""
+def egress_rule(e: Egress) -> k8s.networking.v1.NetworkPolicyEgressRuleArgs:
+    """A declared destination as one egress rule: its addresses (an ipBlock) on its ports."""
+    net = k8s.networking.v1
+    return net.NetworkPolicyEgressRuleArgs(
+        to=[net.NetworkPolicyPeerArgs(ip_block=net.IPBlockArgs(cidr=e.cidr, except_=list(e.except_) or None))],
+        ports=[net.NetworkPolicyPortArgs(port=p, protocol=e.protocol) for p in e.ports])
+
+
+def role_name_of(arn: str) -> str:
+    """``arn:<partition>:iam::<account>:role[/path]/<name>`` → ``<name>`` (what ``aws.iam.RolePolicy`` takes)."""
+    return arn.rsplit("/", 1)[-1]
+
+
 def bug_exit_codes(w: Workload) -> list[int]:
-    """The exit codes that fail the Job at once: argparse's usage error and the workload's FATAL codes."""
-    return [USAGE_EXIT_CODE, *(c for c in w.fatal_exit_codes if c != USAGE_EXIT_CODE)]
+    """The exit codes that fail the Job at once: argparse's usage error and the workload's FATAL codes, and with
+    S3 data the launcher's BAD_INPUT (a data set that fails its check stays failed on every retry)."""
+    codes = [USAGE_EXIT_CODE, *(c for c in w.fatal_exit_codes if c != USAGE_EXIT_CODE)]
+    if isinstance(w.data, S3Data) and BAD_INPUT_EXIT_CODE not in codes:
+        codes.append(BAD_INPUT_EXIT_CODE)
+    return codes

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import weakref
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import pulumi
 
 from . import catalog, rules
 from .cifar10_stages import DATA_PIN_ENV
+from .data_stage import trust_problem
 from .gpu_nodegroup import group_for
 from .podspec import CACHE_ENV, nccl_env
 from .torchrun import AGENT_ENV
-from .workload import S3Data, Workload
+from .workload import DATA_VERIFY_ENV, S3Data, Workload
 from .workload_image import SCAN_SEVERITIES
 
 if TYPE_CHECKING:
@@ -50,13 +52,19 @@ def validate(name: str, a: ElasticJobArgs) -> catalog.InstanceType:
         raise ValueError(f"data_read_only_claim: got {a.data_read_only_claim!r} without data_claim; expected it with "
                          "data_claim (the data stage writes through data_claim)")
     owned = {*CACHE_ENV, *AGENT_ENV, *nccl_env(it, True), "POD_IP", "JOB_UID", "EKS_DDP_RESULTS_URL",
-             "EKS_DDP_RESULTS_KMS_KEY", DATA_PIN_ENV}
+             "EKS_DDP_RESULTS_KMS_KEY", DATA_PIN_ENV, DATA_VERIFY_ENV}
     if clash := sorted(owned & set(a.workload.env)):
         raise ValueError(f"workload.env: got {', '.join(clash)}; expected names the job does not set itself "
                          f"(it sets {', '.join(sorted(owned))})")
     if isinstance(a.workload.data, S3Data) and a.data_role_arn is None:
         raise ValueError(f"data_role_arn: got None with workload.data {a.workload.data.uri!r}; expected the S3 data "
                          "stage's IAM role (data_stage.data_stage_role(...)); its pods get no other AWS credentials")
+    if isinstance(a.workload.data, S3Data) and (bad := trust_problem(name, a.namespace, a.data_role_arn)):
+        raise ValueError(bad)
+    if a.workload.iam_statements and a.results_role_arn is None:
+        raise ValueError("workload.iam_statements: given, but results_role_arn is None; expected the training pods' "
+                         "IRSA role to attach them to (ResultsBucket.uploader_role(...), or a role of yours trusting "
+                         "the ServiceAccount <name>-trainer)")
     if a.efa and not it.has_efa:
         raise ValueError(f"efa: got True for {a.instance_type!r}, which has no EFA interfaces")
     group = a.node_group if a.node_group is not None else group_for(a.node_selector)
@@ -80,6 +88,11 @@ def validate(name: str, a: ElasticJobArgs) -> catalog.InstanceType:
     if a.rdzv_backend == "etcd-v2" and a.rdzv_tls_secret is None:
         raise ValueError("rdzv_tls_secret: required with rdzv_backend 'etcd-v2' (EtcdRendezvous.client_tls_secret: "
                          "the store accepts only clients with its certificate)")
+    if a.rdzv_server_labels is not None and not (
+            isinstance(a.rdzv_server_labels, Mapping) and a.rdzv_server_labels
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in a.rdzv_server_labels.items())):
+        raise ValueError(f"rdzv_server_labels: got {a.rdzv_server_labels!r}; expected None (the EtcdRendezvous "
+                         "of rdzv_endpoint) or the store Service's selector, a non-empty mapping of strings")
     if a.rdzv_backend == "c10d" and a.rdzv_endpoint is not None:
         raise ValueError(f"rdzv_endpoint: got {a.rdzv_endpoint!r}; expected None with 'c10d' "
                          "(the agent of index 0 hosts the store)")

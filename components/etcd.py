@@ -59,7 +59,8 @@ DEFAULT_CLIENT_LABELS: Mapping[str, str] = {"app.kubernetes.io/name": "eks-ddp-t
 """Labels of the pods allowed to reach the client port: the ElasticJob's training pods carry them."""
 SERVER_LABELS: Mapping[str, str] = {"app.kubernetes.io/name": "etcd", "app.kubernetes.io/component": "rendezvous",
                                     "app.kubernetes.io/part-of": "eks-ddp"}
-"""Labels every member carries: the training pods' egress rule to the client port selects them."""
+"""Labels every member of every store carries (plus ``app.kubernetes.io/instance``: its Service's name). A client's
+egress rule selects one store by :func:`store_selector`, never by these: see :func:`etcd_client_egress`."""
 PRIORITY = 1_000_000
 """Above every workload pod (0), below the system-*-critical classes (2,000,000,000+)."""
 
@@ -106,6 +107,7 @@ class EtcdRendezvous(pulumi.ComponentResource):
     """Name of the Secret (tls.crt, tls.key, ca.crt) the agents mount at components.torchrun.RDZV_TLS_DIR."""
     service_name: str
     pod_labels: dict[str, str]
+    server_selector: dict[str, str]
 
     def __init__(self, name: str, args: EtcdRendezvousArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("eks-ddp:etcd:EtcdRendezvous", name, None, opts)
@@ -113,9 +115,10 @@ class EtcdRendezvous(pulumi.ComponentResource):
         self._args = args
         self.service_name = f"{name}-etcd"
         self.pod_labels = {**SERVER_LABELS, "app.kubernetes.io/instance": self.service_name}
-        self._selector = {k: self.pod_labels[k] for k in ("app.kubernetes.io/name", "app.kubernetes.io/instance")}
-        self.selector = dict(self._selector)
-        """The client Service's selector: this store's pods, and no other store's."""
+        self._selector = store_selector(self.service_name)
+        self.server_selector = dict(self._selector)
+        """The client Service's selector (and the Deployment's): what a client's egress rule must select
+        (:func:`etcd_client_egress`)."""
         child = pulumi.ResourceOptions(parent=self)
 
         svc = self.service_name
@@ -289,11 +292,31 @@ def _validate(name: str, a: EtcdRendezvousArgs) -> None:
         raise ValueError(f"name: got {name!r}; expected at most 44 characters (names become DNS labels)")
 
 
-def etcd_client_egress(server_labels: Mapping[str, str]) -> k8s.networking.v1.NetworkPolicyEgressRuleArgs:
-    """The clients' egress rule: the client port of the pods with ``server_labels`` (same namespace), never
-    2379 anywhere else. The Service's ClusterIP resolves to the same pods, and python-etcd then talks to the
-    member's advertised per-pod URL."""
+def store_selector(service_name: str) -> dict[str, str]:
+    """The selector of store ``service_name``'s Service, Deployment, PodDisruptionBudget and NetworkPolicy (its
+    members carry it); a client's egress rule selects exactly these labels (:func:`etcd_client_egress`)."""
+    return {"app.kubernetes.io/name": SERVER_LABELS["app.kubernetes.io/name"],
+            "app.kubernetes.io/instance": service_name}
+
+
+def store_service_of(endpoint: str) -> str:
+    """The Service name in an EtcdRendezvous endpoint (``<service>.<namespace>.svc.cluster.local:2379``)."""
+    return endpoint.rsplit(":", 1)[0].split(".", 1)[0]
+
+
+def etcd_client_egress(server_selector: pulumi.Input[Mapping[str, str]]
+                       ) -> k8s.networking.v1.NetworkPolicyEgressRuleArgs:
+    """The clients' egress rule: the client port of the store whose Service selects ``server_selector`` (same
+    namespace), never 2379 anywhere else.
+
+    ``server_selector`` must be the store Service's own selector (:func:`store_selector`, or
+    ``EtcdRendezvous.server_selector``), not just labels its pods carry. The agents dial the Service's ClusterIP,
+    and the EKS VPC CNI agent enforces egress on the pod's veth before kube-proxy's DNAT, so it sees the ClusterIP;
+    the network policy controller admits a ClusterIP under a rule only if the rule's podSelector matches the
+    Service's ``spec.selector`` as a label set (aws/amazon-network-policy-controller-k8s,
+    pkg/resolvers/endpoints.go, ``getMatchingServiceClusterIPs``). With the Service's selector the rule admits
+    both the ClusterIP and the member's pod IPs (components/contracts/network.py checks it on the plan)."""
     net = k8s.networking.v1
     return net.NetworkPolicyEgressRuleArgs(
-        to=[net.NetworkPolicyPeerArgs(pod_selector=k8s.meta.v1.LabelSelectorArgs(match_labels=dict(server_labels)))],
+        to=[net.NetworkPolicyPeerArgs(pod_selector=k8s.meta.v1.LabelSelectorArgs(match_labels=server_selector))],
         ports=[net.NetworkPolicyPortArgs(port=CLIENT_PORT, protocol="TCP")])

@@ -16,7 +16,6 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from . import catalog
-from .etcd import etcd_client_egress
 from .namespace import dns_egress
 from .podspec import (
     C10D_PORT,
@@ -78,14 +77,15 @@ def create_fabric_check(job: ElasticJob, name: str, child: pulumi.ResourceOption
     net = k8s.networking.v1
     peers = [net.NetworkPolicyPeerArgs(pod_selector=k8s.meta.v1.LabelSelectorArgs(
         match_labels={"app.kubernetes.io/instance": gate}))]
-    egress = [dns_egress(), net.NetworkPolicyEgressRuleArgs(to=peers)]
+    tcp = [net.NetworkPolicyPortArgs(protocol="TCP")]  # any TCP port, as the training pods' peers
+    egress = [dns_egress(), net.NetworkPolicyEgressRuleArgs(to=peers, ports=tcp)]
     if not c10d:
-        egress.append(etcd_client_egress(a.rdzv_server_labels))
+        egress.append(job.store_egress())
     made.append(net.NetworkPolicy(
         f"{name}-fabric-netpol", metadata=job.pods.meta(gate, labels),
         spec=net.NetworkPolicySpecArgs(
             pod_selector=k8s.meta.v1.LabelSelectorArgs(match_labels={"app.kubernetes.io/instance": gate}),
-            policy_types=["Ingress", "Egress"], ingress=[net.NetworkPolicyIngressRuleArgs(from_=peers)],
+            policy_types=["Ingress", "Egress"], ingress=[net.NetworkPolicyIngressRuleArgs(from_=peers, ports=tcp)],
             egress=egress),
         opts=child))
     cpu, memory, shm = pod_resources(it)

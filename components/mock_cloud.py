@@ -122,7 +122,7 @@ def _node_group(m: RecordingMocks, name: str, inputs: dict) -> tuple[str, dict]:
 
 def _s3_bucket(m: RecordingMocks, name: str, inputs: dict) -> tuple[str, dict]:
     n = inputs.get("bucket") or f"{inputs.get('bucketPrefix', '')}{_digest(name)[:12]}"
-    return n, {"bucket": n, "arn": f"arn:aws:s3:::{n}"}
+    return n, {"bucket": n, "arn": f"arn:{rules.partition(m.region)}:s3:::{n}"}
 
 
 def _named(m: RecordingMocks, name: str, inputs: dict) -> tuple[str, dict]:

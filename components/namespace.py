@@ -12,6 +12,28 @@ POD_SECURITY_LABELS = {
 }
 
 
+CLUSTER_NAMESPACES = ("default", "kube-public", "kube-node-lease")
+"""The namespaces every cluster has besides kube-system (whose add-ons need host access and which Pod Security
+Admission exempts in practice): :func:`label_cluster_namespaces` gives each a Pod Security profile."""
+CLUSTER_NAMESPACE_PSA = {
+    "pod-security.kubernetes.io/enforce": "baseline",
+    "pod-security.kubernetes.io/audit": "restricted",
+    "pod-security.kubernetes.io/warn": "restricted",
+}
+"""'baseline' enforced (no privileged, hostNetwork, hostPID, hostIPC or hostPath pod: from the host network a pod
+reaches the instance metadata service past the hop limit, and with it the node role), 'restricted' warned and
+audited: a hand-made ``kubectl run`` in ``default`` still works, and says what it would need."""
+
+
+def label_cluster_namespaces(name: str, opts: pulumi.ResourceOptions | None = None) -> list[k8s.core.v1.NamespacePatch]:
+    """Patch (server-side apply) the Pod Security labels onto :data:`CLUSTER_NAMESPACES`: the cluster creates them,
+    so they are patched, not created; ``pulumi destroy`` gives the labels back (EKS Best Practices, pod security:
+    "Use Pod Security Admission labels on every namespace"; CIS EKS 4.2.1-4.2.5)."""
+    return [k8s.core.v1.NamespacePatch(
+        f"{name}-{ns}", metadata=k8s.meta.v1.ObjectMetaPatchArgs(name=ns, labels=dict(CLUSTER_NAMESPACE_PSA)),
+        opts=opts) for ns in CLUSTER_NAMESPACES]
+
+
 KUBE_DNS_LABELS = {"k8s-app": "kube-dns"}
 """Labels of the cluster DNS pods (CoreDNS on EKS) in kube-system."""
 

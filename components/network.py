@@ -43,12 +43,17 @@ FLOW_LOG_AGGREGATION_SECONDS = 600
 """Flow log aggregation interval: 600 s (the cheaper of the two EC2 allows; 60 is the other)."""
 
 
-def s3_endpoint_policy(region: str, account_id: str) -> str:
+def s3_endpoint_policy(region: str, account_id: str, *, data_uris: Sequence[str] = (),
+                       extra_buckets: Sequence[str] = ()) -> str:
     """The S3 gateway endpoint's policy: anything on this account's buckets; reads of the AWS-owned buckets nodes
-    need (ECR image layers, Amazon Linux 2023 packages, registry.k8s.io's mirror); nothing else (EKS Best Practices, network "Use VPC
-    endpoint policies"). Requests for other accounts' buckets are refused at the endpoint, whoever signs them."""
+    need (ECR image layers, Amazon Linux 2023 packages, registry.k8s.io's mirror); reads of the data sets the runs
+    stage (``data_uris``: ``s3://bucket/prefix/``, list that prefix and get objects under it) and of
+    ``extra_buckets`` (list and get, whole buckets), whoever owns them; nothing else (EKS Best Practices, network
+    "Use VPC endpoint policies"). The endpoint carries every same-region S3 request from the private subnets
+    (AWS PrivateLink, "Gateway endpoints for Amazon S3"), so a bucket missing here is refused whatever the pod's
+    role allows; nothing can be written to another account's bucket through it."""
     s3 = f"arn:{rules.partition(region)}:s3:::"
-    return json.dumps({"Version": "2012-10-17", "Statement": [
+    statements: list[dict] = [
         {"Sid": "ThisAccountsBuckets", "Effect": "Allow", "Principal": "*", "Action": "s3:*",
          "Resource": [f"{s3}*", f"{s3}*/*"],
          "Condition": {"StringEquals": {"aws:ResourceAccount": account_id}}},
@@ -57,7 +62,38 @@ def s3_endpoint_policy(region: str, account_id: str) -> str:
                       f"{s3}al2023-repos-{region}-*/*",
                       # registry.k8s.io (the cluster autoscaler) redirects AWS clients to its regional S3 mirror.
                       f"{s3}prod-registry-k8s-io-{region}/*"]},
-    ]}, sort_keys=True)
+    ]
+    data = sorted({(u.removeprefix("s3://").split("/", 1)[0], u.removeprefix("s3://").split("/", 1)[1])
+                   for u in data_uris})
+    if data:
+        statements.append({"Sid": "DataSetReads", "Effect": "Allow", "Principal": "*", "Action": "s3:GetObject",
+                           "Resource": [f"{s3}{b}/{p}*" for b, p in data]})
+        prefixes: dict[str, set[str]] = {}
+        for b, p in data:
+            prefixes.setdefault(b, set()).add(p)
+        for i, (bucket, ps) in enumerate(sorted(prefixes.items())):
+            listing = {"Sid": f"DataSetListing{i}", "Effect": "Allow", "Principal": "*", "Action": "s3:ListBucket",
+                       "Resource": f"{s3}{bucket}"}
+            if "" not in ps:  # the stage lists with Prefix=<its prefix>
+                listing["Condition"] = {"StringLike": {"s3:prefix": sorted({*ps, *(f"{p}*" for p in ps)})}}
+            statements.append(listing)
+    if extra_buckets:
+        names = sorted(set(extra_buckets))
+        statements.append({"Sid": "ExtraBucketReads", "Effect": "Allow", "Principal": "*",
+                           "Action": ["s3:GetObject", "s3:ListBucket"],
+                           "Resource": [r for b in names for r in (f"{s3}{b}", f"{s3}{b}/*")]})
+    return json.dumps({"Version": "2012-10-17", "Statement": statements}, sort_keys=True)
+
+
+def flow_logs_trust_policy(region: str, account_id: str) -> str:
+    """The flow-log role's trust: VPC Flow Logs, only on behalf of this account's flow logs in this region (VPC user
+    guide "IAM role for publishing flow logs to CloudWatch Logs", its confused-deputy conditions)."""
+    return json.dumps({"Version": "2012-10-17", "Statement": [{
+        "Effect": "Allow", "Principal": {"Service": "vpc-flow-logs.amazonaws.com"}, "Action": "sts:AssumeRole",
+        "Condition": {"StringEquals": {"aws:SourceAccount": account_id},
+                      "ArnLike": {"aws:SourceArn": f"arn:{rules.partition(region)}:ec2:{region}:{account_id}:"
+                                                   "vpc-flow-log/*"}}}]})
+
 
 EKS_UNSUPPORTED_ZONE_IDS = ("use1-az3", "usw1-az2", "cac1-az3")
 """Zone IDs where EKS refuses cluster subnets (UnsupportedAvailabilityZoneException), from the EKS user guide
@@ -94,6 +130,12 @@ class NetworkArgs:
     private_subnet_ids: Sequence[str] = field(default_factory=tuple)
     """Existing private subnets for nodes (with ``vpc_id``), in at least two zones: plain ids, because the
     program looks up each one's zone while it runs (a single-zone node group picks its subnet by zone)."""
+    s3_data_uris: Sequence[str] = ()
+    """S3 prefixes (``s3://bucket/prefix/``) the workloads stage (``S3Data.uri``): the new VPC's S3 endpoint lets
+    pods list each prefix and read objects under it, in any account's bucket."""
+    s3_endpoint_extra_buckets: Sequence[str] = ()
+    """More bucket names pods may read (list, get) through the new VPC's S3 endpoint: other accounts' buckets (a
+    data lake, AWS Open Data) a workload reads itself. This account's buckets need no entry."""
 
     @property
     def bring_your_own(self) -> bool:
@@ -110,6 +152,13 @@ def validate(args: NetworkArgs) -> None:
     for field_name in ("availability_zones", "public_subnet_ids", "private_subnet_ids"):
         rules.require(rules.known(field_name, getattr(args, field_name), "a list",
                                   "the program makes or looks up one subnet per entry"))
+    for field_name, check in (("s3_data_uris", rules.s3_prefix), ("s3_endpoint_extra_buckets", rules.s3_bucket)):
+        values = getattr(args, field_name)
+        rules.require(rules.known(field_name, values, "a list", "they are written into the endpoint policy"))
+        if isinstance(values, str):
+            raise ValueError(f"{field_name}: got {values!r}; expected a list of them, not one string")
+        rules.require(*[rules.known(f"{field_name}[{i}]", v, "a string", "it is written into the endpoint policy")
+                        or check(f"{field_name}[{i}]", v) for i, v in enumerate(values)])
     if args.bring_your_own:
         ids = list(args.private_subnet_ids)
         rules.require(*[rules.known(f"private_subnet_ids[{i}]", v, "a subnet id string",
@@ -240,27 +289,26 @@ class Network(pulumi.ComponentResource):
         account_id = aws.get_caller_identity(opts=invoke).account_id
         aws.ec2.VpcEndpoint(f"{name}-s3", vpc_id=vpc.id, service_name=rules.s3_gateway_service_name(region),
                             vpc_endpoint_type="Gateway", route_table_ids=[rt.id for rt in private_rts],
-                            policy=s3_endpoint_policy(region, account_id),
+                            policy=s3_endpoint_policy(region, account_id, data_uris=args.s3_data_uris,
+                                                      extra_buckets=args.s3_endpoint_extra_buckets),
                             tags={"Name": f"{args.cluster_name}-s3"}, opts=child)
         # Adopted with no rules: EC2's allow-all-between-members default is revoked.
         aws.ec2.DefaultSecurityGroup(f"{name}-default-sg", vpc_id=vpc.id,
                                      tags={"Name": f"{args.cluster_name}-default-closed"}, opts=child)
-        self._create_flow_logs(vpc.id)
+        self._create_flow_logs(vpc.id, region, account_id)
 
         self.vpc_id = vpc.id
         self.public_subnet_ids = [s.id for s in public_subnets]
         self.private_subnet_ids = [s.id for s in private_subnets]
         self.private_subnet_by_az = {zone: s.id for zone, s in zip(zones, private_subnets, strict=True)}
 
-    def _create_flow_logs(self, vpc_id: pulumi.Input[str]) -> None:
+    def _create_flow_logs(self, vpc_id: pulumi.Input[str], region: str, account_id: str) -> None:
         name, cluster = self._name, self._args.cluster_name
         child = pulumi.ResourceOptions(parent=self)
         group = aws.cloudwatch.LogGroup(f"{name}-flow-logs", name=f"/eks-ddp/{cluster}/vpc-flow-logs",
                                         retention_in_days=FLOW_LOG_RETENTION_DAYS, opts=child)
-        role = aws.iam.Role(f"{name}-flow-logs", assume_role_policy=json.dumps({
-            "Version": "2012-10-17", "Statement": [{
-                "Effect": "Allow", "Principal": {"Service": "vpc-flow-logs.amazonaws.com"},
-                "Action": "sts:AssumeRole"}]}), opts=child)
+        role = aws.iam.Role(f"{name}-flow-logs", assume_role_policy=flow_logs_trust_policy(region, account_id),
+                            opts=child)
         aws.iam.RolePolicy(f"{name}-flow-logs", role=role.id, policy=group.arn.apply(lambda arn: json.dumps({
             "Version": "2012-10-17", "Statement": [{
                 "Effect": "Allow", "Action": ["logs:CreateLogStream", "logs:PutLogEvents",

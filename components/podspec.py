@@ -18,6 +18,7 @@ from . import catalog
 from .etcd import DEFAULT_CLIENT_LABELS
 from .namespace import restricted_container_security, restricted_pod_security
 from .torchrun import DATA_SUBDIR, RDZV_TLS_DIR, SHARED_ROOT
+from .workload import INTERNET_EXCEPT
 
 TRAINER_UID = 1000
 """The trainer image's user and group."""
@@ -27,7 +28,7 @@ EFA_RESOURCE = "vpc.amazonaws.com/efa"
 GPUDIRECT_RDMA_FAMILIES = ("p4d", "p4de", "p5")
 """Instance families whose EFA supports GPUDirect RDMA (FI_EFA_USE_DEVICE_RDMA=1)."""
 DATA_DIR = f"{SHARED_ROOT}/{DATA_SUBDIR}"
-EGRESS_EXCEPT = ("169.254.0.0/16", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10")
+EGRESS_EXCEPT = INTERNET_EXCEPT
 """Never reached through the HTTPS egress rule: link-local (instance metadata, the node's credentials) and every
 private range a VPC or its pods can use (the API server's private endpoint, other pods, EFS, anything peered).
 The project's in-cluster peers are admitted by their own rules; S3 (gateway endpoint) and STS are public ranges."""

@@ -34,7 +34,8 @@ IAM actions used (all read-only): ecr:DescribeImages, eks:DescribeCluster, eks:L
 ec2:DescribeAvailabilityZones, ec2:DescribeSubnets,
 ec2:DescribeInstanceTypeOfferings, ec2:DescribeInstanceTypes, ec2:DescribeInstances,
 ec2:DescribeCapacityReservations, ec2:DescribePlacementGroups, servicequotas:GetServiceQuota,
-servicequotas:GetAWSDefaultServiceQuota.
+servicequotas:GetAWSDefaultServiceQuota; for stacks that name buckets (components/preflight_s3.py) also
+sts:GetCallerIdentity, s3:ListBucket (HeadBucket), s3:GetEncryptionConfiguration, kms:DescribeKey.
 """
 
 from __future__ import annotations
@@ -46,10 +47,11 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
-from . import catalog, cli_version, k8s_versions, preflight_images, preflight_live
+from . import catalog, cli_version, k8s_versions, preflight_images, preflight_live, preflight_s3
 from .config import StackConfig, choose_zones
 from .network import EKS_UNSUPPORTED_ZONE_IDS
 from .preflight_capacity import CapacityChecks, placement_group_of  # noqa: F401 (placement_group_of: API)
+from .preflight_s3 import S3Checks
 
 # EC2 vCPU quotas (Service Quotas, service code "ec2") per (quota class, market).
 # Codes as listed by `aws service-quotas list-service-quotas --service-code ec2`.
@@ -103,7 +105,7 @@ def _join(items: list[str] | tuple[str, ...]) -> str:
     return ", ".join(items) if items else "none"
 
 
-class _Checker(CapacityChecks):
+class _Checker(CapacityChecks, S3Checks):
     """One preflight pass: shared caches, and the guard that turns API errors into warnings."""
 
     def __init__(self, cfg: StackConfig, ec2: Any, quotas: Any, cluster_name: str | None = None):
@@ -335,14 +337,15 @@ class _Checker(CapacityChecks):
 
 def check(cfg: StackConfig, *, ec2: Any, quotas: Any, today: dt.date | None = None, eks: Any = None,
           cluster_name: str | None = None, stack_id: str | None = None, logs: Any = None,
-          organization: str | None = None, ecr: Callable[[str], Any] | None = None, sts: Any = None,
-          egress_ip: Callable[[], str | None] | None = None) -> Report:
+          organization: str | None = None, ecr: Callable[[str], Any] | None = None, s3: Any = None, kms: Any = None,
+          sts: Any = None, caller_sts: Any = None, egress_ip: Callable[[], str | None] | None = None) -> Report:
     """Run every preflight check with the given boto3 ``ec2`` and ``service-quotas`` clients; with ``eks`` and
-    ``cluster_name`` also the checks against what this stack already runs (:mod:`components.preflight_live`).
+    ``cluster_name`` also the checks against what this stack already runs (:mod:`components.preflight_live`);
+    with ``s3`` (and ``kms``, ``sts``) the buckets the stack names (:mod:`components.preflight_s3`).
     ``stack_id`` (``<organization>/<project>/<stack>``) is the cluster's owner tag. ``ecr(region)`` gives an
     ECR client of a region: with it, every ECR image the stack names must exist (:mod:`components.preflight_images`).
-    ``sts`` and ``egress_ip`` (this machine's public IP) check that this machine reaches a live cluster's API
-    endpoint."""
+    ``caller_sts`` (who runs this update) and ``egress_ip`` (this machine's public IP) check that this machine
+    reaches a live cluster's API endpoint."""
     c = _Checker(cfg, ec2, quotas, cluster_name)
     # Extended support bills the control plane $0.60/h instead of $0.10/h: say so before anything is created.
     notice = k8s_versions.support_notice(cfg.cluster.kubernetes_version, cfg.cluster.upgrade_policy,
@@ -356,10 +359,12 @@ def check(cfg: StackConfig, *, ec2: Any, quotas: Any, today: dt.date | None = No
     c.check_placement_groups()
     c.check_quotas()
     if eks is not None and cluster_name is not None:
-        preflight_live.check_live(c, eks, cluster_name, stack_id, logs=logs, organization=organization, sts=sts,
-                                  egress_ip=egress_ip)
+        preflight_live.check_live(c, eks, cluster_name, stack_id, logs=logs, organization=organization,
+                                  sts=caller_sts, egress_ip=egress_ip)
     if ecr is not None:
         preflight_images.check_images(c, ecr)
+    if s3 is not None:
+        c.check_s3(s3, kms, sts)
     return c.report
 
 
@@ -417,11 +422,11 @@ def run_or_raise(cfg: StackConfig, *, profile: str | None = None, ec2: Any = Non
     """
     import pulumi
 
-    sts = egress_ip = None
+    caller_sts = egress_ip = None
     if ec2 is None or quotas is None:
         try:
             made_ec2, made_quotas, made_eks = clients(cfg.region, profile)
-            sts = clients_sts(cfg.region, profile)
+            caller_sts = clients_sts(cfg.region, profile)
         except BotoCoreError as err:  # e.g. ProfileNotFound
             pulumi.log.warn(f"preflight: could not create AWS clients ({err}); nothing was checked")
             return Report(warnings=[str(err)])
@@ -429,8 +434,15 @@ def run_or_raise(cfg: StackConfig, *, profile: str | None = None, ec2: Any = Non
         ecr = ecr or ecr_clients(profile)
         logs = logs or logs_client(cfg.region, profile)
         egress_ip = preflight_live.checkip
+    s3 = kms = sts = None
+    if preflight_s3.needed(cfg):  # buckets named in the stack: data sets, extra buckets, the results bucket
+        try:
+            s3, kms, sts = preflight_s3.clients(cfg.region, profile)
+        except BotoCoreError as err:
+            pulumi.log.warn(f"preflight: could not create S3 clients ({err}); the buckets were not checked")
     report = check(cfg, ec2=ec2, quotas=quotas, eks=eks, cluster_name=cluster_name, stack_id=stack_id, logs=logs,
-                   organization=organization, ecr=ecr, sts=sts, egress_ip=egress_ip)
+                   organization=organization, ecr=ecr, s3=s3, kms=kms, sts=sts, caller_sts=caller_sts,
+                   egress_ip=egress_ip)
     if too_old := cli_version.problem():
         report.failures.append(too_old)
     for message in report.warnings:

@@ -6,7 +6,8 @@ and ``model.pt`` to ``s3://<bucket>/runs/<runId>/`` (``training/results.py``); o
 
 - Encrypted with a KMS key of the stack (SSE-KMS, rotation on, S3 bucket key on so a run's upload
   costs a handful of KMS requests): reading a result takes ``kms:Decrypt`` on that key as well as
-  ``s3:GetObject``, a second, key-scoped gate. The bucket policy refuses any write that asks for
+  ``s3:GetObject``, a second, key-scoped gate; the key's own policy admits its use only through S3 of this
+  account and region (and its administration by the account). The bucket policy refuses any write that asks for
   another encryption (SSE-S3, DSSE, a customer-provided key) or another KMS key: a foreign account's
   key (the S3 ransomware pattern) or the account's ``aws/s3`` key. The uploader asks for the stack
   key explicitly (``EKS_DDP_RESULTS_KMS_KEY``); a write that names no encryption gets it by default.
@@ -98,8 +99,9 @@ def validate(args: ResultsBucketArgs) -> None:
         raise ValueError("service_account: got ''; expected the trainer's service account name")
 
 
-def upload_policy(bucket_arn: str, run_id: str, kms_key_arn: str | None = None) -> str:
-    """The role's only permissions: write objects under the run's prefix, with the bucket's key, through S3."""
+def upload_policy(bucket_arn: str, run_id: str, kms_key_arn: str | None = None, partition: str = "aws") -> str:
+    """The role's only permissions: write objects under the run's prefix, with the bucket's key, through S3 (of the
+    partition: ``kms:ViaService`` is ``s3.<region>.<its DNS suffix>``)."""
     statements: list[dict] = [{
         "Sid": "WriteOwnRunOnly",
         "Effect": "Allow",
@@ -112,9 +114,32 @@ def upload_policy(bucket_arn: str, run_id: str, kms_key_arn: str | None = None) 
             "Effect": "Allow",
             "Action": ["kms:GenerateDataKey", "kms:Decrypt"],
             "Resource": kms_key_arn,
-            "Condition": {"StringLike": {"kms:ViaService": "s3.*.amazonaws.com"}},
+            "Condition": {"StringLike": {"kms:ViaService": f"s3.*.{rules.dns_suffix(partition)}"}},
         })
     return json.dumps({"Version": "2012-10-17", "Statement": statements})
+
+
+KEY_ADMIN_ACTIONS = ["kms:Create*", "kms:Describe*", "kms:Enable*", "kms:List*", "kms:Put*", "kms:Update*",
+                     "kms:Revoke*", "kms:Disable*", "kms:Get*", "kms:Delete*", "kms:TagResource",
+                     "kms:UntagResource", "kms:ScheduleKeyDeletion", "kms:CancelKeyDeletion",
+                     "kms:RotateKeyOnDemand"]
+"""Key administration, as AWS KMS's default key policy lists it for key administrators ("Default key policy")."""
+KEY_USE_ACTIONS = ["kms:Encrypt", "kms:Decrypt", "kms:ReEncrypt*", "kms:GenerateDataKey*", "kms:DescribeKey"]
+
+
+def results_key_policy(account_id: str, region: str, partition: str = "aws") -> str:
+    """The results key's own policy: the account administers it (through IAM, so it can never be locked out), and
+    its principals may use it only through S3 in this region for this account (``kms:ViaService``,
+    ``kms:CallerAccount``): a principal allowed ``kms:Decrypt`` on every key still cannot decrypt a result outside
+    S3, where the bucket policy and ``s3:GetObject`` gate it too."""
+    root = {"AWS": f"arn:{partition}:iam::{account_id}:root"}
+    return json.dumps({"Version": "2012-10-17", "Statement": [
+        {"Sid": "AccountAdministersTheKey", "Effect": "Allow", "Principal": root, "Action": KEY_ADMIN_ACTIONS,
+         "Resource": "*"},
+        {"Sid": "UseOnlyThroughS3OfThisAccount", "Effect": "Allow", "Principal": root, "Action": KEY_USE_ACTIONS,
+         "Resource": "*", "Condition": {"StringEquals": {
+             "kms:ViaService": f"s3.{region}.{rules.dns_suffix(partition)}", "kms:CallerAccount": account_id}}},
+    ]})
 
 
 def _deny_insecure_transport(bucket_arn: str) -> dict:
@@ -186,13 +211,17 @@ class ResultsBucket(pulumi.ComponentResource):
         else:
             keep = pulumi.ResourceOptions(parent=self, retain_on_delete=args.retain_on_destroy)
             # Retained with the bucket: without its key the results could not be read.
+            invoke = pulumi.InvokeOptions(parent=self)
+            account = aws.get_caller_identity_output(opts=invoke).account_id
             key = aws.kms.Key(f"{name}-kms", description=f"Results bucket encryption for {name}",
-                              enable_key_rotation=True, deletion_window_in_days=30, tags=tags, opts=keep)
+                              enable_key_rotation=True, deletion_window_in_days=30, tags=tags,
+                              policy=pulumi.Output.all(account, aws.get_region_output(opts=invoke).region).apply(
+                                  lambda v: results_key_policy(v[0], v[1], args.partition)),
+                              opts=keep)
             bucket, pab = self._private_bucket(name, args, tags, key.arn)
             self._policy(f"{name}-tls-only", bucket, pab, args, pulumi.Output.all(bucket.arn, key.arn).apply(
                 lambda v: bucket_policy(v[0], v[1])))
             logs, logs_pab = self._private_bucket(f"{name}-logs", args, tags, None, expire_days=args.access_log_days)
-            account = aws.get_caller_identity_output(opts=pulumi.InvokeOptions(parent=self)).account_id
             log_policy = self._policy(f"{name}-logs-policy", logs, logs_pab, args, pulumi.Output.all(
                 logs.arn, bucket.arn, account).apply(lambda v: log_bucket_policy(v[0], v[1], v[2])))
             aws.s3.BucketLogging(f"{name}-access-log", bucket=bucket.id, target_bucket=logs.id,
@@ -222,7 +251,7 @@ class ResultsBucket(pulumi.ComponentResource):
             tags=self._tags, opts=child)
         aws.iam.RolePolicy(name, role=role.id,
                            policy=pulumi.Output.all(self._bucket_arn, self.kms_key_arn).apply(
-                               lambda v: upload_policy(v[0], run_id, v[1])), opts=child)
+                               lambda v: upload_policy(v[0], run_id, v[1], args.partition)), opts=child)
         return role.arn
 
     def _private_bucket(self, name: str, args: ResultsBucketArgs, tags: dict[str, str],

@@ -47,8 +47,9 @@ RESERVED_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease
 #: RFC 5737 documentation ranges: the example stacks' placeholders live there; nobody's real address does.
 DOCUMENTATION_RANGES = tuple(ipaddress.ip_network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24"))
 
-#: The widest single CIDR the API endpoint may be opened to (a /8 is 16 million addresses).
-MIN_PUBLIC_PREFIX = 8
+#: The widest single CIDR the API endpoint may be opened to, and the most the list may span together: a /16 is
+#: 65,536 addresses, a company's or a campus's egress range at most; wider is a large part of an ISP.
+MIN_PUBLIC_PREFIX = 16
 
 #: Largest global batch the trainer accepts (CIFAR-10 has 50,000 training images).
 MAX_GLOBAL_BATCH = 65536
@@ -247,6 +248,30 @@ def s3_prefix(key: str, value: Any) -> str | None:
     return None
 
 
+S3_BUCKET = re.compile(r"^(?!xn--)(?!.*\.\.)(?!\d+\.\d+\.\d+\.\d+$)[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+"""An S3 bucket name (S3 user guide "General purpose bucket naming rules": 3-63 lowercase letters, digits, '.'
+and '-', starting and ending with a letter or digit, no '..', not an IP address, not 'xn--')."""
+
+
+def s3_bucket(key: str, value: Any) -> str | None:
+    if not isinstance(value, str) or not S3_BUCKET.match(value):
+        hint = " (a bucket name, not a URI)" if isinstance(value, str) and "/" in value else ""
+        return _got(key, value, "an S3 bucket name: 3-63 lowercase letters, digits, '.' and '-', starting and "
+                                f"ending with a letter or digit{hint}")
+    return None
+
+
+MANIFEST_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def manifest_sha256(key: str, value: Any) -> str | None:
+    """A staged data set's pin: the SHA-256 of its manifest (64 lowercase hex digits), or None."""
+    if value is None or (isinstance(value, str) and MANIFEST_SHA256.match(value)):
+        return None
+    return _got(key, value, "64 lowercase hex digits: the sha256 of the data set's manifest, which the S3 stage "
+                            "logs (sha256sum /shared/data/<name>/.eks-ddp-manifest.json)")
+
+
 def cluster_name(key: str, value: Any) -> str | None:
     if not isinstance(value, str) or not EKS_CLUSTER_NAME.match(value) or len(value) > EKS_CLUSTER_NAME_MAX:
         return _got(key, value, "letters, digits, '-' and '_', starting with a letter or digit "
@@ -339,6 +364,22 @@ def require(*problems: str | None | list[str]) -> None:
 def partition(region: str) -> str:
     """The AWS partition of a region, as ARNs name it: aws, aws-cn (China) or aws-us-gov (GovCloud)."""
     return "aws-cn" if region.startswith("cn-") else "aws-us-gov" if region.startswith("us-gov-") else "aws"
+
+
+DNS_SUFFIXES = {"aws": "amazonaws.com", "aws-cn": "amazonaws.com.cn", "aws-us-gov": "amazonaws.com"}
+"""Each partition's DNS suffix (the provider's ``aws.get_partition().dns_suffix``): service endpoints, and so the
+``kms:ViaService`` values, end with it (``s3.cn-north-1.amazonaws.com.cn``)."""
+
+
+def dns_suffix(partition_name: str) -> str:
+    return DNS_SUFFIXES.get(partition_name, "amazonaws.com")
+
+
+def ec2_principal(partition_name: str) -> str:
+    """EC2's service principal: ``ec2.amazonaws.com.cn`` in China, where EKS requires it in a node role's trust
+    ("Following required service principals [ec2.amazonaws.com.cn] were not found", awslabs/cdk-eks-blueprints
+    issue 558; hashicorp/terraform-provider-aws pull 47141). Most other services keep ``.amazonaws.com`` there."""
+    return f"ec2.{dns_suffix(partition_name)}" if partition_name == "aws-cn" else "ec2.amazonaws.com"
 
 
 def s3_gateway_service_name(region: str) -> str:

@@ -90,3 +90,28 @@ def test_device_plugins_wait_for_the_gpu_groups_with_a_long_helm_wait(p4de_resul
     for r in plugins:
         assert set(gpu_groups) <= set(r.dependencies), r.name
         assert r.inputs["timeout"] >= 600 and r.inputs["atomic"] is True
+
+
+@pytest.mark.parametrize("region,repository", [
+    ("us-gov-west-1", "013241004608.dkr.ecr.us-gov-west-1.amazonaws.com/eks/aws-efa-k8s-device-plugin"),
+    ("cn-north-1", "918309763551.dkr.ecr.cn-north-1.amazonaws.com.cn/eks/aws-efa-k8s-device-plugin"),
+])
+def test_efa_plugin_image_comes_from_the_partitions_own_registry(region, repository):
+    """The chart's default image is in commercial us-west-2, which aws-cn and aws-us-gov credentials cannot pull:
+    there the region's EKS add-on registry serves it (and the node role's regional grant covers it)."""
+    from components.cluster import node_image_pull_policy
+    from components.contracts.iam_policy import ALLOW, Request, evaluate
+    from components.mocks import RecordingMocks
+
+    def program():
+        provider = k8s.Provider("k8s", kubeconfig="{}")
+        ClusterAddons("addons", ClusterAddonsArgs(cluster_name="eks-ddp-test", efa=True),
+                      opts=pulumi.ResourceOptions(providers={"kubernetes": provider}))
+
+    result = run_program({}, program=program, region=region, mocks=RecordingMocks(region=region))
+    assert _release(result, "aws-efa-k8s-device-plugin").inputs["values"]["image"] == {"repository": repository}
+    part = "aws-cn" if region.startswith("cn-") else "aws-us-gov"
+    account = repository.split(".", 1)[0]
+    repo_arn = f"arn:{part}:ecr:{region}:{account}:repository/eks/aws-efa-k8s-device-plugin"
+    pull = evaluate(node_image_pull_policy(region, part), Request("node", "ecr:BatchGetImage", repo_arn))
+    assert pull.effect == ALLOW

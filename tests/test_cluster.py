@@ -9,7 +9,7 @@ import pulumi
 import pytest
 
 from components import cluster as cluster_mod
-from components.cluster import EksCluster, EksClusterArgs
+from components.cluster import EksCluster, EksClusterArgs, validate
 from components.mocks import RecordingMocks, run_program
 
 ARGS = EksClusterArgs(
@@ -285,3 +285,17 @@ def test_a_log_group_another_stack_tagged_is_never_adopted():
         lg = _run(args, mocks=_with_log_group(tags))[0].one("aws:cloudwatch/logGroup:LogGroup")
         assert lg.import_id == LOG, tags
         assert lg.inputs["tags"]["eks-ddp/stack"] == ME
+
+
+def test_viewer_principals_get_view_only_access_entries():
+    admin, viewer = "arn:aws:iam::123456789012:role/ci-deployer", "arn:aws:iam::123456789012:role/ml-team"
+    result, _ = _run(dataclasses.replace(ARGS, admin_principal_arns=[admin], viewer_principal_arns=[viewer]))
+    entries = result.one("eks:index:Cluster").inputs["accessEntries"]
+    assert entries["viewer-0"] == {"principalArn": viewer, "accessPolicies": {"view": {
+        "policyArn": "arn:aws:eks::aws:cluster-access-policy/AmazonEKSViewPolicy", "accessScope": {"type": "cluster"}}}}
+    assert entries["admin-0"]["principalArn"] == admin
+    # EKS takes one access entry per principal: the same ARN in both lists is refused before any call.
+    with pytest.raises(ValueError, match=r"viewer_principal_arns\[0\]: got .*ci-deployer' a second time"):
+        validate(dataclasses.replace(ARGS, admin_principal_arns=[admin], viewer_principal_arns=[admin]))
+    with pytest.raises(ValueError, match=r"viewer_principal_arns\[0\]: got 'bob'; expected an IAM role or user ARN"):
+        validate(dataclasses.replace(ARGS, viewer_principal_arns=["bob"]))

@@ -174,6 +174,24 @@ def test_world_open_api_endpoint(dev, cidr):
             repr(cidr), "whole internet")
 
 
+@pytest.mark.parametrize("cidrs, key", [(["18.0.0.0/12"], "cluster.publicAccessCidrs[0]"),
+                                         ([f"18.{n}.0.0/17" for n in range(0, 256, 128)] + ["19.0.0.0/24"],
+                                          "cluster.publicAccessCidrs")])
+def test_an_api_endpoint_open_wider_than_a_slash_16_is_refused(dev, cidrs, key):
+    rejects(set_path(dev, "eks-ddp:cluster.publicAccessCidrs", cidrs), key, "/16")
+    load(set_path(dev, "eks-ddp:cluster.publicAccessCidrs", ["18.0.0.0/16"]))  # control: a /16 is accepted
+
+
+def test_viewer_principals_are_checked_and_one_principal_has_one_entry(dev):
+    arn = "arn:aws:iam::123456789012:role/ml-team"
+    rejects(set_path(dev, "eks-ddp:cluster.viewerPrincipalArns", ["bob"]), "cluster.viewerPrincipalArns[0]: got 'bob'",
+            "an IAM role or user ARN")
+    both = set_path(set_path(dev, "eks-ddp:cluster.adminPrincipalArns", [arn]), "eks-ddp:cluster.viewerPrincipalArns",
+                    [arn])
+    rejects(both, "cluster.viewerPrincipalArns[0]", "a second time", "one EKS access entry each")
+    assert load(set_path(dev, "eks-ddp:cluster.viewerPrincipalArns", [arn])).cluster.viewer_principal_arns == (arn,)
+
+
 def test_missing_region(dev):
     cfg = dict(dev)
     del cfg["aws:region"]
@@ -316,3 +334,24 @@ def test_a_dotted_top_level_key_suggests_path(dev, key, value, path):
     assert f"pulumi config rm '{key}'" in msg
     plain = rejects({**dev, "eks-ddp:imagez": "x"}, "eks-ddp:imagez: unknown key; known keys")  # control
     assert "--path" not in plain
+
+
+def test_results_kms_key_arn_needs_the_bucket_and_an_arn(dev):
+    key = "arn:aws:kms:us-west-2:123456789012:key/0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
+    rejects(set_path(dev, "eks-ddp:storage.resultsKmsKeyArn", key), "storage.resultsKmsKeyArn",
+            "only with storage.resultsBucket")
+    with_bucket = set_path(dev, "eks-ddp:storage.resultsBucket", "results-kept-1234")
+    rejects(set_path(with_bucket, "eks-ddp:storage.resultsKmsKeyArn", "alias/results"), "storage.resultsKmsKeyArn",
+            "'alias/results'", "the ARN of a KMS key")
+    assert load(set_path(with_bucket, "eks-ddp:storage.resultsKmsKeyArn", key)).storage.results_kms_key_arn == key
+
+
+def test_s3_endpoint_extra_buckets_are_bucket_names(dev):
+    bad = ["data-lake", "s3://data-lake/x/", "Bad_Name"]
+    for i in (1, 2):
+        rejects(set_path(dev, "eks-ddp:network.s3EndpointExtraBuckets", bad), f"network.s3EndpointExtraBuckets[{i}]",
+                repr(bad[i]), "an S3 bucket name")
+    assert load(set_path(dev, "eks-ddp:network.s3EndpointExtraBuckets", bad[:1])).network.s3_endpoint_extra_buckets \
+        == ("data-lake",)
+    byo = {"vpcId": "vpc-1", "privateSubnetIds": ["subnet-a", "subnet-b"], "s3EndpointExtraBuckets": ["data-lake"]}
+    rejects(set_path(dev, "eks-ddp:network", byo), "network.s3EndpointExtraBuckets", "network.vpcId")

@@ -64,6 +64,14 @@ def test_runs_list_parses_each_run_with_its_workload():
         bert.env["X"] = "y"  # type: ignore[index]  # frozen data, like the rest of the config
 
 
+def test_a_workload_declares_its_egress_and_iam_statements():
+    st = {"Effect": "Allow", "Action": ["s3:GetObject"], "Resource": ["arn:aws:s3:::ckpt/*"]}
+    cfg = load(with_runs({"runId": "a", "workload": custom(egress=["https", "10.20.0.0/16:5432"],
+                                                          iamStatements=[st])}))
+    w = cfg.runs[0].workload
+    assert w.egress == ("https", "10.20.0.0/16:5432") and [dict(x) for x in w.iam_statements] == [st]
+
+
 def test_workload_string_cifar10_is_the_default():
     cfg = load(with_runs({"runId": "a", "workload": "cifar10"}))
     assert cfg.runs[0].workload == WorkloadConfig()
@@ -135,9 +143,19 @@ def test_workload_has_exactly_one_of_module_and_script(workload, fragment):
     (custom(data={"s3": "https://my-data.s3.amazonaws.com/wiki/"}), "runs[0].workload.data.s3", "an S3 prefix"),
     (custom(data={"s3": "s3://My_Bucket/wiki/"}), "runs[0].workload.data.s3", "an S3 prefix"),
     (custom(data="s3://my-data/wiki/"), "runs[0].workload.data: got 's3://my-data/wiki/'", "one key, s3"),
+    (custom(data={"s3": "s3://my-data/wiki/", "sha256": "ABC"}), "runs[0].workload.data.sha256: got 'ABC'",
+     "64 lowercase hex digits: the sha256 of the data set's manifest"),
+    (custom(data={"s3": "s3://my-data/wiki/", "md5": "x"}), "runs[0].workload.data: got", "optionally sha256"),
     (custom(entrypoint="x"), "runs[0].workload.entrypoint", "one of the known keys: image, module, script"),
     (custom(imgae=DIGEST), "runs[0].workload.imgae", "did you mean 'image'"),
     ("bert", "runs[0].workload: got 'bert'", "'cifar10' (the bundled trainer) or an object"),
+    (custom(egress="https"), "runs[0].workload.egress: got 'https'", "a list of strings"),
+    (custom(egress=["https", "0.0.0.0/0:443"]), "runs[0].workload.egress[1].cidr: got '0.0.0.0/0'",
+     "instance metadata service"),
+    (custom(egress=["api.wandb.ai:443"]), "runs[0].workload.egress[0].cidr: got 'api.wandb.ai'", "an IPv4 network"),
+    (custom(iamStatements={"Effect": "Allow"}), "runs[0].workload.iamStatements: got", "a list of IAM statements"),
+    (custom(iamStatements=[{"Effect": "Allow", "Action": "*", "Resource": "*"}]),
+     "runs[0].workload.iamStatements[0].Action: got '*'", "never a bare '*'"),
 ])
 def test_bad_workload_values_name_their_key(workload, key, fragment):
     rejects(with_runs({"runId": "a", "workload": workload}), key, fragment)

@@ -72,3 +72,24 @@ def test_trainer_docstring_shows_the_command_the_cluster_runs():
         TrainerOptions(data_dir="/shared/data", run_dir="/shared/runs/RUN_ID"))
     assert command == expected
     assert env == AGENT_ENV
+
+
+def test_the_c10d_backend_is_documented_as_unauthenticated_where_it_is_chosen():
+    """The config reference row and the Job-semantics paragraph say what c10d trusts (torch's TCPStore has no
+    authentication and every agent unpickles its state), not only that it is less available."""
+    readme = (ROOT / "README.md").read_text()
+    [row] = [line for line in readme.splitlines() if line.startswith("| `eks-ddp:job.rdzvBackend`")]
+    assert "unauthenticated" in row and "unpickles" in row
+    assert re.search(r"The c10d store is torch's TCPStore: no TLS, no authentication, and every agent unpickles",
+                     readme)
+
+
+def test_the_job_back_off_for_ignored_disruptions_is_documented():
+    readme = (ROOT / "README.md").read_text()
+    assert "pod-creation back-off, which counts every failed pod, ignored\n  ones included" in readme
+
+
+def test_running_on_aws_keeps_the_passphrase_out_of_shell_history_and_names_a_kms_secrets_provider():
+    step = (ROOT / "README.md").read_text().split("## Running on AWS", 1)[1].split("2. **AWS credentials**", 1)[0]
+    assert "export PULUMI_CONFIG_PASSPHRASE_FILE=" in step and "--secrets-provider \"awskms://" in step
+    assert "can mint rendezvous certificates" in step

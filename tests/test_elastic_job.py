@@ -19,7 +19,7 @@ from components.elastic_job import (
     nccl_env,
     pod_resources,
 )
-from components.etcd import DEFAULT_CLIENT_LABELS, SERVER_LABELS
+from components.etcd import DEFAULT_CLIENT_LABELS, store_selector
 from components.mocks import ProgramResult, Recorded, run_program
 from components.torchrun import AGENT_ENV, CLUSTER_TIMEOUTS, CLUSTER_TLS
 from components.workload import cifar10_workload
@@ -137,7 +137,7 @@ def test_c10d_uses_index_zero_and_no_etcd():
     assert svc["spec"]["clusterIP"] == "None"
     assert all(pod["metadata"]["labels"].get(k) == v for k, v in svc["spec"]["selector"].items())
     policy = result.one(NETPOL, "training-train-netpol").inputs["spec"]
-    assert not any(int(p["port"]) == 2379 for r in policy["egress"] for p in r.get("ports", []))
+    assert not any(p.get("port") == 2379 for r in policy["egress"] for p in r.get("ports", []))
 
 
 def test_etcd_mode_has_no_rendezvous_service():
@@ -312,7 +312,7 @@ def test_every_pod_has_a_network_policy():
     assert ingress["from"] == [{"podSelector": {"matchLabels": {"app.kubernetes.io/instance": "training-run-1"}}}]
     prepare = result.one(NETPOL, "training-prepare-data-netpol").inputs["spec"]
     assert prepare["ingress"] == [] and any(
-        int(p["port"]) == 443 for r in prepare["egress"] for p in r.get("ports", []))
+        p.get("port") == 443 for r in prepare["egress"] for p in r.get("ports", []))
 
 
 @pytest.mark.parametrize("overrides", [{}, {"rdzv_backend": "c10d", "rdzv_endpoint": None}])
@@ -323,12 +323,24 @@ def test_every_egress_rule_names_its_destination(overrides):
         for rule in policy.inputs["spec"]["egress"]:
             assert rule.get("to"), f"{policy.name}: egress rule without a destination: {rule}"
     train = result.one(NETPOL, "training-train-netpol").inputs["spec"]
-    etcd_rules = [r for r in train["egress"] if any(int(p["port"]) == 2379 for p in r.get("ports", []))]
+    etcd_rules = [r for r in train["egress"] if any(p.get("port") == 2379 for p in r.get("ports", []))]
     if overrides:
         assert not etcd_rules
     else:
         [rule] = etcd_rules
-        assert rule["to"] == [{"podSelector": {"matchLabels": dict(SERVER_LABELS)}}]
+        assert rule["to"] == [{"podSelector": {"matchLabels": store_selector("rendezvous-etcd")}}]
+
+
+@pytest.mark.parametrize("labels", [{}, {"app.kubernetes.io/name": 1}, "etcd"])
+def test_store_labels_must_be_a_selector(labels):
+    with pytest.raises(ValueError, match=r"rdzv_server_labels: got .*; expected None"):
+        run_job(rdzv_server_labels=labels)
+
+
+def test_a_store_of_your_own_is_selected_by_the_labels_given():
+    result = run_job(rdzv_server_labels={"app": "my-etcd"})
+    train = result.one(NETPOL, "training-train-netpol").inputs["spec"]
+    assert {"podSelector": {"matchLabels": {"app": "my-etcd"}}} in [t for r in train["egress"] for t in r["to"]]
 
 
 def test_evaluation_runs_on_demand_from_a_suspended_cronjob():
@@ -424,7 +436,7 @@ def test_fabric_check_has_its_own_network_policy():
     [pol] = [p for p in result.of_type(NETPOL) if p.name == "training-fabric-netpol"]
     selector = pol.inputs["spec"]["podSelector"]["matchLabels"]
     assert selector.items() <= gate_labels.items()
-    ports = [p["port"] for rule in pol.inputs["spec"]["egress"] for p in rule.get("ports", [])]
+    ports = [p.get("port") for rule in pol.inputs["spec"]["egress"] for p in rule.get("ports", [])]
     assert 2379 in ports and 53 in ports
 
 

@@ -30,6 +30,7 @@ from components.etcd import (
     etcd_args,
 )
 from components.mocks import ProgramResult, run_program
+from components.plan import render_manifests
 from training.etcd_local import find_etcd, free_port, make_tls
 
 SYSTEM = {"eks-ddp/pool": "system"}
@@ -342,3 +343,18 @@ def test_no_budget_of_the_stack_blocks_a_system_node_group_update(stack, dev_res
         assert selected, f"budget {pdb['metadata']['name']} selects no workload"
         for w in selected:
             assert drain_allowed(pdb["spec"], int(w["spec"].get("replicas", 1))), (pdb, w["metadata"]["name"])
+
+
+@pytest.mark.parametrize("stack", ["dev_result", "p4de_result"])
+def test_clients_egress_admits_the_store_service_clusterip(stack, request):
+    # The EKS network policy controller puts a Service's ClusterIP into an egress rule only if the rule's
+    # podSelector matches the Service's spec.selector as a label set (amazon-network-policy-controller-k8s,
+    # pkg/resolvers/endpoints.go getMatchingServiceClusterIPs); the agents dial the ClusterIP.
+    manifests = render_manifests(request.getfixturevalue(stack))
+    [svc] = [m for m in manifests if m["kind"] == "Service" and m["metadata"]["name"] == "rendezvous-etcd"]
+    rules = [(p["metadata"]["name"], r) for p in manifests if p["kind"] == "NetworkPolicy"
+             for r in p["spec"].get("egress", []) if any(q.get("port") == CLIENT_PORT for q in r.get("ports", []))]
+    assert rules
+    for name, rule in rules:
+        for peer in rule["to"]:
+            assert matches(peer["podSelector"]["matchLabels"], svc["spec"]["selector"]), name

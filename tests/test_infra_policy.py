@@ -136,8 +136,9 @@ def test_every_resource_sits_under_a_component(result):
     for r in result.resources:
         if r.type.startswith("pulumi:providers:") or r.type.startswith("eks-ddp:"):
             continue
-        # The namespace is shared by every workload and created by the program itself.
-        if r.type == "kubernetes:core/v1:Namespace":
+        # The namespace is shared by every workload and created by the program itself, as are the Pod Security
+        # labels it patches onto the namespaces the cluster creates.
+        if r.type in ("kubernetes:core/v1:Namespace", "kubernetes:core/v1:NamespacePatch"):
             continue
         chain = parent_chain(result, r.urn)
         if not chain or not chain[0].startswith(("eks-ddp:", "eks:index:")):
@@ -227,3 +228,10 @@ def test_arns_follow_partition(region, part):
     assert len(built) == 3
     for p in built:
         assert "arn:aws:" not in p.inputs["policy"] and f"arn:{part}:" in p.inputs["policy"], (p.name, p.inputs)
+    # B11: S3 calls KMS as s3.<region>.<the partition's DNS suffix>; EKS wants ec2.amazonaws.com.cn in China.
+    from components.contracts import check
+
+    assert [str(v) for v in check(result, only=("s3",))] == []
+    principal = "ec2.amazonaws.com.cn" if part == "aws-cn" else "ec2.amazonaws.com"
+    assert json.loads(result.one("aws:iam/role:Role", "cluster-node").inputs["assumeRolePolicy"])[
+        "Statement"][0]["Principal"] == {"Service": principal}

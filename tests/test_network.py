@@ -115,6 +115,26 @@ def test_s3_gateway_endpoint_on_private_route_tables():
     assert sorted(ep.inputs["routeTableIds"]) == sorted(private_rts)
 
 
+def test_s3_endpoint_admits_reads_of_the_data_sets_and_extra_buckets_of_any_account_and_nothing_more():
+    import json
+
+    result, _ = _run(NetworkArgs(cluster_name="demo", availability_zones=ZONES2,
+                                 s3_data_uris=["s3://lake/corpora/wiki/", "s3://lake/img/", "s3://open-data/"],
+                                 s3_endpoint_extra_buckets=["weights-bucket"]))
+    by_sid = {s["Sid"]: s for s in json.loads(result.one(ENDPOINT).inputs["policy"])["Statement"]}
+    assert by_sid["DataSetReads"]["Action"] == "s3:GetObject" and by_sid["DataSetReads"]["Resource"] == [
+        "arn:aws:s3:::lake/corpora/wiki/*", "arn:aws:s3:::lake/img/*", "arn:aws:s3:::open-data/*"]
+    assert by_sid["DataSetListing0"] == {
+        "Sid": "DataSetListing0", "Effect": "Allow", "Principal": "*", "Action": "s3:ListBucket",
+        "Resource": "arn:aws:s3:::lake",
+        "Condition": {"StringLike": {"s3:prefix": ["corpora/wiki/", "corpora/wiki/*", "img/", "img/*"]}}}
+    assert "Condition" not in by_sid["DataSetListing1"]  # the whole bucket is the data set
+    assert by_sid["ExtraBucketReads"]["Action"] == ["s3:GetObject", "s3:ListBucket"]
+    assert by_sid["ExtraBucketReads"]["Resource"] == ["arn:aws:s3:::weights-bucket", "arn:aws:s3:::weights-bucket/*"]
+    others = [s for sid, s in by_sid.items() if sid not in ("ThisAccountsBuckets", "AwsOwnedReads")]
+    assert all(set([s["Action"]] if isinstance(s["Action"], str) else s["Action"]) <= {"s3:GetObject", "s3:ListBucket"} for s in others)
+
+
 def test_every_child_has_the_network_as_parent():
     result, _ = _run(NetworkArgs(cluster_name="demo", availability_zones=ZONES2))
     for r in result.resources:
@@ -140,6 +160,12 @@ def test_bring_your_own_vpc_creates_nothing_and_maps_subnets_to_zones():
     (NetworkArgs(cluster_name="c", availability_zones=ZONES2, private_subnet_ids=["subnet-a"]), "private_subnet_ids"),
     (NetworkArgs(cluster_name="c", availability_zones=[], vpc_id="vpc-1", private_subnet_ids=["subnet-a"]),
      "private_subnet_ids"),
+    (NetworkArgs(cluster_name="c", availability_zones=ZONES2, s3_endpoint_extra_buckets=["s3://lake/"]),
+     r"s3_endpoint_extra_buckets\[0\]: got 's3://lake/'"),
+    (NetworkArgs(cluster_name="c", availability_zones=ZONES2, s3_endpoint_extra_buckets="lake"),
+     "s3_endpoint_extra_buckets: got 'lake'"),
+    (NetworkArgs(cluster_name="c", availability_zones=ZONES2, s3_data_uris=["s3://lake/wiki"]),
+     r"s3_data_uris\[0\]: got 's3://lake/wiki'"),
 ])
 def test_validation_names_the_field(args, field):
     with pytest.raises(ValueError, match=f"^{field}"):
@@ -161,3 +187,20 @@ def test_default_zones_are_regular_zones_where_eks_accepts_subnets():
     assert set(args["excludeZoneIds"]) == {"use1-az3", "usw1-az2", "cac1-az3"}
     zones = sorted({s.inputs["availabilityZone"] for s in result.of_type("aws:ec2/subnet:Subnet")})
     assert "us-east-1a" not in zones and len(zones) == stack_config("dev")["eks-ddp:network"]["azCount"]
+
+
+def test_flow_log_role_trusts_the_service_only_for_this_accounts_flow_logs():
+    """Confused deputy (VPC user guide "IAM role for publishing flow logs to CloudWatch Logs"): VPC Flow Logs may
+    assume the role only for a flow log of this account and region, evaluated as IAM would."""
+    from components.contracts.iam_policy import ALLOW, IMPLICIT_DENY, Request, evaluate
+
+    result, _ = _run(NetworkArgs(cluster_name="demo", availability_zones=ZONES2))
+    trust = result.one("aws:iam/role:Role", "network-flow-logs").inputs["assumeRolePolicy"]
+
+    def assume(account: str, region: str = "us-west-2") -> str:
+        ctx = {"aws:SourceAccount": account, "aws:SourceArn": f"arn:aws:ec2:{region}:{account}:vpc-flow-log/fl-0a1"}
+        return evaluate(trust, Request("vpc-flow-logs.amazonaws.com", "sts:AssumeRole", "role", ctx),
+                        resource_policy=True).effect
+
+    assert assume("123456789012") == ALLOW
+    assert assume("999999999999") == IMPLICIT_DENY and assume("123456789012", "eu-west-1") == IMPLICIT_DENY

@@ -235,7 +235,7 @@ def _endpoint_report(aws, *, live: list[str], ip: str | None = HERE, stack_cidrs
     cfg = config(raw)
     eks = _Eks(_endpoint_cluster(cfg.region, live, public), list(entries))
     return preflight.check(cfg, ec2=aws(cfg), quotas=StubQuotas(), eks=eks, cluster_name=NAME, stack_id=ME,
-                           sts=_Sts(caller), egress_ip=lambda: ip)
+                           caller_sts=_Sts(caller), egress_ip=lambda: ip)
 
 
 def test_an_ip_outside_the_endpoints_cidrs_fails_with_the_commands_that_fix_it(aws):

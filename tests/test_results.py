@@ -336,3 +336,82 @@ def test_stack_config_adopts_retained_bucket():
     assert result.outputs["results"]["bucket"] == "results-kept-1234"
     with pytest.raises(pulumi.RunError, match=r"storage.resultsBucket: got 'Bad_Bucket'"):
         run(set_path(raw, "eks-ddp:storage.resultsBucket", "Bad_Bucket"))
+
+
+KEPT_KEY = "arn:aws:kms:us-west-2:123456789012:key/0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
+
+
+def test_stack_config_gives_the_uploaders_the_reattached_buckets_key():
+    """`storage.resultsKmsKeyArn`: the re-attached bucket's SSE-KMS key reaches every uploader's grant and the
+    trainer's environment (without it the bucket's default key refuses every PutObject)."""
+    from tests.test_config_runs import with_runs
+    from tests.util import run, set_path
+
+    raw = set_path(with_runs({"runId": "a", "nodes": 1}, {"runId": "b", "nodes": 1}),
+                   "eks-ddp:storage.resultsBucket", "results-kept-1234")
+    result = run(set_path(raw, "eks-ddp:storage.resultsKmsKeyArn", KEPT_KEY))
+    grants = [s for p in result.of_type("aws:iam/rolePolicy:RolePolicy") if "WriteOwnRunOnly" in p.inputs["policy"]
+              for s in json.loads(p.inputs["policy"])["Statement"] if s["Sid"] == "EncryptWithTheResultsKeyThroughS3"]
+    assert len(grants) == 2 and {g["Resource"] for g in grants} == {KEPT_KEY}
+    assert all("kms:GenerateDataKey" in g["Action"] for g in grants)
+    for job in ("training-train", "training-b-train"):
+        [c] = result.one("kubernetes:batch/v1:Job", job).inputs["spec"]["template"]["spec"]["containers"]
+        assert {e["name"]: e.get("value") for e in c["env"]}["EKS_DDP_RESULTS_KMS_KEY"] == KEPT_KEY
+
+
+def test_a_failed_upload_leaves_a_marker_in_the_run_directory_and_a_good_one_removes_it(tmp_path, s3, monkeypatch):
+    from training import results
+
+    run = _finished_run(tmp_path / "run")
+    assert results.upload_results(run, "s3://no-such-bucket/runs/r/", client=s3) == []
+    marker = (run / results.FAILED_MARKER).read_text()
+    assert "s3://no-such-bucket/runs/r/" in marker and "NoSuchBucket" in marker and "metrics.json" in marker
+    assert "storage.resultsKmsKeyArn" in marker
+    monkeypatch.setenv(results.RESULTS_ENV, "s3://results-b/runs/r/")
+    assert results.main([str(run)]) == 0  # the upload step, again: everything written, the marker gone
+    assert not (run / results.FAILED_MARKER).exists()
+
+
+def test_the_upload_step_exits_1_on_a_real_process_when_the_upload_fails(tmp_path):
+    """``python -m training.results``: a real process with no AWS credentials (the shape of a role that cannot
+    write) exits 1 and leaves the marker; with nothing to upload to it is a usage error (2)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.util import ROOT
+    from training import results
+
+    run = _finished_run(tmp_path / "run")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(AWS_CONFIG_FILE=str(tmp_path / "none"), AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"),
+               AWS_EC2_METADATA_DISABLED="true", AWS_DEFAULT_REGION="us-west-2",
+               EKS_DDP_RESULTS_URL="s3://results-b/runs/r/")
+    cmd = [sys.executable, "-m", "training.results", str(run)]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert "UPLOAD FAILED" in done.stderr and "NoCredentialsError" in (run / results.FAILED_MARKER).read_text()
+    env.pop("EKS_DDP_RESULTS_URL")
+    assert subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, timeout=120).returncode == 2
+
+
+def test_the_results_key_is_used_only_through_s3_and_the_account_keeps_administering_it(result):
+    """The key's own policy, evaluated as KMS would: no direct decrypt even for a principal allowed kms:* on every
+    key (IAM's grant is necessary, the key policy decides where); S3 of this account may; the account can still
+    change the policy (no lock-out)."""
+    from components.contracts.iam_policy import ALLOW, IMPLICIT_DENY, Request, evaluate
+
+    key = result.one("aws:kms/key:Key", "results-kms")
+    policy, arn = key.inputs.get("policy") or "{}", key.outputs["arn"]
+    admin = "arn:aws:iam::123456789012:role/admin"
+
+    def ask(action: str, principal: str = admin, **ctx) -> tuple[str, bool]:
+        d = evaluate(policy, Request(principal, action, arn, ctx), resource_policy=True)
+        return d.effect, d.via_account
+
+    via_s3 = {"kms:ViaService": "s3.us-west-2.amazonaws.com", "kms:CallerAccount": "123456789012"}
+    assert ask("kms:Decrypt", **{"kms:ViaService": None, "kms:CallerAccount": "123456789012"})[0] == IMPLICIT_DENY
+    assert ask("kms:Decrypt", **via_s3) == (ALLOW, True)  # and the caller's IAM policy must allow it too
+    assert ask("kms:GenerateDataKey", **{**via_s3, "kms:ViaService": "s3.eu-west-1.amazonaws.com"})[0] == IMPLICIT_DENY
+    assert ask("kms:Decrypt", "arn:aws:iam::999999999999:role/x", **via_s3)[0] == IMPLICIT_DENY
+    assert ask("kms:PutKeyPolicy") == (ALLOW, True) and ask("kms:ScheduleKeyDeletion") == (ALLOW, True)

@@ -60,7 +60,7 @@ def test_metadata_requires_python_etcd_as_pinned_and_nothing_of_the_trainer(runt
     assert sorted(p.name for p in runtime_site.iterdir()) == ["eks_ddp_runtime", dist_info.name]
     shipped = {p.name for p in (runtime_site / "eks_ddp_runtime").glob("*.py")}
     assert {"launch.py", "rendezvous.py", "rdzv_store.py", "exitcodes.py", "watchdog.py", "dist.py", "fabric_check.py",
-            "stage_s3.py"} <= shipped
+            "stage_s3.py", "dataset.py"} <= shipped
 
 
 def test_launcher_runs_without_the_trainer_torchvision_or_matplotlib(runtime_site, tmp_path):

@@ -70,6 +70,41 @@ def _public_egress(policy: dict) -> list[str]:
     return found
 
 
+# --- Kubernetes: pod security on every namespace -------------------------------------------------------------
+
+PSA_ENFORCE = "pod-security.kubernetes.io/enforce"
+
+
+def psa_gaps(result: ProgramResult) -> list[str]:
+    """Namespaces of the cluster (those every cluster has but kube-system, and every one the stack creates) without
+    an enforced Pod Security profile of at least 'baseline' (EKS BP pod security "PSA labels on every namespace")."""
+    from components.rules import RESERVED_NAMESPACES
+
+    labels: dict[str, dict] = {ns: {} for ns in RESERVED_NAMESPACES if ns != "kube-system"}
+    for kind in ("kubernetes:core/v1:Namespace", "kubernetes:core/v1:NamespacePatch"):
+        for r in result.of_type(kind):
+            meta = r.inputs.get("metadata") or {}
+            labels.setdefault(meta.get("name"), {}).update(meta.get("labels") or {})
+    return sorted(f"{ns}: enforce {lab.get(PSA_ENFORCE)!r}" for ns, lab in labels.items()
+                  if lab.get(PSA_ENFORCE) not in ("baseline", "restricted"))
+
+
+def test_bp_pod_security_every_namespace_enforces_at_least_baseline(result):
+    assert psa_gaps(result) == []
+    [training] = [r for r in result.of_type("kubernetes:core/v1:Namespace") if r.inputs["metadata"]["name"] == NS]
+    assert training.inputs["metadata"]["labels"][PSA_ENFORCE] == "restricted"
+
+
+def test_psa_gaps_catches_an_unlabelled_namespace():
+    """Negative control: the plan before the cluster's own namespaces were labelled (only the training one)."""
+    ns = _rec("kubernetes:core/v1:Namespace", {"metadata": {"name": NS, "labels": {PSA_ENFORCE: "restricted"}}})
+    privileged = _rec("kubernetes:core/v1:NamespacePatch", {"metadata": {"name": "default",
+                                                                          "labels": {PSA_ENFORCE: "privileged"}}})
+    bare = ProgramResult(resources=[ns, privileged], outputs={}, secret_outputs=set())
+    assert psa_gaps(bare) == ["default: enforce 'privileged'", "kube-node-lease: enforce None",
+                              "kube-public: enforce None"]
+
+
 # --- Kubernetes: network ------------------------------------------------------------------------------------
 
 def test_cis_4_3_2_bp_network_default_deny_in_the_training_namespace(docs):
@@ -172,7 +207,9 @@ def _s3_endpoint_gaps(endpoint: Recorded) -> list[str]:
         scoped = "aws:ResourceAccount" in json.dumps(stmt.get("Condition") or {})
         if not scoped and any(r.split(":::")[-1].split("/")[0] in ("*", "") for r in resources):
             gaps.append(f"{stmt.get('Sid')}: every bucket")
-        if not scoped and stmt["Action"] not in ("s3:GetObject", ["s3:GetObject"]):
+        actions = [stmt["Action"]] if isinstance(stmt["Action"], str) else stmt["Action"]
+        # Outside the account only reads of named buckets: the AWS-owned ones, the data sets, the extra buckets.
+        if not scoped and not set(actions) <= {"s3:GetObject", "s3:ListBucket"}:
             gaps.append(f"{stmt.get('Sid')}: {stmt['Action']} outside the account")
     return gaps
 
@@ -190,6 +227,10 @@ def test_s3_endpoint_detector_catches_no_policy_and_open_statements():
     open_all = {"Statement": [{"Sid": "All", "Effect": "Allow", "Principal": "*", "Action": "s3:*", "Resource": "*"}]}
     assert _s3_endpoint_gaps(_rec(ep, {"policy": json.dumps(open_all)})) == [
         "All: every bucket", "All: s3:* outside the account"]
+    write = {"Statement": [{"Sid": "Put", "Effect": "Allow", "Principal": "*", "Action": ["s3:GetObject", "s3:PutObject"],
+                            "Resource": "arn:aws:s3:::lake/*"}]}
+    assert _s3_endpoint_gaps(_rec(ep, {"policy": json.dumps(write)})) == [
+        "Put: ['s3:GetObject', 's3:PutObject'] outside the account"]
 
 
 def test_cis_aws_3_9_checkov_ckv2_aws_11_vpc_flow_logs_on(result):
@@ -307,6 +348,9 @@ AWS_CHECKS = {
         g.name for g in r.of_type("aws:cloudwatch/logGroup:LogGroup") if not g.inputs.get("retentionInDays")],
     "CKV_AWS_158: every CloudWatch log group encrypted with a customer-managed key": lambda r: [
         g.name for g in r.of_type("aws:cloudwatch/logGroup:LogGroup") if not g.inputs.get("kmsKeyId")],
+    "CKV_AWS_338: every CloudWatch log group kept at least 365 days": lambda r: [
+        g.name for g in r.of_type("aws:cloudwatch/logGroup:LogGroup")
+        if not 365 <= int(g.inputs.get("retentionInDays") or 0)],
     "CKV_AWS_62 / CKV_AWS_63: no inline policy allows Action '*'": lambda r: [
         name for name, s in _statements(r) if s["Effect"] == "Allow"
         and any(a == "*" or a.endswith(":*") for a in _as_list(s["Action"]))],
@@ -340,6 +384,9 @@ EXPLAINED = {
     "CKV_AWS_158: every CloudWatch log group encrypted with a customer-managed key":
         "control-plane and flow logs use CloudWatch Logs' service-side encryption; a CMK needs a key policy "
         "granting logs.<region>.amazonaws.com (not done: security review S15, open)",
+    "CKV_AWS_338: every CloudWatch log group kept at least 365 days":
+        "cost over audit depth by default: control-plane logs 30 days (cluster.logRetentionDays; set 365 or more "
+        "for a year's audit trail), flow logs 90 days; a retention is always set (CKV_AWS_66)",
     "EKS BP iam 'Update the aws-node daemonset to use IRSA': no CNI policy on the node role":
         "security review S11, open: the vpc-cni add-on is created inside pulumi_eks.Cluster, whose OIDC provider "
         "is an output of the same resource, so its IRSA role needs the add-on managed outside pulumi_eks",
@@ -370,7 +417,8 @@ def test_aws_checks_catch_what_they_name():
                                                                                "httpPutResponseHopLimit": 2}})
     bad = ProgramResult(resources=[star, repo, group, lt], outputs={}, secret_outputs=set())
     for check, needle in (("CKV_AWS_355", "x: s3:PutObject"), ("CKV_AWS_62", "x"), ("CKV_AWS_51", "x"),
-                          ("CKV_AWS_163", "x"), ("CKV_AWS_136", "x"), ("CKV_AWS_66", "x"), ("CKV_AWS_79", "x")):
+                          ("CKV_AWS_163", "x"), ("CKV_AWS_136", "x"), ("CKV_AWS_66", "x"), ("CKV_AWS_79", "x"),
+                          ("CKV_AWS_338", "x")):
         [name] = [c for c in AWS_CHECKS if c.startswith(check)]
         assert needle in AWS_CHECKS[name](bad), check
 

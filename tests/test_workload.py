@@ -3,6 +3,9 @@ the same pods (GPUs, EFA, NCCL, volumes, NetworkPolicies) with its own entrypoin
 
 from __future__ import annotations
 
+import json
+import re
+
 import pulumi
 import pytest
 
@@ -10,7 +13,7 @@ from components import catalog
 from components.config import load_stack_config
 from components.mocks import run_program
 from components.torchrun import CLUSTER_TIMEOUTS, AgentOptions, TrainerOptions, job_command
-from components.workload import FATAL_EXIT_CODES, Cifar10Data, S3Data, Workload, dataset_name
+from components.workload import FATAL_EXIT_CODES, Cifar10Data, Egress, S3Data, Workload, dataset_name
 from tests.test_elastic_job import ETCD, GPU_NODES, IMAGE, JOB, NETPOL, RDZV_TLS_SECRET, env_of, run_job, trainer
 from tests.util import run, stack_config
 
@@ -36,9 +39,18 @@ def custom(**over) -> Workload:
     ({"data": "s3://b/p/"}, "data: got 's3://b/p/'"),
     ({"fatal_exit_codes": (0,)}, "fatal_exit_codes: got (0,)"),
     ({"name": "Bert"}, "name: got 'Bert'"),
+    ({"egress": "https"}, "egress: got 'https'; expected a tuple of Egress"),
+    ({"egress": ("10.0.0.0/8:443",)}, "egress[0]: got '10.0.0.0/8:443'; expected Egress"),
+    ({"iam_statements": ({"Effect": "Allow", "Action": "*", "Resource": "*"},)},
+     "iam_statements[0].Action: got '*'; expected actions like 's3:GetObject'"),
+    ({"iam_statements": ({"Effect": "Allow", "NotAction": "s3:*", "Resource": "*"},)},
+     "iam_statements[0]: got keys ['NotAction']"),
+    ({"iam_statements": ({"Action": "s3:GetObject", "Resource": "arn:aws:s3:::b/*"},)},
+     "iam_statements[0].Effect: got None; expected 'Allow' or 'Deny'"),
+    ({"iam_statements": {"Effect": "Allow"}}, "iam_statements: got {'Effect': 'Allow'}; expected a list"),
 ])
 def test_a_bad_workload_names_its_field(over, field):
-    with pytest.raises(ValueError, match=r"(^|; )" + field.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(ValueError, match=r"(^|; )" + re.escape(field)):
         custom(**over)
 
 
@@ -48,6 +60,35 @@ def test_a_good_workload_is_frozen_data():
     assert custom(module=None, script="/app/train.py").entrypoint() == ["/app/train.py"]
     with pytest.raises(TypeError):
         w.env["X"] = "y"  # type: ignore[index]
+
+
+@pytest.mark.parametrize("make, fragment", [
+    (lambda: Egress(cidr="0.0.0.0/0", ports=(443,)), "egress.cidr: got '0.0.0.0/0', which includes the instance "
+                                                      "metadata service"),
+    (lambda: Egress(cidr="169.254.169.254/32", ports=(80,)), "egress.cidr: got '169.254.169.254/32'"),
+    (lambda: Egress(cidr="10.0.0.1/16", ports=(443,)), "egress.cidr: got '10.0.0.1/16'; expected an IPv4 network"),
+    (lambda: Egress(cidr="10.0.0.0/16", ports=()), "egress.ports: got (); expected one or more ports"),
+    (lambda: Egress(cidr="10.0.0.0/16", ports=(70000,)), "egress.ports: got (70000,)"),
+    (lambda: Egress(cidr="10.0.0.0/16", ports=(53,), protocol="ICMP"), "egress.protocol: got 'ICMP'"),
+    (lambda: Egress(cidr="10.0.0.0/16", ports=(1,), except_=("10.1.0.0/16",)), "egress.except_: got '10.1.0.0/16'"),
+    (lambda: Egress.parse("runs[0].workload.egress[1]", "0.0.0.0/0:443"),
+     "runs[0].workload.egress[1].cidr: got '0.0.0.0/0', which includes"),
+    (lambda: Egress.parse("runs[0].workload.egress[0]", "wandb.ai:443"), "runs[0].workload.egress[0].cidr: got "
+                                                                         "'wandb.ai'"),
+    (lambda: Egress.parse("runs[0].workload.egress[0]", "443"), "runs[0].workload.egress[0]: got '443'; expected "
+                                                                "'https', 'internet:PORTS' or 'CIDR:PORTS'"),
+])
+def test_a_bad_egress_names_its_field(make, fragment):
+    with pytest.raises(ValueError, match="^" + re.escape(fragment)):
+        make()
+
+
+def test_egress_forms():
+    assert Egress.parse("k", "https") == Egress.internet(443) == Egress.internet()
+    assert Egress.internet().except_ and "169.254.0.0/16" in Egress.internet().except_
+    assert Egress.parse("k", "internet:443,8443") == Egress.internet(443, 8443)
+    assert Egress.parse("k", "10.20.0.0/16:5432") == Egress(cidr="10.20.0.0/16", ports=(5432,))
+    assert Egress.parse("k", "10.20.0.0/16:53/udp") == Egress(cidr="10.20.0.0/16", ports=(53,), protocol="UDP")
 
 
 def test_s3_data_checks_its_uri_and_name():
@@ -119,18 +160,22 @@ def test_a_custom_workload_gets_the_same_pods_with_its_own_command_image_env_and
     env = env_of(c)
     assert env["MODE"]["value"] == "fast" and env["EKS_DDP_DATA_DIR"]["value"] == "/shared/data/wiki"
     assert env["EKS_DDP_RUN_DIR"]["value"] == "/shared/runs/run-1" and "EKS_DDP_DATA_PIN" not in env
-    assert set(env) - {"MODE", "EKS_DDP_DATA_PIN"} == set(env_of(trainer(bundled))) - {"EKS_DDP_DATA_PIN"}
+    assert env["EKS_DDP_DATA_VERIFY"]["value"] == "manifest"
+    assert set(env) - {"MODE", "EKS_DDP_DATA_VERIFY"} == set(env_of(trainer(bundled))) - {"EKS_DDP_DATA_PIN"}
     for key in ("resources", "volumeMounts", "securityContext", "ports"):
         assert c.get(key) == trainer(bundled).get(key), key
     for key in ("volumes", "tolerations", "nodeSelector", "affinity", "securityContext", "serviceAccountName"):
         assert _pod(mine).get(key) == _pod(bundled).get(key), key
     policy = mine.one(JOB, "training-train").inputs["spec"]["podFailurePolicy"]["rules"]
-    assert policy[0]["onExitCodes"]["values"] == [2, 7]
-    # No CIFAR-10 download, no evaluation CronJob; the same NetworkPolicies.
+    # 5: the launcher's verdict on S3 data that fails its manifest, fatal whatever the workload's own codes.
+    assert policy[0]["onExitCodes"]["values"] == [2, 7, 5]
+    # No CIFAR-10 download, no evaluation CronJob, nor their NetworkPolicies (a policy for pods that never run
+    # would open 443 to any pod given its label); the same policies otherwise.
     assert not [r for r in mine.of_type(JOB) if r.name == "training-prepare-data"]
     assert not mine.of_type("kubernetes:batch/v1:CronJob") and mine.outputs["evaluate"] is None
     assert [(r.name, r.inputs["spec"]) for r in mine.of_type(NETPOL) if r.name != "training-stage-data-netpol"] == \
-        [(r.name, r.inputs["spec"]) for r in bundled.of_type(NETPOL)]
+        [(r.name, r.inputs["spec"]) for r in bundled.of_type(NETPOL)
+         if r.name not in ("training-prepare-data-netpol", "training-evaluate-netpol")]
     assert not [d for d in mine.one(JOB, "training-train").dependencies if "prepare-data" in d]
     assert [d for d in bundled.one(JOB, "training-train").dependencies if "prepare-data" in d]
 
@@ -215,7 +260,7 @@ def test_the_program_gives_an_s3_run_its_stage_and_role():
     from tests.test_config_runs import DIGEST, with_runs
 
     result = run(with_runs({"runId": "a", "nodes": 1}, {"runId": "b", "nodes": 1, "workload": {
-        "image": DIGEST, "module": "bert.train", "data": {"s3": "s3://my-data/corpora/wiki/"}}}))
+        "image": DIGEST, "module": "bert.train", "data": {"s3": "s3://my-data/corpora/wiki/", "sha256": "cd" * 32}}}))
     role = result.one("aws:iam/role:Role", "data-stage-b")
     assert ':serviceaccount:training:training-b-stage"' in role.inputs["assumeRolePolicy"]
     policy = result.one("aws:iam/rolePolicy:RolePolicy", "data-stage-b").inputs["policy"]
@@ -224,6 +269,7 @@ def test_the_program_gives_an_s3_run_its_stage_and_role():
     assert stage["command"][-2:] == ["s3://my-data/corpora/wiki/", "/shared/data/wiki"] and stage["image"] == DIGEST
     train = result.one(JOB, "training-b-train").inputs["spec"]["template"]["spec"]["containers"][0]
     assert {e["name"]: e.get("value") for e in train["env"]}["EKS_DDP_DATA_DIR"] == "/shared/data/wiki"
+    assert {e["name"]: e.get("value") for e in train["env"]}["EKS_DDP_DATA_VERIFY"] == "sha256:" + "cd" * 32
 
 
 def test_two_prefixes_that_would_stage_into_one_directory_are_refused():
@@ -251,3 +297,84 @@ def test_the_stage_pod_is_hardened_like_every_other():
     assert sa.inputs["automountServiceAccountToken"] is False
     netpol = result.one(NETPOL, "training-stage-data-netpol").inputs["spec"]
     assert all(stage["metadata"]["labels"].get(k) == v for k, v in netpol["podSelector"]["matchLabels"].items())
+
+
+def _job_with_stage_role(**role_kw) -> None:
+    from components.data_stage import data_stage_role
+    from components.elastic_job import ElasticJob, ElasticJobArgs
+
+    def program() -> None:
+        role = data_stage_role("stage", WIKI, oidc_provider_arn="arn:aws:iam::123456789012:oidc-provider/x",
+                               oidc_provider_url="https://x", namespace="training", **role_kw)
+        ElasticJob("training", ElasticJobArgs(
+            namespace="training", image=IMAGE, pvc_name="shared", instance_type="g4dn.xlarge", rdzv_endpoint=ETCD,
+            rdzv_tls_secret=RDZV_TLS_SECRET, workload=custom(data=WIKI), data_role_arn=role))
+
+    run_program({}, program=program)
+
+
+def test_a_stage_role_trusting_another_service_account_fails_at_construction():
+    """The stage pods run as stage_service_account(<ElasticJob name>); a role trusting anything else would pass the
+    plan and fail inside the awaited stage Job with AccessDenied."""
+    with pytest.raises(ValueError, match=r"^data_role_arn: the role trusts ServiceAccount 'mlp-stage', but "
+                                         r"ElasticJob 'training' runs its S3 stage as 'training-stage'.*"
+                                         r"data_stage_role\(\.\.\., job_name='training'\)"):
+        _job_with_stage_role(service_account="mlp-stage")
+    with pytest.raises(ValueError, match=r"^data_role_arn: the role trusts ServiceAccount 'train-stage'"):
+        _job_with_stage_role(job_name="train")
+    with pytest.raises(ValueError, match=r"^job_name/service_account: got job_name=None, service_account=None"):
+        _job_with_stage_role()
+    _job_with_stage_role(job_name="training")  # control: the job's own name
+    _job_with_stage_role(service_account="training-stage")
+
+
+def test_an_s3_data_set_is_verified_by_the_stage_and_every_training_pod_pinned_when_asked():
+    from eks_ddp_runtime import dataset
+
+    from components.workload import DATA_VERIFY_ENV
+
+    assert DATA_VERIFY_ENV == dataset.VERIFY_ENV and WIKI.verify == "manifest"
+    pin = "ab" * 32
+    pinned = S3Data(uri=WIKI.uri, name="wiki", sha256=pin)
+    result = run_job(workload=custom(data=pinned), data_role_arn=DATA_ROLE)
+    stage = result.one(JOB, "training-stage-data").inputs["spec"]["template"]["spec"]["containers"][0]
+    for c in (stage, trainer(result)):
+        assert env_of(c)["EKS_DDP_DATA_VERIFY"]["value"] == f"sha256:{pin}"
+    # The runtime reads exactly what the Job writes.
+    assert dataset.parse_verify(pinned.verify) == pin and dataset.parse_verify(WIKI.verify) is None
+    with pytest.raises(ValueError, match=r"data.sha256: got 'AB'; expected 64 lowercase hex digits"):
+        S3Data(uri=WIKI.uri, name="wiki", sha256="AB")
+
+
+# --- what a workload declares: egress and AWS permissions ---------------------------------------------
+ROLE = "arn:aws:iam::123456789012:role/eks-ddp/results-uploader"
+READ_CKPT = {"Effect": "Allow", "Action": ["s3:GetObject"], "Resource": ["arn:aws:s3:::ckpt/*"]}
+
+
+def _ip_rules(result) -> list[tuple[str, list, list]]:
+    train = result.one(NETPOL, "training-train-netpol").inputs["spec"]
+    return [(t["ipBlock"]["cidr"], t["ipBlock"].get("except") or [], [int(p["port"]) for p in r["ports"]])
+            for r in train["egress"] for t in r["to"] if "ipBlock" in t]
+
+
+def test_declared_egress_and_statements_reach_the_training_pods():
+    w = custom(egress=(Egress.internet(443), Egress(cidr="10.20.0.0/16", ports=(5432,))), iam_statements=(READ_CKPT,))
+    result = run_job(workload=w, results_role_arn=ROLE)
+    internet = ("0.0.0.0/0", list(Egress.internet().except_), [443])
+    assert _ip_rules(result) == [internet, ("10.20.0.0/16", [], [5432])]  # HTTPS once: the role needs it anyway
+    job = result.one(JOB, "training-train").inputs["metadata"]["annotations"]
+    assert json.loads(job["eks-ddp/egress"]) == [e.record() for e in w.egress]
+    policy = result.one("aws:iam/rolePolicy:RolePolicy").inputs
+    assert policy["role"] == "results-uploader"
+    assert json.loads(policy["policy"]) == {"Version": "2012-10-17", "Statement": [READ_CKPT]}
+
+
+def test_without_a_role_or_declarations_the_pods_reach_no_address_outside():
+    result = run_job(workload=custom())
+    assert _ip_rules(result) == [] and not result.of_type("aws:iam/rolePolicy:RolePolicy")
+    assert "eks-ddp/egress" not in result.one(JOB, "training-train").inputs["metadata"]["annotations"]
+
+
+def test_statements_need_the_training_pods_role():
+    with pytest.raises(ValueError, match=r"^workload.iam_statements: given, but results_role_arn is None"):
+        run_job(workload=custom(iam_statements=(READ_CKPT,)))

@@ -7,6 +7,8 @@ see exitcodes.py and the Job's pod failure policy):
   for a lost node): it finds the rendezvous closed and has nothing left to do;
 * a **FATAL** code (exitcodes.py) as soon as one local worker exits with it: a retry cannot
   fix a config error, a divergence or unreadable input, so no worker restart is spent on it;
+* **5** (BAD_INPUT) before any worker starts when the Job asks for its data set to be verified
+  (``EKS_DDP_DATA_VERIFY``, dataset.py) and a file no longer matches the stage's manifest or pin;
 * **1** when the fault budget (``--max-restarts``) is spent. The rendezvous stays open: only a finished
   run closes it (rendezvous.py), so a retried pod or the surviving agents carry on.
 
@@ -30,8 +32,8 @@ from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 from torch.distributed.elastic.rendezvous.api import RendezvousClosedError
 from torch.distributed.launcher import api as launcher_api
 
-from . import rendezvous
-from .exitcodes import FATAL
+from . import dataset, rendezvous
+from .exitcodes import BAD_INPUT, FATAL
 
 log = logging.getLogger("training.launch")
 FAILED = 1
@@ -244,6 +246,13 @@ def main(argv: list[str] | None = None) -> int:
         log.info("%s holds %s with this command: the run already finished; exiting 0",
                  os.environ.get(RUN_DIR_ENV), FINAL_MARKER)
         return 0
+    try:
+        # Before any worker reads it: the staged data set against its manifest and pin (dataset.py), when the
+        # Job asks for it (EKS_DDP_DATA_VERIFY).
+        dataset.check_environment(log=log.info)
+    except dataset.DataError as e:
+        log.error("data set: %s", e)
+        return BAD_INPUT
     preload_failure_logging()
     try:
         entrypoint, cmd_args = warm_workers(config, entrypoint, cmd_args)

@@ -1,17 +1,26 @@
-"""Stage an S3 prefix onto the shared volume once, verified: ``python -m eks_ddp_runtime.stage_s3 SRC DEST``.
+"""Stage an S3 prefix onto the shared volume once, verified and pinned: ``python -m eks_ddp_runtime.stage_s3 SRC DEST``.
 
-    python -m eks_ddp_runtime.stage_s3 s3://bucket/datasets/wiki/ /shared/data/wiki
+    python -m eks_ddp_runtime.stage_s3 s3://bucket/datasets/wiki/ /shared/data/wiki [--pin sha256:<hex>]
 
 Copies every object under the prefix to ``DEST/<key relative to the prefix>``, each through a temporary file
 that is renamed into place only after its size and its checksum match: the object's full SHA-256 where S3 has
 one, else its ETag when that is an MD5 (single-part, not SSE-KMS) or the multipart ETag (MD5 of the parts'
-MD5s). When every object is in place it writes ``DEST/.eks-ddp-staged.json`` keyed on the listing (keys, sizes,
-ETags): a rerun over an unchanged prefix lists, finds the marker and copies nothing; a changed prefix is
-staged again. Files already in place with a matching checksum are not downloaded again.
+MD5s); an SSE-KMS object without an S3 checksum has only its size to check, so a file already in place is
+downloaded again rather than trusted. When every object is in place it writes the data set's manifest
+``DEST/.eks-ddp-manifest.json`` once (dataset.py: every key, path, size, ETag and SHA-256) and logs its SHA-256,
+the pin for the run's ``workload.data.sha256``.
 
-Exit codes (the runtime's contract, eks_ddp_runtime.exitcodes): 0 staged (or already staged); 3 bad
+A rerun (or another run's stage of the same directory) finds the manifest and verifies against it, downloading
+nothing: the prefix must list exactly the manifest's objects (keys, sizes, ETags), every file must still match
+its size and SHA-256, and no file may have been added. A staged data set is never changed in place: a prefix
+whose content changed is refused (stage it under a new name, or delete DEST to stage it again). With a pin
+(``--pin`` or ``EKS_DDP_DATA_VERIFY=sha256:<hex>``, which the Job sets) the manifest must also hash to it, before
+it is written and on every rerun.
+
+Exit codes (the runtime's contract, eks_ddp_runtime.exitcodes): 0 staged (or already staged and verified); 3 bad
 arguments or boto3 missing from the image; 5 bad input (an object that fails its check twice, a key that
-would leave DEST, an empty prefix); 1 anything else (network, throttling): the Job retries.
+would leave DEST, an empty prefix, a staged copy that no longer matches its manifest or pin, a prefix changed
+since it was staged); 1 anything else (network, throttling): the Job retries.
 """
 
 from __future__ import annotations
@@ -19,16 +28,20 @@ from __future__ import annotations
 import argparse
 import base64
 import hashlib
-import json
 import os
 import re
 import sys
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from . import dataset
+from .dataset import MANIFEST, DataError
 from .exitcodes import BAD_INPUT, CONFIG_ERROR
 
-MARKER = ".eks-ddp-staged.json"
+LEGACY_MARKER = ".eks-ddp-staged.json"
+"""What older stages wrote instead of a manifest (a listing fingerprint, no hashes): removed once the manifest is."""
+_PART = re.compile(r"^\..+\.part-[0-9a-f]{12}$")
+"""Part files older stages left inside the directory when interrupted."""
 _S3 = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.-]{1,61}[a-z0-9])/(?P<prefix>([^/\s]+/)*)$")
 _CHUNK = 8 << 20
 
@@ -54,19 +67,17 @@ def listing(client: Any, bucket: str, prefix: str) -> list[dict[str, Any]]:
     return sorted(out, key=lambda o: o["key"])
 
 
-def fingerprint(objects: list[dict[str, Any]]) -> str:
-    return hashlib.sha256(json.dumps(objects, sort_keys=True).encode()).hexdigest()
-
-
 def relative(key: str, prefix: str) -> PurePosixPath:
     rel = PurePosixPath(key[len(prefix):])
     if rel.is_absolute() or ".." in rel.parts or not rel.parts:
         raise BadInput(f"key {key!r}: its path under the prefix would leave the destination")
+    if rel.name == MANIFEST:
+        raise BadInput(f"key {key!r}: {MANIFEST} is the name of the data set's manifest; rename the object")
     return rel
 
 
-def _digests(path: Path, part_size: int | None) -> tuple[str, str, str | None]:
-    """(sha256 base64, md5 hex, multipart md5 'hex-N' for ``part_size``) of a file in one read."""
+def _digests(path: Path, part_size: int | None) -> tuple[bytes, str, str | None]:
+    """(sha256 digest, md5 hex, multipart md5 'hex-N' for ``part_size``) of a file in one read."""
     sha, md5 = hashlib.sha256(), hashlib.md5()  # noqa: S324 (S3's ETag is an MD5; not used for security)
     parts: list[bytes] = []
     part = hashlib.md5()  # noqa: S324
@@ -85,67 +96,115 @@ def _digests(path: Path, part_size: int | None) -> tuple[str, str, str | None]:
         parts.append(part.digest())
     multi = None if part_size is None else \
         f"{hashlib.md5(b''.join(parts)).hexdigest()}-{len(parts)}"  # noqa: S324
-    return base64.b64encode(sha.digest()).decode(), md5.hexdigest(), multi
+    return sha.digest(), md5.hexdigest(), multi
 
 
-def check(client: Any, bucket: str, obj: dict[str, Any], path: Path) -> str | None:
-    """None if ``path`` is the object (size and checksum), else why not."""
+def verify_object(client: Any, bucket: str, obj: dict[str, Any], path: Path) -> tuple[str | None, str, bool]:
+    """(why ``path`` is not the object or None, its SHA-256 hex, whether S3 vouched for the content: False when
+    only the size could be compared)."""
     if not path.is_file() or path.stat().st_size != obj["size"]:
-        return f"size {path.stat().st_size if path.is_file() else 'missing'}, expected {obj['size']}"
+        return f"size {path.stat().st_size if path.is_file() else 'missing'}, expected {obj['size']}", "", False
     head = client.head_object(Bucket=bucket, Key=obj["key"], ChecksumMode="ENABLED")
     etag, want_sha = obj["etag"], head.get("ChecksumSHA256")
     full_sha = want_sha if want_sha and "-" not in want_sha else None  # "-N": a composite of the parts' checksums
     part_size = None
     if "-" in etag and not full_sha:
         part_size = client.head_object(Bucket=bucket, Key=obj["key"], PartNumber=1)["ContentLength"]
-    sha, md5, multi = _digests(path, part_size)
+    raw, md5, multi = _digests(path, part_size)
+    sha, hexsha = base64.b64encode(raw).decode(), raw.hex()
     if full_sha:
-        return None if sha == full_sha else f"SHA-256 {sha}, expected {full_sha}"
+        return (None if sha == full_sha else f"SHA-256 {sha}, expected {full_sha}"), hexsha, True
     if "-" in etag:
-        return None if multi == etag else f"multipart ETag {multi}, expected {etag}"
+        return (None if multi == etag else f"multipart ETag {multi}, expected {etag}"), hexsha, True
     if head.get("ServerSideEncryption") in ("aws:kms", "aws:kms:dsse") or head.get("SSECustomerAlgorithm"):
-        return None  # The ETag of an SSE-KMS/SSE-C object is not its MD5: size only, and S3's own TLS + integrity.
-    return None if md5 == etag else f"MD5 {md5}, expected ETag {etag}"
+        return None, hexsha, False  # The ETag of an SSE-KMS/SSE-C object is not its MD5: size only, and S3's TLS.
+    return (None if md5 == etag else f"MD5 {md5}, expected ETag {etag}"), hexsha, True
 
 
-def stage(client: Any, uri: str, dest: Path, *, log: Any = print) -> int:
-    """Stage ``uri`` into ``dest``; returns how many objects were downloaded (0: already staged)."""
+def check(client: Any, bucket: str, obj: dict[str, Any], path: Path) -> str | None:
+    """None if ``path`` is the object (size and checksum), else why not."""
+    return verify_object(client, bucket, obj, path)[0]
+
+
+def _reverify(dest: Path, uri: str, objects: list[dict[str, Any]], pin: str | None, log: Any) -> None:
+    """A staged directory: the prefix must still list the manifest's objects, and every file match it."""
+    try:
+        manifest = dataset.Manifest.load(dest, pin)
+        if manifest.uri != uri:
+            raise BadInput(f"{dest}: staged from {manifest.uri}, not {uri}; two sources cannot share a data "
+                           "directory (give this one another name)")
+        have = {(e.key, e.size, e.etag) for e in manifest.entries.values()}
+        now = {(o["key"], o["size"], o["etag"]) for o in objects}
+        if have != now:
+            changed = sorted({k for k, *_ in have ^ now})
+            raise BadInput(f"{uri}: {len(changed)} object(s) changed since the data set was staged into {dest} "
+                           f"(first: {changed[0]}); a staged data set is never changed in place: stage the new "
+                           f"content under another name, or delete {dest} to stage it again")
+        files, size = manifest.verify()
+    except DataError as err:
+        raise BadInput(str(err)) from None
+    log(f"[stage] {uri}: already staged in {dest} ({files} objects, {size / 1e6:.1f} MB re-hashed, all match "
+        f"the manifest, sha256 {manifest.digest}), nothing to do")
+
+
+def stage(client: Any, uri: str, dest: Path, *, pin: str | None = None, log: Any = print) -> int:
+    """Stage ``uri`` into ``dest``; returns how many objects were downloaded (0: already staged and verified).
+    ``pin``: the SHA-256 (hex) the data set's manifest must have."""
     bucket, prefix = parse_uri(uri)
     objects = listing(client, bucket, prefix)
     if not objects:
         raise BadInput(f"{uri}: no objects under this prefix (check the URI and the role's s3:ListBucket)")
-    key = fingerprint(objects)
-    marker = dest / MARKER
-    try:
-        if json.loads(marker.read_text()).get("listing") == key:
-            log(f"[stage] {uri}: already staged in {dest} ({len(objects)} objects), nothing to do")
-            return 0
-    except (OSError, ValueError):
-        pass
+    if (dest / MANIFEST).exists():
+        _reverify(dest, uri, objects, pin, log)
+        return 0
     dest.mkdir(parents=True, exist_ok=True)
     fetched = 0
+    rows = []
     for obj in objects:
-        path = dest / relative(obj["key"], prefix)
-        if check(client, bucket, obj, path) is None:
-            continue
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # A random suffix, not the pid: two runs' stage pods (pid 1 each) may stage the same prefix at once.
-        tmp = path.with_name(f".{path.name}.part-{os.urandom(6).hex()}")
-        why = None
-        for _ in range(2):  # one retry: a torn download, then it is the object's problem
-            client.download_file(bucket, obj["key"], str(tmp))
-            if (why := check(client, bucket, obj, tmp)) is None:
-                break
-        if why is not None:
-            tmp.unlink(missing_ok=True)
-            raise BadInput(f"s3://{bucket}/{obj['key']}: {why} after two downloads")
-        os.replace(tmp, path)
-        fetched += 1
-    tmp_marker = marker.with_name(f"{MARKER}.{os.urandom(6).hex()}")
-    tmp_marker.write_text(json.dumps({"uri": uri, "listing": key, "objects": len(objects),
-                                      "bytes": sum(o["size"] for o in objects)}))
-    os.replace(tmp_marker, marker)
-    log(f"[stage] {uri}: {len(objects)} objects in {dest} ({fetched} downloaded, all verified)")
+        rel = relative(obj["key"], prefix)
+        path = dest / rel
+        why, sha, vouched = verify_object(client, bucket, obj, path)
+        if why is not None or not vouched:  # missing, different, or not checkable against S3: download it
+            path.parent.mkdir(parents=True, exist_ok=True)
+            # Beside the data directory, not in it (the directory only ever holds whole, checked files, so a
+            # concurrent stage of the same prefix, which two runs' stage pods may be, never meets a part file
+            # there); a random suffix, not the pid (pid 1 in every pod).
+            tmp = dest.parent / f".{dest.name}.part-{os.urandom(6).hex()}"
+            why = None
+            try:
+                for _ in range(2):  # one retry: a torn download, then it is the object's problem
+                    client.download_file(bucket, obj["key"], str(tmp))
+                    if (why := verify_object(client, bucket, obj, tmp)[0]) is None:
+                        break
+                if why is not None:
+                    raise BadInput(f"s3://{bucket}/{obj['key']}: {why} after two downloads")
+                # The digest of what is renamed into place, read from the file itself (not the download's check).
+                sha = dataset.sha256_file(tmp)
+                os.replace(tmp, path)
+            finally:
+                tmp.unlink(missing_ok=True)
+            fetched += 1
+        rows.append({**obj, "path": rel.as_posix(), "sha256": sha})
+    blob = dataset.manifest_bytes(uri, rows)
+    digest = hashlib.sha256(blob).hexdigest()
+    if pin is not None and digest != pin:
+        raise BadInput(f"{uri}: the staged data set's manifest has sha256 {digest}, not the pinned {pin} "
+                       "(workload.data.sha256): the prefix's content is not the one pinned; nothing was "
+                       "marked staged")
+    # An older stage's marker, and the part files it kept inside the directory: the manifest lists every file.
+    listed = {dest / r["path"] for r in rows}
+    for p in dest.rglob(".*"):
+        if p not in listed and p.is_file() and (_PART.match(p.name) or p == dest / LEGACY_MARKER):
+            p.unlink(missing_ok=True)
+    try:
+        if extra := sorted(set(dataset.Manifest(dest, blob).present()) - {r["path"] for r in rows}):
+            raise DataError(f"{dest / extra[0]}: in the data directory but not under {uri} ({len(extra)} such "
+                            f"file(s)); delete them (or {dest}) and stage again")
+        dataset.write_once(dest, blob)
+    except DataError as err:
+        raise BadInput(str(err)) from None
+    log(f"[stage] {uri}: {len(objects)} objects in {dest} ({fetched} downloaded, all verified); manifest "
+        f"{dest / MANIFEST} sha256 {digest}: pin it with the run's workload.data.sha256")
     return fetched
 
 
@@ -154,9 +213,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("source", help="s3://bucket/prefix/ (ending with '/')")
     p.add_argument("dest", type=Path, help="directory on the shared volume, e.g. /shared/data/<name>")
     p.add_argument("--region", help="the bucket's region (default: the environment's)")
+    p.add_argument("--pin", default=os.environ.get(dataset.VERIFY_ENV) or None,
+                   help="sha256:<hex> the data set's manifest must hash to (default: $EKS_DDP_DATA_VERIFY; "
+                        "'manifest' or unset: no pin)")
     a = p.parse_args(argv)
     try:
         parse_uri(a.source)
+        pin = None if a.pin is None else dataset.parse_verify(a.pin)
     except ValueError as err:
         print(f"stage_s3: {err}", file=sys.stderr)
         return CONFIG_ERROR
@@ -167,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
               "(pip install boto3 in the workload's image)", file=sys.stderr)
         return CONFIG_ERROR
     try:
-        stage(boto3.client("s3", region_name=a.region), a.source, a.dest)
+        stage(boto3.client("s3", region_name=a.region), a.source, a.dest, pin=pin)
     except BadInput as err:
         print(f"stage_s3: {err}", file=sys.stderr)
         return BAD_INPUT
