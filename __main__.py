@@ -44,7 +44,7 @@ from components.config import (
     load_stack_config,
 )
 from components.data_stage import data_stage_role
-from components.elastic_job import trainer_service_account
+from components.elastic_job import rdzv_client_labels, trainer_service_account
 from components.namespace import label_cluster_namespaces, training_namespace
 from components.network import standard_zones
 from components.preflight_live import owner_id
@@ -68,14 +68,15 @@ def workload_of(run: RunConfig) -> Workload:
                     iam_statements=w.iam_statements)
 
 
-def run_outputs(j: ElasticJob, run_id: str) -> pulumi.Output:
+def run_outputs(j: ElasticJob, run_id: str, key: str) -> pulumi.Output:
     """Shell lines for one run: follow its log, its Job's status, cancel it, fetch its results."""
     return pulumi.Output.all(j.follow_command, namespace.metadata.name, run_url(run_id)).apply(lambda v: {
         "follow": v[0],
         "status": f"kubectl -n {v[1]} get job {j.job_name} -o wide",
-        # Deleting the Job stops its pods; checkpoints stay in /shared/runs/<runId> and a later `pulumi up`
-        # (with --refresh) creates the Job again, which resumes from them.
-        "cancel": f"kubectl -n {v[1]} delete job {j.job_name}",
+        # Suspending stops the pods at once (no `up` needed) and the Job ignores spec.suspend, so no `up` resumes
+        # it; the key makes it final: the next `up` removes the Job. Checkpoints stay; state run resumes.
+        "cancel": f"kubectl -n {v[1]} patch job {j.job_name} --type=merge -p '{{\"spec\":{{\"suspend\":true}}}}' "
+                  f"&& pulumi config set --path '{key}.state' cancelled",
         "fetchResults": f"eks-ddp-fetch-results {v[2]} --region {cfg.region} --out results/{run_id}{profile_flag}",
     })
 
@@ -161,7 +162,12 @@ gpu_groups = [
     for g in cfg.node_groups
 ]
 
-k8s_provider = k8s.Provider("k8s", kubeconfig=cluster.kubeconfig, enable_server_side_apply=True)
+# skip_update_unreachable: a cluster this machine cannot reach (a new IP outside publicAccessCidrs, no access entry)
+# leaves the Kubernetes resources as they are in state, instead of failing the refresh every `up` runs first, and with
+# it the update that would fix the endpoint; preflight fails, naming the fix, unless this update applies it
+# (components/preflight_live.py check_endpoint_access).
+k8s_provider = k8s.Provider("k8s", kubeconfig=cluster.kubeconfig, enable_server_side_apply=True,
+                            skip_update_unreachable=True)
 k8s_opts = pulumi.ResourceOptions(provider=k8s_provider)
 
 addons = ClusterAddons("addons", ClusterAddonsArgs(
@@ -218,14 +224,6 @@ run_images = {img: WorkloadImage(f"run-image-{workload_image_name(img)}", Worklo
     for img in dict.fromkeys(r.workload.image for r in cfg.runs if r.workload.custom and r.workload.image)}
 
 # --- Kubernetes workloads ------------------------------------------------------------------------
-etcd = None
-if cfg.uses_etcd:
-    etcd = EtcdRendezvous("rendezvous", EtcdRendezvousArgs(
-        namespace=namespace.metadata.name,
-        replicas=cfg.etcd.replicas,
-        node_selector=cluster.system_node_labels,
-    ), opts=pulumi.ResourceOptions(provider=k8s_provider, depends_on=[addons]))
-
 # Results leave the cluster: rank 0 uploads them to s3://<bucket>/runs/<runId>/ with a role that may write
 # only there. The bucket is retained on destroy.
 JOB_NAME = "training"
@@ -269,6 +267,21 @@ for i, run in enumerate(cfg.runs):
             f"data-stage-{run.run_id}", workload.data, oidc_provider_arn=cluster.oidc_provider_arn,
             oidc_provider_url=cluster.oidc_provider_url, namespace=namespace.metadata.name,
             job_name=job_name, partition=rules_partition(cfg.region))
+    # Every etcd-v2 run has a store of its own (its own CA and client certificate, Service, NetworkPolicy admitting
+    # only its pods): no run's pods hold a certificate, or reach a store, that another run's agents read. The first
+    # run's keeps the name one-run stacks always had ("rendezvous"), so their store and Job are not replaced.
+    rdzv: dict = {}
+    if run.rdzv_backend == "etcd-v2":
+        client, *more_clients = rdzv_client_labels(job_name, run.run_id)
+        store = EtcdRendezvous("rendezvous" if i == 0 else f"rendezvous-{run.run_id}", EtcdRendezvousArgs(
+            namespace=namespace.metadata.name,
+            replicas=cfg.etcd.replicas,
+            node_selector=cluster.system_node_labels,
+            client_labels=client,
+            more_client_labels=more_clients,
+        ), opts=pulumi.ResourceOptions(provider=k8s_provider, depends_on=[addons]))
+        rdzv = dict(rdzv_endpoint=store.endpoint, rdzv_tls_secret=store.client_tls_secret,
+                    rdzv_server_labels=store.server_selector)
     jobs.append(ElasticJob(job_name, ElasticJobArgs(
         namespace=namespace.metadata.name,
         image=image.image_ref,
@@ -287,13 +300,13 @@ for i, run in enumerate(cfg.runs):
         active_deadline_hours=run.active_deadline_hours,
         run_id=run.run_id,
         rdzv_backend=run.rdzv_backend,
-        rdzv_endpoint=etcd.endpoint if etcd and run.rdzv_backend == "etcd-v2" else None,
-        rdzv_tls_secret=etcd.client_tls_secret if etcd and run.rdzv_backend == "etcd-v2" else None,
+        **rdzv,
         workload=workload,
         data_role_arn=data_role_arn,
         results_role_arn=role_arn,
         results_url=run_url(run.run_id),
         results_kms_key_arn=results.kms_key_arn,
+        state=run.state,
     ), opts=pulumi.ResourceOptions(provider=k8s_provider, depends_on=[addons, *gpu_groups])))
 job = jobs[0]
 results_url = run_url(cfg.job.run_id)
@@ -317,5 +330,6 @@ pulumi.export("results", {"bucket": results.bucket_name, "prefix": results.prefi
 pulumi.export("fetchResults", results_url.apply(  # eval "$(pulumi stack output fetchResults)"
     lambda url: f"eks-ddp-fetch-results {url} --region {cfg.region} --out results/{cfg.job.run_id}{profile_flag}"))
 # One entry per run (runId -> shell lines): eval "$(pulumi stack output runs --json | jq -r '.["<runId>"].follow')"
-pulumi.export("runs", {run.run_id: run_outputs(j, run.run_id) for run, j in zip(cfg.runs, jobs, strict=True)})
+pulumi.export("runs", {run.run_id: run_outputs(j, run.run_id, cfg.run_key(i))
+                       for i, (run, j) in enumerate(zip(cfg.runs, jobs, strict=True))})
 pulumi.export("costEstimate", cost.estimate(cfg).as_dict())

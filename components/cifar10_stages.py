@@ -46,9 +46,9 @@ def create_prepare_job(job: ElasticJob, name: str, child: pulumi.ResourceOptions
         # replaceUnready: a prep Job that failed (download host down, deadline passed) is replaced on the next
         # `pulumi up` instead of being awaited again and failing it at once.
         metadata=job.pods.meta(job._prepare_name, PREPARE_LABELS, {"pulumi.com/replaceUnready": "true"}),
-        spec=k8s.batch.v1.JobSpecArgs(
-            backoff_limit=3, active_deadline_seconds=1800, ttl_seconds_after_finished=24 * 3600,
-            template=template),
+        # No TTL: a Job gone from the cluster is dropped from state by the refresh before every `up`, and the next
+        # `up` would create and await it again; a Complete Job holds no pods.
+        spec=k8s.batch.v1.JobSpecArgs(backoff_limit=3, active_deadline_seconds=1800, template=template),
         # Awaited (no skipAwait): the training Job depends on it, so it starts only on a verified dataset.
         opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
             delete_before_replace=True,

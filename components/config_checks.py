@@ -21,6 +21,9 @@ from .config_schema import (
 )
 from .workload import Egress, iam_statement_problems
 
+RDZV_RUN_ID_MAX = 44 - len("rendezvous-")
+"""The longest runId of a run after the first with a store of its own (its name is 'rendezvous-<runId>')."""
+
 _AZ = rules.AZ
 _ODCR = rules.ODCR
 _IAM_PRINCIPAL = rules.IAM_PRINCIPAL
@@ -224,6 +227,12 @@ def _check_runs(cfg: StackConfig) -> list[str]:
             p.append(f"runs[{i}].runId: got {run.run_id!r}, already the runId of runs[{seen[run.run_id]}]; expected "
                      "a runId of its own (it names the run's Job and its checkpoint and results folders)")
         seen.setdefault(run.run_id, i)
+    for i, run in enumerate(cfg.runs[1:], 1):
+        # Its own rendezvous store, 'rendezvous-<runId>' (__main__.py), whose Secret names must stay DNS labels
+        # (EtcdRendezvous: a name of at most 44 characters).
+        if run.rdzv_backend == "etcd-v2" and len(run.run_id) > RDZV_RUN_ID_MAX:
+            p.append(f"runs[{i}].runId: got {run.run_id!r} ({len(run.run_id)} characters); expected at most "
+                     f"{RDZV_RUN_ID_MAX} with rdzvBackend 'etcd-v2' (it names the run's own rendezvous store)")
     first = cfg.runs[0].namespace
     for i, run in enumerate(cfg.runs[1:], 1):
         if run.namespace != first:

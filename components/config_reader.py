@@ -21,6 +21,7 @@ from .config_schema import (
     ModelName,
     NatMode,
     RdzvBackend,
+    RunState,
     ScanSeverity,
     UpgradePolicy,
     WorkloadConfig,
@@ -185,7 +186,8 @@ def resolve(annotation: Any) -> Any:
     """Map a field annotation (a string under ``from __future__``) to a check kind."""
     text = str(annotation).replace(" | None", "")
     literals = {"CapacityType": CapacityType, "NatMode": NatMode, "ModelName": ModelName,
-                "RdzvBackend": RdzvBackend, "UpgradePolicy": UpgradePolicy, "ScanSeverity": ScanSeverity}
+                "RdzvBackend": RdzvBackend, "UpgradePolicy": UpgradePolicy, "ScanSeverity": ScanSeverity,
+                "RunState": RunState}
     if text in literals:
         return get_args(literals[text])
     if text.startswith("tuple"):

@@ -25,6 +25,7 @@ CapacityType = Literal["onDemand", "spot", "capacityBlock"]
 NatMode = Literal["single", "perAz"]
 ModelName = Literal["airnet", "resnet-small", "resnet18", "workshop-cnn"]
 RdzvBackend = Literal["etcd-v2", "c10d"]
+RunState = Literal["run", "cancelled"]
 ScanSeverity = Literal["CRITICAL", "HIGH", "MEDIUM", "LOW", "INFORMATIONAL", "disabled"]
 
 DEFAULT_KUBERNETES_VERSION = k8s_versions.DEFAULT_VERSION
@@ -212,6 +213,9 @@ class JobConfig:
     fabric_check: bool | None = _doc(
         "Run the fabric check (all-reduce sweep, EFA transport, bandwidth floor; writes fabric.json) on every "
         "node before training starts; default: true when the job's group has efa.", default=None)
+    state: RunState = _doc("'run', or 'cancelled': the training Job is removed and never created again by a later "
+                           "pulumi up (checkpoints stay; 'run' resumes from them). The cancel output sets it.",
+                           default="run")
 
 
 @dataclass(frozen=True, kw_only=True)

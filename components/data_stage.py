@@ -129,11 +129,13 @@ def create_s3_stage(job: ElasticJob, name: str, child: pulumi.ResourceOptions) -
         k8s.batch.v1.PodFailurePolicyRuleArgs(action="Ignore", on_pod_conditions=[
             k8s.batch.v1.PodFailurePolicyOnPodConditionsPatternArgs(type="DisruptionTarget", status="True")]),
     ])
+    # No TTL, as for the CIFAR-10 download (cifar10_stages.py): the refresh would forget a removed Job and the next
+    # `up` would stage (and await) the data set again.
     return k8s.batch.v1.Job(
         f"{name}-stage-data",
         metadata=job.pods.meta(f"{name}-stage-data", STAGE_LABELS, {"pulumi.com/replaceUnready": "true"}),
         spec=k8s.batch.v1.JobSpecArgs(backoff_limit=3, active_deadline_seconds=6 * 3600, pod_failure_policy=fatal,
-                                      ttl_seconds_after_finished=24 * 3600, template=template),
+                                      template=template),
         opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
             delete_before_replace=True,
             custom_timeouts=pulumi.CustomTimeouts(create="6h", update="6h"))))

@@ -179,9 +179,14 @@ class ElasticJobArgs:
     active_deadline_hours: float | None = 48
     """Hours the training Job may stay active, Pending time included, before Kubernetes stops it
     (DeadlineExceeded); None: no limit. Bounds a job whose pods wait for GPU capacity that never comes."""
-    ttl_seconds_after_finished: int = 7 * 24 * 3600
-    """Seconds a finished Job (and its pod logs) is kept. Once it is gone, ``pulumi up --refresh`` creates it
-    again, and the new Job resumes the run from its newest checkpoint."""
+    ttl_seconds_after_finished: int | None = None
+    """Seconds a finished training Job (and its pod logs) is kept; None (the default): kept until the run is removed.
+    A Complete Job holds no pods. Once a Job is gone, ``pulumi up --refresh`` (every ``up`` of this project's
+    ``Pulumi.yaml``) creates it again, and the new Job resumes the run; its launcher ends at once in a run
+    directory that holds the final marker of the same command (eks_ddp_runtime/launch.py)."""
+    state: Literal["run", "cancelled"] = "run"
+    """'run', or 'cancelled': no training Job (nor fabric check) is rendered, so a cancelled run stays cancelled
+    whatever later ``up``s refresh or replace; checkpoints stay, and 'run' again resumes from them."""
     data_prep_timeout: str = "40m"
     """How long ``pulumi up`` waits for data preparation (fresh nodes pull a multi-GB image first); longer
     than the Job's own 30-minute deadline, so a stuck download surfaces as the Job's failure."""
@@ -211,6 +216,14 @@ def trainer_service_account(name: str) -> str:
     """The ServiceAccount of ElasticJob ``name``'s training pods (``<name>-trainer``): known before the job exists,
     so a results bucket's upload role can trust it."""
     return f"{name}-trainer"
+
+
+def rdzv_client_labels(name: str, run_id: str) -> list[dict[str, str]]:
+    """Label sets of ElasticJob ``name``'s pods that use the rendezvous store (its training Job's, then its
+    fabric check's; fabric_gate.py names that Job ``<job>-fabric``): known before the job exists, so a store of
+    the run's own (EtcdRendezvousArgs ``client_labels``, ``more_client_labels``) admits exactly them."""
+    job = f"{name}-{run_id}"
+    return [{**TRAINER_LABELS, "app.kubernetes.io/instance": instance} for instance in (job, f"{job}-fabric")]
 
 
 class ElasticJob(pulumi.ComponentResource):
@@ -273,8 +286,10 @@ class ElasticJob(pulumi.ComponentResource):
                 lambda v: f"{self.job_name}-0.{v[0]}.{v[1]}.svc.cluster.local:{C10D_PORT}")
         else:
             endpoint = a.rdzv_endpoint  # type: ignore[assignment]
-        self._gates = create_fabric_check(self, name, child) if a.fabric_check else []
-        self._create_train_job(name, endpoint, prepare, child)
+        running = a.state == "run"
+        self._gates = create_fabric_check(self, name, child) if a.fabric_check and running else []
+        if running:
+            self._create_train_job(name, endpoint, prepare, child)
         if a.workload.evaluate:
             create_evaluate_cronjob(self, name, child)
 
@@ -394,6 +409,9 @@ class ElasticJob(pulumi.ComponentResource):
                 ttl_seconds_after_finished=a.ttl_seconds_after_finished, template=template),
             opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
                 depends_on=[*prepare, *self._gates], delete_before_replace=True,
+                # `kubectl patch job ... suspend: true` (the cancel output) is never undone by an `up`; with
+                # server-side apply the provider leaves a field another manager owns to it (ignoreChanges).
+                ignore_changes=["spec.suspend"],
                 replace_on_changes=list(JOB_IMMUTABLE_FIELDS))))
 
     def _create_workload_policy(self, name: str, child: pulumi.ResourceOptions) -> None:

@@ -77,6 +77,8 @@ def validate(name: str, a: ElasticJobArgs) -> catalog.InstanceType:
     for key in ("max_restarts", "fault_budget"):
         if getattr(a, key) < 0:
             raise ValueError(f"{key}: got {getattr(a, key)}; expected a whole number >= 0")
+    if a.state not in ("run", "cancelled"):
+        raise ValueError(f"state: got {a.state!r}; expected 'run' or 'cancelled'")
     if a.active_deadline_hours is not None and not a.active_deadline_hours * 3600 >= 1:
         raise ValueError(f"active_deadline_hours: got {a.active_deadline_hours}; expected None or at least 1 second")
     if a.rdzv_backend not in ("etcd-v2", "c10d"):

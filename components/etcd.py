@@ -27,7 +27,7 @@ keep it in place:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import pulumi
@@ -85,6 +85,9 @@ class EtcdRendezvousArgs:
     """Node labels the members must run on (the system node group)."""
     client_labels: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_CLIENT_LABELS))
     """Labels of the pods (in the same namespace) the NetworkPolicy admits on the client port."""
+    more_client_labels: Sequence[Mapping[str, str]] = ()
+    """Further label sets admitted alike (one NetworkPolicy peer each): a store of one run admits that run's
+    training and fabric-check pods, each set naming its Job's pods."""
     image: str = ETCD_IMAGE
     """etcd 3.5 image, pinned by digest."""
     tls_validity_hours: int = VALIDITY_HOURS
@@ -176,7 +179,8 @@ class EtcdRendezvous(pulumi.ComponentResource):
                 ingress=[
                     k8s.networking.v1.NetworkPolicyIngressRuleArgs(
                         from_=[k8s.networking.v1.NetworkPolicyPeerArgs(
-                            pod_selector=k8s.meta.v1.LabelSelectorArgs(match_labels=dict(self._args.client_labels)))],
+                            pod_selector=k8s.meta.v1.LabelSelectorArgs(match_labels=dict(labels)))
+                            for labels in (self._args.client_labels, *self._args.more_client_labels)],
                         ports=[k8s.networking.v1.NetworkPolicyPortArgs(port=CLIENT_PORT, protocol="TCP")]),
                 ],
                 egress=[]),
@@ -279,6 +283,9 @@ def _validate(name: str, a: EtcdRendezvousArgs) -> None:
     if not a.client_labels:
         raise ValueError("client_labels: got {}; expected the training pods' labels (an empty selector "
                          "would admit every pod in the namespace)")
+    if any(not labels for labels in a.more_client_labels):
+        raise ValueError(f"more_client_labels: got {list(a.more_client_labels)!r}; expected non-empty label sets "
+                         "(an empty selector would admit every pod in the namespace)")
     if "@sha256:" not in a.image:
         raise ValueError(f"image: got {a.image!r}; expected an image pinned by digest (repo:tag@sha256:...)")
     if len(f"{name}-etcd-tls-client-tls") > 63:

@@ -4,6 +4,7 @@ program's registrations and dispatches to these tables."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 from typing import TYPE_CHECKING, Any
@@ -133,7 +134,9 @@ def _named(m: RecordingMocks, name: str, inputs: dict) -> tuple[str, dict]:
 def _pem(kind: str, *fields: str):
     """pulumi-tls resources: placeholder PEM blocks (the provider makes the real keys and certificates)."""
     def fill(m: RecordingMocks, name: str, inputs: dict) -> tuple[str, dict]:
-        pem = f"-----BEGIN {kind}-----\nbW9jayB7bmFtZX0=\n-----END {kind}-----\n"
+        # One body per resource, as the provider's are: a certificate names its own CA (contracts compare them).
+        body = base64.b64encode(f"mock {name}".encode()).decode()
+        pem = f"-----BEGIN {kind}-----\n{body}\n-----END {kind}-----\n"
         return f"{name}-id", {f: pem for f in fields}
     return fill
 

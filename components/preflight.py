@@ -338,12 +338,14 @@ class _Checker(CapacityChecks, S3Checks):
 def check(cfg: StackConfig, *, ec2: Any, quotas: Any, today: dt.date | None = None, eks: Any = None,
           cluster_name: str | None = None, stack_id: str | None = None, logs: Any = None,
           organization: str | None = None, ecr: Callable[[str], Any] | None = None, s3: Any = None, kms: Any = None,
-          sts: Any = None) -> Report:
+          sts: Any = None, caller_sts: Any = None, egress_ip: Callable[[], str | None] | None = None) -> Report:
     """Run every preflight check with the given boto3 ``ec2`` and ``service-quotas`` clients; with ``eks`` and
     ``cluster_name`` also the checks against what this stack already runs (:mod:`components.preflight_live`);
     with ``s3`` (and ``kms``, ``sts``) the buckets the stack names (:mod:`components.preflight_s3`).
     ``stack_id`` (``<organization>/<project>/<stack>``) is the cluster's owner tag. ``ecr(region)`` gives an
-    ECR client of a region: with it, every ECR image the stack names must exist (:mod:`components.preflight_images`)."""
+    ECR client of a region: with it, every ECR image the stack names must exist (:mod:`components.preflight_images`).
+    ``caller_sts`` (who runs this update) and ``egress_ip`` (this machine's public IP) check that this machine
+    reaches a live cluster's API endpoint."""
     c = _Checker(cfg, ec2, quotas, cluster_name)
     # Extended support bills the control plane $0.60/h instead of $0.10/h: say so before anything is created.
     notice = k8s_versions.support_notice(cfg.cluster.kubernetes_version, cfg.cluster.upgrade_policy,
@@ -357,7 +359,8 @@ def check(cfg: StackConfig, *, ec2: Any, quotas: Any, today: dt.date | None = No
     c.check_placement_groups()
     c.check_quotas()
     if eks is not None and cluster_name is not None:
-        preflight_live.check_live(c, eks, cluster_name, stack_id, logs=logs, organization=organization)
+        preflight_live.check_live(c, eks, cluster_name, stack_id, logs=logs, organization=organization,
+                                  sts=caller_sts, egress_ip=egress_ip)
     if ecr is not None:
         preflight_images.check_images(c, ecr)
     if s3 is not None:
@@ -399,6 +402,15 @@ def logs_client(region: str, profile: str | None = None) -> Any:
     return (boto3.Session(profile_name=profile) if profile else boto3.Session()).client("logs", config=config)
 
 
+def clients_sts(region: str, profile: str | None = None) -> Any:
+    """The STS client of the same credentials as :func:`clients` (who runs this update)."""
+    import boto3
+    from botocore.config import Config
+
+    session = boto3.Session(profile_name=profile) if profile else boto3.Session()
+    return session.client("sts", config=Config(region_name=region, connect_timeout=5, read_timeout=15))
+
+
 def run_or_raise(cfg: StackConfig, *, profile: str | None = None, ec2: Any = None, quotas: Any = None,
                  eks: Any = None, cluster_name: str | None = None, stack_id: str | None = None,
                  logs: Any = None, organization: str | None = None,
@@ -410,15 +422,18 @@ def run_or_raise(cfg: StackConfig, *, profile: str | None = None, ec2: Any = Non
     """
     import pulumi
 
+    caller_sts = egress_ip = None
     if ec2 is None or quotas is None:
         try:
             made_ec2, made_quotas, made_eks = clients(cfg.region, profile)
+            caller_sts = clients_sts(cfg.region, profile)
         except BotoCoreError as err:  # e.g. ProfileNotFound
             pulumi.log.warn(f"preflight: could not create AWS clients ({err}); nothing was checked")
             return Report(warnings=[str(err)])
         ec2, quotas, eks = ec2 or made_ec2, quotas or made_quotas, eks or made_eks
         ecr = ecr or ecr_clients(profile)
         logs = logs or logs_client(cfg.region, profile)
+        egress_ip = preflight_live.checkip
     s3 = kms = sts = None
     if preflight_s3.needed(cfg):  # buckets named in the stack: data sets, extra buckets, the results bucket
         try:
@@ -426,7 +441,8 @@ def run_or_raise(cfg: StackConfig, *, profile: str | None = None, ec2: Any = Non
         except BotoCoreError as err:
             pulumi.log.warn(f"preflight: could not create S3 clients ({err}); the buckets were not checked")
     report = check(cfg, ec2=ec2, quotas=quotas, eks=eks, cluster_name=cluster_name, stack_id=stack_id, logs=logs,
-                   organization=organization, ecr=ecr, s3=s3, kms=kms, sts=sts)
+                   organization=organization, ecr=ecr, s3=s3, kms=kms, sts=sts, caller_sts=caller_sts,
+                   egress_ip=egress_ip)
     if too_old := cli_version.problem():
         report.failures.append(too_old)
     for message in report.warnings:

@@ -18,14 +18,21 @@ config meets on a later ``pulumi up``:
 - **the log group** (B6): ``/aws/eks/<cluster>/cluster`` whose owner tag names another stack is never adopted
   (``components/cluster.py`` imports an existing group only when its tag is absent or this stack's);
 - **own nodes** (A5): instances tagged ``eks:cluster-name=<cluster>`` (EKS tags every managed node group instance)
-  are this stack's demand already counted at ``maxSize``, not extra load on the quota or the reservation.
+  are this stack's demand already counted at ``maxSize``, not extra load on the quota or the reservation;
+- **the API endpoint from here**: this machine's public IP within the live cluster's ``publicAccessCidrs`` and the
+  caller's principal holding an access entry, else the Kubernetes provider cannot reach the cluster
+  (:func:`check_endpoint_access`).
 
-IAM actions (read-only): eks:DescribeCluster, eks:ListNodegroups, eks:DescribeNodegroup, ec2:DescribeInstances,
-logs:DescribeLogGroups, logs:ListTagsForResource.
+IAM actions (read-only): eks:DescribeCluster, eks:ListNodegroups, eks:DescribeNodegroup, eks:ListAccessEntries,
+ec2:DescribeInstances, logs:DescribeLogGroups, logs:ListTagsForResource, sts:GetCallerIdentity.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import re
+import urllib.request
+from collections.abc import Callable
 from typing import Any
 
 from botocore.exceptions import ClientError
@@ -38,6 +45,8 @@ STACK_TAG = "eks-ddp/stack"
 """Tag on the EKS cluster naming the stack that owns it (``<organization>/<project>/<stack>``); set by
 ``components/cluster.py`` (its ``STACK_TAG``)."""
 GROUP_LABEL = "eks-ddp/node-group"
+CHECKIP_URL = "https://checkip.amazonaws.com"
+"""Answers the caller's public IPv4 address, as AWS sees it (the address ``publicAccessCidrs`` is matched with)."""
 DIY_ORGANIZATION = "organization"
 """What ``pulumi.get_organization()`` returns on every self-managed (DIY) backend."""
 OWNER_ID_KEY = "cluster.ownerId"
@@ -180,7 +189,8 @@ def check_resize(c: Any, live: dict[str, dict[str, Any]], cfg: StackConfig, clus
 
 
 def check_live(c: Any, eks: Any, cluster_name: str, stack_id: str | None, logs: Any = None,
-               organization: str | None = None) -> None:
+               organization: str | None = None, *, sts: Any = None,
+               egress_ip: Callable[[], str | None] | None = None) -> None:
     """Every live-state check; API errors become warnings through the checker."""
     check_owner_id(c, organization)
     if logs is not None:
@@ -194,8 +204,130 @@ def check_live(c: Any, eks: Any, cluster_name: str, stack_id: str | None, logs: 
     if owner is not None and stack_id is not None and owner not in (stack_id, legacy_owner(stack_id)):
         return  # another stack's cluster: its version and groups are not this stack's to judge
     check_version_step(c, found, c.cfg)
+    if found:
+        check_endpoint_access(c, eks, found, cluster_name, sts=sts, egress_ip=egress_ip)
     if found and c.cfg.node_groups:
         groups = c.attempt("eks", "DescribeNodegroup", f"the node groups of {cluster_name}",
                            lambda: node_groups_by_label(eks, cluster_name))
         if groups:
             check_resize(c, groups, c.cfg, cluster_name)
+
+
+def checkip(timeout_s: float = 3.0) -> str | None:
+    """This machine's public IP address (``CHECKIP_URL``), or None when it cannot be learnt."""
+    try:
+        with urllib.request.urlopen(CHECKIP_URL, timeout=timeout_s) as r:
+            return str(ipaddress.ip_address(r.read().decode().strip()))
+    except (OSError, ValueError):
+        return None
+
+
+def _in_any(ip: str, cidrs: Any) -> bool:
+    addr = ipaddress.ip_address(ip)
+    for cidr in cidrs if isinstance(cidrs, list | tuple) else []:
+        try:
+            if addr in ipaddress.ip_network(str(cidr), strict=False):
+                return True
+        except ValueError:
+            continue
+    return False
+
+
+_ASSUMED = re.compile(r"^arn:(?P<part>[^:]+):sts::(?P<acct>\d{12}):assumed-role/(?P<role>[^/]+)/.+$")
+
+
+def caller_principal(arn: str) -> tuple[str, str | None]:
+    """(IAM principal ARN, role name or None) of ``sts:GetCallerIdentity``'s ARN: an assumed-role session stands for
+    its role, whose IAM ARN may carry a path the session ARN drops (SSO roles: /aws-reserved/sso.amazonaws.com/)."""
+    m = _ASSUMED.match(arn)
+    if m is None:
+        return arn, None
+    return f"arn:{m['part']}:iam::{m['acct']}:role/{m['role']}", m["role"]
+
+
+def _is_principal(entry: str, principal: str, role: str | None) -> bool:
+    if entry == principal:
+        return True
+    if role is None:
+        return False
+    # The same role under any path: arn:<part>:iam::<acct>:role[/<path>]/<name>
+    head = principal.rsplit(":role/", 1)[0]
+    return entry.startswith(f"{head}:role/") and entry.rsplit("/", 1)[-1] == role
+
+
+def list_access_entries(eks: Any, cluster_name: str) -> list[str]:
+    out: list[str] = []
+    for page in eks.get_paginator("list_access_entries").paginate(clusterName=cluster_name):
+        out += page.get("accessEntries", [])
+    return out
+
+
+def check_endpoint_access(c: Any, eks: Any, found: dict[str, Any], cluster_name: str, *, sts: Any = None,
+                          egress_ip: Callable[[], str | None] | None = None) -> None:
+    """Fail early, with the commands that fix it, when the Kubernetes provider cannot reach the live cluster from here.
+
+    Refreshing then updating the Kubernetes resources needs the API endpoint: EKS admits the public endpoint only
+    from ``publicAccessCidrs`` (EKS User Guide, "Cluster API server endpoint": "Communication to the endpoint from
+    addresses outside of the CIDR blocks that you specify is denied"; the EKS API's ``VpcConfigRequest``), and a
+    principal without an access entry is refused (EKS User Guide, "Grant IAM users access to Kubernetes with EKS
+    access entries"). Unreachable, pulumi-kubernetes' Read fails each resource ("failed to read resource state due
+    to unreachable cluster", provider/pkg/provider/provider.go ``Read``) unless the provider sets
+    ``skipUpdateUnreachable``, which __main__.py does: then Read returns the state as it was and Check returns the old
+    inputs (``Check``: "Cluster is unreachable but skipUpdateUnreachable flag is set to true, skipping..."), so the
+    refresh passes, this program runs, and an update that fixes the endpoint goes through, while every Kubernetes
+    change of that update is silently skipped. Hence: a failure naming the fix when nothing in this update fixes
+    access, and a warning (run ``pulumi up`` once more) when the stack's config already does.
+
+    ``egress_ip`` answers this machine's public IP (``checkip``; tests inject it), ``sts`` the caller.
+    """
+    cfg = c.cfg
+    vpc = found.get("resourcesVpcConfig") or {}
+    rerun = ("Kubernetes changes of this update are skipped while the cluster is unreachable (skipUpdateUnreachable):"
+             " run pulumi up again after it")
+    if egress_ip is not None:
+        ip = egress_ip()
+        live = list(vpc.get("publicAccessCidrs") or [])
+        if ip is None:
+            c.warn(f"preflight: could not learn this machine's public IP ({CHECKIP_URL}); the API endpoint's "
+                   f"publicAccessCidrs of {cluster_name} were not checked against it")
+        elif vpc.get("endpointPublicAccess") is False:
+            c.warn(f"cluster.endpointPublicAccess: the API endpoint of {cluster_name} is private: pulumi reaches it "
+                   "only from inside its VPC (or a network peered with it); from elsewhere every Kubernetes change is "
+                   "skipped (skipUpdateUnreachable) and pulumi destroy fails")
+        elif "publicAccessCidrs" in vpc and not _in_any(ip, live):
+            cidrs = ",".join(f'"{x}"' for x in [*live, f"{ip}/32"])
+            if _in_any(ip, list(cfg.cluster.public_access_cidrs)):
+                c.warn(f"cluster.publicAccessCidrs: this machine's public IP {ip} is in the stack's CIDRs but not yet in "
+                       f"the live endpoint's ({', '.join(live) or 'none'}): this update changes them; {rerun}")
+            else:
+                c.fail(f"cluster.publicAccessCidrs: this machine's public IP {ip} is not in the API endpoint's "
+                       f"publicAccessCidrs ({', '.join(live) or 'none'}), so the Kubernetes provider cannot reach "
+                       f"{cluster_name}. Add it to the stack: pulumi config set --path "
+                       f"'cluster.publicAccessCidrs[{len(cfg.cluster.public_access_cidrs)}]' {ip}/32 && pulumi up "
+                       f"(then pulumi up once more); or at once: aws eks update-cluster-config --region {cfg.region} "
+                       f"--name {cluster_name} --resources-vpc-config "
+                       f"endpointPublicAccess=true,endpointPrivateAccess=true,publicAccessCidrs={cidrs}")
+    if sts is None:
+        return
+    ident = c.attempt("sts", "GetCallerIdentity", "who runs this update", sts.get_caller_identity)
+    entries = c.attempt("eks", "ListAccessEntries", f"the access entries of {cluster_name}",
+                        lambda: list_access_entries(eks, cluster_name))
+    if not ident or entries is None:
+        return
+    principal, role = caller_principal(ident["Arn"])
+    if any(_is_principal(e, principal, role) for e in entries):
+        return
+    if any(_is_principal(a, principal, role) for a in cfg.cluster.admin_principal_arns):
+        c.warn(f"cluster.adminPrincipalArns: {principal} has no access entry on {cluster_name} yet; this update adds "
+               f"it; {rerun}")
+        return
+    part = principal.split(":")[1]
+    policy = f"arn:{part}:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy"
+    c.fail(f"cluster.adminPrincipalArns: the caller {ident['Arn']} ({principal}) has no access entry on {cluster_name},"
+           f" so the Kubernetes provider is refused. Add it to the stack: pulumi config set --path "
+           f"'cluster.adminPrincipalArns[{len(cfg.cluster.admin_principal_arns)}]' {principal} && pulumi up "
+           f"(then pulumi up once more); or at once: aws eks create-access-entry --region {cfg.region} --cluster-name "
+           f"{cluster_name} --principal-arn {principal} && aws eks associate-access-policy --region {cfg.region} "
+           f"--cluster-name {cluster_name} --principal-arn {principal} --policy-arn {policy} "
+           "--access-scope type=cluster" + (f" (a role with a path: its ARN from aws iam get-role --role-name {role})"
+                                            if role else ""))

@@ -302,6 +302,7 @@ def test_children_are_parented_to_the_component():
     # Finding B-6: 3 members on emptyDir crash-loop once a member is rescheduled ("already bootstrapped").
     ({"replicas": 3}, "replicas"),
     ({"client_labels": {}}, "client_labels"),
+    ({"more_client_labels": [{"app.kubernetes.io/instance": "training-run-1-fabric"}, {}]}, "more_client_labels"),
     ({"image": "quay.io/coreos/etcd:v3.5.18"}, "image"),
 ])
 def test_rejects_bad_args(overrides, field):

@@ -179,6 +179,110 @@ def test_live_checks_need_the_eks_client(aws):
     assert preflight.check(cfg, ec2=aws(cfg), quotas=StubQuotas()).ok
 
 
+# --- the API endpoint from where pulumi runs (refresh: always must not lock the stack out) ------------------------
+
+HERE = "81.2.69.160"
+ROLE_ARN = "arn:aws:iam::123456789012:role/team/deployer"
+SESSION = "arn:aws:sts::123456789012:assumed-role/deployer/alice"
+
+
+class _Eks:
+    """moto's EKS client plus the access entries moto does not model."""
+
+    def __init__(self, eks, entries: list[str]):
+        self._eks, self._entries = eks, entries
+
+    def __getattr__(self, name):
+        return getattr(self._eks, name)
+
+    def get_paginator(self, op):
+        if op != "list_access_entries":
+            return self._eks.get_paginator(op)
+        entries = self._entries
+
+        class _P:
+            def paginate(self, clusterName):  # noqa: N803 (boto3's keyword)
+                return [{"accessEntries": list(entries)}]
+        return _P()
+
+
+class _Sts:
+    def __init__(self, arn: str):
+        self.arn = arn
+
+    def get_caller_identity(self):
+        return {"Arn": self.arn, "Account": "123456789012"}
+
+
+def _endpoint_cluster(region: str, cidrs: list[str], public: bool = True):
+    eks = boto3.client("eks", region_name=region)
+    if NAME in eks.list_clusters()["clusters"]:  # one test, several cases
+        eks.delete_cluster(name=NAME)
+    eks.create_cluster(name=NAME, version="1.35", roleArn="arn:aws:iam::123456789012:role/eks",
+                       resourcesVpcConfig={"subnetIds": [], "endpointPublicAccess": public,
+                                           "endpointPrivateAccess": True, "publicAccessCidrs": cidrs},
+                       tags={"eks-ddp/stack": ME})
+    return eks
+
+
+def _endpoint_report(aws, *, live: list[str], ip: str | None = HERE, stack_cidrs: list[str] | None = None,
+                     entries: list[str] = (ROLE_ARN,), caller: str = SESSION, admins: list[str] = (), public=True):
+    raw = stack_config("dev")
+    if stack_cidrs is not None:
+        raw = set_path(raw, "eks-ddp:cluster.publicAccessCidrs", stack_cidrs)
+    if admins:
+        raw = set_path(raw, "eks-ddp:cluster.adminPrincipalArns", list(admins))
+    cfg = config(raw)
+    eks = _Eks(_endpoint_cluster(cfg.region, live, public), list(entries))
+    return preflight.check(cfg, ec2=aws(cfg), quotas=StubQuotas(), eks=eks, cluster_name=NAME, stack_id=ME,
+                           caller_sts=_Sts(caller), egress_ip=lambda: ip)
+
+
+def test_an_ip_outside_the_endpoints_cidrs_fails_with_the_commands_that_fix_it(aws):
+    report = _endpoint_report(aws, live=["5.6.7.8/32"])
+    [msg] = [f for f in report.failures if "publicAccessCidrs" in f]
+    assert f"this machine's public IP {HERE} is not in the API endpoint's publicAccessCidrs (5.6.7.8/32)" in msg
+    assert f"pulumi config set --path 'cluster.publicAccessCidrs[1]' {HERE}/32 && pulumi up" in msg
+    assert (f"aws eks update-cluster-config --region us-west-2 --name {NAME} --resources-vpc-config "
+            f'endpointPublicAccess=true,endpointPrivateAccess=true,publicAccessCidrs="5.6.7.8/32","{HERE}/32"'
+            ) in msg
+    # Controls: inside the live CIDRs nothing is said; in the stack's CIDRs only (this update fixes it), a warning.
+    assert not [m for m in _endpoint_report(aws, live=["81.2.69.0/24"]).failures if "publicAccessCidrs" in m]
+    fixing = _endpoint_report(aws, live=["5.6.7.8/32"], stack_cidrs=[f"{HERE}/32"])
+    assert not [f for f in fixing.failures if "publicAccessCidrs" in f]
+    assert [w for w in fixing.warnings if "this update changes them" in w and "run pulumi up again" in w]
+
+
+def test_an_unknown_ip_or_a_private_endpoint_warns(aws):
+    unknown = _endpoint_report(aws, live=["5.6.7.8/32"], ip=None)
+    assert not unknown.failures and [w for w in unknown.warnings if "could not learn this machine's public IP" in w]
+    private = _endpoint_report(aws, live=[], public=False)
+    assert not private.failures and [w for w in private.warnings if "endpoint of eks-ddp-dev is private" in w]
+
+
+def test_a_caller_without_an_access_entry_fails_with_the_commands_that_fix_it(aws):
+    report = _endpoint_report(aws, live=["81.2.69.0/24"], entries=["arn:aws:iam::123456789012:role/other"])
+    [msg] = [f for f in report.failures if "access entry" in f]
+    principal = "arn:aws:iam::123456789012:role/deployer"
+    assert f"the caller {SESSION} ({principal}) has no access entry on {NAME}" in msg
+    assert (f"aws eks create-access-entry --region us-west-2 --cluster-name {NAME} --principal-arn {principal} && "
+            f"aws eks associate-access-policy --region us-west-2 --cluster-name {NAME} --principal-arn {principal} "
+            "--policy-arn arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy --access-scope "
+            "type=cluster") in msg
+    assert f"pulumi config set --path 'cluster.adminPrincipalArns[0]' {principal}" in msg
+    # Controls: the role's entry under its path counts; a principal the stack lists is added by this update.
+    assert not [f for f in _endpoint_report(aws, live=["81.2.69.0/24"]).failures if "access entry" in f]
+    listed = _endpoint_report(aws, live=["81.2.69.0/24"], entries=[], admins=[ROLE_ARN])
+    assert not [f for f in listed.failures if "access entry" in f]
+    assert [w for w in listed.warnings if "this update adds it" in w]
+
+
+def test_the_kubernetes_provider_skips_an_unreachable_cluster_instead_of_failing_the_refresh(dev_result):
+    # pulumi-kubernetes provider.go Read: without it every resource's refresh fails when the endpoint is unreachable.
+    [provider] = dev_result.of_type("pulumi:providers:kubernetes")
+    assert provider.inputs["skipUpdateUnreachable"] == "true"
+
+
 # --- B6: an owner unique per stack on every backend ------------------------------------------------------------
 
 DIY = "organization/eks-ddp/dev"

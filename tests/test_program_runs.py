@@ -49,7 +49,8 @@ def test_each_run_exports_its_commands_with_the_stacks_profile():
     b = runs["b"]
     assert b["follow"].startswith("kubectl -n training logs -f ") and "instance=training-b-b" in b["follow"]
     assert b["status"] == "kubectl -n training get job training-b-b -o wide"
-    assert b["cancel"] == "kubectl -n training delete job training-b-b"
+    assert b["cancel"] == ("kubectl -n training patch job training-b-b --type=merge -p '{\"spec\":{\"suspend\":true}}' "
+                           "&& pulumi config set --path 'runs[1].state' cancelled")
     assert b["fetchResults"].startswith("eks-ddp-fetch-results s3://") and "/runs/b/ " in b["fetchResults"]
     assert b["fetchResults"].endswith("--out results/b --profile research")
     assert out["kubectl"].startswith("aws eks update-kubeconfig --region ") and "--profile research &&" in \

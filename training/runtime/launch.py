@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import glob
+import json
 import logging
 import os
 import sys
@@ -179,6 +180,50 @@ def launch(config: launcher_api.LaunchConfig, entrypoint, args: list[str]) -> in
     return FAILED
 
 
+FINAL_MARKER = "eks-ddp-final.json"
+"""Written into ``$EKS_DDP_RUN_DIR`` by an agent whose run finished (exit 0), with the workers' command. A later
+agent of the same run with the same command exits 0 at once: a Job created again for a finished run (deleted by
+hand, or replaced under the same name) never trains it a second time. Another command (``--epochs=30`` after 20)
+runs, so a finished run can still be extended."""
+RUN_DIR_ENV = "EKS_DDP_RUN_DIR"
+"""The run's directory (components/workload.py sets it in the Job); unset: no marker is read or written."""
+
+
+def _final_marker() -> str | None:
+    run_dir = os.environ.get(RUN_DIR_ENV)
+    return os.path.join(run_dir, FINAL_MARKER) if run_dir else None
+
+
+def finished_before(command: list[str]) -> bool:
+    """Whether this run already finished with ``command`` (the final marker names it)."""
+    path = _final_marker()
+    if path is None or not os.path.exists(path):
+        return False
+    try:
+        with open(path, encoding="utf-8") as f:
+            recorded = json.load(f).get("command")
+    except (OSError, ValueError, AttributeError) as e:
+        log.warning("%s: unreadable (%s); running the workers", path, e)
+        return False
+    return recorded == command
+
+
+def mark_finished(command: list[str]) -> None:
+    """Record that the run finished with ``command`` (atomically; a failed write only loses the shortcut)."""
+    path = _final_marker()
+    if path is None:
+        return
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump({"command": command}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        log.warning("could not write %s (%s): a Job created again for this run would train it again", path, e)
+
+
 def main(argv: list[str] | None = None) -> int:
     # Each restart gets fresh worker-group store addresses (pytorch#135712).
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
@@ -196,6 +241,11 @@ def main(argv: list[str] | None = None) -> int:
         log.info("no NVIDIA driver on this machine: CUDA_VISIBLE_DEVICES='' for the agent and its workers")
     args = torchrun.parse_args(argv)
     config, entrypoint, cmd_args = torchrun.config_from_args(args)
+    command = [entrypoint, *cmd_args]
+    if finished_before(command):
+        log.info("%s holds %s with this command: the run already finished; exiting 0",
+                 os.environ.get(RUN_DIR_ENV), FINAL_MARKER)
+        return 0
     try:
         # Before any worker reads it: the staged data set against its manifest and pin (dataset.py), when the
         # Job asks for it (EKS_DDP_DATA_VERIFY).
@@ -209,7 +259,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         log.error("%s", e)
         return USAGE
-    return launch(config, entrypoint, cmd_args)
+    code = launch(config, entrypoint, cmd_args)
+    if code == 0:
+        mark_finished(command)
+    return code
 
 
 if __name__ == "__main__":
