@@ -9,7 +9,7 @@ import pytest
 
 from components import contracts
 
-EXPECTED = {"network", "image-pull", "image-digest", "s3", "storage"}
+EXPECTED = {"network", "image-pull", "image-digest", "rendezvous", "s3", "storage"}
 
 
 def test_every_contract_is_registered():
