@@ -11,7 +11,6 @@ except ImportError as e:
                             "or pip install -e '.[dev,trainer]') so the editable install maps it to "
                             "training/runtime") from e
 
-from tests.util import run, stack_config
 from training.snapshot import DIR_ENV
 
 
@@ -41,10 +40,14 @@ def in_process_trainer(monkeypatch):
 @pytest.fixture(scope="session")
 def dev_result():
     """The dev stack run once under mocks (read-only: do not mutate)."""
+    from tests.util import run, stack_config  # Pulumi: imported only where a program runs (GPU machines lack it)
+
     return run(stack_config("dev"))
 
 
 @pytest.fixture(scope="session")
 def p4de_result():
     """The p4de example stack run once under mocks (read-only)."""
+    from tests.util import run, stack_config
+
     return run(stack_config("p4de"), stack="p4de")
