@@ -1,6 +1,10 @@
+import importlib.util
 import os
 import shutil
+import sys
 import tempfile
+import types
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +16,14 @@ except ImportError as e:
                             "training/runtime") from e
 
 from training.snapshot import DIR_ENV
+
+if importlib.util.find_spec("pulumi") is None:
+    # A runtime-only interpreter (make test-compat's venv, the GPU machines): components/__init__ imports every
+    # Pulumi component, but components/torchrun.py (the agents' command line) is pure Python. The package is
+    # registered without running its __init__, so `components.torchrun` imports and a Pulumi module still fails.
+    _components = types.ModuleType("components")
+    _components.__path__ = [str(Path(__file__).resolve().parent.parent / "components")]
+    sys.modules.setdefault("components", _components)
 
 
 @pytest.fixture(scope="session", autouse=True)
