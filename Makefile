@@ -88,10 +88,11 @@ bench: $(VENV)/.installed
 	$(BIN)/python bench/digits.py
 	$(BIN)/python bench/recovery.py
 
-# One-command GPU acceptance (bench/gpu_check.py): on a machine with an NVIDIA GPU and no network, run with that
-# machine's own Python and torch (2.11-2.14): `make gpu-check GPU_PYTHON=python3`. Without a GPU it runs what it
-# can and says "needs a GPU" for the rest. gpu-check-bundle (run where this venv exists) fills .gpu-bundle/ with
-# python-etcd and the etcd binary, which the GPU machines lack; copy it along with the checkout.
+# One-command GPU acceptance (bench/gpu_check.py; README "GPU acceptance"): on a machine with an NVIDIA GPU and no
+# network, run with that machine's own Python and torch (2.11-2.14), no install of this project needed:
+# `make gpu-check GPU_PYTHON=python3`. Each item has a bar; exit 1 on a miss. Without a GPU it runs item (a) and says
+# "needs a GPU" for the rest. gpu-check-bundle (run where this venv exists) fills .gpu-bundle/ with python-etcd (and
+# urllib3/dnspython, used there only where missing) and the etcd binary, which the GPU machines lack; carry it along.
 GPU_PYTHON ?= $(BIN)/python
 gpu-check:
 	$(GPU_PYTHON) bench/gpu_check.py --out gpu-check-out
