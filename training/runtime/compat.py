@@ -12,10 +12,11 @@ What differs inside the range is detected, never assumed from the version number
 * ``shutdown_timeout`` (seconds the agent waits for workers to exit after SIGTERM before SIGKILL) exists in torch
   2.14 as a ``LaunchConfig`` field and a ``LocalElasticAgent.__init__`` keyword (pytorch/pytorch v2.14.1,
   torch/distributed/launcher/api.py ``LaunchConfig.shutdown_timeout``;
-  torch/distributed/elastic/agent/server/local_elastic_agent.py ``LocalElasticAgent.__init__``;
-  added by pytorch#172596). torch 2.11 has neither (v2.11.0, the same files: ``LaunchConfig`` ends at
-  ``duplicate_stderr_filters``; ``__init__(spec, logs_specs, start_method, exit_barrier_timeout,
-  log_line_prefix_template)``) and waits its fixed 30 s. :func:`agent_kwargs` passes it only where both have it.
+  torch/distributed/elastic/agent/server/local_elastic_agent.py ``LocalElasticAgent.__init__``, passed on to
+  ``SimpleElasticAgent`` in elastic/agent/server/api.py; the request: pytorch/pytorch#119856). torch 2.11 has
+  neither (v2.11.0, the same files, as its wheel ships them: ``LaunchConfig`` ends at ``duplicate_stderr_filters``;
+  ``LocalElasticAgent.__init__(spec, logs_specs, start_method, exit_barrier_timeout, log_line_prefix_template)``)
+  and waits its fixed 30 s. :func:`agent_kwargs` passes it only where both have it.
 * Private names the runtime uses (``_get_addr_and_port`` in launcher/api.py, ``_delay`` and the handler's and
   state holder's attributes in elastic/rendezvous/dynamic_rendezvous.py, ``SimpleElasticAgent._remaining_restarts``
   in elastic/agent/server/api.py, ``torch.cuda._is_in_bad_fork``) are the same in v2.11.0 and v2.14.1. Each is read
