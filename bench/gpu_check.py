@@ -59,6 +59,8 @@ ITEMS = {"a": "launcher + etcd, worker SIGKILL, recovery", "b": "trainer img/s /
          "e": "snapshot overhead, interleaved on/off", "f": "2 processes on one GPU (gloo on CUDA)",
          "g": "CUDA-only tests (pytest)"}
 TAIL = 2500
+AIRBENCH_ARGS: list[str] = []
+"""Extra flags for bench/airbench94_loop.py (a toy-size rehearsal of the items on a CPU sets them)."""
 
 
 def _load_by_path(name: str, path: Path):
@@ -325,7 +327,7 @@ def item_b(tmp: Path, env: dict[str, str]) -> dict[str, Any]:
             ten_epochs.append(round(max(r["time"] for r in hist if r.get("kind") == "step") - start, 2))
             out_json = tmp / f"airbench-{i}.json"
             ab = subprocess.run([sys.executable, str(ROOT / "bench" / "airbench94_loop.py"), f"--data-dir={data}",
-                                 f"--out={out_json}"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+                                 f"--out={out_json}", *AIRBENCH_ARGS], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
                                 stdin=subprocess.DEVNULL)
             _ok(ab, "the airbench94 loop")
             airbench.append(json.loads(out_json.read_text())["img_s"])
