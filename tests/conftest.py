@@ -1,6 +1,10 @@
+import importlib.util
 import os
 import shutil
+import sys
 import tempfile
+import types
+from pathlib import Path
 
 import pytest
 
@@ -11,8 +15,15 @@ except ImportError as e:
                             "or pip install -e '.[dev,trainer]') so the editable install maps it to "
                             "training/runtime") from e
 
-from tests.util import byo_stack_config, run, stack_config
 from training.snapshot import DIR_ENV
+
+if importlib.util.find_spec("pulumi") is None:
+    # A runtime-only interpreter (make test-compat's venv, the GPU machines): components/__init__ imports every
+    # Pulumi component, but components/torchrun.py (the agents' command line) is pure Python. The package is
+    # registered without running its __init__, so `components.torchrun` imports and a Pulumi module still fails.
+    _components = types.ModuleType("components")
+    _components.__path__ = [str(Path(__file__).resolve().parent.parent / "components")]
+    sys.modules.setdefault("components", _components)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -41,12 +52,16 @@ def in_process_trainer(monkeypatch):
 @pytest.fixture(scope="session")
 def dev_result():
     """The dev stack run once under mocks (read-only: do not mutate)."""
+    from tests.util import run, stack_config  # Pulumi: imported only where a program runs (GPU machines lack it)
+
     return run(stack_config("dev"))
 
 
 @pytest.fixture(scope="session")
 def p4de_result():
     """The p4de example stack run once under mocks (read-only)."""
+    from tests.util import run, stack_config
+
     return run(stack_config("p4de"), stack="p4de")
 
 
@@ -54,4 +69,6 @@ def p4de_result():
 def byo_result():
     """The dev stack with two runs of other images (two ECR repositories, one in another account) and an S3 data
     set in another account's bucket (tests/util.py ``byo_stack_config``), run once under mocks (read-only)."""
+    from tests.util import byo_stack_config, run
+
     return run(byo_stack_config())

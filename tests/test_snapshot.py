@@ -37,6 +37,25 @@ def test_write_then_read_returns_the_newest_offered_state(tmp_path):
     assert s.read(IDENT) is None
 
 
+def test_a_failed_snapshot_write_turns_snapshots_off_and_training_goes_on(tmp_path, monkeypatch):
+    """ENOSPC on a small /dev/shm: the next offer must not raise into the training loop (it did: the writer's
+    error surfaced on the next submit and killed the run)."""
+    s = Snapshots(tmp_path / "run", rank=0, root=str(tmp_path / "shm"))
+    s.offer(lambda: _state(1))
+    s.writer.wait()
+
+    def full(path, data):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(snapshot.ckpt, "atomic_write_bytes", full)
+    monkeypatch.setattr(snapshot, "_clock", lambda: 1e9)  # no copy budget in the way
+    assert s.offer(lambda: _state(2))
+    s.writer.wait()
+    assert not s.enabled and s.offer(lambda: _state(3)) is False
+    s.offer(lambda: _state(4), final=True)
+    s.writer.wait()
+
+
 def test_non_finite_state_is_never_written(tmp_path):
     s = Snapshots(tmp_path / "run", rank=0, root=str(tmp_path / "shm"))
     s.offer(lambda: _state(2))

@@ -28,8 +28,7 @@ from components.torchrun import (
     AgentOptions,
     torchrun_args,
 )
-from tests.etcd_server import Agent, _processes, client_tls, etcd_endpoint, trainer_env  # noqa: F401
-from tests.util import ROOT
+from tests.etcd_server import ROOT, Agent, _processes, client_tls, etcd_endpoint, trainer_env  # noqa: F401
 
 SCRIPT = ROOT / "training" / "examples" / "ddp_minimal.py"
 STEPS, EVERY = 60, 10

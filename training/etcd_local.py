@@ -94,7 +94,7 @@ def make_tls(directory: str | os.PathLike, hosts: Sequence[str] = ("127.0.0.1",)
 
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True, mode=0o700)
-    now = datetime.datetime.now(datetime.UTC) - datetime.timedelta(minutes=5)
+    now = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(minutes=5)  # noqa: UP017 (3.10: make test-compat)
 
     def name(cn: str) -> x509.Name:
         return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])

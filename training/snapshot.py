@@ -202,7 +202,14 @@ class Snapshots:
             return
         buf = io.BytesIO()
         torch.save({"format": ckpt.FORMAT, **cpu}, buf)
-        ckpt.atomic_write_bytes(self.path, buf.getvalue())
+        try:
+            ckpt.atomic_write_bytes(self.path, buf.getvalue())
+        except OSError as e:
+            # A full or failing node-local disk (/dev/shm is small on some nodes) loses a shortcut, not the run:
+            # training goes on with durable checkpoints only.
+            self.enabled = False
+            log.error("step %s: node-local snapshot %s failed (%s); snapshots are off for the rest of this run",
+                      cpu.get("step"), self.path, e)
 
     def read(self, identity: dict[str, Any]) -> dict[str, Any] | None:
         """The snapshot of this run, or None (none, unreadable, or another run's)."""

@@ -110,8 +110,6 @@ def train(args: argparse.Namespace, env: DistEnv) -> dict[str, Any]:
     recipe = RECIPES[args.model]
     peak = args.lr if args.lr is not None else recipe.lr
     model = build_model(args.model, len(data.classes), args.width)
-    if isinstance(model, AirNet):
-        model.init_whitening(normalize(data.train.images[:5000]))
     model = model.to(dev, memory_format=torch.channels_last)
     try:
         precision = precision_for(dev, args.precision)
@@ -157,6 +155,10 @@ def train(args: argparse.Namespace, env: DistEnv) -> dict[str, Any]:
             lookahead.load_state_dict(state.get("lookahead"))
         _set_rng_state(state["rng"])
         pos = {k: int(state[k]) for k in pos}
+    elif isinstance(model, AirNet):
+        # Only on a fresh start: a resumed model's whitening comes from its checkpoint, and computing it (a float64
+        # patch covariance and eigh of 5,000 images) is seconds of every restart on a CPU, a cuSOLVER start on a GPU.
+        model.init_whitening(normalize(data.train.images[:5000]))
 
     # A plain `python -m training.train` (no torchrun) trains as a world of one, without DDP. DDP's settings and
     # the compiled path: training/wrap.py. BatchNorm statistics span the processes of the step when there are several.

@@ -37,12 +37,20 @@ class DistEnv:
         return dist.is_available() and dist.is_initialized()
 
 
+SHARE_ONE_GPU_ENV = "EKS_DDP_SHARE_ONE_GPU"
+"""Test-only (bench/gpu_check.py, the 2-process CUDA item): ``1`` puts every local worker on GPU 0 with gloo,
+which takes CUDA tensors, so the multi-process CUDA path runs on a one-GPU machine (NCCL refuses two ranks on one
+GPU: "Duplicate GPU detected"). Never set on a cluster."""
+
+
 def read_env() -> DistEnv:
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     # NCCL on GPU, gloo on CPU: chosen from the hardware, never from a flag, so one image fits every node.
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() and os.environ.get(SHARE_ONE_GPU_ENV) == "1":
+        device, backend = torch.device("cuda", 0), "gloo"
+    elif torch.cuda.is_available():
         device, backend = torch.device("cuda", local_rank), "nccl"
     else:
         device, backend = torch.device("cpu"), "gloo"
@@ -61,7 +69,7 @@ def process_group(timeout_s: float = 120.0) -> Iterator[DistEnv]:
     if use_pg:
         # A dead peer surfaces as a gloo/NCCL error; the timeout only bounds a silent hang.
         dist.init_process_group(backend=env.backend, timeout=timedelta(seconds=timeout_s),
-                                device_id=env.device if env.device.type == "cuda" else None)
+                                device_id=env.device if env.backend == "nccl" else None)
     # A silent peer (SIGSTOP, partition) is noticed in seconds, not after ``timeout_s`` (watchdog.py).
     wd = watchdog.start_from_env(env.rank, env.world_size) if use_pg else None
     try:

@@ -252,9 +252,10 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import torch.distributed as dist
 
+    from . import compat
     from .dist import process_group
 
-    bad_fork = bool(torch.cuda._is_in_bad_fork())
+    bad_fork = bool(compat.in_bad_fork())
     if bad_fork and torch.cuda.is_available():
         # set_device would raise "Cannot re-initialize CUDA in forked subprocess"; say why, as the verdict.
         print("FABRIC CHECK FAILED: this worker was forked from a process that had initialised CUDA and cannot "

@@ -15,6 +15,7 @@ see exitcodes.py and the Job's pod failure policy):
 Flags are torchrun's; use ``--rdzv-backend=eks-etcd`` for the store-restart-tolerant etcd backend.
 """
 
+# ruff: noqa: E402  (the torch check below must run before torch's elastic internals are imported)
 from __future__ import annotations
 
 import ctypes
@@ -23,6 +24,10 @@ import json
 import logging
 import os
 import sys
+
+from . import compat
+
+compat.refuse_unsupported_torch(main=__name__ == "__main__")
 
 from torch.distributed import run as torchrun
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerSpec
@@ -73,7 +78,7 @@ def fork_is_clean() -> bool:
         return False
     pid = os.fork()
     if pid == 0:  # the probe: no Python clean-up, no atexit handlers of the agent
-        os._exit(1 if torch.cuda._is_in_bad_fork() else 0)
+        os._exit(0 if compat.in_bad_fork() is False else 1)
     _, status = os.waitpid(pid, 0)
     return os.waitstatus_to_exitcode(status) == 0
 
@@ -141,22 +146,28 @@ class Agent(LocalElasticAgent):
         return result
 
 
+def make_agent(spec: WorkerSpec, config: launcher_api.LaunchConfig) -> Agent:
+    """The agent for ``spec`` with the launch config's settings that this torch's agent takes (compat.py)."""
+    agent = Agent(spec=spec, **compat.agent_kwargs(config, Agent))
+    # Agent overrides _monitor_workers and zeroes _remaining_restarts on a fatal exit code.
+    compat.require(agent, "_monitor_workers", "_remaining_restarts")
+    return agent
+
+
 def launch(config: launcher_api.LaunchConfig, entrypoint, args: list[str]) -> int:
     """Run one agent until the run ends; returns the process exit code."""
     rendezvous.register()
     params = RendezvousParameters(backend=config.rdzv_backend, endpoint=config.rdzv_endpoint,
                                   run_id=config.run_id, min_nodes=config.min_nodes, max_nodes=config.max_nodes,
                                   local_addr=config.local_addr, **config.rdzv_configs)
-    master_addr, master_port = launcher_api._get_addr_and_port(params)
+    master_addr, master_port = compat.addr_and_port(params)
     spec = WorkerSpec(
         role=config.role, local_world_size=config.nproc_per_node, entrypoint=entrypoint, args=tuple(args),
         rdzv_handler=rdzv_registry.get_rendezvous_handler(params), max_restarts=config.max_restarts,
         monitor_interval=config.monitor_interval, master_addr=master_addr, master_port=master_port,
         local_addr=config.local_addr,
     )
-    agent = Agent(spec=spec, logs_specs=config.logs_specs, start_method=config.start_method,
-                  log_line_prefix_template=config.log_line_prefix_template,
-                  shutdown_timeout=config.shutdown_timeout)
+    agent = make_agent(spec, config)
     finished = False
     try:
         result = agent.run()

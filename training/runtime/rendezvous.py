@@ -80,6 +80,7 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     create_handler,
 )
 
+from . import compat
 from .rdzv_store import KEY_PREFIX, STORE_PREFIX, Retrier, RetryingEtcdBackend, RetryingEtcdStore
 
 __all__ = ["BACKEND", "KEY_PREFIX", "STORE_PREFIX", "ElasticHandler", "allow_close", "register"]
@@ -184,6 +185,10 @@ def _create(params: RendezvousParameters) -> ElasticHandler:
     backend = RetryingEtcdBackend(retry, params.run_id, BACKEND)
     store = RetryingEtcdStore(retry)
     handler = create_handler(store, backend, params)
+    compat.require(handler, "_state_holder", "_op_executor", "_heartbeat_lock", "_this_node", "_stop_heartbeats",
+                   "_keep_alive")
+    compat.require(handler._state_holder, "_sanitize", "_settings", "_dead_nodes", "_cache_duration")
+    compat.require(handler._op_executor, "_settings")
     # Same object layouts; only the overridden methods differ.
     handler.__class__ = ElasticHandler
     handler._state_holder.__class__ = _HealingStateHolder
@@ -202,6 +207,7 @@ def _poll_delay(seconds) -> None:
 def register() -> None:
     """Register the ``eks-etcd`` backend with torch's rendezvous registry, and poll forming rounds every
     ``SYNC_POLL_S`` (idempotent)."""
+    compat.require(_dynamic, "_delay")
     _dynamic._delay = _poll_delay
     try:
         rdzv_registry.handler_registry.register(BACKEND, _create)
