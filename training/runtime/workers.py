@@ -86,8 +86,9 @@ def preload_modules(environ: dict[str, str] | os._Environ = os.environ) -> list[
     return [*ZYGOTE_PRELOAD, *(m for m in extra if m not in ZYGOTE_PRELOAD)]
 
 
-def _probe(conn) -> None:
-    """Runs in a fork of the zygote: can it use CUDA, and how many threads has the zygote (its parent)?"""
+def _probe(conn, preload: list[str]) -> None:
+    """Runs in a fork of the zygote: can it use CUDA, how many threads has the zygote (its parent), and which
+    preloads did it fail to import (the forkserver skips an ImportError silently)?"""
     import torch
 
     threads = -1
@@ -97,7 +98,8 @@ def _probe(conn) -> None:
     except (OSError, StopIteration, ValueError):
         pass
     conn.send({"bad_fork": bool(torch.cuda._is_in_bad_fork()), "cuda_initialized": torch.cuda.is_initialized(),
-               "zygote_threads": threads, "zygote": os.getppid()})
+               "zygote_threads": threads, "zygote": os.getppid(),
+               "not_imported": [m for m in preload if m not in sys.modules]})
     conn.close()
 
 
@@ -112,7 +114,7 @@ class Zygote:
         forkserver.set_forkserver_preload(preload)
         ctx = multiprocessing.get_context("forkserver")
         self._conn, child = ctx.Pipe(duplex=False)
-        self._probe = ctx.Process(target=_probe, args=(child,), name="eks-ddp-zygote-probe")
+        self._probe = ctx.Process(target=_probe, args=(child, preload), name="eks-ddp-zygote-probe")
         self._probe.start()
         child.close()
         self._report: dict | None = None
@@ -182,6 +184,10 @@ def settle(agent) -> None:
     if pending is None:
         return
     z = pending.zygote
+    missing = (z.report() or {}).get("not_imported")
+    if missing:
+        log.warning("the zygote could not import %s (%s): the workers import it themselves", ", ".join(missing),
+                    PRELOAD_ENV)
     if z.clean():
         r = z.report() or {}
         log.info("workers are forked from a zygote (pid %s, %s thread, clean for CUDA; preloaded: %s); the %s runs "
