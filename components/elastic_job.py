@@ -71,7 +71,7 @@ from .torchrun import (
     module_command,
     script_command,
 )
-from .workload import DATA_DIR_ENV, FATAL_EXIT_CODES, RUN_DIR_ENV, Cifar10Data, S3Data, Workload, cifar10_workload
+from .workload import DATA_DIR_ENV, FATAL_CODES_ENV, FATAL_EXIT_CODES, RUN_DIR_ENV, Cifar10Data, S3Data, Workload, cifar10_workload
 
 TRAINER_FATAL_EXIT_CODES = FATAL_EXIT_CODES
 """training/exitcodes.FATAL (config error, divergence, unreadable input), mirrored because the library never
@@ -290,6 +290,8 @@ class ElasticJob(pulumi.ComponentResource):
         # EFA needs an unlimited RLIMIT_MEMLOCK to register memory; a non-root container cannot raise it
         # (and 'restricted' forbids IPC_LOCK), so it comes from the node's container runtime.
         env = {**a.workload.env, **AGENT_ENV, **nccl_env(it, a.efa), **self._workload_env()}
+        # The launcher stops at once on the codes the pod failure policy fails the Job on (no restarts spent).
+        env[FATAL_CODES_ENV] = ",".join(map(str, bug_exit_codes(a.workload)))
         if a.results_url is not None:
             env["EKS_DDP_RESULTS_URL"] = a.results_url  # type: ignore[assignment]  # an Output is a valid value
             if a.results_kms_key_arn is not None:
@@ -381,5 +383,6 @@ class ElasticJob(pulumi.ComponentResource):
 
 
 def bug_exit_codes(w: Workload) -> list[int]:
-    """The exit codes that fail the Job at once: argparse's usage error and the workload's FATAL codes."""
-    return [USAGE_EXIT_CODE, *(c for c in w.fatal_exit_codes if c != USAGE_EXIT_CODE)]
+    """The exit codes that fail the Job at once: argparse's usage error, the runtime's FATAL codes (the launcher
+    exits with them whatever the workload) and the workload's own."""
+    return sorted({USAGE_EXIT_CODE, *TRAINER_FATAL_EXIT_CODES, *w.fatal_exit_codes})
