@@ -71,7 +71,16 @@ from .torchrun import (
     module_command,
     script_command,
 )
-from .workload import DATA_DIR_ENV, FATAL_CODES_ENV, FATAL_EXIT_CODES, RUN_DIR_ENV, Cifar10Data, S3Data, Workload, cifar10_workload
+from .workload import (
+    DATA_DIR_ENV,
+    FATAL_CODES_ENV,
+    FATAL_EXIT_CODES,
+    RUN_DIR_ENV,
+    Cifar10Data,
+    S3Data,
+    Workload,
+    cifar10_workload,
+)
 
 TRAINER_FATAL_EXIT_CODES = FATAL_EXIT_CODES
 """training/exitcodes.FATAL (config error, divergence, unreadable input), mirrored because the library never

@@ -130,12 +130,11 @@ class _SilentServer:
 def test_one_store_call_sends_one_request():
     """A read that times out is not re-sent by urllib3 underneath the Retrier (which decides about retries)."""
     import etcd as python_etcd
-
     from eks_ddp_runtime.rdzv_store import make_client
 
     server = _SilentServer()
     try:
-        client = make_client(_params(server.endpoint, protocol="http", read_timeout="0.5"))
+        client = make_client(_params(server.endpoint, protocol="http", read_timeout="1"))
         with pytest.raises(python_etcd.EtcdException):
             client.read("/eks-ddp/x")
         time.sleep(0.3)  # a connection being accepted right now is counted

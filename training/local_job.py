@@ -21,7 +21,6 @@ try:  # from this repository (make demo): the cluster's own command builder, as 
     from components.torchrun import (
         AGENT_ENV,
         LOCAL_TIMEOUTS,
-        TRAIN_MODULE,
         AgentOptions,
         RdzvTls,
         TrainerOptions,
@@ -31,7 +30,6 @@ except ImportError:  # installed (eks-ddp[trainer]), next to a project whose `co
     from eks_ddp.torchrun import (
         AGENT_ENV,
         LOCAL_TIMEOUTS,
-        TRAIN_MODULE,
         AgentOptions,
         RdzvTls,
         TrainerOptions,
@@ -40,7 +38,6 @@ except ImportError:  # installed (eks-ddp[trainer]), next to a project whose `co
 
 from eks_ddp_runtime.procs import (
     alive,
-    cmdline,
     descendants,
     die_with_parent,
     executable_name,
@@ -48,6 +45,7 @@ from eks_ddp_runtime.procs import (
     proc_table,
     send,
     stop_agents,
+    worker_pids,
 )
 
 from .progress import Progress, exception_line, root_cause
@@ -247,8 +245,7 @@ class LocalJob:
         if self.o.kill_agent_at_step is not None:
             return self._kill_agent(step)
         target = self.agents[1 if len(self.agents) > 1 else 0]
-        train_module = installed_modules(["-m", TRAIN_MODULE])[1]
-        workers = [p for p in descendants(target.pid) if train_module in cmdline(p)]
+        workers = worker_pids(target.pid)
         if not workers:
             return  # between restarts: try again on the next step record
         victim = workers[0]

@@ -171,6 +171,12 @@ def warm_workers(config, entrypoint, args: list[str]):
     ep = parse_entrypoint(entrypoint, args)
     if choice == "0" or ep is None:
         return entrypoint, args
+    run_id = str(getattr(config, "run_id", "") or "")
+    if run_id and ":" not in run_id:
+        # multiprocessing starts the zygote with this interpreter's -W options (subprocess's
+        # _args_from_interpreter_flags): a filter that matches no warning puts the run id into the command line of
+        # the zygote and of every worker forked from it, as in the agent's, for whoever finds a run's processes by it.
+        sys.warnoptions.append(f"ignore:eks-ddp-rdzv-id={run_id}")
     _pending = _Pending(Zygote(preload), entrypoint, list(args), f"{ep.kind} {ep.target}")
     config.start_method = "forkserver"
     return run_worker, [ep.kind, ep.target, *ep.argv]
