@@ -26,8 +26,14 @@ from pathlib import Path
 
 from common import ROOT, machine
 
-from components.torchrun import AGENT_ENV, CLUSTER_TIMEOUTS, DEFAULT_MAX_RESTARTS, AgentOptions, torchrun_args
-from tests.etcd_server import client_tls, trainer_env
+from components.torchrun import (
+    AGENT_ENV,
+    CLUSTER_TIMEOUTS,
+    DEFAULT_MAX_RESTARTS,
+    AgentOptions,
+    RdzvTls,
+    torchrun_args,
+)
 from training.etcd_local import start_etcd
 
 SCRIPT = ROOT / "training" / "examples" / "ddp_minimal.py"
@@ -52,17 +58,41 @@ def _wait(pred, timeout_s: float, what: str):
     raise TimeoutError(what)
 
 
-def one(endpoint, form: str, work: Path) -> dict:
-    from eks_ddp_runtime.procs import worker_pids
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    out.append(int(entry.name))
+    return out
 
+
+def _workers(agent: int) -> list[int]:
+    """The agent's worker processes, whichever runtime started them: its children running the example (fresh,
+    or forked from the agent itself by an older runtime), or the children of its zygote (forkserver)."""
+    out = []
+    for pid in _children(agent):
+        with contextlib.suppress(OSError):
+            line = Path(f"/proc/{pid}/cmdline").read_bytes()
+            if b"multiprocessing.forkserver" in line:
+                out += _children(pid)
+            elif b"ddp_minimal" in line:
+                out.append(pid)
+    return out
+
+
+def one(endpoint, form: str, work: Path) -> dict:
     run_dir = work / "run"
     agent = AgentOptions(min_nodes=1, max_nodes=2, nproc_per_node=1, rdzv_backend="etcd-v2", rdzv_endpoint=endpoint,
                          rdzv_id=f"restart-{form}-{time.time_ns()}", max_restarts=DEFAULT_MAX_RESTARTS,
-                         local_addr="127.0.0.1", timeouts=CLUSTER_TIMEOUTS, tls=client_tls(endpoint))
+                         local_addr="127.0.0.1", timeouts=CLUSTER_TIMEOUTS, tls=RdzvTls.of(endpoint.tls))
     entry = [str(SCRIPT)] if form == "script" else ["-m", "training.examples.ddp_minimal"]
     cmd = [sys.executable, "-m", "eks_ddp_runtime.launch", *torchrun_args(agent), *entry, "--steps=100000",
            "--checkpoint-every=10", "--step-time=0.1"]
-    env = trainer_env({**AGENT_ENV, "EKS_DDP_RUN_DIR": str(run_dir)})
+    env = {**os.environ, **AGENT_ENV, "EKS_DDP_RUN_DIR": str(run_dir), "OMP_NUM_THREADS": "1",
+           "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH"))
+                                                                        if p)}
     agents = []
     try:
         for i in range(2):
@@ -71,7 +101,7 @@ def one(endpoint, form: str, work: Path) -> dict:
                                                stdin=subprocess.DEVNULL, start_new_session=True))
         _wait(lambda: [r for r in _history(run_dir) if r["kind"] == "checkpoint" and r["step"] >= 20], 180,
               "two checkpoints at full size")
-        victim = _wait(lambda: worker_pids(agents[1].pid), 10, "agent1's worker")[0]
+        victim = _wait(lambda: _workers(agents[1].pid), 10, "agent1's worker")[0]
         before = max(r["step"] for r in _history(run_dir) if r["kind"] == "step")
         load = os.getloadavg()[0]
         killed = time.time()

@@ -60,7 +60,7 @@ def test_the_agent_logs_a_worker_failure_without_importing_anything():
 
 
 def test_the_preload_happens_before_workers_start():
-    """main() preloads after torch's launch config and before warm_workers (whose fork probe then covers it)."""
+    """main() preloads after torch's launch config and before warm_workers starts the zygote."""
     import inspect
 
     from eks_ddp_runtime import launch

@@ -36,11 +36,13 @@ FAST = {
     "module_reads_args_and_env_at_import": (["-m", "userpkg.train", "--lr", "0.5"], 0),
     "module_usage_error_at_import": (["-m", "userpkg.train", "--lr", "fast"], 2),
     "script_by_path_with_sibling_import": (["scripts/train_script.py", "--steps", "3"], 0),
-    "script_sys_exit_none": (["scripts/train_script.py", "--end", "none"], 0),
-    "script_exit_7": (["scripts/train_script.py", "--end", "7"], 7),
     "sigterm_handler": (["scripts/sigterm.py"], 1),
 }
+"""make test: the module-level cases (they fail on a launcher that imports the module in the agent), a script by
+path, and a signal handler. Each runs both launchers at once, ~10-20 s on 2 cores."""
 LONG = {
+    "script_sys_exit_none": (["scripts/train_script.py", "--end", "none"], 0),
+    "script_exit_7": (["scripts/train_script.py", "--end", "7"], 7),
     "module_exit_code_3": (["-m", "userpkg.train", "--lr", "0.5", "--exit", "3"], 3),
     "script_exit_1": (["scripts/train_script.py", "--end", "1"], 1),
     "script_exit_2": (["scripts/train_script.py", "--end", "2"], 2),
@@ -148,7 +150,7 @@ def test_a_usage_error_stops_the_run_at_once(etcd):
 def test_a_workloads_own_fatal_code_reaches_the_launcher(etcd):
     """``EKS_DDP_FATAL_EXIT_CODES`` (set by the Job from ``Workload.fatal_exit_codes``) stops the run at once with
     that code; without it the same exit is a transient failure that spends the restart budget."""
-    entry = ["scripts/train_script.py", "--end", "7"]
+    entry = ["scripts/exit_with.py", "7"]
     fatal = _start(_launcher(etcd, entry, max_restarts=20), trainer_env({"EKS_DDP_FATAL_EXIT_CODES": "7,9"}))
     code, _, err = _finish(fatal)
     assert code == 7 and _worker_starts(err) == 1, err[-3000:]

@@ -78,11 +78,14 @@ def exit_process(code: int, *, drain_s: float = 10.0) -> NoReturn:
         print(f"[exit] {len(alive)} side thread(s) still running after {drain_s:g} s ({', '.join(alive)}): "
               f"exiting {code} without interpreter shutdown", file=sys.stderr)
     if multiprocessing.parent_process() is not None:
-        # A multiprocessing child, as the workers the launcher forks are (launch.py ``_run_module``): the code goes
-        # back through torch's worker wrapper (``record`` hands a 0 to the agent as the return value it waits for;
-        # os._exit would leave it waiting), and a forked child then ends with ``os._exit`` itself, so interpreter
-        # shutdown never runs there.
-        raise SystemExit(code)
+        # A multiprocessing child, as the workers the launcher forks from its zygote are (workers.py ``run_worker``,
+        # which ends the process with ``os._exit`` at once on a SystemExit marked ``final``, skipping the thread
+        # join and atexit handlers as below), or another launcher's forked worker, whose wrapper must see the
+        # code (torch's ``record`` hands a 0 to its agent as the return value it waits for; os._exit would leave
+        # it waiting) and which then ends with ``os._exit`` itself.
+        final = SystemExit(code)
+        final.final = True  # type: ignore[attr-defined]
+        raise final
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):

@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("torch.distributed.elastic", "torch.distributed.launcher", "training", "eks_ddp_runtime"):
         logging.getLogger(name).setLevel(logging.INFO)
     # Before torch's launch config asks for an accelerator: with NVML answering, the agent never initialises
-    # CUDA on a GPU node, so workers can still be forked (warm_workers verifies it either way).
+    # CUDA on a GPU node (workers fork from the zygote, which never touches CUDA; its probe verifies that).
     os.environ.setdefault(NVML_CHECK_ENV, "1")
     if "CUDA_VISIBLE_DEVICES" not in os.environ and no_nvidia_driver():
         # No NVML to answer torch's check, so it would initialise CUDA (and find nothing): with no device visible

@@ -304,6 +304,9 @@ def run_worker(kind: str, target: str, *argv: str) -> NoReturn:
             raise ValueError(f"kind: got {kind!r}; expected module or script")
     except SystemExit as e:
         status = exit_status(e.code)
+        if getattr(e, "final", False):  # exitcodes.exit_process: the code is final, no thread join, no atexit
+            _flush()
+            os._exit(status)
     except BaseException:  # noqa: BLE001  (an uncaught exception: the traceback and 1, as python prints it)
         sys.excepthook(*sys.exc_info())
         status = 1
@@ -311,12 +314,16 @@ def run_worker(kind: str, target: str, *argv: str) -> NoReturn:
         _join_non_daemon_threads()
         atexit._run_exitfuncs()
     finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError, AttributeError):
-                pass
+        _flush()
         os._exit(status)
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
 
 
 def all_exited_zero(pcontext) -> bool:
