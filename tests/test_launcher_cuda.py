@@ -73,7 +73,7 @@ def test_an_agent_that_initialised_cuda_still_gets_clean_workers_from_the_zygote
     # The workers are not forked from the agent but from the zygote, a fresh interpreter that never touched CUDA.
     ranks, log = _probe(tmp_path, etcd_endpoint, {"EKS_DDP_FORK_WORKERS": "1", "PYTORCH_NVML_BASED_CUDA_CHECK": "0"})
     _assert_cuda_usable(ranks, log)
-    zygote = re.search(r"workers are forked from a zygote \(pid (\d+), 1 thread, clean for CUDA", log)
+    zygote = re.search(r"workers are forked from a zygote \(pid (\d+), 1 thread\(s\), clean for CUDA", log)
     assert zygote, log[-3000:]
     assert {r["ppid"] for r in ranks} == {int(zygote[1])}
 

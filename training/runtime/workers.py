@@ -10,9 +10,10 @@ fork of it that then runs the user's module or script exactly as ``python -u`` w
 * the user's module is never imported in the agent (its top level, argument parsing and environment reads run
   only in the workers, with their argv and env);
 * ``-m MODULE`` and ``SCRIPT`` restart equally fast;
-* the zygote never touches CUDA and runs one thread, so a fork of it can use a GPU (the agent, which asks torch
-  for an accelerator and runs the rendezvous' heartbeat thread, forks nothing); a probe fork at start checks both
-  and falls back to fresh processes otherwise.
+* the zygote never touches CUDA and runs no thread of its own (only what ``import torch`` starts: numpy's
+  OpenBLAS pool, none with ``OMP_NUM_THREADS=1``), so a fork of it can use a GPU (the agent, which asks torch for
+  an accelerator and runs the rendezvous' heartbeat thread, forks nothing); a probe forked at start checks torch's
+  bad-fork flag and falls back to fresh processes otherwise.
 
 ``EKS_DDP_FORK_WORKERS=0`` starts fresh processes (torchrun's way). ``EKS_DDP_PRELOAD=mod1,mod2`` imports more
 modules in the zygote (heavy libraries the workers import, e.g. ``torchvision``): they are imported once there
@@ -44,12 +45,14 @@ from the zygote while a probe fork of it is clean for CUDA and single-threaded."
 PRELOAD_ENV = "EKS_DDP_PRELOAD"
 """Comma-separated modules the zygote imports besides torch and the runtime (never the agent)."""
 ZYGOTE_PRELOAD = ("torch", "torch.distributed", "torch.distributed.run", "torch.distributed.elastic.multiprocessing.api",
-                  "torch.distributed.elastic.agent.server.local_elastic_agent", "eks_ddp_runtime.rendezvous",
-                  "eks_ddp_runtime.workers", "eks_ddp_runtime.exitcodes", "eks_ddp_runtime.dist")
+                  "torch.distributed.elastic.agent.server.local_elastic_agent", "torch._dynamo", "torch.optim",
+                  "torch.nn.parallel", "eks_ddp_runtime.rendezvous", "eks_ddp_runtime.workers",
+                  "eks_ddp_runtime.exitcodes", "eks_ddp_runtime.dist", "eks_ddp_runtime.watchdog")
 """What every worker needs before the user's code runs: torch, the worker wrapper torch's agent pickles
-(``_wrap``), this module, and what the launcher imports (each child re-runs the launcher's module as
-``__mp_main__``: multiprocessing's spawn preparation for an agent started with ``python -m``; the launcher itself
-is left out so that runpy does not warn about a module run while already imported)."""
+(``_wrap``), this module, what the launcher imports (each child re-runs the launcher's module as ``__mp_main__``:
+multiprocessing's spawn preparation for an agent started with ``python -m``; the launcher itself is left out so
+that runpy does not warn about a module run while already imported), and ``torch._dynamo``, which torch imports on
+a model's first optimizer step (~900 modules, 1-3 s on a busy node: the bulk of a restart otherwise)."""
 _MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
@@ -135,9 +138,12 @@ class Zygote:
         return self._report
 
     def clean(self) -> bool:
-        """A fork of it can use CUDA and inherits no thread but the one forking."""
+        """A fork of it can use CUDA. (Its thread count is reported, not required to be 1: ``import torch`` loads
+        numpy's OpenBLAS, which starts its pool unless ``OMP_NUM_THREADS=1`` (torchrun sets it for more than one
+        worker per node) and shuts it down around every fork (its ``pthread_atfork`` handler), as for the
+        DataLoader workers torch forks from any training process.)"""
         r = self.report()
-        return r is not None and not r["bad_fork"] and not r["cuda_initialized"] and r["zygote_threads"] == 1
+        return r is not None and not r["bad_fork"] and not r["cuda_initialized"]
 
 
 @dataclass
@@ -196,7 +202,7 @@ def settle(agent) -> None:
                     PRELOAD_ENV)
     if z.clean():
         r = z.report() or {}
-        log.info("workers are forked from a zygote (pid %s, %s thread, clean for CUDA; preloaded: %s); the %s runs "
+        log.info("workers are forked from a zygote (pid %s, %s thread(s), clean for CUDA; preloaded: %s); the %s runs "
                  "only in the workers", r.get("zygote"), r.get("zygote_threads"), ", ".join(z.preload), pending.target)
         return
     log.warning("%s=1 overridden: the zygote is not safe to fork (%s); starting each worker as a fresh process",
