@@ -175,3 +175,24 @@ def test_the_corpus_is_where_the_cases_point():
         if entry[0] != "-m" and "no_such" not in entry[0]:
             assert (CORPUS / entry[0]).is_file(), entry
     assert (Path(CORPUS) / "userpkg" / "train.py").is_file()
+
+
+@pytest.mark.parametrize("code", ["None", "0", "1", "2", "7", "256", "-1", "True", "'a message'"])
+def test_a_forked_workers_exit_status_is_what_python_exits_with(code):
+    """workers.exit_status against the rule's source, a fresh interpreter (CPython's handle_system_exit)."""
+    from eks_ddp_runtime.workers import exit_status
+
+    fresh = subprocess.run([sys.executable, "-c", f"import sys; sys.exit({code})"], capture_output=True, text=True,
+                           timeout=30)
+    assert exit_status(eval(code)) == fresh.returncode  # noqa: S307  (the parametrized literals above)
+
+
+def test_a_scripts_own_dash_m_argument_is_not_taken_for_a_module():
+    from eks_ddp_runtime.workers import Entrypoint, parse_entrypoint
+
+    assert parse_entrypoint(sys.executable, ["-u", "train.py", "-m", "x"]) == Entrypoint("script", "train.py",
+                                                                                        ("-m", "x"))
+    assert parse_entrypoint(sys.executable, ["-u", "-m", "pkg.train", "--lr", "1"]) == Entrypoint(
+        "module", "pkg.train", ("--lr", "1"))
+    assert parse_entrypoint("/other/python", ["-u", "train.py"]) is None  # PYTHON_EXEC: another interpreter
+    assert parse_entrypoint(sys.executable, ["-u", "train.py", "--local-rank=${local_rank}"]) is None
