@@ -76,6 +76,7 @@ from .torchrun import (
 from .workload import (
     DATA_DIR_ENV,
     DATA_VERIFY_ENV,
+    FATAL_CODES_ENV,
     FATAL_EXIT_CODES,
     RUN_DIR_ENV,
     Cifar10Data,
@@ -351,6 +352,8 @@ class ElasticJob(pulumi.ComponentResource):
         # EFA needs an unlimited RLIMIT_MEMLOCK to register memory; a non-root container cannot raise it
         # (and 'restricted' forbids IPC_LOCK), so it comes from the node's container runtime.
         env = {**a.workload.env, **AGENT_ENV, **nccl_env(it, a.efa), **self._workload_env()}
+        # The launcher stops at once on the codes the pod failure policy fails the Job on (no restarts spent).
+        env[FATAL_CODES_ENV] = ",".join(map(str, bug_exit_codes(a.workload)))
         if a.results_url is not None:
             env["EKS_DDP_RESULTS_URL"] = a.results_url  # type: ignore[assignment]  # an Output is a valid value
             if a.results_kms_key_arn is not None:
@@ -469,9 +472,6 @@ class ElasticJob(pulumi.ComponentResource):
                 opts=child)
 
 
-BAD_INPUT_EXIT_CODE = 5
-"""eks_ddp_runtime.exitcodes.BAD_INPUT: also the launcher's own verdict on a staged data set that fails its
-manifest or pin, before any worker starts."""
 def egress_rule(e: Egress) -> k8s.networking.v1.NetworkPolicyEgressRuleArgs:
     """A declared destination as one egress rule: its addresses (an ipBlock) on its ports."""
     net = k8s.networking.v1
@@ -486,9 +486,7 @@ def role_name_of(arn: str) -> str:
 
 
 def bug_exit_codes(w: Workload) -> list[int]:
-    """The exit codes that fail the Job at once: argparse's usage error and the workload's FATAL codes, and with
-    S3 data the launcher's BAD_INPUT (a data set that fails its check stays failed on every retry)."""
-    codes = [USAGE_EXIT_CODE, *(c for c in w.fatal_exit_codes if c != USAGE_EXIT_CODE)]
-    if isinstance(w.data, S3Data) and BAD_INPUT_EXIT_CODE not in codes:
-        codes.append(BAD_INPUT_EXIT_CODE)
-    return codes
+    """The exit codes that fail the Job at once: argparse's usage error, the runtime's FATAL codes (the launcher
+    exits with them whatever the workload; 5 is also its verdict on S3 data that fails its manifest or pin) and the
+    workload's own."""
+    return sorted({USAGE_EXIT_CODE, *TRAINER_FATAL_EXIT_CODES, *w.fatal_exit_codes})

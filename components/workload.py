@@ -37,6 +37,8 @@ DATA_DIR_REF = f"$({DATA_DIR_ENV})"
 FATAL_EXIT_CODES = (3, 4, 5)
 """The runtime's FATAL exit codes (eks_ddp_runtime.exitcodes.FATAL: config error, divergence, bad input): no
 retry, the Job fails. tests/test_workload.py keeps the two equal (the library never imports the runtime)."""
+FATAL_CODES_ENV = "EKS_DDP_FATAL_EXIT_CODES"
+"""How the Job tells the launcher its fatal worker exit codes (eks_ddp_runtime.exitcodes.FATAL_CODES_ENV)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from eks_ddp_runtime.procs import worker_pids
 
 from components.torchrun import (
     AGENT_ENV,
@@ -117,8 +118,8 @@ class Agent:
         self.marker.touch()
 
     def workers(self) -> list[int]:
-        """PIDs of this agent's trainer processes (its direct children running training.train)."""
-        return [pid for pid, ppid, cmdline in _processes() if ppid == self.pid and b"training.train" in cmdline]
+        """PIDs of this agent's worker processes: fresh ones, or forked from its zygote (procs.worker_pids)."""
+        return worker_pids(self.pid)
 
     def kill_group(self, sig: int = signal.SIGKILL) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):

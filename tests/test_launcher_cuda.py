@@ -10,6 +10,7 @@ machine without a GPU: torch's own bad-fork flag is set in the worker. Every age
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -67,11 +68,25 @@ def test_workers_of_the_real_launcher_are_not_in_a_bad_fork(tmp_path, etcd_endpo
 
 
 @needs_cuda_build
-def test_fork_cannot_be_forced_on_an_agent_that_initialised_cuda(tmp_path, etcd_endpoint):  # noqa: F811
+def test_an_agent_that_initialised_cuda_still_gets_clean_workers_from_the_zygote(tmp_path, etcd_endpoint):  # noqa: F811
     # NVML off: torch's accelerator check initialises CUDA in the agent (a GPU node without NVML would do this).
+    # The workers are not forked from the agent but from the zygote, a fresh interpreter that never touched CUDA.
     ranks, log = _probe(tmp_path, etcd_endpoint, {"EKS_DDP_FORK_WORKERS": "1", "PYTORCH_NVML_BASED_CUDA_CHECK": "0"})
     _assert_cuda_usable(ranks, log)
-    assert "EKS_DDP_FORK_WORKERS=1 overridden: this agent has initialised CUDA" in log
+    zygote = re.search(r"workers are forked from a zygote \(pid (\d+), 1 thread\(s\), clean for CUDA", log)
+    assert zygote, log[-3000:]
+    assert {r["ppid"] for r in ranks} == {int(zygote[1])}
+
+
+@needs_cuda_build
+def test_a_zygote_that_touched_cuda_is_not_forked(tmp_path, etcd_endpoint):  # noqa: F811
+    # Negative control for the zygote's probe: a preloaded module that initialises CUDA on import (through torch's
+    # accelerator check without NVML) poisons every fork of the zygote; the launcher must start fresh processes.
+    ranks, log = _probe(tmp_path, etcd_endpoint, {"EKS_DDP_PRELOAD": "tests.cuda_touch_probe",
+                                                  "PYTORCH_NVML_BASED_CUDA_CHECK": "0"})
+    _assert_cuda_usable(ranks, log)
+    assert "EKS_DDP_FORK_WORKERS=1 overridden: the zygote is not safe to fork" in log, log[-3000:]
+    assert "'bad_fork': True" in log
 
 
 @needs_cuda_build
@@ -86,7 +101,7 @@ def test_without_a_driver_workers_are_still_forked_and_clean(tmp_path, etcd_endp
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]
     _assert_cuda_usable([json.loads(p.read_text()) for p in sorted(out.glob("rank-*.json"))], log)
-    assert "workers are forked from this agent" in log and "no NVIDIA driver on this machine" in log
+    assert "workers are forked from a zygote" in log and "no NVIDIA driver on this machine" in log
 
 
 def test_a_bad_fork_setting_is_a_usage_error_naming_the_variable(tmp_path, etcd_endpoint):  # noqa: F811

@@ -60,7 +60,7 @@ def test_the_agent_logs_a_worker_failure_without_importing_anything():
 
 
 def test_the_preload_happens_before_workers_start():
-    """main() preloads after torch's launch config and before warm_workers (whose fork probe then covers it)."""
+    """main() preloads after torch's launch config and before warm_workers starts the zygote."""
     import inspect
 
     from eks_ddp_runtime import launch
@@ -121,7 +121,7 @@ def test_the_state_cache_is_as_short_as_the_poll():
     from torch.distributed.elastic.rendezvous import RendezvousParameters
 
     params = RendezvousParameters(backend=rendezvous.BACKEND, endpoint="127.0.0.1:1", run_id="speed",
-                                  min_nodes=1, max_nodes=2, local_addr="127.0.0.1")
+                                  min_nodes=1, max_nodes=2, local_addr="127.0.0.1", protocol="http")
     handler = rendezvous._create(params)  # builds its client without contacting the store
     assert handler._state_holder._cache_duration == rendezvous.SYNC_POLL_S
     plain = dyn._BackendRendezvousStateHolder(handler._state_holder._backend, handler._settings)

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from eks_ddp_runtime.procs import worker_pids
 
 from components.torchrun import (
     AGENT_ENV,
@@ -57,11 +58,14 @@ def _wait(predicate, timeout_s: float, what: str, agents: list[Agent]):
 
 
 def _script_workers(run_dir: Path, parent: int | None = None) -> list[int]:
-    """PIDs of ddp_minimal.py processes of this run (optionally only the children of ``parent``)."""
+    """PIDs of the workers of agent ``parent`` (procs.worker_pids: fresh, or forked from its zygote); without it,
+    every Python process of this run (the run dir in its environment), for the clean-up."""
+    if parent is not None:
+        return worker_pids(parent)
     mark = f"EKS_DDP_RUN_DIR={run_dir}".encode()
     found = []
-    for pid, ppid, cmdline in _processes():
-        if b"ddp_minimal.py" not in cmdline or (parent is not None and ppid != parent):
+    for pid, _, cmdline in _processes():
+        if b"python" not in cmdline.split(b"\0", 1)[0]:
             continue
         with contextlib.suppress(OSError):
             if mark in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):

@@ -104,7 +104,10 @@ def test_s3_data_checks_its_uri_and_name():
 def test_fatal_exit_codes_are_the_runtimes():
     from eks_ddp_runtime import exitcodes
 
+    from components.workload import FATAL_CODES_ENV
+
     assert FATAL_EXIT_CODES == tuple(exitcodes.FATAL)
+    assert FATAL_CODES_ENV == exitcodes.FATAL_CODES_ENV
 
 
 # --- the bundled trainer renders exactly what it always did -----------------------------------------
@@ -167,8 +170,16 @@ def test_a_custom_workload_gets_the_same_pods_with_its_own_command_image_env_and
     for key in ("volumes", "tolerations", "nodeSelector", "affinity", "securityContext", "serviceAccountName"):
         assert _pod(mine).get(key) == _pod(bundled).get(key), key
     policy = mine.one(JOB, "training-train").inputs["spec"]["podFailurePolicy"]["rules"]
-    # 5: the launcher's verdict on S3 data that fails its manifest, fatal whatever the workload's own codes.
-    assert policy[0]["onExitCodes"]["values"] == [2, 7, 5]
+    # 2 and the runtime's 3/4/5 stay fatal (the launcher exits with them whatever the workload; 5 is also its
+    # verdict on S3 data that fails its manifest), and the launcher gets the same set, so it stops at once where
+    # the pod failure policy fails the Job.
+    assert policy[0]["onExitCodes"]["values"] == [2, 3, 4, 5, 7]
+    assert env["EKS_DDP_FATAL_EXIT_CODES"]["value"] == "2,3,4,5,7"
+    from eks_ddp_runtime import exitcodes
+
+    assert exitcodes.fatal_codes({exitcodes.FATAL_CODES_ENV: env["EKS_DDP_FATAL_EXIT_CODES"]["value"]}) == \
+        set(policy[0]["onExitCodes"]["values"])
+    assert env_of(trainer(bundled))["EKS_DDP_FATAL_EXIT_CODES"]["value"] == "2,3,4,5"
     # No CIFAR-10 download, no evaluation CronJob, nor their NetworkPolicies (a policy for pods that never run
     # would open 443 to any pod given its label); the same policies otherwise.
     assert not [r for r in mine.of_type(JOB) if r.name == "training-prepare-data"]

@@ -137,8 +137,15 @@ def run(o: argparse.Namespace, progress: Progress | None = None) -> RunResult:
         job._write_json(RUN_FILE, {k: v for k, v in vars(o).items() if k not in _NOT_RESUMED})
     else:
         progress.message(f"resuming run {job.run_id} in {job.run_dir} from its newest checkpoint")
-    data = None if o.synthetic else resolve_data(o.data or Path("data"), explicit=o.data is not None)
-    synthetic = data is None
+    own = bool(o.module or o.script)
+    if own:  # the user's code: its data is its own business (EKS_DDP_DATA_DIR is --data, when given)
+        data, synthetic = (o.data.resolve() if o.data else None), False
+        progress.message(f"your {'module' if o.module else 'script'} {o.module or o.script} "
+                         f"{shlex.join(o.user_args)} under the launcher; EKS_DDP_RUN_DIR={job.run_dir}"
+                         + (f", EKS_DDP_DATA_DIR={data}" if data else ""))
+    else:
+        data = None if o.synthetic else resolve_data(o.data or Path("data"), explicit=o.data is not None)
+        synthetic = data is None
     if synthetic:
         from .data import write_synthetic_cifar
 
@@ -148,9 +155,10 @@ def run(o: argparse.Namespace, progress: Progress | None = None) -> RunResult:
         progress.message(f"CIFAR-10 not found in {o.data or './data'} (a folder holding {CIFAR_SUBDIR}): "
                          f"using a generated CIFAR-format set ({o.synthetic_train} train / {o.synthetic_test} test "
                          f"images) in {data}. Accuracies below are on that set, not CIFAR-10.")
-    else:
+    elif not own:
         progress.message(f"data: CIFAR-10 from {data / CIFAR_SUBDIR}")
-    progress.total_steps = _total_steps(o, o.synthetic_train if synthetic else CIFAR_TRAIN_IMAGES)
+    if not own:
+        progress.total_steps = _total_steps(o, o.synthetic_train if synthetic else CIFAR_TRAIN_IMAGES)
 
     # SIGHUP: the terminal was closed. Handled like Ctrl-C; should the runner die anyway (SIGKILL), the
     # kernel signals etcd and the agents (die_with_parent) and the reaper kills the workers and removes etcd_dir.
@@ -170,7 +178,7 @@ def run(o: argparse.Namespace, progress: Progress | None = None) -> RunResult:
                              + shlex.join(command))
             progress.started = time.monotonic()
             try:
-                job.start_agents(command)
+                job.start_agents(command, data)
                 reason = job.supervise()
             finally:
                 if job.stop_signal is not None:
@@ -202,6 +210,8 @@ def run(o: argparse.Namespace, progress: Progress | None = None) -> RunResult:
     # after losing some (an elastic job with --min-agents below --agents).
     ok = (job.stop_signal is None and not job.fatal and bool(codes)
           and (all(c == 0 for c in codes) or (finished and any(c == 0 for c in codes))))
+    if own:  # no metrics.json to look for: the agents' exit statuses are the verdict
+        ok = job.stop_signal is None and not job.fatal and bool(codes) and all(c == 0 for c in codes)
     if not ok and job.stop_signal is None and job.cause is None:
         job.cause = job.first_error or f"agent exit statuses {codes}"
     returncode = 0 if ok else 128 + job.stop_signal if job.stop_signal else next((c for c in codes if c and c > 0), 1)
@@ -216,9 +226,13 @@ def run(o: argparse.Namespace, progress: Progress | None = None) -> RunResult:
             f"worker killed at step {job.kill_step}; the job did not recover" if job.recovery_s is None else
             f"worker killed at step {job.kill_step}, training resumed {job.recovery_s:.1f} s later "
             + (f"from the checkpoint at step {job.resumed_step}" if job.resumed_step else "from scratch")))
-    result.metrics, result.plot = summarize(job.run_dir, job.out / "training-curve.png", kill_step=job.kill_step,
-                                            title=f"eks-ddp local run {job.run_id}")
-    if ok and result.metrics is None:
+    if o.kill_worker_after is not None:
+        print("[local] recovery: " + ("no worker killed (the job ended first)" if job.killed_at is None else
+                                      f"a worker was killed {o.kill_worker_after:g} s after the start"))
+    if not own:
+        result.metrics, result.plot = summarize(job.run_dir, job.out / "training-curve.png",
+                                                kill_step=job.kill_step, title=f"eks-ddp local run {job.run_id}")
+    if ok and not own and result.metrics is None:
         job.cause = f"the trainer wrote no metrics.json in {job.run_dir}"
         result.returncode = 1
     if result.returncode != 0 and job.cause:

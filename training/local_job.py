@@ -21,26 +21,27 @@ try:  # from this repository (make demo): the cluster's own command builder, as 
     from components.torchrun import (
         AGENT_ENV,
         LOCAL_TIMEOUTS,
-        TRAIN_MODULE,
         AgentOptions,
         RdzvTls,
         TrainerOptions,
         job_command,
+        module_command,
+        script_command,
     )
 except ImportError:  # installed (eks-ddp[trainer]), next to a project whose `components` is its own
     from eks_ddp.torchrun import (
         AGENT_ENV,
         LOCAL_TIMEOUTS,
-        TRAIN_MODULE,
         AgentOptions,
         RdzvTls,
         TrainerOptions,
         job_command,
+        module_command,
+        script_command,
     )
 
 from eks_ddp_runtime.procs import (
     alive,
-    cmdline,
     descendants,
     die_with_parent,
     executable_name,
@@ -48,6 +49,7 @@ from eks_ddp_runtime.procs import (
     proc_table,
     send,
     stop_agents,
+    worker_pids,
 )
 
 from .progress import Progress, exception_line, root_cause
@@ -73,6 +75,8 @@ def installed_modules(command: list[str], package: str | None = __package__) -> 
 GRACE_S = 10.0
 """Seconds agents get to stop their workers after SIGTERM before everything is SIGKILLed."""
 _WORKER_FAILED = re.compile(r"failed \(exitcode: (?P<code>-?\d+)\) local_rank: (?P<rank>\d+) \(pid: (?P<pid>\d+)\)")
+_AGENT_LOG = re.compile(r"^(\[launch\] |[IWEF]\d{4} \d\d:\d\d:\d\d|\*{5}|<frozen )")
+"""The launcher's and torch's own log lines (the rest of an agent's output is the user's code's)."""
 FINISH_GRACE_S = 60.0
 """Once one agent has exited, seconds the others get to exit on their own."""
 
@@ -112,6 +116,7 @@ class LocalJob:
         self.recovery_s: float | None = None
         self.resumed_step: int | None = None
         self._restart_seen = False
+        self.agents_started = time.monotonic()
 
     def on_signal(self, signum: int, _frame: object) -> None:
         self.stop_signal = self.stop_signal or signum
@@ -140,13 +145,17 @@ class LocalJob:
                 if p not in agent_pids and p not in workers and executable_name(p) == "etcd"]
         self._record("etcd", etcd)
 
-    def agent_command(self, endpoint: str, data_dir: Path) -> list[str]:
+    def agent_command(self, endpoint: str, data_dir: Path | None) -> list[str]:
         agent = AgentOptions(
             min_nodes=self.o.min_agents or self.o.agents, max_nodes=self.o.agents,
             nproc_per_node=self.o.nproc_per_node,
             rdzv_backend="etcd-v2" if self.o.rdzv == "etcd" else "c10d", rdzv_endpoint=endpoint,
             rdzv_id=self.run_id, max_restarts=self.o.max_restarts, timeouts=LOCAL_TIMEOUTS, local_addr="127.0.0.1",
             tls=_client_tls(endpoint))
+        if self.o.module:  # the user's own code: the cluster's command for a module or script workload
+            return module_command(agent, self.o.module, list(self.o.user_args), python=sys.executable)
+        if self.o.script:
+            return script_command(agent, self.o.script, list(self.o.user_args), python=sys.executable)
         trainer = TrainerOptions(
             data_dir=str(data_dir), run_dir=str(self.run_dir), epochs=self.o.epochs,
             global_batch_size=self.o.global_batch_size, bn_group=self.o.bn_group,
@@ -154,8 +163,12 @@ class LocalJob:
             log_every=self.o.log_every, max_steps=self.o.max_steps, seed=self.o.seed)
         return installed_modules(job_command(agent, trainer, python=sys.executable))
 
-    def agent_env(self) -> dict[str, str]:
+    def agent_env(self, data_dir: Path | None = None) -> dict[str, str]:
         env = {**os.environ, **AGENT_ENV}
+        if self.o.module or self.o.script:  # what the Job tells every worker of any workload
+            env["EKS_DDP_RUN_DIR"] = str(self.run_dir)
+            if data_dir is not None:
+                env["EKS_DDP_DATA_DIR"] = str(data_dir)
         workers = self.o.agents * self.o.nproc_per_node
         # N agents x M workers share this machine's cores; torch's default (all cores each) oversubscribes.
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // workers))
@@ -164,8 +177,9 @@ class LocalJob:
             env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # keep collectives on loopback
         return env
 
-    def start_agents(self, command: list[str]) -> None:
-        env = self.agent_env()
+    def start_agents(self, command: list[str], data_dir: Path | None = None) -> None:
+        env = self.agent_env(data_dir)
+        self.agents_started = time.monotonic()
         for i in range(self.o.agents):
             if self.stop_signal is not None:
                 return  # Ctrl-C while etcd was starting
@@ -187,8 +201,12 @@ class LocalJob:
         self.lines.put((i, None))
 
     def _show(self, i: int, text: str) -> bool:
-        """Trainer lines are shown; a traceback shows as its last line, once per agent and worker start."""
+        """Trainer lines are shown (with your own code, every line that is not the launcher's or torch's log); a
+        traceback shows as its last line, once per agent and worker start."""
         if "[train]" in text or "[eval]" in text:
+            return True
+        if (self.o.module or self.o.script) and not _AGENT_LOG.match(text) and exception_line(text) is None \
+                and not text.startswith(("Traceback", "  ")):
             return True
         m = _WORKER_FAILED.search(text)  # torchrun's line about one of its workers
         if m and self.stop_signal is None:
@@ -243,12 +261,11 @@ class LocalJob:
         self.progress.message(f"recovered in {self.recovery_s:.1f} s: {what}")
         self.progress.note = ""
 
-    def _kill_worker(self, step: int) -> None:
+    def _kill_worker(self, step: int | None) -> None:
         if self.o.kill_agent_at_step is not None:
             return self._kill_agent(step)
         target = self.agents[1 if len(self.agents) > 1 else 0]
-        train_module = installed_modules(["-m", TRAIN_MODULE])[1]
-        workers = [p for p in descendants(target.pid) if train_module in cmdline(p)]
+        workers = worker_pids(target.pid)
         if not workers:
             return  # between restarts: try again on the next step record
         victim = workers[0]
@@ -256,8 +273,8 @@ class LocalJob:
         send(victim, signal.SIGKILL)
         self.killed_at, self.kill_step = time.monotonic(), step
         index = self.agents.index(target)
-        self.progress.message(f"step {step}: SIGKILL trainer worker pid {victim} of agent{index} to show recovery "
-                              "(the errors that follow are its peers noticing)")
+        self.progress.message(f"{'' if step is None else f'step {step}: '}SIGKILL worker pid {victim} of agent{index} "
+                              "to show recovery (the errors that follow are its peers noticing)")
         self.progress.note = "worker killed, recovering"
 
     def _kill_agent(self, step: int) -> None:
@@ -293,6 +310,9 @@ class LocalJob:
             except queue.Empty:
                 pass
             now = time.monotonic()
+            after = self.o.kill_worker_after
+            if after is not None and self.killed_at is None and now - self.agents_started >= after:
+                self._kill_worker(None)
             if now >= next_scan:
                 self._scan()
                 etcd_gone = [p for p in self.started["etcd"] if not alive(p)]

@@ -31,6 +31,29 @@ FABRIC_FAILED = 6
 #: Every code above, for the pod failure policy and the launcher.
 FATAL = (CONFIG_ERROR, DIVERGED, BAD_INPUT)
 
+#: A usage error: argparse's exit status for a bad argument, and Python's for a script it cannot open. A retry
+#: cannot fix it either, so the launcher stops at once (and exits 2 itself, which the pod failure policy also fails).
+USAGE = 2
+
+FATAL_CODES_ENV = "EKS_DDP_FATAL_EXIT_CODES"
+"""A workload's own fatal worker exit codes, comma-separated (the Job sets it from ``Workload.fatal_exit_codes``):
+the launcher stops at once on these too, as the pod failure policy does."""
+
+
+def fatal_codes(environ=None) -> frozenset[int]:
+    """The worker exit codes that stop the launcher at once: :data:`USAGE`, :data:`FATAL` and the workload's own
+    (``EKS_DDP_FATAL_EXIT_CODES``). ValueError naming the variable for a value that is not codes 1-255."""
+    raw = (os.environ if environ is None else environ).get(FATAL_CODES_ENV, "")
+    extra: set[int] = set()
+    for item in (x.strip() for x in raw.split(",")):
+        if not item:
+            continue
+        if not item.isdigit() or not 1 <= int(item) <= 255:
+            raise ValueError(f"{FATAL_CODES_ENV}: got {raw!r}; expected comma-separated exit codes between 1 and 255 "
+                             "(e.g. 7,9)")
+        extra.add(int(item))
+    return frozenset({USAGE, *FATAL, *extra})
+
 
 def exit_process(code: int, *, drain_s: float = 10.0) -> NoReturn:
     """End this process with exit status ``code``, whatever interpreter shutdown would do.
@@ -55,11 +78,14 @@ def exit_process(code: int, *, drain_s: float = 10.0) -> NoReturn:
         print(f"[exit] {len(alive)} side thread(s) still running after {drain_s:g} s ({', '.join(alive)}): "
               f"exiting {code} without interpreter shutdown", file=sys.stderr)
     if multiprocessing.parent_process() is not None:
-        # A multiprocessing child, as the workers the launcher forks are (launch.py ``_run_module``): the code goes
-        # back through torch's worker wrapper (``record`` hands a 0 to the agent as the return value it waits for;
-        # os._exit would leave it waiting), and a forked child then ends with ``os._exit`` itself, so interpreter
-        # shutdown never runs there.
-        raise SystemExit(code)
+        # A multiprocessing child, as the workers the launcher forks from its zygote are (workers.py ``run_worker``,
+        # which ends the process with ``os._exit`` at once on a SystemExit marked ``final``, skipping the thread
+        # join and atexit handlers as below), or another launcher's forked worker, whose wrapper must see the
+        # code (torch's ``record`` hands a 0 to its agent as the return value it waits for; os._exit would leave
+        # it waiting) and which then ends with ``os._exit`` itself.
+        final = SystemExit(code)
+        final.final = True  # type: ignore[attr-defined]
+        raise final
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):

@@ -5,14 +5,17 @@ see exitcodes.py and the Job's pod failure policy):
 
 * **0** when the run finished, also for an agent that arrives after it finished (a replacement pod
   for a lost node): it finds the rendezvous closed and has nothing left to do;
-* a **FATAL** code (exitcodes.py) as soon as one local worker exits with it: a retry cannot
-  fix a config error, a divergence or unreadable input, so no worker restart is spent on it;
+* a **fatal** code as soon as one local worker exits with it (exitcodes.py ``fatal_codes``: 2 for a usage
+  error, FATAL's 3/4/5, and the workload's own ``EKS_DDP_FATAL_EXIT_CODES``): a retry cannot fix a bad
+  argument, a config error, a divergence or unreadable input, so no worker restart is spent on it;
+* **2** for a bad launcher setting, the rendezvous store's client settings included (rdzv_store.py), at start;
 * **5** (BAD_INPUT) before any worker starts when the Job asks for its data set to be verified
   (``EKS_DDP_DATA_VERIFY``, dataset.py) and a file no longer matches the stage's manifest or pin;
 * **1** when the fault budget (``--max-restarts``) is spent. The rendezvous stays open: only a finished
   run closes it (rendezvous.py), so a retried pod or the surviving agents carry on.
 
-Flags are torchrun's; use ``--rdzv-backend=eks-etcd`` for the store-restart-tolerant etcd backend.
+Flags are torchrun's; use ``--rdzv-backend=eks-etcd`` for the store-restart-tolerant etcd backend. The user's
+module or script runs only in the workers, as under torchrun; workers.py forks them from a warm zygote.
 """
 
 # ruff: noqa: E402  (the torch check below must run before torch's elastic internals are imported)
@@ -30,7 +33,7 @@ from . import compat
 compat.refuse_unsupported_torch(main=__name__ == "__main__")
 
 from torch.distributed import run as torchrun
-from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerSpec
+from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerSpec, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous import registry as rdzv_registry
@@ -38,7 +41,9 @@ from torch.distributed.elastic.rendezvous.api import RendezvousClosedError
 from torch.distributed.launcher import api as launcher_api
 
 from . import dataset, rendezvous
-from .exitcodes import BAD_INPUT, FATAL
+from .exitcodes import BAD_INPUT, fatal_codes
+from .rdzv_store import RendezvousConfigError
+from .workers import FORK_ENV, all_exited_zero, settle, warm_workers
 
 log = logging.getLogger("training.launch")
 FAILED = 1
@@ -46,10 +51,7 @@ USAGE = 2
 """A bad agent setting (torchrun's own usage errors exit 2 too): the Job fails at once."""
 
 
-FORK_ENV = "EKS_DDP_FORK_WORKERS"
-"""``0``: start every worker as a fresh ``python -m`` process (torchrun's way). ``1`` (the default): fork
-workers from the agent, but only while a forked process is verified clean for CUDA (:func:`fork_is_clean`);
-a value cannot select fork on an agent that touched CUDA."""
+__all__ = ["FORK_ENV", "Agent", "launch", "main", "warm_workers"]
 NVML_CHECK_ENV = "PYTORCH_NVML_BASED_CUDA_CHECK"
 """``1``: torch answers "is CUDA available?" through NVML instead of initialising CUDA, which would poison
 every later fork (torch/cuda/__init__.py ``is_available``). torch's launcher asks it in the agent
@@ -92,53 +94,25 @@ def preload_failure_logging() -> None:
     import torch._dynamo  # noqa: F401
 
 
-def _run_module(module: str, *argv: str) -> None:
-    """A forked worker: run ``python -m module argv`` in this (already warm) interpreter."""
-    import runpy
-
-    sys.argv = [module, *argv]
-    runpy.run_module(module, run_name="__main__", alter_sys=True)
-
-
-def warm_workers(config: launcher_api.LaunchConfig, entrypoint, args: list[str]):
-    """Fork workers from the agent, which has torch and the worker module imported already, instead of starting
-    a new interpreter per worker: a restart then costs no import time (seconds on a busy node).
-
-    Only where it is safe for CUDA: a worker forked from a process that initialised CUDA can never use a GPU,
-    so after everything the agent does before its first worker start (torch's launch config, importing the
-    worker module), a probe fork decides. Where CUDA was touched (no NVML to answer torch's check, or a module
-    that touches CUDA on import) every worker starts as a fresh process, whatever ``EKS_DDP_FORK_WORKERS`` says.
-    """
-    choice = os.environ.get(FORK_ENV, "1")
-    if choice not in ("0", "1"):
-        raise ValueError(f"{FORK_ENV}: got {choice!r}; expected 0 (fresh worker processes) or 1 (fork where "
-                         "CUDA-safe, the default)")
-    if choice == "0" or entrypoint != sys.executable or "-m" not in args:
-        return entrypoint, args
-    module, argv = args[args.index("-m") + 1], args[args.index("-m") + 2:]
-    import importlib
-
-    importlib.import_module(module)  # imported once here; every fork inherits it
-    if not fork_is_clean():
-        log.warning("%s=%s overridden: this agent has initialised CUDA (torch's device check fell back to the "
-                    "CUDA runtime: no NVML, or %s imports touch CUDA), and a forked worker could not use a GPU "
-                    "('Cannot re-initialize CUDA in forked subprocess'); starting each worker as a fresh process",
-                    FORK_ENV, choice, module)
-        return entrypoint, args
-    config.start_method = "fork"
-    log.info("workers are forked from this agent (a forked probe is clean for CUDA)")
-    return _run_module, [module, *argv]
-
-
 class Agent(LocalElasticAgent):
-    """LocalElasticAgent that stops restarting at once when a worker exits with a FATAL code."""
+    """LocalElasticAgent that stops restarting at once when a worker exits with a fatal code (exitcodes.py
+    ``fatal_codes``: a usage error, FATAL, the workload's own), and that counts forked workers which all exited 0
+    as a success, as torchrun does for fresh processes (workers.py ``all_exited_zero``)."""
 
     fatal_code: int | None = None
+    fatal_codes: frozenset[int] = fatal_codes({})
+
+    def _start_workers(self, worker_group: WorkerGroup):
+        settle(self)  # the first start waits for the zygote's probe (workers.py)
+        return super()._start_workers(worker_group)
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         result = super()._monitor_workers(worker_group)
+        if result.state == WorkerState.HEALTHY and all_exited_zero(self._pcontext):
+            return RunResult(state=WorkerState.SUCCEEDED,
+                             return_values={w.global_rank: None for w in worker_group.workers})
         if result.is_failed():
-            fatal = sorted({f.exitcode for f in result.failures.values() if f.exitcode in FATAL})
+            fatal = sorted({f.exitcode for f in result.failures.values() if f.exitcode in self.fatal_codes})
             if fatal:
                 self.fatal_code = fatal[0]
                 self._remaining_restarts = 0  # _invoke_run then stops the workers and returns the failure
@@ -171,6 +145,12 @@ def launch(config: launcher_api.LaunchConfig, entrypoint, args: list[str]) -> in
     finished = False
     try:
         result = agent.run()
+        if result is None:
+            # torch's run() returns None on RendezvousGracefulExitError: this agent waited in the redundancy list
+            # (more agents than max nodes) and the run finished without it. Nothing left to do.
+            log.info("rendezvous %s closed while this agent waited as a spare: the run finished; exiting 0",
+                     config.run_id)
+            return 0
         finished = not result.is_failed()
     except RendezvousClosedError:
         # Only a finished run closes the rendezvous (rendezvous.py): nothing left to do.
@@ -243,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("torch.distributed.elastic", "torch.distributed.launcher", "training", "eks_ddp_runtime"):
         logging.getLogger(name).setLevel(logging.INFO)
     # Before torch's launch config asks for an accelerator: with NVML answering, the agent never initialises
-    # CUDA on a GPU node, so workers can still be forked (warm_workers verifies it either way).
+    # CUDA on a GPU node (workers fork from the zygote, which never touches CUDA; its probe verifies that).
     os.environ.setdefault(NVML_CHECK_ENV, "1")
     if "CUDA_VISIBLE_DEVICES" not in os.environ and no_nvidia_driver():
         # No NVML to answer torch's check, so it would initialise CUDA (and find nothing): with no device visible
@@ -266,11 +246,16 @@ def main(argv: list[str] | None = None) -> int:
         return BAD_INPUT
     preload_failure_logging()
     try:
+        Agent.fatal_codes = fatal_codes()
         entrypoint, cmd_args = warm_workers(config, entrypoint, cmd_args)
     except ValueError as e:
         log.error("%s", e)
         return USAGE
-    code = launch(config, entrypoint, cmd_args)
+    try:
+        code = launch(config, entrypoint, cmd_args)
+    except RendezvousConfigError as e:
+        log.error("%s", e)
+        return USAGE
     if code == 0:
         mark_finished(command)
     return code

@@ -70,6 +70,28 @@ def descendants(root: int, table: dict[int, int] | None = None) -> list[int]:
     return sorted(out)
 
 
+ZYGOTE_MARK = "from multiprocessing.forkserver import main"
+"""In the command line of a launcher's zygote (workers.py), and so of every worker forked from it."""
+_TRACKER_MARK = "from multiprocessing.resource_tracker import main"
+
+
+def worker_pids(agent: int, table: dict[int, int] | None = None) -> list[int]:
+    """The worker processes of one launcher agent, sorted: its children that run the user's code as fresh
+    processes (torchrun's way), and the children of its zygote (workers forked from it carry the zygote's command
+    line, so they are told apart from it by their parent). Not the zygote, nor multiprocessing's resource tracker."""
+    table = proc_table() if table is None else table
+    out: list[int] = []
+    for pid, ppid in table.items():
+        if ppid != agent:
+            continue
+        line = cmdline(pid)
+        if ZYGOTE_MARK in line:
+            out.extend(p for p, pp in table.items() if pp == pid)
+        elif _TRACKER_MARK not in line:
+            out.append(pid)
+    return sorted(out)
+
+
 def cmdline(pid: int) -> str:
     """The process's arguments joined by spaces ("" when it is gone)."""
     if not HAVE_PROC:

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import ssl
 import threading
 import time
 import uuid
@@ -41,27 +43,63 @@ log = logging.getLogger("training.rendezvous")
 T = TypeVar("T")
 
 
-def make_client(params: RendezvousParameters):
-    """An ``etcd.Client`` from the rdzv-conf; HTTPS with a client certificate unless ``protocol=http``."""
-    import etcd
+class RendezvousConfigError(ValueError):
+    """A store-client setting no retry can fix (the launcher exits 2 at start, a usage error)."""
 
+
+def client_settings(params: RendezvousParameters) -> dict[str, Any]:
+    """The ``etcd.Client`` arguments from the rdzv-conf, checked before anything is contacted:
+    ``read_timeout`` a positive number, ``protocol`` http or https, and for https the three certificate files
+    present, readable and loadable (the CA, the client certificate and its matching key). RendezvousConfigError
+    names the key, the value and what is allowed."""
     host, port = parse_rendezvous_endpoint(params.endpoint, default_port=2379)
-    read_timeout = int(params.get("read_timeout", 5))
+    raw_timeout = params.get("read_timeout", 5)
+    try:
+        read_timeout = float(raw_timeout)
+    except (TypeError, ValueError):
+        read_timeout = float("nan")
+    if not read_timeout > 0:
+        raise RendezvousConfigError(f"rdzv-conf read_timeout: got {raw_timeout!r}; expected seconds > 0")
     protocol = str(params.get("protocol", "https")).strip().lower()
     if protocol not in ("http", "https"):
-        raise ValueError(f"rdzv-conf protocol: got {protocol!r}; expected 'https' (or 'http' for an "
-                         "unauthenticated store, which lets any writer run code in the agents)")
+        raise RendezvousConfigError(f"rdzv-conf protocol: got {params.get('protocol')!r}; expected 'https' (or "
+                                    "'http' for an unauthenticated store, which lets any writer run code in the agents)")
     kw: dict[str, Any] = {}
     if protocol == "https":
         files = {k: params.get(k) for k in ("ca_cert", "ssl_cert", "ssl_cert_key")}
         missing = [k for k, v in files.items() if not v]
         if missing:
-            raise ValueError(f"rdzv-conf {', '.join(missing)}: missing; expected file paths (the store's CA, "
-                             "this job's client certificate and key) with protocol=https")
+            raise RendezvousConfigError(f"rdzv-conf {', '.join(missing)}: missing; expected file paths (the store's "
+                                        "CA, this job's client certificate and key) with protocol=https")
+        for key, path in files.items():
+            if not os.path.isfile(path) or not os.access(path, os.R_OK):
+                raise RendezvousConfigError(f"rdzv-conf {key}: got {path!r}; expected a readable file (is the "
+                                            "rendezvous TLS Secret mounted?)")
+        try:
+            ctx = ssl.create_default_context(cafile=files["ca_cert"])
+            ctx.load_cert_chain(files["ssl_cert"], files["ssl_cert_key"])
+        except (ssl.SSLError, OSError, ValueError) as e:
+            raise RendezvousConfigError(f"rdzv-conf ca_cert/ssl_cert/ssl_cert_key: got {files['ca_cert']!r}, "
+                                        f"{files['ssl_cert']!r}, {files['ssl_cert_key']!r}, which do not load ({e}); "
+                                        "expected PEM files: the store's CA, a client certificate and its key") from e
         kw = {"ca_cert": files["ca_cert"], "cert": (files["ssl_cert"], files["ssl_cert_key"])}
-    else:
+    return {"host": host, "port": port, "read_timeout": read_timeout, "protocol": protocol, **kw}
+
+
+def make_client(params: RendezvousParameters):
+    """An ``etcd.Client`` from the rdzv-conf (:func:`client_settings`); HTTPS with a client certificate unless
+    ``protocol=http``. urllib3 does not retry under it: python-etcd's ``PoolManager`` has urllib3's default
+    ``Retry(total=3)``, which made one call take up to 4 x ``read_timeout`` while the :class:`Retrier` already
+    retries what a retry can fix."""
+    import etcd
+
+    kw = client_settings(params)
+    if kw["protocol"] == "http":
         log.warning("rendezvous store over plain HTTP: anyone who can write it can run code in this agent")
-    return etcd.Client(host, port, read_timeout=read_timeout, protocol=protocol, allow_reconnect=False, **kw)
+    client = etcd.Client(allow_reconnect=False, **kw)
+    client.http.connection_pool_kw["retries"] = False  # read by every pool the manager creates (lazily)
+    client.http.clear()
+    return client
 
 
 def _chain(exc: BaseException | None) -> Iterator[BaseException]:

@@ -81,7 +81,7 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
 )
 
 from . import compat
-from .rdzv_store import KEY_PREFIX, STORE_PREFIX, Retrier, RetryingEtcdBackend, RetryingEtcdStore
+from .rdzv_store import KEY_PREFIX, STORE_PREFIX, Retrier, RetryingEtcdBackend, RetryingEtcdStore, client_settings
 
 __all__ = ["BACKEND", "KEY_PREFIX", "STORE_PREFIX", "ElasticHandler", "allow_close", "register"]
 
@@ -180,6 +180,7 @@ def allow_close() -> None:
 
 
 def _create(params: RendezvousParameters) -> ElasticHandler:
+    client_settings(params)  # settings no retry can fix fail here, at start (RendezvousConfigError), not after 600 s
     retry = Retrier(params, float(params.config.pop("store_retry_timeout", DEFAULT_STORE_RETRY_S)))
     first_round_s = float(params.config.pop("first_round_timeout", DEFAULT_FIRST_ROUND_S))
     backend = RetryingEtcdBackend(retry, params.run_id, BACKEND)
