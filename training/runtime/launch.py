@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import sys
+import uuid
 
 from . import compat
 
@@ -215,6 +216,15 @@ def mark_finished(command: list[str]) -> None:
         log.warning("could not write %s (%s): a Job created again for this run would train it again", path, e)
 
 
+def standalone(args) -> None:
+    """``--standalone`` as torchrun gives it: a c10d store on a free local port and a fresh run id, whatever
+    rendezvous flags were given (torch/distributed/run.py ``run()``, which this launcher does not call: it reads
+    the flags with torch's own ``parse_args`` and ``config_from_args``, and ``run()`` holds this rewrite)."""
+    if getattr(args, "standalone", False):
+        args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
+        log.info("--standalone: --rdzv-backend=c10d --rdzv-endpoint=localhost:0 --rdzv-id=%s", args.rdzv_id)
+
+
 def main(argv: list[str] | None = None) -> int:
     # Each restart gets fresh worker-group store addresses (pytorch#135712).
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
@@ -231,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
         log.info("no NVIDIA driver on this machine: CUDA_VISIBLE_DEVICES='' for the agent and its workers")
     args = torchrun.parse_args(argv)
+    standalone(args)
     config, entrypoint, cmd_args = torchrun.config_from_args(args)
     command = [entrypoint, *cmd_args]
     if finished_before(command):
