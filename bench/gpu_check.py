@@ -231,7 +231,9 @@ def item_a(tmp: Path, env: dict[str, str], gpus: int) -> dict[str, Any]:
                 return [r for r in _history(run) if r.get("kind") == "step"]
 
             _wait(lambda: len(steps()) >= 8, 300, "8 training steps", procs, logs)
-            victim = _wait(lambda: _children(procs[-1].pid), 30, "a worker", procs, logs)[0]
+            from eks_ddp_runtime.procs import worker_pids  # the zygote's children, not the zygote itself
+
+            victim = _wait(lambda: worker_pids(procs[-1].pid), 30, "a worker", procs, logs)[0]
             before = steps()
             last = before[-1]["step"]
             killed = time.time()
