@@ -58,6 +58,13 @@ def test_decisions_name_statements_in_policy_order_with_the_callers_label():
     assert evaluate(doc({**ALLOW_GET, "Sid": None}), req()).statements == ("Statement[0]",)
 
 
+def test_a_statement_whose_effect_is_neither_allow_nor_deny_grants_nothing():
+    """As the image-pull contract had it (an Effect other than Allow never granted there)."""
+    assert evaluate(doc({**ALLOW_GET, "Effect": "allow"}), req()).effect == IMPLICIT_DENY
+    assert evaluate(doc({k: v for k, v in ALLOW_GET.items() if k != "Effect"}), req()).effect == IMPLICIT_DENY
+    assert identity.decide([{"Action": "ecr:*", "Resource": "*", "_from": "p"}], "ecr:BatchGetImage", "*")[0] is False
+
+
 def test_context_key_names_are_not_case_sensitive():
     """IAM user guide, "IAM JSON policy elements: Condition": aws:SourceIP is the same key as AWS:SourceIp."""
     secure = {**ALLOW_GET, "Condition": {"Bool": {"AWS:SECURETRANSPORT": "true"}}}

@@ -274,10 +274,12 @@ def evaluate(policy: str | Mapping[str, Any], req: Request, *, resource_policy: 
     unknown: list[str] = []
     via_account = True
     for i, stmt in enumerate(_as_list(doc.get("Statement", []))):
+        deny_side = stmt.get("Effect") == "Deny"
+        if not deny_side and stmt.get("Effect") != "Allow":
+            continue  # "Effect": Allow or Deny, nothing else (IAM JSON policy element reference, "Effect")
         applies, via, what = _statement_applies(stmt, req, resource_policy)
         if applies is False:
             continue
-        deny_side = stmt.get("Effect") == "Deny"
         if applies is None and unknowns == UNKNOWNS_AGAINST:
             if not deny_side:
                 continue  # a conditional Allow grants nothing
