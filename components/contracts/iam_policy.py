@@ -18,14 +18,21 @@ Implements AWS's rules as the IAM user guide states them:
 What cannot be decided statically stays *unknown* instead of being guessed: a condition key the caller does not
 put in the request context (missing from :attr:`Request.context`; ``None`` there means "known to be absent"), an
 operator outside the subset (dates, IP addresses, binary, the ``ForAnyValue:``/``ForAllValues:`` set operators),
-``NotPrincipal``. A decision that rests on an unknown says which one (:attr:`Decision.unknown`).
+``NotPrincipal``. A decision that rests on an unknown says which one (:attr:`Decision.unknown`). How an unknown
+weighs is the caller's choice (``unknowns=`` of :func:`evaluate`): kept as UNKNOWN where it could change the
+outcome (the S3 and EFS contracts; the EFS one first reports any unknown of a statement that covers the
+request), or taken against the request (the image-pull contract: an Allow that may apply grants nothing, a Deny
+that may apply denies).
+
+This module is the one implementation of statement matching and condition evaluation for the contracts:
+:mod:`.s3`, :mod:`.identity` (ECR pulls) and :mod:`.storage` (EFS mounts) keep only their service's rules.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,8 +44,20 @@ IMPLICIT_DENY = "implicit-deny"
 UNKNOWN = "unknown"
 """The outcome rests on something that cannot be evaluated from the plan (see :attr:`Decision.unknown`)."""
 
+UNKNOWNS_KEPT = "kept"
+"""A statement that may apply makes the decision UNKNOWN only where it could change it (an explicit Deny wins, no
+Allow at all is an implicit deny)."""
+UNKNOWNS_AGAINST = "against"
+"""What cannot be evaluated is taken against the request: an Allow that may apply grants nothing (the request
+context is unknown), a Deny that may apply denies."""
+_UNKNOWNS = (UNKNOWNS_KEPT, UNKNOWNS_AGAINST)
+
 _NEGATED = {"StringNotEquals", "StringNotEqualsIgnoreCase", "StringNotLike", "ArnNotEquals", "ArnNotLike",
             "NumericNotEquals"}
+_NUMERIC = {"NumericEquals": float.__eq__, "NumericLessThan": float.__lt__, "NumericLessThanEquals": float.__le__,
+            "NumericGreaterThan": float.__gt__, "NumericGreaterThanEquals": float.__ge__}
+_SUPPORTED = {"StringEquals", "StringEqualsIgnoreCase", "StringLike", "ArnLike", "ArnEquals", "Bool", *_NUMERIC}
+"""The positive forms of the operators evaluated here (``Null`` aside); their ``Not`` forms are in ``_NEGATED``."""
 
 
 @dataclass(frozen=True)
@@ -136,15 +155,24 @@ def _principal_matches(stmt: dict[str, Any], req: Request) -> tuple[bool | None,
     return False, False, None
 
 
-def _condition(block: dict[str, Any], ctx: Mapping[str, Any]) -> tuple[bool | None, list[str]]:
-    """A statement's Condition block against the request context: True, False, or None with what was unknown."""
+def evaluate_condition(block: Mapping[str, Any], ctx: Mapping[str, Any]) -> tuple[bool | None, list[str]]:
+    """A statement's Condition block against the request context: True, False, or None with what was unknown.
+
+    IAM user guide, "IAM JSON policy elements: Condition operators" and "Conditions with multiple context keys or
+    values": every operator and every key must hold, any value of a key may match (none may, for a negated
+    operator). A key absent from the request (None in ``ctx``): a positive operator is false, a negated one
+    (``StringNotEquals``...) true, ``...IfExists`` true, ``Null: true`` true. Condition key names are not case
+    sensitive ("IAM JSON policy elements: Condition"). A key not in ``ctx`` at all, an operator outside the
+    subset, a set operator: unknown (None), named in the list; a definite False among the conjuncts still wins.
+    """
+    folded = {str(k).lower(): v for k, v in ctx.items()}
     results: list[bool | None] = []
     unknown: list[str] = []
     for op, keys in block.items():
         for key, values in keys.items():
             try:
                 results.append(_operator(op, key, [str(v).lower() if isinstance(v, bool) else str(v)
-                                                   for v in _as_list(values)], ctx))
+                                                   for v in _as_list(values)], folded))
             except _Unknown as u:
                 results.append(None)
                 unknown.append(u.what)
@@ -152,26 +180,27 @@ def _condition(block: dict[str, Any], ctx: Mapping[str, Any]) -> tuple[bool | No
 
 
 def _operator(op: str, key: str, values: list[str], ctx: Mapping[str, Any]) -> bool:
+    """One operator on one key; ``ctx`` keyed by lower-cased key names."""
     if ":" in op:  # ForAnyValue: / ForAllValues: set operators
         raise _Unknown(f"{op} on {key}")
     if_exists = op.endswith("IfExists")
     base = op.removesuffix("IfExists")
-    if base == "Null":
-        if key not in ctx:
-            raise _Unknown(key)
-        absent = ctx[key] is None
-        return any((v.lower() == "true") == absent for v in values)
-    if key not in ctx:
+    negated = base in _NEGATED
+    positive = base.replace("Not", "", 1) if negated else base
+    if base != "Null" and positive not in _SUPPORTED:  # before the key: a negated one is true on an absent key
+        raise _Unknown(f"operator {op}")
+    if key.lower() not in ctx:
         raise _Unknown(key)
-    got = ctx[key]
+    got = ctx[key.lower()]
+    if base == "Null":
+        absent = got is None
+        return any((v.lower() == "true") == absent for v in values)
     if got is None:  # known absent
-        return True if if_exists else base in _NEGATED
+        return True if if_exists else negated
     actual = list(got) if isinstance(got, tuple) else [got]
     if len(actual) != 1:
         raise _Unknown(f"{key} (several values under {op})")
     a = str(actual[0])
-    negated = base in _NEGATED
-    positive = base.replace("Not", "", 1) if negated else base
     if positive == "StringEquals":
         hit = any(a == v for v in values)
     elif positive == "StringEqualsIgnoreCase":
@@ -182,15 +211,29 @@ def _operator(op: str, key: str, values: list[str], ctx: Mapping[str, Any]) -> b
         hit = any(_arn_like(v, a) for v in values)
     elif positive == "Bool":
         hit = any(a.lower() == v.lower() for v in values)
-    elif positive == "NumericEquals":
-        hit = any(float(a) == float(v) for v in values)
-    elif positive in ("NumericLessThan", "NumericLessThanEquals", "NumericGreaterThan", "NumericGreaterThanEquals"):
-        cmp = {"NumericLessThan": float.__lt__, "NumericLessThanEquals": float.__le__,
-               "NumericGreaterThan": float.__gt__, "NumericGreaterThanEquals": float.__ge__}[positive]
-        hit = any(cmp(float(a), float(v)) for v in values)
     else:
-        raise _Unknown(f"operator {op}")
+        try:
+            hit = any(_NUMERIC[positive](float(a), float(v)) for v in values)
+        except ValueError:
+            raise _Unknown(f"{key} (not a number under {op})") from None
     return not hit if negated else hit
+
+
+def covers(stmt: Mapping[str, Any], action: str, resource: str, *, resource_policy: bool = False) -> bool:
+    """Whether a statement's Action/NotAction and Resource/NotResource cover the request (IAM JSON policy element
+    reference, "Action", "NotAction", "Resource", "NotResource"): actions case-insensitive, resources case
+    sensitive, ``*``/``?`` wildcards; a resource policy may leave Resource out (its own resource)."""
+    if "Action" in stmt:
+        action_ok = any(_glob(a, action, fold=True) for a in _as_list(stmt["Action"]))
+    else:
+        action_ok = not any(_glob(a, action, fold=True) for a in _as_list(stmt.get("NotAction", [])))
+    if not action_ok:
+        return False
+    if "Resource" in stmt:
+        return any(_glob(r, resource) for r in _as_list(stmt["Resource"]))
+    if "NotResource" in stmt:
+        return not any(_glob(r, resource) for r in _as_list(stmt["NotResource"]))
+    return resource_policy
 
 
 def _statement_applies(stmt: dict[str, Any], req: Request, resource_policy: bool
@@ -205,37 +248,43 @@ def _statement_applies(stmt: dict[str, Any], req: Request, resource_policy: bool
             return False, False, []
     else:
         match = True
-    if "Action" in stmt:
-        action_ok = any(_glob(a, req.action, fold=True) for a in _as_list(stmt["Action"]))
-    else:
-        action_ok = not any(_glob(a, req.action, fold=True) for a in _as_list(stmt.get("NotAction", [])))
-    if not action_ok:
+    if not covers(stmt, req.action, req.resource, resource_policy=resource_policy):
         return False, False, []
-    if "Resource" in stmt:
-        res_ok = any(_glob(r, req.resource) for r in _as_list(stmt["Resource"]))
-    elif "NotResource" in stmt:
-        res_ok = not any(_glob(r, req.resource) for r in _as_list(stmt["NotResource"]))
-    else:
-        res_ok = resource_policy  # a resource policy may leave Resource out (its own resource)
-    if not res_ok:
-        return False, False, []
-    cond, what_c = _condition(stmt.get("Condition") or {}, req.context)
+    cond, what_c = evaluate_condition(stmt.get("Condition") or {}, req.context)
     unknown += what_c
     return _and([match, cond]), via_account, unknown
 
 
-def evaluate(policy: str | Mapping[str, Any], req: Request, *, resource_policy: bool = False) -> Decision:
-    """One policy document against one request (``resource_policy``: match the Principal element too)."""
+def _sid(index: int, stmt: Mapping[str, Any]) -> str:
+    return str(stmt.get("Sid") or f"Statement[{index}]")
+
+
+def evaluate(policy: str | Mapping[str, Any], req: Request, *, resource_policy: bool = False,
+             unknowns: str = UNKNOWNS_KEPT, label: Callable[[int, Mapping[str, Any]], str] = _sid) -> Decision:
+    """One policy document against one request (``resource_policy``: match the Principal element too).
+
+    ``unknowns``: how a statement that may apply weighs (UNKNOWNS_KEPT, UNKNOWNS_AGAINST).
+    ``label``: how :attr:`Decision.statements` names a statement (its Sid, else ``Statement[i]``), in the
+    policy's order.
+    """
+    if unknowns not in _UNKNOWNS:
+        raise ValueError(f"unknowns: got {unknowns!r}; expected one of {_UNKNOWNS}")
     doc = json.loads(policy) if isinstance(policy, str) else policy
     deny, deny_maybe, allow, allow_maybe = [], [], [], []
     unknown: list[str] = []
     via_account = True
     for i, stmt in enumerate(_as_list(doc.get("Statement", []))):
+        deny_side = stmt.get("Effect") == "Deny"
+        if not deny_side and stmt.get("Effect") != "Allow":
+            continue  # "Effect": Allow or Deny, nothing else (IAM JSON policy element reference, "Effect")
         applies, via, what = _statement_applies(stmt, req, resource_policy)
         if applies is False:
             continue
-        sid = str(stmt.get("Sid") or f"Statement[{i}]")
-        deny_side = stmt.get("Effect") == "Deny"
+        if applies is None and unknowns == UNKNOWNS_AGAINST:
+            if not deny_side:
+                continue  # a conditional Allow grants nothing
+            applies = True  # a conditional Deny denies
+        sid = label(i, stmt)
         if applies:
             (deny if deny_side else allow).append(sid)
             if not deny_side:
@@ -263,6 +312,6 @@ def evaluate_all(policies: Iterable[str | Mapping[str, Any]], req: Request) -> D
     return evaluate({"Statement": pooled}, req)
 
 
-def glob_match(pattern: str, value: str) -> bool:
-    """IAM's wildcard match (for callers matching resource names)."""
-    return _glob(pattern, value)
+def glob_match(pattern: str, value: str, *, fold: bool = False) -> bool:
+    """IAM's wildcard match (for callers matching resource names; ``fold``: case-insensitive, as for actions)."""
+    return _glob(pattern, value, fold=fold)

@@ -19,7 +19,7 @@ it and no applicable statement denies it; an explicit Deny wins over any Allow; 
 deny. A statement applies when its ``Action`` (or everything but its ``NotAction``) matches the action, case
 insensitively, and its ``Resource`` (or everything but its ``NotResource``) matches the ARN, case sensitively;
 both take the wildcards ``*`` (any run of characters) and ``?`` (one character) (IAM JSON policy element
-reference, "Action", "Resource"). The role's policies are its inline policies (``aws:iam/rolePolicy``, the role's
+reference, "Action", "Resource"); :mod:`.iam_policy` evaluates them. The role's policies are its inline policies (``aws:iam/rolePolicy``, the role's
 ``inlinePolicies``) and its managed ones (``aws:iam/rolePolicyAttachment``, ``managedPolicyArns``): customer
 managed documents from ``aws:iam/policy`` in the plan, AWS managed ECR policies from their published documents
 (``AWS_MANAGED``; the AWS managed policy reference). What cannot be evaluated here is taken against the pull: an
@@ -50,6 +50,7 @@ from typing import Any
 from ..image import ecr_repository_arn
 from ..mocks import Recorded
 from . import PlanView, Violation, contract
+from .iam_policy import DENY, UNKNOWNS_AGAINST, Request, evaluate, glob_match
 
 PULL_ACTIONS = ("ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer")
 """What a pull asks of the repository (the token comes first, from ``ecr:GetAuthorizationToken`` on ``*``)."""
@@ -75,43 +76,25 @@ DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
 POD_KINDS = ("Pod", "Job", "CronJob", "Deployment", "StatefulSet", "DaemonSet", "ReplicaSet")
 
 
-# --- IAM evaluation -------------------------------------------------------------------------------
+# --- IAM evaluation (components/contracts/iam_policy.py; here the pull's own rules) -------------------
 
 def wildcard(pattern: str, value: str, *, case_sensitive: bool) -> bool:
-    """IAM's ``*``/``?`` matching of one Action or Resource entry."""
-    rx = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern)
-    return re.fullmatch(rx, value, 0 if case_sensitive else re.IGNORECASE) is not None
-
-
-def _listed(value: Any) -> list[str]:
-    return [value] if isinstance(value, str) else list(value or [])
-
-
-def applies(statement: dict[str, Any], action: str, resource: str) -> bool:
-    """Whether a statement's Action/NotAction and Resource/NotResource cover this request."""
-    if "Action" in statement:
-        acts = any(wildcard(a, action, case_sensitive=False) for a in _listed(statement["Action"]))
-    else:
-        acts = not any(wildcard(a, action, case_sensitive=False) for a in _listed(statement.get("NotAction")))
-    if "Resource" in statement:
-        res = any(wildcard(r, resource, case_sensitive=True) for r in _listed(statement["Resource"]))
-    else:
-        res = not any(wildcard(r, resource, case_sensitive=True) for r in _listed(statement.get("NotResource")))
-    return acts and res
+    """IAM's ``*``/``?`` matching of one Action or Resource entry (:func:`.iam_policy.glob_match`)."""
+    return glob_match(pattern, value, fold=not case_sensitive)
 
 
 def decide(statements: list[dict[str, Any]], action: str, resource: str) -> tuple[bool, str]:
-    """IAM's decision for one request over an identity's statements: (allowed, why)."""
-    allowed_by = None
-    for st in statements:
-        if not applies(st, action, resource):
-            continue
-        if st.get("Effect") == "Deny":  # with or without a Condition: a possible deny is taken as one
-            return False, f"explicitly denied by {st.get('_from', 'a policy')}"
-        if st.get("Effect") == "Allow" and not st.get("Condition"):
-            allowed_by = allowed_by or st.get("_from", "a policy")
-    if allowed_by:
-        return True, f"allowed by {allowed_by}"
+    """IAM's decision for one request over an identity's statements: (allowed, why).
+
+    The request context is unknown here, so what cannot be evaluated is taken against the pull
+    (:data:`.iam_policy.UNKNOWNS_AGAINST`): a possible deny is taken as one, a conditional Allow grants nothing.
+    """
+    d = evaluate({"Statement": statements}, Request("", action, resource), unknowns=UNKNOWNS_AGAINST,
+                 label=lambda _, st: str(st.get("_from", "a policy")))
+    if d.effect == DENY:
+        return False, f"explicitly denied by {d.statements[0]}"
+    if d.allowed:
+        return True, f"allowed by {d.statements[0]}"
     return False, "implicitly denied: no statement without a Condition allows it"
 
 

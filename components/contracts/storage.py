@@ -24,7 +24,8 @@ plugin makes and evaluates EFS's authorisation of it:
   ``elasticfilesystem:AccessPointArn`` and ``elasticfilesystem:AccessedViaMountTarget``. ``AccessPointArn``
   is documented only for IAM clients ("Using access points in IAM policies"), so an anonymous mount is
   evaluated without it, and a negated condition on an absent key (``StringNotEquals``) is true (IAM user
-  guide, "IAM JSON policy elements: Condition operators"), which makes such a Deny match.
+  guide, "IAM JSON policy elements: Condition operators"), which makes such a Deny match. Statements and
+  conditions are evaluated by :mod:`.iam_policy`; only these EFS rules are here.
 
 A mount needs ``ClientMount``; it needs ``ClientWrite`` too unless every pod that mounts its claim mounts it
 read-only. ``ClientRootAccess`` is never asked for (the access points fix the uid).
@@ -32,13 +33,13 @@ read-only. ``ClientRootAccess`` is never asked for (the access points fix the ui
 
 from __future__ import annotations
 
-import fnmatch
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from . import PlanView, Violation, contract
+from .iam_policy import DENY, Request, covers, evaluate, evaluate_condition, glob_match
 
 NAME = "storage"
 DRIVER = "efs.csi.aws.com"
@@ -133,116 +134,76 @@ def mount_of(pv: dict[str, Any]) -> Mount | None:
                  problems=tuple(problems))
 
 
-# --- IAM policy evaluation (the parts EFS uses) -------------------------------------------------------------
+# --- IAM policy evaluation (components/contracts/iam_policy.py; here EFS's own rules) ---------------------------
 
 def _listed(value: Any) -> list[Any]:
     return list(value) if isinstance(value, list | tuple) else [value]
 
 
-def _like(pattern: str, value: str, case: bool = True) -> bool:
-    if not case:
-        pattern, value = pattern.lower(), value.lower()
-    return fnmatch.fnmatchcase(value, pattern.replace("[", "[[]"))
+def _unenforced(condition: dict[str, Any] | None) -> list[str]:
+    """The condition keys of a block that EFS does not enforce for NFS clients: reported, never guessed."""
+    return [key for block in (condition or {}).values() for key in block if key.lower() not in EFS_CONDITION_KEYS]
 
 
-_NEGATED = {"StringNotEquals", "StringNotEqualsIgnoreCase", "StringNotLike", "ArnNotEquals", "ArnNotLike"}
-_TESTS = {
-    "StringEquals": lambda p, v: p == v,
-    "StringNotEquals": lambda p, v: p == v,
-    "StringEqualsIgnoreCase": lambda p, v: p.lower() == v.lower(),
-    "StringNotEqualsIgnoreCase": lambda p, v: p.lower() == v.lower(),
-    "StringLike": _like,
-    "StringNotLike": _like,
-    "ArnEquals": _like,
-    "ArnLike": _like,
-    "ArnNotEquals": _like,
-    "ArnNotLike": _like,
-    "Bool": lambda p, v: p.lower() == v.lower(),
-}
+def _efs_context(context: dict[str, str]) -> dict[str, str | None]:
+    """An NFS client's request context: the keys EFS enforces, absent (None) unless ``context`` has them."""
+    return {**dict.fromkeys(EFS_CONDITION_KEYS), **{k.lower(): v for k, v in context.items()}}
+
+
+def _sid(_: int, statement: dict[str, Any]) -> str:
+    return str(statement.get("Sid") or "(no Sid)")
+
+
+def _unsupported(unenforced: Iterable[str], unknown: Iterable[str] = ()) -> Unsupported:
+    """What the evaluation could not decide: the keys EFS does not enforce, then what else was unknown."""
+    keys = list(dict.fromkeys(unenforced))
+    what = [f"condition key {k}: EFS enforces only {sorted(EFS_CONDITION_KEYS)} for NFS clients" for k in keys]
+    what += [f"condition {w}" if w.startswith("operator ") else w for w in dict.fromkeys(unknown) if w not in keys]
+    return Unsupported(", ".join(what))
+
+
+def _unevaluable(statement: dict[str, Any], context: dict[str, str | None]) -> Unsupported | None:
+    """What of a statement this check cannot evaluate, whoever it names and whatever else its condition says: a
+    key EFS does not enforce, an operator outside :mod:`.iam_policy`'s subset, ``NotPrincipal``."""
+    unenforced = _unenforced(statement.get("Condition"))
+    unknown = ["NotPrincipal"] if "NotPrincipal" in statement else []
+    unknown += evaluate_condition(statement.get("Condition") or {}, context)[1]
+    return _unsupported(unenforced, unknown) if unenforced or unknown else None
 
 
 def condition_holds(condition: dict[str, Any] | None, context: dict[str, str]) -> bool:
-    """IAM's condition block: every operator and key must hold, any value of a key may match. A key absent from
-    ``context``: a positive operator is false, a negated one (``StringNotEquals``...) true, ``...IfExists`` true,
-    ``Null: true`` true."""
-    for operator, block in (condition or {}).items():
-        if operator.startswith(("ForAnyValue:", "ForAllValues:")):
-            raise Unsupported(f"condition operator {operator}")
-        base = operator.removesuffix("IfExists")
-        if base not in _TESTS and base != "Null":
-            raise Unsupported(f"condition operator {operator}")
-        for key, wanted in block.items():
-            if key.lower() not in EFS_CONDITION_KEYS:
-                raise Unsupported(f"condition key {key}: EFS enforces only {sorted(EFS_CONDITION_KEYS)} for NFS "
-                                  "clients")
-            present = {k.lower(): v for k, v in context.items()}.get(key.lower())
-            values = [str(w) for w in _listed(wanted)]
-            if base == "Null":
-                if (present is None) != (values[0].lower() == "true"):
-                    return False
-                continue
-            if present is None:
-                if operator.endswith("IfExists") or base in _NEGATED:
-                    continue
-                return False
-            matched = any(_TESTS[base](w, present) for w in values)
-            if matched == (base in _NEGATED):
-                return False
-    return True
-
-
-def _principal_matches(statement: dict[str, Any], role_arn: str | None) -> bool:
-    if "NotPrincipal" in statement:
-        raise Unsupported("NotPrincipal")
-    principal = statement.get("Principal")
-    if principal is None:  # an identity policy: its own principal
-        return True
-    if principal == "*":
-        return True
-    if not isinstance(principal, dict) or set(principal) - {"AWS"}:
-        return False  # Service / Federated principals are never an NFS client
-    names = [str(p) for p in _listed(principal["AWS"])]
-    if "*" in names:
-        return True
-    if role_arn is None:
-        return False
-    account = role_arn.split(":")[4] if role_arn.count(":") >= 5 else ""
-    return role_arn in names or any(n in (account, f"arn:{role_arn.split(':')[1]}:iam::{account}:root")
-                                    for n in names)
-
-
-def _action_matches(statement: dict[str, Any], action: str) -> bool:
-    if "NotAction" in statement:
-        return not any(_like(a, action, case=False) for a in _listed(statement["NotAction"]))
-    return any(_like(a, action, case=False) for a in _listed(statement.get("Action", [])))
-
-
-def _resource_matches(statement: dict[str, Any], resource: str) -> bool:
-    if "NotResource" in statement:
-        return not any(_like(r, resource) for r in _listed(statement["NotResource"]))
-    if "Resource" not in statement:  # a resource policy: its own resource
-        return True
-    return any(_like(r, resource) for r in _listed(statement["Resource"]))
+    """IAM's condition block (:func:`.iam_policy.evaluate_condition`) over an NFS client's request context: a key
+    EFS enforces but ``context`` lacks is absent, so a positive operator is false, a negated one
+    (``StringNotEquals``...) true, ``...IfExists`` true, ``Null: true`` true."""
+    if problem := _unevaluable({"Condition": condition}, _efs_context(context)):
+        raise problem
+    return bool(evaluate_condition(condition or {}, _efs_context(context))[0])
 
 
 def decide(action: str, resource: str, context: dict[str, str], fs_policy: list[dict[str, Any]] | None,
            who: Identity) -> tuple[bool, str]:
-    """EFS's decision for one client action: (allowed, why)."""
+    """EFS's decision for one client action: (allowed, why). Statement matching and conditions are
+    :func:`.iam_policy.evaluate`'s; EFS's rules are here: no file-system policy grants everything; what cannot be
+    evaluated in a statement that covers the action is reported (:class:`Unsupported`), never guessed; an
+    explicit Deny in either policy refuses; an Allow in either grants."""
     if fs_policy is None:
         return True, "no file-system policy: EFS's default grants every client full access"
-    allow = ""
-    scoped = [("file-system policy", s) for s in fs_policy]
-    if who.role_arn is not None:
-        scoped += [("identity policy", s) for s in who.statements]
-    for where, s in scoped:
-        # The condition before the principal: a key EFS does not enforce is reported whoever the statement names.
-        if not (_action_matches(s, action) and _resource_matches(s, resource)
-                and condition_holds(s.get("Condition"), context) and _principal_matches(s, who.role_arn)):
-            continue
-        if s.get("Effect") == "Deny":
-            return False, f"denied by the {where} statement {s.get('Sid') or '(no Sid)'}"
-        allow = allow or f"allowed by the {where} statement {s.get('Sid') or '(no Sid)'}"
-    return (True, allow) if allow else (False, "no statement allows it (implicit deny)")
+    ctx = _efs_context(context)
+    policies = [("file-system policy", fs_policy, True)]
+    if who.role_arn is not None:  # an anonymous client has no identity policy
+        policies.append(("identity policy", who.statements, False))
+    for _, statements, resource_policy in policies:
+        for s in statements:
+            if covers(s, action, resource, resource_policy=resource_policy) and (problem := _unevaluable(s, ctx)):
+                raise problem
+    req = Request(who.role_arn or "", action, resource, ctx)
+    decided = [(where, evaluate({"Statement": statements}, req, resource_policy=resource_policy, label=_sid))
+               for where, statements, resource_policy in policies]
+    for where, d in decided:
+        if d.effect == DENY:
+            return False, f"denied by the {where} statement {d.statements[0]}"
+    allowed = next((f"allowed by the {where} statement {d.statements[0]}" for where, d in decided if d.allowed), "")
+    return (True, allowed) if allowed else (False, "no statement allows it (implicit deny)")
 
 
 # --- the plan -------------------------------------------------------------------------------------------------
@@ -261,7 +222,7 @@ def _trust_admits(trust: Any, subject: str) -> bool:
             for key, wanted in block.items():
                 if key.endswith(":sub"):
                     like = operator.startswith("StringLike")
-                    if any((_like(w, subject) if like else w == subject) for w in map(str, _listed(wanted))):
+                    if any((glob_match(w, subject) if like else w == subject) for w in map(str, _listed(wanted))):
                         return True
     return False
 
