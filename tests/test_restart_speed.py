@@ -17,6 +17,8 @@ import json
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from datetime import timedelta
 from types import SimpleNamespace
 
@@ -107,7 +109,10 @@ def test_agents_poll_a_forming_round_every_quarter_second(monkeypatch):
 @pytest.mark.parametrize("jitter", [(0, 0.3), 0.5, 2])
 def test_other_delays_are_left_as_torch_asks(monkeypatch, jitter):
     slept: list[float] = []
-    monkeypatch.setattr(rdzv_utils, "time", SimpleNamespace(sleep=slept.append))
+    me = threading.get_ident()
+    # Only this thread's sleeps: a rendezvous thread an earlier test left running may sleep through the same module.
+    monkeypatch.setattr(rdzv_utils, "time", SimpleNamespace(
+        sleep=lambda s: slept.append(s) if threading.get_ident() == me else time.sleep(s)))
     rendezvous._poll_delay(jitter)
     assert len(slept) == 1
     if isinstance(jitter, tuple):
