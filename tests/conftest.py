@@ -72,3 +72,15 @@ def byo_result():
     from tests.util import byo_stack_config, run
 
     return run(byo_stack_config())
+
+
+# The files whose tests run longest (real agents, etcd and fault windows): collected first, so that with
+# `pytest -n 2 --dist loadfile` they start at once beside the many short files instead of after them, where one
+# process would run them alone at the end.
+_LONGEST_FIRST = ("test_resilience.py", "test_trainer_elastic.py", "test_local_runner.py", "test_torchrun_corpus.py",
+                  "test_launcher_cuda.py", "test_exit_codes.py", "test_user_workload.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(_LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(Path(str(item.fspath)).name, len(rank)))  # stable: order within a file kept

@@ -50,7 +50,7 @@ def test_your_own_module_runs_under_the_launcher_and_etcd(tmp_path):
     assert result["returncode"] == 0 and result["agent_returncodes"] == [0, 0]
 
 
-@pytest.mark.slow
+@pytest.mark.long  # make test-long: the corpus's usage-error case keeps exit 2 at once in make test
 @pytest.mark.timeout(300)
 def test_your_own_script_with_a_bad_argument_stops_at_once(tmp_path):
     proc = _local(tmp_path, "--agents", "1", "--script", "scripts/exit_with.py", "--", "2")

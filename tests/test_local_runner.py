@@ -250,7 +250,7 @@ def test_bad_model_is_one_line_and_starts_nothing(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGKILL])
+@pytest.mark.parametrize("sig", [pytest.param(signal.SIGHUP, marks=pytest.mark.long), signal.SIGKILL])
 def test_runner_killed_leaves_no_process_and_no_temp_dir(tmp_path, sig):
     """A closed terminal (SIGHUP) or SIGKILL of the runner: etcd, agents and workers die with it."""
     out = tmp_path / "out"

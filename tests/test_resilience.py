@@ -114,6 +114,7 @@ def test_etcd_restart_costs_no_agent_and_no_restart(tmp_path, restartable_etcd: 
     assert [(s["world"], s["restart"]) for s in _starts(job)] == [(2, 0)]
 
 
+@pytest.mark.long  # make test-long: ~30-50 s on 2 cores; the partition case keeps detection-within-15 s in make test
 def test_silent_node_is_dropped_within_15_s(tmp_path, etcd_endpoint, jobs, data_dir):  # noqa: F811
     # SIGSTOP of a node's agent and workers: no TCP reset ever comes; only the heartbeat can tell.
     # Enough work that the survivor is still training when the replacement's agent has imported torch.
@@ -135,6 +136,7 @@ def test_silent_node_is_dropped_within_15_s(tmp_path, etcd_endpoint, jobs, data_
     assert job.agents[0].wait(150) == 0, job.logs()
 
 
+@pytest.mark.long  # make test-long: ~30 s on 2 cores
 def test_checkpoint_write_longer_than_the_detection_window_causes_no_restart(tmp_path, etcd_endpoint, jobs,  # noqa: F811
                                                                              data_dir):
     # Every durable write takes 4 s longer than the peer deadline (a slow EFS); one is due every 5 steps.
