@@ -53,8 +53,6 @@ ZYGOTE_PRELOAD = ("torch", "torch.distributed", "torch.distributed.run", "torch.
 multiprocessing's spawn preparation for an agent started with ``python -m``; the launcher itself is left out so
 that runpy does not warn about a module run while already imported), and ``torch._dynamo``, which torch imports on
 a model's first optimizer step (~900 modules, 1-3 s on a busy node: the bulk of a restart otherwise)."""
-ZYGOTE_TIMEOUT_S = 600.0
-"""How long the first worker start waits for the zygote's imports and probe (a cold, busy node takes seconds)."""
 _MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
@@ -109,38 +107,34 @@ def _probe(conn, preload: list[str]) -> None:
 
 
 class Zygote:
-    """The forkserver with ``preload`` imported, and one probe forked from it. Starting returns at once: a side
-    thread of the agent starts the zygote and its probe (``Process.start`` waits until the zygote has imported
-    everything), so the imports overlap the agent's first rendezvous round; :meth:`report` waits for the probe."""
+    """The forkserver with ``preload`` imported, and one probe forked from it. Starting returns at once: the
+    zygote imports torch while the agent's first rendezvous round forms; :meth:`report` waits for the probe."""
 
     def __init__(self, preload: list[str]) -> None:
-        self.preload = preload
-        self._report: dict | None = None
-        self._thread = threading.Thread(target=self._start, name="eks-ddp-zygote", daemon=True)
-        self._thread.start()
-
-    def _start(self) -> None:
         import multiprocessing.forkserver as forkserver
 
-        try:
-            forkserver.set_forkserver_preload(self.preload)
-            ctx = multiprocessing.get_context("forkserver")
-            conn, child = ctx.Pipe(duplex=False)
-            probe = ctx.Process(target=_probe, args=(child, self.preload), name="eks-ddp-zygote-probe")
-            probe.start()
-            child.close()
-            if conn.poll(ZYGOTE_TIMEOUT_S):
-                self._report = conn.recv()
-            probe.join(10)
-            if probe.is_alive():
-                probe.kill()
-                probe.join()
-        except (OSError, EOFError, ValueError) as e:
-            log.warning("the zygote did not start: %s", e)
+        self.preload = preload
+        forkserver.set_forkserver_preload(preload)
+        ctx = multiprocessing.get_context("forkserver")
+        self._conn, child = ctx.Pipe(duplex=False)
+        self._probe = ctx.Process(target=_probe, args=(child, preload), name="eks-ddp-zygote-probe")
+        self._probe.start()
+        child.close()
+        self._report: dict | None = None
+        self._done = False
 
-    def report(self) -> dict | None:
-        """The probe's answer (None when it gave none)."""
-        self._thread.join()
+    def report(self, timeout_s: float = 600.0) -> dict | None:
+        """The probe's answer (None when it gave none within ``timeout_s``)."""
+        if not self._done:
+            self._done = True
+            try:
+                self._report = self._conn.recv() if self._conn.poll(timeout_s) else None
+            except (EOFError, OSError):
+                self._report = None
+            self._probe.join(10)
+            if self._probe.is_alive():
+                self._probe.kill()
+                self._probe.join()
         return self._report
 
     def clean(self) -> bool:
