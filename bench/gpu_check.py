@@ -153,19 +153,12 @@ def _wait(pred: Callable[[], Any], timeout_s: float, what: str, procs: list[subp
     raise ItemFailed(f"timed out after {timeout_s:.0f} s waiting for {what}", logs())
 
 
-def _children(pid: int) -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                    out.append(int(entry.name))
-    return out
-
-
 def _stop(procs: list[subprocess.Popen]) -> None:
     for p in procs:
-        for pid in [p.pid, *_children(p.pid)]:
+        from eks_ddp_runtime.procs import proc_table  # the runtime's process table (prepare_environment maps it)
+
+        table = proc_table()
+        for pid in [p.pid, *(c for c, parent in table.items() if parent == p.pid)]:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
