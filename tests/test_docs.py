@@ -5,15 +5,15 @@ from __future__ import annotations
 import re
 
 import yaml
+from eks_ddp.config.reference import reference_table
+from eks_ddp.config.schema import TOP_LEVEL_KEYS
 
-from components.config_reference import reference_table
-from components.config_schema import TOP_LEVEL_KEYS
 from tests.util import ROOT
 
 
 def test_readme_config_reference_is_the_schema():
     readme = (ROOT / "README.md").read_text()
-    assert reference_table() in readme, "regenerate the table: python -m components.config"
+    assert reference_table() in readme, "regenerate the table: python -m eks_ddp.config"
 
 
 def test_readme_make_targets_exist():
@@ -58,8 +58,8 @@ def test_trainer_docstring_shows_the_command_the_cluster_runs():
     """train.py's docstring is where users look for the command: it must be job_command's, with its env."""
     import shlex
 
-    import training.train as train
-    from components.torchrun import AGENT_ENV, AgentOptions, TrainerOptions, job_command
+    import eks_ddp_trainer.train as train
+    from eks_ddp.core.torchrun import AGENT_ENV, AgentOptions, TrainerOptions, job_command
 
     doc = train.__doc__
     block = doc[doc.index("::") + 2:doc.index("The optimisation")]
