@@ -17,13 +17,10 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from eks_ddp.core import rules
 from eks_ddp.core.torchrun import TRAIN_MODULE, TrainerOptions
-
-if TYPE_CHECKING:
-    import pulumi
 
 RUN_DIR_ENV = "EKS_DDP_RUN_DIR"
 """The run's directory (``/shared/runs/<run_id>``): checkpoints go there; resume from the newest one."""
@@ -215,8 +212,9 @@ class Workload:
     """Arguments after the module or script; ``$(EKS_DDP_RUN_DIR)``/``$(EKS_DDP_DATA_DIR)`` become the paths."""
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     """Extra environment of every worker (not ``EKS_DDP_*``, which the job sets)."""
-    image: pulumi.Input[str] | None = None
-    """Image of the training pods (``repo@sha256:digest``, with eks-ddp-runtime installed); None: the stack's."""
+    image: Any = None
+    """Image of the training pods (``repo@sha256:digest``, with eks-ddp-runtime installed; a ``str`` or a Pulumi
+    ``Input[str]``: typed ``Any`` because this pure module imports no Pulumi); None: the stack's."""
     data: S3Data | Cifar10Data | None = None
     """The dataset staged before training; None: no data stage."""
     evaluate: bool = False
