@@ -12,12 +12,12 @@ from tests.util import ROOT
 
 
 def test_readme_config_reference_is_the_schema():
-    readme = (ROOT / "README.md").read_text()
-    assert reference_table() in readme, "regenerate the table: python -m components.config"
+    page = (ROOT / "docs" / "configuration.md").read_text()
+    assert reference_table() in page, "regenerate the table: python -m components.config"
 
 
 def test_readme_make_targets_exist():
-    readme = (ROOT / "README.md").read_text()
+    readme = "".join(p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])
     targets = set(re.findall(r"^([a-z-]+):", (ROOT / "Makefile").read_text(), re.M))
     for target in set(re.findall(r"`make ([a-z-]+)", readme)):
         assert target in targets, f"README mentions `make {target}` but the Makefile has no such target"
@@ -48,7 +48,7 @@ def test_readme_and_checkov_skip_say_how_etcd_and_the_shared_volume_are_protecte
     # nothing said that etcd is unauthenticated.
     skips = yaml.safe_load((ROOT / "tests" / "checkov-skips.yaml").read_text())
     assert "PosixUser" in skips["CKV_K8S_40"] and "access point" in skips["CKV_K8S_40"]
-    readme = " ".join((ROOT / "README.md").read_text().split())
+    readme = " ".join(((ROOT / "docs" / "rendezvous.md").read_text() + (ROOT / "docs" / "security.md").read_text()).split())
     # Review S1: the store requires a client certificate; the NetworkPolicy is only a second layer.
     assert "requires a client certificate" in readme and "NetworkPolicy, which admits only the training pods" in readme
     assert "without authentication" not in readme
@@ -77,7 +77,7 @@ def test_trainer_docstring_shows_the_command_the_cluster_runs():
 def test_the_c10d_backend_is_documented_as_unauthenticated_where_it_is_chosen():
     """The config reference row and the Job-semantics paragraph say what c10d trusts (torch's TCPStore has no
     authentication and every agent unpickles its state), not only that it is less available."""
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "configuration.md").read_text() + (ROOT / "docs" / "rendezvous.md").read_text()
     [row] = [line for line in readme.splitlines() if line.startswith("| `eks-ddp:job.rdzvBackend`")]
     assert "unauthenticated" in row and "unpickles" in row
     assert re.search(r"The c10d store is torch's TCPStore: no TLS, no authentication, and every agent unpickles",
@@ -85,11 +85,11 @@ def test_the_c10d_backend_is_documented_as_unauthenticated_where_it_is_chosen():
 
 
 def test_the_job_back_off_for_ignored_disruptions_is_documented():
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "rendezvous.md").read_text()
     assert "pod-creation back-off, which counts every failed pod, ignored\n  ones included" in readme
 
 
 def test_running_on_aws_keeps_the_passphrase_out_of_shell_history_and_names_a_kms_secrets_provider():
-    step = (ROOT / "README.md").read_text().split("## Running on AWS", 1)[1].split("2. **AWS credentials**", 1)[0]
+    step = (ROOT / "docs" / "getting-started.md").read_text().split("## Running on AWS", 1)[1].split("2. **AWS credentials**", 1)[0]
     assert "export PULUMI_CONFIG_PASSPHRASE_FILE=" in step and "--secrets-provider \"awskms://" in step
     assert "can mint rendezvous certificates" in step

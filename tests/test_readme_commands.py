@@ -16,7 +16,8 @@ import pytest
 
 from tests.util import ROOT
 
-BASH = "\n".join(re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S))
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+BASH = "\n".join(m for p in DOCS for m in re.findall(r"```bash\n(.*?)```", p.read_text(), re.S))
 LINES = [line.split("  #", 1)[0].strip() for line in BASH.splitlines()
          if "pulumi stack output" in line and "$(" in line and not line.lstrip().startswith("#")]
 
