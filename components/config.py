@@ -7,8 +7,8 @@ which returns a frozen, validated :class:`StackConfig` or raises
 Nothing here touches Pulumi, so it is importable and testable on its own.
 
 Keys are camelCase in YAML (``nodeGroups[0].instanceType``) and snake_case
-in Python. The README's "Config reference" table documents every key
-(``python -m components.config`` prints it).
+in Python. The reference table in ``docs/configuration.md`` documents every key
+(``python -m components.config`` prints it, ``--write`` rewrites it there).
 
 The pieces: ``config_schema.py`` (the dataclasses), ``config_reader.py`` (raw values to
 dataclasses), ``config_checks.py`` (cross-field checks), ``config_reference.py`` (the table).
@@ -241,4 +241,12 @@ def choose_zones(cfg: StackConfig, available: list[str]) -> list[str]:
 
 
 if __name__ == "__main__":
-    print(reference_table())
+    import sys
+
+    from .config_reference import DOC_PAGE, write_reference
+
+    if sys.argv[1:] == ["--write"]:
+        changed = write_reference()
+        print(f"{DOC_PAGE}: {'rewritten' if changed else 'up to date'}")
+    else:
+        print(reference_table())
