@@ -1,4 +1,4 @@
-"""A12: the minimum Pulumi CLI is stated in the README and checked on a real `pulumi version` process."""
+"""A12: the minimum Pulumi CLI is stated in the README checklist and checked on a real `pulumi version` process."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def test_no_pulumi_cli_is_not_a_problem():
 
 
 def test_readme_states_minimum_pulumi_cli():
-    readme = (ROOT / "docs" / "getting-started.md").read_text()
+    readme = (ROOT / "README.md").read_text()
     assert f"the Pulumi CLI {cli_version.MIN_PULUMI_CLI_TEXT} or newer" in readme
     pin = next(line for line in (ROOT / "pyproject.toml").read_text().splitlines() if '"pulumi==' in line)
     assert cli_version.MIN_PULUMI_CLI_TEXT in pin  # the SDK eks-ddp is tested with

@@ -423,7 +423,7 @@ def test_aws_checks_catch_what_they_name():
         assert needle in AWS_CHECKS[name](bad), check
 
 
-# --- README "Security defaults" -------------------------------------------------------------------------------
+# --- docs/security.md --------------------------------------------------------------------------------------------
 
 def _security_section() -> str:
     from tests.util import ROOT
@@ -449,6 +449,6 @@ def test_every_test_the_security_section_cites_exists():
     for file, name in cited:
         current = file or current
         assert current and re.search(rf"^def {name}\(", (ROOT / "tests" / current).read_text(), re.M), \
-            f"README cites {current}::{name}, which does not exist"
+            f"docs/security.md cites {current}::{name}, which does not exist"
     for name in set(re.findall(r"`(test_[a-z0-9_]+)`", section)) - {n for _, n in cited}:
         assert name in (ROOT / "tests" / "test_security_baselines.py").read_text(), name
