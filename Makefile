@@ -77,10 +77,10 @@ $(COMPAT_VENV)/.installed: constraints.txt training/runtime/compat.py
 # unless ./data holds cifar-10-batches-py); one worker is killed mid-run to show recovery.
 DEMO_ARGS ?= --kill-worker-at-step 25
 demo: $(VENV)/.installed
-	$(BIN)/python -m training.local --out demo-out $(DEMO_ARGS)
+	$(BIN)/python -m eks_ddp_local --out demo-out $(DEMO_ARGS)
 
 plan: $(VENV)/.installed
-	$(BIN)/python -m components.plan --stack $(STACK) --out $(OUT)
+	$(BIN)/python -m eks_ddp.tooling.plan --stack $(STACK) --out $(OUT)
 
 # Trainer benchmarks (several minutes on 2 cores); results and the machine go to bench/RESULTS.md.
 bench: $(VENV)/.installed

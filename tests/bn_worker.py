@@ -22,8 +22,8 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from training.data import rank_slice  # noqa: E402
-from training.model import StepBatchNorm, sync_batchnorm  # noqa: E402
+from eks_ddp_trainer.data import rank_slice  # noqa: E402
+from eks_ddp_trainer.model import StepBatchNorm, sync_batchnorm  # noqa: E402
 
 N, C = 6, 5  # 6 samples: at world 8 two processes hold none
 

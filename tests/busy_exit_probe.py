@@ -19,5 +19,5 @@ def _busy() -> None:
 
 if __name__ == "__main__":
     threading.Thread(target=_busy, daemon=True, name="busy-torch").start()
-    sys.argv = ["training.train", *sys.argv[1:]]
-    runpy.run_module("training.train", run_name="__main__", alter_sys=True)
+    sys.argv = ["eks_ddp_trainer.train", *sys.argv[1:]]
+    runpy.run_module("eks_ddp_trainer.train", run_name="__main__", alter_sys=True)

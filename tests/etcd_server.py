@@ -1,6 +1,6 @@
 """Real etcd and real torchrun agents for the trainer tests and the recovery benchmark.
 
-etcd start/stop lives in training/etcd_local.py (shared with the local runner); this module
+etcd start/stop lives in training/local/etcd.py (shared with the local runner); this module
 adds the pytest fixture and a small harness around torchrun agent processes: each agent
 runs in its own process group so a test can kill a whole "node", every wait is bounded,
 and everything started is killed at the end.
@@ -20,9 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from eks_ddp_runtime.procs import worker_pids
-
-from components.torchrun import (
+from eks_ddp.core.torchrun import (
     AGENT_ENV,
     LOCAL_TIMEOUTS,
     AgentOptions,
@@ -31,14 +29,15 @@ from components.torchrun import (
     TrainerOptions,
     job_command,
 )
-from training.etcd_local import TlsFiles, start_etcd
+from eks_ddp_local.etcd import TlsFiles, start_etcd
+from eks_ddp_runtime.procs import worker_pids
 
 ROOT = Path(__file__).resolve().parent.parent
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 
 
 def client_tls(endpoint: str) -> RdzvTls:
-    """The agents' TLS files for a store started here (``endpoint.tls``, from training/etcd_local.py)."""
+    """The agents' TLS files for a store started here (``endpoint.tls``, from training/local/etcd.py)."""
     tls: TlsFiles = endpoint.tls  # type: ignore[attr-defined]
     return RdzvTls.of(tls)
 
@@ -244,7 +243,7 @@ class Job:
         # Workers whose agent died first are re-parented; find them by this job's unique run dir.
         mark = f"--run-dir={self.run_dir}".encode()
         for pid, _, cmdline in _processes():
-            if b"training.train" in cmdline and mark + b"\0" in cmdline + b"\0":
+            if b"eks_ddp_trainer.train" in cmdline and mark + b"\0" in cmdline + b"\0":
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
 
@@ -277,7 +276,7 @@ class RestartableEtcd:
 
     def __init__(self, data_dir: Path, *, host: str = "127.0.0.1", prefix: list[str] | None = None,
                  plain: bool = False) -> None:
-        from training.etcd_local import EtcdEndpoint, find_etcd, free_port, make_tls
+        from eks_ddp_local.etcd import EtcdEndpoint, find_etcd, free_port, make_tls
 
         self.data_dir, self.host, self.prefix, self.plain = data_dir, host, prefix or [], plain
         self.client, self.peer = free_port(), free_port()
@@ -288,7 +287,7 @@ class RestartableEtcd:
         data_dir.mkdir(parents=True, exist_ok=True)
 
     def start(self, timeout_s: float = 30.0) -> None:
-        from training.etcd_local import healthy
+        from eks_ddp_local.etcd import healthy
 
         cmd = [*self.prefix, self.binary, "--name=local", f"--data-dir={self.data_dir / 'member'}", "--enable-v2=true",
                f"--listen-client-urls={self._scheme}://{self.endpoint}",
@@ -306,7 +305,7 @@ class RestartableEtcd:
             if self.prefix and subprocess.run([*self.prefix, sys.executable, "-c",
                                                "import sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]); "
                                                "from tests.etcd_server import _plain_healthy; "
-                                               "from training.etcd_local import TlsFiles, healthy; "
+                                               "from eks_ddp_local.etcd import TlsFiles, healthy; "
                                                "raise SystemExit(0 if (_plain_healthy(sys.argv[2]) if sys.argv[3] == 'plain' "
                                                "else healthy(sys.argv[2], TlsFiles(*map(Path, sys.argv[4:])))) else 1)",
                                                str(ROOT), self.endpoint, "plain" if self.plain else "tls",
@@ -389,8 +388,7 @@ def kill_workers_in_a_row(job: Job, kills: int, timeout_s: float = 120.0) -> int
 def max_weight_diff(run_a: Path, run_b: Path) -> float:
     """Largest absolute difference between the final weights (model.pt) of two runs (0.0: bit-identical)."""
     import torch
-
-    from training.evaluate import MODEL_FILE
+    from eks_ddp_trainer.evaluate import MODEL_FILE
 
     a = torch.load(Path(run_a) / MODEL_FILE, weights_only=True)["model"]
     b = torch.load(Path(run_b) / MODEL_FILE, weights_only=True)["model"]

@@ -13,9 +13,8 @@ import os
 import sys
 from pathlib import Path
 
+import eks_ddp_trainer.train  # noqa: F401  (the agent imports what the trainer imports)
 import torch
-
-import training.train  # noqa: F401  (the agent imports what the trainer imports)
 
 
 def probe() -> dict:

@@ -18,7 +18,7 @@ ORIGINAL = None
 
 
 def install(path: str | Path) -> None:
-    from training import train
+    from eks_ddp_trainer import train
 
     global ORIGINAL
     orig = ORIGINAL = ORIGINAL or train.rank_indices
@@ -48,6 +48,6 @@ def per_epoch(paths: list[Path], first_epoch: int = 0) -> dict[int, list[int]]:
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     install(f"{os.environ[LOG_ENV]}.{os.environ.get('RANK', '0')}")
-    from training import train
+    from eks_ddp_trainer import train
 
     raise SystemExit(train.main(sys.argv[1:]))

@@ -16,8 +16,7 @@ from typing import Any
 
 from botocore.awsrequest import AWSResponse
 from botocore.exceptions import ClientError
-
-from components.preflight import QUOTAS
+from eks_ddp.tooling.preflight import QUOTAS
 
 # Generous default so only the quota a test lowers can fail.
 DEFAULT_VCPUS = 10_000.0

@@ -5,10 +5,9 @@ from __future__ import annotations
 import pulumi
 import pulumi_kubernetes as k8s
 import pytest
-
-from components import addons as addons_mod
-from components.addons import ClusterAddons, ClusterAddonsArgs
-from components.mocks import run_program
+from eks_ddp.infra import addons as addons_mod
+from eks_ddp.infra.addons import ClusterAddons, ClusterAddonsArgs
+from eks_ddp.tooling.mocks import run_program
 
 RELEASE = "kubernetes:helm.sh/v3:Release"
 PARENT = "eks-ddp:addons:ClusterAddons"
@@ -99,9 +98,9 @@ def test_device_plugins_wait_for_the_gpu_groups_with_a_long_helm_wait(p4de_resul
 def test_efa_plugin_image_comes_from_the_partitions_own_registry(region, repository):
     """The chart's default image is in commercial us-west-2, which aws-cn and aws-us-gov credentials cannot pull:
     there the region's EKS add-on registry serves it (and the node role's regional grant covers it)."""
-    from components.cluster import node_image_pull_policy
-    from components.contracts.iam_policy import ALLOW, Request, evaluate
-    from components.mocks import RecordingMocks
+    from eks_ddp.infra.cluster import node_image_pull_policy
+    from eks_ddp.tooling.contracts.iam_policy import ALLOW, Request, evaluate
+    from eks_ddp.tooling.mocks import RecordingMocks
 
     def program():
         provider = k8s.Provider("k8s", kubeconfig="{}")

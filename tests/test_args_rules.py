@@ -5,10 +5,9 @@ from __future__ import annotations
 import math
 
 import pytest
-
-from components.elastic_job import ElasticJobArgs
-from components.etcd import EtcdRendezvousArgs
-from components.workload import cifar10_workload
+from eks_ddp.core.workload import cifar10_workload
+from eks_ddp.workloads.elastic_job import ElasticJobArgs
+from eks_ddp.workloads.etcd import EtcdRendezvousArgs
 
 DIGEST = "123456789012.dkr.ecr.us-west-2.amazonaws.com/trainer@sha256:" + "a" * 64
 GOOD = dict(namespace="training", image=DIGEST, pvc_name="shared", instance_type="g5.12xlarge",
@@ -53,7 +52,7 @@ def test_etcd_args_reject_a_namespace_the_config_rejects(namespace):
 
 @pytest.mark.parametrize("vpc_cidr", ["127.0.0.0/16", "224.0.0.0/16", "0.0.0.0/16", "10.0.0.1/16"])
 def test_network_rejects_a_vpc_range_the_config_rejects(vpc_cidr):
-    from components.network import NetworkArgs, validate
+    from eks_ddp.infra.network import NetworkArgs, validate
 
     with pytest.raises(ValueError, match="vpc_cidr: got"):
         validate(NetworkArgs(cluster_name="c", availability_zones=["us-west-2a", "us-west-2b"], vpc_cidr=vpc_cidr))
@@ -64,8 +63,7 @@ def test_network_rejects_a_vpc_range_the_config_rejects(vpc_cidr):
 def _in_program(build):
     """Run ``build`` inside a Pulumi program (Outputs need one) and return what it returned."""
     import pulumi
-
-    from components.mocks import run_program
+    from eks_ddp.tooling.mocks import run_program
 
     holder = {}
 
@@ -78,7 +76,7 @@ def _in_program(build):
 
 
 def _cluster_args(**change):
-    from components.cluster import EksClusterArgs
+    from eks_ddp.infra.cluster import EksClusterArgs
 
     base = dict(cluster_name="eks-ddp-test", vpc_id="vpc-123", public_subnet_ids=["subnet-p1", "subnet-p2"],
                 private_subnet_ids=["subnet-a", "subnet-b"], public_access_cidrs=["1.2.3.4/32"])
@@ -95,7 +93,7 @@ def _group_args(**change):
 
 def test_network_args_zones_default_to_none_with_your_own_vpc():
     """U13: availability_zones was required although bring-your-own ignores it."""
-    from components.network import NetworkArgs, validate
+    from eks_ddp.infra.network import NetworkArgs, validate
 
     validate(NetworkArgs(cluster_name="c", vpc_id="vpc-1", private_subnet_ids=["subnet-a", "subnet-b"]))
     with pytest.raises(ValueError, match=r"^availability_zones: got \[\]"):  # a new VPC still needs them
@@ -104,7 +102,7 @@ def test_network_args_zones_default_to_none_with_your_own_vpc():
 
 def test_network_args_with_outputs_give_a_message_or_are_accepted():
     """U11: NetworkArgs(private_subnet_ids=Output) was a TypeError (len() of an Output)."""
-    from components.network import NetworkArgs, validate
+    from eks_ddp.infra.network import NetworkArgs, validate
 
     def build(out):
         problems = {}
@@ -130,7 +128,7 @@ def test_network_args_with_outputs_give_a_message_or_are_accepted():
 
 
 def test_network_args_check_names_and_zones_like_the_stack_config():
-    from components.network import NetworkArgs, validate
+    from eks_ddp.infra.network import NetworkArgs, validate
 
     with pytest.raises(ValueError, match="^cluster_name: got 'My Cluster'"):
         validate(NetworkArgs(cluster_name="My Cluster", availability_zones=["us-west-2a", "us-west-2b"]))
@@ -148,7 +146,7 @@ def test_network_args_check_names_and_zones_like_the_stack_config():
 ])
 def test_cluster_args_follow_the_stack_configs_rules(change, fragment):
     """U12: these were accepted, and kubernetes_version='1.29' was a KeyError."""
-    from components.cluster import validate
+    from eks_ddp.infra.cluster import validate
 
     with pytest.raises(ValueError) as info:
         validate(_cluster_args(**change))
@@ -156,14 +154,14 @@ def test_cluster_args_follow_the_stack_configs_rules(change, fragment):
 
 
 def test_cluster_args_accept_what_the_stack_config_accepts():
-    from components.cluster import validate
+    from eks_ddp.infra.cluster import validate
 
     validate(_cluster_args(system_instance_type="m5.large", cluster_name="team_a-dev"))
 
 
 def test_cluster_args_take_outputs_where_they_are_inputs_and_say_so_where_not():
     """U11: public_access_cidrs=Output was "'Output' object is not iterable"."""
-    from components.cluster import EksCluster, validate
+    from eks_ddp.infra.cluster import EksCluster, validate
 
     def build(out):
         validate(_cluster_args(public_access_cidrs=out(["1.2.3.4/32"]), private_subnet_ids=out(["a", "b"]),
@@ -187,7 +185,7 @@ def test_cluster_args_take_outputs_where_they_are_inputs_and_say_so_where_not():
 
 
 def test_cluster_args_still_refuse_a_world_open_plain_cidr_next_to_an_output():
-    from components.cluster import validate
+    from eks_ddp.infra.cluster import validate
 
     def build(out):
         with pytest.raises(ValueError, match="narrower than /0"):
@@ -205,7 +203,7 @@ def test_cluster_args_still_refuse_a_world_open_plain_cidr_next_to_an_output():
 ])
 def test_gpu_nodegroup_args_follow_the_stack_configs_rules(change, fragment):
     """U12: GpuNodeGroupArgs(group_name='GPU_A') was accepted."""
-    from components.gpu_nodegroup import validate
+    from eks_ddp.infra.gpu_nodegroup import validate
 
     with pytest.raises(ValueError) as info:
         validate(_group_args(**change))
@@ -214,7 +212,7 @@ def test_gpu_nodegroup_args_follow_the_stack_configs_rules(change, fragment):
 
 def test_gpu_nodegroup_args_with_outputs_give_a_message_or_are_accepted():
     """U11: GpuNodeGroupArgs(max_size=Output) was "'<' not supported between 'Output' and 'int'"."""
-    from components.gpu_nodegroup import GpuNodeGroup, validate
+    from eks_ddp.infra.gpu_nodegroup import GpuNodeGroup, validate
 
     def build(out):
         bad = {}
@@ -242,7 +240,7 @@ def test_gpu_nodegroup_args_with_outputs_give_a_message_or_are_accepted():
 ])
 def test_autoscaler_args_follow_the_stack_configs_rules(change, fragment):
     """U12: ClusterAutoscalerArgs(scale_down_unneeded_time='10 minutes', region='us-west-3') was accepted."""
-    from components.autoscaler import ClusterAutoscalerArgs, validate
+    from eks_ddp.infra.autoscaler import ClusterAutoscalerArgs, validate
 
     base = dict(cluster_name="eks-ddp-test", region="us-west-2", kubernetes_version="1.35",
                 oidc_provider_arn="arn:aws:iam::123456789012:oidc-provider/x", oidc_provider_url="https://x",
@@ -257,13 +255,14 @@ def test_the_package_exports_its_components_statically_and_is_typed():
     """U14 and U11: a lazy __getattr__ (mypy saw Any), no py.typed, a docstring naming `components`."""
     import tomllib
 
-    import components
+    import eks_ddp
+
     from tests.util import ROOT
 
-    assert not hasattr(components, "__getattr__")
-    assert "from eks_ddp import" in components.__doc__ and "from components import" not in components.__doc__
-    for name in components.__all__:
-        assert getattr(components, name).__module__.startswith(components.__name__ + "."), name
+    assert not hasattr(eks_ddp, "__getattr__")
+    assert "from eks_ddp import" in eks_ddp.__doc__ and "from components import" not in eks_ddp.__doc__
+    for name in eks_ddp.__all__:
+        assert getattr(eks_ddp, name).__module__.startswith(eks_ddp.__name__ + "."), name
     assert (ROOT / "components" / "py.typed").exists()
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert "py.typed" in meta["tool"]["setuptools"]["package-data"]["eks_ddp"]
@@ -276,7 +275,7 @@ def test_importing_the_package_loads_no_torch():
     from tests.util import ROOT
 
     code = ("import sys\nfor m in ('torch', 'torchvision', 'matplotlib', 'etcd'):\n    sys.modules[m] = None\n"
-            "import eks_ddp, eks_ddp.torchrun\nprint(' '.join(sorted(eks_ddp.__all__)))")
+            "import eks_ddp, eks_ddp.core.torchrun\nprint(' '.join(sorted(eks_ddp.__all__)))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert {"ClusterAddons", "ElasticJob", "Workload", "cifar10_workload"} <= set(out.stdout.split())

@@ -8,11 +8,12 @@ import json
 from functools import cache
 
 import pytest
+from eks_ddp.config import SUPPORTED_KUBERNETES_VERSIONS
+from eks_ddp.core import catalog, scheduling
+from eks_ddp.infra import autoscaler
+from eks_ddp.tooling.mocks import ProgramResult, _node_group
+from eks_ddp.tooling.plan import render_manifests
 
-from components import autoscaler, catalog, scheduling
-from components.config import SUPPORTED_KUBERNETES_VERSIONS
-from components.mocks import ProgramResult, _node_group
-from components.plan import render_manifests
 from tests.util import at_version, run, set_path, stack_config
 
 STACKS = ("dev", "p4de")

@@ -7,8 +7,8 @@ import stat
 from pathlib import Path
 
 import pytest
+from eks_ddp.tooling import cli_version
 
-from components import cli_version
 from tests.util import ROOT
 
 
@@ -43,8 +43,9 @@ def test_readme_states_minimum_pulumi_cli():
 
 
 def test_preflight_refuses_an_old_cli(tmp_path, monkeypatch):
-    from components import preflight
-    from components.config import load_stack_config
+    from eks_ddp.config import load_stack_config
+    from eks_ddp.tooling import preflight
+
     from tests.stub_quotas import StubQuotas
     from tests.util import stack_config
 

@@ -7,10 +7,9 @@ import json
 
 import pulumi
 import pytest
-
-from components import cluster as cluster_mod
-from components.cluster import EksCluster, EksClusterArgs, validate
-from components.mocks import RecordingMocks, run_program
+from eks_ddp.infra import cluster as cluster_mod
+from eks_ddp.infra.cluster import EksCluster, EksClusterArgs, validate
+from eks_ddp.tooling.mocks import RecordingMocks, run_program
 
 ARGS = EksClusterArgs(
     cluster_name="eks-ddp-test",

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from eks_ddp.config import ConfigError, load_stack_config
+from eks_ddp.core import catalog
 
-from components import catalog
-from components.config import ConfigError, load_stack_config
 from tests.util import drop_path, set_path, stack_config
 
 
@@ -312,7 +312,7 @@ def _problems(cfg: dict) -> list[str]:
 @pytest.mark.parametrize(("value", "shown"), [(1.35, "1.35"), (1.3, "1.3")])
 def test_unquoted_kubernetes_version_says_to_quote_it_and_lists_the_versions(dev, value, shown):
     """U17: `kubernetesVersion: 1.35` (and 1.30, read as 1.3) said only "expected a non-empty string"."""
-    from components.config import SUPPORTED_KUBERNETES_VERSIONS
+    from eks_ddp.config import SUPPORTED_KUBERNETES_VERSIONS
 
     msg = rejects(set_path(dev, "eks-ddp:cluster.kubernetesVersion", value), f"cluster.kubernetesVersion: got {shown};")
     assert "quote the value" in msg and "1.30 as the number 1.3" in msg

@@ -15,11 +15,11 @@ from pathlib import Path
 import pulumi
 import pytest
 import yaml
+from eks_ddp.config import load_stack_config
+from eks_ddp.tooling import mocks as mocks_mod
+from eks_ddp.tooling import plan as plan_mod
+from eks_ddp.tooling.mocks import run_program
 
-from components import mocks as mocks_mod
-from components import plan as plan_mod
-from components.config import load_stack_config
-from components.mocks import run_program
 from tests.util import ROOT, TEST_PUBLIC_CIDR, run, set_path, stack_config
 
 # (case id, config path, value, YAML key the message must name)
@@ -179,14 +179,14 @@ def test_plan_of_the_example_stack_notes_its_placeholder(capsys):
 
 
 def test_infinite_learning_rate_is_rejected():
-    from components.config import ConfigError
+    from eks_ddp.config import ConfigError
 
     with pytest.raises(ConfigError, match="job.learningRate"):
         _load(set_path(stack_config("dev"), "eks-ddp:job.learningRate", json.dumps(math.inf)))
 
 
 def test_test_cidr_is_a_real_public_address():
-    from components import rules
+    from eks_ddp.core import rules
 
     assert rules.public_access_cidrs("k", [TEST_PUBLIC_CIDR]) == []
 
@@ -198,7 +198,8 @@ def test_test_cidr_is_a_real_public_address():
     ("namespace", "Bad_NS"), ("image", "repo@sha256:..."), ("nodes", "4"), ("namespace", "kube-system"),
 ])
 def test_elastic_job_args_reject_what_the_stack_config_rejects(field, value):
-    from components.workload import cifar10_workload
+    from eks_ddp.core.workload import cifar10_workload
+
     from tests.test_elastic_job import run_job
 
     trainer = field in ("epochs", "global_batch_size", "model", "learning_rate")  # the bundled trainer's own
@@ -228,8 +229,7 @@ def test_brought_vpc_group_zone_without_a_subnet_fails_before_the_cluster():
     """A group pinned to a zone where none of the brought private subnets is: one line naming the key,
     raised after the subnets are looked up and before anything billable is registered."""
     import pulumi
-
-    from components.mocks import run_program
+    from eks_ddp.tooling.mocks import run_program
 
     config = set_path(stack_config("dev"), "eks-ddp:network",
                       {"vpcId": "vpc-0123456789abcdef0", "privateSubnetIds": ["subnet-a", "subnet-b"],

@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from eks_ddp.config import ConfigError, RunConfig, StackConfig, WorkloadConfig
 
-from components.config import ConfigError, RunConfig, StackConfig, WorkloadConfig
 from tests.test_config import load, rejects
 from tests.util import stack_config
 

@@ -1,4 +1,4 @@
-"""The network contract (components/contracts/network.py) over the dev and p4de plans, and its negative controls:
+"""The network contract (components/tooling/contracts/network.py) over the dev and p4de plans, and its negative controls:
 manifest sets built to break each rule it checks, and the model of the EKS policy controller on small cases."""
 
 from __future__ import annotations
@@ -7,12 +7,11 @@ import copy
 from ipaddress import IPv4Network as Net
 
 import pytest
-
-from components.contracts import PlanView, check
-from components.contracts.netobjects import Ports
-from components.contracts.network import check_manifests, vpc_cidrs_of
-from components.contracts.vpc_cni import cluster_of
-from components.etcd import SERVER_LABELS
+from eks_ddp.tooling.contracts import PlanView, check
+from eks_ddp.tooling.contracts.netobjects import Ports
+from eks_ddp.tooling.contracts.network import check_manifests, vpc_cidrs_of
+from eks_ddp.tooling.contracts.vpc_cni import cluster_of
+from eks_ddp.workloads.etcd import SERVER_LABELS
 
 NS = "training"
 
@@ -57,11 +56,10 @@ def test_the_components_with_the_old_default_store_labels_are_reported(labels):
     # ElasticJob and EtcdRendezvous as a program of your own builds them; SERVER_LABELS was the old default of
     # rdzv_server_labels: every training pod's egress missed the store's ClusterIP.
     import pulumi
-
-    from components.elastic_job import ElasticJob, ElasticJobArgs
-    from components.etcd import EtcdRendezvous, EtcdRendezvousArgs
-    from components.mocks import run_program
-    from components.namespace import NamespaceBaseline
+    from eks_ddp.tooling.mocks import run_program
+    from eks_ddp.workloads.elastic_job import ElasticJob, ElasticJobArgs
+    from eks_ddp.workloads.etcd import EtcdRendezvous, EtcdRendezvousArgs
+    from eks_ddp.workloads.namespace import NamespaceBaseline
 
     def program() -> None:
         NamespaceBaseline("ns", NS)

@@ -10,9 +10,9 @@ import copy
 import dataclasses
 
 import pytest
+from eks_ddp.tooling.contracts import PlanView, check
+from eks_ddp.tooling.contracts import rendezvous as contract
 
-from components.contracts import PlanView, check
-from components.contracts import rendezvous as contract
 from tests.test_config_runs import DIGEST, with_runs
 from tests.util import run
 

@@ -1,4 +1,4 @@
-"""Contract "s3" (components/contracts/s3.py) and its IAM evaluator (components/contracts/iam_policy.py).
+"""Contract "s3" (components/tooling/contracts/s3.py) and its IAM evaluator (components/tooling/contracts/iam_policy.py).
 
 Positive: the dev and p4de plans, and a stack whose run stages a data set from another account's bucket, pass.
 Negative controls: the endpoint policy today's main writes (this account's buckets only) with that data set (B4);
@@ -12,11 +12,11 @@ import copy
 import json
 
 import pytest
+from eks_ddp.infra.network import s3_endpoint_policy
+from eks_ddp.tooling.contracts import PlanView, check
+from eks_ddp.tooling.contracts import s3 as contract
+from eks_ddp.tooling.contracts.iam_policy import ALLOW, DENY, IMPLICIT_DENY, UNKNOWN, Request, evaluate, evaluate_all
 
-from components.contracts import PlanView, check
-from components.contracts import s3 as contract
-from components.contracts.iam_policy import ALLOW, DENY, IMPLICIT_DENY, UNKNOWN, Request, evaluate, evaluate_all
-from components.network import s3_endpoint_policy
 from tests.test_config_runs import DIGEST, with_runs
 from tests.util import run, set_path
 
@@ -83,7 +83,7 @@ def test_a_data_set_in_another_accounts_bucket_passes_through_the_stacks_endpoin
 
 
 def test_result_files_mirror_the_uploader():
-    from training.results import FILES
+    from eks_ddp_trainer.results import FILES
 
     assert contract.RESULT_FILES == FILES
 

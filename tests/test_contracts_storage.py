@@ -12,10 +12,9 @@ import dataclasses
 import json
 
 import pytest
-
-from components.contracts import PlanView, check
-from components.contracts import storage as contract
-from components.efs import file_system_policy, irsa_trust_policy
+from eks_ddp.infra.efs import file_system_policy, irsa_trust_policy
+from eks_ddp.tooling.contracts import PlanView, check
+from eks_ddp.tooling.contracts import storage as contract
 
 
 @pytest.fixture(scope="module")

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from eks_ddp.config import StackConfig, load_stack_config
+from eks_ddp.core import catalog
+from eks_ddp.tooling import cost
 
-from components import catalog, cost
-from components.config import StackConfig, load_stack_config
 from tests.util import set_path, stack_config
 
 GIB_HOUR = cost.price("ebs_gp3_gb_month") / cost.HOURS_PER_MONTH
@@ -167,7 +168,7 @@ def test_control_plane_and_storage_are_priced_as_stated():
 
 
 def test_system_root_volume_matches_the_cluster_component():
-    from components.cluster import SYSTEM_ROOT_VOLUME_GIB
+    from eks_ddp.infra.cluster import SYSTEM_ROOT_VOLUME_GIB
 
     assert cost.SYSTEM_ROOT_VOLUME_GIB == SYSTEM_ROOT_VOLUME_GIB
 

@@ -15,17 +15,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from eks_ddp.core.torchrun import LAUNCHER_MODULE, TRAIN_MODULE, AgentOptions, TrainerOptions, job_command
+from eks_ddp.infra.image import DOCKERFILE, source_files
 
-from components.image import DOCKERFILE, source_files
-from components.torchrun import LAUNCHER_MODULE, TRAIN_MODULE, AgentOptions, TrainerOptions, job_command
 from tests.util import ROOT
 
 HADOLINT = ROOT / ".venv" / "bin" / "hadolint"
 CHECKOV = ROOT / ".venv-scan" / "bin" / "checkov"
 CHECKOV_SKIPS = ROOT / "tests" / "checkov-dockerfile-skips.yaml"
 
-# Modules the jobs run: the agent (LAUNCHER_MODULE) with -m training.train (TRAIN_MODULE), then data prep and evaluation.
-JOB_MODULES = (LAUNCHER_MODULE, TRAIN_MODULE, "training.prepare_data", "training.evaluate")
+# Modules the jobs run: the agent (LAUNCHER_MODULE) with -m eks_ddp_trainer.train (TRAIN_MODULE), then data prep and evaluation.
+JOB_MODULES = (LAUNCHER_MODULE, TRAIN_MODULE, "eks_ddp_trainer.prepare_data", "eks_ddp_trainer.evaluate")
 
 
 @dataclass(frozen=True)
@@ -362,11 +362,11 @@ def test_build_context_is_only_what_the_image_needs():
         assert not any(p == name or p.startswith(name + "/") for p in context), f"{name} is in the build context"
     assert not any("__pycache__" in p or p.endswith(".pyc") for p in context)
     assert {p.split("/")[0] for p in context} <= {"docker", "training"}, sorted(context)
-    assert DOCKERFILE in context and "docker/requirements.txt" in context and "training/__init__.py" in context
+    assert DOCKERFILE in context and "docker/requirements.txt" in context and "training/trainer/__init__.py" in context
 
 
 def test_image_tag_hashes_exactly_the_build_context():
-    """The content-hash tag (components/image.py) covers what Docker sends, no more, no less."""
+    """The content-hash tag (components/infra/image.py) covers what Docker sends, no more, no less."""
     assert {p.as_posix() for p in source_files(ROOT)} == build_context()
 
 
@@ -374,7 +374,7 @@ def test_dockerignore_matcher_follows_docker_rules():
     patterns = dockerignore_patterns()
     assert excluded(".venv/lib/site.py", patterns)
     assert excluded("README.md", patterns)
-    assert not excluded("training/train.py", patterns)
+    assert not excluded("training/trainer/train.py", patterns)
     assert excluded("training/__pycache__/train.cpython-311.pyc", patterns)
     assert excluded("training/sub/__pycache__", patterns)
 
@@ -485,7 +485,7 @@ def test_efa_is_installed_before_the_code_so_code_changes_reuse_it(final):
 
 
 def test_pods_load_the_plugin_the_image_installs():
-    from components.elastic_job import NCCL_NET_PLUGIN
+    from eks_ddp.workloads.elastic_job import NCCL_NET_PLUGIN
 
     text = (ROOT / DOCKERFILE).read_text()
     # NCCL dlopens libnccl-net-<NCCL_NET_PLUGIN>.so; the build checks that exact file is in the linker cache.

@@ -11,9 +11,9 @@ import shutil
 from pathlib import Path
 
 import yaml
+from eks_ddp.config import reference as ref
+from eks_ddp.config.schema import TOP_LEVEL_KEYS
 
-from components import config_reference as ref
-from components.config_schema import TOP_LEVEL_KEYS
 from tests.util import ROOT
 
 README_MAX_LINES = 250
@@ -117,7 +117,7 @@ def test_readme_is_the_short_front_door():
 
 def test_config_reference_page_holds_the_schemas_table():
     page = (ROOT / ref.DOC_PAGE).read_text()
-    assert ref.table_in_page(page) == ref.reference_table(), "regenerate the table: python -m components.config --write"
+    assert ref.table_in_page(page) == ref.reference_table(), "regenerate the table: python -m eks_ddp.config --write"
 
 
 def test_the_generator_rewrites_a_stale_table_and_only_the_table(tmp_path):
@@ -131,17 +131,19 @@ def test_the_generator_rewrites_a_stale_table_and_only_the_table(tmp_path):
 
 
 def test_config_reference_python_m_write_leaves_a_current_page_unchanged(tmp_path):
-    """The command the page names, run as a process on a copy of the page."""
+    """The command the page names, run as a process on a copy of the library and the page."""
+    import os
     import subprocess
     import sys
 
-    shutil.copytree(ROOT / "components", tmp_path / "components")
+    shutil.copytree(ROOT / "components", tmp_path / "eks_ddp")
     (tmp_path / "docs").mkdir()
     shutil.copy(ROOT / ref.DOC_PAGE, tmp_path / ref.DOC_PAGE)
-    out = subprocess.run([sys.executable, "-m", "components.config", "--write"], cwd=tmp_path, capture_output=True,
-                         text=True, timeout=120)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-m", "eks_ddp.config", "--write"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr
-    assert "up to date" in out.stdout
+    assert out.stdout.strip() == f"{ref.DOC_PAGE}: up to date"
     assert (tmp_path / ref.DOC_PAGE).read_text() == (ROOT / ref.DOC_PAGE).read_text()
 
 
@@ -188,8 +190,8 @@ def test_trainer_docstring_shows_the_command_the_cluster_runs():
     """train.py's docstring is where users look for the command: it must be job_command's, with its env."""
     import shlex
 
-    import training.train as train
-    from components.torchrun import AGENT_ENV, AgentOptions, TrainerOptions, job_command
+    import eks_ddp_trainer.train as train
+    from eks_ddp.core.torchrun import AGENT_ENV, AgentOptions, TrainerOptions, job_command
 
     doc = train.__doc__
     block = doc[doc.index("::") + 2:doc.index("The optimisation")]

@@ -6,9 +6,11 @@ import dataclasses
 
 import pulumi
 import pytest
-
-from components import catalog
-from components.elastic_job import (
+from eks_ddp.core import catalog
+from eks_ddp.core.torchrun import AGENT_ENV, CLUSTER_TIMEOUTS, CLUSTER_TLS
+from eks_ddp.core.workload import cifar10_workload
+from eks_ddp.tooling.mocks import ProgramResult, Recorded, run_program
+from eks_ddp.workloads.elastic_job import (
     DEFAULT_FAULT_BUDGET,
     EFA_RESOURCE,
     GPU_RESOURCE,
@@ -19,10 +21,7 @@ from components.elastic_job import (
     nccl_env,
     pod_resources,
 )
-from components.etcd import DEFAULT_CLIENT_LABELS, store_selector
-from components.mocks import ProgramResult, Recorded, run_program
-from components.torchrun import AGENT_ENV, CLUSTER_TIMEOUTS, CLUSTER_TLS
-from components.workload import cifar10_workload
+from eks_ddp.workloads.etcd import DEFAULT_CLIENT_LABELS, store_selector
 
 IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/eks-ddp-trainer@sha256:" + "ab" * 32
 GPU_NODES = {"eks-ddp/node-group": "gpu"}
@@ -76,7 +75,7 @@ def test_agent_command_is_the_shared_torchrun_builder():
     result = run_job(nodes=3, min_nodes=2, max_restarts=5, run_id="exp-7",
                      workload=cifar10_workload(epochs=4, global_batch_size=256, learning_rate=0.1, compile=True))
     cmd = trainer(result)["command"]
-    assert cmd[:3] == ["python", "-m", "eks_ddp_runtime.launch"] and cmd[cmd.index("-m", 3) + 1] == "training.train"
+    assert cmd[:3] == ["python", "-m", "eks_ddp_runtime.launch"] and cmd[cmd.index("-m", 3) + 1] == "eks_ddp_trainer.train"
     f = flags(cmd)
     assert f["nnodes"] == "2:3"
     assert f["nproc-per-node"] == "1"  # g4dn.xlarge: one T4
@@ -188,7 +187,7 @@ def test_only_the_training_job_skips_await_and_it_waits_for_data():
     assert "pulumi.com/skipAwait" not in (prepare.inputs["metadata"].get("annotations") or {})
     assert prepare.urn in train.dependencies
     prepare_cmd = prepare.inputs["spec"]["template"]["spec"]["containers"][0]["command"]
-    assert prepare_cmd == ["python", "-m", "training.prepare_data", "--data-dir=/shared/data"]
+    assert prepare_cmd == ["python", "-m", "eks_ddp_trainer.prepare_data", "--data-dir=/shared/data"]
 
 
 def test_failure_policy_ignores_node_loss_and_fails_fast_on_bugs():
@@ -350,7 +349,7 @@ def test_evaluation_runs_on_demand_from_a_suspended_cronjob():
     c = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]
     # Finding B-13: the run directory comes from RUN_DIR (this run by default), so a Job created from the
     # CronJob can evaluate another run.
-    assert c["command"] == ["python", "-m", "training.evaluate", "--data-dir=/shared/data", "--run-dir=$(RUN_DIR)"]
+    assert c["command"] == ["python", "-m", "eks_ddp_trainer.evaluate", "--data-dir=/shared/data", "--run-dir=$(RUN_DIR)"]
     assert env_of(c)["RUN_DIR"]["value"] == "/shared/runs/exp-7"
     assert c["resources"]["limits"][GPU_RESOURCE] == "1"
     name = cron["metadata"]["name"]
@@ -480,7 +479,7 @@ def test_data_prep_runs_on_the_system_nodes_not_the_gpu_nodes():
 def test_component_default_fault_budget_fits_spot_capacity():
     """A program that imports ElasticJob without setting max_restarts gets the same >= 20-fault budget as
     the stack config, not torchrun's 3 (the 4th spot interruption would end the run)."""
-    from components.torchrun import DEFAULT_MAX_RESTARTS
+    from eks_ddp.core.torchrun import DEFAULT_MAX_RESTARTS
 
     assert DEFAULT_MAX_RESTARTS >= 20
     assert flags(trainer(run_job())["command"])["max-restarts"] == str(DEFAULT_MAX_RESTARTS)
@@ -502,7 +501,8 @@ def test_immutable_job_fields_replace_the_job():
 
 def _library_program(*jobs: dict, max_size: int = 2):
     """A program that makes one GPU node group (max_size) and ElasticJobs on it the way docs/library.md shows."""
-    from components.gpu_nodegroup import GpuNodeGroup
+    from eks_ddp.infra.gpu_nodegroup import GpuNodeGroup
+
     from tests.test_gpu_nodegroup import BASE
 
     def program() -> None:

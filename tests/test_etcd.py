@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pulumi
 import pytest
-
-from components.elastic_job import EVALUATE_LABELS, PREPARE_LABELS, TRAINER_LABELS
-from components.etcd import (
+from eks_ddp.tooling.mocks import ProgramResult, run_program
+from eks_ddp.tooling.plan import render_manifests
+from eks_ddp.workloads.elastic_job import EVALUATE_LABELS, PREPARE_LABELS, TRAINER_LABELS
+from eks_ddp.workloads.etcd import (
     CLIENT_PORT,
     DATA_DIR,
     DEFAULT_CLIENT_LABELS,
@@ -29,9 +30,7 @@ from components.etcd import (
     EtcdRendezvousArgs,
     etcd_args,
 )
-from components.mocks import ProgramResult, run_program
-from components.plan import render_manifests
-from training.etcd_local import find_etcd, free_port, make_tls
+from eks_ddp_local.etcd import find_etcd, free_port, make_tls
 
 SYSTEM = {"eks-ddp/pool": "system"}
 
@@ -331,7 +330,7 @@ def test_drain_allowed_sees_a_blocking_budget():
 def test_no_budget_of_the_stack_blocks_a_system_node_group_update(stack, dev_result, p4de_result):
     # Review K5 / A4: an EKS managed node-group update drains every node; a pod it cannot evict within
     # 15 minutes fails the update (PodEvictionFailure) and `pulumi up` with it.
-    from components.plan import render_manifests
+    from eks_ddp.tooling.plan import render_manifests
 
     docs = render_manifests(dev_result if stack == "dev" else p4de_result)
     workloads = [m for m in docs if m["kind"] in ("Deployment", "StatefulSet", "ReplicaSet")]

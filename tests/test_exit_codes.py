@@ -1,8 +1,8 @@
 """Exit codes as the pod sees them: every exit path of the trainer as a real process, alone and under the launcher.
 
-The Job's pod failure policy acts on the agent's exit status (training/runtime/exitcodes.py, components/elastic_job.py):
-0 done, 3/4/5 FATAL (fail the Job at once), 1 a spent fault budget (retried). Alone, ``python -m training.train``
-is what a user runs first; under ``python -m eks_ddp_runtime.launch`` (the Job's own flags from components/torchrun.py,
+The Job's pod failure policy acts on the agent's exit status (training/runtime/exitcodes.py, components/workloads/elastic_job/__init__.py):
+0 done, 3/4/5 FATAL (fail the Job at once), 1 a spent fault budget (retried). Alone, ``python -m eks_ddp_trainer.train``
+is what a user runs first; under ``python -m eks_ddp_runtime.launch`` (the Job's own flags from components/core/torchrun.py,
 a real etcd) the agent must hand the worker's code to the pod, whether workers are forked or fresh processes.
 """
 
@@ -14,11 +14,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from eks_ddp.core.torchrun import CLUSTER_TIMEOUTS, AgentOptions, TrainerOptions, job_command
 from eks_ddp_runtime import exitcodes
+from eks_ddp_trainer.data import TRAIN_FILES, batches_root, write_synthetic_cifar
 
-from components.torchrun import CLUSTER_TIMEOUTS, AgentOptions, TrainerOptions, job_command
 from tests.etcd_server import ROOT, Job, client_tls, etcd_endpoint, jobs, kill_workers_in_a_row, trainer_env  # noqa: F401
-from training.data import TRAIN_FILES, batches_root, write_synthetic_cifar
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +61,7 @@ def test_alone_the_process_exits_with_the_contract_code(case, tmp_path, data_dir
     over, code, says = CASES[case]
     opts = _trainer(_data_for(case, data_dir, corrupt_data_dir), tmp_path / "run", **over)
     env = trainer_env()
-    proc = subprocess.run([sys.executable, "-m", "training.train", *opts.args()], cwd=ROOT, env=env,
+    proc = subprocess.run([sys.executable, "-m", "eks_ddp_trainer.train", *opts.args()], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
     out = proc.stdout + proc.stderr
     # Diverged used to end in "terminate called without an active exception" (134): the snapshot writer thread
@@ -73,7 +73,7 @@ def test_alone_the_process_exits_with_the_contract_code(case, tmp_path, data_dir
 
 def test_alone_a_fatal_code_survives_a_side_thread_inside_torch(tmp_path, data_dir):
     # Deterministic form of the 134: a side thread sits in torch's C++ code for the whole run, as a snapshot
-    # write in flight can at the moment the trainer exits (tests/busy_exit_probe.py runs training.train as
+    # write in flight can at the moment the trainer exits (tests/busy_exit_probe.py runs eks_ddp_trainer.train as
     # __main__). Interpreter shutdown would stop that thread in C++ and abort; the exit path must not.
     opts = _trainer(data_dir, tmp_path / "run", learning_rate=5000.0)
     proc = subprocess.run([sys.executable, "-m", "tests.busy_exit_probe", *opts.args()], cwd=ROOT, env=trainer_env(),
@@ -92,7 +92,7 @@ def test_alone_the_code_is_final_before_interpreter_shutdown(case, tmp_path, dat
     # still end with the trainer's code.
     over, code, says = CASES[case]
     opts = _trainer(data_dir, tmp_path / "run", **over)
-    proc = subprocess.run([sys.executable, "-m", "tests.shutdown_abort_probe", "training.train", *opts.args()], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "tests.shutdown_abort_probe", "eks_ddp_trainer.train", *opts.args()], cwd=ROOT,
                           env=trainer_env(), capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
     out = proc.stdout + proc.stderr
     assert proc.returncode == code, out[-3000:]

@@ -16,10 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from eks_ddp_runtime import fabric_check as fc
-from eks_ddp_runtime.exitcodes import FABRIC_FAILED
-
-from components.torchrun import (
+from eks_ddp.core.torchrun import (
     FABRIC_CHECK_MODULE,
     LOCAL_TIMEOUTS,
     AgentOptions,
@@ -28,6 +25,9 @@ from components.torchrun import (
     fabric_check_command,
     job_command,
 )
+from eks_ddp_runtime import fabric_check as fc
+from eks_ddp_runtime.exitcodes import FABRIC_FAILED
+
 from tests.etcd_server import ROOT, TORCHRUN, Agent, _processes, client_tls, etcd_endpoint, trainer_env  # noqa: F401
 
 # NCCL 2.2x INIT/NET lines as they appear with NCCL_DEBUG=INFO (host:pid:tid prefix), aws-ofi-nccl's included.
@@ -211,7 +211,7 @@ def test_two_agents_measure_write_fabric_json_and_fail_without_efa(tmp_path, etc
 
 
 def test_every_efa_type_has_a_cited_floor():
-    from components import catalog
+    from eks_ddp.core import catalog
 
     efa_types = {n for n in catalog.gpu_types() if catalog.CATALOG[n].has_efa}
     assert set(catalog.NETWORK_GBPS) == efa_types

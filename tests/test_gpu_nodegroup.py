@@ -7,10 +7,10 @@ import json
 
 import pulumi
 import pytest
+from eks_ddp.core import catalog
+from eks_ddp.infra.gpu_nodegroup import MEMLOCK_BYTES, GpuNodeGroup, GpuNodeGroupArgs, efa_device_index
+from eks_ddp.tooling.mocks import run_program
 
-from components import catalog
-from components.gpu_nodegroup import MEMLOCK_BYTES, GpuNodeGroup, GpuNodeGroupArgs, efa_device_index
-from components.mocks import run_program
 from tests.nodeadm_roundtrip import go_decode_integer, merged_base_runtime_spec, node_configs, numbers, through_float64
 
 LT = "aws:ec2/launchTemplate:LaunchTemplate"
@@ -302,7 +302,7 @@ def _spot_raw(types):
 
 def test_spot_group_launches_from_several_instance_types():
     # EKS recommends several types for spot: one type means frequent interruptions and InsufficientCapacity.
-    from components.mocks import run_program
+    from eks_ddp.tooling.mocks import run_program
 
     result = run_program(_spot_raw(["g5.2xlarge", "g5.4xlarge"]))
     (group,) = [g for g in result.of_type("aws:eks/nodeGroup:NodeGroup") if g.inputs.get("capacityType") == "SPOT"]
@@ -315,7 +315,8 @@ def test_spot_group_launches_from_several_instance_types():
     (["g5.2xlarge"], "onDemand", r"spotInstanceTypes.*capacityType 'onDemand'"),
 ])
 def test_spot_types_must_match_the_gpu_shape_and_be_spot(types, capacity, match):
-    from components.config import ConfigError, load_stack_config
+    from eks_ddp.config import ConfigError, load_stack_config
+
     from tests.util import set_path
 
     raw = set_path(_spot_raw(types), "eks-ddp:nodeGroups[0].capacityType", capacity)

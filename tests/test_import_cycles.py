@@ -15,9 +15,24 @@ def _is_type_checking(test: ast.expr) -> bool:
         (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _imports(tree: ast.AST, package: str, modules: set[str]) -> set[str]:
-    """Modules of ``package`` (by short name) that a module's code imports when it runs."""
+def _imports(tree: ast.AST, package: str, here: str, modules: set[str]) -> set[str]:
+    """Modules of ``package`` (dotted names below it, packages by their ``__init__``) that a module's code imports
+    when it runs. ``here`` is the importing module's package (dotted, below ``package``)."""
     found: set[str] = set()
+
+    def resolve(dotted: str) -> str | None:  # the longest known module a dotted name starts with
+        parts = dotted.split(".")
+        for n in range(len(parts), 0, -1):
+            if ".".join(parts[:n]) in modules:
+                return ".".join(parts[:n])
+        return None
+
+    def add(base: str, names: list[str]) -> None:
+        for name in names:
+            full = f"{base}.{name}" if base else name
+            hit = resolve(full) if full in modules else resolve(base) if base else resolve(name)
+            if hit:
+                found.add(hit)
 
     def visit(node: ast.AST) -> None:
         if isinstance(node, ast.If) and _is_type_checking(node.test):
@@ -25,18 +40,20 @@ def _imports(tree: ast.AST, package: str, modules: set[str]) -> set[str]:
                 visit(child)
             return
         if isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level == 1:  # from .x import y / from . import x
-                names = [base] if base else [a.name for a in node.names]
-                found.update(n.split(".")[0] for n in names if n.split(".")[0] in modules)
-            elif node.level == 0 and base.split(".")[0] == package:
-                rest = base.split(".")[1:]
-                found.update([rest[0]] if rest else [a.name for a in node.names if a.name in modules])
+            mod = node.module or ""
+            if node.level:
+                anchor = here.split(".") if here else []
+                anchor = anchor[:len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, *([mod] if mod else [])])
+                add(base, [a.name for a in node.names])
+            elif mod == package or mod.startswith(package + "."):
+                add(mod[len(package) + 1:], [a.name for a in node.names])
         elif isinstance(node, ast.Import):
             for a in node.names:
-                parts = a.name.split(".")
-                if parts[0] == package and len(parts) > 1:
-                    found.add(parts[1])
+                if a.name.startswith(package + "."):
+                    hit = resolve(a.name[len(package) + 1:])
+                    if hit:
+                        found.add(hit)
         for child in ast.iter_child_nodes(node):
             visit(child)
 
@@ -45,10 +62,20 @@ def _imports(tree: ast.AST, package: str, modules: set[str]) -> set[str]:
 
 
 def import_graph(folder: Path, package: str) -> dict[str, set[str]]:
-    files = {p.stem: p for p in folder.glob("*.py") if p.stem != "__init__"}
+    """Every module below ``folder`` (the package ``package``) by dotted name (a package by its own name, its
+    ``__init__``), with the modules of the package it imports."""
+    files: dict[str, tuple[Path, str]] = {}
+    for p in folder.rglob("*.py"):
+        rel = p.relative_to(folder).with_suffix("").parts
+        if rel[-1] == "__init__":
+            name, here = ".".join(rel[:-1]), ".".join(rel[:-1])
+        else:
+            name, here = ".".join(rel), ".".join(rel[:-1])
+        if name:
+            files[name] = (p, here)
     modules = set(files)
-    return {name: _imports(ast.parse(p.read_text(), str(p)), package, modules) - {name}
-            for name, p in files.items()}
+    return {name: _imports(ast.parse(p.read_text(), str(p)), package, here, modules) - {name}
+            for name, (p, here) in files.items()}
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -75,8 +102,9 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 def test_components_have_no_import_cycle():
-    graph = import_graph(ROOT / "components", "components")
-    assert len(graph) >= 20 and "podspec" in graph["elastic_job"] and "podspec" in graph["fabric_gate"]
+    graph = import_graph(ROOT / "components", "eks_ddp")
+    assert len(graph) >= 20 and "workloads.elastic_job.pods" in graph["workloads.elastic_job"]
+    assert "workloads.elastic_job.pods" in graph["workloads.elastic_job.fabric_gate"]
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph) or [])
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from eks_ddp.tooling.mocks import ProgramResult
 
-from components.mocks import ProgramResult
 from tests.util import parent_chain
 
 OPEN = {"0.0.0.0/0", "::/0"}
@@ -51,7 +51,7 @@ def test_no_security_group_admits_the_internet(result):
 
 
 def test_open_ingress_detector_catches_each_form():
-    from components.mocks import Recorded
+    from eks_ddp.tooling.mocks import Recorded
 
     def rec(typ, inputs):
         return Recorded(urn=f"urn:pulumi:s::p::{typ}::x", type=typ, name=typ, custom=True, parent_urn="",
@@ -229,7 +229,7 @@ def test_arns_follow_partition(region, part):
     for p in built:
         assert "arn:aws:" not in p.inputs["policy"] and f"arn:{part}:" in p.inputs["policy"], (p.name, p.inputs)
     # B11: S3 calls KMS as s3.<region>.<the partition's DNS suffix>; EKS wants ec2.amazonaws.com.cn in China.
-    from components.contracts import check
+    from eks_ddp.tooling.contracts import check
 
     assert [str(v) for v in check(result, only=("s3",))] == []
     principal = "ec2.amazonaws.com.cn" if part == "aws-cn" else "ec2.amazonaws.com"

@@ -6,11 +6,11 @@ import datetime as dt
 
 import pulumi
 import pytest
+from eks_ddp.config import DEFAULT_KUBERNETES_VERSION, SUPPORTED_KUBERNETES_VERSIONS
+from eks_ddp.core import k8s_versions
+from eks_ddp.infra.addons import ClusterAddons, ClusterAddonsArgs
+from eks_ddp.tooling.mocks import run_program
 
-from components import k8s_versions
-from components.addons import ClusterAddons, ClusterAddonsArgs
-from components.config import DEFAULT_KUBERNETES_VERSION, SUPPORTED_KUBERNETES_VERSIONS
-from components.mocks import run_program
 from tests.util import at_version, run, set_path, stack_config
 
 REVIEW_DAY = dt.date(2026, 11, 22)
@@ -93,7 +93,7 @@ def test_metrics_server_follows_the_components_version_argument():
 
 
 def test_plan_warns_when_the_stack_version_is_in_extended_support(tmp_path):
-    from components import plan
+    from eks_ddp.tooling import plan
 
     text = (plan.PROJECT_ROOT / "Pulumi.dev.yaml").read_text()
     (tmp_path / "Pulumi.old.yaml").write_text(text.replace(f'kubernetesVersion: "{DEFAULT_KUBERNETES_VERSION}"',

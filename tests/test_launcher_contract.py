@@ -22,11 +22,11 @@ import time
 from pathlib import Path
 
 import pytest
+from eks_ddp.core.torchrun import CLUSTER_TIMEOUTS, AgentOptions, RdzvTls, script_command
+from eks_ddp_local.etcd import start_etcd
 from eks_ddp_runtime import rendezvous
 
-from components.torchrun import CLUSTER_TIMEOUTS, AgentOptions, RdzvTls, script_command
 from tests.etcd_server import ROOT, client_tls, trainer_env
-from training.etcd_local import start_etcd
 
 SCRIPTS = ROOT / "tests" / "fixtures" / "corpus" / "scripts"
 

@@ -1,7 +1,7 @@
 """``eks-ddp-local --module PKG.MOD -- ARGS`` / ``--script PATH -- ARGS``: a user's own code on this machine under
 the real launcher and a real etcd (review U2), with the cluster's agent command for a module or script workload.
 
-Each runs ``python -m training.local`` as a process from a folder outside the repository that holds the user's
+Each runs ``python -m eks_ddp_local`` as a process from a folder outside the repository that holds the user's
 code (the corpus of tests/test_torchrun_corpus.py), and checks what the user sees: their lines, the run directory
 in ``EKS_DDP_RUN_DIR``, and the exit status (a usage error stops at once: no retries).
 """
@@ -16,10 +16,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from eks_ddp_local.args import parse_args
 
 from tests.etcd_server import trainer_env
 from tests.util import ROOT
-from training.local_args import parse_args
 
 CORPUS = ROOT / "tests" / "fixtures" / "corpus"
 
@@ -30,7 +30,7 @@ def _local(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
         shutil.copytree(CORPUS, project)
     env = trainer_env()
     env.pop("CUDA_VISIBLE_DEVICES", None)
-    return subprocess.run([sys.executable, "-m", "training.local", "--out", str(tmp_path / "out"), "--timeout", "200",
+    return subprocess.run([sys.executable, "-m", "eks_ddp_local", "--out", str(tmp_path / "out"), "--timeout", "200",
                            *args], cwd=project, env=env, capture_output=True, text=True, timeout=260,
                           stdin=subprocess.DEVNULL)
 
@@ -82,5 +82,5 @@ def test_bad_own_code_flags_name_the_flag(argv, says, capsys):
 
 def test_the_console_script_points_at_the_runner():
     text = (ROOT / "pyproject.toml").read_text()
-    assert 'eks-ddp-local = "eks_ddp_trainer.local:main"' in text
-    assert os.path.exists(ROOT / "training" / "local.py")
+    assert 'eks-ddp-local = "eks_ddp_local.cli:main"' in text
+    assert os.path.exists(ROOT / "training" / "local" / "cli.py")

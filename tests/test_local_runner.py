@@ -1,4 +1,4 @@
-"""The local runner (python -m training.local): the cluster's job on one machine.
+"""The local runner (python -m eks_ddp_local): the cluster's job on one machine.
 
 Fast tests check the pieces (record parsing, the progress line, the training-curve
 input, data lookup, that the agents' command is the cluster's). The slow ones run
@@ -22,14 +22,14 @@ import time
 from pathlib import Path
 
 import pytest
+from eks_ddp.core.torchrun import AGENT_ENV, LOCAL_TIMEOUTS, AgentOptions, RdzvTls, TrainerOptions, job_command
+from eks_ddp_local import cli as local
+from eks_ddp_local.progress import Progress, parse_record
 from eks_ddp_runtime import procs
 from eks_ddp_runtime.procs import alive, descendants, listening
+from eks_ddp_trainer.plot import metrics_table, plot_history, read_history, read_test_accuracy
 
-from components.torchrun import AGENT_ENV, LOCAL_TIMEOUTS, AgentOptions, RdzvTls, TrainerOptions, job_command
 from tests.util import ROOT
-from training import local
-from training.plot import metrics_table, plot_history, read_history, read_test_accuracy
-from training.progress import Progress, parse_record
 
 STEP = "[train] epoch=2 step=25 loss=1.2749 acc=0.804 img_s=603 world=2 lr=0.1562"
 
@@ -109,7 +109,7 @@ def test_data_lookup(tmp_path):
 def test_agents_run_the_cluster_command(tmp_path):
     opts = local.parse_args(["--out", str(tmp_path), "--agents", "3", "--rdzv", "etcd", "--epochs", "2"])
     job = local.LocalJob(opts, Progress(stream=io.StringIO()))
-    from training.etcd_local import EtcdEndpoint, make_tls
+    from eks_ddp_local.etcd import EtcdEndpoint, make_tls
 
     tls = make_tls(tmp_path / "tls")
     command = job.agent_command(EtcdEndpoint("127.0.0.1:2379", tls), tmp_path / "data")
@@ -151,7 +151,7 @@ def test_descendants_and_alive(source, monkeypatch):
 
 def _runner(out: Path, *extra: str) -> tuple[subprocess.Popen[str], list[str]]:
     """Start the runner; its output lines collect in the returned list."""
-    cmd = [sys.executable, "-m", "training.local", "--out", str(out), "--synthetic", "--synthetic-train", "2048",
+    cmd = [sys.executable, "-m", "eks_ddp_local", "--out", str(out), "--synthetic", "--synthetic-train", "2048",
            "--synthetic-test", "512", "--global-batch-size", "64", "--log-every", "2", "--checkpoint-every", "6",
            "--timeout", "240", *extra]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -241,7 +241,7 @@ def test_sigint_mid_run_stops_everything(tmp_path):
 
 def test_bad_model_is_one_line_and_starts_nothing(tmp_path):
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "training.local", "--out", str(out), "--model", "resnet50"],
+    proc = subprocess.run([sys.executable, "-m", "eks_ddp_local", "--out", str(out), "--model", "resnet50"],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "--model resnet50: unknown" in proc.stderr, proc.stderr
@@ -298,14 +298,14 @@ def test_etcd_killed_gives_a_one_line_cause(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_corrupt_data_file_is_named_and_not_retried(tmp_path):
-    from training.data import write_synthetic_cifar
+    from eks_ddp_trainer.data import write_synthetic_cifar
 
     data = tmp_path / "data"
     write_synthetic_cifar(data, 256, 64, 0)
     bad = data / "cifar-10-batches-py" / "data_batch_1"
     bad.write_bytes(b"not a pickle" * 100)
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "training.local", "--out", str(out / "real"), "--data", str(data),
+    cmd = [sys.executable, "-m", "eks_ddp_local", "--out", str(out / "real"), "--data", str(data),
            "--global-batch-size", "64", "--agents", "2", "--epochs", "1", "--timeout", "200"]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=250)
     out_lines = (done.stdout + done.stderr).splitlines()
@@ -331,8 +331,8 @@ def test_interrupted_run_resumes_from_its_folder(tmp_path):
     finally:
         proc.kill()
     run_dir = _run_dir(out)
-    assert any(f"resume it with: {sys.executable} -m training.local --resume {run_dir}" in line for line in lines)
-    done = subprocess.run([sys.executable, "-m", "training.local", "--resume", str(run_dir), "--timeout", "240"],
+    assert any(f"resume it with: {sys.executable} -m eks_ddp_local --resume {run_dir}" in line for line in lines)
+    done = subprocess.run([sys.executable, "-m", "eks_ddp_local", "--resume", str(run_dir), "--timeout", "240"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     result = json.loads((run_dir / "result.json").read_text())
@@ -361,7 +361,7 @@ def test_losing_an_agent_then_finishing_exits_0(tmp_path):
 
 def test_root_cause_of_a_full_disk_and_of_a_bad_trainer_flag_from_the_real_messages():
     """The runner's one-line causes, fed the messages the kernel and the trainer really print."""
-    from training.progress import root_cause
+    from eks_ddp_local.progress import root_cause
 
     try:  # /dev/full answers every write with ENOSPC, as a full EFS or node disk does
         with open("/dev/full", "wb") as f:
@@ -372,7 +372,7 @@ def test_root_cause_of_a_full_disk_and_of_a_bad_trainer_flag_from_the_real_messa
     cause = root_cause(full)
     assert cause is not None and cause.startswith("disk full (ENOSPC)"), (full, cause)
 
-    proc = subprocess.run([sys.executable, "-m", "training.train", "--data-dir=/x", "--run-dir=/y", "--bogus=1"],
+    proc = subprocess.run([sys.executable, "-m", "eks_ddp_trainer.train", "--data-dir=/x", "--run-dir=/y", "--bogus=1"],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     from eks_ddp_runtime import exitcodes
 
@@ -407,6 +407,4 @@ def test_resume_line_names_this_interpreter_so_it_runs_without_an_activated_venv
     """Review U20: the printed command must work pasted as is, also when the venv with torch is not activated."""
     run_dir = tmp_path / "my runs" / "run-1"
     line = local.resume_command(run_dir)
-    assert shlex.split(line) == [sys.executable, "-m", "training.local", "--resume", str(run_dir)]
-    assert shlex.split(local.resume_command(run_dir, "eks_ddp_trainer"))[:3] == [sys.executable, "-m",
-                                                                                 "eks_ddp_trainer.local"]
+    assert shlex.split(line) == [sys.executable, "-m", "eks_ddp_local", "--resume", str(run_dir)]

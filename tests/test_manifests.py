@@ -1,6 +1,6 @@
 """The Kubernetes manifests the dev and p4de stacks would apply: schema, security scan, torchrun command.
 
-Manifests come from the offline plan (components.plan.render_manifests) of the whole program.
+Manifests come from the offline plan (eks_ddp.tooling.plan.render_manifests) of the whole program.
 """
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from eks_ddp.config import PROJECT, SUPPORTED_KUBERNETES_VERSIONS, StackConfig, load_stack_config
+from eks_ddp.core import catalog
+from eks_ddp.tooling.plan import load_stack_file, render_manifests, write_manifests
 from kubernetes_validate import latest_version, validate
 from kubernetes_validate.utils import major_minor
 from torch.distributed.run import get_args_parser
 
-from components import catalog
-from components.config import PROJECT, SUPPORTED_KUBERNETES_VERSIONS, StackConfig, load_stack_config
-from components.plan import load_stack_file, render_manifests, write_manifests
 from tests.util import ROOT
 
 CHECKOV = ROOT / ".venv-scan" / "bin" / "checkov"
@@ -113,7 +113,7 @@ def test_training_command_is_valid_for_torchrun(name, manifests):
     unknown = [f for f in agent_flags if f.split("=", 1)[0] not in parser._option_string_actions]
     assert not unknown, f"not torchrun options: {unknown}"
     args = parser.parse_args(command[3:])
-    assert args.module and args.training_script == "training.train"
+    assert args.module and args.training_script == "eks_ddp_trainer.train"
     assert args.nnodes == f"{cfg.job.min_nodes}:{cfg.job.nodes}"
     gpus = catalog.lookup(cfg.job_group.instance_type).gpus
     assert args.nproc_per_node == str(gpus) == str(EXPECTED_GPUS[name])
@@ -128,7 +128,7 @@ def test_training_command_is_valid_for_torchrun(name, manifests):
     env = {e["name"] for e in container["env"]}
     assert ("FI_PROVIDER" in env) == cfg.job_group.efa
 
-    from training.train import parse_args  # the trainer's own parser accepts what the job passes
+    from eks_ddp_trainer.train import parse_args  # the trainer's own parser accepts what the job passes
 
     trainer = parse_args(args.training_script_args)
     assert trainer.data_dir == "/shared/data" and trainer.run_dir == f"/shared/runs/{cfg.job.run_id}"

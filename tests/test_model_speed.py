@@ -14,13 +14,13 @@ import time
 import pytest
 import torch
 import torch.nn.functional as F
+from eks_ddp_trainer import train, wrap
+from eks_ddp_trainer.data import write_synthetic_cifar
+from eks_ddp_trainer.lookahead import Lookahead, LookaheadConfig
+from eks_ddp_trainer.model import StepBatchNorm, build_model, calibrate_bn, precision_for
 
 from tests import bn_worker
 from tests.etcd_server import ROOT, trainer_env
-from training import train, wrap
-from training.data import write_synthetic_cifar
-from training.lookahead import Lookahead, LookaheadConfig
-from training.model import StepBatchNorm, build_model, calibrate_bn, precision_for
 
 sys.path.insert(0, str(ROOT / "bench"))
 from airbench94_net import Airbench94Net  # noqa: E402
@@ -197,7 +197,7 @@ def test_the_trainer_builds_ddp_with_the_chosen_bucket_and_gradient_settings(tmp
 
 
 def test_full_share_is_this_process_part_of_a_full_step():
-    from training.data import plan_batching
+    from eks_ddp_trainer.data import plan_batching
 
     plan = plan_batching(50_000, 10, 1024, 32, 0)
     assert [wrap.full_share(plan, 3, r) for r in range(3)] == [352, 352, 320]
@@ -223,7 +223,7 @@ def test_a_compiled_worker_keeps_inductor_cache_in_the_run_dir_by_default(tmp_pa
     data = tmp_path / "data"
     write_synthetic_cifar(data, n_train=40, n_test=8, seed=0)
     run = tmp_path / "run"
-    script = ("import os, sys, torch; torch.compile = lambda m, **kw: m; from training import train; "
+    script = ("import os, sys, torch; torch.compile = lambda m, **kw: m; from eks_ddp_trainer import train; "
               "rc = train.main(sys.argv[1:]); import torch._dynamo; "
               "print('CACHE_DIR=' + os.environ.get('TORCHINDUCTOR_CACHE_DIR', '')); raise SystemExit(rc)")
     env = trainer_env()
@@ -294,7 +294,7 @@ def test_a_restarted_compiled_worker_reuses_the_cache_of_the_run(tiny_data, tmp_
     env = trainer_env()
     env.pop(wrap.CACHE_ENV, None)  # the trainer's default
     # torch._dynamo is imported only after main() has set the cache directory, as in a worker.
-    script = ("import json, sys; from training import train; rc = train.main(sys.argv[1:]); "
+    script = ("import json, sys; from eks_ddp_trainer import train; rc = train.main(sys.argv[1:]); "
               "from torch._dynamo.utils import counters; "
               "print('COUNTERS ' + json.dumps({k: dict(v) for k, v in counters.items()})); raise SystemExit(rc)")
     out = []

@@ -5,10 +5,9 @@ from __future__ import annotations
 import ipaddress
 
 import pytest
-
-from components import cidr
-from components.mocks import run_program
-from components.network import Network, NetworkArgs
+from eks_ddp.core import cidr
+from eks_ddp.infra.network import Network, NetworkArgs
+from eks_ddp.tooling.mocks import run_program
 
 VPC = "aws:ec2/vpc:Vpc"
 SUBNET = "aws:ec2/subnet:Subnet"
@@ -174,7 +173,8 @@ def test_validation_names_the_field(args, field):
 
 def test_default_zones_are_regular_zones_where_eks_accepts_subnets():
     """Review M6: never a Local Zone, never use1-az3/usw1-az2/cac1-az3 (their names differ per account)."""
-    from components.mocks import RecordingMocks
+    from eks_ddp.tooling.mocks import RecordingMocks
+
     from tests.util import stack_config
 
     mocks = RecordingMocks(region="us-east-1")
@@ -192,7 +192,7 @@ def test_default_zones_are_regular_zones_where_eks_accepts_subnets():
 def test_flow_log_role_trusts_the_service_only_for_this_accounts_flow_logs():
     """Confused deputy (VPC user guide "IAM role for publishing flow logs to CloudWatch Logs"): VPC Flow Logs may
     assume the role only for a flow log of this account and region, evaluated as IAM would."""
-    from components.contracts.iam_policy import ALLOW, IMPLICIT_DENY, Request, evaluate
+    from eks_ddp.tooling.contracts.iam_policy import ALLOW, IMPLICIT_DENY, Request, evaluate
 
     result, _ = _run(NetworkArgs(cluster_name="demo", availability_zones=ZONES2))
     trust = result.one("aws:iam/role:Role", "network-flow-logs").inputs["assumeRolePolicy"]

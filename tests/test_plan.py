@@ -12,13 +12,13 @@ import sys
 import pulumi
 import pytest
 import yaml
+from eks_ddp.tooling.mocks import RecordingMocks, run_program
 
-from components.mocks import RecordingMocks, run_program
 from tests.util import ROOT, set_path, stack_config
 
 
 def _plan(*args: str, cwd=ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "components.plan", *args], cwd=cwd, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "eks_ddp.tooling.plan", *args], cwd=cwd, capture_output=True,
                           text=True, timeout=120)
 
 
@@ -69,7 +69,7 @@ def test_dev_plan_prints_tree_counts_and_writes_manifests(tmp_path):
 
 
 def test_rendered_manifests_carry_ints_not_floats(dev_result):
-    from components.plan import render_manifests
+    from eks_ddp.tooling.plan import render_manifests
 
     def floats(value, path="$"):
         if isinstance(value, float):
@@ -147,7 +147,7 @@ def test_out_into_a_project_folder_keeps_every_file_it_did_not_write(tmp_path):
 
 
 def test_out_deletes_only_the_manifests_its_index_lists(tmp_path):
-    from components.plan import INDEX_FILE, write_manifests
+    from eks_ddp.tooling.plan import INDEX_FILE, write_manifests
 
     job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "a", "namespace": "t"}}
     svc = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "b", "namespace": "t"}}
@@ -166,7 +166,7 @@ def test_out_deletes_only_the_manifests_its_index_lists(tmp_path):
 
 
 def test_no_project_here_names_the_folder_and_the_flag(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "eks_ddp.plan", "--stack", "dev"], cwd=tmp_path,
+    proc = subprocess.run([sys.executable, "-m", "eks_ddp.tooling.plan", "--stack", "dev"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)  # the installed name, as eks-ddp-plan runs
     assert proc.returncode == 2 and str(tmp_path) in proc.stderr and "--project-dir" in proc.stderr, proc.stderr
 
@@ -189,7 +189,7 @@ def test_a_program_in_a_main_folder_plans_from_its_own_folder_with_its_own_packa
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([*sys.path[1:], str(ROOT)])}
     # From the project's folder with no arguments (the default), and from another folder with --project-dir.
     for cwd, args in ((tmp_path, []), (tmp_path / "elsewhere", ["--project-dir", str(tmp_path)])):
-        proc = subprocess.run([sys.executable, "-m", "eks_ddp.plan", *args], cwd=cwd, capture_output=True,
+        proc = subprocess.run([sys.executable, "-m", "eks_ddp.tooling.plan", *args], cwd=cwd, capture_output=True,
                               text=True, timeout=120, env=env)
         assert proc.returncode == 0, proc.stderr
         assert "project 'teamx', stack 'dev'" in proc.stdout
@@ -212,7 +212,7 @@ def test_a_failing_program_says_what_and_where_in_one_screen(tmp_path):
 
 def test_p4de_plan_notes_the_example_reservation_id():
     """Review U23: the example stack's documentation reservation id passed the offline plan without a word."""
-    from components.plan import load_stack_file, placeholder_notes
+    from eks_ddp.tooling.plan import load_stack_file, placeholder_notes
 
     p4de = placeholder_notes(load_stack_file("p4de", ROOT))
     assert any("nodeGroups[0].capacityReservationId" in n and "cr-0123456789abcdef0" in n for n in p4de), p4de

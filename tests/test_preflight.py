@@ -12,10 +12,10 @@ import boto3
 import pulumi
 import pytest
 from botocore.exceptions import EndpointConnectionError, NoCredentialsError
+from eks_ddp.config import StackConfig, load_stack_config
+from eks_ddp.tooling import preflight
 from moto import mock_aws
 
-from components import preflight
-from components.config import StackConfig, load_stack_config
 from tests.stub_quotas import StubQuotas, add_placement_groups, add_reservations, client_error, deny, reservation
 from tests.util import drop_path, set_path, stack_config
 

@@ -10,9 +10,10 @@ import json
 
 import boto3
 import pytest
+from eks_ddp.tooling import preflight
+from eks_ddp.tooling.preflight import images as preflight_images
 from moto import mock_aws
 
-from components import preflight, preflight_images
 from tests.stub_quotas import StubQuotas, client_error
 from tests.test_preflight import config
 from tests.util import BYO_OTHER_ACCOUNT_IMAGE, BYO_OWN_ACCOUNT_IMAGE, byo_stack_config, set_path, stack_config

@@ -11,9 +11,9 @@ import subprocess
 import urllib.error
 
 import pytest
+from eks_ddp.config import ConfigError, load_stack_config
+from eks_ddp.tooling.plan import render_manifests
 
-from components.config import ConfigError, load_stack_config
-from components.plan import render_manifests
 from tests.test_config_runs import DIGEST, with_runs
 from tests.util import run
 
@@ -125,9 +125,10 @@ def test_a_later_runs_run_id_must_leave_room_for_its_stores_names():
 def test_a_runs_store_refuses_another_runs_client_certificate(tmp_path):
     """Two stores from two CAs, as two runs get them: run B's certificate is refused by run A's store (real etcd
     with the Deployment's flags), run A's own is accepted."""
-    from components.etcd import etcd_args
+    from eks_ddp.workloads.etcd import etcd_args
+    from eks_ddp_local.etcd import make_tls
+
     from tests.test_etcd import _run_member, _v2
-    from training.etcd_local import make_tls
 
     a, b = make_tls(tmp_path / "a"), make_tls(tmp_path / "b")
     proc: subprocess.Popen | None = None

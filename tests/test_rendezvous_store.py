@@ -18,10 +18,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from eks_ddp_local.etcd import make_tls
 from eks_ddp_runtime import rendezvous
 
 from tests.etcd_server import client_tls, etcd_endpoint  # noqa: F401  (pytest fixture)
-from training.etcd_local import make_tls
 
 RUN_ID = "store-test"
 
@@ -157,7 +157,7 @@ def test_an_add_resent_after_a_lost_reply_counts_once(etcd_endpoint):  # noqa: F
 
 
 def test_the_handler_is_built_and_waits_while_the_store_is_down(tmp_path):
-    from training.etcd_local import EtcdEndpoint, free_port
+    from eks_ddp_local.etcd import EtcdEndpoint, free_port
 
     down = EtcdEndpoint(f"127.0.0.1:{free_port()}", make_tls(tmp_path / "tls"))
     handler = _handler(down, retry_s=2)  # K3: building it contacted the store and raised
@@ -174,7 +174,7 @@ def test_the_handler_is_built_and_waits_while_the_store_is_down(tmp_path):
 
 
 def test_the_cluster_rides_out_ten_minutes_of_store_outage():
-    from components.torchrun import CLUSTER_TIMEOUTS, LOCAL_TIMEOUTS
+    from eks_ddp.core.torchrun import CLUSTER_TIMEOUTS, LOCAL_TIMEOUTS
 
     assert CLUSTER_TIMEOUTS.store_retry >= 600 and f"store_retry_timeout={CLUSTER_TIMEOUTS.store_retry}" in \
         CLUSTER_TIMEOUTS.conf()
@@ -196,7 +196,7 @@ def test_without_the_cryptography_package_openssl_makes_the_stores_tls(tmp_path,
     from the openssl command, and the store still serves only the job's own client certificate."""
     import sys
 
-    from training import etcd_local
+    from eks_ddp_local import etcd as etcd_local
 
     monkeypatch.setitem(sys.modules, "cryptography", None)  # import cryptography -> ImportError
     with etcd_local.start_etcd(tmp_path / "etcd") as endpoint:

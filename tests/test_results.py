@@ -8,9 +8,8 @@ import json
 
 import pulumi
 import pytest
-
-from components.mocks import run_program
-from components.results import ResultsBucket, ResultsBucketArgs, bucket_policy, upload_policy
+from eks_ddp.infra.results import ResultsBucket, ResultsBucketArgs, bucket_policy, upload_policy
+from eks_ddp.tooling.mocks import run_program
 
 ISSUER = "oidc.eks.us-west-2.amazonaws.com/id/ABCDEF"
 ARGS = ResultsBucketArgs(
@@ -176,7 +175,7 @@ def test_bucket_policy_refuses_writes_under_any_other_encryption(result, context
     assert _denied(doc, "s3:PutObject", f"{arn}/runs/run-7/model.pt", ctx) is refused
     # Negative control: the TLS-only policy alone (before this change) refuses none of the encryption cases.
     if "aws:SecureTransport" not in context:
-        from components.results import tls_only_policy
+        from eks_ddp.infra.results import tls_only_policy
 
         assert _denied(json.loads(tls_only_policy(arn)), "s3:PutObject", f"{arn}/runs/run-7/model.pt", ctx) is False
 
@@ -239,8 +238,9 @@ def s3(monkeypatch):
 
 
 def test_upload_then_fetch_draws_the_same_curve_and_table(tmp_path, s3, monkeypatch, capsys):
-    from training import fetch_results, results
-    from training.plot import metrics_table
+    from eks_ddp_local import fetch_results
+    from eks_ddp_trainer import results
+    from eks_ddp_trainer.plot import metrics_table
 
     run = _finished_run(tmp_path / "runs" / "run-7")
     monkeypatch.setenv(results.RESULTS_ENV, "s3://results-b/runs/run-7/")
@@ -259,8 +259,7 @@ def test_upload_then_fetch_draws_the_same_curve_and_table(tmp_path, s3, monkeypa
 def test_uploader_writes_every_object_under_the_jobs_kms_key(tmp_path, s3, monkeypatch):
     """Not the bucket default: the bucket here has none, so only the uploader's own request can name the key."""
     import boto3
-
-    from training import results
+    from eks_ddp_trainer import results
 
     key = boto3.client("kms", region_name="us-west-2").create_key()["KeyMetadata"]["Arn"]
     run = _finished_run(tmp_path / "runs" / "run-7")
@@ -274,7 +273,7 @@ def test_uploader_writes_every_object_under_the_jobs_kms_key(tmp_path, s3, monke
 
 
 def test_failed_upload_is_loud_but_does_not_raise(tmp_path, s3, capsys):
-    from training import results
+    from eks_ddp_trainer import results
 
     run = _finished_run(tmp_path / "run")
     assert results.upload_results(run, "s3://no-such-bucket/runs/r/", client=s3) == []
@@ -305,8 +304,8 @@ def test_program_wires_the_role_into_the_trainer_service_account_and_env():
 
 def test_the_trainer_uploads_its_results_when_the_job_asks(tmp_path, s3, monkeypatch, in_process_trainer):
     """The real trainer, run to the end with the Job's EKS_DDP_RESULTS_URL: its files land under the prefix."""
-    from training import results, train
-    from training.data import write_synthetic_cifar
+    from eks_ddp_trainer import results, train
+    from eks_ddp_trainer.data import write_synthetic_cifar
 
     write_synthetic_cifar(tmp_path / "data", n_train=64, n_test=20, seed=0)
     monkeypatch.setenv(results.RESULTS_ENV, "s3://results-b/runs/run-9/")
@@ -360,7 +359,7 @@ def test_stack_config_gives_the_uploaders_the_reattached_buckets_key():
 
 
 def test_a_failed_upload_leaves_a_marker_in_the_run_directory_and_a_good_one_removes_it(tmp_path, s3, monkeypatch):
-    from training import results
+    from eks_ddp_trainer import results
 
     run = _finished_run(tmp_path / "run")
     assert results.upload_results(run, "s3://no-such-bucket/runs/r/", client=s3) == []
@@ -373,21 +372,22 @@ def test_a_failed_upload_leaves_a_marker_in_the_run_directory_and_a_good_one_rem
 
 
 def test_the_upload_step_exits_1_on_a_real_process_when_the_upload_fails(tmp_path):
-    """``python -m training.results``: a real process with no AWS credentials (the shape of a role that cannot
+    """``python -m eks_ddp_trainer.results``: a real process with no AWS credentials (the shape of a role that cannot
     write) exits 1 and leaves the marker; with nothing to upload to it is a usage error (2)."""
     import os
     import subprocess
     import sys
 
+    from eks_ddp_trainer import results
+
     from tests.util import ROOT
-    from training import results
 
     run = _finished_run(tmp_path / "run")
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     env.update(AWS_CONFIG_FILE=str(tmp_path / "none"), AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"),
                AWS_EC2_METADATA_DISABLED="true", AWS_DEFAULT_REGION="us-west-2",
                EKS_DDP_RESULTS_URL="s3://results-b/runs/r/")
-    cmd = [sys.executable, "-m", "training.results", str(run)]
+    cmd = [sys.executable, "-m", "eks_ddp_trainer.results", str(run)]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1, done.stderr
     assert "UPLOAD FAILED" in done.stderr and "NoCredentialsError" in (run / results.FAILED_MARKER).read_text()
@@ -399,7 +399,7 @@ def test_the_results_key_is_used_only_through_s3_and_the_account_keeps_administe
     """The key's own policy, evaluated as KMS would: no direct decrypt even for a principal allowed kms:* on every
     key (IAM's grant is necessary, the key policy decides where); S3 of this account may; the account can still
     change the policy (no lock-out)."""
-    from components.contracts.iam_policy import ALLOW, IMPLICIT_DENY, Request, evaluate
+    from eks_ddp.tooling.contracts.iam_policy import ALLOW, IMPLICIT_DENY, Request, evaluate
 
     key = result.one("aws:kms/key:Key", "results-kms")
     policy, arn = key.inputs.get("policy") or "{}", key.outputs["arn"]

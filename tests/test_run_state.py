@@ -76,7 +76,7 @@ def test_the_job_form_cancel_line_names_job_state(dev_result):
 
 
 def test_a_bad_state_names_the_key_and_the_choices():
-    from components.config import ConfigError, load_stack_config
+    from eks_ddp.config import ConfigError, load_stack_config
     raw = stack_config("dev")
     raw["eks-ddp:job"] = {**raw["eks-ddp:job"], "state": "stopped"}
     with pytest.raises(ConfigError) as err:
@@ -94,8 +94,9 @@ with open(os.environ["WORKER_LOG"], "a") as f:
 
 
 def _launch(tmp_path, run_dir, *worker_args: str) -> subprocess.CompletedProcess:
+    from eks_ddp_local.etcd import free_port
+
     from tests.etcd_server import trainer_env
-    from training.etcd_local import free_port
 
     env = trainer_env({"EKS_DDP_RUN_DIR": str(run_dir), "WORKER_LOG": str(tmp_path / "worker.log"),
                        "EKS_DDP_FORK_WORKERS": "0"})

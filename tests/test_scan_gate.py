@@ -5,8 +5,8 @@ checked on the dev plan."""
 from __future__ import annotations
 
 import pytest
+from eks_ddp.infra.scan_gate import STACK_SETTING, ScanGateError, blocking, check_image, scan_target
 
-from components.scan_gate import STACK_SETTING, ScanGateError, blocking, check_image, scan_target
 from tests.util import run, set_path, stack_config
 
 DIGEST = "sha256:" + "ab" * 32
@@ -106,7 +106,7 @@ def test_scan_gate_off_leaves_no_gate():
 
 
 def test_a_severity_outside_the_list_is_rejected_naming_the_key():
-    from components.config import ConfigError, load_stack_config
+    from eks_ddp.config import ConfigError, load_stack_config
 
     cfg = {k: v for k, v in set_path(stack_config("dev"), "eks-ddp:image.scanFailSeverity", "SEVERE").items()
            if k.startswith("eks-ddp:")}
@@ -190,8 +190,8 @@ def test_a_denied_scan_read_names_the_permission_and_the_setting():
 
 
 def test_the_gate_names_the_setting_of_its_callers_context(dev_result):
-    from components import TrainerImage, TrainerImageArgs
-    from components.mocks import run_program
+    from eks_ddp import TrainerImage, TrainerImageArgs
+    from eks_ddp.tooling.mocks import run_program
 
     [gate] = dev_result.of_type(GATE)
     assert gate.inputs["setting"] == STACK_SETTING  # the stack's program: its stack key

@@ -13,9 +13,8 @@ import ipaddress
 import json
 
 import pytest
-
-from components.mocks import ProgramResult, Recorded
-from components.plan import render_manifests
+from eks_ddp.tooling.mocks import ProgramResult, Recorded
+from eks_ddp.tooling.plan import render_manifests
 
 STACKS = ["dev_result", "p4de_result"]
 NS = "training"
@@ -78,7 +77,7 @@ PSA_ENFORCE = "pod-security.kubernetes.io/enforce"
 def psa_gaps(result: ProgramResult) -> list[str]:
     """Namespaces of the cluster (those every cluster has but kube-system, and every one the stack creates) without
     an enforced Pod Security profile of at least 'baseline' (EKS BP pod security "PSA labels on every namespace")."""
-    from components.rules import RESERVED_NAMESPACES
+    from eks_ddp.core.rules import RESERVED_NAMESPACES
 
     labels: dict[str, dict] = {ns: {} for ns in RESERVED_NAMESPACES if ns != "kube-system"}
     for kind in ("kubernetes:core/v1:Namespace", "kubernetes:core/v1:NamespacePatch"):
@@ -264,7 +263,8 @@ def test_cis_5_4_2_checkov_ckv_aws_39_private_endpoint_only_is_a_config_key():
 
 
 def test_private_endpoint_refuses_public_cidrs_and_public_endpoint_requires_them():
-    from components.config import ConfigError, load_stack_config
+    from eks_ddp.config import ConfigError, load_stack_config
+
     from tests.util import drop_path, set_path, stack_config
 
     def problems(cfg):

@@ -8,10 +8,10 @@ the dataset the loaders accept (``EKS_DDP_DATA_PIN``).
 from __future__ import annotations
 
 import pytest
+from eks_ddp.workloads import elastic_job
+from eks_ddp_trainer import integrity
 
-from components import elastic_job
 from tests.test_elastic_job import run_job
-from training import integrity
 
 JOB = "kubernetes:batch/v1:Job"
 

@@ -11,9 +11,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from eks_ddp_runtime.dist import DistEnv
-
-from training import snapshot
-from training.snapshot import Snapshots, agree
+from eks_ddp_trainer import snapshot
+from eks_ddp_trainer.snapshot import Snapshots, agree
 
 IDENT = {"model": "m", "seed": 0}
 

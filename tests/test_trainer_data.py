@@ -1,6 +1,6 @@
 """Integrity of the data set files on the shared volume (security review S3): a planted pickle never runs.
 
-The trainer and ``training.evaluate`` run as real processes on a data directory an attacker has
+The trainer and ``eks_ddp_trainer.evaluate`` run as real processes on a data directory an attacker has
 written to; each must exit with ``exitcodes.BAD_INPUT``, name the file, and never execute the
 payload (the payload would create a marker file).
 """
@@ -18,9 +18,8 @@ import numpy as np
 import pytest
 import torch
 from eks_ddp_runtime import exitcodes
-
-from training import integrity
-from training.data import ALL_FILES, DataError, batches_root, load_cifar, read_class_names, write_synthetic_cifar
+from eks_ddp_trainer import integrity
+from eks_ddp_trainer.data import ALL_FILES, DataError, batches_root, load_cifar, read_class_names, write_synthetic_cifar
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -69,7 +68,7 @@ def test_tampered_batch_fails_the_trainer_process_with_bad_input_and_nothing_run
     marker = tmp_path / "marker"
     victim = batches_root(data) / "data_batch_2"
     _plant(victim, marker)
-    done = _process("training.train", f"--data-dir={data}", f"--run-dir={tmp_path / 'run'}")
+    done = _process("eks_ddp_trainer.train", f"--data-dir={data}", f"--run-dir={tmp_path / 'run'}")
     assert done.returncode == exitcodes.BAD_INPUT, done.stderr[-2000:]
     assert str(victim) in done.stderr and "sha256" in done.stderr and integrity.MANIFEST in done.stderr
     assert not marker.exists()
@@ -86,8 +85,8 @@ def test_data_and_manifest_rewritten_together_fail_the_pin(data, tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     (run / "model.pt").write_bytes(b"")  # the data set is checked before the model is read
-    for module, args in (("training.train", [f"--data-dir={data}", f"--run-dir={run}"]),
-                         ("training.evaluate", [f"--data-dir={data}", f"--run-dir={run}"])):
+    for module, args in (("eks_ddp_trainer.train", [f"--data-dir={data}", f"--run-dir={run}"]),
+                         ("eks_ddp_trainer.evaluate", [f"--data-dir={data}", f"--run-dir={run}"])):
         done = _process(module, *args, pin=pin)
         assert done.returncode == exitcodes.BAD_INPUT, (module, done.stderr[-2000:])
         assert f"{root / integrity.MANIFEST}: sha256" in done.stderr and "pinned" in done.stderr, module

@@ -18,9 +18,8 @@ import json
 
 import pytest
 import torch
-
-from training import train
-from training.data import load_cifar, write_digits_cifar
+from eks_ddp_trainer import train
+from eks_ddp_trainer.data import load_cifar, write_digits_cifar
 
 pytestmark = pytest.mark.slow
 

@@ -2,7 +2,7 @@
 
 Each agent is a separate process group standing in for a node (``--nnodes=1:2``,
 ``--nproc-per-node=1``, same ``--rdzv-id``), launched with the command line that
-components/torchrun.py builds for the cluster, with LOCAL_TIMEOUTS.
+components/core/torchrun.py builds for the cluster, with LOCAL_TIMEOUTS.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from eks_ddp.core.torchrun import TrainerOptions
+from eks_ddp_trainer import checkpoint as ckpt
+from eks_ddp_trainer import snapshot
+from eks_ddp_trainer.data import write_synthetic_cifar
 
-from components.torchrun import TrainerOptions
 from tests.etcd_server import Job, etcd_endpoint, jobs  # noqa: F401  (pytest fixtures)
-from training import checkpoint as ckpt
-from training import snapshot
-from training.data import write_synthetic_cifar
 
 pytestmark = pytest.mark.slow
 

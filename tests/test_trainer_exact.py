@@ -10,12 +10,12 @@ import threading
 
 import pytest
 from eks_ddp_runtime import exitcodes
+from eks_ddp_trainer import checkpoint as ckpt
+from eks_ddp_trainer import snapshot, train
+from eks_ddp_trainer.data import write_synthetic_cifar
 
 from tests import sample_log
 from tests.etcd_server import ROOT, TORCHRUN, max_weight_diff, trainer_env
-from training import checkpoint as ckpt
-from training import snapshot, train
-from training.data import write_synthetic_cifar
 
 N_TRAIN = 100
 

@@ -9,12 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 from eks_ddp_runtime.dist import DistEnv
+from eks_ddp_trainer import checkpoint as ckpt
+from eks_ddp_trainer import snapshot, train
+from eks_ddp_trainer.data import write_synthetic_cifar
+from eks_ddp_trainer.evaluate import MODEL_FILE
 from torch.overrides import TorchFunctionMode
-
-from training import checkpoint as ckpt
-from training import snapshot, train
-from training.data import write_synthetic_cifar
-from training.evaluate import MODEL_FILE
 
 pytestmark = pytest.mark.usefixtures("in_process_trainer")
 cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -128,7 +127,7 @@ class _Recorder(TorchFunctionMode):
 def _steady_window(monkeypatch, on, off, first: int = 10, last: int = 13) -> None:
     """Call ``on()`` as step ``first`` (0-based) sets its LR and ``off()`` as step ``last`` does: in between
     lie whole regular steps (Lookahead running, snapshots taken, no check, log line or checkpoint due)."""
-    from training import data
+    from eks_ddp_trainer import data
 
     monkeypatch.setattr(train, "rank_indices", data.rank_indices)  # the trainer's own, not a test's logger
     real = train.lr_factor
@@ -186,11 +185,10 @@ def test_fp16_scaler_start_leaves_the_first_step_finite_at_the_default_global_ba
     """The largest gradient at initialisation of the default model, with the trainer's summed loss over the
     default global batch (as 256 images x world 4, each rank's loss times the world as the trainer does), times
     the scaler's first scale. (The loss itself stays in fp32: only the gradients flow through fp16.)"""
+    from eks_ddp_trainer.data import DEFAULT_GLOBAL_BATCH, StepNoise, augment, load_cifar
+    from eks_ddp_trainer.model import DEFAULT_MODEL, build_model
+    from eks_ddp_trainer.recipe import FP16_INIT_SCALE
     from torch import nn
-
-    from training.data import DEFAULT_GLOBAL_BATCH, StepNoise, augment, load_cifar
-    from training.model import DEFAULT_MODEL, build_model
-    from training.recipe import FP16_INIT_SCALE
 
     torch.manual_seed(0)
     write_synthetic_cifar(tmp_path, n_train=256, n_test=10, seed=0)
@@ -210,8 +208,8 @@ def test_fp16_scaler_start_leaves_the_first_step_finite_at_the_default_global_ba
 
 
 def test_trainer_builds_its_scaler_with_the_fp16_start_scale(data_dir, tmp_path, monkeypatch):
-    from training.model import Precision
-    from training.recipe import FP16_INIT_SCALE
+    from eks_ddp_trainer.model import Precision
+    from eks_ddp_trainer.recipe import FP16_INIT_SCALE
 
     made: list[float] = []
     real = torch.amp.GradScaler

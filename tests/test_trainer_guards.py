@@ -7,10 +7,9 @@ import json
 import pytest
 import torch
 from eks_ddp_runtime import exitcodes
-
-from training import checkpoint as ckpt
-from training import train
-from training.data import write_synthetic_cifar
+from eks_ddp_trainer import checkpoint as ckpt
+from eks_ddp_trainer import train
+from eks_ddp_trainer.data import write_synthetic_cifar
 
 
 @pytest.fixture(scope="module")

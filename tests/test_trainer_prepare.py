@@ -1,4 +1,4 @@
-"""training/prepare_data.py: verification, idempotency and the lock, with no network (downloader replaced)."""
+"""training/trainer/prepare_data.py: verification, idempotency and the lock, with no network (downloader replaced)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,8 @@ import threading
 import time
 
 import pytest
-
-from training import prepare_data as prep
-from training.data import BATCHES_DIR, write_synthetic_cifar
+from eks_ddp_trainer import prepare_data as prep
+from eks_ddp_trainer.data import BATCHES_DIR, write_synthetic_cifar
 
 
 @pytest.fixture(scope="module")
@@ -73,9 +72,8 @@ def test_prepared_set_carries_a_sha256_manifest_the_pinned_loader_accepts(tmp_pa
     import hashlib
 
     import torch
-
-    from training import integrity
-    from training.data import load_cifar
+    from eks_ddp_trainer import integrity
+    from eks_ddp_trainer.data import load_cifar
 
     root, table = synthetic_source
     assert prep.prepare(tmp_path, download=FakeDownloader(root), expected=table) == "prepared"
@@ -91,7 +89,7 @@ def test_prepared_set_carries_a_sha256_manifest_the_pinned_loader_accepts(tmp_pa
 def test_verified_files_without_a_good_manifest_get_one_without_a_download(tmp_path, synthetic_source, damage):
     """A set prepared before manifests existed (or whose manifest was rewritten): the files still match the
     official table, so the manifest is (re)written from them and nothing is downloaded."""
-    from training import integrity
+    from eks_ddp_trainer import integrity
 
     root, table = synthetic_source
     prep.prepare(tmp_path, download=FakeDownloader(root), expected=table)

@@ -8,13 +8,13 @@ import subprocess
 
 import pytest
 import torch
+from eks_ddp.core.torchrun import TrainerOptions
 from eks_ddp_runtime import exitcodes
+from eks_ddp_trainer import checkpoint as ckpt
+from eks_ddp_trainer import evaluate, train
+from eks_ddp_trainer.data import write_synthetic_cifar
 
-from components.torchrun import TrainerOptions
 from tests.etcd_server import ROOT, TORCHRUN, trainer_env
-from training import checkpoint as ckpt
-from training import evaluate, train
-from training.data import write_synthetic_cifar
 
 LINE = re.compile(r"^\[train\] epoch=\d+ step=\d+ loss=\d+\.\d{4} acc=\d\.\d{3} img_s=\d+ world=\d+ lr=\d+\.\d{4}$")
 
@@ -90,7 +90,7 @@ def test_resume_at_other_world_size_continues_from_global_step(data_dir, tmp_pat
     common = [f"--data-dir={data_dir}", f"--run-dir={run}", "--epochs=2", "--global-batch-size=16", "--bn-group=8",
               "--min-steps=0", "--width=4",
               "--checkpoint-every=3", "--log-every=1"]
-    cmd = [TORCHRUN, "--standalone", "--nnodes=1", "--nproc-per-node=2", "-m", "training.train", *common,
+    cmd = [TORCHRUN, "--standalone", "--nnodes=1", "--nproc-per-node=2", "-m", "eks_ddp_trainer.train", *common,
            "--max-steps=6"]
     proc = subprocess.run(cmd, cwd=ROOT, env=trainer_env(), capture_output=True, text=True, timeout=120,
                           start_new_session=True)

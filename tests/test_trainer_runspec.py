@@ -1,7 +1,7 @@
 """A run spec changed under one run id (review 2026-11-24, K6): `pulumi up` replaces the Job and the new
 trainer starts on the same run directory. More (or fewer) epochs resume the run; another model or global
 batch is refused with a message that says to pick a new ``job.runId``, as docs/rendezvous.md states. Each trainer is
-a real process started with the flags the Job renders (components/torchrun.py TrainerOptions)."""
+a real process started with the flags the Job renders (components/core/torchrun.py TrainerOptions)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ import sys
 from dataclasses import replace
 
 import pytest
+from eks_ddp.core.torchrun import TrainerOptions
 from eks_ddp_runtime import exitcodes
+from eks_ddp_trainer import train
+from eks_ddp_trainer.data import write_synthetic_cifar
 
-from components.torchrun import TrainerOptions
 from tests.etcd_server import ROOT, trainer_env
-from training import train
-from training.data import write_synthetic_cifar
 
 N_TRAIN, BATCH = 64, 16  # 4 steps per epoch
 
@@ -35,7 +35,7 @@ def _job(data_dir, run, **changes) -> TrainerOptions:
 
 
 def _trainer(opts: TrainerOptions) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "training.train", *opts.args()], cwd=ROOT, env=trainer_env(),
+    return subprocess.run([sys.executable, "-m", "eks_ddp_trainer.train", *opts.args()], cwd=ROOT, env=trainer_env(),
                           capture_output=True, text=True, timeout=180)
 
 

@@ -8,9 +8,8 @@ import pickle
 
 import pytest
 import torch
-
-from training import checkpoint as ckpt
-from training.data import (
+from eks_ddp_trainer import checkpoint as ckpt
+from eks_ddp_trainer.data import (
     ALL_FILES,
     MIN_STEPS,
     Batching,
@@ -24,9 +23,9 @@ from training.data import (
     read_class_names,
     write_synthetic_cifar,
 )
-from training.integrity import write_manifest
-from training.model import build_model, precision_for
-from training.train import lr_factor, parse_args
+from eks_ddp_trainer.integrity import write_manifest
+from eks_ddp_trainer.model import build_model, precision_for
+from eks_ddp_trainer.train import lr_factor, parse_args
 
 
 def _state(step: int) -> dict:
@@ -57,7 +56,7 @@ def test_truncated_newest_is_skipped_with_warning(tmp_path, caplog):
     newest = ckpt.save_checkpoint(tmp_path, _state(20), keep=3)
     data = newest.read_bytes()
     newest.write_bytes(data[: len(data) // 2])
-    with caplog.at_level(logging.WARNING, logger="training.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="eks_ddp_trainer.checkpoint"):
         state, path = ckpt.load_latest(tmp_path)
     assert state["step"] == 10 and path.name == "ckpt-000000010.pt"
     assert "unreadable checkpoint" in caplog.text and newest.name in caplog.text
@@ -199,7 +198,7 @@ def test_augment_translates_and_mirrors_exactly_as_drawn():
     flip = torch.arange(16) % 2 == 0
     out = augment(x, noise, flip)
     assert out.shape == (16, 3, 32, 32) and out.dtype == torch.float32
-    from training.data import normalize
+    from eks_ddp_trainer.data import normalize
     pad = torch.nn.functional.pad(normalize(x), (2, 2, 2, 2), mode="reflect")
     for i in range(16):
         oy, ox = int(noise.dy[i]) + 2, int(noise.dx[i]) + 2
@@ -272,7 +271,7 @@ def test_cli_contract_flags_parse():
 # ---------------------------------------------------------------- BatchNorm: tests/test_model_speed.py
 
 def test_whitening_layer_whitens_patches():
-    from training.model import AirNet
+    from eks_ddp_trainer.model import AirNet
 
     torch.manual_seed(0)
     net = AirNet(10, 8)
@@ -289,7 +288,7 @@ def test_whitening_layer_whitens_patches():
 
 def test_learning_rate_follows_the_global_batch_only():
     """Linear scaling up to 1,024 images (Goyal et al.), square root above; the GPU count never enters."""
-    from training.recipe import RECIPES, build_optimizer, torch_lr
+    from eks_ddp_trainer.recipe import RECIPES, build_optimizer, torch_lr
 
     base = torch_lr(11.5, 0.85, 1024)
     assert torch_lr(11.5, 0.85, 256) == pytest.approx(base)  # per example: the summed loss scales the step
@@ -315,9 +314,9 @@ def test_a_global_batch_that_is_not_a_multiple_of_the_bn_group_is_a_config_error
 def test_whitening_is_computed_on_a_fresh_start_only(tmp_path, monkeypatch, in_process_trainer):
     """A restart loads the whitening from its checkpoint; computing it again (the old order) cost seconds per
     restart on a CPU and a cuSOLVER start plus ~0.5 GB of temporaries on a GPU."""
-    from training import train
-    from training.data import write_synthetic_cifar
-    from training.model import AirNet
+    from eks_ddp_trainer import train
+    from eks_ddp_trainer.data import write_synthetic_cifar
+    from eks_ddp_trainer.model import AirNet
 
     calls = []
     real = AirNet.init_whitening

@@ -8,12 +8,12 @@ import re
 
 import pulumi
 import pytest
+from eks_ddp.config import load_stack_config
+from eks_ddp.core import catalog
+from eks_ddp.core.torchrun import CLUSTER_TIMEOUTS, AgentOptions, TrainerOptions, job_command
+from eks_ddp.core.workload import FATAL_EXIT_CODES, Cifar10Data, Egress, S3Data, Workload, dataset_name
+from eks_ddp.tooling.mocks import run_program
 
-from components import catalog
-from components.config import load_stack_config
-from components.mocks import run_program
-from components.torchrun import CLUSTER_TIMEOUTS, AgentOptions, TrainerOptions, job_command
-from components.workload import FATAL_EXIT_CODES, Cifar10Data, Egress, S3Data, Workload, dataset_name
 from tests.test_elastic_job import ETCD, GPU_NODES, IMAGE, JOB, NETPOL, RDZV_TLS_SECRET, env_of, run_job, trainer
 from tests.util import run, stack_config
 
@@ -102,9 +102,8 @@ def test_s3_data_checks_its_uri_and_name():
 
 
 def test_fatal_exit_codes_are_the_runtimes():
+    from eks_ddp.core.workload import FATAL_CODES_ENV
     from eks_ddp_runtime import exitcodes
-
-    from components.workload import FATAL_CODES_ENV
 
     assert FATAL_EXIT_CODES == tuple(exitcodes.FATAL)
     assert FATAL_CODES_ENV == exitcodes.FATAL_CODES_ENV
@@ -205,7 +204,7 @@ def test_a_workload_env_that_the_job_sets_itself_is_refused():
 
 def test_elastic_job_args_take_only_a_workload():
     def program() -> None:
-        from components.elastic_job import ElasticJob, ElasticJobArgs
+        from eks_ddp.workloads.elastic_job import ElasticJob, ElasticJobArgs
 
         ElasticJob("training", ElasticJobArgs(
             namespace="training", image=IMAGE, pvc_name="shared", instance_type="g4dn.xlarge",
@@ -255,7 +254,7 @@ def test_an_s3_workload_needs_the_stage_role():
 def test_the_stage_role_lists_exactly_the_prefix_and_reads_only_under_it():
     import json
 
-    from components.data_stage import read_prefix_policy
+    from eks_ddp.workloads.elastic_job.data_stage import read_prefix_policy
 
     doc = json.loads(read_prefix_policy(WIKI, "aws-cn"))
     listing, read = doc["Statement"]
@@ -311,8 +310,8 @@ def test_the_stage_pod_is_hardened_like_every_other():
 
 
 def _job_with_stage_role(**role_kw) -> None:
-    from components.data_stage import data_stage_role
-    from components.elastic_job import ElasticJob, ElasticJobArgs
+    from eks_ddp.workloads.elastic_job import ElasticJob, ElasticJobArgs
+    from eks_ddp.workloads.elastic_job.data_stage import data_stage_role
 
     def program() -> None:
         role = data_stage_role("stage", WIKI, oidc_provider_arn="arn:aws:iam::123456789012:oidc-provider/x",
@@ -340,9 +339,8 @@ def test_a_stage_role_trusting_another_service_account_fails_at_construction():
 
 
 def test_an_s3_data_set_is_verified_by_the_stage_and_every_training_pod_pinned_when_asked():
+    from eks_ddp.core.workload import DATA_VERIFY_ENV
     from eks_ddp_runtime import dataset
-
-    from components.workload import DATA_VERIFY_ENV
 
     assert DATA_VERIFY_ENV == dataset.VERIFY_ENV and WIKI.verify == "manifest"
     pin = "ab" * 32

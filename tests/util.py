@@ -8,8 +8,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from components.mocks import PROJECT_ROOT, ProgramResult, run_program
-from components.plan import load_stack_file
+from eks_ddp.tooling.mocks import PROJECT_ROOT, ProgramResult, run_program
+from eks_ddp.tooling.plan import load_stack_file
 
 ROOT = PROJECT_ROOT
 TEST_PUBLIC_CIDR = "1.2.3.4/32"
@@ -79,7 +79,7 @@ def at_version(config: dict[str, Any], version: str) -> dict[str, Any]:
     STANDARD (a version already past standard support)."""
     import datetime as dt
 
-    from components import k8s_versions
+    from eks_ddp.core import k8s_versions
 
     out = set_path(config, "eks-ddp:cluster.kubernetesVersion", version)
     if k8s_versions.support_on(version, dt.date.today()) == "extended":

@@ -1,7 +1,7 @@
 """Exit codes of the trainer's processes, and what the training Job does with each.
 
 A retry cannot fix any of these, so the Job's pod failure policy fails the Job at once on them
-(``components/elastic_job.py`` mirrors the numbers; a test keeps the two equal) and the launcher
+(``components/workloads/elastic_job/__init__.py`` mirrors the numbers; a test keeps the two equal) and the launcher
 does not restart the workers for them. Every other non-zero exit is treated as transient
 (a lost peer, a killed process) and recovered from.
 """

@@ -178,7 +178,7 @@ agent of the same run with the same command exits 0 at once: a Job created again
 hand, or replaced under the same name) never trains it a second time. Another command (``--epochs=30`` after 20)
 runs, so a finished run can still be extended."""
 RUN_DIR_ENV = "EKS_DDP_RUN_DIR"
-"""The run's directory (components/workload.py sets it in the Job); unset: no marker is read or written."""
+"""The run's directory (components/core/workload.py sets it in the Job); unset: no marker is read or written."""
 
 
 def _final_marker() -> str | None:
