@@ -500,7 +500,7 @@ def test_immutable_job_fields_replace_the_job():
 # --- U6, U7: library use is checked like the stack config ------------------------------------------------------
 
 def _library_program(*jobs: dict, max_size: int = 2):
-    """A program that makes one GPU node group (max_size) and ElasticJobs on it the way the README shows."""
+    """A program that makes one GPU node group (max_size) and ElasticJobs on it the way docs/library.md shows."""
     from eks_ddp.infra.gpu_nodegroup import GpuNodeGroup
 
     from tests.test_gpu_nodegroup import BASE

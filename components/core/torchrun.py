@@ -28,7 +28,7 @@ class RdzvTimeouts:
     """Rendezvous timing (``--rdzv-conf``); torch's defaults (600 s join, 30 s last call) make recovery slow.
 
     A lost node costs about ``keep_alive_interval * keep_alive_max_attempt`` (until the survivors drop
-    it from the rendezvous) + ``last_call`` + worker start-up; see README "Resilience".
+    it from the rendezvous) + ``last_call`` + worker start-up; see docs/rendezvous.md "The launcher".
     """
 
     join: int = 900
@@ -45,7 +45,7 @@ class RdzvTimeouts:
     store_retry: int = 600
     """Seconds of continuous store failure an agent rides out (an outage, etcd's node lost, a wipe) before
     it gives up; meanwhile its workers keep training. At least 10 minutes: etcd's replacement after a node
-    loss takes about 1-2 minutes on EKS (README "Rendezvous store")."""
+    loss takes about 1-2 minutes on EKS (docs/rendezvous.md "Store")."""
     read_timeout: int = 5
     """Seconds one etcd request may take: a partitioned etcd fails over to a retry instead of hanging."""
 

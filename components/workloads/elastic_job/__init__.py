@@ -199,7 +199,7 @@ class ElasticJob(pulumi.ComponentResource):
 
     # --- 2. training ----------------------------------------------------------------------------
     def _workload_env(self) -> dict[str, str]:
-        """What the job tells every worker of any workload (README "Your own training code")."""
+        """What the job tells every worker of any workload (docs/own-workloads.md)."""
         data = self.args.workload.data
         pin = {DATA_PIN_ENV: DATA_PIN} if isinstance(data, Cifar10Data) else \
             {DATA_VERIFY_ENV: data.verify} if isinstance(data, S3Data) else {}

@@ -59,7 +59,7 @@ def create_evaluate_cronjob(job: JobView, name: str, child: pulumi.ResourceOptio
     it = job.instance
     cpu = min(4, pod_resources(it)[0])
     # $(RUN_DIR) is expanded by the kubelet from the pod's env: this run by default; another run's directory
-    # by setting RUN_DIR on the Job created from the CronJob (README "Evaluation").
+    # by setting RUN_DIR on the Job created from the CronJob (docs/getting-started.md "Evaluation").
     template = job.pods.pod(
         EVALUATE_LABELS, "evaluate",
         ["python", "-m", "eks_ddp_trainer.evaluate", f"--data-dir={DATA_DIR}", f"--run-dir=$({EVAL_RUN_DIR_ENV})"],
