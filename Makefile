@@ -35,6 +35,7 @@ $(SCAN_VENV)/.installed: pyproject.toml
 
 lint: install
 	$(BIN)/ruff check components training tests bench __main__.py
+	$(BIN)/lint-imports --no-cache
 
 # Two pytest processes, one test file each at a time (--dist loadfile): a file's module fixtures are built once and
 # its timed fault cases (tests/test_resilience.py) never overlap each other. Most of a serial run waits on agents,
