@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from eks_ddp_runtime.contract import DATA_SUBDIR, RUNS_SUBDIR, SHARED_ROOT  # noqa: F401 (API: the shared volume's paths)
+
 LAUNCHER_MODULE = "eks_ddp_runtime.launch"
 """The agent: torchrun with the Job's exit-code contract and the store-tolerant rendezvous (training/runtime/launch.py,
 installed as ``eks_ddp_runtime``)."""
@@ -18,9 +20,6 @@ ETCD_BACKEND = "eks-etcd"
 TRAIN_MODULE = "eks_ddp_trainer.train"
 """The trainer, run by torchrun as ``-m eks_ddp_trainer.train`` from the image's WORKDIR."""
 
-SHARED_ROOT = "/shared"
-DATA_SUBDIR = "data"
-RUNS_SUBDIR = "runs"
 
 
 @dataclass(frozen=True, kw_only=True)

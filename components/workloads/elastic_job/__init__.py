@@ -82,15 +82,15 @@ from eks_ddp.workloads.elastic_job.stages import (  # noqa: F401 (EVAL_RUN_DIR_E
 )
 from eks_ddp.workloads.etcd import etcd_client_egress, store_selector, store_service_of
 from eks_ddp.workloads.namespace import dns_egress
+from eks_ddp_runtime.contract import RESULTS_KMS_KEY_ENV, RESULTS_URL_ENV, USAGE
 
 TRAINER_FATAL_EXIT_CODES = FATAL_EXIT_CODES
-"""training/exitcodes.FATAL (config error, divergence, unreadable input), mirrored because the library never
-imports the trainer package; tests/test_elastic_job.py keeps the two equal. A workload's own:
-``Workload.fatal_exit_codes``."""
+"""The bundled trainer's fatal codes (config error, divergence, unreadable input): ``eks_ddp_runtime.contract.FATAL``.
+A workload's own: ``Workload.fatal_exit_codes``."""
 EGRESS_ANNOTATION = "eks-ddp/egress"
 """The training Job's annotation listing ``workload.egress`` (JSON): what components/tooling/contracts/network.py checks the
 rendered NetworkPolicy against."""
-USAGE_EXIT_CODE = 2
+USAGE_EXIT_CODE = USAGE
 """argparse's usage error: the agent's own command line is wrong."""
 BUG_EXIT_CODES = [USAGE_EXIT_CODE, *TRAINER_FATAL_EXIT_CODES]
 """Exit codes no retry can fix with the bundled trainer (``bug_exit_codes`` of its workload): the pod failure
@@ -243,9 +243,9 @@ class ElasticJob(pulumi.ComponentResource):
         # The launcher stops at once on the codes the pod failure policy fails the Job on (no restarts spent).
         env[FATAL_CODES_ENV] = ",".join(map(str, bug_exit_codes(a.workload)))
         if a.results_url is not None:
-            env["EKS_DDP_RESULTS_URL"] = a.results_url  # type: ignore[assignment]  # an Output is a valid value
+            env[RESULTS_URL_ENV] = a.results_url  # type: ignore[assignment]  # an Output is a valid value
             if a.results_kms_key_arn is not None:
-                env["EKS_DDP_RESULTS_KMS_KEY"] = a.results_kms_key_arn  # type: ignore[assignment]
+                env[RESULTS_KMS_KEY_ENV] = a.results_kms_key_arn  # type: ignore[assignment]
         field_env = {"POD_IP": "status.podIP", "JOB_UID": "metadata.labels['batch.kubernetes.io/controller-uid']"}
         affinity = one_per_node(self.job_name)
         template = self.pods.pod(

@@ -16,6 +16,7 @@ from eks_ddp.workloads.elastic_job.args import ElasticJobArgs
 from eks_ddp.workloads.elastic_job.data_stage import trust_problem
 from eks_ddp.workloads.elastic_job.pods import CACHE_ENV, nccl_env
 from eks_ddp.workloads.elastic_job.stages import DATA_PIN_ENV
+from eks_ddp_runtime.contract import RESULTS_KMS_KEY_ENV, RESULTS_URL_ENV
 
 
 def validate(name: str, a: ElasticJobArgs) -> catalog.InstanceType:
@@ -35,8 +36,8 @@ def validate(name: str, a: ElasticJobArgs) -> catalog.InstanceType:
     if a.data_read_only_claim is not None and a.data_claim is None:
         raise ValueError(f"data_read_only_claim: got {a.data_read_only_claim!r} without data_claim; expected it with "
                          "data_claim (the data stage writes through data_claim)")
-    owned = {*CACHE_ENV, *AGENT_ENV, *nccl_env(it, True), "POD_IP", "JOB_UID", "EKS_DDP_RESULTS_URL",
-             "EKS_DDP_RESULTS_KMS_KEY", DATA_PIN_ENV, DATA_VERIFY_ENV}
+    owned = {*CACHE_ENV, *AGENT_ENV, *nccl_env(it, True), "POD_IP", "JOB_UID", RESULTS_URL_ENV,
+             RESULTS_KMS_KEY_ENV, DATA_PIN_ENV, DATA_VERIFY_ENV}
     if clash := sorted(owned & set(a.workload.env)):
         raise ValueError(f"workload.env: got {', '.join(clash)}; expected names the job does not set itself "
                          f"(it sets {', '.join(sorted(owned))})")

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 import pulumi
 import pulumi_kubernetes as k8s
 from eks_ddp.workloads.elastic_job.pods import DATA_DIR, GPU_RESOURCE, PART_OF, pod_resources, resources
+from eks_ddp_runtime.contract import CIFAR10_PIN as DATA_PIN  # the loaders accept only the official CIFAR-10 files
+from eks_ddp_runtime.contract import DATA_PIN_ENV
 
 if TYPE_CHECKING:
     from eks_ddp.workloads.elastic_job.view import JobView
@@ -25,10 +27,6 @@ EVALUATE_LABELS = {"app.kubernetes.io/name": "eks-ddp-evaluate", **PART_OF}
 EVAL_RUN_DIR_ENV = "RUN_DIR"
 """The evaluation pod's run directory (default: this stack's run); override it per Job to evaluate another run
 (only with a whole-volume ``pvc_name``: with ``run_claim`` the pod mounts this run's directory alone)."""
-DATA_PIN_ENV = "EKS_DDP_DATA_PIN"
-DATA_PIN = "cifar-10"
-"""The loaders accept only the official CIFAR-10 files (training/trainer/integrity.py: its PIN_ENV and CIFAR10_PIN,
-mirrored because the library never imports the trainer package; tests/test_shared_volume.py keeps them equal)."""
 
 
 def create_prepare_job(job: JobView, name: str, child: pulumi.ResourceOptions) -> k8s.batch.v1.Job:
