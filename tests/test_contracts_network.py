@@ -47,7 +47,7 @@ def test_the_store_selector_of_the_old_code_is_reported(dev_view):
             rule["to"] = [{"podSelector": {"matchLabels": dict(SERVER_LABELS)}}]
     found = run(ms, dev_view)
     assert len(found) == 1, found
-    assert "needs TCP 2379 to training/Deployment/rendezvous-etcd for the store" in found[0]
+    assert "needs TCP 2379 to training/StatefulSet/rendezvous-etcd for the store" in found[0]
     assert "getMatchingServiceClusterIPs" in found[0]
 
 
@@ -102,13 +102,13 @@ def test_a_missing_dns_rule_is_reported(dev_view):
      "training/CronJob/training-evaluate: egress to 0.0.0.0/0 on SCTP 1-65535, TCP 1-65535"),
     # The store admits pods of every namespace.
     (lambda ms: policy(ms, "rendezvous-etcd")["spec"]["ingress"][0].update({"from": [{"namespaceSelector": {}}]}),
-     "eks-ddp-contract-elsewhere/Pod/stranger: may reach training/Deployment/"
+     "eks-ddp-contract-elsewhere/Pod/stranger: may reach training/StatefulSet/"
                                       "rendezvous-etcd on TCP 2379"),
     # The store admits every pod of its namespace, and data preparation (which never dials it) may send to it.
     (lambda ms: policy(ms, "rendezvous-etcd")["spec"]["ingress"][0].update({"from": [{"podSelector": {}}]}) or
      policy(ms, "training-prepare-data")["spec"]["egress"].append(
          {"to": [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "etcd"}}}]}),
-     "training/Job/training-prepare-data: may reach training/Deployment/rendezvous-etcd on TCP 2379"),
+     "training/Job/training-prepare-data: may reach training/StatefulSet/rendezvous-etcd on TCP 2379"),
     # Data preparation may also talk to the training pods.
     (lambda ms: policy(ms, "training-prepare-data")["spec"]["egress"].append(
         {"to": [{"podSelector": {"matchLabels": {"app.kubernetes.io/instance": "training-run-1"}}}]}) or

@@ -35,7 +35,7 @@ def test_the_plans_give_each_run_a_store_of_its_own(dev_result, p4de_result, byo
         assert check(result, only=("rendezvous",)) == []
     assert contract.one_run_per_store(two_runs_view) == []
     stores = [s for s, _, t in contract.pod_templates(two_runs_view) if contract._is_store(t)]
-    assert sorted(stores) == ["Deployment/rendezvous-b-etcd", "Deployment/rendezvous-etcd"]
+    assert sorted(stores) == ["StatefulSet/rendezvous-b-etcd", "StatefulSet/rendezvous-etcd"]
 
 
 def test_one_client_certificate_for_every_run_is_reported(two_runs_view):
@@ -46,7 +46,7 @@ def test_one_client_certificate_for_every_run_is_reported(two_runs_view):
                 v["secret"]["secretName"] = "rendezvous-etcd-tls-client-tls"
     found = contract.one_run_per_store(_edited(two_runs_view, share))
     [v] = [v for v in found if "accepts" in v.message]
-    assert v.subject == "Deployment/rendezvous-etcd" and "accepts the client certificates of runs a, b" in v.message
+    assert v.subject == "StatefulSet/rendezvous-etcd" and "accepts the client certificates of runs a, b" in v.message
     assert "Job/training-b-b" in v.message
 
 
@@ -57,7 +57,7 @@ def test_a_store_admitting_every_trainer_pod_is_reported(two_runs_view):
             m["spec"]["ingress"][0]["from"] = [{"podSelector": {"matchLabels": {
                 "app.kubernetes.io/name": "eks-ddp-trainer"}}}]
     [v] = contract.one_run_per_store(_edited(two_runs_view, admit_all))
-    assert v.subject == "Deployment/rendezvous-etcd" and "admits Job/training-b-b on the client port" in v.message
+    assert v.subject == "StatefulSet/rendezvous-etcd" and "admits Job/training-b-b on the client port" in v.message
 
 
 def test_label_selectors_as_kubernetes_evaluates_them():
@@ -68,3 +68,23 @@ def test_label_selectors_as_kubernetes_evaluates_them():
     assert not contract.selects({"matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["a"]}]}, labels)
     assert not contract.selects({"matchExpressions": [{"key": "zone", "operator": "Exists"}]}, labels)
     assert not contract.selects({"matchLabels": {"app": "x", "run": "b"}}, labels)
+
+
+def test_a_store_that_can_exist_twice_is_reported(two_runs_view):
+    """E3's negative control: the store as the old plan ran it, a one-replica Deployment (an evicted member keeps
+    serving beside its replacement), and a StatefulSet of two replicas (two single-member stores)."""
+    def as_deployment(m):
+        if m["kind"] == "StatefulSet" and m["metadata"]["name"] == "rendezvous-etcd":
+            m["kind"] = "Deployment"
+            m["spec"].pop("serviceName", None)
+            m["spec"]["strategy"] = {"type": "Recreate"}
+
+    [v] = contract.one_run_per_store(_edited(two_runs_view, as_deployment))
+    assert v.subject == "Deployment/rendezvous-etcd" and "can run two members at once (Deployment, 1" in v.message
+
+    def two_replicas(m):
+        if m["kind"] == "StatefulSet" and m["metadata"]["name"] == "rendezvous-b-etcd":
+            m["spec"]["replicas"] = 2
+
+    [v] = contract.one_run_per_store(_edited(two_runs_view, two_replicas))
+    assert v.subject == "StatefulSet/rendezvous-b-etcd" and "(StatefulSet, 2 replica(s))" in v.message

@@ -4,6 +4,7 @@ hardening, validation; and the rendered flags run by a real etcd 3.5."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import time
@@ -22,7 +23,6 @@ from eks_ddp.workloads.etcd import (
     DATA_DIR,
     DEFAULT_CLIENT_LABELS,
     METRICS_PORT,
-    NODE_LOST_TOLERATION_S,
     PEER_PORT,
     SERVER_LABELS,
     TLS_DIR,
@@ -45,12 +45,12 @@ def run_etcd(**overrides) -> ProgramResult:
     return run_program({}, program=program)
 
 
-def deployment(result: ProgramResult) -> dict:
-    return result.one("kubernetes:apps/v1:Deployment").inputs
+def member(result: ProgramResult) -> dict:
+    return result.one("kubernetes:apps/v1:StatefulSet").inputs
 
 
 def container(result: ProgramResult) -> dict:
-    return deployment(result)["spec"]["template"]["spec"]["containers"][0]
+    return member(result)["spec"]["template"]["spec"]["containers"][0]
 
 
 def flags(result: ProgramResult) -> dict[str, str]:
@@ -76,7 +76,7 @@ def test_one_member_serves_only_tls_with_client_certificates():
     assert f["listen-metrics-urls"] == f"http://0.0.0.0:{METRICS_PORT}"
     assert f["enable-v2"] == "true" and f["initial-cluster-state"] == "new"
     assert f["advertise-client-urls"] == f"https://rendezvous-etcd.training.svc.cluster.local:{CLIENT_PORT}"
-    pod = deployment(result)["spec"]["template"]["spec"]
+    pod = member(result)["spec"]["template"]["spec"]
     [tls] = [v for v in pod["volumes"] if "secret" in v]
     [mount] = [m for m in container(result)["volumeMounts"] if m["name"] == tls["name"]]
     assert mount["mountPath"] == TLS_DIR and mount["readOnly"] is True
@@ -91,7 +91,9 @@ def test_the_stack_makes_a_ca_a_server_and_a_client_certificate():
     assert "rendezvous-etcd.training.svc" in server["dnsNames"]
     certs = {r.name: r.inputs for r in result.of_type("tls:index/locallySignedCert:LocallySignedCert")}
     assert "server_auth" in certs["rendezvous-etcd-tls-server-cert"]["allowedUses"]
-    assert "client_auth" not in certs["rendezvous-etcd-tls-server-cert"]["allowedUses"]
+    # T7: etcd's v3 JSON gateway dials etcd's own gRPC port with the server certificate, so it is a client too (its
+    # key is mounted in etcd's pod only).
+    assert "client_auth" in certs["rendezvous-etcd-tls-server-cert"]["allowedUses"]
     assert "client_auth" in certs["rendezvous-etcd-tls-client-cert"]["allowedUses"]
     assert "server_auth" not in certs["rendezvous-etcd-tls-client-cert"]["allowedUses"]
     ca = result.one("tls:index/selfSignedCert:SelfSignedCert").inputs
@@ -113,44 +115,61 @@ def test_the_stack_makes_a_ca_a_server_and_a_client_certificate():
     assert result.outputs["client_tls_secret"] == "rendezvous-etcd-tls-client-tls"
 
 
-def test_a_drain_or_a_lost_node_moves_the_member():
+def test_one_member_that_cannot_exist_twice_and_a_drain_moves_it():
+    # E3: a one-replica Deployment replaced the member evicted from a node that had lost the control plane while it
+    # still served: two stores, two worlds. A StatefulSet creates a pod of an identity only once the old one is gone.
     # Review K5: minAvailable 1 of 1 failed every system node-group update (PodEvictionFailure after 15 min).
-    # Review K4: a StatefulSet pod on an unreachable node is never replaced; the default toleration is 300 s.
     result = run_etcd()
-    dep = deployment(result)
-    pod_labels = dep["spec"]["template"]["metadata"]["labels"]
-    assert int(dep["spec"]["replicas"]) == 1 and dep["spec"]["strategy"]["type"] == "Recreate"
+    sts = member(result)
+    pod_labels = sts["spec"]["template"]["metadata"]["labels"]
+    assert int(sts["spec"]["replicas"]) == 1 and sts["spec"]["podManagementPolicy"] == "OrderedReady"
+    assert sts["spec"]["updateStrategy"]["type"] == "RollingUpdate"
+    assert sts["spec"]["serviceName"] == "rendezvous-etcd"
+    assert not result.of_type("kubernetes:apps/v1:Deployment")
     pdb = result.one("kubernetes:policy/v1:PodDisruptionBudget").inputs
     assert "minAvailable" not in pdb["spec"] and int(pdb["spec"]["maxUnavailable"]) >= 1
     assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
     assert matches(pdb["spec"]["selector"]["matchLabels"], pod_labels)
-    pod = dep["spec"]["template"]["spec"]
-    lost = {t["key"]: t for t in pod["tolerations"] if t.get("effect") == "NoExecute"}
-    assert set(lost) == {"node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready"}
-    assert all(int(t["tolerationSeconds"]) == NODE_LOST_TOLERATION_S <= 60 for t in lost.values())
+    pod = sts["spec"]["template"]["spec"]
+    # No short NoExecute tolerations: an eviction from a lost node replaces nothing and would only restart a store
+    # that still serves; the defaults (300 s) apply.
+    assert not [t for t in pod["tolerations"] if t.get("effect") == "NoExecute"]
+    svc = result.one("kubernetes:core/v1:Service", "rendezvous-etcd-client").inputs
+    assert svc["spec"]["publishNotReadyAddresses"] is True  # reachable while its node is NotReady
     priority = result.one("kubernetes:scheduling.k8s.io/v1:PriorityClass").inputs
     assert pod["priorityClassName"] == priority["metadata"]["name"]
     assert 0 < int(priority["value"]) < 2_000_000_000 and priority["globalDefault"] is False
 
 
+def test_a_certificate_rotation_restarts_the_member():
+    # T7: etcd reads its certificates at start; the pod template carries their fingerprint, so a rotation rolls it.
+    from eks_ddp.workloads.etcd import CERT_ANNOTATION
+
+    annotations = member(run_etcd())["spec"]["template"]["metadata"]["annotations"]
+    assert re.fullmatch(r"[0-9a-f]{64}", annotations[CERT_ANNOTATION])
+
+
 def test_members_carry_the_labels_the_trainers_egress_selects():
-    pod_labels = deployment(run_etcd())["spec"]["template"]["metadata"]["labels"]
+    pod_labels = member(run_etcd())["spec"]["template"]["metadata"]["labels"]
     assert matches(SERVER_LABELS, pod_labels)
 
 
-def _run_member(args: list[str], data_dir: Path, log: Path, tls_dir: Path) -> tuple[subprocess.Popen, str]:
-    """The Deployment's member, with its flags as rendered, on loopback: DNS names, ports and the Secret's
-    mount point rewritten; the Secret's files are a throw-away CA's (server certificate for 127.0.0.1)."""
+def _run_member(args: list[str], data_dir: Path, log: Path, tls_dir: Path,
+                pod_uid: str = "8c1f4e2a-0000-4000-8000-000000000001") -> tuple[subprocess.Popen, str]:
+    """The StatefulSet's member, with its flags as rendered, on loopback: DNS names, ports and the Secret's
+    mount point rewritten, ``$(POD_UID)`` expanded as the kubelet does from the pod's env (a new UID per pod);
+    the Secret's files are a throw-away CA's (server certificate for 127.0.0.1)."""
     client, peer, metrics = free_port(), free_port(), free_port()
     subst = {"rendezvous-etcd.training.svc.cluster.local": "127.0.0.1", "0.0.0.0": "127.0.0.1",
              f":{CLIENT_PORT}": f":{client}", f":{PEER_PORT}": f":{peer}", f":{METRICS_PORT}": f":{metrics}",
-             DATA_DIR: str(data_dir), f"{TLS_DIR}/tls.": f"{tls_dir}/server.", TLS_DIR: str(tls_dir)}
+             DATA_DIR: str(data_dir), f"{TLS_DIR}/tls.": f"{tls_dir}/server.", TLS_DIR: str(tls_dir),
+             "$(POD_UID)": pod_uid}
     flags = []
     for a in args:
         for old, new in subst.items():
             a = a.replace(old, new)
         flags.append(a)
-    assert not [f for f in flags if "cluster.local" in f or TLS_DIR in f]
+    assert not [f for f in flags if "cluster.local" in f or TLS_DIR in f or "$(" in f]
     with open(log, "ab") as out:
         proc = subprocess.Popen([find_etcd(), *flags], stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
@@ -177,11 +196,18 @@ def _v2(endpoint: str, key: str, value: str | None = None, context=None) -> str 
         raise
 
 
+def _cluster_id(endpoint: str, context) -> str:
+    """The store's cluster ID, as etcd reports it in every v3 response header."""
+    req = urllib.request.Request(f"https://{endpoint}/v3/maintenance/status", data=b"{}", method="POST")
+    with urllib.request.urlopen(req, timeout=5, context=context) as r:
+        return json.loads(r.read())["header"]["cluster_id"]
+
+
 @pytest.mark.slow
 def test_the_member_requires_client_certificates_and_survives_its_restart_and_rescheduling(tmp_path):
-    # etcd 3.5.1 with the Deployment's own flags: a request without a client certificate is refused; a
-    # container restart (same data dir) keeps the v2 keys; a rescheduled pod (a new, empty emptyDir) starts
-    # a fresh one-member store instead of crash-looping.
+    # etcd 3.5.1 with the StatefulSet's own flags: a request without a client certificate is refused; a
+    # container restart (same pod, same data dir) keeps the keys and the cluster ID; a new pod (a new UID, a new
+    # empty emptyDir) starts a fresh one-member store with a cluster ID of its own instead of crash-looping.
     import ssl
 
     args = etcd_args("rendezvous-etcd", "training")
@@ -199,6 +225,7 @@ def test_the_member_requires_client_certificates_and_survives_its_restart_and_re
         with pytest.raises((urllib.error.URLError, ConnectionError, OSError)):
             urllib.request.urlopen(f"http://{endpoint}/v2/keys/", timeout=5).close()
         _v2(endpoint, "torch/elastic/rendezvous/job/state", "round-7", ok)
+        first_id = _cluster_id(endpoint, ok)
         proc.kill()
         proc.wait(timeout=10)
 
@@ -206,14 +233,16 @@ def test_the_member_requires_client_certificates_and_survives_its_restart_and_re
         procs.append(proc)
         assert proc.poll() is None, log.read_text()[-2000:]
         assert _v2(endpoint, "torch/elastic/rendezvous/job/state", context=ok) == "round-7"
+        assert _cluster_id(endpoint, ok) == first_id
         proc.kill()
         proc.wait(timeout=10)
 
-        shutil.rmtree(data)  # rescheduled pod: a new emptyDir
-        proc, endpoint = _run_member(args, data, log, tls.ca_cert.parent)
+        shutil.rmtree(data)  # a new pod: a new emptyDir and a new UID
+        proc, endpoint = _run_member(args, data, log, tls.ca_cert.parent, "8c1f4e2a-0000-4000-8000-000000000002")
         procs.append(proc)
         assert proc.poll() is None, log.read_text()[-2000:]
         assert _v2(endpoint, "torch/elastic/rendezvous/job/state", context=ok) is None
+        assert _cluster_id(endpoint, ok) != first_id  # a client can tell the new, empty store from the old one
         _v2(endpoint, "torch/elastic/rendezvous/job/state", "round-0", ok)
         assert _v2(endpoint, "torch/elastic/rendezvous/job/state", context=ok) == "round-0"
     finally:
@@ -234,7 +263,7 @@ def test_endpoint_is_the_client_service():
 def test_network_policy_admits_only_trainer_pods():
     result = run_etcd()
     policy = result.one("kubernetes:networking.k8s.io/v1:NetworkPolicy").inputs["spec"]
-    pod_labels = deployment(result)["spec"]["template"]["metadata"]["labels"]
+    pod_labels = member(result)["spec"]["template"]["metadata"]["labels"]
     assert matches(policy["podSelector"]["matchLabels"], pod_labels)
     assert set(policy["policyTypes"]) == {"Ingress", "Egress"}
     by_port = {}
@@ -260,7 +289,7 @@ def test_custom_client_labels_reach_the_policy():
 
 def test_members_are_hardened_probed_and_bounded():
     result = run_etcd()
-    pod = deployment(result)["spec"]["template"]["spec"]
+    pod = member(result)["spec"]["template"]["spec"]
     c = container(result)
     assert "@sha256:" in c["image"] and c["imagePullPolicy"] == "IfNotPresent"
     assert pod["nodeSelector"] == SYSTEM
@@ -287,8 +316,8 @@ def test_children_are_parented_to_the_component():
     result = run_etcd()
     children = [r for r in result.resources if r.type.startswith("kubernetes:") and r.type != "kubernetes:core/v1:Secret"]
     assert sorted(r.type.split(":")[-1] for r in children) == [
-        "Deployment", "NetworkPolicy", "PodDisruptionBudget", "PriorityClass", "ResourceQuota", "Service", "ServiceAccount",
-        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
+        "NetworkPolicy", "PodDisruptionBudget", "PriorityClass", "ResourceQuota", "Service", "ServiceAccount",
+        "StatefulSet", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
     assert all(r.parent_type == "eks-ddp:etcd:EtcdRendezvous" for r in children)
     certs = [r for r in result.resources if r.type.startswith("tls:") or r.type == "kubernetes:core/v1:Secret"]
     assert len(certs) == 2 + 2 * 3 + 2  # the CA's key and certificate; key, request, certificate per leaf; 2 Secrets
@@ -357,3 +386,32 @@ def test_clients_egress_admits_the_store_service_clusterip(stack, request):
     for name, rule in rules:
         for peer in rule["to"]:
             assert matches(peer["podSelector"]["matchLabels"], svc["spec"]["selector"]), name
+
+
+def test_certificates_expire_apart_and_leaf_keys_are_remade_each_period():
+    # T7: the CA and both leaves lasted two years and expired together; the keys were never re-made.
+    from eks_ddp.workloads.etcd_tls import CA_VALIDITY_HOURS, VALIDITY_HOURS, rotation_period
+
+    result = run_etcd()
+    ca = result.one("tls:index/selfSignedCert:SelfSignedCert").inputs
+    certs = {r.name: r.inputs for r in result.of_type("tls:index/locallySignedCert:LocallySignedCert")}
+    server, client = certs["rendezvous-etcd-tls-server-cert"], certs["rendezvous-etcd-tls-client-cert"]
+    lives = [int(ca["validityPeriodHours"]), int(server["validityPeriodHours"]), int(client["validityPeriodHours"])]
+    assert lives == [CA_VALIDITY_HOURS, VALIDITY_HOURS, VALIDITY_HOURS * 2 // 3] and len(set(lives)) == 3
+    assert int(server["validityPeriodHours"]) <= 397 * 24  # a leaf's ceiling
+    for leaf in (server, client):  # renewed on any `up` in the last third of its life
+        assert int(leaf["earlyRenewalHours"]) == int(leaf["validityPeriodHours"]) // 3
+    keys = {r.name: r for r in result.of_type("tls:index/privateKey:PrivateKey")}
+    assert keys["rendezvous-etcd-tls-server-key"].replacement_trigger == rotation_period(3)
+    assert keys["rendezvous-etcd-tls-client-key"].replacement_trigger == rotation_period(2)
+    assert keys["rendezvous-etcd-tls-ca-key"].replacement_trigger is None  # re-made with the CA's renewal
+
+
+def test_rotation_periods_change_at_their_boundaries_only():
+    import datetime as dt
+
+    from eks_ddp.workloads.etcd_tls import rotation_period
+
+    assert rotation_period(3, dt.date(2026, 7, 1)) == rotation_period(3, dt.date(2026, 9, 30)) == "2026-p7"
+    assert rotation_period(3, dt.date(2026, 10, 1)) == "2026-p10" != rotation_period(3, dt.date(2026, 9, 30))
+    assert rotation_period(2, dt.date(2027, 2, 28)) == "2027-p1" and rotation_period(2, dt.date(2027, 3, 1)) == "2027-p3"

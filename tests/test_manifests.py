@@ -24,7 +24,7 @@ CHECKOV = ROOT / ".venv-scan" / "bin" / "checkov"
 SKIPS_FILE = Path(__file__).with_name("checkov-skips.yaml")
 STACKS = ("dev", "p4de")
 EXPECTED_GPUS = {"dev": 1, "p4de": 8}
-OUR_KINDS = {"Job", "CronJob", "Deployment", "Secret", "Service", "ServiceAccount", "NetworkPolicy", "PodDisruptionBudget",
+OUR_KINDS = {"Job", "CronJob", "StatefulSet", "Secret", "Service", "ServiceAccount", "NetworkPolicy", "PodDisruptionBudget",
              "PriorityClass"}
 
 
@@ -174,7 +174,7 @@ def test_rendered_job_semantics_and_egress(name, manifests):
     for m in docs:
         if m["kind"] == "NetworkPolicy":
             assert all(rule.get("to") for rule in m["spec"].get("egress", [])), m["metadata"]["name"]
-    [etcd] = [m for m in docs if m["kind"] == "Deployment"]
+    [etcd] = [m for m in docs if m["kind"] == "StatefulSet"]
     assert etcd["spec"]["replicas"] == 1
     [pdb] = [m for m in docs if m["kind"] == "PodDisruptionBudget"]
     assert pdb["spec"]["maxUnavailable"] == 1  # a drain may move the store (review K5)

@@ -62,7 +62,7 @@ def test_dev_plan_prints_tree_counts_and_writes_manifests(tmp_path):
     assert "kubeconfig: [secret]" in out
     written = sorted(tmp_path.glob("*.yaml"))
     kinds = {yaml.safe_load(p.read_text())["kind"] for p in written}
-    assert {"Job", "Deployment", "Service", "NetworkPolicy", "PersistentVolumeClaim"} <= kinds
+    assert {"Job", "StatefulSet", "Service", "NetworkPolicy", "PersistentVolumeClaim"} <= kinds
     # The design target is < 10 s on a 2-core machine, imports included. Measured as the plan process's own CPU
     # time, not wall-clock time, so that other work on a busy machine cannot fail it.
     assert cpu_s < 10, f"offline plan used {cpu_s:.1f} CPU seconds"

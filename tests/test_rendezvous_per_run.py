@@ -66,7 +66,7 @@ def test_each_store_admits_only_its_runs_pods_and_each_run_reaches_only_its_stor
     pods = _pods_by_run(two_runs)
     everyone = [(run_id, t["metadata"]["labels"]) for run_id, ts in pods.items() for t in ts]
     store_pods = {d["metadata"]["name"]: d["spec"]["template"]["metadata"]["labels"]
-                  for d in docs if d["kind"] == "Deployment"}
+                  for d in docs if d["kind"] == "StatefulSet"}
     owner = {"rendezvous-etcd": "a", "rendezvous-b-etcd": "b"}
     assert set(store_pods) == set(owner)
     checked = []

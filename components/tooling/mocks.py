@@ -45,6 +45,8 @@ class Recorded:
     """Property paths registered with ``ignore_changes``."""
     retain_on_delete: bool = False
     """Whether the resource was registered with ``retain_on_delete``."""
+    replacement_trigger: Any = None
+    """The ``replacement_trigger`` resource option's value (None: unset)."""
     dependencies: list[str] = field(default_factory=list)
     """URNs the resource depends on (``depends_on`` and the resources behind its input Outputs)."""
     import_id: str = ""
@@ -105,6 +107,15 @@ class RecordingMocks(pulumi.runtime.Mocks):
         return handler(self, args.args), []
 
 
+def _trigger(request) -> Any:
+    """The request's ``replacement_trigger`` as a plain value, None when unset."""
+    if not request.HasField("replacement_trigger"):
+        return None
+    from google.protobuf.json_format import MessageToDict
+
+    return MessageToDict(request.replacement_trigger)
+
+
 class _RecordingMonitor(_mocks.MockMonitor):
     """The mock monitor, keeping each registration's parent and inputs in order."""
 
@@ -127,7 +138,8 @@ class _RecordingMonitor(_mocks.MockMonitor):
                                           retain_on_delete=bool(request.retainOnDelete),
                                           dependencies=list(request.dependencies),
                                           import_id=request.importId,
-                                          replace_on_changes=list(request.replaceOnChanges)))
+                                          replace_on_changes=list(request.replaceOnChanges),
+                                          replacement_trigger=_trigger(request)))
         return response
 
     def Invoke(self, request):  # noqa: N802 (gRPC method name)
