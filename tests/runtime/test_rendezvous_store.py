@@ -21,7 +21,7 @@ import pytest
 from eks_ddp_local.etcd import make_tls
 from eks_ddp_runtime import rendezvous
 
-from tests.etcd_server import client_tls, etcd_endpoint  # noqa: F401  (pytest fixture)
+from tests.support.etcd_server import client_tls, etcd_endpoint  # noqa: F401  (pytest fixture)
 
 RUN_ID = "store-test"
 
