@@ -348,11 +348,9 @@ pulumi.export("fetchResults", results_url.apply(  # eval "$(pulumi stack output 
 # One entry per run (runId -> shell lines): eval "$(pulumi stack output runs --json | jq -r '.["<runId>"].follow')"
 pulumi.export("runs", {run.run_id: run_outputs(j, run.run_id, cfg.run_key(i))
                        for i, (run, j) in enumerate(zip(cfg.runs, jobs, strict=True))})
-# Every pod's output, kept after its node is gone: eval "$(pulumi stack output containerLogs --json | jq -r .tail)"
+# Every pod's output, kept observability.logRetentionDays after its node is gone: eval "$(pulumi stack output containerLogs)"
 if observability.log_groups:
-    app_logs = observability.log_groups["application"]
-    pulumi.export("containerLogs", {
-        "logGroup": app_logs, "retentionDays": cfg.observability.log_retention_days,
-        "tail": f"aws logs tail {app_logs} --region {cfg.region}{profile_flag} --since 1h --follow --filter-pattern "
-                f"'{{ $.kubernetes.namespace_name = \"{cfg.job.namespace}\" }}'"})
+    pulumi.export("containerLogs", f"aws logs tail {observability.log_groups['application']} --region {cfg.region}"
+                                   f"{profile_flag} --since 1h --follow --filter-pattern "
+                                   f"'{{ $.kubernetes.namespace_name = \"{cfg.job.namespace}\" }}'")
 pulumi.export("costEstimate", cost.estimate(cfg).as_dict())
