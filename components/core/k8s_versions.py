@@ -93,8 +93,9 @@ EKS_ADDONS = (EFS_CSI_DRIVER, METRICS_SERVER, COREDNS, CLOUDWATCH_OBSERVABILITY,
 # build of either could be confirmed per Kubernetes version here (that needs `aws eks describe-addon-versions
 # --addon-name <name> --kubernetes-version <v>`). Their upstream charts, which the add-ons package, were read at
 # aws-observability/helm-charts 6.4.0 (2026-07-21) and aws/eks-node-monitoring-agent 1.7.0 (image
-# v1.7.0-eksbuild.1); the configuration eks_ddp.infra.observability sends uses only keys both have had since
-# 4.0.0 (2025-05) and 1.x respectively. Pin a build here once its compatibility is confirmed, as for 1.33 below.
+# v1.7.0-eksbuild.1). The configuration eks_ddp.infra.observability sends uses keys the CloudWatch chart reads from
+# 4.3.0 (2025-07-24; dcgmExporter.enabled is the newest) and that the agent's configuration.schema.json accepts in
+# every version it was published in (from 2026-02). Pin a build here once its compatibility is confirmed, as for 1.33.
 
 EFS_CSI_ADDON_VERSION_1_33 = "v2.1.10-eksbuild.1"
 """aws-efs-csi-driver build listed for Kubernetes 1.33 (``aws eks describe-addon-versions --kubernetes-version 1.33``)."""
