@@ -253,6 +253,14 @@ def test_node_monitoring_agent_reaches_the_gpu_nodes_and_gpu_groups_repair(stack
         assert g.inputs["nodeRepairConfig"]["enabled"] is True
 
 
+def test_the_agent_check_catches_the_charts_default_dcgm_tolerations():
+    """Negative control: eks-node-monitoring-agent's own default (values.yaml 1.7.0, dcgmAgent.tolerations: []) leaves
+    the DCGM host engine off the GPU nodes; the check above refuses it."""
+    default = {"dcgmAgent": {"tolerations": []}}
+    assert not scheduling.tolerates(default["dcgmAgent"]["tolerations"], GPU_TAINT)
+    assert scheduling.tolerates(obs.node_monitoring_configuration()["dcgmAgent"]["tolerations"], GPU_TAINT)
+
+
 def test_reserved_capacity_repairs_one_node_at_a_time(dev_result, p4de_result):
     [dev] = [r for r in dev_result.of_type(NG) if r.parent_type == "eks-ddp:gpu_nodegroup:GpuNodeGroup"]
     [p4de] = [r for r in p4de_result.of_type(NG) if r.parent_type == "eks-ddp:gpu_nodegroup:GpuNodeGroup"]
