@@ -24,6 +24,8 @@ from eks_ddp import (
     GpuNodeGroupArgs,
     Network,
     NetworkArgs,
+    Observability,
+    ObservabilityArgs,
     ResultsBucket,
     ResultsBucketArgs,
     TrainerImage,
@@ -156,6 +158,7 @@ gpu_groups = [
         root_volume_gib=g.root_volume_gib,
         spot_instance_types=g.spot_instance_types,
         kubernetes_version=cfg.cluster.kubernetes_version,
+        node_repair=cfg.observability.node_repair,
     ), opts=pulumi.ResourceOptions(depends_on=[cluster]))
     for g in cfg.node_groups
 ]
@@ -173,6 +176,21 @@ addons = ClusterAddons("addons", ClusterAddonsArgs(
     efa=cfg.uses_efa,
     kubernetes_version=cfg.cluster.kubernetes_version,
     gpu_node_groups=gpu_groups,
+), opts=pulumi.ResourceOptions(providers={"kubernetes": k8s_provider}, depends_on=[cluster]))
+
+# Logs that outlive the nodes (CloudWatch), GPU metrics and the node health agent node repair acts on.
+observability = Observability("observability", ObservabilityArgs(
+    cluster_name=cluster_name,
+    region=cfg.region,
+    oidc_provider_arn=cluster.oidc_provider_arn,
+    oidc_provider_url=cluster.oidc_provider_url,
+    kubernetes_version=cfg.cluster.kubernetes_version,
+    cloudwatch=cfg.observability.cloudwatch,
+    log_retention_days=cfg.observability.log_retention_days,
+    gpu_metrics=cfg.observability.gpu_metrics,
+    node_monitoring=cfg.observability.node_repair,
+    gpu_node_groups=gpu_groups,
+    stack_id=stack_id,
 ), opts=pulumi.ResourceOptions(providers={"kubernetes": k8s_provider}, depends_on=[cluster]))
 
 # GPU groups idle at zero nodes; the autoscaler brings them up for Pending training pods and removes them after.
@@ -330,4 +348,9 @@ pulumi.export("fetchResults", results_url.apply(  # eval "$(pulumi stack output 
 # One entry per run (runId -> shell lines): eval "$(pulumi stack output runs --json | jq -r '.["<runId>"].follow')"
 pulumi.export("runs", {run.run_id: run_outputs(j, run.run_id, cfg.run_key(i))
                        for i, (run, j) in enumerate(zip(cfg.runs, jobs, strict=True))})
+# Every pod's output, kept observability.logRetentionDays after its node is gone: eval "$(pulumi stack output containerLogs)"
+if observability.log_groups:
+    pulumi.export("containerLogs", f"aws logs tail {observability.log_groups['application']} --region {cfg.region}"
+                                   f"{profile_flag} --since 1h --follow --filter-pattern "
+                                   f"'{{ $.kubernetes.namespace_name = \"{cfg.job.namespace}\" }}'")
 pulumi.export("costEstimate", cost.estimate(cfg).as_dict())

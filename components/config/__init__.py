@@ -41,6 +41,7 @@ from eks_ddp.config.schema import (
     JobConfig,
     NetworkConfig,
     NodeGroupConfig,
+    ObservabilityConfig,
     RunConfig,
     StackConfig,
     StorageConfig,
@@ -51,6 +52,7 @@ from eks_ddp.core import catalog, rules
 __all__ = [
     "DEFAULT_KUBERNETES_VERSION", "OFFLINE_PLAN_ENV", "PROJECT", "SUPPORTED_KUBERNETES_VERSIONS", "TOP_LEVEL_KEYS",
     "ClusterConfig", "ConfigError", "EtcdConfig", "ImageConfig", "JobConfig", "NetworkConfig", "NodeGroupConfig",
+    "ObservabilityConfig",
     "RunConfig", "StackConfig", "StorageConfig", "WorkloadConfig", "choose_zones", "cluster_name_for",
     "duration_minutes", "group_zone_problems", "load_stack_config", "reference_rows", "reference_table", "validate",
 ]
@@ -92,6 +94,7 @@ def load_stack_config(raw: dict[str, Any], *, region: str | None, stack: str | N
     storage = r.obj(StorageConfig, data.get("storage"), "storage")
     image = r.obj(ImageConfig, data.get("image"), "image")
     etcd = r.obj(EtcdConfig, data.get("etcd"), "etcd")
+    observability = r.obj(ObservabilityConfig, data.get("observability"), "observability")
     runs = _read_runs(r, data)
     types = _read_catalog(r, data.get("catalog"))
     preflight = True
@@ -102,7 +105,7 @@ def load_stack_config(raw: dict[str, Any], *, region: str | None, stack: str | N
         raise ConfigError(r.problems)
     cfg = StackConfig(region=region or "", network=network, cluster=cluster, node_groups=tuple(groups),
                       storage=storage, image=image, etcd=etcd, runs=runs, runs_listed="runs" in data,
-                      catalog=types, preflight=bool(preflight))
+                      catalog=types, preflight=bool(preflight), observability=observability)
     # The stack's own types are registered before the checks (which look types up in the catalog) and
     # taken back if the config is refused, so a bad stack leaves the catalog as it found it.
     added = [t.name for t in types if t.name not in catalog.CATALOG]

@@ -48,6 +48,8 @@ def validate(cfg: StackConfig, *, placeholders_ok: bool = False, today: dt.date 
             p.append(f"nodeGroups[{i}].name: got {g.name!r}; expected a name not used by another group")
         names.add(g.name)
     p += _check_runs(cfg)
+    if bad := rules.retention_days("observability.logRetentionDays", cfg.observability.log_retention_days):
+        p.append(bad)
     if cfg.image.prebuilt is not None and (bad := rules.image_by_digest("image.prebuilt", cfg.image.prebuilt)):
         p.append(bad)
     bucket = cfg.storage.results_bucket

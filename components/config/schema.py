@@ -185,6 +185,23 @@ class EtcdConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ObservabilityConfig:
+    """``eks-ddp:observability``: where logs and GPU health go, and node auto repair."""
+
+    cloudwatch: bool = _doc(
+        "Ship every container's output and the nodes' kubelet and kernel logs to CloudWatch Logs "
+        "(/aws/containerinsights/<cluster>/...) with the amazon-cloudwatch-observability add-on (Fluent Bit, "
+        "Container Insights): a run's logs outlive its pods and nodes. false: no add-on.", default=True)
+    log_retention_days: int = _doc("CloudWatch retention of those log groups (kept on destroy until it expires).",
+                                   default=30)
+    gpu_metrics: bool = _doc("NVIDIA's dcgm-exporter on the GPU nodes (utilization, memory, XID and ECC errors); "
+                             "docs/day-two.md says how to read it.", default=True)
+    node_repair: bool = _doc(
+        "EKS node auto repair on the GPU groups, with the eks-node-monitoring-agent add-on reporting GPU faults: a "
+        "node with a failing GPU is replaced (one at a time in a reservation or capacity block).", default=True)
+
+
+@dataclass(frozen=True, kw_only=True)
 class JobConfig:
     """``eks-ddp:job``: the elastic training job."""
 
@@ -311,6 +328,7 @@ class StackConfig:
     catalog: tuple[catalog.InstanceType, ...] = ()
     """The stack's own instance types (``eks-ddp:catalog``), registered in the catalog when loaded."""
     preflight: bool = True
+    observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)
 
     def __post_init__(self) -> None:
         if not self.runs:
@@ -366,6 +384,7 @@ TOP_LEVEL_KEYS = {
     "job": JobConfig,
     "runs": RunConfig,
     "catalog": CatalogEntryConfig,
+    "observability": ObservabilityConfig,
     "preflight": bool,
 }
 

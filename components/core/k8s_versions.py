@@ -86,7 +86,16 @@ DEFAULT_SUPPORT_TYPE: SupportType = "STANDARD"
 EFS_CSI_DRIVER = "aws-efs-csi-driver"
 METRICS_SERVER = "metrics-server"
 COREDNS = "coredns"
-EKS_ADDONS = (EFS_CSI_DRIVER, METRICS_SERVER, COREDNS)
+CLOUDWATCH_OBSERVABILITY = "amazon-cloudwatch-observability"
+NODE_MONITORING_AGENT = "eks-node-monitoring-agent"
+EKS_ADDONS = (EFS_CSI_DRIVER, METRICS_SERVER, COREDNS, CLOUDWATCH_OBSERVABILITY, NODE_MONITORING_AGENT)
+# amazon-cloudwatch-observability and eks-node-monitoring-agent take EKS's default build on every version: no
+# build of either could be confirmed per Kubernetes version here (that needs `aws eks describe-addon-versions
+# --addon-name <name> --kubernetes-version <v>`). Their upstream charts, which the add-ons package, were read at
+# aws-observability/helm-charts 6.4.0 (2026-07-21) and aws/eks-node-monitoring-agent 1.7.0 (image
+# v1.7.0-eksbuild.1). The configuration eks_ddp.infra.observability sends uses keys the CloudWatch chart reads from
+# 4.3.0 (2025-07-24; dcgmExporter.enabled is the newest) and that the agent's configuration.schema.json accepts in
+# every version it was published in (from 2026-02). Pin a build here once its compatibility is confirmed, as for 1.33.
 
 EFS_CSI_ADDON_VERSION_1_33 = "v2.1.10-eksbuild.1"
 """aws-efs-csi-driver build listed for Kubernetes 1.33 (``aws eks describe-addon-versions --kubernetes-version 1.33``)."""
@@ -94,10 +103,10 @@ METRICS_SERVER_ADDON_VERSION_1_33 = "v0.8.0-eksbuild.2"
 """metrics-server build listed for Kubernetes 1.33 (same source)."""
 
 ADDON_VERSIONS: dict[str, dict[str, str | None]] = {
-    version: {EFS_CSI_DRIVER: None, METRICS_SERVER: None, COREDNS: None} for version in ("1.32", "1.34", "1.35", "1.36")
+    version: dict.fromkeys(EKS_ADDONS) for version in ("1.32", "1.34", "1.35", "1.36")
 }
-ADDON_VERSIONS["1.33"] = {EFS_CSI_DRIVER: EFS_CSI_ADDON_VERSION_1_33, METRICS_SERVER: METRICS_SERVER_ADDON_VERSION_1_33,
-                          COREDNS: None}
+ADDON_VERSIONS["1.33"] = {**dict.fromkeys(EKS_ADDONS), EFS_CSI_DRIVER: EFS_CSI_ADDON_VERSION_1_33,
+                          METRICS_SERVER: METRICS_SERVER_ADDON_VERSION_1_33}
 """Kubernetes version -> EKS add-on -> pinned build, or None: EKS's default build for that version."""
 
 

@@ -38,6 +38,10 @@ Every property is set here, where it can be read and tested:
 * Updates: groups in a reservation or capacity block replace nodes with the
   ``MINIMAL`` strategy (terminate, then launch): a full reservation has no room for
   the surge instances the default strategy launches first.
+* Node auto repair (``node_repair``): EKS replaces or reboots a node that turns
+  NotReady or that the ``eks-node-monitoring-agent`` add-on reports unhealthy
+  (``AcceleratedHardwareReady`` for GPU XID/ECC/NVLink faults). In a reservation or
+  capacity block at most one node is repaired at a time (:func:`node_repair_config`).
 * Single-zone groups (EFA, a reservation, or an explicit ``availability_zone``)
   use only the private subnet of that zone; others use every private subnet.
 """
@@ -118,6 +122,9 @@ class GpuNodeGroupArgs:
     """The cluster's Kubernetes minor version: the group's nodes follow it, so a control-plane upgrade
     (one minor) moves the nodes in the same ``pulumi up`` and the next upgrade is not refused for nodes
     left behind. None leaves the group at the cluster's version at creation (EKS's default)."""
+    node_repair: bool = True
+    """EKS node auto repair: replace (or reboot) a node that is NotReady or that the node monitoring agent reports
+    unhealthy; a GPU that throws XIDs otherwise leaves its node Ready and the same rank failing."""
 
 
 def validate(args: GpuNodeGroupArgs) -> catalog.InstanceType:
@@ -133,7 +140,8 @@ def validate(args: GpuNodeGroupArgs) -> catalog.InstanceType:
         rules.whole("min_size", args.min_size, 0), rules.whole("desired_size", args.desired_size, 0),
         rules.whole("max_size", args.max_size, 1),
         *[rules.known(f, getattr(args, f), "a plain value", why) for f in (
-            "capacity_type", "efa", "availability_zone", "subnet_by_az", "spot_instance_types", "root_volume_gib")],
+            "capacity_type", "efa", "availability_zone", "subnet_by_az", "spot_instance_types", "root_volume_gib",
+            "node_repair")],
         None if args.capacity_reservation_id is None
         else rules.capacity_reservation_id("capacity_reservation_id", args.capacity_reservation_id),
         None if args.availability_zone is None or rules.is_output(args.availability_zone)
@@ -201,6 +209,22 @@ def efa_interface_type(it: catalog.InstanceType, card: int) -> str:
 def update_strategy(args: GpuNodeGroupArgs) -> str:
     """``MINIMAL`` in a reservation or capacity block (no room to surge), else EKS's ``DEFAULT``."""
     return "MINIMAL" if args.capacity_reservation_id else "DEFAULT"
+
+
+RESERVED_PARALLEL_REPAIRS = 1
+"""Repairs at once in a reservation or capacity block."""
+
+
+def node_repair_config(args: GpuNodeGroupArgs) -> aws.eks.NodeGroupNodeRepairConfigArgs:
+    """Node auto repair on or off (explicitly: turning it off must reach EKS). In a reservation or capacity block
+    repairs go one node at a time: a repair terminates the node and its replacement launches into the slot that
+    frees, so every further repair at once takes one more of the run's nodes away with no capacity to replace it
+    sooner (the elastic job shrinks by one node, not by several); elsewhere EKS's default applies."""
+    if not args.node_repair:
+        return aws.eks.NodeGroupNodeRepairConfigArgs(enabled=False)
+    return aws.eks.NodeGroupNodeRepairConfigArgs(
+        enabled=True,
+        max_parallel_nodes_repaired_count=RESERVED_PARALLEL_REPAIRS if args.capacity_reservation_id else None)
 
 
 _GROUPS: weakref.WeakKeyDictionary[Any, list[GpuNodeGroup]] = weakref.WeakKeyDictionary()
@@ -319,6 +343,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
             scaling_config=aws.eks.NodeGroupScalingConfigArgs(
                 min_size=args.min_size, desired_size=args.desired_size, max_size=args.max_size),
             update_config=aws.eks.NodeGroupUpdateConfigArgs(max_unavailable=1, update_strategy=update_strategy(args)),
+            node_repair_config=node_repair_config(args),
             labels=group_labels,
             taints=[aws.eks.NodeGroupTaintArgs(key=GPU_TAINT_KEY, value="true", effect="NO_SCHEDULE")],
             launch_template=aws.eks.NodeGroupLaunchTemplateArgs(id=lt.id, version=lt.latest_version.apply(str)),

@@ -54,6 +54,9 @@ PRICES: dict[str, tuple[float, str]] = {
 EFS_ASSUMED_GB = 10  # CIFAR-10 (~0.2 GB) plus checkpoints and models of a few dozen runs
 ECR_ASSUMED_GB = 5  # the CUDA PyTorch trainer image, compressed; tags share most layers
 LOGS_ASSUMED_GB_PER_DAY = 1.0  # control-plane logs, all five types; audit logs dominate
+# observability.cloudwatch: every pod's output plus the nodes' kubelet/containerd and kernel logs (Fluent Bit). The
+# trainer logs compact one-line records; the system pods (autoscaler, add-ons) log most of it while idle.
+CONTAINER_LOGS_ASSUMED_GB_PER_DAY = 0.5
 KMS_KEYS = 2  # EKS secrets encryption and EFS encryption
 SYSTEM_ROOT_VOLUME_GIB = 50  # eks_ddp.infra.cluster.SYSTEM_ROOT_VOLUME_GIB (a test keeps them equal)
 
@@ -255,7 +258,18 @@ def _items(cfg: StackConfig, day: dt.date) -> list[LineItem]:
     logs_per_hour = LOGS_ASSUMED_GB_PER_DAY * price("logs_ingest_gb") / 24
     items.append(LineItem(f"CloudWatch Logs ingestion (assumed {LOGS_ASSUMED_GB_PER_DAY:g} GB/day)", "GB/day",
                           logs_per_hour / LOGS_ASSUMED_GB_PER_DAY, LOGS_ASSUMED_GB_PER_DAY, LOGS_ASSUMED_GB_PER_DAY))
+    items += _observability_items(cfg)
     return items
+
+
+def _observability_items(cfg: StackConfig) -> list[LineItem]:
+    """Container logs in CloudWatch (observability.cloudwatch), ingested at the same per-GB price."""
+    if not cfg.observability.cloudwatch:
+        return []
+    gb = CONTAINER_LOGS_ASSUMED_GB_PER_DAY
+    return [LineItem(f"CloudWatch Logs ingestion, container logs (assumed {gb:g} GB/day)", "GB/day",
+                     price("logs_ingest_gb") / 24, gb, gb,
+                     note=f"kept {cfg.observability.log_retention_days} days (observability.logRetentionDays)")]
 
 
 def throughput(cfg: StackConfig) -> tuple[float, str]:
@@ -312,7 +326,9 @@ def estimate(cfg: StackConfig, *, day: dt.date | None = None) -> Estimate:
         + f" (the tail: cluster.scaleDownUnneededTime {cfg.cluster.scale_down_unneeded_time} plus ~"
         f"{SCALE_DOWN_TERMINATE_MINUTES} min to drain and terminate); data preparation runs on the system nodes",
         f"sizes not fixed by the stack: EFS {EFS_ASSUMED_GB} GB, ECR {ECR_ASSUMED_GB} GB, "
-        f"control-plane logs {LOGS_ASSUMED_GB_PER_DAY:g} GB/day; {HOURS_PER_MONTH} hours per month",
+        f"control-plane logs {LOGS_ASSUMED_GB_PER_DAY:g} GB/day"
+        + (f", container logs {CONTAINER_LOGS_ASSUMED_GB_PER_DAY:g} GB/day" if cfg.observability.cloudwatch else "")
+        + f"; {HOURS_PER_MONTH} hours per month",
     ]
     used = [cfg.cluster.system_instance_type] + [g.instance_type for g in cfg.node_groups]
     for name in dict.fromkeys(used):
@@ -328,6 +344,8 @@ def estimate(cfg: StackConfig, *, day: dt.date | None = None) -> Estimate:
         f"EFS Elastic Throughput (${price('efs_elastic_read_gb')}/GB read, ${price('efs_elastic_write_gb')}/GB write)",
         "CloudWatch Logs storage beyond ingestion, data transfer out, burstable (t3) CPU credits",
     ]
+    if cfg.observability.cloudwatch:
+        not_included.append("Container Insights metrics (billed per observation, aws.amazon.com/cloudwatch/pricing)")
     for g in cfg.node_groups:
         if g.capacity_reservation_id:
             it = catalog.lookup(g.instance_type)

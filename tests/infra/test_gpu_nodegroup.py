@@ -351,3 +351,25 @@ def test_resize_reads_the_live_desired_size_first():
     from tests.support.util import ROOT
 
     assert yaml.safe_load((ROOT / "Pulumi.yaml").read_text())["options"]["refresh"] == "always"
+
+
+@pytest.mark.parametrize("changes,enabled,parallel", [
+    ({}, True, None),
+    ({"capacity_type": "spot"}, True, None),
+    ({"capacity_reservation_id": "cr-0123456789abcdef0", "availability_zone": "us-west-2a"}, True, 1),
+    ({"capacity_type": "capacityBlock", "capacity_reservation_id": "cr-0123456789abcdef0",
+      "availability_zone": "us-west-2a"}, True, 1),
+    ({"node_repair": False}, False, None),
+])
+def test_node_repair_one_at_a_time_in_reserved_capacity(changes, enabled, parallel):
+    """Review B10: GPU groups get node auto repair; a reservation or capacity block repairs one node at a time."""
+    from eks_ddp.infra.gpu_nodegroup import node_repair_config
+
+    args = dataclasses.replace(BASE, **changes)
+    conf = node_repair_config(args)
+    assert (conf.enabled, conf.max_parallel_nodes_repaired_count) == (enabled, parallel)
+
+
+def test_node_repair_reaches_the_node_group():
+    result, _ = _run(dataclasses.replace(EFA, capacity_type="capacityBlock", placement_group_name=None))
+    assert result.one(NG).inputs["nodeRepairConfig"] == {"enabled": True, "maxParallelNodesRepairedCount": 1}
