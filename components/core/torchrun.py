@@ -21,6 +21,9 @@ TRAIN_MODULE = "eks_ddp_trainer.train"
 SHARED_ROOT = "/shared"
 DATA_SUBDIR = "data"
 RUNS_SUBDIR = "runs"
+LOGS_SUBDIR = "logs"
+"""Where the launcher keeps every agent's and worker's output in a run's directory (training/runtime/runlogs.py
+``LOGS_SUBDIR``, mirrored: the library never imports the runtime; tests/test_run_logs.py keeps them equal)."""
 
 
 @dataclass(frozen=True, kw_only=True)
