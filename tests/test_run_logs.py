@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -21,11 +22,18 @@ from pathlib import Path
 
 import pytest
 from eks_ddp_runtime import runlogs
+from eks_ddp_runtime.procs import alive
 
 from tests.etcd_server import trainer_env
 from tests.util import ROOT
 
 FAIL_RANK = ROOT / "tests" / "fixtures" / "logs" / "fail_rank.py"
+
+
+def test_the_library_names_the_runtimes_logs_folder():
+    from eks_ddp.core.torchrun import LOGS_SUBDIR
+
+    assert LOGS_SUBDIR == runlogs.LOGS_SUBDIR
 
 
 def test_a_capped_file_rotates_with_a_note_and_keeps_the_newest_output(tmp_path):
@@ -106,3 +114,44 @@ def test_a_launcher_with_fresh_worker_processes_keeps_their_output(tmp_path):
     assert records[1]["last_lines"][-1] == "[user] rank 1 last words on stderr"
     assert json.loads((pod / runlogs.EXIT_RECORD).read_text())["exit_code"] == 1
     assert "failed (exitcode: -9)" in (pod / runlogs.AGENT_LOG).read_text()  # torch's own record too
+
+
+def _status(target: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "eks_ddp.tooling.runs", "status", str(target)], cwd=target.parent,
+                          env=trainer_env(), capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_status_names_the_killed_rank_from_the_kept_logs_after_every_process_is_gone(tmp_path):
+    env = trainer_env()
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "eks_ddp_local", "--out", str(tmp_path / "out"), "--timeout", "120",
+                           "--agents", "1", "--nproc-per-node", "2", "--max-restarts", "0",
+                           "--script", str(FAIL_RANK), "--", "kill"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=200, stdin=subprocess.DEVNULL)
+    took = time.monotonic() - started
+    assert proc.returncode == 1, (proc.stdout + proc.stderr)[-4000:]
+    [run_dir] = (tmp_path / "out").iterdir()
+    pids = json.loads((run_dir / "pids.json").read_text())
+    started_pids = [pids["runner"], *pids["agents"], *pids["workers"], *pids["etcd"]]
+    assert pids["agents"] and pids["etcd"]
+    assert [p for p in started_pids if alive(p)] == []  # the run's processes are all gone
+
+    status = _status(run_dir)
+    out = status.stdout
+    assert status.returncode == 1, out + status.stderr
+    assert f"run {run_dir.name}: failed" in out
+    assert "cause: rank 1 (pod agent0, local rank 1, round 0) was killed by SIGKILL (exit code -9)" in out
+    assert "last lines of rank 1 (logs/agent0/rank-1.log):" in out
+    assert "  | [user] rank 1 step 2\n  | [user] rank 1 last words on stderr" in out
+    assert "agent0 exited 1 (fault budget spent (--max-restarts=0))" in out
+    print(f"local run with a killed worker: {took:.1f} s")
+
+    # Negative control: the same run without its kept logs names no cause, it says they are missing.
+    shutil.rmtree(run_dir / "logs")
+    status = _status(run_dir)
+    assert status.returncode == 1, status.stdout + status.stderr
+    assert f"cause: unknown: the kept logs are missing ({run_dir / 'logs'}: no such folder)" in status.stdout
+    assert "SIGKILL" not in status.stdout and "rank 1" not in status.stdout
