@@ -1,4 +1,4 @@
-"""A12: the minimum Pulumi CLI is stated in the README and checked on a real `pulumi version` process."""
+"""A12: the minimum Pulumi CLI is stated in the README checklist and checked on a real `pulumi version` process."""
 
 from __future__ import annotations
 

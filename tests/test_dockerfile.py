@@ -404,7 +404,7 @@ UNPINNED_BASE_IMAGES = {
     "pytorch/pytorch:2.14.1-cuda12.6-cudnn9-runtime":
         "no published digest of this tag could be verified offline; the Dockerfile's header says how to add it",
 }
-"""Base images allowed by tag alone, each with its reason (README "Security defaults" lists them)."""
+"""Base images allowed by tag alone, each with its reason (docs/security.md "Supply chain" lists them)."""
 
 
 def test_buildkit_frontend_pinned_by_digest():

@@ -244,26 +244,44 @@ def test_cancel_runs_the_stacks_cancel_line(fake, capsys):
         ["pulumi", "config", "set", "--path", "job.state", "cancelled"]]
 
 
-def test_fetch_downloads_the_results_and_the_kept_logs(fake, tmp_path, monkeypatch, capsys):
-    moto = pytest.importorskip("moto")
-    import boto3
+SEEDED_S3 = """
+import json, os
+if os.environ.get("FAKE_S3_SEED"):  # moto's S3 in this process, holding the seed's objects
+    import boto3, moto
+    moto.mock_aws().start()
+    seed = json.load(open(os.environ["FAKE_S3_SEED"]))
+    s3 = boto3.client("s3", region_name="us-west-2")
+    s3.create_bucket(Bucket=seed["bucket"], CreateBucketConfiguration={"LocationConstraint": "us-west-2"})
+    for key, body in seed["objects"].items():
+        s3.put_object(Bucket=seed["bucket"], Key=key, Body=body.encode())
+"""
 
-    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}.items():
-        monkeypatch.setenv(k, v)
-    fake.scenario(job=FAILED_JOB, running=[])
+
+def test_fetch_downloads_the_results_and_the_kept_logs(fake, tmp_path, monkeypatch, capfd):
+    """``eks-ddp fetch`` runs the stack's fetchResults command as a process; moto's S3 is started in it."""
+    pytest.importorskip("moto")
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SEEDED_S3)
     url = fake.outputs["runs"]["run-1"]["fetchResults"].split()[1]
     bucket, prefix = url[len("s3://"):].split("/", 1)
-    with moto.mock_aws():
-        s3 = boto3.client("s3", region_name="us-west-2")
-        s3.create_bucket(Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": "us-west-2"})
-        metrics = {"accuracy": 0.5, "correct": 5, "total": 10, "per_class": {"a": 0.5}, "per_class_total": {"a": 10}}
-        s3.put_object(Bucket=bucket, Key=prefix + "metrics.json", Body=json.dumps(metrics).encode())
-        rc = cli.main(["fetch", "run-1", "--out", str(tmp_path / "got")])
-    out = capsys.readouterr().out
+    metrics = {"accuracy": 0.5, "correct": 5, "total": 10, "per_class": {"a": 0.5}, "per_class_total": {"a": 10}}
+    seed = tmp_path / "seed.json"
+    seed.write_text(json.dumps({"bucket": bucket, "objects": {prefix + "metrics.json": json.dumps(metrics)}}))
+    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "FAKE_S3_SEED": str(seed),
+                 "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}.items():
+        monkeypatch.setenv(k, v)
+    fake.scenario(job=FAILED_JOB, running=[])
+    rc = cli.main(["fetch", "run-1", "--out", str(tmp_path / "got")])
+    out = capfd.readouterr().out
     assert rc == 0, out
     assert json.loads((tmp_path / "got" / "metrics.json").read_text()) == metrics
     assert (tmp_path / "got" / "logs" / "pod-a" / "agent.log").exists()
-    assert f"[fetch] kept logs: {tmp_path / 'got' / 'logs'}" in out
+    assert f"[fetch] kept logs: {tmp_path / 'got' / 'logs'}" in out and "[fetch] 1 file(s) in" in out
+    # Control: nothing uploaded under the run's prefix: the same command fails and says so.
+    seed.write_text(json.dumps({"bucket": bucket, "objects": {}}))
+    assert cli.main(["fetch", "run-1", "--out", str(tmp_path / "got2")]) == 1
+    assert f"nothing under {url} yet" in capfd.readouterr().err
 
 
 def test_the_console_script_is_declared_and_imports_no_torch():

@@ -30,12 +30,6 @@ from tests.util import ROOT
 FAIL_RANK = ROOT / "tests" / "fixtures" / "logs" / "fail_rank.py"
 
 
-def test_the_library_names_the_runtimes_logs_folder():
-    from eks_ddp.core.torchrun import LOGS_SUBDIR
-
-    assert LOGS_SUBDIR == runlogs.LOGS_SUBDIR
-
-
 def test_a_capped_file_rotates_with_a_note_and_keeps_the_newest_output(tmp_path):
     f = runlogs.CappedFile(tmp_path / "rank-0.log", 4096)
     for i in range(200):  # 14.6 kB through a 4 kB cap

@@ -423,13 +423,12 @@ def test_aws_checks_catch_what_they_name():
         assert needle in AWS_CHECKS[name](bad), check
 
 
-# --- README "Security defaults" -------------------------------------------------------------------------------
+# --- docs/security.md --------------------------------------------------------------------------------------------
 
 def _security_section() -> str:
     from tests.util import ROOT
 
-    text = (ROOT / "README.md").read_text()
-    return text[text.index("## Security defaults"):text.index("## Stack config reference")]
+    return (ROOT / "docs" / "security.md").read_text()
 
 
 def test_cis_4_1_1_readme_names_the_creator_entry_and_its_removal():
@@ -450,6 +449,6 @@ def test_every_test_the_security_section_cites_exists():
     for file, name in cited:
         current = file or current
         assert current and re.search(rf"^def {name}\(", (ROOT / "tests" / current).read_text(), re.M), \
-            f"README cites {current}::{name}, which does not exist"
+            f"docs/security.md cites {current}::{name}, which does not exist"
     for name in set(re.findall(r"`(test_[a-z0-9_]+)`", section)) - {n for _, n in cited}:
         assert name in (ROOT / "tests" / "test_security_baselines.py").read_text(), name

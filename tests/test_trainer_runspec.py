@@ -1,6 +1,6 @@
 """A run spec changed under one run id (review 2026-11-24, K6): `pulumi up` replaces the Job and the new
 trainer starts on the same run directory. More (or fewer) epochs resume the run; another model or global
-batch is refused with a message that says to pick a new ``job.runId``, as the README states. Each trainer is
+batch is refused with a message that says to pick a new ``job.runId``, as docs/rendezvous.md states. Each trainer is
 a real process started with the flags the Job renders (components/core/torchrun.py TrainerOptions)."""
 
 from __future__ import annotations

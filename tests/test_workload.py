@@ -11,7 +11,7 @@ import pytest
 from eks_ddp.config import load_stack_config
 from eks_ddp.core import catalog
 from eks_ddp.core.torchrun import CLUSTER_TIMEOUTS, AgentOptions, TrainerOptions, job_command
-from eks_ddp.core.workload import FATAL_EXIT_CODES, Cifar10Data, Egress, S3Data, Workload, dataset_name
+from eks_ddp.core.workload import Cifar10Data, Egress, S3Data, Workload, dataset_name
 from eks_ddp.tooling.mocks import run_program
 
 from tests.test_elastic_job import ETCD, GPU_NODES, IMAGE, JOB, NETPOL, RDZV_TLS_SECRET, env_of, run_job, trainer
@@ -99,14 +99,6 @@ def test_s3_data_checks_its_uri_and_name():
     with pytest.raises(ValueError, match="data.name: got 'Wiki_1'"):
         S3Data(uri="s3://my-data/wiki/", name="Wiki_1")
     assert dataset_name("s3://my-data/corpora/Wiki_EN/") == "wiki-en" and dataset_name("s3://my-data/") == "my-data"
-
-
-def test_fatal_exit_codes_are_the_runtimes():
-    from eks_ddp.core.workload import FATAL_CODES_ENV
-    from eks_ddp_runtime import exitcodes
-
-    assert FATAL_EXIT_CODES == tuple(exitcodes.FATAL)
-    assert FATAL_CODES_ENV == exitcodes.FATAL_CODES_ENV
 
 
 # --- the bundled trainer renders exactly what it always did -----------------------------------------
@@ -339,10 +331,9 @@ def test_a_stage_role_trusting_another_service_account_fails_at_construction():
 
 
 def test_an_s3_data_set_is_verified_by_the_stage_and_every_training_pod_pinned_when_asked():
-    from eks_ddp.core.workload import DATA_VERIFY_ENV
     from eks_ddp_runtime import dataset
 
-    assert DATA_VERIFY_ENV == dataset.VERIFY_ENV and WIKI.verify == "manifest"
+    assert WIKI.verify == "manifest"
     pin = "ab" * 32
     pinned = S3Data(uri=WIKI.uri, name="wiki", sha256=pin)
     result = run_job(workload=custom(data=pinned), data_role_arn=DATA_ROLE)

@@ -101,24 +101,6 @@ ADDON_VERSIONS["1.33"] = {EFS_CSI_DRIVER: EFS_CSI_ADDON_VERSION_1_33, METRICS_SE
 """Kubernetes version -> EKS add-on -> pinned build, or None: EKS's default build for that version."""
 
 
-def addon_version(addon: str, kubernetes_version: str, *, opts=None):
-    """The build of an EKS add-on for a cluster version: the pin, else EKS's default build (an Output).
-
-    ``opts`` are the invoke options (parent) for the lookup. KeyError names an unknown version/add-on.
-    """
-    try:
-        pinned = ADDON_VERSIONS[kubernetes_version][addon]
-    except KeyError:
-        raise KeyError(f"no {addon} build known for Kubernetes {kubernetes_version}; "
-                       f"supported versions: {', '.join(sorted(ADDON_VERSIONS))}") from None
-    if pinned is not None:
-        return pinned
-    import pulumi_aws as aws  # here, so config validation imports this module without the AWS SDK
-
-    return aws.eks.get_addon_version_output(addon_name=addon, kubernetes_version=kubernetes_version,
-                                            most_recent=False, opts=opts).version
-
-
 def support_on(version: str, day: dt.date) -> Support:
     """Which EKS support phase ``version`` is in on ``day``."""
     r = CALENDAR[version]

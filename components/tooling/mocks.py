@@ -74,11 +74,13 @@ class RecordingMocks(pulumi.runtime.Mocks):
         """CloudWatch log groups that already exist in the account (``getLogGroups`` answers from it)."""
         self.log_group_tags: dict[str, dict[str, str]] = {}
         """Tags of those log groups by name (``getLogGroup`` answers from it)."""
-        self._lock = threading.Lock()
+        self.subnet_zones: dict[str, str] = {}
+        """Zone of each existing subnet the program looked up (the fake cloud hands zones out in lookup order)."""
+        self.lock = threading.Lock()
 
     # -- resources ---------------------------------------------------------------------------
     def new_resource(self, args: _mocks.MockResourceArgs) -> tuple[str | None, dict]:
-        with self._lock:
+        with self.lock:
             self.inputs[(args.typ, args.name)] = dict(args.inputs)
         state = dict(args.inputs)
         rid = f"{args.name}-id"
@@ -95,7 +97,7 @@ class RecordingMocks(pulumi.runtime.Mocks):
 
     # -- invokes -----------------------------------------------------------------------------
     def call(self, args: _mocks.MockCallArgs) -> tuple[dict, list | None]:
-        with self._lock:
+        with self.lock:
             self.calls.append((args.token, dict(args.args)))
         handler = _INVOKES.get(args.token)
         if handler is None:
@@ -130,7 +132,7 @@ class _RecordingMonitor(_mocks.MockMonitor):
 
     def Invoke(self, request):  # noqa: N802 (gRPC method name)
         if request.tok == "pulumi:pulumi:getResource":  # rehydrating a resource reference: recorded for tests
-            with self.mocks._lock:
+            with self.mocks.lock:
                 self.mocks.calls.append((request.tok, {}))
         return super().Invoke(request)
 

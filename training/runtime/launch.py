@@ -42,6 +42,7 @@ from torch.distributed.elastic.rendezvous.api import RendezvousClosedError
 from torch.distributed.launcher import api as launcher_api
 
 from . import dataset, rendezvous, runlogs
+from .contract import RUN_DIR_ENV
 from .exitcodes import BAD_INPUT, fatal_codes
 from .keptlogs import KeptLogs, RunLogsSpecs, open_kept_logs
 from .rdzv_store import RendezvousConfigError
@@ -194,8 +195,6 @@ FINAL_MARKER = runlogs.FINAL_MARKER
 agent of the same run with the same command exits 0 at once: a Job created again for a finished run (deleted by
 hand, or replaced under the same name) never trains it a second time. Another command (``--epochs=30`` after 20)
 runs, so a finished run can still be extended."""
-RUN_DIR_ENV = "EKS_DDP_RUN_DIR"
-"""The run's directory (components/core/workload.py sets it in the Job); unset: no marker is read or written."""
 
 
 def _final_marker() -> str | None:

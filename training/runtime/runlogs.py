@@ -17,7 +17,7 @@ Each log file is capped at ``EKS_DDP_LOG_MAX_BYTES`` (default 32 MiB): past it t
 (replacing an older one) and a new one starts with a line saying so, so a rank keeps at most about twice the cap,
 its newest output included. Files are fsync'd when a worker fails and when the agent exits.
 
-Stdlib only: the ``eks-ddp`` command (components/tooling/runs.py) reads these files on a machine without torch.
+Stdlib only: the ``eks-ddp`` command (components/tooling/runs/) reads these files on a machine without torch.
 """
 
 from __future__ import annotations
@@ -36,9 +36,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from .contract import LOGS_SUBDIR, RUN_DIR_ENV
+
 FINAL_MARKER = "eks-ddp-final.json"
 """The launcher's record that the run finished (launch.py): in the run's directory, beside ``logs/``."""
-LOGS_SUBDIR = "logs"
 AGENT_LOG = "agent.log"
 FAILURES = "failures.jsonl"
 EXIT_RECORD = "exit.json"
@@ -56,7 +57,6 @@ WORKER_STDERR_ENV = "EKS_DDP_WORKER_STDERR"
 """A forked worker's FIFOs (keptlogs.py ``RunLogsSpecs``), put on its fd 1 and 2 by :func:`redirect_worker`."""
 TAIL_LINES = 20
 """Lines of a failed worker's output kept in its failure record."""
-_RUN_DIR_ENV = "EKS_DDP_RUN_DIR"
 _READ = 1 << 16
 _MAX_PARTIAL = 1 << 16
 """A line longer than this (a progress bar redrawn with carriage returns) is written out in pieces."""
@@ -71,8 +71,8 @@ def log_root(environ: Mapping[str, str] = os.environ) -> Path | None:
     """The run's log directory, or None when the agent has no run directory (nothing is kept)."""
     if environ.get(LOG_DIR_ENV):
         return Path(environ[LOG_DIR_ENV])
-    if environ.get(_RUN_DIR_ENV):
-        return Path(environ[_RUN_DIR_ENV]) / LOGS_SUBDIR
+    if environ.get(RUN_DIR_ENV):
+        return Path(environ[RUN_DIR_ENV]) / LOGS_SUBDIR
     return None
 
 

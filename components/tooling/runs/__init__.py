@@ -13,7 +13,7 @@ cluster run's Job status is asked of kubectl while the Job exists, and its kept 
 ``results/<runId>/logs`` (``--cache``) off the run's shared volume.
 
 Exit status: 0 (for ``status``: succeeded, running or cancelled), 1 a failed run or a failed command, 2 a usage
-error or an unknown run (the known ones are listed). Imports neither torch nor Pulumi.
+error or an unknown run (the known ones are listed). Imports no torch.
 """
 
 from __future__ import annotations
@@ -198,11 +198,9 @@ def cmd_fetch(o: argparse.Namespace) -> int:
     if isinstance(run, Path):
         print(f"run {run.name}: a local run; its files are in {run.resolve()}")
         return 0
-    from eks_ddp_local import fetch_results
-
     out = o.out or cache_dir(o, run)
     missing = cluster.fetch_logs(run, out, _say)
-    print(f"[fetch] kept logs: {'missing (' + missing + ')' if missing else out / 'logs'}")
+    print(f"[fetch] kept logs: {'missing (' + missing + ')' if missing else out / 'logs'}", flush=True)
     line = shlex.split(str(run.entry.get("fetchResults") or ""))
     if not line:
         raise CliError(f"runs.{run.run_id}.fetchResults: missing from the stack's outputs")
@@ -210,8 +208,10 @@ def cmd_fetch(o: argparse.Namespace) -> int:
     if "--out" in args:
         i = args.index("--out")
         del args[i:i + 2]
-    code = fetch_results.main([*args, "--out", str(out)])
-    return code if not missing else 1
+    # The stack's own fetchResults command (eks_ddp_local/fetch_results.py: the results, the table, the curve),
+    # run as a process: the library never imports the local runner (pyproject's import contracts).
+    code = subprocess.call([sys.executable, "-m", "eks_ddp_local.fetch_results", *args, "--out", str(out)])
+    return code or (1 if missing else 0)
 
 
 def parser() -> argparse.ArgumentParser:

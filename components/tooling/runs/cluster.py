@@ -21,7 +21,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from eks_ddp_runtime.runlogs import FINAL_MARKER, LOGS_SUBDIR
+from eks_ddp_runtime.contract import LOGS_SUBDIR
+from eks_ddp_runtime.runlogs import FINAL_MARKER
 
 TRAINER_UID = 1000
 """The uid the training pods run as (components/workloads/elastic_job/pods.py ``TRAINER_UID``), so the reader

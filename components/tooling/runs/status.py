@@ -16,12 +16,12 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from eks_ddp_runtime.contract import LOGS_SUBDIR
 from eks_ddp_runtime.runlogs import (
     AGENT_LOG,
     EXIT_RECORD,
     FAILURES,
     FINAL_MARKER,
-    LOGS_SUBDIR,
     rank_log,
     read_records,
     tail_file,
