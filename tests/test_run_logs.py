@@ -88,6 +88,25 @@ def test_worker_output_reaches_the_rank_file_and_the_console_line_by_line(tmp_pa
     assert not logs.fifo_dir.exists()
 
 
+def test_torchruns_own_log_flags_keep_torchs_behaviour(tmp_path):
+    from types import SimpleNamespace
+
+    from eks_ddp_runtime.keptlogs import KeptLogs, RunLogsSpecs
+
+    kept = KeptLogs(tmp_path / "pod-a", 1 << 20)
+    try:
+        config = SimpleNamespace(logs_specs="torch's")
+        kept.install(config, SimpleNamespace(log_dir=None, redirects="0", tee="3", local_ranks_filter="",
+                                             logs_specs=None))
+        assert config.logs_specs == "torch's" and kept.workers is None  # --tee 3: the user's choice stands
+        kept.install(config, SimpleNamespace(log_dir=None, redirects="0", tee="0", local_ranks_filter="",
+                                             logs_specs=None))
+        assert isinstance(config.logs_specs, RunLogsSpecs)  # control: the defaults get the kept logs
+    finally:
+        kept.close(0, "test")
+    assert json.loads((tmp_path / "pod-a" / runlogs.EXIT_RECORD).read_text())["reason"] == "test"
+
+
 def _agent(run_dir: Path, pod: str, *extra_env: tuple[str, str]) -> subprocess.CompletedProcess[str]:
     env = trainer_env({"EKS_DDP_RUN_DIR": str(run_dir), "HOSTNAME": pod, **dict(extra_env)})
     return subprocess.run([sys.executable, "-m", "eks_ddp_runtime.launch", "--standalone", "--nproc-per-node=2",
@@ -141,6 +160,7 @@ def test_status_names_the_killed_rank_from_the_kept_logs_after_every_process_is_
     assert "last lines of rank 1 (logs/agent0/rank-1.log):" in out
     assert "  | [user] rank 1 step 2\n  | [user] rank 1 last words on stderr" in out
     assert "agent0 exited 1 (fault budget spent (--max-restarts=0))" in out
+    assert "failed (exitcode: -9)" in (run_dir / "logs" / "agent0" / runlogs.AGENT_LOG).read_text()  # torch's record
     print(f"local run with a killed worker: {took:.1f} s")
 
     # Negative control: the same run without its kept logs names no cause, it says they are missing.

@@ -109,8 +109,9 @@ class Agent(LocalElasticAgent):
 
     def _start_workers(self, worker_group: WorkerGroup):
         settle(self)  # the first start waits for the zygote's probe (workers.py)
-        if isinstance(self._logs_specs, RunLogsSpecs):  # fresh processes get their FIFOs from torch, forks by env
-            self._logs_specs.forked = not isinstance(worker_group.spec.entrypoint, str)
+        specs = getattr(self, "_logs_specs", None)
+        if isinstance(specs, RunLogsSpecs):  # fresh processes get their FIFOs from torch, forked ones by env
+            specs.forked = not isinstance(worker_group.spec.entrypoint, str)
         return super()._start_workers(worker_group)
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:

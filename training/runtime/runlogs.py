@@ -368,7 +368,10 @@ class WorkerLogs:
             self._emit(s, data)
 
     def _emit(self, s: _Stream, data: bytes) -> None:
-        s.sink.lines(data)
+        try:
+            s.sink.lines(data)
+        except Exception as e:  # noqa: BLE001  (the reader must go on: a worker blocks on a full FIFO otherwise)
+            s.sink.file.error = OSError(f"keeping the output failed: {e!r}")
         if self.echo:
             try:
                 _write_all(s.echo_fd, data)
