@@ -122,6 +122,13 @@ def test_logs_prints_one_rank_and_names_the_ranks_there_for_a_wrong_one(tmp_path
     assert "--rank: got 7; expected a rank with a log in" in capsys.readouterr().err
 
 
+def test_follow_on_a_run_no_runner_runs_prints_once_and_returns(tmp_path, capsys):
+    run = failed_run(tmp_path / "run-9")
+    assert cli.main(["logs", str(run), "--follow", "--tail", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("==> ") == 4 and "RuntimeError: Connection reset" in out and "step 40" not in out
+
+
 # --- cluster runs -------------------------------------------------------------------------------------
 @pytest.fixture
 def fake(tmp_path, monkeypatch, dev_result):
