@@ -69,9 +69,11 @@ def workload_of(run: RunConfig) -> Workload:
 
 
 def run_outputs(j: ElasticJob, run_id: str, key: str) -> pulumi.Output:
-    """Shell lines for one run: follow its log, its Job's status, cancel it, fetch its results."""
-    return pulumi.Output.all(j.follow_command, namespace.metadata.name, run_url(run_id)).apply(lambda v: {
+    """Shell lines for one run: follow its log, its Job's status, cancel it, fetch its results; where its logs are
+    kept after the pods are gone (``eks-ddp status|logs|cancel|fetch <runId>`` reads this entry)."""
+    return pulumi.Output.all(j.follow_command, namespace.metadata.name, run_url(run_id), j.logs_location).apply(lambda v: {
         "follow": v[0],
+        "logs": v[3],
         "status": f"kubectl -n {v[1]} get job {j.job_name} -o wide",
         # Suspending stops the pods at once (no `up` needed) and the Job ignores spec.suspend, so no `up` resumes
         # it; the key makes it final: the next `up` removes the Job. Checkpoints stay; state run resumes.

@@ -14,7 +14,7 @@ from eks_ddp.tooling.contracts.iam_policy import ALLOW, Request, evaluate
 from eks_ddp.tooling.mocks import RecordingMocks, run_program
 from eks_ddp.tooling.plan import render_manifests
 
-from tests.util import run, set_path, stack_config
+from tests.support.util import run, set_path, stack_config
 
 ADDON = "aws:eks/addon:Addon"
 LOG_GROUP = "aws:cloudwatch/logGroup:LogGroup"
