@@ -41,6 +41,7 @@ from eks_ddp.config import (
 )
 from eks_ddp.core.rules import partition as rules_partition
 from eks_ddp.core.workload import Egress, S3Data, Workload, cifar10_workload, dataset_name
+from eks_ddp.infra.efs import EfsLifecycle
 from eks_ddp.infra.network import standard_zones
 from eks_ddp.infra.results import run_prefix
 from eks_ddp.infra.scan_gate import STACK_SETTING
@@ -122,6 +123,7 @@ cluster = EksCluster("cluster", EksClusterArgs(
     public_subnet_ids=network.public_subnet_ids,
     private_subnet_ids=network.private_subnet_ids,
     kubernetes_version=cfg.cluster.kubernetes_version,
+    ami_release_version=cfg.cluster.ami_release_version,
     upgrade_policy=cfg.cluster.upgrade_policy,
     public_access_cidrs=cfg.cluster.public_access_cidrs,
     endpoint_public_access=cfg.cluster.endpoint_public_access,
@@ -156,6 +158,9 @@ gpu_groups = [
         root_volume_gib=g.root_volume_gib,
         spot_instance_types=g.spot_instance_types,
         kubernetes_version=cfg.cluster.kubernetes_version,
+        release_version=cfg.cluster.ami_release_version,
+        local_storage=g.local_storage,
+        capacity_block_window=g.capacity_block_window,
     ), opts=pulumi.ResourceOptions(depends_on=[cluster]))
     for g in cfg.node_groups
 ]
@@ -203,6 +208,7 @@ storage = EfsStore("storage", EfsStoreArgs(
     retain_on_destroy=cfg.storage.retain_on_destroy,
     file_system_id=cfg.storage.file_system_id,
     kubernetes_version=cfg.cluster.kubernetes_version,
+    lifecycle=EfsLifecycle(**cfg.storage.efs_transitions),
 ), opts=pulumi.ResourceOptions(providers={"kubernetes": k8s_provider}, depends_on=[cluster]))
 
 image = TrainerImage("trainer-image", TrainerImageArgs(
