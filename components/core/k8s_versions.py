@@ -87,7 +87,12 @@ DEFAULT_SUPPORT_TYPE: SupportType = "STANDARD"
 EFS_CSI_DRIVER = "aws-efs-csi-driver"
 METRICS_SERVER = "metrics-server"
 COREDNS = "coredns"
+FSX_CSI_DRIVER = "aws-fsx-csi-driver"
+"""The FSx for Lustre CSI driver's EKS add-on (``storage.backend: fsxLustre``): EKS's default build per version."""
 EKS_ADDONS = (EFS_CSI_DRIVER, METRICS_SERVER, COREDNS)
+"""The add-ons of every stack."""
+OPTIONAL_ADDONS = (FSX_CSI_DRIVER,)
+"""Add-ons only some stacks install (each has a build entry per version, like :data:`EKS_ADDONS`)."""
 
 EFS_CSI_ADDON_VERSION_1_33 = "v2.1.10-eksbuild.1"
 """aws-efs-csi-driver build listed for Kubernetes 1.33 (``aws eks describe-addon-versions --kubernetes-version 1.33``)."""
@@ -95,10 +100,11 @@ METRICS_SERVER_ADDON_VERSION_1_33 = "v0.8.0-eksbuild.2"
 """metrics-server build listed for Kubernetes 1.33 (same source)."""
 
 ADDON_VERSIONS: dict[str, dict[str, str | None]] = {
-    version: {EFS_CSI_DRIVER: None, METRICS_SERVER: None, COREDNS: None} for version in ("1.32", "1.34", "1.35", "1.36")
+    version: {EFS_CSI_DRIVER: None, METRICS_SERVER: None, COREDNS: None, FSX_CSI_DRIVER: None}
+    for version in ("1.32", "1.34", "1.35", "1.36")
 }
 ADDON_VERSIONS["1.33"] = {EFS_CSI_DRIVER: EFS_CSI_ADDON_VERSION_1_33, METRICS_SERVER: METRICS_SERVER_ADDON_VERSION_1_33,
-                          COREDNS: None}
+                          COREDNS: None, FSX_CSI_DRIVER: None}
 """Kubernetes version -> EKS add-on -> pinned build, or None: EKS's default build for that version."""
 
 
