@@ -225,3 +225,13 @@ def test_the_storage_manifests_pass_the_strict_schema(view):
     assert len(mine) >= 12
     for doc in mine:
         validate(doc, "1.35", strict=True)
+
+
+def test_the_exported_cost_estimate_shows_the_backend_and_the_reservation(fsx_result):
+    est = fsx_result.outputs["costEstimate"]
+    names = [i["name"] for i in est["line_items"]]
+    assert "FSx for Lustre PERSISTENT_2 (2400 GiB at 500 MB/s/TiB)" in names
+    assert not any(n.startswith("EFS") for n in names)
+    [res] = [i for i in est["line_items"] if "cr-0123456789abcdef0" in i["name"]]
+    assert res["idle_per_hour"] > 50 and est["idle_per_hour"] > 55  # the reservation, whether nodes run or not
+    assert any(i["name"].startswith("kept FSx for Lustre") for i in est["after_destroy"])
