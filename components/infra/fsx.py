@@ -42,6 +42,7 @@ import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 from eks_ddp.core import k8s_versions, rules
 from eks_ddp.core import storage as storage_rules
+from eks_ddp.infra.addon_version import addon_version
 from eks_ddp.infra.efs import TRAINER_GID, TRAINER_UID, irsa_trust_policy
 
 FSX_CSI_DRIVER = "fsx.csi.aws.com"
@@ -192,7 +193,7 @@ class FsxLustreStore(pulumi.ComponentResource):
         policy = aws.iam.RolePolicy(f"{name}-fsx-csi", role=role.id, policy=json.dumps(driver_policy()), opts=child)
         addon = aws.eks.Addon(
             f"{name}-fsx-csi-driver", cluster_name=args.cluster_name, addon_name=k8s_versions.FSX_CSI_DRIVER,
-            addon_version=k8s_versions.addon_version(k8s_versions.FSX_CSI_DRIVER, args.kubernetes_version,
+            addon_version=addon_version(k8s_versions.FSX_CSI_DRIVER, args.kubernetes_version,
                                                      opts=pulumi.InvokeOptions(parent=self)),
             service_account_role_arn=role.arn, resolve_conflicts_on_create="OVERWRITE",
             resolve_conflicts_on_update="PRESERVE", tags=tags,
