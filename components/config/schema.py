@@ -8,6 +8,7 @@ checks are ``checks.py``; ``__init__.py`` ties them together (``load_stack_confi
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -108,6 +109,12 @@ class ClusterConfig:
         "pulumi config set --path cluster.ownerId $(python3 -c 'import uuid; print(uuid.uuid4().hex)').",
         default=None)
 
+    # --- node AMI ---
+    ami_release_version: str | None = _doc(
+        "EKS AMI release of every node group (e.g. 1.35.6-20260714): nodes launched later boot this release, not "
+        "a newer one. Default: the release pinned for kubernetesVersion (docs/capacity-and-cost.md says how to bump it).",
+        default=None)
+
 
 @dataclass(frozen=True, kw_only=True)
 class NodeGroupConfig:
@@ -134,9 +141,28 @@ class NodeGroupConfig:
         "More types a spot group may launch (fewer interruptions): catalog types with the same GPU count "
         "and model as instanceType.", default=())
 
+    # --- node storage and capacity-block window ---
+    local_storage: str = _doc(
+        "'RAID0': the type's NVMe instance store (where it has one) as one RAID0 array under the kubelet and "
+        "containerd (images, emptyDir scratch); 'none': everything on the root volume.", default="RAID0")
+    capacity_block_start: str | None = _doc(
+        "With capacityType 'capacityBlock': the block's start, UTC (e.g. 2026-12-01T11:30:00Z). Until then no run "
+        "may ask for the group's nodes; preflight compares it with the block.", default=None)
+    capacity_block_end: str | None = _doc(
+        "With capacityType 'capacityBlock': the block's end, UTC. A scheduled action scales the group to zero "
+        "an hour before it (EC2 reclaims the instances 30 minutes before the end).", default=None)
+
     @property
     def instance(self) -> catalog.InstanceType:
         return catalog.lookup(self.instance_type)
+
+    @property
+    def capacity_block_window(self) -> tuple[dt.datetime, dt.datetime] | None:
+        """(start, end) of the capacity block, UTC, when both are set (checked in config/checks.py)."""
+        if self.capacity_block_start is None or self.capacity_block_end is None:
+            return None
+        utc = lambda t: dt.datetime.fromisoformat(t.replace("Z", "+00:00"))  # noqa: E731
+        return utc(self.capacity_block_start), utc(self.capacity_block_end)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -155,6 +181,33 @@ class StorageConfig:
         "With resultsBucket: the KMS key (ARN) the bucket encrypts with by default (the earlier stack's results "
         "kmsKeyArn output); the uploaders may use it. Preflight refuses an SSE-KMS bucket whose key differs.",
         default=None)
+
+    # --- backend, FSx for Lustre, EFS lifecycle ---
+    backend: str = _doc(
+        "'efs' (elastic, pay per GB written; small stacks) or 'fsxLustre' (FSx for Lustre PERSISTENT_2 in the "
+        "nodes' zone, provisioned throughput; p4de-scale checkpoints). Pods see /shared/data and "
+        "/shared/runs/<runId> either way.", default="efs")
+    fsx_storage_capacity_gib: int = _doc(
+        "fsxLustre: capacity in GiB (1200, or a multiple of 2400); billed whether used or not.", default=1200,
+        key="fsxStorageCapacityGiB")
+    fsx_throughput_per_tib: int = _doc(
+        "fsxLustre: MB/s per TiB of capacity (125, 250, 500 or 1000): 1200 GiB at 250 gives ~290 MB/s.",
+        default=250, key="fsxThroughputPerTiB")
+    efs_transition_to_ia: str = _doc(
+        "efs: files not read for this long move to Infrequent Access (AFTER_1_DAY ... AFTER_365_DAYS, or none).",
+        default="AFTER_30_DAYS", key="efsTransitionToIA")
+    efs_transition_to_archive: str = _doc(
+        "efs: ... and to Archive (later than efsTransitionToIA, or none).", default="AFTER_90_DAYS")
+    efs_transition_to_primary: str = _doc(
+        "efs: a file read from IA or Archive moves back to Standard: AFTER_1_ACCESS, or none.",
+        default="AFTER_1_ACCESS")
+
+    @property
+    def efs_transitions(self) -> dict[str, str | None]:
+        """The EFS lifecycle (``EfsLifecycle``'s fields: to IA, to Archive, back to primary), None where 'none'."""
+        values = (self.efs_transition_to_ia, self.efs_transition_to_archive, self.efs_transition_to_primary)
+        names = ("transition_to_ia", "transition_to_archive", "transition_to_primary_storage_class")
+        return {n: None if v.lower() == "none" else v for n, v in zip(names, values, strict=True)}
 
 
 @dataclass(frozen=True, kw_only=True)

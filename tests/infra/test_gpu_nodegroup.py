@@ -251,7 +251,26 @@ def test_efa_memlock_survives_nodeadms_float64_merge_and_containerds_uint64_deco
     assert MEMLOCK_BYTES >= 2**50  # a petabyte: unlimited for any instance's memory
     assert limits["RLIMIT_NOFILE"] == {"hard": 1048576, "soft": 65536}
     plain, _ = _run(BASE)
-    assert "userData" not in plain.one(LT).inputs
+    assert all("containerd" not in d["spec"] for d in node_configs(plain.one(LT).inputs["userData"]))
+
+
+def test_instance_store_becomes_raid0_for_images_and_scratch_where_the_type_has_one(monkeypatch):
+    # Review B17: p4de's 8 x 1 TB NVMe and g4dn's 125 GB sat unused; images were extracted onto gp3.
+    for args in (BASE, EFA):
+        result, _ = _run(args)
+        docs = node_configs(result.one(LT).inputs["userData"])
+        assert len(docs) == 1 and docs[0]["apiVersion"] == "node.eks.aws/v1alpha1", docs
+        assert docs[0]["spec"]["instance"] == {"localStorage": {"strategy": "RAID0"}}
+        assert ("containerd" in docs[0]["spec"]) is args.efa  # the EFA memlock stays EFA-only
+    # Negative controls: opted out, or a type the catalog knows no instance store for: no user data at all.
+    result, _ = _run(dataclasses.replace(BASE, local_storage="none"))
+    assert "userData" not in result.one(LT).inputs
+    monkeypatch.setitem(catalog.CATALOG, "g4dn.xlarge",
+                        dataclasses.replace(catalog.CATALOG["g4dn.xlarge"], local_nvme_gb=0))
+    result, _ = _run(BASE)
+    assert "userData" not in result.one(LT).inputs
+    with pytest.raises(ValueError, match="local_storage: got 'RAID10'; expected 'RAID0' or 'none'"):
+        _run(dataclasses.replace(BASE, local_storage="RAID10"))
 
 
 def test_every_number_in_the_user_data_survives_the_float64_round_trip_exactly():
