@@ -190,17 +190,18 @@ def item_a(tmp: Path, env: dict[str, str], gpus: int) -> dict[str, Any]:
     """The real launcher, cluster flags, real etcd; SIGKILL one worker; recovery seconds and work redone."""
     tr = torchrun_command()
     from eks_ddp_local.etcd import start_etcd
+    from eks_ddp_trainer.config import TrainerConfig
     from eks_ddp_trainer.data import write_synthetic_cifar
 
     on_gpu = gpus > 0
     agents = min(gpus, 2) if on_gpu else 1
     n_train = 20_000 if on_gpu else 480
     write_synthetic_cifar(tmp / "data-a", n_train=n_train, n_test=500, seed=0)
-    trainer = (tr.TrainerOptions(data_dir=str(tmp / "data-a"), run_dir=str(tmp / "run-a"), epochs=50, log_every=1,
-                                 checkpoint_every=50, min_steps=0) if on_gpu else
-               tr.TrainerOptions(data_dir=str(tmp / "data-a"), run_dir=str(tmp / "run-a"), epochs=50,
-                                 global_batch_size=16, bn_group=8, min_steps=0, width=8, log_every=1,
-                                 checkpoint_every=5))
+    trainer = (TrainerConfig(data_dir=str(tmp / "data-a"), run_dir=str(tmp / "run-a"), epochs=50, log_every=1,
+                              checkpoint_every=50, min_steps=0) if on_gpu else
+               TrainerConfig(data_dir=str(tmp / "data-a"), run_dir=str(tmp / "run-a"), epochs=50,
+                              global_batch_size=16, bn_group=8, min_steps=0, width=8, log_every=1,
+                              checkpoint_every=5))
     procs: list[subprocess.Popen] = []
 
     def logs() -> str:

@@ -22,11 +22,12 @@ import time
 from pathlib import Path
 
 import pytest
-from eks_ddp.core.torchrun import AGENT_ENV, LOCAL_TIMEOUTS, AgentOptions, RdzvTls, TrainerOptions, job_command
+from eks_ddp.core.torchrun import AGENT_ENV, LOCAL_TIMEOUTS, AgentOptions, RdzvTls, job_command
 from eks_ddp_local import cli as local
 from eks_ddp_local.progress import Progress, parse_record
 from eks_ddp_runtime import procs
 from eks_ddp_runtime.procs import alive, descendants, listening
+from eks_ddp_trainer.config import TrainerConfig
 from eks_ddp_trainer.plot import metrics_table, plot_history, read_history, read_test_accuracy
 
 from tests.util import ROOT
@@ -118,9 +119,9 @@ def test_agents_run_the_cluster_command(tmp_path):
                      rdzv_endpoint="127.0.0.1:2379", rdzv_id=job.run_id, max_restarts=opts.max_restarts,
                      timeouts=LOCAL_TIMEOUTS, local_addr="127.0.0.1",
                      tls=RdzvTls(ca_cert=str(tls.ca_cert), cert=str(tls.client_cert), key=str(tls.client_key))),
-        TrainerOptions(data_dir=str(tmp_path / "data"), run_dir=str(job.run_dir), epochs=2,
-                       global_batch_size=opts.global_batch_size, bn_group=opts.bn_group, width=opts.width,
-                       checkpoint_every=opts.checkpoint_every, log_every=opts.log_every), python=command[0])
+        TrainerConfig(data_dir=str(tmp_path / "data"), run_dir=str(job.run_dir), epochs=2,
+                      global_batch_size=opts.global_batch_size, bn_group=opts.bn_group, width=opts.width,
+                      checkpoint_every=opts.checkpoint_every, log_every=opts.log_every), python=command[0])
     assert command == expected
     env = job.agent_env()
     assert all(env[k] == v for k, v in AGENT_ENV.items())

@@ -16,6 +16,8 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from eks_ddp_trainer.config import MODELS  # the bundled trainer's own names: declared there once
+
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DNS_LABEL_MAX = 63
 EKS_CLUSTER_NAME = re.compile(r"^[0-9A-Za-z][A-Za-z0-9\-_]*$")
@@ -54,7 +56,6 @@ MIN_PUBLIC_PREFIX = 16
 #: Largest global batch the trainer accepts (CIFAR-10 has 50,000 training images).
 MAX_GLOBAL_BATCH = 65536
 
-MODELS = ("airnet", "resnet-small", "resnet18", "workshop-cnn")
 
 
 def _got(key: str, value: Any, expected: str) -> str:

@@ -20,7 +20,8 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
 from eks_ddp.core import rules
-from eks_ddp.core.torchrun import TRAIN_MODULE, TrainerOptions
+from eks_ddp.core.torchrun import TRAIN_MODULE
+from eks_ddp_trainer.config import TrainerConfig
 
 if TYPE_CHECKING:
     import pulumi
@@ -288,13 +289,12 @@ def dataset_name(uri: str) -> str:
 def cifar10_workload(*, epochs: int = 10, global_batch_size: int = 1024, model: str = "airnet",
                      learning_rate: float | None = None, compile: bool = False) -> Workload:
     """The bundled CIFAR-10 trainer (``-m eks_ddp_trainer.train``) with exactly the flags the stack has always run
-    (TrainerOptions), on the verified CIFAR-10 files, with the evaluation CronJob."""
+    (TrainerConfig), on the verified CIFAR-10 files, with the evaluation CronJob."""
     rules.require(rules.whole("epochs", epochs), rules.global_batch("global_batch_size", global_batch_size),
                   rules.model("model", model), rules.learning_rate("learning_rate", learning_rate),
                   None if isinstance(compile, bool) else f"compile: got {compile!r}; expected true or false")
-    trainer = TrainerOptions(data_dir=DATA_DIR_REF, run_dir=RUN_DIR_REF, epochs=epochs,
-                             global_batch_size=global_batch_size, model=model, learning_rate=learning_rate,
-                             compile=compile)
-    return Workload(name="cifar10", module=TRAIN_MODULE, args=tuple(trainer.args()), data=Cifar10Data(),
+    trainer = TrainerConfig(data_dir=DATA_DIR_REF, run_dir=RUN_DIR_REF, epochs=epochs,
+                            global_batch_size=global_batch_size, model=model, lr=learning_rate, compile=compile)
+    return Workload(name="cifar10", module=TRAIN_MODULE, args=tuple(trainer.flags()), data=Cifar10Data(),
                     evaluate=True)
 

@@ -22,7 +22,6 @@ from eks_ddp.core.torchrun import (
     LOCAL_TIMEOUTS,
     AgentOptions,
     RdzvTls,
-    TrainerOptions,
     job_command,
     module_command,
     script_command,
@@ -39,6 +38,7 @@ from eks_ddp_runtime.procs import (
     stop_agents,
     worker_pids,
 )
+from eks_ddp_trainer.config import TrainerConfig
 
 
 def _client_tls(endpoint: str) -> RdzvTls | None:
@@ -131,7 +131,7 @@ class LocalJob:
             return module_command(agent, self.o.module, list(self.o.user_args), python=sys.executable)
         if self.o.script:
             return script_command(agent, self.o.script, list(self.o.user_args), python=sys.executable)
-        trainer = TrainerOptions(
+        trainer = TrainerConfig(
             data_dir=str(data_dir), run_dir=str(self.run_dir), epochs=self.o.epochs,
             global_batch_size=self.o.global_batch_size, bn_group=self.o.bn_group,
             model=self.o.model, width=self.o.width, checkpoint_every=self.o.checkpoint_every,
