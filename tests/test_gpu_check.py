@@ -22,9 +22,10 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-HIDDEN = ("pulumi", "boto3", "botocore", "cryptography", "eks_ddp", "__editable__")
+HIDDEN = ("pulumi", "boto3", "botocore", "cryptography", "psutil", "eks_ddp", "__editable__")
 """Names (prefixes) of this venv's site-packages entries the GPU machines lack: Pulumi and its SDKs, boto3,
-cryptography, and this project's install (its dist-info and the editable install's import hook)."""
+cryptography, psutil (the bundle brings it: the check must work where the machine has none), and this project's
+install (its dist-info and the editable install's import hook)."""
 
 
 def _module(name: str):
@@ -78,7 +79,7 @@ def _clean_env() -> dict[str, str]:
 
 def test_the_simulated_interpreter_lacks_what_the_gpu_machines_lack(foreign_python, tree_copy):
     """The negative control of the simulation: nothing of the project nor Pulumi is importable there by itself."""
-    code = ("import importlib, torch\nfor n in ('eks_ddp_runtime', 'pulumi', 'boto3', 'cryptography', 'components'):\n"
+    code = ("import importlib, torch\nfor n in ('eks_ddp_runtime', 'pulumi', 'boto3', 'cryptography', 'psutil', 'components'):\n"
             "    try:\n        importlib.import_module(n); print('IMPORTABLE', n)\n"
             "    except ImportError:\n        print('missing', n)\n")
     out = subprocess.run([str(foreign_python), "-c", code], cwd=tree_copy / "bench", env=_clean_env(),
@@ -188,11 +189,24 @@ def test_img_s_after_lookahead_weights_windows_by_their_length():
         gpu_check.img_s_after(hist, 300)
 
 
+def test_the_bundle_refuses_a_package_compiled_for_this_python_only(tmp_path):
+    """Negative control of the stable-ABI check: a ``cpython-311`` extension would not load under Python 3.12."""
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "_ext.abi3.so").touch()
+    gpu_bundle.stable_abi_only(tmp_path / "pkg")
+    (tmp_path / "pkg" / "_ext.cpython-311-x86_64-linux-gnu.so").touch()
+    with pytest.raises(SystemExit, match="_ext.cpython-311-x86_64-linux-gnu.so"):
+        gpu_bundle.stable_abi_only(tmp_path / "pkg")
+
+
 def test_the_bundle_holds_python_etcd_and_a_runnable_etcd_under_64_mib(tmp_path):
     size = gpu_bundle.build(tmp_path / "b")
     assert size <= gpu_bundle.LIMIT_BYTES
     assert (tmp_path / "b" / "site" / "etcd" / "client.py").exists()
     assert (tmp_path / "b" / "fallback" / "urllib3" / "urllib3" / "__init__.py").exists()
+    # psutil's one compiled module is built against the stable ABI, so it loads under the GPU machines' 3.12 too.
+    assert [p.name for p in (tmp_path / "b" / "fallback" / "psutil" / "psutil").glob("*.so")] == [
+        "_psutil_linux.abi3.so"]
     version = subprocess.run([str(tmp_path / "b" / "bin" / "etcd"), "--version"], capture_output=True, text=True,
                              timeout=30)
     assert version.returncode == 0 and "etcd Version: 3.5" in version.stdout, version.stdout + version.stderr

