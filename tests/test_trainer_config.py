@@ -58,7 +58,7 @@ def test_model_names_are_declared_once():
 def test_help_comes_from_the_field_docstrings():
     text = train_args.build_parser().format_help()
     assert "directory containing cifar-10-batches-py" in " ".join(text.split())
-    assert "(default 1024)" in text
+    assert "(default 1024)" in text and "augmentation (default 0)" in " ".join(text.split())
 
 
 # A real process, with torch unimportable: the parser needs neither torch nor the trainer's modules.

@@ -60,7 +60,7 @@ class TrainerConfig:
     model: ModelName = field(default=DEFAULT_MODEL, metadata=_ALWAYS)
     """the network to train"""
     keep_checkpoints: int = field(default=3, metadata=_ALWAYS)
-    """checkpoints kept in --run-dir (the newest)"""
+    """checkpoints kept in --run-dir, the newest"""
     seed: int = field(default=0, metadata=_ALWAYS)
     """seed of the initial weights, the data order and the augmentation"""
     lr: float | None = None

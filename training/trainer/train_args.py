@@ -61,7 +61,7 @@ def build_parser(cls: type = TrainerConfig) -> argparse.ArgumentParser:
             kw.update(required=True)
         else:
             kw.update(default=f.default)
-            if f.default not in (None, False):
+            if f.default is not None and not isinstance(f.default, bool):
                 kw["help"] += " (default %(default)s)"
         p.add_argument("--" + f.name.replace("_", "-"), dest=f.name, **kw)
     return p
