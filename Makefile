@@ -33,8 +33,13 @@ $(SCAN_VENV)/.installed: pyproject.toml
 	$(SCAN_VENV)/bin/pip install --quiet $$($(PYTHON) -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml","rb"))["tool"]["eks-ddp"]["isolated-tools"]))')
 	touch $@
 
+# mypy reads each package from a folder of its import name ([tool.mypy] in pyproject.toml): links to the source folders.
+MYPY_NAMES := eks_ddp=components eks_ddp_runtime=training/runtime eks_ddp_trainer=training/trainer
 lint: install
 	$(BIN)/ruff check components training tests bench __main__.py
+	@mkdir -p .mypy_cache/import-names
+	@for pair in $(MYPY_NAMES); do ln -sfn "$(CURDIR)/$${pair#*=}" ".mypy_cache/import-names/$${pair%%=*}"; done
+	$(BIN)/mypy
 
 # Two pytest processes, one test file each at a time (--dist loadfile): a file's module fixtures are built once and
 # its timed fault cases (tests/test_resilience.py) never overlap each other. Most of a serial run waits on agents,
@@ -104,4 +109,4 @@ gpu-check-bundle: $(VENV)/.installed
 	$(BIN)/python bench/gpu_bundle.py .gpu-bundle --python-version $(GPU_PYTHON_VERSION)
 
 clean:
-	rm -rf $(VENV) $(SCAN_VENV) $(DEPLOY_VENV) $(COMPAT_VENV) plan-out demo-out gpu-check-out .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(SCAN_VENV) $(DEPLOY_VENV) $(COMPAT_VENV) plan-out demo-out gpu-check-out .pytest_cache .ruff_cache .mypy_cache

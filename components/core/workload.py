@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from eks_ddp.core import rules
 from eks_ddp.core.torchrun import TRAIN_MODULE
-from eks_ddp_trainer.config import TrainerConfig
+from eks_ddp_trainer.config import ModelName, TrainerConfig
 
 if TYPE_CHECKING:
     import pulumi
@@ -122,7 +122,7 @@ class Egress:
         if text == "https":
             return cls.internet(443)
         where, sep, rest = text.rpartition(":")
-        protocol = "TCP"
+        protocol: Literal["TCP", "UDP"] = "TCP"
         if rest.lower().endswith("/udp"):
             rest, protocol = rest[:-4], "UDP"
         try:
@@ -286,7 +286,7 @@ def dataset_name(uri: str) -> str:
     return label or "data"
 
 
-def cifar10_workload(*, epochs: int = 10, global_batch_size: int = 1024, model: str = "airnet",
+def cifar10_workload(*, epochs: int = 10, global_batch_size: int = 1024, model: ModelName = "airnet",
                      learning_rate: float | None = None, compile: bool = False) -> Workload:
     """The bundled CIFAR-10 trainer (``-m eks_ddp_trainer.train``) with exactly the flags the stack has always run
     (TrainerConfig), on the verified CIFAR-10 files, with the evaluation CronJob."""

@@ -15,6 +15,7 @@ import inspect
 import sys
 import types
 import typing
+from typing import Any, NoReturn
 
 from eks_ddp_runtime import exitcodes
 from eks_ddp_trainer.config import TrainerConfig
@@ -23,7 +24,7 @@ DESCRIPTION = "Elastic DDP training of a CIFAR-10 classifier; the torchrun targe
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         # argparse's own exit code 2 looks like any crash; a bad flag must not be retried.
         self.print_usage(sys.stderr)
         self.exit(exitcodes.CONFIG_ERROR, f"{self.prog}: error: {message}\n")
@@ -32,9 +33,10 @@ class _Parser(argparse.ArgumentParser):
 def field_docs(cls: type) -> dict[str, str]:
     """The docstring under each field of a dataclass (``{}`` when its source is not shipped)."""
     try:
-        body = ast.parse(inspect.getsource(cls)).body[0].body  # type: ignore[attr-defined]
+        tree = ast.parse(inspect.getsource(cls)).body[0]
     except (OSError, TypeError):
         return {}
+    body = tree.body if isinstance(tree, ast.ClassDef) else []
     docs = {}
     for node, after in zip(body, body[1:], strict=False):
         if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr) \
@@ -47,7 +49,7 @@ def build_parser(cls: type = TrainerConfig) -> argparse.ArgumentParser:
     p = _Parser(prog="torchrun ... -m eks_ddp_trainer.train", description=DESCRIPTION)
     docs, hints = field_docs(cls), typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
-        kind, kw = hints[f.name], {"help": docs.get(f.name, "").replace("%", "%%")}
+        kind, kw = hints[f.name], dict[str, Any](help=docs.get(f.name, "").replace("%", "%%"))
         args = [a for a in typing.get_args(kind) if a is not type(None)]
         if typing.get_origin(kind) in (typing.Union, types.UnionType):  # X | None: optional, default None
             kind, args = args[0], list(typing.get_args(args[0]))

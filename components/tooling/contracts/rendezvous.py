@@ -34,7 +34,7 @@ def pod_templates(view: PlanView) -> list[tuple[str, str, dict[str, Any]]]:
     for m in view.manifests:
         spec = m.get("spec") or {}
         template = {"Job": spec.get("template"), "Deployment": spec.get("template"),
-                    "CronJob": ((spec.get("jobTemplate") or {}).get("spec") or {}).get("template")}.get(m.get("kind"))
+                    "CronJob": ((spec.get("jobTemplate") or {}).get("spec") or {}).get("template")}.get(m.get("kind", ""))
         if template:
             meta = m.get("metadata") or {}
             out.append((f"{m['kind']}/{meta.get('name')}", meta.get("namespace", "default"), template))
