@@ -7,11 +7,11 @@ which returns a frozen, validated :class:`StackConfig` or raises
 Nothing here touches Pulumi, so it is importable and testable on its own.
 
 Keys are camelCase in YAML (``nodeGroups[0].instanceType``) and snake_case
-in Python. The README's "Config reference" table documents every key
-(``python -m eks_ddp.config`` prints it).
+in Python. The reference table in ``docs/configuration.md`` documents every key
+(``python -m eks_ddp.config`` prints it, ``--write`` rewrites it there).
 
-The pieces: ``config_schema.py`` (the dataclasses), ``config_reader.py`` (raw values to
-dataclasses), ``config_checks.py`` (cross-field checks), ``config_reference.py`` (the table).
+The pieces: ``schema.py`` (the dataclasses), ``reader.py`` (raw values to
+dataclasses), ``checks.py`` (cross-field checks), ``reference.py`` (the table).
 """
 
 from __future__ import annotations
@@ -239,7 +239,3 @@ def choose_zones(cfg: StackConfig, available: list[str]) -> list[str]:
             zones.append(z)
     return zones
 
-
-
-if __name__ == "__main__":
-    print(reference_table())

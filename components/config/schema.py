@@ -1,9 +1,9 @@
 """Stack configuration schema: the typed, frozen dataclasses a stack file becomes.
 
-One dataclass per top-level ``eks-ddp:*`` key; each field carries its documentation (the README's
-"Config reference" table is generated from it, see ``config_reference.py``) and, where not plain
-camelCase, its YAML key. Reading raw values into these is ``config_reader.py``; the cross-field
-checks are ``config_checks.py``; ``config.py`` ties them together (``load_stack_config``).
+One dataclass per top-level ``eks-ddp:*`` key; each field carries its documentation (the reference table
+of ``docs/configuration.md`` is generated from it, see ``reference.py``) and, where not plain
+camelCase, its YAML key. Reading raw values into these is ``reader.py``; the cross-field
+checks are ``checks.py``; ``__init__.py`` ties them together (``load_stack_config``).
 """
 
 from __future__ import annotations
@@ -180,7 +180,7 @@ class ImageConfig:
 class EtcdConfig:
     """``eks-ddp:etcd``: the rendezvous server."""
 
-    replicas: int = _doc("etcd members: 1 (the rendezvous store is one member; README 'Rendezvous store').",
+    replicas: int = _doc("etcd members: 1 (the rendezvous store is one member; docs/rendezvous.md).",
                          default=1)
 
 
@@ -207,7 +207,7 @@ class JobConfig:
                                        default=None)
     rdzv_backend: RdzvBackend = _doc("'etcd-v2' (EtcdRendezvous, client certificates) or 'c10d' (no etcd; an "
                                      "unauthenticated store whose state every agent unpickles: trusted clusters "
-                                     "only, README 'Job semantics').", default="etcd-v2")
+                                     "only, docs/rendezvous.md).", default="etcd-v2")
     namespace: str = _doc("Kubernetes namespace of the training workloads.", default="training")
     compile: bool = _doc("Use torch.compile in the trainer.", default=False)
     fabric_check: bool | None = _doc(
