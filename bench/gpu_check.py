@@ -107,15 +107,14 @@ def prepare_environment(bundle: Path, shim: Path) -> dict[str, str]:
 
 
 def tls_tooling() -> str | None:
-    """How the local etcd gets its throw-away CA (training/local/etcd.py): the cryptography package, else the
-    openssl command; None when neither is there."""
-    if importlib.util.find_spec("cryptography") is not None:
-        return "cryptography"
-    if shutil.which("openssl"):
-        out = subprocess.run(["openssl", "version"], capture_output=True, text=True, timeout=30)
-        if out.returncode == 0:
-            return out.stdout.strip()
-    return None
+    """The package that makes the local etcd's throw-away CA (training/local/etcd.py), as ``cryptography <version>``;
+    None when it does not load here (absent, or the bundle's cffi backend was built for another Python)."""
+    try:
+        import cryptography
+        from cryptography.hazmat.bindings import _rust  # noqa: F401  (loads the cffi backend of this Python)
+    except ImportError:
+        return None
+    return f"cryptography {cryptography.__version__}"
 
 
 def verdict(result: dict[str, Any]) -> bool | None:
@@ -190,17 +189,18 @@ def item_a(tmp: Path, env: dict[str, str], gpus: int) -> dict[str, Any]:
     """The real launcher, cluster flags, real etcd; SIGKILL one worker; recovery seconds and work redone."""
     tr = torchrun_command()
     from eks_ddp_local.etcd import start_etcd
+    from eks_ddp_trainer.config import TrainerConfig
     from eks_ddp_trainer.data import write_synthetic_cifar
 
     on_gpu = gpus > 0
     agents = min(gpus, 2) if on_gpu else 1
     n_train = 20_000 if on_gpu else 480
     write_synthetic_cifar(tmp / "data-a", n_train=n_train, n_test=500, seed=0)
-    trainer = (tr.TrainerOptions(data_dir=str(tmp / "data-a"), run_dir=str(tmp / "run-a"), epochs=50, log_every=1,
-                                 checkpoint_every=50, min_steps=0) if on_gpu else
-               tr.TrainerOptions(data_dir=str(tmp / "data-a"), run_dir=str(tmp / "run-a"), epochs=50,
-                                 global_batch_size=16, bn_group=8, min_steps=0, width=8, log_every=1,
-                                 checkpoint_every=5))
+    trainer = (TrainerConfig(data_dir=str(tmp / "data-a"), run_dir=str(tmp / "run-a"), epochs=50, log_every=1,
+                              checkpoint_every=50, min_steps=0) if on_gpu else
+               TrainerConfig(data_dir=str(tmp / "data-a"), run_dir=str(tmp / "run-a"), epochs=50,
+                              global_batch_size=16, bn_group=8, min_steps=0, width=8, log_every=1,
+                              checkpoint_every=5))
     procs: list[subprocess.Popen] = []
 
     def logs() -> str:
@@ -474,7 +474,9 @@ def preflight(bundle: Path) -> str | None:
         return (f"{e}; run `make gpu-check-bundle` on a machine with the project's venv and copy {bundle.name}/ "
                 "beside bench/ here")
     if tls_tooling() is None:
-        return "neither the cryptography package nor an openssl command: the local etcd cannot get its TLS"
+        version = f"{sys.version_info[0]}.{sys.version_info[1]}"
+        return (f"the cryptography package does not load under this Python {version}: the local etcd cannot get its "
+                f"TLS; run `make gpu-check-bundle GPU_PYTHON_VERSION={version}` and copy {bundle.name}/ beside bench/")
     return None
 
 

@@ -192,7 +192,8 @@ def cluster_name_for(stack: str, cfg: StackConfig | None = None) -> str:
 def _ignored_settings(cfg: StackConfig, data: dict[str, Any]) -> list[str]:
     """Keys that are set but would have no effect: say so instead of ignoring them silently."""
     p: list[str] = []
-    net = data.get("network") if isinstance(data.get("network"), dict) else {}
+    raw = data.get("network")
+    net = raw if isinstance(raw, dict) else {}
     if cfg.network.bring_your_own:
         for key in ("vpcCidr", "azCount", "availabilityZones", "natGateways", "s3EndpointExtraBuckets"):
             if key in net:

@@ -176,7 +176,7 @@ def _check_group(g: NodeGroupConfig, key: str, region: str) -> list[str]:
                                or other == g.instance_type):
             p.append(f"{key}.spotInstanceTypes[{i}]: got {other!r}; expected another catalog type with "
                      f"{it.gpus} x {it.gpu_model} GPU like {g.instance_type}")
-        elif it is not None and (alt.vcpus < it.vcpus or alt.memory_gib < it.memory_gib):
+        elif it is not None and alt is not None and (alt.vcpus < it.vcpus or alt.memory_gib < it.memory_gib):
             # The training pod is sized from instanceType, and the autoscaler simulates the first type only:
             # a smaller alternate is launched for a pod it cannot hold (Pending, idle node, repeat).
             p.append(f"{key}.spotInstanceTypes[{i}]: got {other!r} ({alt.vcpus} vCPUs, {alt.memory_gib} GiB); "

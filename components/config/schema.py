@@ -15,6 +15,7 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from eks_ddp.core import catalog, k8s_versions, rules
+from eks_ddp_trainer.config import ModelName  # the bundled trainer's own names: declared there once
 
 PROJECT = "eks-ddp"
 
@@ -24,7 +25,6 @@ OFFLINE_PLAN_ENV = "EKS_DDP_OFFLINE_PLAN"
 
 CapacityType = Literal["onDemand", "spot", "capacityBlock"]
 NatMode = Literal["single", "perAz"]
-ModelName = Literal["airnet", "resnet-small", "resnet18", "workshop-cnn"]
 RdzvBackend = Literal["etcd-v2", "c10d"]
 RunState = Literal["run", "cancelled"]
 ScanSeverity = Literal["CRITICAL", "HIGH", "MEDIUM", "LOW", "INFORMATIONAL", "disabled"]

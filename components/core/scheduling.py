@@ -251,8 +251,8 @@ def system_load(stack_pods: Mapping[str, Mapping[str, float]], node_count: int) 
         for k, v in requests.items():
             total[k] += n * quantity(v)
         total["pods"] += n
-    for requests in stack_pods.values():
+    for pod in stack_pods.values():
         for k in ("cpu", "memory"):
-            total[k] += requests.get(k, 0.0)
+            total[k] += pod.get(k, 0.0)
         total["pods"] += 1
     return total

@@ -187,14 +187,14 @@ def validate(args: EksClusterArgs) -> None:
     # Documentation-range placeholders are the stack config's to reject (its message says which
     # `pulumi config set` fixes them); the offline plan renders example stacks that still hold them.
     # An Output (a StackReference's list) is passed through unchecked, as are Output entries.
-    cidrs = None if rules.is_output(args.public_access_cidrs) else list(args.public_access_cidrs)
+    cidrs = rules.plain_list(args.public_access_cidrs)
     if cidrs is not None and args.endpoint_public_access and (rules.outputs_skipped(cidrs) or not cidrs):
         rules.require(*rules.public_access_cidrs("public_access_cidrs", rules.outputs_skipped(cidrs),
                                                  placeholders_ok=True))
     elif cidrs and not args.endpoint_public_access:
         raise ValueError(f"public_access_cidrs: got {cidrs!r}; expected none with "
                          "endpoint_public_access=False (the API endpoint is private only)")
-    if not rules.is_output(args.private_subnet_ids) and len(list(args.private_subnet_ids)) < 2:
+    if (subnets := rules.plain_list(args.private_subnet_ids)) is not None and len(subnets) < 2:
         raise ValueError("private_subnet_ids: expected at least 2 subnets in 2 zones (EKS requires two)")
     rules.require(*[rules.iam_principal(f"{key}[{i}]", arn)
                     for key in ("admin_principal_arns", "viewer_principal_arns")

@@ -243,7 +243,8 @@ class TrainerImage(pulumi.ComponentResource):
         else:
             self.repository = self._create_repository()
             self.cache_repository = self._create_cache_repository() if args.registry_cache else None
-            self.image = self._create_image(image_tag(args.context_dir, tuple(args.source_paths), args.dockerfile))
+            self.image = self._create_image(self.repository,
+                                            image_tag(args.context_dir, tuple(args.source_paths), args.dockerfile))
             self.repository_url = self.repository.repository_url
             self.repository_arn = self.repository.arn
             # A pure digest reference: what runs can never change under a tag.
@@ -315,8 +316,8 @@ class TrainerImage(pulumi.ComponentResource):
         )
         return cache
 
-    def _create_image(self, tag: str) -> docker_build.Image:
-        repo, cache = self.repository, self.cache_repository
+    def _create_image(self, repo: aws.ecr.Repository, tag: str) -> docker_build.Image:
+        cache = self.cache_repository
         auth = aws.ecr.get_authorization_token_output(registry_id=repo.registry_id,
                                                       opts=pulumi.InvokeOutputOptions(parent=self))
         cache_from, cache_to = None, None

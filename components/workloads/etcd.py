@@ -131,7 +131,7 @@ class EtcdRendezvous(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
 
         svc = self.service_name
-        names = [svc, *(pulumi.Output.concat(svc, ".", args.namespace, suffix)
+        names: list[pulumi.Input[str]] = [svc, *(pulumi.Output.concat(svc, ".", args.namespace, suffix)
                         for suffix in ("", ".svc", ".svc.cluster.local"))]
         certs = RendezvousTls(f"{name}-etcd-tls", RendezvousTlsArgs(
             namespace=args.namespace, server_names=names, labels=self.pod_labels,

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from eks_ddp.core.torchrun import LAUNCHER_MODULE, TRAIN_MODULE, AgentOptions, TrainerOptions, job_command
+from eks_ddp.core.torchrun import LAUNCHER_MODULE, TRAIN_MODULE, AgentOptions, job_command
 from eks_ddp.infra.image import DOCKERFILE, source_files
+from eks_ddp_trainer.config import TrainerConfig
 
 from tests.support.util import ROOT
 
@@ -279,7 +280,7 @@ def test_job_commands_resolve_in_the_image(final):
     cmd = job_command(
         AgentOptions(min_nodes=1, max_nodes=2, nproc_per_node=1, rdzv_backend="etcd-v2",
                      rdzv_endpoint="etcd:2379", rdzv_id="run-1", max_restarts=3),
-        TrainerOptions(data_dir="/shared/data", run_dir="/shared/runs/run-1"))
+        TrainerConfig(data_dir="/shared/data", run_dir="/shared/runs/run-1"))
     assert cmd[:3] == ["python", "-m", LAUNCHER_MODULE] and cmd[cmd.index("-m", 3) + 1] == TRAIN_MODULE
     # python (with torch) is on PATH because the base image is the official PyTorch image (checked above).
     assert re.match(r"pytorch/pytorch:", [i for i in final if i.keyword == "FROM"][0].value)

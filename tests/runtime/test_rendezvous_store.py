@@ -189,19 +189,3 @@ def test_status_endpoint_is_not_a_backdoor(etcd_endpoint):  # noqa: F811
     with urllib.request.urlopen(f"https://{etcd_endpoint}/version", timeout=5,
                                 context=etcd_endpoint.tls.client_context()) as r:
         assert "etcdserver" in json.loads(r.read())
-
-
-def test_without_the_cryptography_package_openssl_makes_the_stores_tls(tmp_path, monkeypatch):
-    """An offline GPU machine (make gpu-check) has no 'cryptography': the local store's CA and certificates come
-    from the openssl command, and the store still serves only the job's own client certificate."""
-    import sys
-
-    from eks_ddp_local import etcd as etcd_local
-
-    monkeypatch.setitem(sys.modules, "cryptography", None)  # import cryptography -> ImportError
-    with etcd_local.start_etcd(tmp_path / "etcd") as endpoint:
-        assert (tmp_path / "etcd" / "tls" / "server.ext").exists(), "the openssl path was not taken"
-        assert _put(f"https://{endpoint}/v2/keys/control", "ok", endpoint.tls.client_context()) in (200, 201)
-        no_cert = ssl.create_default_context(cafile=str(endpoint.tls.ca_cert))
-        with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError)):
-            _put(f"https://{endpoint}/v2/keys/control", "x", no_cert)

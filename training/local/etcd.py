@@ -81,12 +81,8 @@ class EtcdEndpoint(str):
 
 
 def make_tls(directory: str | os.PathLike, hosts: Sequence[str] = ("127.0.0.1",), *, days: int = 30) -> TlsFiles:
-    """A throw-away CA (ECDSA P-256) with a server certificate for ``hosts`` and one client certificate: with the
-    ``cryptography`` package, or else the ``openssl`` command (an offline GPU machine may have only that)."""
-    try:
-        import cryptography  # noqa: F401
-    except ImportError:
-        return _make_tls_openssl(Path(directory), hosts, days)
+    """A throw-away CA (ECDSA P-256) with a server certificate for ``hosts`` and one client certificate, made with
+    the ``cryptography`` package (the trainer extra; make gpu-check's bundle carries it to the GPU machines)."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -146,49 +142,6 @@ def make_tls(directory: str | os.PathLike, hosts: Sequence[str] = ("127.0.0.1",)
                     server_key=write(d / "server.key", key_pem(server_key)),
                     client_cert=write(d / "tls.crt", client.public_bytes(pem)),
                     client_key=write(d / "tls.key", key_pem(client_key)))
-
-
-def _make_tls_openssl(d: Path, hosts: Sequence[str], days: int) -> TlsFiles:
-    """The same files as :func:`make_tls`, made by the ``openssl`` command."""
-    openssl = shutil.which("openssl")
-    if openssl is None:
-        raise RuntimeError("no TLS for the local etcd: install the 'cryptography' package or the openssl command")
-    d.mkdir(parents=True, exist_ok=True, mode=0o700)
-
-    def run(*args: str) -> None:
-        proc = subprocess.run([openssl, *args], cwd=d, capture_output=True, text=True, timeout=60)
-        if proc.returncode != 0:
-            raise RuntimeError(f"openssl {args[0]} failed: {proc.stderr.strip()}")
-
-    def key(path: str) -> None:
-        run("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", path)
-        os.chmod(d / path, 0o600)
-
-    key("ca.key")
-    run("req", "-x509", "-new", "-key", "ca.key", "-subj", "/CN=eks-ddp rendezvous CA", "-days", str(days),
-        "-out", "ca.crt", "-addext", "basicConstraints=critical,CA:TRUE,pathlen:0",
-        "-addext", "keyUsage=critical,keyCertSign,cRLSign,digitalSignature")
-    sans = ",".join(f"IP:{h}" if _is_ip(h) else f"DNS:{h}" for h in hosts)
-    for stem, cn, usage, san in (("server", "eks-ddp rendezvous etcd", "serverAuth,clientAuth", sans),
-                                 ("tls", "eks-ddp trainer", "clientAuth", "")):
-        key(f"{stem}.key")
-        run("req", "-new", "-key", f"{stem}.key", "-subj", f"/CN={cn}", "-out", f"{stem}.csr")
-        (d / f"{stem}.ext").write_text("basicConstraints=critical,CA:FALSE\n"
-                                       f"extendedKeyUsage={usage}\n" + (f"subjectAltName={san}\n" if san else ""))
-        run("x509", "-req", "-in", f"{stem}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-            "-days", str(days), "-sha256", "-extfile", f"{stem}.ext", "-out", f"{stem}.crt")
-        os.chmod(d / f"{stem}.crt", 0o600)
-    os.chmod(d / "ca.crt", 0o600)
-    return TlsFiles(ca_cert=d / "ca.crt", server_cert=d / "server.crt", server_key=d / "server.key",
-                    client_cert=d / "tls.crt", client_key=d / "tls.key")
-
-
-def _is_ip(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-        return True
-    except ValueError:
-        return False
 
 
 def healthy(endpoint: str, tls: TlsFiles) -> bool:

@@ -68,6 +68,7 @@ import dataclasses
 import logging
 import time
 from datetime import timedelta
+from typing import Any
 
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous as _dynamic
@@ -109,7 +110,7 @@ class _HealingStateHolder(_BackendRendezvousStateHolder):
         s = self._settings
         grace = (s.keep_alive_interval * (s.keep_alive_max_attempt + 1)).total_seconds()
         if time.monotonic() - self.retry.last_failure < grace:
-            self._dead_nodes = []
+            self._dead_nodes: list[Any] = []
             return
         super()._sanitize()
 

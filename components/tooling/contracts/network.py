@@ -294,7 +294,7 @@ def check_extra(c: Cluster, all_needs: list[Need]) -> list[Violation]:
 
 def _extra_cidrs(c: Cluster, src: Pod, own: list[Need]) -> list[Violation]:
     """Every egress ipBlock of ``src``, less what its network needs justify (per port), must be empty."""
-    out = []
+    out: list[Violation] = []
     if not c.isolated(src, "egress"):
         return out
     for policy in c._selecting(src, "egress"):

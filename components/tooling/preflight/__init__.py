@@ -45,7 +45,8 @@ sts:GetCallerIdentity, s3:ListBucket (HeadBucket), s3:GetEncryptionConfiguration
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -109,7 +110,7 @@ def _market(capacity_type: str) -> str | None:
     return {"onDemand": "onDemand", "spot": "spot"}.get(capacity_type)
 
 
-def _join(items: list[str] | tuple[str, ...]) -> str:
+def _join(items: Sequence[str] | None) -> str:
     return ", ".join(items) if items else "none"
 
 
@@ -246,8 +247,7 @@ class _Checker(CapacityChecks, NetworkQuotaChecks, S3Checks):
             if not g.efa:
                 continue
             info = self.attempt("ec2", "DescribeInstanceTypes", f"EFA support of {g.instance_type}",
-                                lambda t=g.instance_type: self.ec2.describe_instance_types(
-                                    InstanceTypes=[t])["InstanceTypes"])
+                                functools.partial(self._instance_types, g.instance_type))
             if not info:
                 continue
             network = info[0].get("NetworkInfo", {})
@@ -289,7 +289,7 @@ class _Checker(CapacityChecks, NetworkQuotaChecks, S3Checks):
                 continue
             code, name = QUOTAS[(qclass, market)]
             limit = self.attempt("servicequotas", "GetServiceQuota", f"the '{name}' quota ({code})",
-                                 lambda c=code: self._quota_value(c))
+                                 functools.partial(self._quota_value, code))
             if limit is None:
                 continue
             requested = sum(n * v for _, _, n, v in parts)
@@ -303,6 +303,9 @@ class _Checker(CapacityChecks, NetworkQuotaChecks, S3Checks):
                       f"in {self.cfg.region} is {limit:g}; lower {keys}, or request an increase: aws service-quotas "
                       f"request-service-quota-increase --region {self.cfg.region} --service-code ec2 "
                       f"--quota-code {code} --desired-value {in_use + requested}")
+
+    def _instance_types(self, instance_type: str) -> list[dict[str, Any]]:
+        return self.ec2.describe_instance_types(InstanceTypes=[instance_type])["InstanceTypes"]
 
     def _quota_value(self, code: str) -> float:
         try:

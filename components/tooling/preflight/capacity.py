@@ -6,7 +6,9 @@ which supplies ``cfg``, ``ec2``, ``cluster_name``, ``attempt``, ``fail`` and ``w
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import ClientError
 from eks_ddp.config.schema import NodeGroupConfig
@@ -21,13 +23,18 @@ class CapacityChecks:
     cluster_name: str | None
     _reservations: dict[int, dict[str, Any]]
 
+    if TYPE_CHECKING:  # supplied by the checker this is a mixin of
+        def attempt(self, service: str, action: str, what: str, fn: Callable[[], Any]) -> Any: ...
+        def fail(self, message: str) -> None: ...
+        def warn(self, message: str) -> None: ...
+
     def check_reservations(self) -> None:
         for i, g in enumerate(self.cfg.node_groups):
             if g.capacity_reservation_id is not None:
-                self._check_reservation(i, g)
+                self._check_reservation(i, g, g.capacity_reservation_id)
 
-    def _check_reservation(self, i: int, g: NodeGroupConfig) -> None:
-        key, cr_id = f"nodeGroups[{i}]", g.capacity_reservation_id
+    def _check_reservation(self, i: int, g: NodeGroupConfig, cr_id: str) -> None:
+        key = f"nodeGroups[{i}]"
         try:
             found = self.attempt("ec2", "DescribeCapacityReservations", f"capacity reservation {cr_id}",
                                  lambda: self._describe_reservation(cr_id))
@@ -130,7 +137,7 @@ class CapacityChecks:
             key, name = f"nodeGroups[{i}].placementGroupName", g.placement_group_name
             try:
                 found = self.attempt("ec2", "DescribePlacementGroups", f"placement group {name}",
-                                     lambda n=name: self._describe_placement_group(n))
+                                     functools.partial(self._describe_placement_group, name))
             except _PlacementGroupNotFound:
                 self.fail(f"{key}: placement group {name!r} was not found in {self.cfg.region}; create it (or the "
                           f"reservation in it) first, or remove {key}")

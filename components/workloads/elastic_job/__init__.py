@@ -205,7 +205,7 @@ class ElasticJob(pulumi.ComponentResource):
                                "evaluate_command": self.evaluate_command})
 
     # --- shared pod pieces -----------------------------------------------------------------------
-    def _meta(self, name: str, labels: Mapping[str, str], annotations: Mapping[str, str] | None = None
+    def _meta(self, name: str, labels: Mapping[str, str], annotations: Mapping[str, pulumi.Input[str]] | None = None
               ) -> k8s.meta.v1.ObjectMetaArgs:
         return meta(name, self.args.namespace, labels, annotations)
 
