@@ -325,7 +325,9 @@ def _check_storage_backend(cfg: StackConfig) -> list[str]:
         if st.file_system_id is not None:
             p.append(f"storage.fileSystemId: got {st.file_system_id!r} with storage.backend 'fsxLustre'; expected "
                      "none (it names an EFS file system to adopt; the FSx backend creates its own)")
-    p += storage.efs_lifecycle_problems(*st.efs_transitions.values(),
+    t = st.efs_transitions
+    p += storage.efs_lifecycle_problems(t["transition_to_ia"], t["transition_to_archive"],
+                                        t["transition_to_primary_storage_class"],
                                         ("storage.efsTransitionToIA", "storage.efsTransitionToArchive",
                                          "storage.efsTransitionToPrimary"))
     return p

@@ -157,10 +157,9 @@ class EfsLifecycle:
     """A file read from IA or Archive moves back to Standard (a resumed run reads its checkpoint once)."""
 
     def problems(self, key: str = "lifecycle") -> list[str]:
-        names = ("transition_to_ia", "transition_to_archive", "transition_to_primary_storage_class")
-        return storage_rules.efs_lifecycle_problems(self.transition_to_ia, self.transition_to_archive,
-                                                    self.transition_to_primary_storage_class,
-                                                    tuple(f"{key}.{n}" for n in names))
+        return storage_rules.efs_lifecycle_problems(
+            self.transition_to_ia, self.transition_to_archive, self.transition_to_primary_storage_class,
+            (f"{key}.transition_to_ia", f"{key}.transition_to_archive", f"{key}.transition_to_primary_storage_class"))
 
     def policies(self) -> list[aws.efs.FileSystemLifecyclePolicyArgs]:
         """One policy object per transition (``PutLifecycleConfiguration``: "Each LifecyclePolicy object can have

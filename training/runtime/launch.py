@@ -104,6 +104,7 @@ class Agent(LocalElasticAgent):
 
     fatal_code: int | None = None
     fatal_codes: frozenset[int] = fatal_codes({})
+    _remaining_restarts: int  # torch's SimpleElasticAgent sets it (compat.require checks it exists)
     kept: KeptLogs | None = None
     """Where each failed worker gets its record (keptlogs.py); None without a run directory."""
 

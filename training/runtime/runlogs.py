@@ -431,7 +431,7 @@ def tail_file(path: Path, lines: int = TAIL_LINES, max_read: int = 1 << 20) -> l
 
 def read_records(path: Path) -> list[dict]:
     """A JSON-lines file's records (a torn last line, from an agent killed while writing, is skipped)."""
-    out = []
+    out: list[dict] = []
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
     except OSError:

@@ -81,4 +81,4 @@ CHARTS = {DCGM_EXPORTER: dcgm_exporter}
 
 def rendered_by_charts(result: ProgramResult) -> list[dict[str, Any]]:
     """The objects of every modelled chart's release in the plan."""
-    return [m for r in result.of_type(RELEASE) if (fn := CHARTS.get(r.inputs.get("chart"))) for m in fn(r)]
+    return [m for r in result.of_type(RELEASE) if (fn := CHARTS.get(str(r.inputs.get("chart")))) for m in fn(r)]

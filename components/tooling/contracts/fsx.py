@@ -128,7 +128,7 @@ def check_driver_role(view: PlanView) -> Iterable[Violation]:
         yield Violation(NAME, "aws-fsx-csi-driver", "no add-on installs the driver: no Lustre volume can mount")
         return
     for addon in addons:
-        arn = addon.inputs.get("serviceAccountRoleArn")
+        arn = str(addon.inputs.get("serviceAccountRoleArn"))
         role = next((r for r in view.aws("aws:iam/role:Role") if r.outputs.get("arn") == arn), None)
         subject = f"add-on {addon.name} role {arn}"
         if role is None:

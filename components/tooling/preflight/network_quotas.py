@@ -16,6 +16,7 @@ servicequotas:GetAWSDefaultServiceQuota.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from botocore.exceptions import ClientError
@@ -45,6 +46,9 @@ class NetworkQuotaChecks:
     ec2: Any
     quotas: Any
     cluster_name: str | None
+    attempt: Callable[..., Any]
+    """_Checker.attempt: one AWS call, a warning instead of a failure when it is denied."""
+    fail: Callable[[str], None]
 
     def check_network_quotas(self) -> None:
         net = self.cfg.network

@@ -61,7 +61,8 @@ def resolve(o: argparse.Namespace) -> Path | ClusterRun:
         outputs = cluster.stack_outputs(o.stack, o.outputs)
     except CliError as e:
         outputs_error = str(e)
-    runs = outputs.get("runs") if isinstance(outputs.get("runs"), dict) else {}
+    found = outputs.get("runs")
+    runs: dict = found if isinstance(found, dict) else {}
     if o.run in runs:
         return ClusterRun(o.run, runs[o.run])
     local = local_runs(o.runs)

@@ -190,7 +190,10 @@ def _untar(data: bytes, dest: Path) -> None:
                 if parts and parts[0] not in (LOGS_SUBDIR, FINAL_MARKER):
                     continue
                 members.append(m)
-            tar.extractall(staging, members=members, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+            if hasattr(tarfile, "data_filter"):  # Python's safe extraction filter (3.12, 3.11.4+)
+                tar.extractall(staging, members=members, filter="data")
+            else:
+                tar.extractall(staging, members=members)
         shutil.rmtree(dest / LOGS_SUBDIR, ignore_errors=True)
         for item in staging.iterdir():
             target = dest / item.name
