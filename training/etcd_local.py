@@ -1,13 +1,14 @@
 """A throw-away etcd on 127.0.0.1 for the local runner and the trainer tests, in the cluster's TLS mode.
 
-torch's ``etcd-v2`` rendezvous speaks etcd's v2 API, so the server runs with
-``--enable-v2=true`` (etcd 3.4/3.5; 3.6 removed it). Client and peer ports are both
-picked free on 127.0.0.1: nothing listens on other interfaces.
+The agents' ``eks-etcd`` rendezvous speaks etcd's v3 API through its JSON gateway (eks_ddp_runtime/etcd_v3.py),
+so the server runs without the v2 API (3.6 removed it). Client and peer ports are both picked free on 127.0.0.1:
+nothing listens on other interfaces.
 
 As on the cluster (components/etcd.py), the server requires a client certificate signed by a CA made
-for this one store (:func:`make_tls`: a throw-away CA, a server certificate for the listen address and
-one client certificate, written with mode 0600 next to the data): the agents unpickle what they read, so
-an unauthenticated writer must not be able to write it, not even another local user.
+for this one store (:func:`make_tls`: a throw-away CA, a server certificate for the listen address, which the
+gateway also uses as its own client certificate, and one client certificate, written with mode 0600 next to the
+data): whoever can write the store steers the rendezvous, so an unauthenticated writer must not be able to write
+it, not even another local user.
 """
 
 from __future__ import annotations
@@ -80,13 +81,16 @@ class EtcdEndpoint(str):
         return obj
 
 
-def make_tls(directory: str | os.PathLike, hosts: Sequence[str] = ("127.0.0.1",), *, days: int = 30) -> TlsFiles:
+def make_tls(directory: str | os.PathLike, hosts: Sequence[str] = ("127.0.0.1",), *, days: int = 30,
+             gateway: bool = True) -> TlsFiles:
     """A throw-away CA (ECDSA P-256) with a server certificate for ``hosts`` and one client certificate: with the
-    ``cryptography`` package, or else the ``openssl`` command (an offline GPU machine may have only that)."""
+    ``cryptography`` package, or else the ``openssl`` command (an offline GPU machine may have only that).
+    ``gateway=False`` (tests only: the negative control) leaves client authentication out of the server
+    certificate, which etcd's v3 JSON gateway then cannot use."""
     try:
         import cryptography  # noqa: F401
     except ImportError:
-        return _make_tls_openssl(Path(directory), hosts, days)
+        return _make_tls_openssl(Path(directory), hosts, days, gateway)
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -119,13 +123,13 @@ def make_tls(directory: str | os.PathLike, hosts: Sequence[str] = ("127.0.0.1",)
                                        key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
           .sign(ca_key, hashes.SHA256()))
 
-    def leaf(cn: str, usage, sans: list[x509.GeneralName]):
+    def leaf(cn: str, usages: list, sans: list[x509.GeneralName]):
         key = ec.generate_private_key(ec.SECP256R1())
         builder = (x509.CertificateBuilder().subject_name(name(cn)).issuer_name(ca.subject)
                    .public_key(key.public_key()).serial_number(x509.random_serial_number())
                    .not_valid_before(now).not_valid_after(now + datetime.timedelta(days=days))
                    .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-                   .add_extension(x509.ExtendedKeyUsage([usage]), critical=False))
+                   .add_extension(x509.ExtendedKeyUsage(usages), critical=False))
         if sans:
             builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
         return builder.sign(ca_key, hashes.SHA256()), key
@@ -136,8 +140,11 @@ def make_tls(directory: str | os.PathLike, hosts: Sequence[str] = ("127.0.0.1",)
             sans.append(x509.IPAddress(ipaddress.ip_address(h)))
         except ValueError:
             sans.append(x509.DNSName(h))
-    server, server_key = leaf("eks-ddp rendezvous etcd", ExtendedKeyUsageOID.SERVER_AUTH, sans)
-    client, client_key = leaf("eks-ddp trainer", ExtendedKeyUsageOID.CLIENT_AUTH, [])
+    # The server's certificate is a client certificate too: etcd's gRPC gateway (the v3 JSON API the agents speak)
+    # dials etcd's own gRPC port with it (etcd server/embed/serve.go, serveCtx.serve: dtls := tlscfg.Clone()).
+    server, server_key = leaf("eks-ddp rendezvous etcd", [ExtendedKeyUsageOID.SERVER_AUTH,
+                                                          *([ExtendedKeyUsageOID.CLIENT_AUTH] if gateway else [])], sans)
+    client, client_key = leaf("eks-ddp trainer", [ExtendedKeyUsageOID.CLIENT_AUTH], [])
     pem = serialization.Encoding.PEM
     return TlsFiles(ca_cert=write(d / "ca.crt", ca.public_bytes(pem)),
                     server_cert=write(d / "server.crt", server.public_bytes(pem)),
@@ -146,7 +153,7 @@ def make_tls(directory: str | os.PathLike, hosts: Sequence[str] = ("127.0.0.1",)
                     client_key=write(d / "tls.key", key_pem(client_key)))
 
 
-def _make_tls_openssl(d: Path, hosts: Sequence[str], days: int) -> TlsFiles:
+def _make_tls_openssl(d: Path, hosts: Sequence[str], days: int, gateway: bool = True) -> TlsFiles:
     """The same files as :func:`make_tls`, made by the ``openssl`` command."""
     openssl = shutil.which("openssl")
     if openssl is None:
@@ -167,7 +174,7 @@ def _make_tls_openssl(d: Path, hosts: Sequence[str], days: int) -> TlsFiles:
         "-out", "ca.crt", "-addext", "basicConstraints=critical,CA:TRUE,pathlen:0",
         "-addext", "keyUsage=critical,keyCertSign,cRLSign,digitalSignature")
     sans = ",".join(f"IP:{h}" if _is_ip(h) else f"DNS:{h}" for h in hosts)
-    for stem, cn, usage, san in (("server", "eks-ddp rendezvous etcd", "serverAuth", sans),
+    for stem, cn, usage, san in (("server", "eks-ddp rendezvous etcd", "serverAuth,clientAuth" if gateway else "serverAuth", sans),
                                  ("tls", "eks-ddp trainer", "clientAuth", "")):
         key(f"{stem}.key")
         run("req", "-new", "-key", f"{stem}.key", "-subj", f"/CN={cn}", "-out", f"{stem}.csr")
@@ -223,7 +230,7 @@ def start_etcd(data_dir: str | os.PathLike, *, timeout_s: float = 30.0, attempts
         client, peer = free_port(), free_port()
         endpoint = EtcdEndpoint(f"127.0.0.1:{client}", tls)
         log_path = data_dir / f"etcd-{attempt}.log"
-        cmd = [binary, "--name=local", f"--data-dir={data_dir / f'member-{attempt}'}", "--enable-v2=true",
+        cmd = [binary, "--name=local", f"--data-dir={data_dir / f'member-{attempt}'}",
                f"--listen-client-urls=https://{endpoint}", f"--advertise-client-urls=https://{endpoint}",
                f"--listen-peer-urls=http://127.0.0.1:{peer}", f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
                f"--initial-cluster=local=http://127.0.0.1:{peer}", "--log-level=warn", *tls.server_flags()]
