@@ -391,6 +391,29 @@ def test_an_add_resent_after_a_lost_reply_counts_once(etcd):
         assert int(store.get(key)) == before + 1
 
 
+def test_certificates_that_stop_loading_mid_run_keep_the_last_good_ones(etcd, tmp_path):
+    """A fresh client after a connection failure reads the certificate files again (a rotated Secret is picked up);
+    a mount caught mid-swap (files absent) keeps the settings that loaded at start instead of ending the agent."""
+    import shutil
+
+    from eks_ddp_runtime.rdzv_store import RendezvousConfigError, Retrier
+
+    tls = client_tls(etcd)
+    files = {k: shutil.copy(v, tmp_path / Path(v).name) for k, v in
+             (("ca_cert", tls.ca_cert), ("ssl_cert", tls.cert), ("ssl_cert_key", tls.key))}
+    params = _params(etcd, **{k: str(v) for k, v in files.items()})
+    retry = Retrier(params, 5.0)
+    first = retry.client()
+    for path in files.values():
+        Path(path).unlink()
+    retry._drop(first)  # what a connection failure does
+    retry("probe", lambda c: c.put(b"/probe", b"ok"))
+    assert retry.client() is not first and _client(etcd).get(b"/probe").value == b"ok"
+    # Negative control: at start the same missing files are a usage error.
+    with pytest.raises(RendezvousConfigError):
+        Retrier(params, 5.0).client()
+
+
 # -- outages (K3) -----------------------------------------------------------------------------------------------
 
 

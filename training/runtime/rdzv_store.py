@@ -144,6 +144,7 @@ class Retrier:
     def __init__(self, params: RendezvousParameters, timeout_s: float) -> None:
         self.params, self.timeout_s = params, timeout_s
         self._client: EtcdV3Client | None = None
+        self._settings: dict[str, Any] | None = None
         self._lock = threading.Lock()
         self._local = threading.local()
         self.failing_since: float | None = None
@@ -152,9 +153,23 @@ class Retrier:
         """Monotonic time of the last failed call."""
 
     def client(self) -> EtcdV3Client:
+        """The current client; a fresh one reads the certificate files again (a rotated Secret is picked up on the
+        next reconnect). If they no longer load, the last settings that did are kept: a mount being swapped is not
+        a reason to stop an agent whose settings were checked at start."""
         with self._lock:
             if self._client is None:
-                self._client = make_client(self.params)
+                try:
+                    kw = client_settings(self.params)
+                except RendezvousConfigError as e:
+                    if self._settings is None:
+                        raise
+                    log.warning("%s; reconnecting with the certificates loaded before", e)
+                    kw = self._settings
+                if kw["protocol"] == "http" and self._settings is None:
+                    log.warning("rendezvous store over plain HTTP: anyone who can reach it can rewrite the rendezvous")
+                self._settings = kw
+                self._client = EtcdV3Client(kw["host"], kw["port"], read_timeout=kw["read_timeout"],
+                                            context=kw["context"])
             return self._client
 
     def _drop(self, client: EtcdV3Client) -> None:
