@@ -180,12 +180,15 @@ def allow_close() -> None:
     ElasticHandler.close_allowed = True
 
 
-def _create(params: RendezvousParameters) -> ElasticHandler:
+def _create(params: RendezvousParameters, *, key_prefix: str = KEY_PREFIX, store=None) -> ElasticHandler:
+    """The agent's handler (the registry calls it with ``params`` only); ``key_prefix`` and ``store`` let torch's
+    own rendezvous test suite run it on its keys and its store (tests/test_rendezvous_torch_suite.py)."""
     client_settings(params)  # settings no retry can fix fail here, at start (RendezvousConfigError), not after 600 s
     retry = Retrier(params, float(params.config.pop("store_retry_timeout", DEFAULT_STORE_RETRY_S)))
     first_round_s = float(params.config.pop("first_round_timeout", DEFAULT_FIRST_ROUND_S))
-    backend = EtcdV3Backend(retry, params.run_id, BACKEND)
-    store = EtcdV3Store(retry, backend, params.run_id)
+    backend = EtcdV3Backend(retry, params.run_id, BACKEND, key_prefix=key_prefix)
+    if store is None:
+        store = EtcdV3Store(retry, backend, params.run_id)
     handler = create_handler(store, backend, params)
     compat.require(handler, "_state_holder", "_op_executor", "_heartbeat_lock", "_this_node", "_stop_heartbeats",
                    "_keep_alive")
