@@ -279,12 +279,37 @@ def test_a_compare_and_set_on_a_vanished_key_answers_at_once(etcd):
     assert has_set
     _client(etcd).delete(_state_key(run_id))
     t0 = time.monotonic()
-    assert backend.set_state(_bits(2), token) is None  # not set, and no state: the handler starts a fresh one
+    bits, absent, has_set = backend.set_state(_bits(2), token)  # not set; the state is empty: start a fresh one
+    assert (pickle.loads(bits).round, has_set) == (0, False) and not pickle.loads(bits).participants
     assert time.monotonic() - t0 < 10  # one round trip, not store_retry_timeout (30 s) of retries
+    _, created, has_set = backend.set_state(_bits(3), absent)  # that token creates the key
+    assert has_set and created != absent
     # With the key back, a stale token is told the current state, not set.
-    backend.set_state(_bits(3))
     state, _, has_set = backend.set_state(_bits(4), token)
     assert (pickle.loads(state).round, has_set) == (3, False)
+
+
+def test_a_write_that_finds_the_state_gone_adopts_the_empty_store_not_its_own_view(etcd):
+    """An agent's write was pending when the store went away (a keep-alive whose write failed); the store comes back
+    empty. torch's state holder keeps its own state when set_state answers None (dynamic_rendezvous.py ``sync``:
+    ``state_bits`` stays its own pickle, the token None), and its next write then creates the key with that stale
+    world: the old round, complete, with every old participant, which the other agents join and wait in for peers
+    that never come (seen as test_etcd_rescheduled_empty_costs_no_agent hanging). The backend answers a
+    compare-and-set on a vanished key with the empty state instead, so the holder sees what the store holds."""
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousState
+
+    run_id = _run_id()
+    handler = _handler(etcd, run_id=run_id, nodes=1)
+    handler.next_rendezvous()
+    handler._stop_heartbeats()
+    holder = handler._state_holder
+    assert holder.state.complete and holder.state.participants
+    holder.state.last_heartbeats[handler._this_node] = datetime.now(timezone.utc)  # noqa: UP017  (3.10)
+    holder.mark_dirty()  # the pending write
+    _client(etcd).delete(_state_key(run_id))  # the store came back empty
+    assert holder.sync() is False
+    assert vars(holder.state) == vars(_RendezvousState()), "the holder kept its own stale state"
+    assert _client(etcd).get(_state_key(run_id)) is None
 
 
 def test_the_state_key_and_the_store_keys_share_one_lease_of_torchs_ttl(etcd):

@@ -31,6 +31,7 @@ import contextlib
 import datetime
 import logging
 import os
+import pickle
 import random
 import re
 import ssl
@@ -43,7 +44,7 @@ from typing import Any, TypeVar
 from torch.distributed import Store
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
-from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousBackend, Token
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousBackend, Token, _RendezvousState
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
 from . import etcd_v3, rdzv_state
@@ -57,6 +58,8 @@ backend's ``_DEFAULT_TTL``."""
 RENEW_EVERY_S = 300.0
 """An agent that writes the state renews its lease at most this often (a write no later than this after the last
 renewal renews it again)."""
+ABSENT = 0
+"""The token of "no state key" (no key has ``mod_revision`` 0): a write with it creates the key."""
 COUNTER_MARK = "eks-ddp-counter:"
 """Prefix of a counter value written by :meth:`EtcdV3Store.add` (``<mark><n>;<id>=<result>,...``)."""
 COUNTER_IDS_KEPT = 256
@@ -250,7 +253,7 @@ class EtcdV3Backend(RendezvousBackend):
         return result
 
     def _set(self, c: EtcdV3Client, value: bytes, bits: bytes, token: Token | None):
-        if token is None:
+        if token is None or token == ABSENT:
             lease = c.lease_grant(self._ttl_s)
             ok, responses = c.txn([compare(self.key, "CREATE", 0)], [op_put(self.key, value, lease=lease),
                                                                      op_range(self.key)], [op_range(self.key)])
@@ -275,8 +278,14 @@ class EtcdV3Backend(RendezvousBackend):
         return bits, kv.mod_revision, True
 
     def _current(self, c: EtcdV3Client, kv: etcd_v3.KeyValue | None):
+        """Not set: the state the store holds now. No key (it vanished under the compare-and-set: the store came back
+        empty, or a bad value was deleted) is answered as the empty state with the token :data:`ABSENT`, not None:
+        on None torch's holder keeps its own state (dynamic_rendezvous.py ``sync``) and its next write would create
+        the key with that stale world."""
         found = self._decoded(c, kv)
-        return None if found is None else (*found, False)
+        if found is None:
+            return pickle.dumps(_RendezvousState()), ABSENT, False
+        return (*found, False)
 
     def _decoded(self, c: EtcdV3Client, kv: etcd_v3.KeyValue | None) -> tuple[bytes, Token] | None:
         if kv is None:
