@@ -439,6 +439,21 @@ def test_certificates_that_stop_loading_mid_run_keep_the_last_good_ones(etcd, tm
         Retrier(params, 5.0).client()
 
 
+def test_one_connection_per_live_thread(etcd):
+    """torch starts a new keep-alive thread every round: the connections of threads that ended are closed, so an
+    agent that restarts its workers N times holds one connection per live thread, not N."""
+    import threading
+
+    client = _client(etcd)
+    for _ in range(5):
+        t = threading.Thread(target=client.get, args=(b"/x",))
+        t.start()
+        t.join()
+    client.get(b"/x")
+    assert len(client._open) <= 2  # this thread's, and at most the last ended thread's until the next new one
+    client.close()
+
+
 # -- outages (K3) -----------------------------------------------------------------------------------------------
 
 

@@ -157,7 +157,7 @@ class EtcdV3Client:
         self.host, self.port, self.read_timeout, self.context = host, port, read_timeout, context
         self._local = threading.local()
         self._lock = threading.Lock()
-        self._open: list[http.client.HTTPConnection] = []
+        self._open: list[tuple[threading.Thread, http.client.HTTPConnection]] = []
         self._closed = False
 
     def __repr__(self) -> str:
@@ -174,7 +174,12 @@ class EtcdV3Client:
         with self._lock:
             if self._closed:
                 raise EtcdConnectionError(f"{self!r} is closed")
-            self._open.append(conn)
+            # torch starts a new keep-alive thread every round: close the connections of threads that ended.
+            ended = [c for t, c in self._open if not t.is_alive()]
+            self._open = [(t, c) for t, c in self._open if t.is_alive()]
+            self._open.append((threading.current_thread(), conn))
+        for old in ended:
+            old.close()
         self._local.conn = conn
         return conn, False
 
@@ -182,15 +187,14 @@ class EtcdV3Client:
         conn.close()
         self._local.conn = None
         with self._lock:
-            if conn in self._open:
-                self._open.remove(conn)
+            self._open = [(t, c) for t, c in self._open if c is not conn]
 
     def close(self) -> None:
         """Close every connection of every thread (the Retrier drops a client after a connection failure)."""
         with self._lock:
             self._closed = True
             conns, self._open = self._open, []
-        for conn in conns:
+        for _, conn in conns:
             conn.close()
 
     def call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
