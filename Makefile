@@ -35,6 +35,7 @@ $(SCAN_VENV)/.installed: pyproject.toml
 
 lint: install
 	$(BIN)/ruff check components training tests bench __main__.py
+	$(BIN)/lint-imports --no-cache
 
 # Two pytest processes, one test file each at a time (--dist loadfile): a file's module fixtures are built once and
 # its timed fault cases (tests/test_resilience.py) never overlap each other. Most of a serial run waits on agents,
@@ -77,10 +78,10 @@ $(COMPAT_VENV)/.installed: constraints.txt training/runtime/compat.py
 # unless ./data holds cifar-10-batches-py); one worker is killed mid-run to show recovery.
 DEMO_ARGS ?= --kill-worker-at-step 25
 demo: $(VENV)/.installed
-	$(BIN)/python -m training.local --out demo-out $(DEMO_ARGS)
+	$(BIN)/python -m eks_ddp_local --out demo-out $(DEMO_ARGS)
 
 plan: $(VENV)/.installed
-	$(BIN)/python -m components.plan --stack $(STACK) --out $(OUT)
+	$(BIN)/python -m eks_ddp.tooling.plan --stack $(STACK) --out $(OUT)
 
 # Trainer benchmarks (several minutes on 2 cores); results and the machine go to bench/RESULTS.md.
 bench: $(VENV)/.installed
@@ -88,7 +89,7 @@ bench: $(VENV)/.installed
 	$(BIN)/python bench/digits.py
 	$(BIN)/python bench/recovery.py
 
-# One-command GPU acceptance (bench/gpu_check.py; README "GPU acceptance"): on a machine with an NVIDIA GPU and no
+# One-command GPU acceptance (bench/gpu_check.py; docs/gpu-check.md): on a machine with an NVIDIA GPU and no
 # network, run with that machine's own Python and torch (2.11-2.14), no install of this project needed:
 # `make gpu-check GPU_PYTHON=python3`. Each item has a bar; exit 1 on a miss. Without a GPU it runs item (a) and says
 # "needs a GPU" for the rest. gpu-check-bundle (run where this venv exists) fills .gpu-bundle/ with the etcd binary,

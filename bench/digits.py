@@ -3,7 +3,7 @@
     .venv/bin/python bench/digits.py [--out bench/digits.json]
 
 scikit-learn's digits (1,797 real 8x8 images, bilinear to 32x32, three channels), split 1,297 train
-/ 500 test (stratified, seed 0): training.data.write_digits_cifar. The trainer runs with its
+/ 500 test (stratified, seed 0): eks_ddp_trainer.data.write_digits_cifar. The trainer runs with its
 defaults (only --data-dir, --run-dir; ``--model workshop-cnn`` for the baseline), one process, all
 cores; logistic regression (scikit-learn, standardised pixels) on the original 8x8 pixels. On this
 small set the defaults cap the global batch to 32 (400 steps), so a third run lifts the cap
@@ -23,8 +23,7 @@ import time
 from pathlib import Path
 
 from common import machine, run_trainer
-
-from training.data import write_digits_cifar
+from eks_ddp_trainer.data import write_digits_cifar
 
 
 def logistic_regression() -> float:

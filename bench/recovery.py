@@ -3,7 +3,7 @@
     .venv/bin/python bench/recovery.py [--repeats 3] [--only worker_kill,...] [--baseline DIR] [--out FILE]
 
 Each agent runs ``python -m eks_ddp_runtime.launch`` with CLUSTER_TIMEOUTS, DEFAULT_MAX_RESTARTS and AGENT_ENV, the
-command and environment components/torchrun.py renders into the EKS Job (tests/test_resilience.py uses the
+command and environment components/core/torchrun.py renders into the EKS Job (tests/test_resilience.py uses the
 same). Faults:
 
 * ``worker_kill``: SIGKILL of one trainer process;
@@ -23,7 +23,7 @@ same). Faults:
   Not run against ``--baseline`` (its agents speak plain HTTP; the store now requires a client certificate).
 
 ``--baseline DIR`` runs the same faults, in the same run, against another checkout (``git worktree add DIR
-dc9e592``): its own ``components/torchrun.py`` builds its cluster command (stock torchrun, its
+dc9e592``): its own ``components/core/torchrun.py`` builds its cluster command (stock torchrun, its
 CLUSTER_TIMEOUTS and default --max-restarts) and its own trainer runs (checkpoints at its default cadence).
 
 Figures: seconds from the fault to the next step record in history.jsonl, steps redone (last step before
@@ -46,8 +46,8 @@ import uuid
 from pathlib import Path
 
 from common import ROOT, machine, synthetic
+from eks_ddp.core.torchrun import AGENT_ENV, CLUSTER_TIMEOUTS, DEFAULT_MAX_RESTARTS, TrainerOptions
 
-from components.torchrun import AGENT_ENV, CLUSTER_TIMEOUTS, DEFAULT_MAX_RESTARTS, TrainerOptions
 from tests import netns, store_faults
 from tests.etcd_server import TORCHRUN, Job, RestartableEtcd, kill_workers_in_a_row, max_weight_diff, trainer_env
 
@@ -65,7 +65,7 @@ def _trainer(data: Path, run: Path, epochs: int) -> TrainerOptions:
 
 
 class Baseline:
-    """Another checkout's cluster command: built by its own components/torchrun.py, run from its tree."""
+    """Another checkout's cluster command: built by its own components/core/torchrun.py, run from its tree."""
 
     def __init__(self, tree: Path) -> None:
         self.tree = tree.resolve()
@@ -75,7 +75,7 @@ class Baseline:
     def command(self, endpoint: str, data: Path, run: Path, epochs: int, rdzv_id: str, addr: str) -> list[str]:
         code = (
             "import json, sys\n"
-            "from components.torchrun import AgentOptions, CLUSTER_TIMEOUTS, TrainerOptions, job_command\n"
+            "from eks_ddp.core.torchrun import AgentOptions, CLUSTER_TIMEOUTS, TrainerOptions, job_command\n"
             f"a = AgentOptions(min_nodes=1, max_nodes=2, nproc_per_node=1, rdzv_backend='etcd-v2',"
             f" rdzv_endpoint={endpoint!r}, rdzv_id={rdzv_id!r}, local_addr={addr!r}, timeouts=CLUSTER_TIMEOUTS,"
             f" max_restarts={BASELINE_MAX_RESTARTS})\n"

@@ -15,15 +15,21 @@ except ImportError as e:
                             "or pip install -e '.[dev,trainer]') so the editable install maps it to "
                             "training/runtime") from e
 
-from training.snapshot import DIR_ENV
 
-if importlib.util.find_spec("pulumi") is None:
-    # A runtime-only interpreter (make test-compat's venv, the GPU machines): components/__init__ imports every
-    # Pulumi component, but components/torchrun.py (the agents' command line) is pure Python. The package is
-    # registered without running its __init__, so `components.torchrun` imports and a Pulumi module still fails.
-    _components = types.ModuleType("components")
-    _components.__path__ = [str(Path(__file__).resolve().parent.parent / "components")]
-    sys.modules.setdefault("components", _components)
+_REPO = Path(__file__).resolve().parent.parent
+for _name, _folder in (("eks_ddp", "components"), ("eks_ddp_trainer", "training/trainer"),
+                       ("eks_ddp_local", "training/local")):
+    # A runtime-only interpreter (make test-compat's venv, the GPU machines) has only eks_ddp_runtime installed and
+    # no Pulumi: eks_ddp/__init__ imports every Pulumi component, but eks_ddp.core.torchrun (the agents' command
+    # line) is pure Python. Each package is registered by its folder without running its __init__, so its pure
+    # modules import and a Pulumi module still fails.
+    if _name not in sys.modules and (importlib.util.find_spec("pulumi") is None
+                                     or importlib.util.find_spec(_name) is None):
+        _pkg = types.ModuleType(_name)
+        _pkg.__path__ = [str(_REPO / _folder)]
+        sys.modules[_name] = _pkg
+
+from eks_ddp_trainer.snapshot import DIR_ENV  # noqa: E402
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -42,7 +48,7 @@ def _snapshots_in_a_temp_dir():
 
 @pytest.fixture
 def in_process_trainer(monkeypatch):
-    """training.train.main called in this process: a single process (no torchrun environment), one thread."""
+    """eks_ddp_trainer.train.main called in this process: a single process (no torchrun environment), one thread."""
     import torch
 
     monkeypatch.delenv("MASTER_ADDR", raising=False)

@@ -167,7 +167,7 @@ def test_a_missed_bar_fails_the_verdict_and_the_report_is_written_after_each_ite
 
 def test_the_airbench94_loop_trains_and_times_its_late_steps(tmp_path):
     """bench/airbench94_loop.py, item (b)'s reference, on a CPU at toy size: whitening, three groups, EMA pulls."""
-    from training.data import write_synthetic_cifar
+    from eks_ddp_trainer.data import write_synthetic_cifar
 
     write_synthetic_cifar(tmp_path / "d", n_train=64, n_test=20, seed=0)
     out = tmp_path / "ab.json"
@@ -207,6 +207,6 @@ def test_the_check_and_what_it_imports_compile_under_python_3_12():
     if py312 is None:
         pytest.skip("no Python 3.12 on this machine")
     proc = subprocess.run([str(py312), "-m", "compileall", "-q", "-x", "__pycache__", str(ROOT / "bench"),
-                           str(ROOT / "training"), str(ROOT / "components" / "torchrun.py")], capture_output=True,
+                           str(ROOT / "training"), str(ROOT / "components" / "core" / "torchrun.py")], capture_output=True,
                           text=True, timeout=300, env={**os.environ, "PYTHONPYCACHEPREFIX": "/tmp/eks-ddp-pyc312"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]

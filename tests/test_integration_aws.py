@@ -106,7 +106,7 @@ def _region(st: Any) -> str:
 
 
 def _cluster_name(st: Any) -> str:
-    from components.config import cluster_name_for
+    from eks_ddp.config import cluster_name_for
 
     return cluster_name_for(st.name)
 
@@ -218,7 +218,7 @@ def test_dev_stack_lifecycle(stack, tmp_path):
 
 def upgrade_path() -> tuple[str, str]:
     """(from, to): the supported minor just below the default, and the default (one minor up)."""
-    from components import k8s_versions
+    from eks_ddp.core import k8s_versions
 
     versions = list(k8s_versions.SUPPORTED_VERSIONS)
     to = k8s_versions.DEFAULT_VERSION

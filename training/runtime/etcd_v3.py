@@ -17,7 +17,7 @@ is the caller's job (rdzv_store.py ``Retrier``).
 TLS: the caller passes an ``ssl.SSLContext`` holding the store's CA and the client certificate. With
 ``--client-cert-auth`` etcd's gateway dials etcd's own gRPC port with the *server* certificate as its client
 certificate (etcd server/embed/serve.go, ``serveCtx.serve``: ``dtls := tlscfg.Clone()``; etcd-io/etcd#16590), so
-the server certificate must allow client authentication too (components/etcd_tls.py, training/etcd_local.py).
+the server certificate must allow client authentication too (components/workloads/etcd_tls.py, training/local/etcd.py).
 """
 
 from __future__ import annotations

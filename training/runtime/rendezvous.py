@@ -50,7 +50,7 @@ but not from its peers for longer than the expiry window: the others drop it (as
 rejoins the moment it reaches the store again.
 
 **The store is authenticated, and what it holds is data.** The client speaks HTTPS with a client certificate,
-and the server (components/etcd.py, training/etcd_local.py) requires one (``--client-cert-auth``). The state is
+and the server (components/workloads/etcd.py, training/local/etcd.py) requires one (``--client-cert-auth``). The state is
 stored as JSON and checked field by field before torch's state holder sees it (rdzv_state.py): torch unpickles
 only bytes this agent pickled, so a writer of the key can disturb the rendezvous but never run code in an agent.
 
@@ -182,7 +182,7 @@ def allow_close() -> None:
 
 def _create(params: RendezvousParameters, *, key_prefix: str = KEY_PREFIX, store=None) -> ElasticHandler:
     """The agent's handler (the registry calls it with ``params`` only); ``key_prefix`` and ``store`` let torch's
-    own rendezvous test suite run it on its keys and its store (tests/test_rendezvous_torch_suite.py)."""
+    own rendezvous test suite run it on its keys and its store (tests/runtime/test_rendezvous_torch_suite.py)."""
     client_settings(params)  # settings no retry can fix fail here, at start (RendezvousConfigError), not after 600 s
     retry = Retrier(params, float(params.config.pop("store_retry_timeout", DEFAULT_STORE_RETRY_S)))
     first_round_s = float(params.config.pop("first_round_timeout", DEFAULT_FIRST_ROUND_S))

@@ -7,7 +7,7 @@
 # Copyright (c) Facebook, Inc. and its affiliates. BSD-3-Clause: see LICENSE in this folder (torch 2.14.1's).
 # Only IntegrationTest and what it uses (_ignore_exception, _wait_for, _CapturingThread, _InMemoryRendezvousBackend,
 # TEST_PORT), unchanged; the imports are those of the upstream file that these need. The file is renamed so pytest
-# does not collect it alone: tests/test_rendezvous_torch_suite.py runs it against the eks-etcd backend.
+# does not collect it alone: tests/runtime/test_rendezvous_torch_suite.py runs it against the eks-etcd backend.
 # ruff: noqa
 
 # Owner(s): ["oncall: r2p"]

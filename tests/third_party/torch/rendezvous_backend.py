@@ -5,7 +5,7 @@
 # Copyright (c) Facebook, Inc. and its affiliates. BSD-3-Clause: see LICENSE in this folder (torch 2.14.1's).
 # Only RendezvousBackendTestMixin, unchanged except: the import of torch.testing._internal.common_utils.run_tests
 # and the `if __name__ == "__main__": run_tests()` block are left out (run_tests needs expecttest, and pytest runs
-# the mixin through tests/test_rendezvous_torch_suite.py). The file is renamed so pytest does not collect it alone.
+# the mixin through tests/runtime/test_rendezvous_torch_suite.py). The file is renamed so pytest does not collect it alone.
 # ruff: noqa
 
 # Owner(s): ["oncall: r2p"]
