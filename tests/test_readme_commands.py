@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 
-from tests.util import ROOT
+from tests.support.util import ROOT
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 BASH = "\n".join(m for p in DOCS for m in re.findall(r"```bash\n(.*?)```", p.read_text(), re.S))

@@ -11,7 +11,7 @@ Dates: the EKS release calendar (docs.aws.amazon.com/eks/latest/userguide/kubern
 mirrored at endoflife.date/amazon-eks), checked 2026-11-22. 1.36's dates (:data:`_CALENDAR_1_36`) come
 from endoflife.date's amazon-eks entry as quoted elsewhere, not from the EKS page itself: check them against
 ``aws eks describe-cluster-versions --cluster-version 1.36`` at the next review. Nothing here is looked up at run time: the
-calendar is data, reviewed when a version is added (tests/test_k8s_versions.py fails once the default
+calendar is data, reviewed when a version is added (tests/core/test_k8s_versions.py fails once the default
 version is within 30 days of leaving standard support).
 """
 
@@ -82,7 +82,7 @@ DEFAULT_SUPPORT_TYPE: SupportType = "STANDARD"
 # A build is pinned only where its compatibility with that version is confirmed; for the other supported
 # versions the program asks EKS for the version's default build (aws.eks.get_addon_version, most_recent
 # False), which is compatible by definition and moves only when EKS changes that default.
-# tests/test_k8s_versions.py checks every supported version resolves for every add-on.
+# tests/core/test_k8s_versions.py checks every supported version resolves for every add-on.
 EFS_CSI_DRIVER = "aws-efs-csi-driver"
 METRICS_SERVER = "metrics-server"
 COREDNS = "coredns"

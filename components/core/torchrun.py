@@ -89,7 +89,7 @@ RDZV_TLS_DIR = "/etc/eks-ddp/rdzv-tls"
 CLUSTER_TLS = RdzvTls.under(RDZV_TLS_DIR)
 
 CLUSTER_TIMEOUTS = RdzvTimeouts()
-"""What the EKS training Job runs, and what tests/test_resilience.py and bench/recovery.py measure."""
+"""What the EKS training Job runs, and what tests/runtime/test_resilience.py and bench/recovery.py measure."""
 LOCAL_TIMEOUTS = RdzvTimeouts(join=120, last_call=1, first_round=30, close=10)
 """The local runner: the cluster's detection timings, shorter waits for agents that never come."""
 

@@ -6,7 +6,7 @@ import pytest
 from eks_ddp.config import ConfigError, load_stack_config
 from eks_ddp.core import catalog
 
-from tests.util import drop_path, set_path, stack_config
+from tests.support.util import drop_path, set_path, stack_config
 
 
 def load(cfg: dict):

@@ -20,7 +20,7 @@ from eks_ddp.tooling import mocks as mocks_mod
 from eks_ddp.tooling import plan as plan_mod
 from eks_ddp.tooling.mocks import run_program
 
-from tests.util import ROOT, TEST_PUBLIC_CIDR, run, set_path, stack_config
+from tests.support.util import ROOT, TEST_PUBLIC_CIDR, run, set_path, stack_config
 
 # (case id, config path, value, YAML key the message must name)
 REJECTED = [
@@ -200,7 +200,7 @@ def test_test_cidr_is_a_real_public_address():
 def test_elastic_job_args_reject_what_the_stack_config_rejects(field, value):
     from eks_ddp.core.workload import cifar10_workload
 
-    from tests.test_elastic_job import run_job
+    from tests.workloads.test_elastic_job import run_job
 
     trainer = field in ("epochs", "global_batch_size", "model", "learning_rate")  # the bundled trainer's own
     with pytest.raises(ValueError, match=rf"^(.*; )?{field}: got "):
@@ -217,10 +217,10 @@ def test_infrastructure_args_reject_what_the_stack_config_rejects(component, fie
     import dataclasses
 
     if component == "gpu":
-        from tests.test_gpu_nodegroup import BASE, _run
+        from tests.infra.test_gpu_nodegroup import BASE, _run
     else:
-        from tests.test_cluster import ARGS as BASE
-        from tests.test_cluster import _run
+        from tests.infra.test_cluster import ARGS as BASE
+        from tests.infra.test_cluster import _run
     with pytest.raises(ValueError, match=field):
         _run(dataclasses.replace(BASE, **{field: value}))
 

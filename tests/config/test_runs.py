@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 from eks_ddp.config import ConfigError, RunConfig, StackConfig, WorkloadConfig
 
-from tests.test_config import load, rejects
-from tests.util import stack_config
+from tests.config.test_config import load, rejects
+from tests.support.util import stack_config
 
 DIGEST = "123456789012.dkr.ecr.us-west-2.amazonaws.com/bert@sha256:" + "a" * 64
 
@@ -212,7 +212,7 @@ def test_dev_stacks_commented_runs_example_is_valid():
     """The commented-out example in Pulumi.dev.yaml, uncommented in place of eks-ddp:job, loads as written."""
     import yaml
 
-    from tests.util import ROOT
+    from tests.support.util import ROOT
 
     lines = (ROOT / "Pulumi.dev.yaml").read_text().splitlines()
     start = lines.index("  # eks-ddp:runs:")

@@ -86,7 +86,7 @@ def _cluster_args(**change):
 def _group_args(**change):
     import dataclasses
 
-    from tests.test_gpu_nodegroup import BASE
+    from tests.infra.test_gpu_nodegroup import BASE
 
     return dataclasses.replace(BASE, **change)
 
@@ -257,7 +257,7 @@ def test_the_package_exports_its_components_statically_and_is_typed():
 
     import eks_ddp
 
-    from tests.util import ROOT
+    from tests.support.util import ROOT
 
     assert not hasattr(eks_ddp, "__getattr__")
     assert "from eks_ddp import" in eks_ddp.__doc__ and "from components import" not in eks_ddp.__doc__
@@ -272,7 +272,7 @@ def test_importing_the_package_loads_no_torch():
     import subprocess
     import sys
 
-    from tests.util import ROOT
+    from tests.support.util import ROOT
 
     code = ("import sys\nfor m in ('torch', 'torchvision', 'matplotlib', 'etcd'):\n    sys.modules[m] = None\n"
             "import eks_ddp, eks_ddp.core.torchrun\nprint(' '.join(sorted(eks_ddp.__all__)))")

@@ -11,9 +11,9 @@ from eks_ddp.infra.gpu_nodegroup import GpuNodeGroupArgs
 from eks_ddp.infra.gpu_nodegroup import validate as validate_group
 from eks_ddp.tooling import cost
 
-from tests.test_config import load, rejects
-from tests.test_gpu_nodegroup import BASE, _run
-from tests.util import set_path, stack_config
+from tests.config.test_config import load, rejects
+from tests.infra.test_gpu_nodegroup import BASE, _run
+from tests.support.util import set_path, stack_config
 
 # An illustrative type the built-in table does not list (the values only have to be plausible).
 NEW = catalog.InstanceType(name="g9x.12xlarge", gpus=4, gpu_model="X100", gpu_memory_gib=96, vcpus=48,

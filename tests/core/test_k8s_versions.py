@@ -11,7 +11,7 @@ from eks_ddp.core import k8s_versions
 from eks_ddp.infra.addons import ClusterAddons, ClusterAddonsArgs
 from eks_ddp.tooling.mocks import run_program
 
-from tests.util import at_version, run, set_path, stack_config
+from tests.support.util import at_version, run, set_path, stack_config
 
 REVIEW_DAY = dt.date(2026, 11, 22)
 

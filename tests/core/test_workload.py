@@ -14,8 +14,18 @@ from eks_ddp.core.torchrun import CLUSTER_TIMEOUTS, AgentOptions, TrainerOptions
 from eks_ddp.core.workload import Cifar10Data, Egress, S3Data, Workload, dataset_name
 from eks_ddp.tooling.mocks import run_program
 
-from tests.test_elastic_job import ETCD, GPU_NODES, IMAGE, JOB, NETPOL, RDZV_TLS_SECRET, env_of, run_job, trainer
-from tests.util import run, stack_config
+from tests.support.util import run, stack_config
+from tests.workloads.test_elastic_job import (
+    ETCD,
+    GPU_NODES,
+    IMAGE,
+    JOB,
+    NETPOL,
+    RDZV_TLS_SECRET,
+    env_of,
+    run_job,
+    trainer,
+)
 
 OTHER_IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/mine@sha256:" + "cd" * 32
 
@@ -259,7 +269,7 @@ def test_the_stage_role_lists_exactly_the_prefix_and_reads_only_under_it():
 
 
 def test_the_program_gives_an_s3_run_its_stage_and_role():
-    from tests.test_config_runs import DIGEST, with_runs
+    from tests.config.test_runs import DIGEST, with_runs
 
     result = run(with_runs({"runId": "a", "nodes": 1}, {"runId": "b", "nodes": 1, "workload": {
         "image": DIGEST, "module": "bert.train", "data": {"s3": "s3://my-data/corpora/wiki/", "sha256": "cd" * 32}}}))
@@ -275,7 +285,7 @@ def test_the_program_gives_an_s3_run_its_stage_and_role():
 
 
 def test_two_prefixes_that_would_stage_into_one_directory_are_refused():
-    from tests.test_config_runs import DIGEST, with_runs
+    from tests.config.test_runs import DIGEST, with_runs
 
     def s3_run(run_id: str, uri: str) -> dict:
         return {"runId": run_id, "nodes": 1, "workload": {"image": DIGEST, "module": "m", "data": {"s3": uri}}}

@@ -14,7 +14,7 @@ from eks_ddp.infra import autoscaler
 from eks_ddp.tooling.mocks import ProgramResult, _node_group
 from eks_ddp.tooling.plan import render_manifests
 
-from tests.util import at_version, run, set_path, stack_config
+from tests.support.util import at_version, run, set_path, stack_config
 
 STACKS = ("dev", "p4de")
 TAG = "aws:autoscaling/tag:Tag"

@@ -25,9 +25,9 @@ import yaml
 from eks_ddp.config import SUPPORTED_KUBERNETES_VERSIONS
 from eks_ddp.infra import autoscaler
 
-from tests.util import at_version, run, stack_config
+from tests.support.util import at_version, run, stack_config
 
-FIXTURES = Path(__file__).parent / "fixtures" / "autoscaler"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "autoscaler"
 READ = {"list", "watch"}
 
 CORE_NEEDS = frozenset({

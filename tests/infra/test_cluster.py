@@ -226,7 +226,7 @@ def _provider_kubeconfig(result) -> dict:
 def test_kubernetes_provider_authenticates_with_the_stacks_aws_profile():
     # Review M8: pulumi-eks's kubeconfig output has no profile, so `aws eks get-token` used the default
     # credential chain instead of the stack's aws:profile: Unauthorized on every Kubernetes resource.
-    from tests.util import stack_config
+    from tests.support.util import stack_config
 
     raw = {**stack_config("dev"), "aws:profile": "training-admin"}
     result = run_program(raw)

@@ -18,7 +18,7 @@ import pytest
 from eks_ddp.core.torchrun import LAUNCHER_MODULE, TRAIN_MODULE, AgentOptions, TrainerOptions, job_command
 from eks_ddp.infra.image import DOCKERFILE, source_files
 
-from tests.util import ROOT
+from tests.support.util import ROOT
 
 HADOLINT = ROOT / ".venv" / "bin" / "hadolint"
 CHECKOV = ROOT / ".venv-scan" / "bin" / "checkov"

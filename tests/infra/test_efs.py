@@ -205,7 +205,7 @@ def test_validation_names_the_field(change, field):
 def test_brought_vpc_with_two_private_subnets_in_one_zone_gets_one_mount_target_per_zone():
     from eks_ddp.tooling.mocks import RecordingMocks
 
-    from tests.util import set_path, stack_config
+    from tests.support.util import set_path, stack_config
 
     mocks = RecordingMocks(zones=2)  # the mock hands out zones in turn: subnet-c shares subnet-a's zone
     config = set_path(stack_config("dev"), "eks-ddp:network", {
@@ -229,7 +229,7 @@ def test_existing_file_system_is_used_and_never_created_or_owned():
 
 
 def test_file_system_id_is_a_config_key():
-    from tests.util import run, set_path, stack_config
+    from tests.support.util import run, set_path, stack_config
 
     result = run(set_path(stack_config("dev"), "eks-ddp:storage.fileSystemId", "fs-0123456789abcdef0"))
     assert result.of_type("aws:efs/fileSystem:FileSystem") == []

@@ -11,7 +11,13 @@ from eks_ddp.core import catalog
 from eks_ddp.infra.gpu_nodegroup import MEMLOCK_BYTES, GpuNodeGroup, GpuNodeGroupArgs, efa_device_index
 from eks_ddp.tooling.mocks import run_program
 
-from tests.nodeadm_roundtrip import go_decode_integer, merged_base_runtime_spec, node_configs, numbers, through_float64
+from tests.support.nodeadm_roundtrip import (
+    go_decode_integer,
+    merged_base_runtime_spec,
+    node_configs,
+    numbers,
+    through_float64,
+)
 
 LT = "aws:ec2/launchTemplate:LaunchTemplate"
 NG = "aws:eks/nodeGroup:NodeGroup"
@@ -293,7 +299,7 @@ def test_node_template_tag_resources_are_named_by_key_not_position():
 
 
 def _spot_raw(types):
-    from tests.util import set_path, stack_config
+    from tests.support.util import set_path, stack_config
 
     raw = set_path(stack_config("dev"), "eks-ddp:nodeGroups[0].capacityType", "spot")
     raw = set_path(raw, "eks-ddp:nodeGroups[0].instanceType", "g5.xlarge")
@@ -317,7 +323,7 @@ def test_spot_group_launches_from_several_instance_types():
 def test_spot_types_must_match_the_gpu_shape_and_be_spot(types, capacity, match):
     from eks_ddp.config import ConfigError, load_stack_config
 
-    from tests.util import set_path
+    from tests.support.util import set_path
 
     raw = set_path(_spot_raw(types), "eks-ddp:nodeGroups[0].capacityType", capacity)
     with pytest.raises(ConfigError, match=match):
@@ -328,7 +334,7 @@ def test_spot_types_must_match_the_gpu_shape_and_be_spot(types, capacity, match)
 def test_node_groups_track_cluster_version(stack):
     """Every managed node group, system and GPU, carries the cluster's version, so an upgrade moves the nodes
     with the control plane and the next one is not refused (review 2026-11-24, A3)."""
-    from tests.util import at_version, run, stack_config
+    from tests.support.util import at_version, run, stack_config
 
     for version in ("1.35", "1.36"):
         raw = at_version(stack_config(stack), version)
@@ -342,6 +348,6 @@ def test_resize_reads_the_live_desired_size_first():
     the desired size a min/max change sends is the live one (A2)."""
     import yaml
 
-    from tests.util import ROOT
+    from tests.support.util import ROOT
 
     assert yaml.safe_load((ROOT / "Pulumi.yaml").read_text())["options"]["refresh"] == "always"

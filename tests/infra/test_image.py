@@ -20,7 +20,7 @@ from eks_ddp.infra.image import (
 from eks_ddp.tooling.mocks import ACCOUNT, run_program
 from pulumi.runtime import rpc
 
-from tests.util import ROOT, run, set_path, stack_config
+from tests.support.util import ROOT, run, set_path, stack_config
 
 REPO = "aws:ecr/repository:Repository"
 LIFECYCLE = "aws:ecr/lifecyclePolicy:LifecyclePolicy"

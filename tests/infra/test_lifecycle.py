@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from tests.util import run, stack_config
+from tests.support.util import run, stack_config
 
 
 def _k8s_provider_kubeconfig(result) -> dict:
@@ -34,7 +34,7 @@ def test_without_a_profile_the_default_chain_kubeconfig_is_used():
 
 def test_admin_principals_come_from_config():
     """Review m8."""
-    from tests.util import set_path
+    from tests.support.util import set_path
 
     arn = "arn:aws:iam::123456789012:role/teammate"
     result = run(set_path(stack_config("dev"), "eks-ddp:cluster.adminPrincipalArns", [arn]))
@@ -46,7 +46,7 @@ def test_bad_admin_principal_is_refused_naming_the_key():
     import pulumi
     import pytest
 
-    from tests.util import set_path
+    from tests.support.util import set_path
 
     with pytest.raises(pulumi.RunError, match=r"eks-ddp:cluster.adminPrincipalArns\[0\]|cluster.adminPrincipalArns\[0\]"):
         run(set_path(stack_config("dev"), "eks-ddp:cluster.adminPrincipalArns", ["teammate"]))

@@ -175,7 +175,7 @@ def test_default_zones_are_regular_zones_where_eks_accepts_subnets():
     """Review M6: never a Local Zone, never use1-az3/usw1-az2/cac1-az3 (their names differ per account)."""
     from eks_ddp.tooling.mocks import RecordingMocks
 
-    from tests.util import stack_config
+    from tests.support.util import stack_config
 
     mocks = RecordingMocks(region="us-east-1")
     mocks.zone_ids = ["use1-az3", "use1-az1", "use1-az2", "use1-az4"]  # this account's us-east-1a is use1-az3

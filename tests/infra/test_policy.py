@@ -11,7 +11,7 @@ import json
 import pytest
 from eks_ddp.tooling.mocks import ProgramResult
 
-from tests.util import parent_chain
+from tests.support.util import parent_chain
 
 OPEN = {"0.0.0.0/0", "::/0"}
 SG = "aws:ec2/securityGroup:SecurityGroup"
@@ -209,7 +209,7 @@ def test_dev_g4dn_group_has_no_efa_and_spans_zones(dev_result):
 def test_arns_follow_partition(region, part):
     """A7: in aws-cn and aws-us-gov, every AWS-managed policy ARN, access policy ARN and the S3 endpoint's service
     name are the region's partition's (arn:aws: there fails, and the node role would get no worker policy)."""
-    from tests.util import run, set_path, stack_config
+    from tests.support.util import run, set_path, stack_config
 
     raw = set_path(stack_config("dev"), "aws:region", region)
     raw = set_path(raw, "eks-ddp:cluster.adminPrincipalArns", [f"arn:{part}:iam::123456789012:role/ci"])

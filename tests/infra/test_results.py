@@ -282,7 +282,7 @@ def test_failed_upload_is_loud_but_does_not_raise(tmp_path, s3, capsys):
 
 
 def test_program_wires_the_role_into_the_trainer_service_account_and_env():
-    from tests.util import run, stack_config
+    from tests.support.util import run, stack_config
 
     result = run(stack_config())
     role = result.one("aws:iam/role:Role", "results-uploader")
@@ -322,7 +322,7 @@ def test_the_trainer_uploads_its_results_when_the_job_asks(tmp_path, s3, monkeyp
 def test_stack_config_adopts_retained_bucket():
     """A9: `storage.resultsBucket` re-attaches the bucket an earlier destroy kept: no new bucket, the upload role
     scoped to that bucket's run prefix, the results output naming it; a bad name is refused naming the key."""
-    from tests.util import run, set_path, stack_config
+    from tests.support.util import run, set_path, stack_config
 
     raw = set_path(stack_config("dev"), "eks-ddp:storage.resultsBucket", "results-kept-1234")
     result = run(raw)
@@ -343,8 +343,8 @@ KEPT_KEY = "arn:aws:kms:us-west-2:123456789012:key/0f1e2d3c-4b5a-6978-8796-a5b4c
 def test_stack_config_gives_the_uploaders_the_reattached_buckets_key():
     """`storage.resultsKmsKeyArn`: the re-attached bucket's SSE-KMS key reaches every uploader's grant and the
     trainer's environment (without it the bucket's default key refuses every PutObject)."""
-    from tests.test_config_runs import with_runs
-    from tests.util import run, set_path
+    from tests.config.test_runs import with_runs
+    from tests.support.util import run, set_path
 
     raw = set_path(with_runs({"runId": "a", "nodes": 1}, {"runId": "b", "nodes": 1}),
                    "eks-ddp:storage.resultsBucket", "results-kept-1234")
@@ -380,7 +380,7 @@ def test_the_upload_step_exits_1_on_a_real_process_when_the_upload_fails(tmp_pat
 
     from eks_ddp_trainer import results
 
-    from tests.util import ROOT
+    from tests.support.util import ROOT
 
     run = _finished_run(tmp_path / "run")
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}

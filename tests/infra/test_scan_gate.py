@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from eks_ddp.infra.scan_gate import STACK_SETTING, ScanGateError, blocking, check_image, scan_target
 
-from tests.util import run, set_path, stack_config
+from tests.support.util import run, set_path, stack_config
 
 DIGEST = "sha256:" + "ab" * 32
 REF = f"123456789012.dkr.ecr.us-west-2.amazonaws.com/eks-ddp/trainer@{DIGEST}"

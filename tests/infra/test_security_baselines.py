@@ -3,7 +3,7 @@ EKS Best Practices Guide section (``bp_*``) or CIS Amazon EKS Benchmark id (``ci
 
 The Kubernetes side reads the rendered manifests (what ``kubectl apply`` would get); the AWS side reads the
 recorded inputs of every AWS resource, as checkov's Terraform checks read a plan. checkov itself scans the
-manifests (tests/test_manifests.py) and the Dockerfile (tests/test_dockerfile.py); the AWS checks here are our own,
+manifests (tests/workloads/test_manifests.py) and the Dockerfile (tests/infra/test_dockerfile.py); the AWS checks here are our own,
 because checkov cannot read a Pulumi Python program. Each detector has a negative control below it.
 """
 
@@ -253,7 +253,7 @@ def test_cis_aws_5_4_checkov_ckv2_aws_12_default_security_group_closed(result):
 # --- AWS: the API endpoint ------------------------------------------------------------------------------------
 
 def test_cis_5_4_2_checkov_ckv_aws_39_private_endpoint_only_is_a_config_key():
-    from tests.util import drop_path, run, set_path, stack_config
+    from tests.support.util import drop_path, run, set_path, stack_config
 
     cfg = set_path(drop_path(stack_config("dev"), "eks-ddp:cluster.publicAccessCidrs"),
                    "eks-ddp:cluster.endpointPublicAccess", False)
@@ -265,7 +265,7 @@ def test_cis_5_4_2_checkov_ckv_aws_39_private_endpoint_only_is_a_config_key():
 def test_private_endpoint_refuses_public_cidrs_and_public_endpoint_requires_them():
     from eks_ddp.config import ConfigError, load_stack_config
 
-    from tests.util import drop_path, set_path, stack_config
+    from tests.support.util import drop_path, set_path, stack_config
 
     def problems(cfg):
         cfg = {k: v for k, v in cfg.items() if k.startswith("eks-ddp:")}
@@ -426,7 +426,7 @@ def test_aws_checks_catch_what_they_name():
 # --- docs/security.md --------------------------------------------------------------------------------------------
 
 def _security_section() -> str:
-    from tests.util import ROOT
+    from tests.support.util import ROOT
 
     return (ROOT / "docs" / "security.md").read_text()
 
@@ -439,8 +439,9 @@ def test_cis_4_1_1_readme_names_the_creator_entry_and_its_removal():
 
 def test_every_test_the_security_section_cites_exists():
     import re
+    from pathlib import Path
 
-    from tests.util import ROOT
+    from tests.support.util import ROOT
 
     section = " ".join(_security_section().split())
     cited = re.findall(r"(?:(test_[a-z0-9_]+\.py))?::(test_[a-z0-9_]+)", section)
@@ -448,7 +449,8 @@ def test_every_test_the_security_section_cites_exists():
     current = None
     for file, name in cited:
         current = file or current
-        assert current and re.search(rf"^def {name}\(", (ROOT / "tests" / current).read_text(), re.M), \
+        found = sorted((ROOT / "tests").rglob(current)) if current else []
+        assert len(found) == 1 and re.search(rf"^def {name}\(", found[0].read_text(), re.M), \
             f"docs/security.md cites {current}::{name}, which does not exist"
     for name in set(re.findall(r"`(test_[a-z0-9_]+)`", section)) - {n for _, n in cited}:
-        assert name in (ROOT / "tests" / "test_security_baselines.py").read_text(), name
+        assert name in Path(__file__).read_text(), name

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from eks_ddp_trainer import integrity
 
-from tests.test_elastic_job import run_job
+from tests.workloads.test_elastic_job import run_job
 
 JOB = "kubernetes:batch/v1:Job"
 

@@ -16,7 +16,7 @@ from eks_ddp.infra.image import ecr_repository_arn
 from eks_ddp.infra.workload_image import WorkloadImage, WorkloadImageArgs, workload_image_name
 from eks_ddp.tooling.mocks import run_program
 
-from tests.util import BYO_OTHER_ACCOUNT_IMAGE, BYO_OWN_ACCOUNT_IMAGE, byo_stack_config, run
+from tests.support.util import BYO_OTHER_ACCOUNT_IMAGE, BYO_OWN_ACCOUNT_IMAGE, byo_stack_config, run
 
 POLICY = "aws:iam/rolePolicy:RolePolicy"
 GATE = "pulumi-python:dynamic:Resource"

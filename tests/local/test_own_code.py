@@ -2,7 +2,7 @@
 the real launcher and a real etcd (review U2), with the cluster's agent command for a module or script workload.
 
 Each runs ``python -m eks_ddp_local`` as a process from a folder outside the repository that holds the user's
-code (the corpus of tests/test_torchrun_corpus.py), and checks what the user sees: their lines, the run directory
+code (the corpus of tests/runtime/test_torchrun_corpus.py), and checks what the user sees: their lines, the run directory
 in ``EKS_DDP_RUN_DIR``, and the exit status (a usage error stops at once: no retries).
 """
 
@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from eks_ddp_local.args import parse_args
 
-from tests.etcd_server import trainer_env
-from tests.util import ROOT
+from tests.support.etcd_server import trainer_env
+from tests.support.util import ROOT
 
 CORPUS = ROOT / "tests" / "fixtures" / "corpus"
 

@@ -29,7 +29,7 @@ from eks_ddp_runtime import procs
 from eks_ddp_runtime.procs import alive, descendants, listening
 from eks_ddp_trainer.plot import metrics_table, plot_history, read_history, read_test_accuracy
 
-from tests.util import ROOT
+from tests.support.util import ROOT
 
 STEP = "[train] epoch=2 step=25 loss=1.2749 acc=0.804 img_s=603 world=2 lr=0.1562"
 

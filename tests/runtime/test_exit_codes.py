@@ -18,7 +18,7 @@ from eks_ddp.core.torchrun import CLUSTER_TIMEOUTS, AgentOptions, TrainerOptions
 from eks_ddp_runtime import exitcodes
 from eks_ddp_trainer.data import TRAIN_FILES, batches_root, write_synthetic_cifar
 
-from tests.etcd_server import ROOT, Job, client_tls, etcd_endpoint, jobs, kill_workers_in_a_row, trainer_env  # noqa: F401
+from tests.support.etcd_server import ROOT, Job, client_tls, etcd_endpoint, jobs, kill_workers_in_a_row, trainer_env  # noqa: F401
 
 
 @pytest.fixture(scope="module")
@@ -73,10 +73,10 @@ def test_alone_the_process_exits_with_the_contract_code(case, tmp_path, data_dir
 
 def test_alone_a_fatal_code_survives_a_side_thread_inside_torch(tmp_path, data_dir):
     # Deterministic form of the 134: a side thread sits in torch's C++ code for the whole run, as a snapshot
-    # write in flight can at the moment the trainer exits (tests/busy_exit_probe.py runs eks_ddp_trainer.train as
+    # write in flight can at the moment the trainer exits (tests/support/busy_exit_probe.py runs eks_ddp_trainer.train as
     # __main__). Interpreter shutdown would stop that thread in C++ and abort; the exit path must not.
     opts = _trainer(data_dir, tmp_path / "run", learning_rate=5000.0)
-    proc = subprocess.run([sys.executable, "-m", "tests.busy_exit_probe", *opts.args()], cwd=ROOT, env=trainer_env(),
+    proc = subprocess.run([sys.executable, "-m", "tests.support.busy_exit_probe", *opts.args()], cwd=ROOT, env=trainer_env(),
                           capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
     out = proc.stdout + proc.stderr
     assert proc.returncode == exitcodes.DIVERGED, out[-3000:]
@@ -88,11 +88,11 @@ def test_alone_a_fatal_code_survives_a_side_thread_inside_torch(tmp_path, data_d
 def test_alone_the_code_is_final_before_interpreter_shutdown(case, tmp_path, data_dir):
     # Seen once at the end of a successful two-process run on a loaded machine: rank 1 printed nothing wrong, then
     # "terminate called without an active exception" and SIGABRT at interpreter shutdown (C++ teardown), so the
-    # agent saw a failed worker. tests/shutdown_abort_probe.py makes shutdown abort every time; the process must
+    # agent saw a failed worker. tests/support/shutdown_abort_probe.py makes shutdown abort every time; the process must
     # still end with the trainer's code.
     over, code, says = CASES[case]
     opts = _trainer(data_dir, tmp_path / "run", **over)
-    proc = subprocess.run([sys.executable, "-m", "tests.shutdown_abort_probe", "eks_ddp_trainer.train", *opts.args()], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "tests.support.shutdown_abort_probe", "eks_ddp_trainer.train", *opts.args()], cwd=ROOT,
                           env=trainer_env(), capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
     out = proc.stdout + proc.stderr
     assert proc.returncode == code, out[-3000:]

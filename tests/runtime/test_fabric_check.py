@@ -28,7 +28,7 @@ from eks_ddp.core.torchrun import (
 from eks_ddp_runtime import fabric_check as fc
 from eks_ddp_runtime.exitcodes import FABRIC_FAILED
 
-from tests.etcd_server import ROOT, TORCHRUN, Agent, _processes, client_tls, etcd_endpoint, trainer_env  # noqa: F401
+from tests.support.etcd_server import ROOT, TORCHRUN, Agent, _processes, client_tls, etcd_endpoint, trainer_env  # noqa: F401
 
 # NCCL 2.2x INIT/NET lines as they appear with NCCL_DEBUG=INFO (host:pid:tid prefix), aws-ofi-nccl's included.
 NCCL_EFA_LOG = """\
@@ -132,8 +132,8 @@ def test_alone_without_torchrun_require_efa_fails_with_the_reason_and_exit_code(
 
 
 def test_alone_the_fabric_verdict_is_final_before_interpreter_shutdown(tmp_path):
-    # As for the trainer (tests/test_exit_codes.py): shutdown made to abort must not change the Job's verdict.
-    proc = subprocess.run([sys.executable, "-m", "tests.shutdown_abort_probe", FABRIC_CHECK_MODULE,
+    # As for the trainer (tests/runtime/test_exit_codes.py): shutdown made to abort must not change the Job's verdict.
+    proc = subprocess.run([sys.executable, "-m", "tests.support.shutdown_abort_probe", FABRIC_CHECK_MODULE,
                            f"--run-dir={tmp_path}", "--require-efa"],
                           cwd=ROOT, env=trainer_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == FABRIC_FAILED, proc.stdout + proc.stderr

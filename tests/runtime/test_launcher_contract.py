@@ -26,7 +26,7 @@ from eks_ddp.core.torchrun import CLUSTER_TIMEOUTS, AgentOptions, RdzvTls, scrip
 from eks_ddp_local.etcd import start_etcd
 from eks_ddp_runtime import rendezvous
 
-from tests.etcd_server import ROOT, client_tls, trainer_env
+from tests.support.etcd_server import ROOT, client_tls, trainer_env
 
 SCRIPTS = ROOT / "tests" / "fixtures" / "corpus" / "scripts"
 

@@ -26,7 +26,7 @@ from eks_ddp.core.torchrun import (
 )
 from eks_ddp_runtime.launch import no_nvidia_driver
 
-from tests.etcd_server import ROOT, client_tls, etcd_endpoint, trainer_env  # noqa: F401  (fixture)
+from tests.support.etcd_server import ROOT, client_tls, etcd_endpoint, trainer_env  # noqa: F401  (fixture)
 
 needs_cuda_build = pytest.mark.skipif(not torch.cuda._is_compiled(), reason="torch without CUDA cannot poison a fork")
 
@@ -46,7 +46,7 @@ def _run(cmd: list[str], env: dict[str, str], timeout_s: float = 120.0) -> subpr
 
 def _probe(tmp_path: Path, endpoint: str, extra_env: dict[str, str] | None = None) -> tuple[list[dict], str]:
     out = tmp_path / "probe"
-    proc = _run(module_command(_agent(endpoint), "tests.fork_probe", [str(out)], python=sys.executable),
+    proc = _run(module_command(_agent(endpoint), "tests.support.fork_probe", [str(out)], python=sys.executable),
                 trainer_env(extra_env))
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]
@@ -82,7 +82,7 @@ def test_an_agent_that_initialised_cuda_still_gets_clean_workers_from_the_zygote
 def test_a_zygote_that_touched_cuda_is_not_forked(tmp_path, etcd_endpoint):  # noqa: F811
     # Negative control for the zygote's probe: a preloaded module that initialises CUDA on import (through torch's
     # accelerator check without NVML) poisons every fork of the zygote; the launcher must start fresh processes.
-    ranks, log = _probe(tmp_path, etcd_endpoint, {"EKS_DDP_PRELOAD": "tests.cuda_touch_probe",
+    ranks, log = _probe(tmp_path, etcd_endpoint, {"EKS_DDP_PRELOAD": "tests.support.cuda_touch_probe",
                                                   "PYTORCH_NVML_BASED_CUDA_CHECK": "0"})
     _assert_cuda_usable(ranks, log)
     assert "EKS_DDP_FORK_WORKERS=1 overridden: the zygote is not safe to fork" in log, log[-3000:]
@@ -97,7 +97,7 @@ def test_without_a_driver_workers_are_still_forked_and_clean(tmp_path, etcd_endp
     env = trainer_env()
     env.pop("CUDA_VISIBLE_DEVICES")
     out = tmp_path / "probe"
-    proc = _run(module_command(_agent(etcd_endpoint), "tests.fork_probe", [str(out)], python=sys.executable), env)
+    proc = _run(module_command(_agent(etcd_endpoint), "tests.support.fork_probe", [str(out)], python=sys.executable), env)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]
     _assert_cuda_usable([json.loads(p.read_text()) for p in sorted(out.glob("rank-*.json"))], log)
@@ -105,7 +105,7 @@ def test_without_a_driver_workers_are_still_forked_and_clean(tmp_path, etcd_endp
 
 
 def test_a_bad_fork_setting_is_a_usage_error_naming_the_variable(tmp_path, etcd_endpoint):  # noqa: F811
-    proc = _run(module_command(_agent(etcd_endpoint), "tests.fork_probe", [str(tmp_path / "p")],
+    proc = _run(module_command(_agent(etcd_endpoint), "tests.support.fork_probe", [str(tmp_path / "p")],
                                python=sys.executable), trainer_env({"EKS_DDP_FORK_WORKERS": "yes"}))
     assert proc.returncode == 2, (proc.stdout + proc.stderr)[-3000:]
     assert "EKS_DDP_FORK_WORKERS: got 'yes'; expected 0" in proc.stderr
@@ -137,7 +137,7 @@ def test_on_a_gpu_every_worker_sets_its_device_and_runs_a_kernel(tmp_path, etcd_
     agent = _agent(etcd_endpoint, nproc=1)
     env = trainer_env()
     env.pop("CUDA_VISIBLE_DEVICES")
-    proc = _run(module_command(agent, "tests.fork_probe", [str(out)], python=sys.executable), env)
+    proc = _run(module_command(agent, "tests.support.fork_probe", [str(out)], python=sys.executable), env)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     rank = json.loads((out / "rank-0.json").read_text())
     assert rank["set_device"] == 4.0 and not rank["in_bad_fork"]

@@ -21,7 +21,7 @@ from eks_ddp_runtime import exitcodes, watchdog
 from eks_ddp_trainer import checkpoint as ckpt
 from eks_ddp_trainer.data import write_synthetic_cifar
 
-from tests.etcd_server import Job, RestartableEtcd, etcd_endpoint, jobs, restartable_etcd  # noqa: F401
+from tests.support.etcd_server import Job, RestartableEtcd, etcd_endpoint, jobs, restartable_etcd  # noqa: F401
 
 pytestmark = pytest.mark.slow
 ONE_AGENT_FIRST = dataclasses.replace(CLUSTER_TIMEOUTS, first_round=2)
@@ -156,7 +156,7 @@ def test_checkpoint_write_longer_than_the_detection_window_causes_no_restart(tmp
 
 
 def test_network_partition_of_one_node_is_detected_within_15_s(tmp_path, data_dir):
-    from tests import netns
+    from tests.support import netns
 
     with netns.two_nodes() as nodes:
         trainer = _trainer(data_dir, tmp_path / "run", epochs=6)
@@ -212,7 +212,7 @@ KILLS_IN_CI = 6
 
 @pytest.mark.long  # 39 s: make test-long; bench/recovery.py runs the full 20
 def test_worker_kills_in_a_row_end_in_the_uninterrupted_result(tmp_path, etcd_endpoint, jobs, data_dir):  # noqa: F811
-    from tests.etcd_server import kill_workers_in_a_row, max_weight_diff
+    from tests.support.etcd_server import kill_workers_in_a_row, max_weight_diff
 
     ref = _job(tmp_path / "ref", etcd_endpoint, _trainer(data_dir, tmp_path / "ref-run", epochs=3))
     jobs.append(ref)
@@ -273,7 +273,7 @@ def test_replacement_pod_joins_the_running_job_at_the_next_round(tmp_path, etcd_
 
 # --- the rendezvous store's bad days (review K2-K4, K7; issue 22) ---------------------------------------------
 # Each: no agent exits, the step records never show two worlds at once, and the job is back at full size
-# within 30 s of the store's return or the newcomer's arrival. tests/store_faults.py drives the faults;
+# within 30 s of the store's return or the newcomer's arrival. tests/support/store_faults.py drives the faults;
 # bench/recovery.py runs the same scenarios (and the 5-minute outage) and records the figures.
 
 BACK_WITHIN_S = 30
@@ -295,7 +295,7 @@ def _assert_healed(result: dict) -> None:
 
 
 def test_agents_started_while_the_store_is_down_wait_for_it(tmp_path, jobs, data_dir):  # noqa: F811
-    from tests import store_faults
+    from tests.support import store_faults
 
     etcd = RestartableEtcd(tmp_path / "etcd")  # not started yet
     try:
@@ -309,7 +309,7 @@ def test_agents_started_while_the_store_is_down_wait_for_it(tmp_path, jobs, data
 def test_store_hang_longer_than_the_keepalive_window_then_the_replacement_joins_the_survivor(  # noqa: F811
         tmp_path, restartable_etcd: RestartableEtcd, jobs, data_dir):  # noqa: F811
     # 12 s > keep_alive_interval * keep_alive_max_attempt (4 s): every heartbeat is stale when it is back.
-    from tests import store_faults
+    from tests.support import store_faults
 
     result = store_faults.store_hang_then_newcomer(restartable_etcd, _store_job(tmp_path, restartable_etcd,
                                                                                 data_dir, jobs), hang_s=12)
@@ -319,7 +319,7 @@ def test_store_hang_longer_than_the_keepalive_window_then_the_replacement_joins_
 
 def test_store_wiped_while_degraded_then_the_replacement_joins_the_survivor(  # noqa: F811
         tmp_path, restartable_etcd: RestartableEtcd, jobs, data_dir):  # noqa: F811
-    from tests import store_faults
+    from tests.support import store_faults
 
     result = store_faults.store_wiped_then_newcomer(restartable_etcd, _store_job(tmp_path, restartable_etcd,
                                                                                  data_dir, jobs))
@@ -328,7 +328,7 @@ def test_store_wiped_while_degraded_then_the_replacement_joins_the_survivor(  # 
 
 def test_store_wiped_then_a_worker_kill_reforms_the_full_job(  # noqa: F811
         tmp_path, restartable_etcd: RestartableEtcd, jobs, data_dir):  # noqa: F811
-    from tests import store_faults
+    from tests.support import store_faults
 
     result = store_faults.store_wiped_then_worker_kill(restartable_etcd, _store_job(tmp_path, restartable_etcd,
                                                                                     data_dir, jobs))
@@ -338,7 +338,7 @@ def test_store_wiped_then_a_worker_kill_reforms_the_full_job(  # noqa: F811
 @pytest.mark.long
 def test_five_minute_store_hang_costs_nothing_but_time(tmp_path, restartable_etcd: RestartableEtcd, jobs,  # noqa: F811
                                                        data_dir):
-    from tests import store_faults
+    from tests.support import store_faults
 
     result = store_faults.store_hang_then_newcomer(restartable_etcd, _store_job(
         tmp_path, restartable_etcd, data_dir, jobs, epochs=2000), hang_s=300)
@@ -348,7 +348,7 @@ def test_five_minute_store_hang_costs_nothing_but_time(tmp_path, restartable_etc
 
 def test_the_one_world_check_sees_a_second_rank_0():
     # Negative control of the property the store tests assert: two rank-0s appending to one history.
-    from tests.store_faults import one_world_at_a_time
+    from tests.support.store_faults import one_world_at_a_time
 
     one = [{"kind": "start", "world": 1, "resumed_step": 10}, {"kind": "step", "step": 11, "world": 1},
            {"kind": "step", "step": 12, "world": 1}]

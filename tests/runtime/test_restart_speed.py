@@ -27,7 +27,7 @@ from eks_ddp_runtime import rendezvous
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dyn
 from torch.distributed.elastic.rendezvous import utils as rdzv_utils
 
-from tests.util import ROOT
+from tests.support.util import ROOT
 
 _FIRST_EXCEPTION_LOG = textwrap.dedent("""
     import importlib.abc, json, sys

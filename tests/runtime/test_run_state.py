@@ -21,8 +21,8 @@ import time
 
 import pytest
 
-from tests.test_config_runs import with_runs
-from tests.util import run, stack_config
+from tests.config.test_runs import with_runs
+from tests.support.util import run, stack_config
 
 JOB = "kubernetes:batch/v1:Job"
 
@@ -41,7 +41,7 @@ def test_no_pulumi_managed_job_has_a_ttl(dev_result, p4de_result):
 
 
 def test_an_s3_stage_job_has_no_ttl():
-    from tests.test_config_runs import DIGEST
+    from tests.config.test_runs import DIGEST
     result = run(with_runs({"runId": "a", "nodes": 1, "workload": {
         "image": DIGEST, "module": "m.train", "data": {"s3": "s3://bucket/sets/one/"}}}))
     [stage] = [j for j in _managed_jobs(result) if j.name.endswith("-stage-data")]
@@ -96,7 +96,7 @@ with open(os.environ["WORKER_LOG"], "a") as f:
 def _launch(tmp_path, run_dir, *worker_args: str) -> subprocess.CompletedProcess:
     from eks_ddp_local.etcd import free_port
 
-    from tests.etcd_server import trainer_env
+    from tests.support.etcd_server import trainer_env
 
     env = trainer_env({"EKS_DDP_RUN_DIR": str(run_dir), "WORKER_LOG": str(tmp_path / "worker.log"),
                        "EKS_DDP_FORK_WORKERS": "0"})

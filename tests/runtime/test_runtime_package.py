@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.util import ROOT
+from tests.support.util import ROOT
 
 RUNTIME = ROOT / "training" / "runtime"
 NOT_IN_THE_RUNTIME = ("torchvision", "matplotlib", "training", "eks_ddp_trainer", "eks_ddp", "components", "etcd")

@@ -25,7 +25,7 @@ import pytest
 from eks_ddp.core.torchrun import CLUSTER_TIMEOUTS, AgentOptions, module_command, script_command
 from eks_ddp_local.etcd import free_port, start_etcd
 
-from tests.etcd_server import ROOT, TORCHRUN, client_tls, trainer_env
+from tests.support.etcd_server import ROOT, TORCHRUN, client_tls, trainer_env
 
 CORPUS = ROOT / "tests" / "fixtures" / "corpus"
 CONTRACT = {0: 0, 2: 2, 3: 3, 4: 4, 5: 5}

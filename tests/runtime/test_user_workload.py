@@ -29,7 +29,7 @@ from eks_ddp.core.torchrun import (
 )
 from eks_ddp_runtime.procs import worker_pids
 
-from tests.etcd_server import ROOT, Agent, _processes, client_tls, etcd_endpoint, trainer_env  # noqa: F401
+from tests.support.etcd_server import ROOT, Agent, _processes, client_tls, etcd_endpoint, trainer_env  # noqa: F401
 
 SCRIPT = ROOT / "training" / "examples" / "ddp_minimal.py"
 STEPS, EVERY = 60, 10

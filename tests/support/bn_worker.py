@@ -1,6 +1,6 @@
-"""One process of a real gloo world for tests/test_model_speed.py: StepBatchNorm over a shared step.
+"""One process of a real gloo world for tests/trainer/test_model_speed.py: StepBatchNorm over a shared step.
 
-    python tests/bn_worker.py RANK WORLD PORT OUT_DIR
+    python tests/support/bn_worker.py RANK WORLD PORT OUT_DIR
 
 Every process builds the same seeded batch of ``N`` samples, takes its part (parts of unequal size as
 ``data.rank_slice`` deals them; a process whose part is empty trains on a stand-in batch that does not
@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from eks_ddp_trainer.data import rank_slice  # noqa: E402
 from eks_ddp_trainer.model import StepBatchNorm, sync_batchnorm  # noqa: E402

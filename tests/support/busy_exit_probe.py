@@ -1,4 +1,4 @@
-"""``python -m tests.busy_exit_probe <trainer flags>``: the trainer run as ``__main__`` while a side thread is
+"""``python -m tests.support.busy_exit_probe <trainer flags>``: the trainer run as ``__main__`` while a side thread is
 inside torch's C++ code for the whole run (as a snapshot or checkpoint write can be when a FATAL error ends it),
 so the exit path always meets a busy thread instead of only when the timing is unlucky."""
 

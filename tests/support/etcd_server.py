@@ -32,7 +32,7 @@ from eks_ddp.core.torchrun import (
 from eks_ddp_local.etcd import TlsFiles, start_etcd
 from eks_ddp_runtime.procs import worker_pids
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 
 
@@ -306,7 +306,7 @@ class RestartableEtcd:
                 return
             if self.prefix and subprocess.run([*self.prefix, sys.executable, "-c",
                                                "import sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]); "
-                                               "from tests.etcd_server import _plain_healthy; "
+                                               "from tests.support.etcd_server import _plain_healthy; "
                                                "from eks_ddp_local.etcd import TlsFiles, healthy; "
                                                "raise SystemExit(0 if (_plain_healthy(sys.argv[2]) if sys.argv[3] == 'plain' "
                                                "else healthy(sys.argv[2], TlsFiles(*map(Path, sys.argv[4:])))) else 1)",

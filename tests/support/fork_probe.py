@@ -1,6 +1,6 @@
 """A worker module for the launcher tests: reports whether it can use CUDA the way the trainer does.
 
-Run as ``python -m eks_ddp_runtime.launch <the cluster's flags> -m tests.fork_probe OUT_DIR``. It imports the trainer
+Run as ``python -m eks_ddp_runtime.launch <the cluster's flags> -m tests.support.fork_probe OUT_DIR``. It imports the trainer
 first, so a worker prepares exactly as for training (forked from the launcher's zygote, or a fresh process). Each
 rank writes ``OUT_DIR/rank-<RANK>.json``: torch's bad-fork flag, what CUDA's lazy initialisation (the path
 ``torch.cuda.set_device`` takes) raises, and on a machine with a GPU whether ``set_device`` and a kernel ran.

@@ -2,7 +2,7 @@
 
 Addresses (10.213.0.0/24) exist only inside the namespaces made here; every namespace, and every process
 left in one, is removed on exit. Needs root (CI and the developers' machines run as root). Shared by
-tests/test_resilience.py and bench/recovery.py.
+tests/runtime/test_resilience.py and bench/recovery.py.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from eks_ddp.core.torchrun import CLUSTER_TIMEOUTS, AgentOptions, RdzvTimeouts, TrainerOptions, job_command
 
-from tests.etcd_server import ROOT, Agent, Job, RestartableEtcd, client_tls, trainer_env
+from tests.support.etcd_server import ROOT, Agent, Job, RestartableEtcd, client_tls, trainer_env
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-DEFAULT_SPEC = Path(__file__).parent / "fixtures" / "nodeadm-base-runtime-spec.json"
+DEFAULT_SPEC = Path(__file__).parents[1] / "fixtures" / "nodeadm-base-runtime-spec.json"
 UINT64_MAX = 2**64 - 1
 INT64_MIN = -(2**63)
 

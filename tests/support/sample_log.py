@@ -1,6 +1,6 @@
 """Runs the trainer with each rank logging the sample indices of every step it trains (coverage tests).
 
-    torchrun ... tests/sample_log.py <trainer flags>      (EKS_DDP_SAMPLE_LOG=<path prefix>)
+    torchrun ... tests/support/sample_log.py <trainer flags>      (EKS_DDP_SAMPLE_LOG=<path prefix>)
 
 Each rank appends one JSON line per step, ``{"pos": <sample position in the epoch>, "idx": [...]}``,
 to ``<prefix>.<rank>``. Only the trainer's public helper ``rank_indices`` is wrapped.
@@ -46,7 +46,7 @@ def per_epoch(paths: list[Path], first_epoch: int = 0) -> dict[int, list[int]]:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     install(f"{os.environ[LOG_ENV]}.{os.environ.get('RANK', '0')}")
     from eks_ddp_trainer import train
 

@@ -1,4 +1,4 @@
-"""``python -m tests.shutdown_abort_probe MODULE <flags>``: MODULE (the trainer, the fabric check) run as ``__main__``
+"""``python -m tests.support.shutdown_abort_probe MODULE <flags>``: MODULE (the trainer, the fabric check) run as ``__main__``
 in a process whose interpreter shutdown aborts (an atexit handler calls ``os.abort``), standing in for what torch's
 C++ teardown can do there: a static destructor meeting a still-joinable ``std::thread`` ends the process with
 "terminate called without an active exception" (SIGABRT) whatever the module returned. The exit status must be

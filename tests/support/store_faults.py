@@ -1,7 +1,7 @@
-"""Rendezvous-store faults against real agents: shared by tests/test_resilience.py and bench/recovery.py.
+"""Rendezvous-store faults against real agents: shared by tests/runtime/test_resilience.py and bench/recovery.py.
 
 Each scenario drives a two-node job (the cluster's agent command, CLUSTER_TIMEOUTS) and a
-:class:`~tests.etcd_server.RestartableEtcd` (TLS, client certificates), injects one fault, and returns
+:class:`~tests.support.etcd_server.RestartableEtcd` (TLS, client certificates), injects one fault, and returns
 what happened: whether every agent stayed up, whether the step records ever showed two worlds at once,
 and the seconds from the store's return (or the newcomer's arrival: its agent up and at its first
 rendezvous; ``from_spawn_s`` counts from its process start, imports included) to the first full-size step.
@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from tests.etcd_server import Job, RestartableEtcd
+from tests.support.etcd_server import Job, RestartableEtcd
 
 MakeJob = Callable[[int], Job]
 """Starts the job's agents (the argument: how many) against the scenario's etcd."""

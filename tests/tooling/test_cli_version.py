@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from eks_ddp.tooling import cli_version
 
-from tests.util import ROOT
+from tests.support.util import ROOT
 
 
 def fake_pulumi(tmp_path: Path, answer: str) -> Path:
@@ -46,8 +46,8 @@ def test_preflight_refuses_an_old_cli(tmp_path, monkeypatch):
     from eks_ddp.config import load_stack_config
     from eks_ddp.tooling import preflight
 
-    from tests.stub_quotas import StubQuotas
-    from tests.util import stack_config
+    from tests.support.stub_quotas import StubQuotas
+    from tests.support.util import stack_config
 
     fake_pulumi(tmp_path, "v3.100.0")
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from eks_ddp.tooling.mocks import RecordingMocks, run_program
 
-from tests.util import ROOT, set_path, stack_config
+from tests.support.util import ROOT, set_path, stack_config
 
 
 def _plan(*args: str, cwd=ROOT) -> subprocess.CompletedProcess:
@@ -90,7 +90,7 @@ def test_rendered_manifests_carry_ints_not_floats(dev_result):
 def test_p4de_plan_user_data_survives_nodeadms_merge(p4de_result):
     # Review A-B1: what containerd reads on a p4de node after nodeadm's float64 merge must decode as uint64
     # and equal what the user data asked for.
-    from tests.nodeadm_roundtrip import go_decode_integer, merged_base_runtime_spec, node_configs
+    from tests.support.nodeadm_roundtrip import go_decode_integer, merged_base_runtime_spec, node_configs
 
     lts = [r for r in p4de_result.of_type("aws:ec2/launchTemplate:LaunchTemplate") if "userData" in r.inputs]
     assert lts, "the p4de plan has an EFA launch template with user data"
@@ -114,7 +114,7 @@ def test_p4de_plan_gates_training_on_the_fabric_check(p4de_result, dev_result):
 
 def test_p4de_stack_can_skip_the_fabric_check_by_config():
     """job.fabricCheck: false: no gate Job, and the training Job waits for nothing but data preparation."""
-    from tests.util import run, set_path, stack_config
+    from tests.support.util import run, set_path, stack_config
 
     result = run(set_path(stack_config("p4de"), "eks-ddp:job.fabricCheck", False), stack="p4de")
     jobs = {r.name: r for r in result.of_type("kubernetes:batch/v1:Job")}

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from tests.test_config_runs import DIGEST, with_runs
-from tests.util import run, stack_config
+from tests.config.test_runs import DIGEST, with_runs
+from tests.support.util import run, stack_config
 
 JOB = "kubernetes:batch/v1:Job"
 EFS_POLICY = "aws:efs/fileSystemPolicy:FileSystemPolicy"

@@ -21,7 +21,7 @@ from eks_ddp_runtime import exitcodes
 from eks_ddp_trainer import integrity
 from eks_ddp_trainer.data import ALL_FILES, DataError, batches_root, load_cifar, read_class_names, write_synthetic_cifar
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class _Payload:

@@ -20,7 +20,7 @@ from eks_ddp_trainer import checkpoint as ckpt
 from eks_ddp_trainer import snapshot
 from eks_ddp_trainer.data import write_synthetic_cifar
 
-from tests.etcd_server import Job, etcd_endpoint, jobs  # noqa: F401  (pytest fixtures)
+from tests.support.etcd_server import Job, etcd_endpoint, jobs  # noqa: F401  (pytest fixtures)
 
 pytestmark = pytest.mark.slow
 

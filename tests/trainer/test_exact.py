@@ -14,8 +14,8 @@ from eks_ddp_trainer import checkpoint as ckpt
 from eks_ddp_trainer import snapshot, train
 from eks_ddp_trainer.data import write_synthetic_cifar
 
-from tests import sample_log
-from tests.etcd_server import ROOT, TORCHRUN, max_weight_diff, trainer_env
+from tests.support import sample_log
+from tests.support.etcd_server import ROOT, TORCHRUN, max_weight_diff, trainer_env
 
 N_TRAIN = 100
 
@@ -112,7 +112,7 @@ def test_resize_mid_epoch_matches_uninterrupted_run_and_covers_every_sample(data
     the same resume with another learning rate must fail the comparison."""
     run, prefix = tmp_path / "run", tmp_path / "samples"
     flags = _flags(data_dir, run)
-    cmd = [TORCHRUN, "--standalone", "--nnodes=1", "--nproc-per-node=2", str(ROOT / "tests" / "sample_log.py"),
+    cmd = [TORCHRUN, "--standalone", "--nnodes=1", "--nproc-per-node=2", str(ROOT / "tests" / "support" / "sample_log.py"),
            *flags, "--max-steps=10"]
     proc = subprocess.run(cmd, cwd=ROOT, env=trainer_env({sample_log.LOG_ENV: f"{prefix}-w2"}), capture_output=True,
                           text=True, timeout=120, start_new_session=True)
@@ -175,4 +175,4 @@ def test_corrupt_data_batch_exits_with_bad_input_naming_it(data_dir, tmp_path, c
     assert "data_batch_3" in capsys.readouterr().err
 
 
-# --compile (one graph, the short last step eager, the cache): tests/test_model_speed.py
+# --compile (one graph, the short last step eager, the cache): tests/trainer/test_model_speed.py

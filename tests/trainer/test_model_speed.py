@@ -19,8 +19,8 @@ from eks_ddp_trainer.data import write_synthetic_cifar
 from eks_ddp_trainer.lookahead import Lookahead, LookaheadConfig
 from eks_ddp_trainer.model import StepBatchNorm, build_model, calibrate_bn, precision_for
 
-from tests import bn_worker
-from tests.etcd_server import ROOT, trainer_env
+from tests.support import bn_worker
+from tests.support.etcd_server import ROOT, trainer_env
 
 sys.path.insert(0, str(ROOT / "bench"))
 from airbench94_net import Airbench94Net  # noqa: E402
@@ -48,7 +48,7 @@ def _reference() -> dict[str, torch.Tensor]:
 def _world(tmp_path, world: int) -> list[dict]:
     port, out = _free_port(), tmp_path / f"w{world}"
     out.mkdir()
-    procs = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "bn_worker.py"), str(r), str(world), str(port),
+    procs = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "support" / "bn_worker.py"), str(r), str(world), str(port),
                                str(out)], cwd=ROOT, env=trainer_env(), start_new_session=True,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
     try:

@@ -14,7 +14,7 @@ from eks_ddp_trainer import checkpoint as ckpt
 from eks_ddp_trainer import evaluate, train
 from eks_ddp_trainer.data import write_synthetic_cifar
 
-from tests.etcd_server import ROOT, TORCHRUN, trainer_env
+from tests.support.etcd_server import ROOT, TORCHRUN, trainer_env
 
 LINE = re.compile(r"^\[train\] epoch=\d+ step=\d+ loss=\d+\.\d{4} acc=\d\.\d{3} img_s=\d+ world=\d+ lr=\d+\.\d{4}$")
 

@@ -16,7 +16,7 @@ from eks_ddp_runtime import exitcodes
 from eks_ddp_trainer import train
 from eks_ddp_trainer.data import write_synthetic_cifar
 
-from tests.etcd_server import ROOT, trainer_env
+from tests.support.etcd_server import ROOT, trainer_env
 
 N_TRAIN, BATCH = 64, 16  # 4 steps per epoch
 

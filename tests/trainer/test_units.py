@@ -268,7 +268,7 @@ def test_cli_contract_flags_parse():
         parse_args(["--data-dir=d", "--run-dir=r", "--checkpoint-every=0"])
 
 
-# ---------------------------------------------------------------- BatchNorm: tests/test_model_speed.py
+# ---------------------------------------------------------------- BatchNorm: tests/trainer/test_model_speed.py
 
 def test_whitening_layer_whitens_patches():
     from eks_ddp_trainer.model import AirNet

@@ -501,7 +501,7 @@ def _library_program(*jobs: dict, max_size: int = 2):
     """A program that makes one GPU node group (max_size) and ElasticJobs on it the way docs/library.md shows."""
     from eks_ddp.infra.gpu_nodegroup import GpuNodeGroup
 
-    from tests.test_gpu_nodegroup import BASE
+    from tests.infra.test_gpu_nodegroup import BASE
 
     def program() -> None:
         group = GpuNodeGroup("gpu", dataclasses.replace(BASE, max_size=max_size, desired_size=0))

@@ -18,10 +18,10 @@ from kubernetes_validate import latest_version, validate
 from kubernetes_validate.utils import major_minor
 from torch.distributed.run import get_args_parser
 
-from tests.util import ROOT
+from tests.support.util import ROOT
 
 CHECKOV = ROOT / ".venv-scan" / "bin" / "checkov"
-SKIPS_FILE = Path(__file__).with_name("checkov-skips.yaml")
+SKIPS_FILE = Path(__file__).parents[1] / "checkov-skips.yaml"
 STACKS = ("dev", "p4de")
 EXPECTED_GPUS = {"dev": 1, "p4de": 8}
 OUR_KINDS = {"Job", "CronJob", "StatefulSet", "Secret", "Service", "ServiceAccount", "NetworkPolicy", "PodDisruptionBudget",

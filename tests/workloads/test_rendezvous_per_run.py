@@ -14,8 +14,8 @@ import pytest
 from eks_ddp.config import ConfigError, load_stack_config
 from eks_ddp.tooling.plan import render_manifests
 
-from tests.test_config_runs import DIGEST, with_runs
-from tests.util import run
+from tests.config.test_runs import DIGEST, with_runs
+from tests.support.util import run
 
 STORE = "eks-ddp:etcd:EtcdRendezvous"
 JOB = "kubernetes:batch/v1:Job"
@@ -128,7 +128,7 @@ def test_a_runs_store_refuses_another_runs_client_certificate(tmp_path):
     from eks_ddp.workloads.etcd import etcd_args
     from eks_ddp_local.etcd import make_tls
 
-    from tests.test_etcd import _run_member, _v2
+    from tests.workloads.test_etcd import _run_member, _v2
 
     a, b = make_tls(tmp_path / "a"), make_tls(tmp_path / "b")
     proc: subprocess.Popen | None = None

@@ -55,7 +55,7 @@ from .iam_policy import ALLOW, DENY, UNKNOWN, Decision, Request, evaluate, evalu
 NAME = "s3"
 IRSA_ANNOTATION = "eks.amazonaws.com/role-arn"
 RESULT_FILES = ("metrics.json", "history.jsonl", "training-curve.png", "model.pt")
-"""training/results.FILES (the library never imports the trainer; tests/test_contracts_s3.py keeps them equal)."""
+"""training/results.FILES (the library never imports the trainer; tests/tooling/contracts/test_s3.py keeps them equal)."""
 MULTIPART_FILES = ("model.pt",)
 """Results large enough for boto3's multipart upload (8 MiB threshold): their parts carry no SSE header."""
 SAMPLE_KEY = "eks-ddp-contract-sample"

@@ -20,7 +20,7 @@ from eks_ddp.tooling.contracts.identity import (
 )
 from eks_ddp.tooling.mocks import ProgramResult, Recorded
 
-from tests.util import BYO_OTHER_ACCOUNT_IMAGE, BYO_OWN_ACCOUNT_IMAGE
+from tests.support.util import BYO_OTHER_ACCOUNT_IMAGE, BYO_OWN_ACCOUNT_IMAGE
 
 ONLY = ("image-pull", "image-digest")
 ROLE = "arn:aws:iam::123456789012:role/nodes"

@@ -218,8 +218,8 @@ BERT = "123456789012.dkr.ecr.us-west-2.amazonaws.com/bert@sha256:" + "a" * 64
 
 @pytest.fixture(scope="module")
 def custom_view() -> PlanView:
-    from tests.util import run as run_stack
-    from tests.util import stack_config
+    from tests.support.util import run as run_stack
+    from tests.support.util import stack_config
 
     cfg = {k: v for k, v in stack_config("dev").items() if k != "eks-ddp:job"}
     cfg["eks-ddp:runs"] = [{"runId": "cifar", "nodes": 1}, {"runId": "bert", "nodes": 2, "workload": {
@@ -258,8 +258,8 @@ def test_rendered_egress_that_is_not_declared_is_reported(custom_view):
 # --- c10d: the store on the pod of index 0, behind a headless Service -----------------------------------------
 @pytest.fixture(scope="module")
 def c10d_view() -> PlanView:
-    from tests.util import run as run_stack
-    from tests.util import set_path, stack_config
+    from tests.support.util import run as run_stack
+    from tests.support.util import set_path, stack_config
 
     cfg = set_path(stack_config("dev"), "eks-ddp:job.rdzvBackend", "c10d")
     cfg.pop("eks-ddp:etcd", None)

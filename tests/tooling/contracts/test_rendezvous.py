@@ -13,8 +13,8 @@ import pytest
 from eks_ddp.tooling.contracts import PlanView, check
 from eks_ddp.tooling.contracts import rendezvous as contract
 
-from tests.test_config_runs import DIGEST, with_runs
-from tests.util import run
+from tests.config.test_runs import DIGEST, with_runs
+from tests.support.util import run
 
 
 @pytest.fixture(scope="module")

@@ -17,8 +17,8 @@ from eks_ddp.tooling.contracts import PlanView, check
 from eks_ddp.tooling.contracts import s3 as contract
 from eks_ddp.tooling.contracts.iam_policy import ALLOW, DENY, IMPLICIT_DENY, UNKNOWN, Request, evaluate, evaluate_all
 
-from tests.test_config_runs import DIGEST, with_runs
-from tests.util import run, set_path
+from tests.config.test_runs import DIGEST, with_runs
+from tests.support.util import run, set_path
 
 ACCOUNT = "123456789012"
 OTHER = "999999999999"

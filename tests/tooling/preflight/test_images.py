@@ -14,9 +14,9 @@ from eks_ddp.tooling import preflight
 from eks_ddp.tooling.preflight import images as preflight_images
 from moto import mock_aws
 
-from tests.stub_quotas import StubQuotas, client_error
-from tests.test_preflight import config
-from tests.util import BYO_OTHER_ACCOUNT_IMAGE, BYO_OWN_ACCOUNT_IMAGE, byo_stack_config, set_path, stack_config
+from tests.support.stub_quotas import StubQuotas, client_error
+from tests.support.util import BYO_OTHER_ACCOUNT_IMAGE, BYO_OWN_ACCOUNT_IMAGE, byo_stack_config, set_path, stack_config
+from tests.tooling.preflight.test_preflight import config
 
 MANIFEST = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
                        "config": {}, "layers": []})

@@ -11,9 +11,9 @@ from eks_ddp.tooling import preflight
 from eks_ddp.tooling.preflight import live as preflight_live
 from moto import mock_aws
 
-from tests.stub_quotas import StubQuotas, add_reservations, reservation
-from tests.test_preflight import CR, config, p4de_raw
-from tests.util import set_path, stack_config
+from tests.support.stub_quotas import StubQuotas, add_reservations, reservation
+from tests.support.util import set_path, stack_config
+from tests.tooling.preflight.test_preflight import CR, config, p4de_raw
 
 
 @pytest.fixture
@@ -71,7 +71,7 @@ def test_existing_cluster_of_other_stack_fails(aws):
 
 
 def test_cluster_name_key_names_the_cluster_and_its_log_group():
-    from tests.util import run
+    from tests.support.util import run
 
     raw = set_path(stack_config("dev"), "eks-ddp:cluster.name", "team-a-dev")
     raw = set_path(raw, "eks-ddp:cluster.ownerId", "0123456789abcdef")

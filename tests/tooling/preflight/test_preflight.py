@@ -16,8 +16,15 @@ from eks_ddp.config import StackConfig, load_stack_config
 from eks_ddp.tooling import preflight
 from moto import mock_aws
 
-from tests.stub_quotas import StubQuotas, add_placement_groups, add_reservations, client_error, deny, reservation
-from tests.util import drop_path, set_path, stack_config
+from tests.support.stub_quotas import (
+    StubQuotas,
+    add_placement_groups,
+    add_reservations,
+    client_error,
+    deny,
+    reservation,
+)
+from tests.support.util import drop_path, set_path, stack_config
 
 CR = "cr-0123456789abcdef0"
 

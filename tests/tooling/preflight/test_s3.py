@@ -12,10 +12,10 @@ from eks_ddp.tooling import preflight
 from eks_ddp.tooling.preflight import s3 as preflight_s3
 from moto import mock_aws
 
-from tests.stub_quotas import StubQuotas
-from tests.test_config_runs import DIGEST, with_runs
-from tests.test_preflight import config
-from tests.util import set_path, stack_config
+from tests.config.test_runs import DIGEST, with_runs
+from tests.support.stub_quotas import StubQuotas
+from tests.support.util import set_path, stack_config
+from tests.tooling.preflight.test_preflight import config
 
 REGION = "us-west-2"
 MOTO_ACCOUNT = "123456789012"
