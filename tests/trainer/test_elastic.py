@@ -1,4 +1,4 @@
-"""The elastic job for real: a real etcd (v2 API) and real torchrun agents, gloo on CPU.
+"""The elastic job for real: a real etcd (v3 API) and real torchrun agents, gloo on CPU.
 
 Each agent is a separate process group standing in for a node (``--nnodes=1:2``,
 ``--nproc-per-node=1``, same ``--rdzv-id``), launched with the command line that

