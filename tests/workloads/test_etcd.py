@@ -74,7 +74,7 @@ def test_one_member_serves_only_tls_with_client_certificates():
     for key in ("listen-peer-urls", "initial-advertise-peer-urls"):
         assert f[key] == f"http://127.0.0.1:{PEER_PORT}"
     assert f["listen-metrics-urls"] == f"http://0.0.0.0:{METRICS_PORT}"
-    assert f["enable-v2"] == "true" and f["initial-cluster-state"] == "new"
+    assert "enable-v2" not in f and f["initial-cluster-state"] == "new"  # the agents speak v3 only (E13)
     assert f["advertise-client-urls"] == f"https://rendezvous-etcd.training.svc.cluster.local:{CLIENT_PORT}"
     pod = member(result)["spec"]["template"]["spec"]
     [tls] = [v for v in pod["volumes"] if "secret" in v]
