@@ -82,14 +82,16 @@ def torchrun_command():
 def prepare_environment(bundle: Path, shim: Path) -> dict[str, str]:
     """The environment of every process the check starts, also applied to this one: this checkout and a shim folder
     where ``eks_ddp_runtime``, ``eks_ddp_trainer`` and ``eks_ddp_local`` are training/runtime, training/trainer and
-    training/local (the editable install's mapping, without an install) on the import path; the bundle's etcd on
-    PATH."""
+    training/local (the editable install's mapping, without an install) on the import path, with the bundle's psutil
+    and cryptography where this Python lacks them; the bundle's etcd on PATH."""
     shim.mkdir(parents=True, exist_ok=True)
     for name, folder in (("eks_ddp_runtime", "runtime"), ("eks_ddp_trainer", "trainer"), ("eks_ddp_local", "local")):
         link = shim / name
         if not link.exists():
             link.symlink_to(ROOT / "training" / folder, target_is_directory=True)
     paths = [str(ROOT), str(shim)]
+    if (bundle / "fallback").is_dir():  # psutil, cryptography: each only where this Python lacks it
+        paths += [str(d) for d in sorted((bundle / "fallback").iterdir()) if importlib.util.find_spec(d.name) is None]
     for p in reversed(paths):
         if p not in sys.path:
             sys.path.insert(0, p)

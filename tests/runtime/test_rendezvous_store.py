@@ -539,18 +539,3 @@ print("round", info.rank, info.world_size, info.bootstrap_store_info.master_addr
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "round 0 1 127.0.0.1" in proc.stdout
-
-
-def test_without_the_cryptography_package_openssl_makes_the_stores_tls(tmp_path, monkeypatch):
-    """An offline GPU machine (make gpu-check) has no 'cryptography': the local store's CA and certificates come
-    from the openssl command, and the store still serves only the job's own client certificate."""
-    from eks_ddp_local import etcd as etcd_local
-
-    monkeypatch.setitem(sys.modules, "cryptography", None)  # import cryptography -> ImportError
-    with etcd_local.start_etcd(tmp_path / "etcd") as endpoint:
-        assert (tmp_path / "etcd" / "tls" / "server.ext").exists(), "the openssl path was not taken"
-        put = {"key": b64(b"/control"), "value": b64(b"ok")}
-        assert _post(f"https://{endpoint}/v3/kv/put", put, endpoint.tls.client_context()) == 200
-        no_cert = ssl.create_default_context(cafile=str(endpoint.tls.ca_cert))
-        with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError)):
-            _post(f"https://{endpoint}/v3/kv/put", put, no_cert)

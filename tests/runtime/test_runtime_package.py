@@ -55,7 +55,6 @@ def test_metadata_requires_psutil_as_pinned_and_nothing_else(runtime_site):
     (dist_info,) = runtime_site.glob("eks_ddp_runtime-*.dist-info")
     requires = [line.split(":", 1)[1].strip() for line in (dist_info / "METADATA").read_text().splitlines()
                 if line.startswith("Requires-Dist:")]
-    assert requires == [], requires
     main = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["trainer"]
     pins = [next(r for r in main if _name(r) == name) for name in ("psutil",)]
     assert requires == pins, requires

@@ -184,16 +184,17 @@ def _run_member(args: list[str], data_dir: Path, log: Path, tls_dir: Path,
     return proc, f"127.0.0.1:{client}"
 
 
-def _v2(endpoint: str, key: str, value: str | None = None, context=None) -> str | None:
-    data = None if value is None else urllib.parse.urlencode({"value": value}).encode()
-    req = urllib.request.Request(f"https://{endpoint}/v2/keys/{key}", data=data, method="GET" if data is None else "PUT")
-    try:
-        with urllib.request.urlopen(req, timeout=5, context=context) as r:
-            return json.loads(r.read())["node"]["value"]
-    except urllib.error.HTTPError as err:
-        if err.code == 404:
-            return None
-        raise
+def _kv(endpoint: str, key: str, value: str | None = None, context=None) -> str | None:
+    """Put ``value`` at ``key`` (or read it, None when absent) through etcd's v3 JSON API, as the agents do."""
+    import base64
+
+    b64 = lambda text: base64.b64encode(text.encode()).decode()  # noqa: E731
+    body = {"key": b64(key), **({} if value is None else {"value": b64(value)})}
+    req = urllib.request.Request(f"https://{endpoint}/v3/kv/{'range' if value is None else 'put'}",
+                                 data=json.dumps(body).encode(), method="POST")
+    with urllib.request.urlopen(req, timeout=5, context=context) as r:
+        kvs = json.loads(r.read()).get("kvs") or []
+    return base64.b64decode(kvs[0]["value"]).decode() if value is None and kvs else value if value is not None else None
 
 
 def _cluster_id(endpoint: str, context) -> str:
@@ -220,11 +221,11 @@ def test_the_member_requires_client_certificates_and_survives_its_restart_and_re
         procs.append(proc)
         assert proc.poll() is None, log.read_text()
         with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError)):
-            _v2(endpoint, "torch/elastic/rendezvous/job/state", "evil",
+            _kv(endpoint, "torch/elastic/rendezvous/job/state", "evil",
                 ssl.create_default_context(cafile=str(tls.ca_cert)))
         with pytest.raises((urllib.error.URLError, ConnectionError, OSError)):
-            urllib.request.urlopen(f"http://{endpoint}/v2/keys/", timeout=5).close()
-        _v2(endpoint, "torch/elastic/rendezvous/job/state", "round-7", ok)
+            urllib.request.urlopen(f"http://{endpoint}/v3/kv/range", data=b"{}", timeout=5).close()
+        _kv(endpoint, "torch/elastic/rendezvous/job/state", "round-7", ok)
         first_id = _cluster_id(endpoint, ok)
         proc.kill()
         proc.wait(timeout=10)
@@ -232,7 +233,7 @@ def test_the_member_requires_client_certificates_and_survives_its_restart_and_re
         proc, endpoint = _run_member(args, data, log, tls.ca_cert.parent)  # container restart: emptyDir kept
         procs.append(proc)
         assert proc.poll() is None, log.read_text()[-2000:]
-        assert _v2(endpoint, "torch/elastic/rendezvous/job/state", context=ok) == "round-7"
+        assert _kv(endpoint, "torch/elastic/rendezvous/job/state", context=ok) == "round-7"
         assert _cluster_id(endpoint, ok) == first_id
         proc.kill()
         proc.wait(timeout=10)
@@ -241,10 +242,10 @@ def test_the_member_requires_client_certificates_and_survives_its_restart_and_re
         proc, endpoint = _run_member(args, data, log, tls.ca_cert.parent, "8c1f4e2a-0000-4000-8000-000000000002")
         procs.append(proc)
         assert proc.poll() is None, log.read_text()[-2000:]
-        assert _v2(endpoint, "torch/elastic/rendezvous/job/state", context=ok) is None
+        assert _kv(endpoint, "torch/elastic/rendezvous/job/state", context=ok) is None
         assert _cluster_id(endpoint, ok) != first_id  # a client can tell the new, empty store from the old one
-        _v2(endpoint, "torch/elastic/rendezvous/job/state", "round-0", ok)
-        assert _v2(endpoint, "torch/elastic/rendezvous/job/state", context=ok) == "round-0"
+        _kv(endpoint, "torch/elastic/rendezvous/job/state", "round-0", ok)
+        assert _kv(endpoint, "torch/elastic/rendezvous/job/state", context=ok) == "round-0"
     finally:
         for p in procs:
             if p.poll() is None:
