@@ -36,6 +36,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_eks as eks
 from eks_ddp.core import catalog, k8s_versions, rules
+from eks_ddp.core.types import UpgradePolicy
 
 STACK_TAG = "eks-ddp/stack"
 """The cluster's owner-stack tag (``eks_ddp.tooling.preflight.live.STACK_TAG`` reads it)."""
@@ -135,7 +136,7 @@ class EksClusterArgs:
     5.4.2); the deploy then runs from the VPC or a network joined to it."""
     kubernetes_version: str = k8s_versions.DEFAULT_VERSION
     """Pinned EKS Kubernetes version; upgrade deliberately."""
-    upgrade_policy: k8s_versions.SupportType = k8s_versions.DEFAULT_SUPPORT_TYPE
+    upgrade_policy: UpgradePolicy = k8s_versions.DEFAULT_SUPPORT_TYPE
     """``STANDARD``: EKS upgrades the cluster at the end of standard support ($0.10/h); ``EXTENDED`` (the
     EKS default when unset, so always set here) keeps the version and bills extended support ($0.60/h)."""
     system_instance_type: str = "t3.large"

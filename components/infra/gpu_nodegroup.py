@@ -48,13 +48,12 @@ import base64
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import pulumi
 import pulumi_aws as aws
 from eks_ddp.core import catalog, rules, scheduling
-
-CapacityType = Literal["onDemand", "spot", "capacityBlock"]
+from eks_ddp.core.types import CapacityType
 
 GPU_AMI_TYPE = "AL2023_x86_64_NVIDIA"
 GPU_TAINT_KEY = "nvidia.com/gpu"
