@@ -14,7 +14,9 @@ import ipaddress
 import math
 import re
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, get_args
+
+from eks_ddp.core.types import ModelName
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DNS_LABEL_MAX = 63
@@ -54,7 +56,7 @@ MIN_PUBLIC_PREFIX = 16
 #: Largest global batch the trainer accepts (CIFAR-10 has 50,000 training images).
 MAX_GLOBAL_BATCH = 65536
 
-MODELS = ("airnet", "resnet-small", "resnet18", "workshop-cnn")
+MODELS = get_args(ModelName)
 
 
 def _got(key: str, value: Any, expected: str) -> str:
