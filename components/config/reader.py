@@ -128,26 +128,12 @@ def _string(hint: str = "") -> Any:
     return check
 
 
-def _list_of(allowed: str, *, empty_strings: bool = False) -> Any:
-    def check(value: Any) -> tuple[str, ...]:
-        if isinstance(value, (list, tuple)) and all(isinstance(v, str) and (v or empty_strings) for v in value):
-            return tuple(value)
-        raise refuse(value, allowed)
-    return check
-
-
-def _listed(allowed: str) -> Any:
+def _list(allowed: str, *, strings: bool = False, empty_strings: bool = False, non_empty: bool = False) -> Any:
+    """A list (of non-empty ``strings``, "" too with ``empty_strings``; ``non_empty``: one item at least)."""
     def check(value: Any) -> tuple[Any, ...]:
-        if isinstance(value, (list, tuple)):
+        if isinstance(value, (list, tuple)) and (value or not non_empty) and (not strings or all(
+                isinstance(v, str) and (v or empty_strings) for v in value)):
             return tuple(value)
-        raise refuse(value, allowed)
-    return check
-
-
-def _non_empty_list(allowed: str) -> Any:
-    def check(value: Any) -> Any:
-        if isinstance(value, (list, tuple)) and value:
-            return value
         raise refuse(value, allowed)
     return check
 
@@ -175,7 +161,7 @@ Int = Annotated[int, BeforeValidator(_int, json_schema_input_type=int | Annotate
 Float = Annotated[float, BeforeValidator(_float, json_schema_input_type=float | Annotated[str, StringConstraints(
     pattern=_NUMBER_TEXT)])]
 Str = Annotated[str, BeforeValidator(_string(), json_schema_input_type=_NonEmpty | int)]
-Strings = Annotated[tuple[str, ...], BeforeValidator(_list_of("a list of strings"),
+Strings = Annotated[tuple[str, ...], BeforeValidator(_list("a list of strings", strings=True),
                                                      json_schema_input_type=list[_NonEmpty])]
 Env = Annotated[Mapping[Any, Annotated[str, BeforeValidator(_env_value, json_schema_input_type=str | float)]],
                 BeforeValidator(_env_object), AfterValidator(MappingProxyType)]
@@ -188,18 +174,18 @@ def quoted_string(hint: str) -> BeforeValidator:
 
 def string_list(allowed: str, *, empty: bool = False) -> BeforeValidator:
     """A list of strings, with its own words for what is allowed (``empty``: "" is an item too)."""
-    return BeforeValidator(_list_of(allowed, empty_strings=empty),
+    return BeforeValidator(_list(allowed, strings=True, empty_strings=empty),
                            json_schema_input_type=list[str] if empty else list[_NonEmpty])
 
 
 def a_list(allowed: str, *, non_empty: bool = False) -> BeforeValidator:
     """A list (of sections), refused as a whole when it is not one."""
-    return BeforeValidator(_non_empty_list(allowed) if non_empty else _listed(allowed))
+    return BeforeValidator(_list(allowed, non_empty=non_empty))
 
 
 def items_as_given(allowed: str) -> PlainValidator:
     """A list whose items are kept as given (checked with the other keys, after reading)."""
-    return PlainValidator(_listed(allowed), json_schema_input_type=list[dict[str, Any]])
+    return PlainValidator(_list(allowed), json_schema_input_type=list[dict[str, Any]])
 
 
 def one_of(literal: Any) -> BeforeValidator:
