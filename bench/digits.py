@@ -8,7 +8,7 @@ defaults (only --data-dir, --run-dir; ``--model workshop-cnn`` for the baseline)
 cores; logistic regression (scikit-learn, standardised pixels) on the original 8x8 pixels. On this
 small set the defaults cap the global batch to 32 (400 steps), so a third run lifts the cap
 (``--min-steps=0 --epochs=200``: the default global batch of 1,024, the same 400 steps).
-tests/test_trainer_digits.py asserts the same comparison.
+tests/trainer/test_digits.py asserts the same comparison.
 """
 
 from __future__ import annotations

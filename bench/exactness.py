@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/exactness.py [--tree DIR]
 
-The check of tests/test_trainer_exact.py::test_stop_mid_epoch_and_resume_is_bit_identical_to_uninterrupted,
+The check of tests/trainer/test_exact.py::test_stop_mid_epoch_and_resume_is_bit_identical_to_uninterrupted,
 run as plain processes so that it works on any checkout of the trainer (``git worktree add DIR dc9e592``
 for the trainer the review measured): 100 synthetic images, batch 16 (7 steps an epoch), 3 epochs; one
 run straight through, one stopped at step 10 (inside the second epoch) and started again on its run
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from common import ROOT, env, synthetic
 
-from tests.etcd_server import max_weight_diff
+from tests.support.etcd_server import max_weight_diff
 
 
 def _train(tree: Path, flags: list[str]) -> None:

@@ -15,7 +15,7 @@ are rewritten after every item, so a run cut short keeps what it measured.
 | d | ``set_sync_debug_mode("error")`` over steps 200-212 (after Lookahead), and a control that must trip | clean; control trips |
 | e | snapshot overhead: on/off/on/off runs, mean img/s of 100-step windows after Lookahead | <= 3 % |
 | f | two worker processes on one GPU (gloo on CUDA tensors): DDP, synced BatchNorm, the launcher | finishes |
-| g | the CUDA-only tests (tests/test_trainer_gpu_true.py) collected and run there | all pass, none skipped |
+| g | the CUDA-only tests (tests/trainer/test_gpu_true.py) collected and run there | all pass, none skipped |
 
 Without a GPU, (a) runs on CPU (gloo, a tiny model; its figures are reported, its bars apply on a GPU only) and
 every other item says "needs a GPU".
@@ -430,9 +430,9 @@ def item_f(tmp: Path, env: dict[str, str]) -> dict[str, Any]:
 
 
 def item_g(tmp: Path, env: dict[str, str]) -> dict[str, Any]:
-    """tests/test_trainer_gpu_true.py with pytest (collected without Pulumi): its CUDA-only tests must run and pass."""
+    """tests/trainer/test_gpu_true.py with pytest (collected without Pulumi): its CUDA-only tests must run and pass."""
     proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs",
-                           "tests/test_trainer_gpu_true.py"], cwd=ROOT, env=env, capture_output=True, text=True,
+                           "tests/trainer/test_gpu_true.py"], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=400, stdin=subprocess.DEVNULL)
     out = proc.stdout + proc.stderr
     summary = next((line for line in reversed(out.splitlines()) if " passed" in line or " failed" in line), "")

@@ -107,14 +107,14 @@ def test_item_a_runs_to_ok_under_the_gpu_machines_interpreter(foreign_python, tr
 
 
 def test_the_cuda_only_tests_are_collected_without_pulumi(foreign_python, tree_copy, tmp_path):
-    """What item (g) runs there: pytest collects tests/test_trainer_gpu_true.py with Pulumi unimportable (the old
-    conftest imported tests.util, hence Pulumi, at collection)."""
+    """What item (g) runs there: pytest collects tests/trainer/test_gpu_true.py with Pulumi unimportable (the old
+    conftest imported tests.support.util, hence Pulumi, at collection)."""
     shim = tmp_path / "shim"
     shim.mkdir()
     (shim / "eks_ddp_runtime").symlink_to(tree_copy / "training" / "runtime", target_is_directory=True)
     env = {**_clean_env(), "PYTHONPATH": f"{tree_copy}{os.pathsep}{shim}"}
     proc = subprocess.run([str(foreign_python), "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q",
-                           "tests/test_trainer_gpu_true.py"], cwd=tree_copy, env=env, capture_output=True, text=True,
+                           "tests/trainer/test_gpu_true.py"], cwd=tree_copy, env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     assert "test_trainer_gpu_true.py::test_durable_copy_on_a_gpu_holds_the_values_of_the_step" in proc.stdout, \

@@ -39,7 +39,7 @@ from typing import Any
 
 import pytest
 
-from tests.util import ROOT, stack_config
+from tests.support.util import ROOT, stack_config
 
 
 def _aws_credentials() -> bool:
@@ -267,7 +267,7 @@ def wait_for_gpu_nodes(region: str, cluster: str, group: str, at_least: int, tim
 def test_day_two_lifecycle(stack, tmp_path):
     from pulumi import automation as auto
 
-    from tests.util import at_version
+    from tests.support.util import at_version
 
     region, cluster = _region(stack), _cluster_name(stack)
     before, after = upgrade_path()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.util import ROOT
+from tests.support.util import ROOT
 
 
 def urn_lines(result) -> list[str]:

@@ -5,9 +5,10 @@ JSON) to :func:`load_stack_config`, which returns a frozen, validated :class:`St
 :class:`ConfigError` naming every bad key, its value and what is allowed. Nothing here touches Pulumi, so it is
 importable and testable on its own.
 
-Keys are camelCase in YAML (``nodeGroups[0].instanceType``) and snake_case in Python. The configuration reference
-table documents every key (``reference.py``); ``docs/stack-config.schema.json`` is the stack file's JSON Schema,
-for editors (``stack_file.write_schema()`` writes it).
+Keys are camelCase in YAML (``nodeGroups[0].instanceType``) and snake_case in Python. The reference table in
+``docs/configuration.md`` documents every key, and ``docs/stack-config.schema.json`` is the stack file's JSON Schema
+for editors (``python -m eks_ddp.config`` prints the table, ``--write`` rewrites it there, ``--schema`` prints the
+schema).
 
 The pieces: ``schema.py`` (the pydantic models), ``reader.py`` (what each key accepts, and the messages),
 ``checks.py`` (checks across keys), ``stack_file.py`` (the whole file), ``reference.py`` (the table).

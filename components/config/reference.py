@@ -1,8 +1,13 @@
-"""The configuration reference table, generated from the models' fields (``python -m eks_ddp.config``)."""
+"""The stack config reference table of ``docs/configuration.md``, generated from the models' fields.
+
+``python -m eks_ddp.config`` prints the table; ``--write`` rewrites it in the page, between the
+:data:`BEGIN` and :data:`END` markers.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 from eks_ddp.config.reader import PROJECT, core_type, fields_of, is_section
@@ -79,3 +84,36 @@ def reference_table() -> str:
     lines = ["| key | type | default | meaning |", "|---|---|---|---|"]
     lines += [f"| `{k}` | {t} | {d} | {m} |" for k, t, d, m in reference_rows()]
     return "\n".join(lines)
+
+
+DOC_PAGE = Path("docs") / "configuration.md"
+BEGIN = "<!-- BEGIN generated: python -m eks_ddp.config --write -->"
+END = "<!-- END generated -->"
+
+
+def table_in_page(text: str) -> str:
+    """The table between the markers of a page's text; ValueError naming a missing marker."""
+    for marker in (BEGIN, END):
+        if text.count(marker) != 1:
+            raise ValueError(f"{DOC_PAGE}: expected the marker {marker!r} once; found it {text.count(marker)} times")
+    return text.split(BEGIN, 1)[1].split(END, 1)[0].strip("\n")
+
+
+def repo_root() -> Path:
+    """The checkout this module lives in: the nearest folder above it that holds the page."""
+    for folder in Path(__file__).resolve().parents:
+        if (folder / DOC_PAGE).is_file():
+            return folder
+    raise FileNotFoundError(f"{DOC_PAGE} not found above {Path(__file__).resolve()}: run this from a checkout")
+
+
+def write_reference(root: Path | None = None) -> bool:
+    """Rewrite the table in ``<root>/docs/configuration.md`` (root: this checkout); True when the page changed."""
+    page = (root or repo_root()) / DOC_PAGE
+    text = page.read_text()
+    current = table_in_page(text)
+    if current == reference_table():
+        return False
+    head, rest = text.split(BEGIN, 1)
+    page.write_text(f"{head}{BEGIN}\n{reference_table()}\n{END}{rest.split(END, 1)[1]}")
+    return True

@@ -2,10 +2,10 @@
 
 One model per top-level ``eks-ddp:*`` key: pydantic dataclasses whose fields are snake_case in Python and camelCase
 in YAML (``rootVolumeGiB`` where not plain camelCase), refuse unknown keys, and carry their documentation (the
-configuration reference table and the stack file's JSON Schema are generated from them, see ``reference.py`` and
-``stack_file.py``). What each key accepts, and the words of each refusal, are the field types of ``reader.py``; the
-checks across keys are ``checks.py``; ``stack_file.py`` reads a whole stack file into :class:`StackConfig`.
-"""
+reference table of ``docs/configuration.md`` and the stack file's JSON Schema are generated from them, see
+``reference.py`` and ``stack_file.py``). What each key accepts, and the words of each refusal, are the field types
+of ``reader.py``; the checks across keys are ``checks.py``; ``stack_file.py`` reads a whole stack file into
+:class:`StackConfig`."""
 
 from __future__ import annotations
 
@@ -246,7 +246,7 @@ class ImageConfig(Section):
 class EtcdConfig(Section):
     """``eks-ddp:etcd``: the rendezvous server."""
 
-    replicas: Int = Field(1, description="etcd members: 1 (the rendezvous store is one member; README 'Rendezvous store').")
+    replicas: Int = Field(1, description="etcd members: 1 (the rendezvous store is one member; docs/rendezvous.md).")
 
 
 @dataclass(frozen=True, kw_only=True, config=SECTION)
@@ -279,7 +279,7 @@ class JobConfig(Section):
         "Peak learning rate per 1,024 images; default: the model's recipe."))
     rdzv_backend: RdzvChoice = Field("etcd-v2", description=(
         "'etcd-v2' (EtcdRendezvous, client certificates) or 'c10d' (no etcd; an unauthenticated store whose state "
-        "every agent unpickles: trusted clusters only, README 'Job semantics')."))
+        "every agent unpickles: trusted clusters only, docs/rendezvous.md)."))
     namespace: Str = Field("training", description="Kubernetes namespace of the training workloads.")
     compile: Bool = Field(False, description="Use torch.compile in the trainer.")
     fabric_check: Bool | None = Field(None, description=(

@@ -230,7 +230,7 @@ def stack_file_schema() -> dict[str, Any]:
     config = {"type": "object", "description": body.get("description", ""), "properties": properties,
               "patternProperties": {rf"^(?!{PROJECT}:)[^:]+:": {}}, "additionalProperties": False}
     schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": f"Pulumi.<stack>.yaml of {PROJECT}",
-              "description": "Generated from the stack config's models (eks_ddp.config.stack_file.write_schema).",
+              "description": "Generated from the stack config's models: python -m eks_ddp.config --schema.",
               "type": "object", "properties": {"config": config}, "$defs": defs}
     _tidy(schema)
     return schema
@@ -239,10 +239,3 @@ def stack_file_schema() -> dict[str, Any]:
 def schema_text() -> str:
     """The checked-in file's text."""
     return json.dumps(stack_file_schema(), indent=2) + "\n"
-
-
-def write_schema(root: Path = Path(".")) -> Path:
-    """Write ``<root>/docs/stack-config.schema.json`` (root: a checkout)."""
-    target = root / SCHEMA_FILE
-    target.write_text(schema_text())
-    return target

@@ -1,6 +1,6 @@
 """Pure CIDR math for the VPC: one public and one private subnet per availability zone.
 
-Layout (no Pulumi, no AWS; tested on its own in ``tests/test_network.py``):
+Layout (no Pulumi, no AWS; tested on its own in ``tests/infra/test_network.py``):
 
 * The **first half** of the VPC holds the private subnets, one per zone. Each is
   the VPC split into ``2 ** (ceil(log2(zones)) + 1)`` equal blocks, so for a /16

@@ -11,7 +11,7 @@ Dates: the EKS release calendar (docs.aws.amazon.com/eks/latest/userguide/kubern
 mirrored at endoflife.date/amazon-eks), checked 2026-11-22. 1.36's dates (:data:`_CALENDAR_1_36`) come
 from endoflife.date's amazon-eks entry as quoted elsewhere, not from the EKS page itself: check them against
 ``aws eks describe-cluster-versions --cluster-version 1.36`` at the next review. Nothing here is looked up at run time: the
-calendar is data, reviewed when a version is added (tests/test_k8s_versions.py fails once the default
+calendar is data, reviewed when a version is added (tests/core/test_k8s_versions.py fails once the default
 version is within 30 days of leaving standard support).
 """
 
@@ -83,7 +83,7 @@ DEFAULT_SUPPORT_TYPE: UpgradePolicy = "STANDARD"
 # A build is pinned only where its compatibility with that version is confirmed; for the other supported
 # versions the program asks EKS for the version's default build (aws.eks.get_addon_version, most_recent
 # False), which is compatible by definition and moves only when EKS changes that default.
-# tests/test_k8s_versions.py checks every supported version resolves for every add-on.
+# tests/core/test_k8s_versions.py checks every supported version resolves for every add-on.
 EFS_CSI_DRIVER = "aws-efs-csi-driver"
 METRICS_SERVER = "metrics-server"
 COREDNS = "coredns"
@@ -100,24 +100,6 @@ ADDON_VERSIONS: dict[str, dict[str, str | None]] = {
 ADDON_VERSIONS["1.33"] = {EFS_CSI_DRIVER: EFS_CSI_ADDON_VERSION_1_33, METRICS_SERVER: METRICS_SERVER_ADDON_VERSION_1_33,
                           COREDNS: None}
 """Kubernetes version -> EKS add-on -> pinned build, or None: EKS's default build for that version."""
-
-
-def addon_version(addon: str, kubernetes_version: str, *, opts=None):
-    """The build of an EKS add-on for a cluster version: the pin, else EKS's default build (an Output).
-
-    ``opts`` are the invoke options (parent) for the lookup. KeyError names an unknown version/add-on.
-    """
-    try:
-        pinned = ADDON_VERSIONS[kubernetes_version][addon]
-    except KeyError:
-        raise KeyError(f"no {addon} build known for Kubernetes {kubernetes_version}; "
-                       f"supported versions: {', '.join(sorted(ADDON_VERSIONS))}") from None
-    if pinned is not None:
-        return pinned
-    import pulumi_aws as aws  # here, so config validation imports this module without the AWS SDK
-
-    return aws.eks.get_addon_version_output(addon_name=addon, kubernetes_version=kubernetes_version,
-                                            most_recent=False, opts=opts).version
 
 
 def support_on(version: str, day: dt.date) -> Support:

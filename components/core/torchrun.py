@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from eks_ddp_runtime.contract import DATA_SUBDIR, RUNS_SUBDIR, SHARED_ROOT  # noqa: F401 (API: the shared volume's paths)
+
 LAUNCHER_MODULE = "eks_ddp_runtime.launch"
 """The agent: torchrun with the Job's exit-code contract and the store-tolerant rendezvous (training/runtime/launch.py,
 installed as ``eks_ddp_runtime``)."""
@@ -18,9 +20,6 @@ ETCD_BACKEND = "eks-etcd"
 TRAIN_MODULE = "eks_ddp_trainer.train"
 """The trainer, run by torchrun as ``-m eks_ddp_trainer.train`` from the image's WORKDIR."""
 
-SHARED_ROOT = "/shared"
-DATA_SUBDIR = "data"
-RUNS_SUBDIR = "runs"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -28,7 +27,7 @@ class RdzvTimeouts:
     """Rendezvous timing (``--rdzv-conf``); torch's defaults (600 s join, 30 s last call) make recovery slow.
 
     A lost node costs about ``keep_alive_interval * keep_alive_max_attempt`` (until the survivors drop
-    it from the rendezvous) + ``last_call`` + worker start-up; see README "Resilience".
+    it from the rendezvous) + ``last_call`` + worker start-up; see docs/rendezvous.md "The launcher".
     """
 
     join: int = 900
@@ -45,7 +44,7 @@ class RdzvTimeouts:
     store_retry: int = 600
     """Seconds of continuous store failure an agent rides out (an outage, etcd's node lost, a wipe) before
     it gives up; meanwhile its workers keep training. At least 10 minutes: etcd's replacement after a node
-    loss takes about 1-2 minutes on EKS (README "Rendezvous store")."""
+    loss takes about 1-2 minutes on EKS (docs/rendezvous.md "Store")."""
     read_timeout: int = 5
     """Seconds one etcd request may take: a partitioned etcd fails over to a retry instead of hanging."""
 
@@ -90,7 +89,7 @@ RDZV_TLS_DIR = "/etc/eks-ddp/rdzv-tls"
 CLUSTER_TLS = RdzvTls.under(RDZV_TLS_DIR)
 
 CLUSTER_TIMEOUTS = RdzvTimeouts()
-"""What the EKS training Job runs, and what tests/test_resilience.py and bench/recovery.py measure."""
+"""What the EKS training Job runs, and what tests/runtime/test_resilience.py and bench/recovery.py measure."""
 LOCAL_TIMEOUTS = RdzvTimeouts(join=120, last_call=1, first_round=30, close=10)
 """The local runner: the cluster's detection timings, shorter waits for agents that never come."""
 

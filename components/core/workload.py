@@ -17,28 +17,20 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from eks_ddp.core import rules
 from eks_ddp.core.torchrun import TRAIN_MODULE, TrainerOptions
+from eks_ddp_runtime.contract import (  # noqa: F401 (API) the runtime's contract, defined once (stdlib only)
+    DATA_DIR_ENV,
+    DATA_VERIFY_ENV,
+    FATAL_CODES_ENV,
+    RUN_DIR_ENV,
+)
+from eks_ddp_runtime.contract import FATAL as FATAL_EXIT_CODES
 
-if TYPE_CHECKING:
-    import pulumi
-
-RUN_DIR_ENV = "EKS_DDP_RUN_DIR"
-"""The run's directory (``/shared/runs/<run_id>``): checkpoints go there; resume from the newest one."""
-DATA_DIR_ENV = "EKS_DDP_DATA_DIR"
-"""The dataset's directory, read-only (``/shared/data``, or ``/shared/data/<name>`` for :class:`S3Data`)."""
-DATA_VERIFY_ENV = "EKS_DDP_DATA_VERIFY"
-"""How the launcher and the S3 stage verify an :class:`S3Data` set: ``manifest`` or ``sha256:<pin>``
-(eks_ddp_runtime.dataset.VERIFY_ENV; tests/test_workload.py keeps the two equal)."""
 RUN_DIR_REF = f"$({RUN_DIR_ENV})"
 DATA_DIR_REF = f"$({DATA_DIR_ENV})"
-FATAL_EXIT_CODES = (3, 4, 5)
-"""The runtime's FATAL exit codes (eks_ddp_runtime.exitcodes.FATAL: config error, divergence, bad input): no
-retry, the Job fails. tests/test_workload.py keeps the two equal (the library never imports the runtime)."""
-FATAL_CODES_ENV = "EKS_DDP_FATAL_EXIT_CODES"
-"""How the Job tells the launcher its fatal worker exit codes (eks_ddp_runtime.exitcodes.FATAL_CODES_ENV)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -215,8 +207,9 @@ class Workload:
     """Arguments after the module or script; ``$(EKS_DDP_RUN_DIR)``/``$(EKS_DDP_DATA_DIR)`` become the paths."""
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     """Extra environment of every worker (not ``EKS_DDP_*``, which the job sets)."""
-    image: pulumi.Input[str] | None = None
-    """Image of the training pods (``repo@sha256:digest``, with eks-ddp-runtime installed); None: the stack's."""
+    image: Any = None
+    """Image of the training pods (``repo@sha256:digest``, with eks-ddp-runtime installed; a ``str`` or a Pulumi
+    ``Input[str]``: typed ``Any`` because this pure module imports no Pulumi); None: the stack's."""
     data: S3Data | Cifar10Data | None = None
     """The dataset staged before training; None: no data stage."""
     evaluate: bool = False

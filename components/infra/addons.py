@@ -23,6 +23,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 from eks_ddp.core import k8s_versions, rules
+from eks_ddp.infra.addon_version import addon_version
 from eks_ddp.infra.cluster import addon_registry_account
 
 NVIDIA_DEVICE_PLUGIN_CHART = "nvidia-device-plugin"
@@ -118,7 +119,7 @@ class ClusterAddons(pulumi.ComponentResource):
             f"{name}-metrics-server",
             cluster_name=args.cluster_name,
             addon_name="metrics-server",
-            addon_version=k8s_versions.addon_version(k8s_versions.METRICS_SERVER, args.kubernetes_version,
+            addon_version=addon_version(k8s_versions.METRICS_SERVER, args.kubernetes_version,
                                                      opts=pulumi.InvokeOptions(parent=self)),
             resolve_conflicts_on_create="OVERWRITE",
             resolve_conflicts_on_update="PRESERVE",

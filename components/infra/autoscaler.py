@@ -59,7 +59,7 @@ PINS: dict[str, AutoscalerPin] = {
     # resourceslices, deviceclasses and resourceclaims. 9.54.0 (appVersion 1.35.0) is the first that does.
     "1.35": AutoscalerPin(chart_version="9.54.1", image_tag="v1.35.1"),
     # No chart has appVersion 1.36 yet; the newest one grants everything the 1.36 image lists and watches
-    # with eks-ddp's flags (tests/test_autoscaler_rbac.py).
+    # with eks-ddp's flags (tests/infra/test_autoscaler_rbac.py).
     "1.36": AutoscalerPin(chart_version="9.59.0", image_tag="v1.36.0"),
 }
 """Kubernetes minor -> the autoscaler chart and image pinned for it."""

@@ -36,10 +36,9 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_eks as eks
 from eks_ddp.core import catalog, k8s_versions, rules
+from eks_ddp.core.ownership import STACK_TAG, legacy_owner  # noqa: F401 (STACK_TAG: the owner tag, as cluster.STACK_TAG)
 from eks_ddp.core.types import UpgradePolicy
-
-STACK_TAG = "eks-ddp/stack"
-"""The cluster's owner-stack tag (``eks_ddp.tooling.preflight.live.STACK_TAG`` reads it)."""
+from eks_ddp.infra.addon_version import addon_version
 
 LOG_TYPES = ("api", "audit", "authenticator", "controllerManager", "scheduler")
 """Every EKS control-plane log type."""
@@ -157,7 +156,7 @@ class EksClusterArgs:
     tags: dict[str, str] | None = None
     """Extra tags for the AWS resources."""
     stack_id: str | None = None
-    """The stack's owner id (``eks_ddp.tooling.preflight.live.owner_id``: ``<organization>/<project>/<stack>``, plus
+    """The stack's owner id (``eks_ddp.core.ownership.owner_id``: ``<organization>/<project>/<stack>``, plus
     ``/<cluster.ownerId>`` on a self-managed backend), tagged on the EKS cluster and its log group
     (``eks-ddp/stack``) so preflight and the log group's adoption can tell this stack's from another's."""
 
@@ -337,7 +336,6 @@ class EksCluster(pulumi.ComponentResource):
         stack_id = self._args.stack_id
         if existing and stack_id is not None:
             owner = (aws.cloudwatch.get_log_group(name=log_name, opts=invoke).tags or {}).get(STACK_TAG)
-            from eks_ddp.tooling.preflight.live import legacy_owner  # botocore-free at import time
 
             if owner is not None and owner != stack_id and owner != legacy_owner(stack_id):
                 raise ValueError(f"cluster_name: the log group {log_name} belongs to stack {owner!r}, not to this "
@@ -393,7 +391,7 @@ class EksCluster(pulumi.ComponentResource):
             f"{self._name}-coredns",
             cluster_name=self.cluster_name,
             addon_name=k8s_versions.COREDNS,
-            addon_version=k8s_versions.addon_version(k8s_versions.COREDNS, self._args.kubernetes_version,
+            addon_version=addon_version(k8s_versions.COREDNS, self._args.kubernetes_version,
                                                      opts=pulumi.InvokeOptions(parent=self)),
             resolve_conflicts_on_create="OVERWRITE",
             resolve_conflicts_on_update="PRESERVE",

@@ -76,6 +76,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 from eks_ddp.core import k8s_versions, rules
+from eks_ddp.infra.addon_version import addon_version
 
 _FS_ID = re.compile(r"^fs-[0-9a-f]{8,40}$")
 EFS_CSI_CONTROLLER_SA = "efs-csi-controller-sa"
@@ -320,7 +321,7 @@ class EfsStore(pulumi.ComponentResource):
             f"{name}-efs-csi-driver",
             cluster_name=args.cluster_name,
             addon_name="aws-efs-csi-driver",
-            addon_version=k8s_versions.addon_version(k8s_versions.EFS_CSI_DRIVER, args.kubernetes_version,
+            addon_version=addon_version(k8s_versions.EFS_CSI_DRIVER, args.kubernetes_version,
                                                      opts=pulumi.InvokeOptions(parent=self)),
             service_account_role_arn=role.arn,
             # The node plugin must also run on the tainted GPU nodes, where the trainer mounts the volume.

@@ -7,12 +7,24 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-from typing import TYPE_CHECKING, Any
+import threading
+from typing import Any, Protocol
 
 from eks_ddp.core import rules
 
-if TYPE_CHECKING:
-    from eks_ddp.tooling.mocks import RecordingMocks
+
+class FakeAccount(Protocol):
+    """The account the fake cloud answers for (:class:`~eks_ddp.tooling.mocks.RecordingMocks` is one): what the
+    tables below read, so this module never imports the mocks back."""
+
+    region: str
+    zones: list[str]
+    zone_ids: list[str]
+    log_groups: list[str]
+    log_group_tags: dict[str, dict[str, str]]
+    subnet_zones: dict[str, str]
+    """Zone of each existing subnet looked up so far (filled in lookup order)."""
+    lock: threading.Lock
 
 ACCOUNT = "123456789012"
 
@@ -53,7 +65,7 @@ def _profile_kubeconfig(args: dict[str, Any]) -> dict[str, Any]:
 
 
 # Type-specific outputs: type token -> (mocks, name, inputs) -> (id, extra outputs).
-def _eks_cluster(m: RecordingMocks, name: str, inputs: dict) -> tuple[str, dict]:
+def _eks_cluster(m: FakeAccount, name: str, inputs: dict) -> tuple[str, dict]:
     kube = _fake_kubeconfig(name)
     issuer = f"https://oidc.eks.{m.region}.amazonaws.com/id/{_digest(name)[:32].upper()}"
     return f"{name}-eksCluster", {
@@ -67,7 +79,7 @@ def _eks_cluster(m: RecordingMocks, name: str, inputs: dict) -> tuple[str, dict]
     }
 
 
-def _aws_eks_cluster(m: RecordingMocks, name: str, inputs: dict) -> tuple[str, dict]:
+def _aws_eks_cluster(m: FakeAccount, name: str, inputs: dict) -> tuple[str, dict]:
     issuer = f"https://oidc.eks.{m.region}.amazonaws.com/id/{_digest(name)[:32].upper()}"
     return name, {
         "name": inputs.get("name", name),
@@ -80,37 +92,37 @@ def _aws_eks_cluster(m: RecordingMocks, name: str, inputs: dict) -> tuple[str, d
 
 
 def _with_prefix(prefix: str):
-    def fill(m: RecordingMocks, name: str, inputs: dict) -> tuple[str, dict]:
+    def fill(m: FakeAccount, name: str, inputs: dict) -> tuple[str, dict]:
         return f"{prefix}-{_digest(name)[:17]}", {}
     return fill
 
 
-def _docker_image(m: RecordingMocks, name: str, inputs: dict) -> tuple[str, dict]:
+def _docker_image(m: FakeAccount, name: str, inputs: dict) -> tuple[str, dict]:
     digest = "sha256:" + _digest(json.dumps(inputs, sort_keys=True, default=str))
     tags = inputs.get("tags") or [f"{name}:latest"]
     repo = str(tags[0]).rsplit(":", 1)[0]
     return f"{name}-image", {"digest": digest, "ref": f"{repo}@{digest}"}
 
 
-def _ecr_repository(m: RecordingMocks, name: str, inputs: dict) -> tuple[str, dict]:
+def _ecr_repository(m: FakeAccount, name: str, inputs: dict) -> tuple[str, dict]:
     repo_name = inputs.get("name", name)
     return repo_name, {"repositoryUrl": f"{ACCOUNT}.dkr.ecr.{m.region}.amazonaws.com/{repo_name}",
                        "registryId": ACCOUNT, "name": repo_name}
 
 
-def _efs(m: RecordingMocks, name: str, inputs: dict) -> tuple[str, dict]:
+def _efs(m: FakeAccount, name: str, inputs: dict) -> tuple[str, dict]:
     fs_id = f"fs-{_digest(name)[:17]}"
     return fs_id, {"dnsName": f"{fs_id}.efs.{m.region}.amazonaws.com",
                    "arn": f"arn:aws:elasticfilesystem:{m.region}:{ACCOUNT}:file-system/{fs_id}"}
 
 
-def _efs_access_point(m: RecordingMocks, name: str, inputs: dict) -> tuple[str, dict]:
+def _efs_access_point(m: FakeAccount, name: str, inputs: dict) -> tuple[str, dict]:
     """EFS's ARN form (the storage contract matches policies against it)."""
     ap_id = f"fsap-{_digest(name)[:17]}"
     return ap_id, {"arn": f"arn:aws:elasticfilesystem:{m.region}:{ACCOUNT}:access-point/{ap_id}"}
 
 
-def _node_group(m: RecordingMocks, name: str, inputs: dict) -> tuple[str, dict]:
+def _node_group(m: FakeAccount, name: str, inputs: dict) -> tuple[str, dict]:
     """A managed node group: autonamed like the provider does when nodeGroupName is unset."""
     group = inputs.get("nodeGroupName") or f"{name}-{_digest(name)[:8]}"
     cluster = inputs.get("clusterName", "cluster")
@@ -120,12 +132,12 @@ def _node_group(m: RecordingMocks, name: str, inputs: dict) -> tuple[str, dict]:
                                   "resources": [{"autoscalingGroups": [{"name": asg}]}]}
 
 
-def _s3_bucket(m: RecordingMocks, name: str, inputs: dict) -> tuple[str, dict]:
+def _s3_bucket(m: FakeAccount, name: str, inputs: dict) -> tuple[str, dict]:
     n = inputs.get("bucket") or f"{inputs.get('bucketPrefix', '')}{_digest(name)[:12]}"
     return n, {"bucket": n, "arn": f"arn:{rules.partition(m.region)}:s3:::{n}"}
 
 
-def _named(m: RecordingMocks, name: str, inputs: dict) -> tuple[str, dict]:
+def _named(m: FakeAccount, name: str, inputs: dict) -> tuple[str, dict]:
     """Resources whose id is their (possibly generated) name."""
     n = inputs.get("name") or inputs.get("clusterName") or name
     return n, {"name": n}
@@ -133,7 +145,7 @@ def _named(m: RecordingMocks, name: str, inputs: dict) -> tuple[str, dict]:
 
 def _pem(kind: str, *fields: str):
     """pulumi-tls resources: placeholder PEM blocks (the provider makes the real keys and certificates)."""
-    def fill(m: RecordingMocks, name: str, inputs: dict) -> tuple[str, dict]:
+    def fill(m: FakeAccount, name: str, inputs: dict) -> tuple[str, dict]:
         # One body per resource, as the provider's are: a certificate names its own CA (contracts compare them).
         body = base64.b64encode(f"mock {name}".encode()).decode()
         pem = f"-----BEGIN {kind}-----\n{body}\n-----END {kind}-----\n"
@@ -167,17 +179,16 @@ _OUTPUTS = {
 }
 
 
-def _subnet(m: RecordingMocks, args: dict) -> dict:
+def _subnet(m: FakeAccount, args: dict) -> dict:
     """An existing subnet: zones handed out in order of first lookup, so two ids land in two zones."""
     subnet_id = args.get("id", "subnet-unknown")
-    with m._lock:
-        seen = m.__dict__.setdefault("_subnet_zones", {})
-        zone = seen.setdefault(subnet_id, m.zones[len(seen) % len(m.zones)])
+    with m.lock:
+        zone = m.subnet_zones.setdefault(subnet_id, m.zones[len(m.subnet_zones) % len(m.zones)])
     return {"id": subnet_id, "availabilityZone": zone, "vpcId": "vpc-existing", "cidrBlock": "10.0.0.0/20",
             "availableIpAddressCount": 4000, "mapPublicIpOnLaunch": False}
 
 
-def _policy_document(m: RecordingMocks, args: dict) -> dict:
+def _policy_document(m: FakeAccount, args: dict) -> dict:
     statements = []
     for s in args.get("statements", []):
         stmt: dict[str, Any] = {"Effect": s.get("effect", "Allow")}
@@ -194,7 +205,7 @@ def _policy_document(m: RecordingMocks, args: dict) -> dict:
     return {"json": doc, "minifiedJson": doc, "id": _digest(doc)[:16]}
 
 
-def _availability_zones(m: RecordingMocks, a: dict) -> dict:
+def _availability_zones(m: FakeAccount, a: dict) -> dict:
     """Zones as EC2 lists them, honouring ``excludeZoneIds`` (as the provider does) so tests see it work."""
     excluded = set(a.get("excludeZoneIds") or [])
     pairs = [(n, i) for n, i in zip(m.zones, m.zone_ids, strict=True) if i not in excluded]

@@ -45,6 +45,8 @@ class Recorded:
     """Property paths registered with ``ignore_changes``."""
     retain_on_delete: bool = False
     """Whether the resource was registered with ``retain_on_delete``."""
+    replacement_trigger: Any = None
+    """The ``replacement_trigger`` resource option's value (None: unset)."""
     dependencies: list[str] = field(default_factory=list)
     """URNs the resource depends on (``depends_on`` and the resources behind its input Outputs)."""
     import_id: str = ""
@@ -74,11 +76,13 @@ class RecordingMocks(pulumi.runtime.Mocks):
         """CloudWatch log groups that already exist in the account (``getLogGroups`` answers from it)."""
         self.log_group_tags: dict[str, dict[str, str]] = {}
         """Tags of those log groups by name (``getLogGroup`` answers from it)."""
-        self._lock = threading.Lock()
+        self.subnet_zones: dict[str, str] = {}
+        """Zone of each existing subnet the program looked up (the fake cloud hands zones out in lookup order)."""
+        self.lock = threading.Lock()
 
     # -- resources ---------------------------------------------------------------------------
     def new_resource(self, args: _mocks.MockResourceArgs) -> tuple[str | None, dict]:
-        with self._lock:
+        with self.lock:
             self.inputs[(args.typ, args.name)] = dict(args.inputs)
         state = dict(args.inputs)
         rid = f"{args.name}-id"
@@ -95,12 +99,21 @@ class RecordingMocks(pulumi.runtime.Mocks):
 
     # -- invokes -----------------------------------------------------------------------------
     def call(self, args: _mocks.MockCallArgs) -> tuple[dict, list | None]:
-        with self._lock:
+        with self.lock:
             self.calls.append((args.token, dict(args.args)))
         handler = _INVOKES.get(args.token)
         if handler is None:
             return {}, []  # no check failures (None would break the mock monitor)
         return handler(self, args.args), []
+
+
+def _trigger(request) -> Any:
+    """The request's ``replacement_trigger`` as a plain value, None when unset."""
+    if not request.HasField("replacement_trigger"):
+        return None
+    from google.protobuf.json_format import MessageToDict
+
+    return MessageToDict(request.replacement_trigger)
 
 
 class _RecordingMonitor(_mocks.MockMonitor):
@@ -125,12 +138,13 @@ class _RecordingMonitor(_mocks.MockMonitor):
                                           retain_on_delete=bool(request.retainOnDelete),
                                           dependencies=list(request.dependencies),
                                           import_id=request.importId,
-                                          replace_on_changes=list(request.replaceOnChanges)))
+                                          replace_on_changes=list(request.replaceOnChanges),
+                                          replacement_trigger=_trigger(request)))
         return response
 
     def Invoke(self, request):  # noqa: N802 (gRPC method name)
         if request.tok == "pulumi:pulumi:getResource":  # rehydrating a resource reference: recorded for tests
-            with self.mocks._lock:
+            with self.mocks.lock:
                 self.mocks.calls.append((request.tok, {}))
         return super().Invoke(request)
 

@@ -7,22 +7,32 @@ The NetworkPolicy (trainer pods only, on the client port) is a second layer, not
 use the plain-HTTP metrics listener (``--listen-metrics-urls``: /health and /metrics, no keys), which the
 policy admits from nowhere but the node itself.
 
-**Soft state, one member, moved freely.** The store holds only the rendezvous of running jobs (a few
-KiB; checkpoints live on the shared volume). The agents rebuild it after any loss (training/runtime/rendezvous.py:
-a wipe or an outage costs time, never a pod or a second world) and ride out outages of up to
-``store_retry_timeout`` (600 s). So etcd needs no quorum and no persistent volume, and nothing should
-keep it in place:
+**One store that cannot exist twice.** The store holds only the rendezvous of running jobs (a few KiB;
+checkpoints live on the shared volume), and the agents rebuild it after a wipe, so it needs no quorum and no
+persistent volume. What it must never do is exist twice: two stores behind one Service let two groups of agents
+form two worlds of one job (a replaced member that starts empty while the old one still serves). So etcd is a
+**StatefulSet of one replica**: the StatefulSet controller creates a pod of a given identity only once the previous
+one is gone from the API (Kubernetes "StatefulSet: Pod Management Policies" and "Force Delete StatefulSet Pods":
+"StatefulSet ensures that, at any time, there is at most one Pod with a given identity running in a cluster"),
+where a Deployment replaces an evicted pod at once, even while that pod still runs on a node the control plane
+cannot reach. Each incarnation also has its own cluster ID (``--initial-cluster-token`` names the pod's UID), so a
+client can tell a new, empty store from the old one.
 
-* a **Deployment** of one replica (``Recreate``: never two stores behind the Service at once), not a
-  StatefulSet: a StatefulSet pod on an unreachable node is replaced only once its Node object is
-  deleted (never, for a hung kubelet or a partition), a Deployment's as soon as the pod is evicted;
-* tolerations of ``node.kubernetes.io/unreachable`` and ``not-ready`` for ``NODE_LOST_TOLERATION_S``
-  (30 s) instead of the default 300 s: etcd's node lost costs node-monitor-grace-period (50 s since
-  Kubernetes 1.29) + 30 s + a reschedule and start of a few seconds, about 1.5 minutes on EKS;
-* a PodDisruptionBudget that lets a drain evict it (``maxUnavailable: 1``, ``AlwaysAllow`` for an
-  unhealthy pod): a system node-group update drains and replaces every node, and a budget that never
-  allows a disruption fails the update after 15 minutes (PodEvictionFailure, review K5);
-* a PriorityClass so that its replacement preempts ordinary pods on a full system node.
+What each failure costs on EKS defaults (the agents ride out up to ``store_retry_timeout``, 600 s):
+
+* etcd's container crashes: the kubelet restarts it in place, data kept (emptyDir lives with the pod): seconds;
+* etcd's pod is deleted or evicted by a drain (a system node-group update): the next pod starts once the old one
+  is gone: about 10-20 s, an empty store (the agents rebuild it);
+* etcd's node is terminated: the node controller marks it NotReady after 50 s (node-monitor-grace-period), the
+  cloud node lifecycle controller deletes the Node object once EC2 reports the instance gone, which deletes the pod,
+  and the StatefulSet starts a new one: about 1-2 minutes, an empty store;
+* etcd's node loses the control plane but not its network (kubelet hang, partition): nothing is replaced and the
+  store keeps serving every agent that reaches it (the Service publishes its address while not ready); if the node
+  never comes back, the store is down until the node is repaired (node auto-repair) or deleted
+  (``kubectl delete node``, or the out-of-service taint), then as above;
+* a PodDisruptionBudget lets a drain evict it (``maxUnavailable: 1``, ``AlwaysAllow`` for an unhealthy pod): a
+  budget that never allows a disruption fails a node-group update after 15 minutes;
+* a PriorityClass lets its replacement preempt ordinary pods on a full system node.
 """
 
 from __future__ import annotations
@@ -48,11 +58,11 @@ METRICS_PORT = 2381
 """Plain-HTTP /health and /metrics (no keys) for the kubelet's probes."""
 TLS_DIR = "/etc/etcd/tls"
 """Where etcd's server Secret (tls.crt, tls.key, ca.crt) is mounted, read-only."""
-NODE_LOST_TOLERATION_S = 30
-"""Seconds etcd stays bound to an unreachable or not-ready node before it is evicted and replaced."""
 ETCD_UID = 65532
 """The distroless 'nonroot' user; the image itself would run as root."""
 DATA_DIR = "/var/run/etcd"
+CERT_ANNOTATION = "eks-ddp/tls-fingerprint"
+"""etcd's pod-template annotation: sha256 of its server certificate and CA (a rotation restarts it)."""
 
 DEFAULT_CLIENT_LABELS: Mapping[str, str] = {"app.kubernetes.io/name": "eks-ddp-trainer"}
 """Labels of the pods allowed to reach the client port: the ElasticJob's training pods carry them."""
@@ -77,7 +87,7 @@ class EtcdRendezvousArgs:
     """Inputs of :class:`EtcdRendezvous`."""
 
     namespace: pulumi.Input[str]
-    """Namespace of the Deployment, Service, Secrets and NetworkPolicy (the training namespace)."""
+    """Namespace of the StatefulSet, Service, Secrets and NetworkPolicy (the training namespace)."""
     replicas: int = 1
     """etcd members: 1 (see the module docstring for why not a quorum)."""
     node_selector: pulumi.Input[Mapping[str, str]] | None = None
@@ -97,7 +107,7 @@ class EtcdRendezvousArgs:
 
 
 class EtcdRendezvous(pulumi.ComponentResource):
-    """etcd with ``--enable-v2=true`` and client-certificate TLS as a one-replica Deployment, its Service,
+    """etcd with client-certificate TLS as a one-replica StatefulSet, its Service,
     certificates, NetworkPolicy, PriorityClass and a PodDisruptionBudget that lets drains move it."""
 
     endpoint: pulumi.Output[str]
@@ -116,7 +126,7 @@ class EtcdRendezvous(pulumi.ComponentResource):
         self.pod_labels = {**SERVER_LABELS, "app.kubernetes.io/instance": self.service_name}
         self._selector = store_selector(self.service_name)
         self.server_selector = dict(self._selector)
-        """The client Service's selector (and the Deployment's): what a client's egress rule must select
+        """The client Service's selector (and the StatefulSet's): what a client's egress rule must select
         (:func:`etcd_client_egress`)."""
         child = pulumi.ResourceOptions(parent=self)
 
@@ -133,7 +143,9 @@ class EtcdRendezvous(pulumi.ComponentResource):
             f"{name}-etcd-client",
             metadata=self._meta(self.service_name),
             spec=k8s.core.v1.ServiceSpecArgs(
-                type="ClusterIP", selector=self._selector,
+                # Reachable while its node is NotReady (there is only ever one member to reach): agents that can
+                # still talk to the store keep using it instead of losing it with the node's Ready condition.
+                type="ClusterIP", selector=self._selector, publish_not_ready_addresses=True,
                 ports=[k8s.core.v1.ServicePortArgs(name="client", port=CLIENT_PORT, target_port="client")]),
             opts=child)
         self._create_network_policy(name, child)
@@ -144,7 +156,7 @@ class EtcdRendezvous(pulumi.ComponentResource):
             description="eks-ddp rendezvous store: every agent of a running job depends on it.", opts=child)
         # Only this namespace's members may use the class (it preempts): a quota here, an admission policy elsewhere.
         priority_class_guard(f"{name}-etcd", priority.metadata.name, args.namespace, args.replicas, child)
-        deployment = self._create_deployment(name, sa, priority, certs.server_secret, child)
+        member = self._create_member(name, sa, priority, certs, child)
         # A drain may always take it (the agents ride out its move, training/runtime/rendezvous.py); a budget of
         # zero disruptions would fail every system node-group update (review K5).
         k8s.policy.v1.PodDisruptionBudget(
@@ -155,8 +167,8 @@ class EtcdRendezvous(pulumi.ComponentResource):
                 selector=k8s.meta.v1.LabelSelectorArgs(match_labels=self._selector)),
             opts=child)
 
-        # Built from the Service and the Deployment so that consumers wait for a ready member.
-        self.endpoint = pulumi.Output.all(client.metadata.name, deployment.metadata.name, args.namespace).apply(
+        # Built from the Service and the StatefulSet so that consumers wait for a ready member.
+        self.endpoint = pulumi.Output.all(client.metadata.name, member.metadata.name, args.namespace).apply(
             lambda v: f"{v[0]}.{v[2]}.svc.cluster.local:{CLIENT_PORT}")
         self.client_tls_secret = certs.client_secret
         self.register_outputs({"endpoint": self.endpoint, "service_name": self.service_name,
@@ -185,9 +197,8 @@ class EtcdRendezvous(pulumi.ComponentResource):
                 egress=[]),
             opts=child)
 
-    def _create_deployment(self, name: str, sa: k8s.core.v1.ServiceAccount,
-                           priority: k8s.scheduling.v1.PriorityClass, server_secret: pulumi.Input[str],
-                           child: pulumi.ResourceOptions) -> k8s.apps.v1.Deployment:
+    def _create_member(self, name: str, sa: k8s.core.v1.ServiceAccount, priority: k8s.scheduling.v1.PriorityClass,
+                       certs: RendezvousTls, child: pulumi.ResourceOptions) -> k8s.apps.v1.StatefulSet:
         a = self._args
         v1 = k8s.core.v1
         probe = dict(port="metrics", scheme="HTTP")
@@ -197,6 +208,9 @@ class EtcdRendezvous(pulumi.ComponentResource):
             image_pull_policy="IfNotPresent",
             command=["/usr/local/bin/etcd"],
             args=pulumi.Output.from_input(a.namespace).apply(lambda ns: etcd_args(self.service_name, ns)),
+            # The pod's UID names this incarnation (etcd_args: --initial-cluster-token), so each has its own cluster ID.
+            env=[v1.EnvVarArgs(name="POD_UID", value_from=v1.EnvVarSourceArgs(
+                field_ref=v1.ObjectFieldSelectorArgs(field_path="metadata.uid")))],
             ports=[v1.ContainerPortArgs(name="client", container_port=CLIENT_PORT),
                    v1.ContainerPortArgs(name="metrics", container_port=METRICS_PORT)],
             readiness_probe=v1.ProbeArgs(
@@ -210,15 +224,15 @@ class EtcdRendezvous(pulumi.ComponentResource):
             volume_mounts=[v1.VolumeMountArgs(name="data", mount_path=DATA_DIR),
                            v1.VolumeMountArgs(name="tls", mount_path=TLS_DIR, read_only=True)],
         )
-        lost = [v1.TolerationArgs(key=f"node.kubernetes.io/{taint}", operator="Exists", effect="NoExecute",
-                                  toleration_seconds=NODE_LOST_TOLERATION_S) for taint in ("unreachable", "not-ready")]
         spec = v1.PodSpecArgs(
             service_account_name=sa.metadata.name,
             automount_service_account_token=False,
             enable_service_links=False,
             node_selector=a.node_selector,
             # System pools are commonly tainted CriticalAddonsOnly; the rendezvous is such an add-on.
-            tolerations=[v1.TolerationArgs(key="CriticalAddonsOnly", operator="Exists"), *lost],
+            # No short not-ready/unreachable tolerations: evicting a StatefulSet pod from a lost node replaces nothing
+            # (the next pod waits for the Node to go), it would only restart a store that still serves.
+            tolerations=[v1.TolerationArgs(key="CriticalAddonsOnly", operator="Exists")],
             priority_class_name=priority.metadata.name,
             security_context=restricted_pod_security(ETCD_UID),
             termination_grace_period_seconds=10,
@@ -226,21 +240,26 @@ class EtcdRendezvous(pulumi.ComponentResource):
             volumes=[
                 v1.VolumeArgs(name="data", empty_dir=v1.EmptyDirVolumeSourceArgs(size_limit="1Gi")),
                 # 0440 with fsGroup = the etcd user: readable by etcd only.
-                v1.VolumeArgs(name="tls", secret=v1.SecretVolumeSourceArgs(secret_name=server_secret,
+                v1.VolumeArgs(name="tls", secret=v1.SecretVolumeSourceArgs(secret_name=certs.server_secret,
                                                                            default_mode=0o440)),
             ],
         )
-        return k8s.apps.v1.Deployment(
+        return k8s.apps.v1.StatefulSet(
             f"{name}-etcd",
             metadata=self._meta(self.service_name),
-            spec=k8s.apps.v1.DeploymentSpecArgs(
+            spec=k8s.apps.v1.StatefulSetSpecArgs(
                 replicas=a.replicas,
-                # Recreate: the old member is gone before the new one starts, so the Service never fronts
-                # two independent stores.
-                strategy=k8s.apps.v1.DeploymentStrategyArgs(type="Recreate"),
+                service_name=self.service_name,
+                # At most one member at any time, also during an update: the old pod is gone before the new starts.
+                pod_management_policy="OrderedReady",
+                update_strategy=k8s.apps.v1.StatefulSetUpdateStrategyArgs(type="RollingUpdate"),
                 selector=k8s.meta.v1.LabelSelectorArgs(match_labels=self._selector),
                 template=v1.PodTemplateSpecArgs(
-                    metadata=k8s.meta.v1.ObjectMetaArgs(labels=self.pod_labels), spec=spec)),
+                    metadata=k8s.meta.v1.ObjectMetaArgs(
+                        labels=self.pod_labels,
+                        # A certificate rotation restarts etcd, which reads its certificates at start.
+                        annotations={CERT_ANNOTATION: certs.server_fingerprint}),
+                    spec=spec)),
             opts=child)
 
 
@@ -258,7 +277,8 @@ def etcd_args(service: str, namespace: str) -> list[str]:
         # 'new' is right for every start of a single member: with data it is ignored (etcd restarts from its
         # WAL), and an empty data dir bootstraps a fresh one-member store.
         "--initial-cluster-state=new",
-        f"--initial-cluster-token={service}.{namespace}",
+        # $(POD_UID): each incarnation of the store has its own cluster ID (a client can tell a new, empty store).
+        f"--initial-cluster-token={service}.{namespace}.$(POD_UID)",
         # Only clients with a certificate from the stack's CA (components/workloads/etcd_tls.py): the agents
         # unpickle what they read.
         "--client-cert-auth=true",
@@ -292,7 +312,7 @@ def _validate(name: str, a: EtcdRendezvousArgs) -> None:
 
 
 def store_selector(service_name: str) -> dict[str, str]:
-    """The selector of store ``service_name``'s Service, Deployment, PodDisruptionBudget and NetworkPolicy (its
+    """The selector of store ``service_name``'s Service, StatefulSet, PodDisruptionBudget and NetworkPolicy (its
     members carry it); a client's egress rule selects exactly these labels (:func:`etcd_client_egress`)."""
     return {"app.kubernetes.io/name": SERVER_LABELS["app.kubernetes.io/name"],
             "app.kubernetes.io/instance": service_name}

@@ -119,13 +119,13 @@ def make_tls(directory: str | os.PathLike, hosts: Sequence[str] = ("127.0.0.1",)
                                        key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
           .sign(ca_key, hashes.SHA256()))
 
-    def leaf(cn: str, usage, sans: list[x509.GeneralName]):
+    def leaf(cn: str, usages: list, sans: list[x509.GeneralName]):
         key = ec.generate_private_key(ec.SECP256R1())
         builder = (x509.CertificateBuilder().subject_name(name(cn)).issuer_name(ca.subject)
                    .public_key(key.public_key()).serial_number(x509.random_serial_number())
                    .not_valid_before(now).not_valid_after(now + datetime.timedelta(days=days))
                    .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-                   .add_extension(x509.ExtendedKeyUsage([usage]), critical=False))
+                   .add_extension(x509.ExtendedKeyUsage(usages), critical=False))
         if sans:
             builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
         return builder.sign(ca_key, hashes.SHA256()), key
@@ -136,8 +136,10 @@ def make_tls(directory: str | os.PathLike, hosts: Sequence[str] = ("127.0.0.1",)
             sans.append(x509.IPAddress(ipaddress.ip_address(h)))
         except ValueError:
             sans.append(x509.DNSName(h))
-    server, server_key = leaf("eks-ddp rendezvous etcd", ExtendedKeyUsageOID.SERVER_AUTH, sans)
-    client, client_key = leaf("eks-ddp trainer", ExtendedKeyUsageOID.CLIENT_AUTH, [])
+    # The server certificate is a client too: etcd's v3 JSON gateway dials etcd's own gRPC port with it.
+    server, server_key = leaf("eks-ddp rendezvous etcd",
+                              [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH], sans)
+    client, client_key = leaf("eks-ddp trainer", [ExtendedKeyUsageOID.CLIENT_AUTH], [])
     pem = serialization.Encoding.PEM
     return TlsFiles(ca_cert=write(d / "ca.crt", ca.public_bytes(pem)),
                     server_cert=write(d / "server.crt", server.public_bytes(pem)),
@@ -167,7 +169,7 @@ def _make_tls_openssl(d: Path, hosts: Sequence[str], days: int) -> TlsFiles:
         "-out", "ca.crt", "-addext", "basicConstraints=critical,CA:TRUE,pathlen:0",
         "-addext", "keyUsage=critical,keyCertSign,cRLSign,digitalSignature")
     sans = ",".join(f"IP:{h}" if _is_ip(h) else f"DNS:{h}" for h in hosts)
-    for stem, cn, usage, san in (("server", "eks-ddp rendezvous etcd", "serverAuth", sans),
+    for stem, cn, usage, san in (("server", "eks-ddp rendezvous etcd", "serverAuth,clientAuth", sans),
                                  ("tls", "eks-ddp trainer", "clientAuth", "")):
         key(f"{stem}.key")
         run("req", "-new", "-key", f"{stem}.key", "-subj", f"/CN={cn}", "-out", f"{stem}.csr")

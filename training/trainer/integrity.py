@@ -37,11 +37,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from eks_ddp_runtime.contract import CIFAR10_PIN
+from eks_ddp_runtime.contract import DATA_PIN_ENV as PIN_ENV
+
 MANIFEST = "SHA256SUMS"
 """The data stage's manifest, inside the batches directory: ``<sha256>  <name>`` per line."""
-PIN_ENV = "EKS_DDP_DATA_PIN"
-"""Where the Job pins the data set (``components/elastic_job.DATA_PIN_ENV`` mirrors the name)."""
-CIFAR10_PIN = "cifar-10"
 _SHA256_PIN = re.compile(r"^sha256:([0-9a-f]{64})$")
 _LINE = re.compile(r"^([0-9a-f]{64}) [ *]([A-Za-z0-9._-]+)$")
 

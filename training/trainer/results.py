@@ -19,8 +19,9 @@ import os
 import sys
 from pathlib import Path
 
-RESULTS_ENV = "EKS_DDP_RESULTS_URL"
-KMS_KEY_ENV = "EKS_DDP_RESULTS_KMS_KEY"
+from eks_ddp_runtime.contract import RESULTS_KMS_KEY_ENV as KMS_KEY_ENV
+from eks_ddp_runtime.contract import RESULTS_URL_ENV as RESULTS_ENV
+
 """The bucket's KMS key (ARN); every object is written under it (the bucket policy refuses any other key)."""
 FILES = ("metrics.json", "history.jsonl", "training-curve.png", "model.pt")
 """What a run's results are, in upload order (the model, the largest, last)."""

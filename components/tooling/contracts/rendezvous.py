@@ -16,6 +16,19 @@ uploader role and run directory. Which pods may write is decided by two rules th
   namespace by label, ``matchLabels`` and ``matchExpressions`` ANDed; a rule without ``from`` admits every source).
 
 A pod's run is the run directory it mounts (``/shared/runs/<runId>``), else its ``app.kubernetes.io/instance``.
+
+A store must also **never exist twice**: two live members of one store behind one Service let two groups of agents
+form two worlds of one job (E3 of the 2026-11-25 elastic review). Which controllers can run two pods of one store
+at once is Kubernetes' rule, not ours:
+
+* a **StatefulSet** creates the pod of an ordinal only after the previous pod of that ordinal is gone from the API
+  (Kubernetes docs, "Force Delete StatefulSet Pods": "StatefulSet ensures that, at any time, there is at most one
+  Pod with a given identity running in a cluster"; a pod on an unreachable node stays until the Node is deleted or
+  the pod is force-deleted), so one replica is at most one member;
+* a **Deployment/ReplicaSet** counts a terminating pod as gone and creates its replacement at once (kube-controller-
+  manager ``replica_set.go`` ``FilterActivePods`` leaves out pods with a deletionTimestamp; ``Recreate`` orders
+  rollouts only), so an evicted member on a node the control plane lost keeps serving beside its replacement;
+* more than one replica of a single-member etcd is more than one store (each bootstraps its own cluster).
 """
 
 from __future__ import annotations
@@ -25,16 +38,19 @@ from typing import Any
 from . import PlanView, Violation, contract
 
 RUNS_PREFIX = "/shared/runs/"
+WORKLOAD_KINDS = ("Job", "Deployment", "ReplicaSet", "StatefulSet", "DaemonSet")
+AT_MOST_ONE = "StatefulSet"
+"""The one controller that never runs two pods of one identity (see the module docstring)."""
 CLIENT_PORT = 2379
 
 
 def pod_templates(view: PlanView) -> list[tuple[str, str, dict[str, Any]]]:
-    """(subject, namespace, pod template) of every Job, CronJob and Deployment of the plan."""
+    """(subject, namespace, pod template) of every Job, CronJob, Deployment, ReplicaSet, StatefulSet and DaemonSet."""
     out = []
     for m in view.manifests:
         spec = m.get("spec") or {}
-        template = {"Job": spec.get("template"), "Deployment": spec.get("template"),
-                    "CronJob": ((spec.get("jobTemplate") or {}).get("spec") or {}).get("template")}.get(m.get("kind"))
+        template = (((spec.get("jobTemplate") or {}).get("spec") or {}).get("template") if m.get("kind") == "CronJob"
+                    else spec.get("template") if m.get("kind") in WORKLOAD_KINDS else None)
         if template:
             meta = m.get("metadata") or {}
             out.append((f"{m['kind']}/{meta.get('name')}", meta.get("namespace", "default"), template))
@@ -94,9 +110,17 @@ def one_run_per_store(view: PlanView) -> list[Violation]:
     secrets = _secrets(view)
     templates = pod_templates(view)
     out: list[Violation] = []
+    by_subject = {f"{m['kind']}/{(m.get('metadata') or {}).get('name')}": m for m in view.manifests
+                  if m.get("kind") in WORKLOAD_KINDS}
     for subject, ns, store in templates:
         if not _is_store(store):
             continue
+        owner = by_subject.get(subject) or {}
+        replicas = int((owner.get("spec") or {}).get("replicas", 1))
+        if owner.get("kind") != AT_MOST_ONE or replicas != 1:
+            out.append(Violation("rendezvous", subject, f"can run two members at once ({owner.get('kind')}, "
+                                 f"{replicas} replica(s)): a replacement starts while an evicted member may still "
+                                 "serve, and two stores mean two worlds; expected a StatefulSet of one replica"))
         cas = {secrets.get((ns, s), {}).get("ca.crt") for s in _mounted_secrets(store)} - {None}
         clients = [(sub, t) for sub, n, t in templates if n == ns and sub != subject and not _is_store(t)
                    and any(secrets.get((ns, s), {}).get("ca.crt") in cas and "tls.crt" in secrets.get((ns, s), {})

@@ -46,16 +46,16 @@ from typing import Any
 
 from eks_ddp.core import rules
 from eks_ddp.workloads.elastic_job.data_stage import STAGE_MODULE
+from eks_ddp_runtime.contract import RESULTS_KMS_KEY_ENV as RESULTS_KMS_ENV
+from eks_ddp_runtime.contract import RESULTS_URL_ENV as RESULTS_ENV
 
 from . import PlanView, Violation, contract
 from .iam_policy import ALLOW, DENY, UNKNOWN, Decision, Request, evaluate, evaluate_all
 
 NAME = "s3"
 IRSA_ANNOTATION = "eks.amazonaws.com/role-arn"
-RESULTS_ENV = "EKS_DDP_RESULTS_URL"
-RESULTS_KMS_ENV = "EKS_DDP_RESULTS_KMS_KEY"
 RESULT_FILES = ("metrics.json", "history.jsonl", "training-curve.png", "model.pt")
-"""training/results.FILES (the library never imports the trainer; tests/test_contracts_s3.py keeps them equal)."""
+"""training/results.FILES (the library never imports the trainer; tests/tooling/contracts/test_s3.py keeps them equal)."""
 MULTIPART_FILES = ("model.pt",)
 """Results large enough for boto3's multipart upload (8 MiB threshold): their parts carry no SSE header."""
 SAMPLE_KEY = "eks-ddp-contract-sample"

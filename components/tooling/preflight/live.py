@@ -37,27 +37,16 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 from eks_ddp.config.schema import StackConfig
+from eks_ddp.core.ownership import DIY_ORGANIZATION, STACK_TAG, legacy_owner, owner_id  # noqa: F401 (API)
 
 OWNER_TAG = "eks:cluster-name"
 """EKS tags each managed node group instance with its cluster's name."""
-STACK_TAG = "eks-ddp/stack"
-"""Tag on the EKS cluster naming the stack that owns it (``<organization>/<project>/<stack>``); set by
-``components/infra/cluster.py`` (its ``STACK_TAG``)."""
 GROUP_LABEL = "eks-ddp/node-group"
 CHECKIP_URL = "https://checkip.amazonaws.com"
 """Answers the caller's public IPv4 address, as AWS sees it (the address ``publicAccessCidrs`` is matched with)."""
-DIY_ORGANIZATION = "organization"
-"""What ``pulumi.get_organization()`` returns on every self-managed (DIY) backend."""
 OWNER_ID_KEY = "cluster.ownerId"
 OWNER_ID_COMMAND = ("pulumi config set --path cluster.ownerId "
                     "$(python3 -c 'import uuid; print(uuid.uuid4().hex)')")
-
-
-def owner_id(organization: str, project: str, stack: str, stack_owner_id: str | None = None) -> str:
-    """The stack's owner tag: ``<organization>/<project>/<stack>``, plus ``/<cluster.ownerId>`` when set (unique on
-    a self-managed backend, where the organization is always ``organization``)."""
-    base = f"{organization}/{project}/{stack}"
-    return f"{base}/{stack_owner_id}" if stack_owner_id else base
 
 
 def check_owner_id(c: Any, organization: str | None) -> None:
@@ -67,13 +56,6 @@ def check_owner_id(c: Any, organization: str | None) -> None:
                f"stack's organization is {DIY_ORGANIZATION!r}: another project's stack of this name in the account "
                f"would look like this one and its cluster and log group like this stack's; set it once and keep "
                f"it: {OWNER_ID_COMMAND}")
-
-
-def legacy_owner(stack_id: str | None) -> str | None:
-    """The owner tag a DIY stack wrote before it had ``cluster.ownerId``."""
-    if stack_id is None or stack_id.count("/") != 3 or not stack_id.startswith(DIY_ORGANIZATION + "/"):
-        return None
-    return stack_id.rsplit("/", 1)[0]
 
 
 def log_group_owner(logs: Any, name: str) -> tuple[bool, str | None]:

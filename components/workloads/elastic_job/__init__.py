@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import pulumi
 import pulumi_aws as aws
@@ -31,14 +29,12 @@ import pulumi_kubernetes as k8s
 from eks_ddp.core.torchrun import (
     AGENT_ENV,
     CLUSTER_TIMEOUTS,
-    DEFAULT_MAX_RESTARTS,
     RUNS_SUBDIR,
     SHARED_ROOT,
     AgentOptions,
     module_command,
     script_command,
 )
-from eks_ddp.core.types import RdzvBackend, RunState
 from eks_ddp.core.workload import (
     DATA_DIR_ENV,
     DATA_VERIFY_ENV,
@@ -49,10 +45,10 @@ from eks_ddp.core.workload import (
     Egress,
     S3Data,
     Workload,
-    cifar10_workload,
 )
 from eks_ddp.infra.workload_image import job_image
-from eks_ddp.workloads.elastic_job.checks import check_rules, claim_run_dir, validate
+from eks_ddp.workloads.elastic_job.args import DEFAULT_FAULT_BUDGET, ElasticJobArgs  # noqa: F401 (API)
+from eks_ddp.workloads.elastic_job.checks import claim_run_dir, validate
 from eks_ddp.workloads.elastic_job.data_stage import create_s3_stage
 from eks_ddp.workloads.elastic_job.fabric_gate import create_fabric_check
 from eks_ddp.workloads.elastic_job.pods import (  # noqa: F401 (TRAINER_UID, GPUDIRECT_RDMA_FAMILIES, NCCL_NET_PLUGIN: API)
@@ -86,132 +82,21 @@ from eks_ddp.workloads.elastic_job.stages import (  # noqa: F401 (EVAL_RUN_DIR_E
 )
 from eks_ddp.workloads.etcd import etcd_client_egress, store_selector, store_service_of
 from eks_ddp.workloads.namespace import dns_egress
-
-if TYPE_CHECKING:
-    from eks_ddp.infra.gpu_nodegroup import GpuNodeGroup
+from eks_ddp_runtime.contract import RESULTS_KMS_KEY_ENV, RESULTS_URL_ENV, USAGE
 
 TRAINER_FATAL_EXIT_CODES = FATAL_EXIT_CODES
-"""training/exitcodes.FATAL (config error, divergence, unreadable input), mirrored because the library never
-imports the trainer package; tests/test_elastic_job.py keeps the two equal. A workload's own:
-``Workload.fatal_exit_codes``."""
+"""The bundled trainer's fatal codes (config error, divergence, unreadable input): ``eks_ddp_runtime.contract.FATAL``.
+A workload's own: ``Workload.fatal_exit_codes``."""
 EGRESS_ANNOTATION = "eks-ddp/egress"
 """The training Job's annotation listing ``workload.egress`` (JSON): what components/tooling/contracts/network.py checks the
 rendered NetworkPolicy against."""
-USAGE_EXIT_CODE = 2
+USAGE_EXIT_CODE = USAGE
 """argparse's usage error: the agent's own command line is wrong."""
 BUG_EXIT_CODES = [USAGE_EXIT_CODE, *TRAINER_FATAL_EXIT_CODES]
 """Exit codes no retry can fix with the bundled trainer (``bug_exit_codes`` of its workload): the pod failure
 policy fails the Job on them. (A missing or non-executable
 binary is a container StartError, not an exit code 126/127, and a worker's own exit reaches the pod only
 through the launcher, which passes these codes on.)"""
-DEFAULT_FAULT_BUDGET = 20
-"""Pod failures a run absorbs by default: spot capacity can take a node many times in one run."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class ElasticJobArgs:
-    """Inputs of :class:`ElasticJob`."""
-
-    namespace: pulumi.Input[str]
-    """Namespace of every object (Pod Security 'restricted')."""
-    image: pulumi.Input[str]
-    """The stack's image by digest (``repo@sha256:...``): the bundled trainer's; a ``workload.image`` replaces it in
-    the training, fabric-check and S3-stage pods."""
-    pvc_name: pulumi.Input[str] | None = None
-    """A ReadWriteMany claim of the whole shared volume, mounted at /shared in every pod. Prefer
-    ``data_claim`` + ``run_claim`` (what the stack uses): then no pod sees another run's directory."""
-    data_claim: pulumi.Input[str] | None = None
-    """The dataset's claim (EfsStore.data_claim_name), mounted at /shared/data: read-write in the data stage,
-    read-only in every other pod."""
-    data_read_only_claim: pulumi.Input[str] | None = None
-    """The dataset's read-only claim (EfsStore.data_read_only_claim_name), with ``data_claim``: every pod but the
-    data stage mounts it instead, so EFS itself refuses their writes to the dataset."""
-    run_claim: pulumi.Input[str] | None = None
-    """This run's claim (EfsStore.run_claim_name), mounted at /shared/runs/<run_id> in the training, fabric-check
-    and evaluation pods; the data stage does not mount it."""
-    instance_type: str
-    """GPU instance type of the job's node group: drives --nproc-per-node, GPU/EFA/CPU/memory sizing."""
-    efa: bool = False
-    """The node group attaches EFA interfaces: request them and configure NCCL for libfabric."""
-    node_selector: pulumi.Input[Mapping[str, str]] | None = None
-    """Labels of the job's GPU node group."""
-    system_node_selector: pulumi.Input[Mapping[str, str]] | None = None
-    """Labels of the CPU system nodes. Data preparation runs there: it needs no GPU, and a GPU group scaled
-    to zero would leave it Pending (and ``pulumi up``, which awaits it, hanging). None: no nodeSelector; the
-    pod still never lands on a GPU node, since it does not tolerate their taint."""
-    node_group: GpuNodeGroup | None = None
-    """The job's GPU node group: ``nodes`` may not exceed its ``max_size``. Unset: the group of this program that
-    ``node_selector`` selects (its ``node_labels``), when there is one."""
-    nodes: int = 2
-    """torchrun agents (one pod per node): the max of --nnodes."""
-    min_nodes: int = 1
-    """Fewest agents training continues with: the min of --nnodes."""
-    max_restarts: int = DEFAULT_MAX_RESTARTS
-    """torchrun --max-restarts: the fault budget per agent (each crash or lost node costs one restart)."""
-    run_id: str = "run-1"
-    """Run name: the run directory is /shared/runs/<run_id>; part of the Job's name."""
-    rdzv_backend: RdzvBackend = "etcd-v2"
-    """'etcd-v2' (needs rdzv_endpoint) or 'c10d' (the agent of index 0 hosts the store)."""
-    rdzv_endpoint: pulumi.Input[str] | None = None
-    """etcd client endpoint host:port (EtcdRendezvous.endpoint); None with c10d."""
-    rdzv_tls_secret: pulumi.Input[str] | None = None
-    """Secret with the rendezvous client certificate (tls.crt, tls.key, ca.crt; EtcdRendezvous.client_tls_secret),
-    mounted read-only into the agents' pods; required with etcd-v2, whose store demands a client certificate."""
-    rdzv_server_labels: Mapping[str, str] | None = None
-    """The store Service's selector (same namespace): the training and fabric-check pods' egress rule to the client
-    port selects exactly these labels, which admits the Service's ClusterIP on EKS (``etcd_client_egress``). None:
-    the selector of the EtcdRendezvous whose ``endpoint`` is ``rdzv_endpoint`` (``EtcdRendezvous.server_selector``);
-    set it for a store of your own."""
-    workload: Workload = field(default_factory=cifar10_workload)
-    """What the agents run (components/core/workload.py): a module or script, its args, env, image and data; default:
-    the bundled CIFAR-10 trainer (``cifar10_workload()``)."""
-    data_role_arn: pulumi.Input[str] | None = None
-    """With ``S3Data``: the IAM role (IRSA) the S3 data stage's ServiceAccount ``<name>-stage`` assumes
-    (components/workloads/elastic_job/data_stage.py ``data_stage_role``: list and read that prefix only); required then."""
-    results_role_arn: pulumi.Input[str] | None = None
-    """IAM role (IRSA) the trainer's service account assumes to upload results (components/infra/results.py)."""
-    results_url: pulumi.Input[str] | None = None
-    """``s3://<bucket>/runs/<run_id>/``: rank 0 uploads the run's results there at the end (HTTPS egress opened)."""
-    results_kms_key_arn: pulumi.Input[str] | None = None
-    """The results bucket's KMS key (ResultsBucket.kms_key_arn): the uploader writes every object under it."""
-    fault_budget: int = DEFAULT_FAULT_BUDGET
-    """Pod failures the whole run may have before the Job fails (the Job's backoffLimit). Pods lost with
-    their node, drained, evicted or preempted never count; exit codes in ``BUG_EXIT_CODES`` fail at once."""
-    active_deadline_hours: float | None = 48
-    """Hours the training Job may stay active, Pending time included, before Kubernetes stops it
-    (DeadlineExceeded); None: no limit. Bounds a job whose pods wait for GPU capacity that never comes."""
-    ttl_seconds_after_finished: int | None = None
-    """Seconds a finished training Job (and its pod logs) is kept; None (the default): kept until the run is removed.
-    A Complete Job holds no pods. Once a Job is gone, ``pulumi up --refresh`` (every ``up`` of this project's
-    ``Pulumi.yaml``) creates it again, and the new Job resumes the run; its launcher ends at once in a run
-    directory that holds the final marker of the same command (eks_ddp_runtime/launch.py)."""
-    state: RunState = "run"
-    """'run', or 'cancelled': no training Job (nor fabric check) is rendered, so a cancelled run stays cancelled
-    whatever later ``up``s refresh or replace; checkpoints stay, and 'run' again resumes from them."""
-    data_prep_timeout: str = "40m"
-    """How long ``pulumi up`` waits for data preparation (fresh nodes pull a multi-GB image first); longer
-    than the Job's own 30-minute deadline, so a stuck download surfaces as the Job's failure."""
-    fabric_check: bool = False
-    """Run ``eks_ddp_runtime.fabric_check`` on every node of the job first, in a Job Pulumi awaits: the training Job
-    is created only after it passed (EFA transport when ``efa``, the catalog's bandwidth floor)."""
-    fabric_check_timeout: str = "40m"
-    """How long ``pulumi up`` waits for the fabric check (nodes may be launching and pulling the image)."""
-    node_role_name: pulumi.Input[str] | None = None
-    """IAM role of the nodes the job runs on (``EksCluster.node_role_name``). With it, a ``workload.image`` in ECR
-    (given as a string) gets a pull-only grant on exactly its repository (components/infra/workload_image.py), so
-    you never rebuild the repository ARN yourself. None: the node role must already be allowed to pull it
-    (an ``EksCluster``'s role is not: it pulls only what it was granted)."""
-    image_scan_fail_severity: str = "CRITICAL"
-    """A ``workload.image`` in ECR (given as a string) passes the ECR scan gate before any pod gets it: findings at
-    or above this severity fail ``pulumi up``; ``disabled`` runs it unscanned. An Output image is taken as it is
-    (gate it with :class:`eks_ddp.infra.workload_image.WorkloadImage`)."""
-    aws_profile: str | None = None
-    """The AWS profile the scan gate reads ECR with (it runs in the program, with boto3)."""
-
-    def __post_init__(self) -> None:
-        check_rules(self)  # a bad value fails where the Args are built, naming the field
-
-
 
 def trainer_service_account(name: str) -> str:
     """The ServiceAccount of ElasticJob ``name``'s training pods (``<name>-trainer``): known before the job exists,
@@ -239,14 +124,17 @@ class ElasticJob(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: ElasticJobArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("eks-ddp:elastic_job:ElasticJob", name, None, opts)
-        self._args = a = args
-        self._it = validate(name, args)
+        self.args = a = args
+        """The job's inputs (read-only)."""
+        self.instance = validate(name, args)
+        """The GPU instance type the job runs on, from the catalog."""
         claim_run_dir(name, args)
         self.job_name = f"{name}-{a.run_id}"
-        self._prepare_name = f"{name}-prepare-data"
-        self._evaluate_name = f"{name}-evaluate"
-        self._run_dir = f"{SHARED_ROOT}/{RUNS_SUBDIR}/{a.run_id}"
-        self.run_dir = self._run_dir
+        self.prepare_name = f"{name}-prepare-data"
+        """The CIFAR-10 data Job's name (with ``Cifar10Data``)."""
+        self.evaluate_name = f"{name}-evaluate"
+        """The evaluation CronJob's name (with ``workload.evaluate``)."""
+        self.run_dir = f"{SHARED_ROOT}/{RUNS_SUBDIR}/{a.run_id}"
         """The run's directory in every pod (checkpoints, model, metrics): the workers' EKS_DDP_RUN_DIR."""
         self.service_account_name = trainer_service_account(name)
         """The training pods' ServiceAccount: the one ``ResultsBucketArgs.service_account`` must name."""
@@ -269,7 +157,7 @@ class ElasticJob(pulumi.ComponentResource):
         self.pods = PodFactory(
             namespace=a.namespace, image=a.image, efa=a.efa, node_selector=a.node_selector,
             system_node_selector=a.system_node_selector, pvc_name=a.pvc_name, data_claim=a.data_claim,
-            run_claim=a.run_claim, data_read_only_claim=a.data_read_only_claim, run_dir=self._run_dir,
+            run_claim=a.run_claim, data_read_only_claim=a.data_read_only_claim, run_dir=self.run_dir,
             rdzv_backend=a.rdzv_backend,
             rdzv_tls_secret=a.rdzv_tls_secret, trainer_sa=sa.metadata.name, worker_sa=worker.metadata.name)
         """The pods' shared pieces (components/workloads/elastic_job/pods.py), for this component and its fabric-check gate."""
@@ -299,23 +187,23 @@ class ElasticJob(pulumi.ComponentResource):
             lambda n: f"kubectl -n {n} logs -f --prefix --max-log-requests={a.nodes + 1} "
                       f"-l app.kubernetes.io/instance={self.job_name}")
         self.evaluate_command = ns.apply(
-            lambda n: f"kubectl -n {n} create job --from=cronjob/{self._evaluate_name} "
-                      f"{self._evaluate_name}-$(date +%s)") if a.workload.evaluate else None
+            lambda n: f"kubectl -n {n} create job --from=cronjob/{self.evaluate_name} "
+                      f"{self.evaluate_name}-$(date +%s)") if a.workload.evaluate else None
         self.register_outputs({"job_name": self.job_name, "follow_command": self.follow_command,
                                "evaluate_command": self.evaluate_command})
 
     # --- shared pod pieces -----------------------------------------------------------------------
     def _meta(self, name: str, labels: Mapping[str, str], annotations: Mapping[str, str] | None = None
               ) -> k8s.meta.v1.ObjectMetaArgs:
-        return meta(name, self._args.namespace, labels, annotations)
+        return meta(name, self.args.namespace, labels, annotations)
 
     # --- 2. training ----------------------------------------------------------------------------
     def _workload_env(self) -> dict[str, str]:
-        """What the job tells every worker of any workload (README "Your own training code")."""
-        data = self._args.workload.data
+        """What the job tells every worker of any workload (docs/own-workloads.md)."""
+        data = self.args.workload.data
         pin = {DATA_PIN_ENV: DATA_PIN} if isinstance(data, Cifar10Data) else \
             {DATA_VERIFY_ENV: data.verify} if isinstance(data, S3Data) else {}
-        return {**pin, RUN_DIR_ENV: self._run_dir, DATA_DIR_ENV: self._data_dir}
+        return {**pin, RUN_DIR_ENV: self.run_dir, DATA_DIR_ENV: self._data_dir}
 
     def _create_headless_service(self, name: str, child: pulumi.ResourceOptions) -> pulumi.Output[str]:
         # c10d: the Job's subdomain gives the pod of index 0 the stable name <job>-0.<service>.
@@ -331,21 +219,21 @@ class ElasticJob(pulumi.ComponentResource):
 
     def train_command(self, endpoint: str) -> list[str]:
         """The agent's command line, from the one shared builder (components/core/torchrun.py)."""
-        a = self._args
+        a = self.args
         agent = AgentOptions(
-            min_nodes=a.min_nodes, max_nodes=a.nodes, nproc_per_node=self._it.gpus,
+            min_nodes=a.min_nodes, max_nodes=a.nodes, nproc_per_node=self.instance.gpus,
             rdzv_backend=a.rdzv_backend, rdzv_endpoint=endpoint,
             # $(VAR) is expanded by the kubelet: the Job's uid is unique per Job, stable across pod retries.
             rdzv_id="$(JOB_UID)", local_addr="$(POD_IP)",
             max_restarts=a.max_restarts, timeouts=CLUSTER_TIMEOUTS)
         w = a.workload
-        args = w.rendered_args(run_dir=self._run_dir, data_dir=self._data_dir)
+        args = w.rendered_args(run_dir=self.run_dir, data_dir=self._data_dir)
         return module_command(agent, w.module, args) if w.module is not None else \
             script_command(agent, str(w.script), args)
 
     def _create_train_job(self, name: str, endpoint: pulumi.Input[str], prepare: list[pulumi.Resource],
                           child: pulumi.ResourceOptions) -> k8s.batch.v1.Job:
-        a, it = self._args, self._it
+        a, it = self.args, self.instance
         c10d = a.rdzv_backend == "c10d"
         cpu, memory, shm = pod_resources(it)
         devices = {GPU_RESOURCE: it.gpus, **({EFA_RESOURCE: it.efa_interfaces} if a.efa else {})}
@@ -355,9 +243,9 @@ class ElasticJob(pulumi.ComponentResource):
         # The launcher stops at once on the codes the pod failure policy fails the Job on (no restarts spent).
         env[FATAL_CODES_ENV] = ",".join(map(str, bug_exit_codes(a.workload)))
         if a.results_url is not None:
-            env["EKS_DDP_RESULTS_URL"] = a.results_url  # type: ignore[assignment]  # an Output is a valid value
+            env[RESULTS_URL_ENV] = a.results_url  # type: ignore[assignment]  # an Output is a valid value
             if a.results_kms_key_arn is not None:
-                env["EKS_DDP_RESULTS_KMS_KEY"] = a.results_kms_key_arn  # type: ignore[assignment]
+                env[RESULTS_KMS_KEY_ENV] = a.results_kms_key_arn  # type: ignore[assignment]
         field_env = {"POD_IP": "status.podIP", "JOB_UID": "metadata.labels['batch.kubernetes.io/controller-uid']"}
         affinity = one_per_node(self.job_name)
         template = self.pods.pod(
@@ -420,7 +308,7 @@ class ElasticJob(pulumi.ComponentResource):
     def _create_workload_policy(self, name: str, child: pulumi.ResourceOptions) -> None:
         # On the training pods' IRSA role: their ServiceAccount carries one role, the results upload's, so the
         # workload's statements join it rather than replace it (and the trust stays bound to that ServiceAccount).
-        a = self._args
+        a = self.args
         aws.iam.RolePolicy(
             f"{name}-workload", name=f"{name}-workload",
             role=pulumi.Output.from_input(a.results_role_arn).apply(lambda arn: role_name_of(str(arn))),
@@ -430,7 +318,7 @@ class ElasticJob(pulumi.ComponentResource):
     # --- network policies ---------------------------------------------------------------------------
     def store_egress(self) -> k8s.networking.v1.NetworkPolicyEgressRuleArgs:
         """The agents' egress rule to the etcd store's client port, selecting the store Service's own selector."""
-        a = self._args
+        a = self.args
         selector: pulumi.Input[Mapping[str, str]] = dict(a.rdzv_server_labels) if a.rdzv_server_labels else \
             pulumi.Output.from_input(a.rdzv_endpoint).apply(lambda e: store_selector(store_service_of(str(e))))
         return etcd_client_egress(selector)
@@ -444,12 +332,12 @@ class ElasticJob(pulumi.ComponentResource):
         # ports at run time); EFA traffic bypasses the IP stack. Out of the namespace they reach only DNS and etcd.
         tcp = [net.NetworkPolicyPortArgs(protocol="TCP")]
         train_egress = [dns, net.NetworkPolicyEgressRuleArgs(to=peers, ports=tcp)]
-        if self._args.rdzv_backend == "etcd-v2":
+        if self.args.rdzv_backend == "etcd-v2":
             train_egress.append(self.store_egress())
         # Data preparation downloads CIFAR-10 over HTTPS (through the NAT gateway); the trainers reach S3 and STS
         # over HTTPS. TLS only (no port 80: nothing leaves in cleartext), never the instance metadata service,
         # nor the VPC's own ranges beyond what other rules admit.
-        a = self._args
+        a = self.args
         internet = egress_rule(Egress.internet(443))
         # HTTPS to public addresses for the results upload (S3) and the role's credentials (STS); then the same
         # declared by the workload adds nothing.

@@ -1,41 +1,27 @@
-"""The checks of :class:`~.elastic_job.ElasticJobArgs`: each names the field, the bad value and what is allowed."""
+"""The checks of :class:`~eks_ddp.workloads.elastic_job.args.ElasticJobArgs` across fields and against the
+catalog: each names the field, the bad value and what is allowed."""
 
 from __future__ import annotations
 
 import weakref
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pulumi
 from eks_ddp.core import catalog, rules
 from eks_ddp.core.torchrun import AGENT_ENV
-from eks_ddp.core.workload import DATA_VERIFY_ENV, S3Data, Workload
+from eks_ddp.core.workload import DATA_VERIFY_ENV, S3Data
 from eks_ddp.infra.gpu_nodegroup import group_for
-from eks_ddp.infra.workload_image import SCAN_SEVERITIES
+from eks_ddp.workloads.elastic_job.args import ElasticJobArgs
 from eks_ddp.workloads.elastic_job.data_stage import trust_problem
 from eks_ddp.workloads.elastic_job.pods import CACHE_ENV, nccl_env
 from eks_ddp.workloads.elastic_job.stages import DATA_PIN_ENV
-
-if TYPE_CHECKING:
-    from eks_ddp.workloads.elastic_job import ElasticJobArgs
-
-
-def check_rules(a: ElasticJobArgs) -> None:
-    # The stack config's rules, under the Python field names (components/core/rules.py holds each one once).
-    rules.require(
-        rules.whole("nodes", a.nodes), rules.whole("min_nodes", a.min_nodes),
-        rules.whole("max_restarts", a.max_restarts, 0),
-        None if isinstance(a.workload, Workload) else
-        f"workload: got {a.workload!r}; expected a Workload (components/core/workload.py), e.g. cifar10_workload()",
-        rules.namespace("namespace", a.namespace) if isinstance(a.namespace, str) else None,
-        rules.image_by_digest("image", a.image) if isinstance(a.image, str) else None,
-        None if a.image_scan_fail_severity in SCAN_SEVERITIES else
-        f"image_scan_fail_severity: got {a.image_scan_fail_severity!r}; expected one of {', '.join(SCAN_SEVERITIES)}",
-    )
+from eks_ddp_runtime.contract import RESULTS_KMS_KEY_ENV, RESULTS_URL_ENV
 
 
 def validate(name: str, a: ElasticJobArgs) -> catalog.InstanceType:
-    check_rules(a)
+    """The checks that need more than one field or the catalog (each field's own rules ran when the Args were
+    built: :func:`~eks_ddp.workloads.elastic_job.args.check_rules`)."""
     try:
         it = catalog.lookup(a.instance_type)
     except KeyError as err:
@@ -50,8 +36,8 @@ def validate(name: str, a: ElasticJobArgs) -> catalog.InstanceType:
     if a.data_read_only_claim is not None and a.data_claim is None:
         raise ValueError(f"data_read_only_claim: got {a.data_read_only_claim!r} without data_claim; expected it with "
                          "data_claim (the data stage writes through data_claim)")
-    owned = {*CACHE_ENV, *AGENT_ENV, *nccl_env(it, True), "POD_IP", "JOB_UID", "EKS_DDP_RESULTS_URL",
-             "EKS_DDP_RESULTS_KMS_KEY", DATA_PIN_ENV, DATA_VERIFY_ENV}
+    owned = {*CACHE_ENV, *AGENT_ENV, *nccl_env(it, True), "POD_IP", "JOB_UID", RESULTS_URL_ENV,
+             RESULTS_KMS_KEY_ENV, DATA_PIN_ENV, DATA_VERIFY_ENV}
     if clash := sorted(owned & set(a.workload.env)):
         raise ValueError(f"workload.env: got {', '.join(clash)}; expected names the job does not set itself "
                          f"(it sets {', '.join(sorted(owned))})")

@@ -23,7 +23,7 @@ from eks_ddp.workloads.elastic_job.pods import DATA_DIR, EGRESS_EXCEPT, PART_OF
 from eks_ddp.workloads.namespace import dns_egress
 
 if TYPE_CHECKING:
-    from eks_ddp.workloads.elastic_job import ElasticJob
+    from eks_ddp.workloads.elastic_job.view import JobView
 
 STAGE_LABELS = {"app.kubernetes.io/name": "eks-ddp-stage-data", **PART_OF}
 STAGE_MODULE = "eks_ddp_runtime.stage_s3"
@@ -94,9 +94,9 @@ def trust_problem(job_component_name: str, namespace: pulumi.Input[str], role_ar
     return None
 
 
-def create_s3_stage(job: ElasticJob, name: str, child: pulumi.ResourceOptions) -> k8s.batch.v1.Job:
+def create_s3_stage(job: JobView, name: str, child: pulumi.ResourceOptions) -> k8s.batch.v1.Job:
     """The stage's ServiceAccount, NetworkPolicy and Job (awaited); returns the Job the training Job waits on."""
-    a = job._args
+    a = job.args
     data = a.workload.data
     assert isinstance(data, S3Data)
     sa = k8s.core.v1.ServiceAccount(

@@ -30,30 +30,30 @@ from eks_ddp.workloads.elastic_job.pods import (
 from eks_ddp.workloads.namespace import dns_egress
 
 if TYPE_CHECKING:
-    from eks_ddp.workloads.elastic_job import ElasticJob
+    from eks_ddp.workloads.elastic_job.view import JobView
 
 
-def fabric_check_name(job: ElasticJob) -> str:
+def fabric_check_name(job: JobView) -> str:
     """The gate Job's name (also its pods' ``app.kubernetes.io/instance``)."""
     return f"{job.job_name}-fabric"
 
 
-def fabric_check_command_of(job: ElasticJob, endpoint: str) -> list[str]:
+def fabric_check_command_of(job: JobView, endpoint: str) -> list[str]:
     """The check's agent command: the training agent's flags (one builder), every node required, no restarts."""
-    a = job._args
+    a = job.args
     agent = AgentOptions(
-        min_nodes=a.nodes, max_nodes=a.nodes, nproc_per_node=job._it.gpus, rdzv_backend=a.rdzv_backend,
+        min_nodes=a.nodes, max_nodes=a.nodes, nproc_per_node=job.instance.gpus, rdzv_backend=a.rdzv_backend,
         rdzv_endpoint=endpoint, rdzv_id="$(JOB_UID)", local_addr="$(POD_IP)", max_restarts=0,
         timeouts=CLUSTER_TIMEOUTS)
-    check = FabricCheckOptions(run_dir=job._run_dir, require_efa=a.efa, instance_type=a.instance_type,
+    check = FabricCheckOptions(run_dir=job.run_dir, require_efa=a.efa, instance_type=a.instance_type,
                                min_busbw_gbs=catalog.fabric_floor_gbs(a.instance_type) if a.efa else None)
     return fabric_check_command(agent, check)
 
 
-def create_fabric_check(job: ElasticJob, name: str, child: pulumi.ResourceOptions) -> list[pulumi.Resource]:
+def create_fabric_check(job: JobView, name: str, child: pulumi.ResourceOptions) -> list[pulumi.Resource]:
     """An Indexed Job, one agent per node, that Pulumi awaits (plus its NetworkPolicy, and its rendezvous
     Service with c10d); returns what the training Job waits on."""
-    a, it, gate = job._args, job._it, fabric_check_name(job)
+    a, it, gate = job.args, job.instance, fabric_check_name(job)
     if len(f"{gate}-{a.nodes}") > 63:
         raise ValueError(f"run_id: got {a.run_id!r}; '{gate}-<index>' exceeds 63 characters (the fabric "
                          "check's pod names): use a shorter run_id, or fabric_check=False")

@@ -16,22 +16,20 @@ from typing import TYPE_CHECKING
 import pulumi
 import pulumi_kubernetes as k8s
 from eks_ddp.workloads.elastic_job.pods import DATA_DIR, GPU_RESOURCE, PART_OF, pod_resources, resources
+from eks_ddp_runtime.contract import CIFAR10_PIN as DATA_PIN  # the loaders accept only the official CIFAR-10 files
+from eks_ddp_runtime.contract import DATA_PIN_ENV
 
 if TYPE_CHECKING:
-    from eks_ddp.workloads.elastic_job import ElasticJob
+    from eks_ddp.workloads.elastic_job.view import JobView
 
 PREPARE_LABELS = {"app.kubernetes.io/name": "eks-ddp-prepare-data", **PART_OF}
 EVALUATE_LABELS = {"app.kubernetes.io/name": "eks-ddp-evaluate", **PART_OF}
 EVAL_RUN_DIR_ENV = "RUN_DIR"
 """The evaluation pod's run directory (default: this stack's run); override it per Job to evaluate another run
 (only with a whole-volume ``pvc_name``: with ``run_claim`` the pod mounts this run's directory alone)."""
-DATA_PIN_ENV = "EKS_DDP_DATA_PIN"
-DATA_PIN = "cifar-10"
-"""The loaders accept only the official CIFAR-10 files (training/trainer/integrity.py: its PIN_ENV and CIFAR10_PIN,
-mirrored because the library never imports the trainer package; tests/test_shared_volume.py keeps them equal)."""
 
 
-def create_prepare_job(job: ElasticJob, name: str, child: pulumi.ResourceOptions) -> k8s.batch.v1.Job:
+def create_prepare_job(job: JobView, name: str, child: pulumi.ResourceOptions) -> k8s.batch.v1.Job:
     template = job.pods.pod(
         PREPARE_LABELS, "prepare-data", ["python", "-m", "eks_ddp_trainer.prepare_data", f"--data-dir={DATA_DIR}"],
         k8s.core.v1.ResourceRequirementsArgs(requests={"cpu": "500m", "memory": "1Gi"},
@@ -44,30 +42,30 @@ def create_prepare_job(job: ElasticJob, name: str, child: pulumi.ResourceOptions
         f"{name}-prepare-data",
         # replaceUnready: a prep Job that failed (download host down, deadline passed) is replaced on the next
         # `pulumi up` instead of being awaited again and failing it at once.
-        metadata=job.pods.meta(job._prepare_name, PREPARE_LABELS, {"pulumi.com/replaceUnready": "true"}),
+        metadata=job.pods.meta(job.prepare_name, PREPARE_LABELS, {"pulumi.com/replaceUnready": "true"}),
         # No TTL: a Job gone from the cluster is dropped from state by the refresh before every `up`, and the next
         # `up` would create and await it again; a Complete Job holds no pods.
         spec=k8s.batch.v1.JobSpecArgs(backoff_limit=3, active_deadline_seconds=1800, template=template),
         # Awaited (no skipAwait): the training Job depends on it, so it starts only on a verified dataset.
         opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
             delete_before_replace=True,
-            custom_timeouts=pulumi.CustomTimeouts(create=job._args.data_prep_timeout,
-                                                  update=job._args.data_prep_timeout))))
+            custom_timeouts=pulumi.CustomTimeouts(create=job.args.data_prep_timeout,
+                                                  update=job.args.data_prep_timeout))))
 
 
-def create_evaluate_cronjob(job: ElasticJob, name: str, child: pulumi.ResourceOptions) -> None:
-    it = job._it
+def create_evaluate_cronjob(job: JobView, name: str, child: pulumi.ResourceOptions) -> None:
+    it = job.instance
     cpu = min(4, pod_resources(it)[0])
     # $(RUN_DIR) is expanded by the kubelet from the pod's env: this run by default; another run's directory
-    # by setting RUN_DIR on the Job created from the CronJob (README "Evaluation").
+    # by setting RUN_DIR on the Job created from the CronJob (docs/getting-started.md "Evaluation").
     template = job.pods.pod(
         EVALUATE_LABELS, "evaluate",
         ["python", "-m", "eks_ddp_trainer.evaluate", f"--data-dir={DATA_DIR}", f"--run-dir=$({EVAL_RUN_DIR_ENV})"],
         resources(str(cpu), f"{min(16, it.memory_gib // 2)}Gi", {GPU_RESOURCE: 1}),
-        env={EVAL_RUN_DIR_ENV: job._run_dir, DATA_PIN_ENV: DATA_PIN})
+        env={EVAL_RUN_DIR_ENV: job.run_dir, DATA_PIN_ENV: DATA_PIN})
     k8s.batch.v1.CronJob(
         f"{name}-evaluate",
-        metadata=job.pods.meta(job._evaluate_name, EVALUATE_LABELS),
+        metadata=job.pods.meta(job.evaluate_name, EVALUATE_LABELS),
         spec=k8s.batch.v1.CronJobSpecArgs(
             # Suspended: never fires on its own; the schedule is required by the API only.
             suspend=True, schedule="0 0 1 1 *", concurrency_policy="Forbid",
