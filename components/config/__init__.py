@@ -38,6 +38,7 @@ from eks_ddp.config.schema import (
     JobConfig,
     NetworkConfig,
     NodeGroupConfig,
+    ObservabilityConfig,
     RunConfig,
     StackConfig,
     StorageConfig,
@@ -50,8 +51,8 @@ from pydantic import ValidationError
 __all__ = [
     "DEFAULT_KUBERNETES_VERSION", "OFFLINE_PLAN_ENV", "PROJECT", "SUPPORTED_KUBERNETES_VERSIONS", "TOP_LEVEL_KEYS",
     "CatalogEntryConfig", "ClusterConfig", "ConfigError", "DataConfig", "EtcdConfig", "ImageConfig", "JobConfig",
-    "NetworkConfig", "NodeGroupConfig", "RunConfig", "StackConfig", "StackFile", "StorageConfig", "WorkloadConfig",
-    "choose_zones", "cluster_name_for", "duration_minutes", "group_zone_problems", "load_stack_config",
+    "NetworkConfig", "NodeGroupConfig", "ObservabilityConfig", "RunConfig", "StackConfig", "StackFile", "StorageConfig",
+    "WorkloadConfig", "choose_zones", "cluster_name_for", "duration_minutes", "group_zone_problems", "load_stack_config",
     "reference_rows", "reference_table", "stack_file_schema", "validate",
 ]
 

@@ -9,9 +9,11 @@ of ``reader.py``; the checks across keys are ``checks.py``; ``stack_file.py`` re
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass as std_dataclass
+from dataclasses import field as std_field
 from types import MappingProxyType, SimpleNamespace
 from typing import Annotated, Any, ClassVar
 
@@ -174,6 +176,11 @@ class ClusterConfig(Section):
         "--local), where every organization is 'organization'. Required there (preflight says); e.g. "
         "pulumi config set --path cluster.ownerId $(python3 -c 'import uuid; print(uuid.uuid4().hex)')."))
 
+    # --- node AMI ---
+    ami_release_version: Str | None = Field(None, description=(
+        "EKS AMI release of every node group (e.g. 1.35.6-20260714): nodes launched later boot this release, not "
+        "a newer one. Default: the release pinned for kubernetesVersion (docs/capacity-and-cost.md says how to bump it)."))
+
 
 @dataclass(frozen=True, kw_only=True, config=SECTION)
 class NodeGroupConfig(Section):
@@ -201,9 +208,28 @@ class NodeGroupConfig(Section):
         "More types a spot group may launch (fewer interruptions): catalog types with the same GPU count "
         "and model as instanceType."))
 
+    # --- node storage and capacity-block window ---
+    local_storage: Str = Field("RAID0", description=(
+        "'RAID0': the type's NVMe instance store (where it has one) as one RAID0 array under the kubelet and "
+        "containerd (images, emptyDir scratch); 'none': everything on the root volume."))
+    capacity_block_start: Str | None = Field(None, description=(
+        "With capacityType 'capacityBlock': the block's start, UTC (e.g. 2026-12-01T11:30:00Z). Until then no run "
+        "may ask for the group's nodes; preflight compares it with the block."))
+    capacity_block_end: Str | None = Field(None, description=(
+        "With capacityType 'capacityBlock': the block's end, UTC. A scheduled action scales the group to zero "
+        "an hour before it (EC2 reclaims the instances 30 minutes before the end)."))
+
     @property
     def instance(self) -> catalog.InstanceType:
         return catalog.lookup(self.instance_type)
+
+    @property
+    def capacity_block_window(self) -> tuple[dt.datetime, dt.datetime] | None:
+        """(start, end) of the capacity block, UTC, when both are set (checked in config/checks.py)."""
+        if self.capacity_block_start is None or self.capacity_block_end is None:
+            return None
+        utc = lambda t: dt.datetime.fromisoformat(t.replace("Z", "+00:00"))  # noqa: E731
+        return utc(self.capacity_block_start), utc(self.capacity_block_end)
 
 
 @dataclass(frozen=True, kw_only=True, config=SECTION)
@@ -221,6 +247,29 @@ class StorageConfig(Section):
     results_kms_key_arn: Str | None = Field(None, description=(
         "With resultsBucket: the KMS key (ARN) the bucket encrypts with by default (the earlier stack's results "
         "kmsKeyArn output); the uploaders may use it. Preflight refuses an SSE-KMS bucket whose key differs."))
+
+    # --- backend, FSx for Lustre, EFS lifecycle ---
+    backend: Str = Field("efs", description=(
+        "'efs' (elastic, pay per GB written; small stacks) or 'fsxLustre' (FSx for Lustre PERSISTENT_2 in the "
+        "nodes' zone, provisioned throughput; p4de-scale checkpoints). Pods see /shared/data and "
+        "/shared/runs/<runId> either way."))
+    fsx_storage_capacity_gib: Int = Field(1200, alias="fsxStorageCapacityGiB", description=(
+        "fsxLustre: capacity in GiB (1200, or a multiple of 2400); billed whether used or not."))
+    fsx_throughput_per_tib: Int = Field(250, alias="fsxThroughputPerTiB", description=(
+        "fsxLustre: MB/s per TiB of capacity (125, 250, 500 or 1000): 1200 GiB at 250 gives ~290 MB/s."))
+    efs_transition_to_ia: Str = Field("AFTER_30_DAYS", alias="efsTransitionToIA", description=(
+        "efs: files not read for this long move to Infrequent Access (AFTER_1_DAY ... AFTER_365_DAYS, or none)."))
+    efs_transition_to_archive: Str = Field("AFTER_90_DAYS", description=(
+        "efs: ... and to Archive (later than efsTransitionToIA, or none)."))
+    efs_transition_to_primary: Str = Field("AFTER_1_ACCESS", description=(
+        "efs: a file read from IA or Archive moves back to Standard: AFTER_1_ACCESS, or none."))
+
+    @property
+    def efs_transitions(self) -> dict[str, str | None]:
+        """The EFS lifecycle (``EfsLifecycle``'s fields: to IA, to Archive, back to primary), None where 'none'."""
+        values = (self.efs_transition_to_ia, self.efs_transition_to_archive, self.efs_transition_to_primary)
+        names = ("transition_to_ia", "transition_to_archive", "transition_to_primary_storage_class")
+        return {n: None if v.lower() == "none" else v for n, v in zip(names, values, strict=True)}
 
 
 @dataclass(frozen=True, kw_only=True, config=SECTION)
@@ -247,6 +296,24 @@ class EtcdConfig(Section):
     """``eks-ddp:etcd``: the rendezvous server."""
 
     replicas: Int = Field(1, description="etcd members: 1 (the rendezvous store is one member; docs/rendezvous.md).")
+
+
+@dataclass(frozen=True, kw_only=True, config=SECTION)
+class ObservabilityConfig(Section):
+    """``eks-ddp:observability``: where logs and GPU health go, and node auto repair."""
+
+    cloudwatch: Bool = Field(True, description=(
+        "Ship every container's output and the nodes' kubelet and kernel logs to CloudWatch Logs "
+        "(/aws/containerinsights/<cluster>/...) with the amazon-cloudwatch-observability add-on (Fluent Bit, "
+        "Container Insights): a run's logs outlive its pods and nodes. false: no add-on."))
+    log_retention_days: Int = Field(30, description=(
+        "CloudWatch retention of those log groups (kept on destroy until it expires)."))
+    gpu_metrics: Bool = Field(True, description=(
+        "NVIDIA's dcgm-exporter on the GPU nodes (utilization, memory, XID and ECC errors); docs/day-two.md says how "
+        "to read it."))
+    node_repair: Bool = Field(True, description=(
+        "EKS node auto repair on the GPU groups, with the eks-node-monitoring-agent add-on reporting GPU faults: a "
+        "node with a failing GPU is replaced (one at a time in a reservation or capacity block)."))
 
 
 @dataclass(frozen=True, kw_only=True, config=SECTION)
@@ -462,6 +529,7 @@ class StackConfig:
     catalog: tuple[catalog.InstanceType, ...] = ()
     """The stack's own instance types (``eks-ddp:catalog``), registered in the catalog when loaded."""
     preflight: bool = True
+    observability: ObservabilityConfig = std_field(default_factory=ObservabilityConfig)
 
     def __post_init__(self) -> None:
         if not self.runs:
@@ -517,6 +585,7 @@ TOP_LEVEL_KEYS = {
     "job": JobConfig,
     "runs": RunConfig,
     "catalog": CatalogEntryConfig,
+    "observability": ObservabilityConfig,
     "preflight": bool,
 }
 

@@ -34,6 +34,7 @@ from eks_ddp.config.schema import (
     JobConfig,
     NetworkConfig,
     NodeGroupConfig,
+    ObservabilityConfig,
     RunConfig,
     Section,
     StackConfig,
@@ -103,6 +104,8 @@ class StackFile(Section):
     storage: StorageConfig = Field(default_factory=StorageConfig, description=StorageConfig.__doc__)
     image: ImageConfig = Field(default_factory=ImageConfig, description=ImageConfig.__doc__)
     etcd: EtcdConfig = Field(default_factory=EtcdConfig, description=EtcdConfig.__doc__)
+    observability: ObservabilityConfig = Field(default_factory=ObservabilityConfig,
+                                               description=ObservabilityConfig.__doc__)
     job: JobConfig | None = Field(None, description=JobConfig.__doc__)
     runs: Runs | None = Field(None, description=(
         f"Several runs side by side instead of {PROJECT}:job (not both): each entry takes every job key (its own "
@@ -177,7 +180,8 @@ class StackFile(Section):
         return StackConfig(region=self.region, network=self.network, cluster=self.cluster,
                            node_groups=self.node_groups, storage=self.storage, image=self.image, etcd=self.etcd,
                            runs=runs, runs_listed=self.runs is not None,
-                           catalog=tuple(e.instance_type() for e in self.catalog), preflight=self.preflight)
+                           catalog=tuple(e.instance_type() for e in self.catalog), preflight=self.preflight,
+                           observability=self.observability)
 
 
 STACK_FILE = TypeAdapter(StackFile)

@@ -12,6 +12,8 @@ CapacityType = Literal["onDemand", "spot", "capacityBlock"]
 """How a GPU node group buys its instances."""
 NatMode = Literal["single", "perAz"]
 """One NAT gateway for the new VPC, or one per zone."""
+LocalStorage = Literal["RAID0", "none"]
+"""What a GPU node does with its NVMe instance store: stripe it as RAID0 for the pods, or leave it."""
 ModelName = Literal["airnet", "resnet-small", "resnet18", "workshop-cnn"]
 """The bundled trainer's models."""
 RdzvBackend = Literal["etcd-v2", "c10d"]

@@ -135,6 +135,8 @@ class EksClusterArgs:
     5.4.2); the deploy then runs from the VPC or a network joined to it."""
     kubernetes_version: str = k8s_versions.DEFAULT_VERSION
     """Pinned EKS Kubernetes version; upgrade deliberately."""
+    ami_release_version: str | None = None
+    """EKS AMI release of the system nodes; None: ``k8s_versions.AMI_RELEASE_VERSIONS`` for the version."""
     upgrade_policy: UpgradePolicy = k8s_versions.DEFAULT_SUPPORT_TYPE
     """``STANDARD``: EKS upgrades the cluster at the end of standard support ($0.10/h); ``EXTENDED`` (the
     EKS default when unset, so always set here) keeps the version and bills extended support ($0.60/h)."""
@@ -177,6 +179,9 @@ def validate(args: EksClusterArgs) -> None:
     if args.kubernetes_version not in k8s_versions.SUPPORTED_VERSIONS:
         raise ValueError(f"kubernetes_version: got {args.kubernetes_version!r}; expected one of "
                          + ", ".join(k8s_versions.SUPPORTED_VERSIONS))
+    if bad := k8s_versions.ami_release_problem("ami_release_version", args.ami_release_version,
+                                               args.kubernetes_version):
+        raise ValueError(bad)
     if args.system_instance_type not in catalog.cpu_types():
         raise ValueError(f"system_instance_type: got {args.system_instance_type!r}; expected one of "
                          + ", ".join(catalog.cpu_types()) + ", or a type added with catalog.register(InstanceType(...))")
@@ -429,6 +434,7 @@ class EksCluster(pulumi.ComponentResource):
             # Follows the control plane: an upgrade moves these nodes in the same `pulumi up` (after the
             # cluster, which cluster_name depends on), so the next upgrade is not refused for stale nodes.
             version=args.kubernetes_version,
+            release_version=k8s_versions.ami_release_version(args.kubernetes_version, args.ami_release_version),
             # The rolling update drains each node; the etcd member's PodDisruptionBudget (1 of 1) would block
             # the drain until EKS gives up (PodEvictionFailure) and `pulumi up` fails. The rendezvous is soft
             # state the agents rebuild, so the update may evict it.

@@ -11,7 +11,8 @@ loopback port (started and stopped here; ``--rdzv c10d`` needs none) and the tra
 learnable CIFAR-format set into the run's folder.
 
 Each run gets its own folder ``<out>/<run-id>/``: the trainer's files (checkpoints, model.pt,
-metrics.json, history.jsonl), ``logs/`` (every agent's and etcd's full output),
+metrics.json, history.jsonl), ``logs/`` (every agent's and etcd's full output; ``logs/agent<i>/``
+what the launcher keeps of each agent and its workers, read by ``eks-ddp status|logs <run dir>``),
 ``training-curve.png``, ``run.json`` (its settings, for ``--resume``), ``pids.json`` (every
 process started, for leak checks) and ``result.json`` (exit status and the one-line cause).
 
@@ -169,6 +170,7 @@ def run(o: argparse.Namespace, progress: Progress | None = None) -> RunResult:
     try:
         with rendezvous(o.rdzv, etcd_dir) as endpoint:
             job.endpoint = endpoint
+            job.scratch = etcd_dir
             job._scan()
             command = job.agent_command(endpoint, data)
             progress.message(f"run {job.run_id}: {o.agents} agents x {o.nproc_per_node} worker(s), rendezvous "

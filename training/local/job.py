@@ -39,6 +39,7 @@ from eks_ddp_runtime.procs import (
     stop_agents,
     worker_pids,
 )
+from eks_ddp_runtime.runlogs import FIFO_DIR_ENV, LOG_DIR_ENV, LOG_NAME_ENV
 
 
 def _client_tls(endpoint: str) -> RdzvTls | None:
@@ -84,6 +85,8 @@ class LocalJob:
         self.started: dict[str, list[int]] = {"etcd": [], "agents": [], "workers": []}
         """pids of every process this run started, by role: written to pids.json as they appear."""
         self.endpoint: str | None = None
+        self.scratch: Path | None = None
+        """The run's temporary folder (the runner's; its reaper removes it): the agents' FIFOs go there."""
         self.stop_signal: int | None = None
         self.signals_seen = 0
         self.killed_at: float | None = None
@@ -157,6 +160,11 @@ class LocalJob:
         for i in range(self.o.agents):
             if self.stop_signal is not None:
                 return  # Ctrl-C while etcd was starting
+            # The launcher keeps its own log and its workers' output in logs/agent<i>/ (eks_ddp_runtime/runlogs.py):
+            # what `eks-ddp status|logs <run dir>` reads.
+            env = {**env, LOG_DIR_ENV: str(self.logs), LOG_NAME_ENV: f"agent{i}"}
+            if self.scratch is not None:  # removed by the runner and its reaper, whatever becomes of the agents
+                env[FIFO_DIR_ENV] = str(self.scratch)
             # Own session: Ctrl-C and a closed terminal's SIGHUP reach the runner only, which stops the agents;
             # SIGTERM from the kernel should the runner die without doing so (the reaper kills the rest).
             proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -11,7 +11,10 @@ For the stack's region it asks EC2 and Service Quotas whether
   class (G and VT, P, Standard), counting every group at ``maxSize`` (this
   cluster's own running nodes are part of that, not on top of it);
 - a named capacity reservation exists, is active, matches the group's type and
-  zone, and has at least ``desiredSize`` instances free;
+  zone, and has at least ``desiredSize`` instances free; a capacity block's window
+  (``capacityBlockStart``/``End``) is the block's own;
+- a new VPC and its NAT gateways' Elastic IPs fit the VPC and Elastic IP quotas
+  (:mod:`eks_ddp.tooling.preflight.network_quotas`);
 - the group's ``placementGroupName`` is the placement group the reservation was
   created in (instances that target such a reservation must launch in that group,
   so a mismatch or a missing name cannot use the reservation), and a named
@@ -33,7 +36,8 @@ With ECR clients it also checks that every ECR image the stack names (``image.pr
 IAM actions used (all read-only): ecr:DescribeImages, eks:DescribeCluster, eks:ListNodegroups, eks:DescribeNodegroup,
 ec2:DescribeAvailabilityZones, ec2:DescribeSubnets,
 ec2:DescribeInstanceTypeOfferings, ec2:DescribeInstanceTypes, ec2:DescribeInstances,
-ec2:DescribeCapacityReservations, ec2:DescribePlacementGroups, servicequotas:GetServiceQuota,
+ec2:DescribeCapacityReservations, ec2:DescribePlacementGroups, ec2:DescribeVpcs, ec2:DescribeAddresses,
+servicequotas:GetServiceQuota,
 servicequotas:GetAWSDefaultServiceQuota; for stacks that name buckets (components/tooling/preflight/s3.py) also
 sts:GetCallerIdentity, s3:ListBucket (HeadBucket), s3:GetEncryptionConfiguration, kms:DescribeKey.
 """
@@ -54,6 +58,7 @@ from eks_ddp.tooling.preflight import images as preflight_images
 from eks_ddp.tooling.preflight import live as preflight_live
 from eks_ddp.tooling.preflight import s3 as preflight_s3
 from eks_ddp.tooling.preflight.capacity import CapacityChecks, placement_group_of  # noqa: F401 (placement_group_of: API)
+from eks_ddp.tooling.preflight.network_quotas import NetworkQuotaChecks
 from eks_ddp.tooling.preflight.s3 import S3Checks
 
 # EC2 vCPU quotas (Service Quotas, service code "ec2") per (quota class, market).
@@ -108,7 +113,7 @@ def _join(items: list[str] | tuple[str, ...]) -> str:
     return ", ".join(items) if items else "none"
 
 
-class _Checker(CapacityChecks, S3Checks):
+class _Checker(CapacityChecks, NetworkQuotaChecks, S3Checks):
     """One preflight pass: shared caches, and the guard that turns API errors into warnings."""
 
     def __init__(self, cfg: StackConfig, ec2: Any, quotas: Any, cluster_name: str | None = None):
@@ -361,6 +366,7 @@ def check(cfg: StackConfig, *, ec2: Any, quotas: Any, today: dt.date | None = No
     c.check_reservations()
     c.check_placement_groups()
     c.check_quotas()
+    c.check_network_quotas()
     if eks is not None and cluster_name is not None:
         preflight_live.check_live(c, eks, cluster_name, stack_id, logs=logs, organization=organization,
                                   sts=caller_sts, egress_ip=egress_ip)
