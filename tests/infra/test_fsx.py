@@ -124,7 +124,10 @@ def test_the_layout_job_makes_the_directories_the_trainers_with_no_network(view)
     assert c["command"][3:7] == ["/fsx", "700", "1000", "1000"]
     assert c["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN", "DAC_OVERRIDE", "FOWNER"]}
     assert spec["automountServiceAccountToken"] is False and spec["nodeSelector"] == {"eks-ddp/pool": "system"}
-    [policy] = [p for p in view.kind("NetworkPolicy") if p["metadata"]["namespace"] == "kube-system"]
+    labels = job["spec"]["template"]["metadata"]["labels"]
+    [policy] = [p for p in view.kind("NetworkPolicy") if p["metadata"]["namespace"] == "kube-system"
+                and all(labels.get(k) == v for k, v in p["spec"]["podSelector"].get("matchLabels", {}).items())
+                and p["spec"]["podSelector"].get("matchLabels")]
     assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"] and "ingress" not in policy["spec"]
     claim = spec["volumes"][0]["persistentVolumeClaim"]["claimName"]
     root = next(pv for pv in view.kind("PersistentVolume") if pv["metadata"]["name"] == claim)
