@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+from typing import Any
 
 from eks_ddp.config.schema import (
     DNS_LABEL,
     SUPPORTED_KUBERNETES_VERSIONS,
+    TRAINER_ONLY_KEYS,
     ClusterConfig,
     NetworkConfig,
     NodeGroupConfig,
@@ -385,4 +387,27 @@ def _check_capacity_windows(cfg: StackConfig, today: dt.date | None) -> list[str
                     p.append(f"{cfg.run_key(r)}.state: 'run' on group {g.name!r}, whose capacity block starts at "
                              f"{g.capacity_block_start}; expected 'cancelled' until then (its pods would ask for "
                              "nodes that cannot launch, and the autoscaler would back off), then 'run'")
+    return p
+
+
+def ignored_settings(cfg: StackConfig, data: dict[str, Any]) -> list[str]:
+    """Keys that are set (in the stack file's ``data``) but would have no effect: say so instead of ignoring them."""
+    p: list[str] = []
+    raw = data.get("network")
+    net = raw if isinstance(raw, dict) else {}
+    if cfg.network.bring_your_own:
+        for key in ("vpcCidr", "azCount", "availabilityZones", "natGateways", "s3EndpointExtraBuckets"):
+            if key in net:
+                p.append(f"network.{key}: set together with network.vpcId, which uses your VPC as it is; "
+                         f"expected no network.{key} (it only shapes a new VPC)")
+    if not cfg.uses_etcd and data.get("etcd"):
+        which = "every run's rdzvBackend" if cfg.runs_listed else "job.rdzvBackend"
+        p.append(f"etcd: got {data['etcd']!r} with {which} 'c10d', which deploys no etcd; "
+                 f"expected no eks-ddp:etcd, or {which} 'etcd-v2'")
+    if cfg.runs_listed:
+        for i, (run, raw) in enumerate(zip(cfg.runs, data["runs"], strict=True)):
+            if run.workload.custom:
+                p += [f"runs[{i}].{key}: set with a workload of your own, which never reads it (only the bundled "
+                      f"cifar10 trainer does); expected no runs[{i}].{key}: pass your own flags in "
+                      f"runs[{i}].workload.args" for key in TRAINER_ONLY_KEYS if key in raw]
     return p

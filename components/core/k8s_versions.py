@@ -22,7 +22,8 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-SupportType = Literal["STANDARD", "EXTENDED"]
+from eks_ddp.core.types import UpgradePolicy
+
 Support = Literal["standard", "extended", "ended", "unreleased"]
 
 _CALENDAR_PAGE = "EKS Kubernetes release calendar (kubernetes-versions.html), as endoflife.date/amazon-eks lists it"
@@ -76,7 +77,7 @@ SUPPORTED_VERSIONS = ("1.32", "1.33", "1.34", "1.35", "1.36")
 days after this calendar was last reviewed), each with an add-on build (:data:`ADDON_VERSIONS`) and an
 autoscaler pin (``autoscaler.PINS``). Which of them a stack may use on a given day with its upgrade policy:
 :func:`policy_problem`."""
-DEFAULT_SUPPORT_TYPE: SupportType = "STANDARD"
+DEFAULT_SUPPORT_TYPE: UpgradePolicy = "STANDARD"
 
 # --- add-on builds per Kubernetes version -------------------------------------------------------------
 # CreateAddon rejects a build that is not compatible with the cluster's version (InvalidParameterException).

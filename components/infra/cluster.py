@@ -37,6 +37,7 @@ import pulumi_aws as aws
 import pulumi_eks as eks
 from eks_ddp.core import catalog, k8s_versions, rules
 from eks_ddp.core.ownership import STACK_TAG, legacy_owner  # noqa: F401 (STACK_TAG: the owner tag, as cluster.STACK_TAG)
+from eks_ddp.core.types import UpgradePolicy
 from eks_ddp.infra.addon_version import addon_version
 
 LOG_TYPES = ("api", "audit", "authenticator", "controllerManager", "scheduler")
@@ -136,7 +137,7 @@ class EksClusterArgs:
     """Pinned EKS Kubernetes version; upgrade deliberately."""
     ami_release_version: str | None = None
     """EKS AMI release of the system nodes; None: ``k8s_versions.AMI_RELEASE_VERSIONS`` for the version."""
-    upgrade_policy: k8s_versions.SupportType = k8s_versions.DEFAULT_SUPPORT_TYPE
+    upgrade_policy: UpgradePolicy = k8s_versions.DEFAULT_SUPPORT_TYPE
     """``STANDARD``: EKS upgrades the cluster at the end of standard support ($0.10/h); ``EXTENDED`` (the
     EKS default when unset, so always set here) keeps the version and bills extended support ($0.60/h)."""
     system_instance_type: str = "t3.large"

@@ -55,14 +55,12 @@ import datetime as dt
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import pulumi
 import pulumi_aws as aws
 from eks_ddp.core import catalog, k8s_versions, rules, scheduling
-
-CapacityType = Literal["onDemand", "spot", "capacityBlock"]
-LocalStorage = Literal["RAID0", "none"]
+from eks_ddp.core.types import CapacityType, LocalStorage
 
 GPU_AMI_TYPE = "AL2023_x86_64_NVIDIA"
 GPU_TAINT_KEY = "nvidia.com/gpu"

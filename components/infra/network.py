@@ -28,13 +28,12 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import pulumi
 import pulumi_aws as aws
 from eks_ddp.core import cidr, rules
-
-NatMode = Literal["single", "perAz"]
+from eks_ddp.core.types import NatMode
 
 FLOW_LOG_RETENTION_DAYS = 90
 """How long VPC flow logs are kept (CloudWatch Logs retention)."""

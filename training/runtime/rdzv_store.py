@@ -446,9 +446,10 @@ class EtcdV3Store(Store):
         delay = POLL_FIRST_S
         while True:
             paths = [self.key_of(k) for k in keys]
-            kvs = self._retry("store.get", lambda c, paths=paths: c.get_many(paths))
-            if all(kv is not None for kv in kvs):
-                return [self._value(kv.value) for kv in kvs]  # type: ignore[union-attr]
+            kvs = self._retry("store.get", lambda c, paths=paths: c.get_many(paths))  # type: ignore[misc]
+            found = [kv for kv in kvs if kv is not None]
+            if len(found) == len(kvs):
+                return [self._value(kv.value) for kv in found]
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
@@ -493,7 +494,8 @@ class EtcdV3Store(Store):
             kv = c.get(path)
             if kv is None:
                 value = f"{COUNTER_MARK}{num};{op}={num}".encode()
-                ok, _ = self._put_leased(c, lambda ls, value=value: [op_put(path, value, lease=ls)], lease,
+                ok, _ = self._put_leased(c, lambda ls, value=value: [op_put(path, value, lease=ls)],  # type: ignore[misc]
+                                         lease,
                                          [compare(path, "CREATE", 0)])
                 if ok:
                     return num
