@@ -62,12 +62,13 @@ def test_the_agent_logs_a_worker_failure_without_importing_anything():
 
 
 def test_the_preload_happens_before_workers_start():
-    """main() preloads after torch's launch config and before warm_workers starts the zygote."""
+    """The launcher preloads after torch's launch config and before warm_workers starts the zygote (main's body,
+    launch._run)."""
     import inspect
 
     from eks_ddp_runtime import launch
 
-    src = inspect.getsource(launch.main)
+    src = inspect.getsource(launch._run)
     assert src.index("preload_failure_logging()") < src.index("warm_workers(")
 
 
