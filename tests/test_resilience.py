@@ -320,6 +320,7 @@ def _assert_healed(result: dict) -> None:
     print(f"[measure] {result}")
     assert result["agents_alive"], result
     assert result["second_world"] is None, result
+    assert result["stale_commits"] == [], result  # no checkpoint committed by a world after a newer one's fence
     assert result["full_size_s"] <= BACK_WITHIN_S, result
 
 
