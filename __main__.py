@@ -1,15 +1,13 @@
 """eks-ddp: reads the stack config, composes the components, exports the outputs.
 
-No logic beyond wiring lives here: every decision is in ``components/``.
+No logic beyond wiring lives here: every decision is in the library (``eks_ddp``, components/).
 """
 
 import os
 
 import pulumi
 import pulumi_kubernetes as k8s
-from pulumi.runtime.config import CONFIG, get_config_env
-
-from components import (
+from eks_ddp import (
     ClusterAddons,
     ClusterAddonsArgs,
     ClusterAutoscaler,
@@ -30,10 +28,8 @@ from components import (
     ResultsBucketArgs,
     TrainerImage,
     TrainerImageArgs,
-    cost,
-    preflight,
 )
-from components.config import (
+from eks_ddp.config import (
     OFFLINE_PLAN_ENV,
     PROJECT,
     ConfigError,
@@ -43,16 +39,18 @@ from components.config import (
     group_zone_problems,
     load_stack_config,
 )
-from components.data_stage import data_stage_role
-from components.elastic_job import rdzv_client_labels, trainer_service_account
-from components.namespace import label_cluster_namespaces, training_namespace
-from components.network import standard_zones
-from components.preflight_live import owner_id
-from components.results import run_prefix
-from components.rules import partition as rules_partition
-from components.scan_gate import STACK_SETTING
-from components.workload import Egress, S3Data, Workload, cifar10_workload, dataset_name
-from components.workload_image import WorkloadImage, WorkloadImageArgs, workload_image_name
+from eks_ddp.core.rules import partition as rules_partition
+from eks_ddp.core.workload import Egress, S3Data, Workload, cifar10_workload, dataset_name
+from eks_ddp.infra.network import standard_zones
+from eks_ddp.infra.results import run_prefix
+from eks_ddp.infra.scan_gate import STACK_SETTING
+from eks_ddp.infra.workload_image import WorkloadImage, WorkloadImageArgs, workload_image_name
+from eks_ddp.tooling import cost, preflight
+from eks_ddp.tooling.preflight.live import owner_id
+from eks_ddp.workloads.elastic_job import rdzv_client_labels, trainer_service_account
+from eks_ddp.workloads.elastic_job.data_stage import data_stage_role
+from eks_ddp.workloads.namespace import label_cluster_namespaces, training_namespace
+from pulumi.runtime.config import CONFIG, get_config_env
 
 
 def workload_of(run: RunConfig) -> Workload:
@@ -165,7 +163,7 @@ gpu_groups = [
 # skip_update_unreachable: a cluster this machine cannot reach (a new IP outside publicAccessCidrs, no access entry)
 # leaves the Kubernetes resources as they are in state, instead of failing the refresh every `up` runs first, and with
 # it the update that would fix the endpoint; preflight fails, naming the fix, unless this update applies it
-# (components/preflight_live.py check_endpoint_access).
+# (components/tooling/preflight/live.py check_endpoint_access).
 k8s_provider = k8s.Provider("k8s", kubeconfig=cluster.kubeconfig, enable_server_side_apply=True,
                             skip_update_unreachable=True)
 k8s_opts = pulumi.ResourceOptions(provider=k8s_provider)

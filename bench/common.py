@@ -13,7 +13,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from training.data import write_synthetic_cifar  # noqa: E402
+from eks_ddp_trainer.data import write_synthetic_cifar  # noqa: E402
 
 
 def machine() -> dict[str, Any]:
@@ -46,9 +46,9 @@ def env(threads: int) -> dict[str, str]:
 
 
 def run_trainer(cmd_prefix: list[str], args: list[str], threads: int, timeout_s: float) -> list[dict[str, Any]]:
-    """Run training.train (plain or under torchrun) to completion; return its history records."""
+    """Run eks_ddp_trainer.train (plain or under torchrun) to completion; return its history records."""
     run_dir = Path(next(a.split("=", 1)[1] for a in args if a.startswith("--run-dir=")))
-    proc = subprocess.run([*cmd_prefix, "-m", "training.train", *args], cwd=ROOT, env=env(threads),
+    proc = subprocess.run([*cmd_prefix, "-m", "eks_ddp_trainer.train", *args], cwd=ROOT, env=env(threads),
                           capture_output=True, text=True, timeout=timeout_s, start_new_session=True)
     if proc.returncode != 0:
         raise RuntimeError(f"trainer failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")

@@ -3,12 +3,12 @@
     .venv/bin/python bench/digits.py [--out bench/digits.json]
 
 scikit-learn's digits (1,797 real 8x8 images, bilinear to 32x32, three channels), split 1,297 train
-/ 500 test (stratified, seed 0): training.data.write_digits_cifar. The trainer runs with its
+/ 500 test (stratified, seed 0): eks_ddp_trainer.data.write_digits_cifar. The trainer runs with its
 defaults (only --data-dir, --run-dir; ``--model workshop-cnn`` for the baseline), one process, all
 cores; logistic regression (scikit-learn, standardised pixels) on the original 8x8 pixels. On this
 small set the defaults cap the global batch to 32 (400 steps), so a third run lifts the cap
 (``--min-steps=0 --epochs=200``: the default global batch of 1,024, the same 400 steps).
-tests/test_trainer_digits.py asserts the same comparison.
+tests/trainer/test_digits.py asserts the same comparison.
 """
 
 from __future__ import annotations
@@ -23,8 +23,7 @@ import time
 from pathlib import Path
 
 from common import machine, run_trainer
-
-from training.data import write_digits_cifar
+from eks_ddp_trainer.data import write_digits_cifar
 
 
 def logistic_regression() -> float:

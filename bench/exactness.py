@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/exactness.py [--tree DIR]
 
-The check of tests/test_trainer_exact.py::test_stop_mid_epoch_and_resume_is_bit_identical_to_uninterrupted,
+The check of tests/trainer/test_exact.py::test_stop_mid_epoch_and_resume_is_bit_identical_to_uninterrupted,
 run as plain processes so that it works on any checkout of the trainer (``git worktree add DIR dc9e592``
 for the trainer the review measured): 100 synthetic images, batch 16 (7 steps an epoch), 3 epochs; one
 run straight through, one stopped at step 10 (inside the second epoch) and started again on its run
@@ -20,15 +20,15 @@ from pathlib import Path
 
 from common import ROOT, env, synthetic
 
-from tests.etcd_server import max_weight_diff
+from tests.support.etcd_server import max_weight_diff
 
 
 def _train(tree: Path, flags: list[str]) -> None:
     e = {**env(threads=1), "PYTHONPATH": str(tree), "EKS_DDP_SNAPSHOT_DIR": "off"}
-    proc = subprocess.run([sys.executable, "-m", "training.train", *flags], cwd=tree, env=e, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "eks_ddp_trainer.train", *flags], cwd=tree, env=e, capture_output=True,
                           text=True, timeout=600)
     if proc.returncode != 0:
-        raise SystemExit(f"training.train {' '.join(flags)} exited {proc.returncode}:\n{proc.stdout[-3000:]}"
+        raise SystemExit(f"eks_ddp_trainer.train {' '.join(flags)} exited {proc.returncode}:\n{proc.stdout[-3000:]}"
                          f"{proc.stderr[-3000:]}")
 
 
@@ -37,7 +37,7 @@ def main() -> int:
     p.add_argument("--tree", type=Path, default=ROOT, help="a checkout of the trainer (default: this one)")
     a = p.parse_args()
     tree = a.tree.resolve()
-    helptext = subprocess.run([sys.executable, "-m", "training.train", "--help"], cwd=tree, capture_output=True,
+    helptext = subprocess.run([sys.executable, "-m", "eks_ddp_trainer.train", "--help"], cwd=tree, capture_output=True,
                               text=True, env={**env(threads=1), "PYTHONPATH": str(tree)}).stdout
     # The trainer's own names for "16 images a step" and "a tiny model".
     batch = (["--global-batch-size=16", "--bn-group=4", "--min-steps=0"] if "--global-batch-size" in helptext

@@ -3,7 +3,7 @@
 Runs with the GPU machine's own interpreter (Python 3.12, torch 2.11 to 2.14) and nothing else installed: no Pulumi,
 boto3 or cryptography, no install of this project, no network. It puts this checkout and ``.gpu-bundle/site``
 (python-etcd, from ``make gpu-check-bundle``) on the import path, maps ``eks_ddp_runtime`` to training/runtime itself,
-and loads components/torchrun.py by path (the ``components`` package imports Pulumi). Each item has a bar; the
+and loads components/core/torchrun.py by path (the ``components`` package imports Pulumi). Each item has a bar; the
 verdict (exit code) fails when an item fails or misses its bar. ``gpu-check.json`` and ``gpu-check.md`` in ``--out``
 are rewritten after every item, so a run cut short keeps what it measured.
 
@@ -15,7 +15,7 @@ are rewritten after every item, so a run cut short keeps what it measured.
 | d | ``set_sync_debug_mode("error")`` over steps 200-212 (after Lookahead), and a control that must trip | clean; control trips |
 | e | snapshot overhead: on/off/on/off runs, mean img/s of 100-step windows after Lookahead | <= 3 % |
 | f | two worker processes on one GPU (gloo on CUDA tensors): DDP, synced BatchNorm, the launcher | finishes |
-| g | the CUDA-only tests (tests/test_trainer_gpu_true.py) collected and run there | all pass, none skipped |
+| g | the CUDA-only tests (tests/trainer/test_gpu_true.py) collected and run there | all pass, none skipped |
 
 Without a GPU, (a) runs on CPU (gloo, a tiny model; its figures are reported, its bars apply on a GPU only) and
 every other item says "needs a GPU".
@@ -75,18 +75,20 @@ def _load_by_path(name: str, path: Path):
 
 
 def torchrun_command():
-    """components/torchrun.py (stdlib only): the cluster's agent command line."""
-    return _load_by_path("eks_ddp_gpu_check_torchrun", ROOT / "components" / "torchrun.py")
+    """components/core/torchrun.py (stdlib only): the cluster's agent command line."""
+    return _load_by_path("eks_ddp_gpu_check_torchrun", ROOT / "components" / "core" / "torchrun.py")
 
 
 def prepare_environment(bundle: Path, shim: Path) -> dict[str, str]:
     """The environment of every process the check starts, also applied to this one: this checkout, a shim folder
-    where ``eks_ddp_runtime`` is training/runtime (the editable install's mapping, without an install), and the
+    where ``eks_ddp_runtime``, ``eks_ddp_trainer`` and ``eks_ddp_local`` are training/runtime, training/trainer and
+    training/local (the editable install's mapping, without an install), and the
     bundle's python-etcd on the import path; the bundle's etcd on PATH."""
     shim.mkdir(parents=True, exist_ok=True)
-    link = shim / "eks_ddp_runtime"
-    if not link.exists():
-        link.symlink_to(ROOT / "training" / "runtime", target_is_directory=True)
+    for name, folder in (("eks_ddp_runtime", "runtime"), ("eks_ddp_trainer", "trainer"), ("eks_ddp_local", "local")):
+        link = shim / name
+        if not link.exists():
+            link.symlink_to(ROOT / "training" / folder, target_is_directory=True)
     paths = [str(ROOT), str(shim)]
     if (bundle / "site").is_dir():
         paths.append(str(bundle / "site"))
@@ -105,7 +107,7 @@ def prepare_environment(bundle: Path, shim: Path) -> dict[str, str]:
 
 
 def tls_tooling() -> str | None:
-    """How the local etcd gets its throw-away CA (training/etcd_local.py): the cryptography package, else the
+    """How the local etcd gets its throw-away CA (training/local/etcd.py): the cryptography package, else the
     openssl command; None when neither is there."""
     if importlib.util.find_spec("cryptography") is not None:
         return "cryptography"
@@ -187,8 +189,8 @@ def _step_seconds(steps: list[dict[str, Any]]) -> float | None:
 def item_a(tmp: Path, env: dict[str, str], gpus: int) -> dict[str, Any]:
     """The real launcher, cluster flags, real etcd; SIGKILL one worker; recovery seconds and work redone."""
     tr = torchrun_command()
-    from training.data import write_synthetic_cifar
-    from training.etcd_local import start_etcd
+    from eks_ddp_local.etcd import start_etcd
+    from eks_ddp_trainer.data import write_synthetic_cifar
 
     on_gpu = gpus > 0
     agents = min(gpus, 2) if on_gpu else 1
@@ -254,7 +256,7 @@ def item_a(tmp: Path, env: dict[str, str], gpus: int) -> dict[str, Any]:
 
 
 def _trainer_run(tmp: Path, env: dict[str, str], name: str, args: list[str], extra_env: dict[str, str] | None = None,
-                 module: str = "training.train", timeout_s: float = 300) -> tuple[subprocess.CompletedProcess, Path, float]:
+                 module: str = "eks_ddp_trainer.train", timeout_s: float = 300) -> tuple[subprocess.CompletedProcess, Path, float]:
     run = tmp / f"run-{name}"
     t = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", module, f"--run-dir={run}", *args], cwd=ROOT,
@@ -269,7 +271,7 @@ def _ok(proc: subprocess.CompletedProcess, what: str) -> None:
 
 
 def _data_50k(tmp: Path) -> Path:
-    from training.data import write_synthetic_cifar
+    from eks_ddp_trainer.data import write_synthetic_cifar
 
     d = tmp / "data-50k"
     if not (d / "cifar-10-batches-py" / "test_batch").exists():
@@ -289,8 +291,8 @@ def img_s_after(history: list[dict[str, Any]], first_step: int) -> float:
 
 
 def lookahead_start(history: list[dict[str, Any]]) -> int:
-    """The first step of the Lookahead phase (training/lookahead.py: 30 % of the run's steps)."""
-    from training.lookahead import LookaheadConfig
+    """The first step of the Lookahead phase (training/trainer/lookahead.py: 30 % of the run's steps)."""
+    from eks_ddp_trainer.lookahead import LookaheadConfig
 
     total = max(r["step"] for r in history if r.get("kind") == "step")
     return int(LookaheadConfig().start * total + 0.999)
@@ -413,7 +415,7 @@ def item_f(tmp: Path, env: dict[str, str]) -> dict[str, Any]:
     all-reduce, two epochs at batch 1,024."""
     run = tmp / "run-f"
     cmd = [sys.executable, "-m", "eks_ddp_runtime.launch", "--nnodes=1", "--nproc-per-node=2", "--rdzv-backend=c10d",
-           "--rdzv-endpoint=localhost:0", f"--rdzv-id=gpu-check-f-{os.getpid()}", "-m", "training.train", f"--data-dir={_data_50k(tmp)}", f"--run-dir={run}", "--epochs=2", "--min-steps=0",
+           "--rdzv-endpoint=localhost:0", f"--rdzv-id=gpu-check-f-{os.getpid()}", "-m", "eks_ddp_trainer.train", f"--data-dir={_data_50k(tmp)}", f"--run-dir={run}", "--epochs=2", "--min-steps=0",
            "--log-every=10"]
     e = {**env, "EKS_DDP_SHARE_ONE_GPU": "1", "CUDA_VISIBLE_DEVICES": "0", "EKS_DDP_SNAPSHOT_DIR": "off",
          "OMP_NUM_THREADS": "2"}
@@ -428,9 +430,9 @@ def item_f(tmp: Path, env: dict[str, str]) -> dict[str, Any]:
 
 
 def item_g(tmp: Path, env: dict[str, str]) -> dict[str, Any]:
-    """tests/test_trainer_gpu_true.py with pytest (collected without Pulumi): its CUDA-only tests must run and pass."""
+    """tests/trainer/test_gpu_true.py with pytest (collected without Pulumi): its CUDA-only tests must run and pass."""
     proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs",
-                           "tests/test_trainer_gpu_true.py"], cwd=ROOT, env=env, capture_output=True, text=True,
+                           "tests/trainer/test_gpu_true.py"], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=400, stdin=subprocess.DEVNULL)
     out = proc.stdout + proc.stderr
     summary = next((line for line in reversed(out.splitlines()) if " passed" in line or " failed" in line), "")
@@ -465,8 +467,7 @@ def preflight(bundle: Path) -> str | None:
     """Why the check cannot start here, or None."""
     try:
         import etcd  # noqa: F401  (python-etcd, the rendezvous client the agents need)
-
-        from training.etcd_local import find_etcd
+        from eks_ddp_local.etcd import find_etcd
 
         find_etcd()
     except (ImportError, FileNotFoundError) as e:

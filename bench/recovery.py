@@ -3,18 +3,18 @@
     .venv/bin/python bench/recovery.py [--repeats 3] [--only worker_kill,...] [--baseline DIR] [--out FILE]
 
 Each agent runs ``python -m eks_ddp_runtime.launch`` with CLUSTER_TIMEOUTS, DEFAULT_MAX_RESTARTS and AGENT_ENV, the
-command and environment components/torchrun.py renders into the EKS Job (tests/test_resilience.py uses the
+command and environment components/core/torchrun.py renders into the EKS Job (tests/runtime/test_resilience.py uses the
 same). Faults:
 
 * ``worker_kill``: SIGKILL of one trainer process;
 * ``node_kill``: SIGKILL of a whole node (agent + workers; peers see TCP resets);
 * ``node_sigstop``: SIGSTOP of a node's agent and workers (silent: no reset ever comes);
-* ``node_partition``: each agent in its own network namespace (tests/netns.py), the link of one cut;
+* ``node_partition``: each agent in its own network namespace (tests/support/netns.py), the link of one cut;
 * ``etcd_outage``: etcd SIGKILLed, back on the same port and data dir after 3 s (pass: no agent exits,
   no worker restart);
 * ``kills_20``: 20 worker kills in a row (pass: the run finishes with the step count and accuracy
   (±0.5 pt) of an uninterrupted run; the largest weight difference is reported);
-* the rendezvous store's bad days (tests/store_faults.py, the scenarios tests/test_resilience.py asserts;
+* the rendezvous store's bad days (tests/support/store_faults.py, the scenarios tests/runtime/test_resilience.py asserts;
   pass: no agent exits, never two worlds at once, full size within 30 s): ``store_down_at_start`` (both
   agents start 8 s before etcd), ``store_hang_12s`` and ``store_hang_300s`` (etcd SIGSTOPped while the job
   runs degraded, then the replacement node arrives), ``store_wiped_newcomer`` (etcd recreated empty while
@@ -23,7 +23,7 @@ same). Faults:
   Not run against ``--baseline`` (its agents speak plain HTTP; the store now requires a client certificate).
 
 ``--baseline DIR`` runs the same faults, in the same run, against another checkout (``git worktree add DIR
-dc9e592``): its own ``components/torchrun.py`` builds its cluster command (stock torchrun, its
+dc9e592``): its own ``components/core/torchrun.py`` builds its cluster command (stock torchrun, its
 CLUSTER_TIMEOUTS and default --max-restarts) and its own trainer runs (checkpoints at its default cadence).
 
 Figures: seconds from the fault to the next step record in history.jsonl, steps redone (last step before
@@ -46,10 +46,17 @@ import uuid
 from pathlib import Path
 
 from common import ROOT, machine, synthetic
+from eks_ddp.core.torchrun import AGENT_ENV, CLUSTER_TIMEOUTS, DEFAULT_MAX_RESTARTS, TrainerOptions
 
-from components.torchrun import AGENT_ENV, CLUSTER_TIMEOUTS, DEFAULT_MAX_RESTARTS, TrainerOptions
-from tests import netns, store_faults
-from tests.etcd_server import TORCHRUN, Job, RestartableEtcd, kill_workers_in_a_row, max_weight_diff, trainer_env
+from tests.support import netns, store_faults
+from tests.support.etcd_server import (
+    TORCHRUN,
+    Job,
+    RestartableEtcd,
+    kill_workers_in_a_row,
+    max_weight_diff,
+    trainer_env,
+)
 
 STORE_SCENARIOS = ("store_down_at_start", "store_hang_12s", "store_hang_300s", "store_wiped_newcomer",
                    "store_wiped_worker_kill")
@@ -65,7 +72,7 @@ def _trainer(data: Path, run: Path, epochs: int) -> TrainerOptions:
 
 
 class Baseline:
-    """Another checkout's cluster command: built by its own components/torchrun.py, run from its tree."""
+    """Another checkout's cluster command: built by its own components/core/torchrun.py, run from its tree."""
 
     def __init__(self, tree: Path) -> None:
         self.tree = tree.resolve()
@@ -75,7 +82,7 @@ class Baseline:
     def command(self, endpoint: str, data: Path, run: Path, epochs: int, rdzv_id: str, addr: str) -> list[str]:
         code = (
             "import json, sys\n"
-            "from components.torchrun import AgentOptions, CLUSTER_TIMEOUTS, TrainerOptions, job_command\n"
+            "from eks_ddp.core.torchrun import AgentOptions, CLUSTER_TIMEOUTS, TrainerOptions, job_command\n"
             f"a = AgentOptions(min_nodes=1, max_nodes=2, nproc_per_node=1, rdzv_backend='etcd-v2',"
             f" rdzv_endpoint={endpoint!r}, rdzv_id={rdzv_id!r}, local_addr={addr!r}, timeouts=CLUSTER_TIMEOUTS,"
             f" max_restarts={BASELINE_MAX_RESTARTS})\n"

@@ -21,11 +21,10 @@ from pathlib import Path
 
 import torch
 from common import machine
-
-from training import snapshot
-from training.lookahead import Lookahead
-from training.model import DEFAULT_MODEL, build_model
-from training.recipe import RECIPES, build_optimizer
+from eks_ddp_trainer import snapshot
+from eks_ddp_trainer.lookahead import Lookahead
+from eks_ddp_trainer.model import DEFAULT_MODEL, build_model
+from eks_ddp_trainer.recipe import RECIPES, build_optimizer
 
 
 def main() -> int:

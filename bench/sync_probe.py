@@ -1,5 +1,5 @@
 """``python -m bench.sync_probe <trainer flags>`` with ``EKS_DDP_SYNC_WINDOW=FIRST:LAST``: the real trainer
-(training.train as ``__main__``) with ``torch.cuda.set_sync_debug_mode("error")`` on from optimizer step FIRST to
+(eks_ddp_trainer.train as ``__main__``) with ``torch.cuda.set_sync_debug_mode("error")`` on from optimizer step FIRST to
 step LAST, so any host sync in a steady-state step raises there. Prints "sync window clean" when the window closed
 without one. Used by bench/gpu_check.py item (d); needs a GPU."""
 
@@ -27,5 +27,5 @@ def _hook(optimizer, args, kwargs) -> None:
 
 if __name__ == "__main__":
     register_optimizer_step_post_hook(_hook)
-    sys.argv = ["training.train", *sys.argv[1:]]
-    runpy.run_module("training.train", run_name="__main__", alter_sys=True)
+    sys.argv = ["eks_ddp_trainer.train", *sys.argv[1:]]
+    runpy.run_module("eks_ddp_trainer.train", run_name="__main__", alter_sys=True)

@@ -27,7 +27,7 @@ The script also writes, in one run on CIFAR-sized synthetic data (3x32x32, 10 cl
   step) of every trainer model and of airbench94's network (bench/airbench94_net.py);
 * ``compare`` for every ``--dtype`` asked (eager, and compiled with ``--compiled``): images/s and seconds
   per 10 epochs of 50,000 images;
-* the real trainer (``python -m training.train``, default model, one process): images/s from its log,
+* the real trainer (``python -m eks_ddp_trainer.train``, default model, one process): images/s from its log,
   which adds augmentation, the divergence checks, snapshots and logging to the bare step.
 """
 
@@ -49,9 +49,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from airbench94_net import Airbench94Net  # noqa: E402
 from common import machine, run_trainer, synthetic  # noqa: E402
+from eks_ddp_trainer.model import MODELS, build_model  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
-
-from training.model import MODELS, build_model  # noqa: E402
 
 EPOCH_IMAGES = 50_000
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": None}

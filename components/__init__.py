@@ -15,18 +15,18 @@ separate ``eks_ddp_trainer`` package.
 
 from __future__ import annotations
 
-from .addons import ClusterAddons, ClusterAddonsArgs
-from .autoscaler import ClusterAutoscaler, ClusterAutoscalerArgs
-from .cluster import EksCluster, EksClusterArgs
-from .efs import EfsStore, EfsStoreArgs
-from .elastic_job import ElasticJob, ElasticJobArgs
-from .etcd import EtcdRendezvous, EtcdRendezvousArgs
-from .gpu_nodegroup import GpuNodeGroup, GpuNodeGroupArgs
-from .image import TrainerImage, TrainerImageArgs
-from .network import Network, NetworkArgs
-from .results import ResultsBucket, ResultsBucketArgs
-from .workload import Cifar10Data, Egress, S3Data, Workload, cifar10_workload
-from .workload_image import WorkloadImage, WorkloadImageArgs
+from eks_ddp.core.workload import Cifar10Data, Egress, S3Data, Workload, cifar10_workload
+from eks_ddp.infra.addons import ClusterAddons, ClusterAddonsArgs
+from eks_ddp.infra.autoscaler import ClusterAutoscaler, ClusterAutoscalerArgs
+from eks_ddp.infra.cluster import EksCluster, EksClusterArgs
+from eks_ddp.infra.efs import EfsStore, EfsStoreArgs
+from eks_ddp.infra.gpu_nodegroup import GpuNodeGroup, GpuNodeGroupArgs
+from eks_ddp.infra.image import TrainerImage, TrainerImageArgs
+from eks_ddp.infra.network import Network, NetworkArgs
+from eks_ddp.infra.results import ResultsBucket, ResultsBucketArgs
+from eks_ddp.infra.workload_image import WorkloadImage, WorkloadImageArgs
+from eks_ddp.workloads.elastic_job import ElasticJob, ElasticJobArgs
+from eks_ddp.workloads.etcd import EtcdRendezvous, EtcdRendezvousArgs
 
 __all__ = [
     "ClusterAddons", "ClusterAddonsArgs", "ClusterAutoscaler", "ClusterAutoscalerArgs", "EfsStore", "EfsStoreArgs",

@@ -15,15 +15,21 @@ except ImportError as e:
                             "or pip install -e '.[dev,trainer]') so the editable install maps it to "
                             "training/runtime") from e
 
-from training.snapshot import DIR_ENV
 
-if importlib.util.find_spec("pulumi") is None:
-    # A runtime-only interpreter (make test-compat's venv, the GPU machines): components/__init__ imports every
-    # Pulumi component, but components/torchrun.py (the agents' command line) is pure Python. The package is
-    # registered without running its __init__, so `components.torchrun` imports and a Pulumi module still fails.
-    _components = types.ModuleType("components")
-    _components.__path__ = [str(Path(__file__).resolve().parent.parent / "components")]
-    sys.modules.setdefault("components", _components)
+_REPO = Path(__file__).resolve().parent.parent
+for _name, _folder in (("eks_ddp", "components"), ("eks_ddp_trainer", "training/trainer"),
+                       ("eks_ddp_local", "training/local")):
+    # A runtime-only interpreter (make test-compat's venv, the GPU machines) has only eks_ddp_runtime installed and
+    # no Pulumi: eks_ddp/__init__ imports every Pulumi component, but eks_ddp.core.torchrun (the agents' command
+    # line) is pure Python. Each package is registered by its folder without running its __init__, so its pure
+    # modules import and a Pulumi module still fails.
+    if _name not in sys.modules and (importlib.util.find_spec("pulumi") is None
+                                     or importlib.util.find_spec(_name) is None):
+        _pkg = types.ModuleType(_name)
+        _pkg.__path__ = [str(_REPO / _folder)]
+        sys.modules[_name] = _pkg
+
+from eks_ddp_trainer.snapshot import DIR_ENV  # noqa: E402
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -42,7 +48,7 @@ def _snapshots_in_a_temp_dir():
 
 @pytest.fixture
 def in_process_trainer(monkeypatch):
-    """training.train.main called in this process: a single process (no torchrun environment), one thread."""
+    """eks_ddp_trainer.train.main called in this process: a single process (no torchrun environment), one thread."""
     import torch
 
     monkeypatch.delenv("MASTER_ADDR", raising=False)
@@ -52,7 +58,10 @@ def in_process_trainer(monkeypatch):
 @pytest.fixture(scope="session")
 def dev_result():
     """The dev stack run once under mocks (read-only: do not mutate)."""
-    from tests.util import run, stack_config  # Pulumi: imported only where a program runs (GPU machines lack it)
+    from tests.support.util import (  # Pulumi: imported only where a program runs (GPU machines lack it)
+        run,
+        stack_config,
+    )
 
     return run(stack_config("dev"))
 
@@ -60,7 +69,7 @@ def dev_result():
 @pytest.fixture(scope="session")
 def p4de_result():
     """The p4de example stack run once under mocks (read-only)."""
-    from tests.util import run, stack_config
+    from tests.support.util import run, stack_config
 
     return run(stack_config("p4de"), stack="p4de")
 
@@ -68,8 +77,8 @@ def p4de_result():
 @pytest.fixture(scope="session")
 def byo_result():
     """The dev stack with two runs of other images (two ECR repositories, one in another account) and an S3 data
-    set in another account's bucket (tests/util.py ``byo_stack_config``), run once under mocks (read-only)."""
-    from tests.util import byo_stack_config, run
+    set in another account's bucket (tests/support/util.py ``byo_stack_config``), run once under mocks (read-only)."""
+    from tests.support.util import byo_stack_config, run
 
     return run(byo_stack_config())
 
@@ -77,10 +86,12 @@ def byo_result():
 # The files whose tests run longest (real agents, etcd and fault windows): collected first, so that with
 # `pytest -n 2 --dist loadfile` they start at once beside the many short files instead of after them, where one
 # process would run them alone at the end.
-_LONGEST_FIRST = ("test_resilience.py", "test_trainer_elastic.py", "test_local_runner.py", "test_torchrun_corpus.py",
-                  "test_launcher_cuda.py", "test_exit_codes.py", "test_user_workload.py")
+_LONGEST_FIRST = ("runtime/test_resilience.py", "trainer/test_elastic.py", "local/test_runner.py",
+                  "runtime/test_torchrun_corpus.py", "runtime/test_launcher_cuda.py", "runtime/test_exit_codes.py",
+                  "runtime/test_user_workload.py")
 
 
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(_LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(Path(str(item.fspath)).name, len(rank)))  # stable: order within a file kept
+    tests = Path(__file__).resolve().parent
+    items.sort(key=lambda item: rank.get(Path(str(item.fspath)).resolve().relative_to(tests).as_posix(), len(rank)))  # stable: order within a file kept

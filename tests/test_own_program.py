@@ -30,7 +30,7 @@ PROGRAM = textwrap.dedent('''
     from eks_ddp import (EfsStore, EfsStoreArgs, EksCluster, EksClusterArgs, ElasticJob, ElasticJobArgs,
                          EtcdRendezvous, EtcdRendezvousArgs, GpuNodeGroup, GpuNodeGroupArgs, Network,
                          NetworkArgs, S3Data, Workload)
-    from eks_ddp.data_stage import data_stage_role, stage_service_account
+    from eks_ddp.workloads.elastic_job.data_stage import data_stage_role, stage_service_account
 
     assert components.OWNER == "myinfra"
     cfg = pulumi.Config()  # this project's namespace: myinfra:*
@@ -136,7 +136,7 @@ def test_a_users_own_program_previews_offline_and_runs_its_entrypoint_under_the_
 
     stages = [j for j in jobs.values() if "eks_ddp_runtime.stage_s3" in " ".join(_command(j))]
     assert stages and all("s3://team-datasets/glue/sst2/" in _command(j) for j in stages), sorted(jobs)
-    assert not [j for j in jobs.values() if "training.prepare_data" in " ".join(_command(j))]
+    assert not [j for j in jobs.values() if "eks_ddp_trainer.prepare_data" in " ".join(_command(j))]
     assert "ml-dev" in done.stdout or "myinfra" in done.stdout, done.stdout[-2000:]
     # The nodes may pull the image: each job grants the node role pull on its repository (and gates it).
     assert "ft-bert-a-image-node-pull" in done.stdout and "ft-bert-b-image-node-pull" in done.stdout, \

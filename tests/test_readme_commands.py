@@ -1,6 +1,6 @@
-"""README's `pulumi stack output` commands work when pasted into bash.
+"""The `pulumi stack output` commands of README.md and docs/*.md work when pasted into bash.
 
-Each README line that runs a stack output is executed by bash with ``pulumi`` answering the
+Each line of their bash blocks that runs a stack output is executed by bash with ``pulumi`` answering the
 outputs of the dev stack (run under mocks) and ``aws``/``kubectl`` recording their argument
 lists: every command the output holds must run, with its own arguments (``$(output)`` alone
 would pass ``&&`` to the first command as an argument and never run the second).
@@ -14,11 +14,13 @@ import subprocess
 
 import pytest
 
-from tests.util import ROOT
+from tests.support.util import ROOT
 
-BASH = "\n".join(re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S))
-LINES = [line.split("  #", 1)[0].strip() for line in BASH.splitlines()
-         if "pulumi stack output" in line and "$(" in line and not line.lstrip().startswith("#")]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+BASH = "\n".join(m for p in DOCS for m in re.findall(r"```bash\n(.*?)```", p.read_text(), re.S))
+LINES = list(dict.fromkeys(  # each distinct line once, wherever the docs repeat it
+    line.split("  #", 1)[0].strip() for line in BASH.splitlines()
+    if "pulumi stack output" in line and "$(" in line and not line.lstrip().startswith("#")))
 
 
 def test_readme_runs_stack_outputs():

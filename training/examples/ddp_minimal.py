@@ -6,7 +6,7 @@ Run on the cluster as any workload (the Job's agent command), or on one machine:
         --rdzv-endpoint=127.0.0.1:29500 --rdzv-id=demo training/examples/ddp_minimal.py --steps 200
     # with EKS_DDP_RUN_DIR=/tmp/run set (the Job sets it to /shared/runs/<run id>)
 
-What it does to survive faults (README "Your own training code"):
+What it does to survive faults (docs/own-workloads.md):
 
 * reads rank and world size from torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT);
 * writes checkpoints into ``$EKS_DDP_RUN_DIR`` from rank 0 only, atomically (temporary file in the same

@@ -35,13 +35,11 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from .contract import DATA_DIR_ENV  # noqa: F401 (the data directory the Job mounts: API)
+from .contract import DATA_VERIFY_ENV as VERIFY_ENV
+
 MANIFEST = ".eks-ddp-manifest.json"
 """The manifest's name inside the data directory (a dot file: a loader listing the directory does not see it)."""
-VERIFY_ENV = "EKS_DDP_DATA_VERIFY"
-"""``manifest`` or ``sha256:<hex of the manifest file>``: the check the Job asks of the launcher and the stage
-(``components/workload.DATA_VERIFY_ENV`` mirrors the name)."""
-DATA_DIR_ENV = "EKS_DDP_DATA_DIR"
-"""The data directory the Job mounts (``components/workload.DATA_DIR_ENV``)."""
 FORMAT = 1
 _PIN = re.compile(r"^sha256:([0-9a-f]{64})$")
 _HEX = re.compile(r"^[0-9a-f]{64}$")

@@ -1,7 +1,7 @@
 """Process-group setup: the one place that reads rank, local rank and world size.
 
 torchrun exports RANK, LOCAL_RANK, WORLD_SIZE (and MASTER_ADDR/PORT); a plain
-``python -m training.train`` run has none of them and trains as a world of one.
+``python -m eks_ddp_trainer.train`` run has none of them and trains as a world of one.
 """
 
 from __future__ import annotations

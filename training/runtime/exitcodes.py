@@ -1,7 +1,7 @@
 """Exit codes of the trainer's processes, and what the training Job does with each.
 
 A retry cannot fix any of these, so the Job's pod failure policy fails the Job at once on them
-(``components/elastic_job.py`` mirrors the numbers; a test keeps the two equal) and the launcher
+(the numbers are defined once, in contract.py, which the library imports too) and the launcher
 does not restart the workers for them. Every other non-zero exit is treated as transient
 (a lost peer, a killed process) and recovered from.
 """
@@ -17,27 +17,15 @@ import threading
 import time
 from typing import NoReturn
 
-#: A bad trainer flag or value (argparse errors included): the command line must be fixed.
-CONFIG_ERROR = 3
-#: Training diverged: the loss or the weights became non-finite. Nothing non-finite was checkpointed.
-DIVERGED = 4
-#: The data set or the checkpoints are unreadable (a named file is corrupt or missing).
-BAD_INPUT = 5
-
-#: The fabric check (fabric_check.py) found the network unfit: no EFA, TCP transport, low bandwidth.
-#: Only the fabric-check Job sees it; it is not a trainer code.
-FABRIC_FAILED = 6
-
-#: Every code above, for the pod failure policy and the launcher.
-FATAL = (CONFIG_ERROR, DIVERGED, BAD_INPUT)
-
-#: A usage error: argparse's exit status for a bad argument, and Python's for a script it cannot open. A retry
-#: cannot fix it either, so the launcher stops at once (and exits 2 itself, which the pod failure policy also fails).
-USAGE = 2
-
-FATAL_CODES_ENV = "EKS_DDP_FATAL_EXIT_CODES"
-"""A workload's own fatal worker exit codes, comma-separated (the Job sets it from ``Workload.fatal_exit_codes``):
-the launcher stops at once on these too, as the pod failure policy does."""
+from .contract import (  # noqa: F401 (each code: API, as exitcodes.<NAME>)
+    BAD_INPUT,
+    CONFIG_ERROR,
+    DIVERGED,
+    FABRIC_FAILED,
+    FATAL,
+    FATAL_CODES_ENV,
+    USAGE,
+)
 
 
 def fatal_codes(environ=None) -> frozenset[int]:

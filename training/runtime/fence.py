@@ -25,7 +25,7 @@ again. Under any other launcher (torchrun, a plain ``python``) there is no lease
 allowed, so users' own training code can call it unconditionally.
 
 A stall between the check and the rename (a paused process) can still put a commit after the lease's end;
-the trainer's run-directory fences (training/checkpoint.py) make such a late commit unloadable. The argument
+the trainer's run-directory fences (training/trainer/checkpoint.py) make such a late commit unloadable. The argument
 for both, and its assumptions, is in docs/rendezvous.md "Why two worlds never both commit".
 """
 

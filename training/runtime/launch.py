@@ -43,6 +43,7 @@ from torch.distributed.elastic.rendezvous.api import RendezvousClosedError
 from torch.distributed.launcher import api as launcher_api
 
 from . import dataset, fence, rendezvous
+from .contract import RUN_DIR_ENV
 from .exitcodes import BAD_INPUT, fatal_codes
 from .rdzv_store import RendezvousConfigError
 from .workers import FORK_ENV, all_exited_zero, settle, warm_workers
@@ -201,8 +202,6 @@ FINAL_MARKER = "eks-ddp-final.json"
 agent of the same run with the same command exits 0 at once: a Job created again for a finished run (deleted by
 hand, or replaced under the same name) never trains it a second time. Another command (``--epochs=30`` after 20)
 runs, so a finished run can still be extended."""
-RUN_DIR_ENV = "EKS_DDP_RUN_DIR"
-"""The run's directory (components/workload.py sets it in the Job); unset: no marker is read or written."""
 
 
 def _final_marker() -> str | None:

@@ -51,7 +51,7 @@ rejoins the moment it reaches the store again.
 
 **The store is authenticated.** Agents unpickle the state (``pickle.loads`` in ``sync``), so whoever
 can write the key runs code in every agent: the client speaks HTTPS with a client certificate, and the
-server (components/etcd.py, training/etcd_local.py) requires one (``--client-cert-auth``).
+server (components/workloads/etcd.py, training/local/etcd.py) requires one (``--client-cert-auth``).
 
 **Rounds form in a fraction of a second.** torch's op executor reads the state once a second while a round
 forms (``_delay(seconds=1)`` on ``SYNC``, behind a 1 s state cache), so every restart waited up to a second

@@ -1,0 +1,1 @@
+"""The pure core: rules, catalog, CIDR math, scheduling, the agent command. No Pulumi."""

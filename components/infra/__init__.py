@@ -1,0 +1,1 @@
+"""Per-stack AWS infrastructure and the cluster add-ons it owns."""

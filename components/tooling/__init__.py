@@ -1,0 +1,1 @@
+"""Offline plan, mocks, preflight, cost: never imported by infra or workloads."""

@@ -1,0 +1,1 @@
+"""Per-run Kubernetes objects (they take the Kubernetes provider from opts)."""

@@ -1,0 +1,211 @@
+"""Cost estimate: the math, and that every figure follows from the catalog and the stack config."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from eks_ddp.config import StackConfig, load_stack_config
+from eks_ddp.core import catalog
+from eks_ddp.tooling import cost
+
+from tests.support.util import set_path, stack_config
+
+GIB_HOUR = cost.price("ebs_gp3_gb_month") / cost.HOURS_PER_MONTH
+
+
+def config(raw: dict) -> StackConfig:
+    return load_stack_config({k: v for k, v in raw.items() if k.startswith("eks-ddp:")}, region=raw["aws:region"])
+
+
+def dev(**paths) -> StackConfig:
+    raw = stack_config("dev")
+    for path, value in paths.items():
+        raw = set_path(raw, f"eks-ddp:{path}", value)
+    return config(raw)
+
+
+def gpu_items(est: cost.Estimate) -> list[cost.LineItem]:
+    return [i for i in est.items if i.name.startswith("GPU nodes")]
+
+
+def test_idle_is_cheaper_than_training():
+    est = cost.estimate(dev())
+    assert 0 < est.idle_per_hour < est.training_per_hour
+
+
+def test_idle_excludes_gpu_instances_when_groups_scale_to_zero():
+    est = cost.estimate(dev())
+    g4dn = catalog.CATALOG["g4dn.xlarge"].price_per_hour
+    assert [i.idle_per_hour for i in gpu_items(est)] == [0]
+    assert est.training_per_hour - est.idle_per_hour == pytest.approx(2 * g4dn + 2 * 200 * GIB_HOUR)
+
+
+def test_idle_counts_min_size_gpu_nodes():
+    base, warm = cost.estimate(dev()), cost.estimate(dev(**{"nodeGroups[0].minSize": 1, "nodeGroups[0].desiredSize": 1}))
+    g4dn = catalog.CATALOG["g4dn.xlarge"].price_per_hour
+    assert warm.idle_per_hour - base.idle_per_hour == pytest.approx(g4dn + 200 * GIB_HOUR)
+    assert warm.training_per_hour == pytest.approx(base.training_per_hour)
+
+
+def test_per_run_is_the_gpu_nodes_for_their_billed_time():
+    est = cost.estimate(dev())
+    assert est.per_run == pytest.approx((est.training_per_hour - est.idle_per_hour) * est.run_hours)
+    d = est.as_dict()
+    assert d["per_run"] == pytest.approx((d["training_per_hour"] - d["idle_per_hour"]) * d["run_hours"], rel=1e-3)
+
+
+def test_run_hours_follow_epochs_and_the_throughput_table():
+    est = cost.estimate(dev())
+    # 2 x g4dn.xlarge, no EFA, the default model
+    rate = cost.IMAGES_PER_SECOND["T4"] * cost.MODEL_SPEED["airnet"] * 2 * cost.SCALING_TCP
+    assert est.images_per_second == pytest.approx(rate)
+    assert est.run_images == 10 * 50_000
+    assert est.train_hours == pytest.approx(500_000 / rate / 3600)
+    longer = cost.estimate(dev(**{"job.epochs": 20}))
+    assert longer.run_hours - est.run_hours == pytest.approx(500_000 / rate / 3600)
+    slower = cost.estimate(dev(**{"job.model": "resnet18"}))
+    assert slower.images_per_second == pytest.approx(rate / cost.MODEL_SPEED["airnet"] * cost.MODEL_SPEED["resnet18"])
+
+
+def test_a_run_pays_for_start_up_image_pull_and_the_scale_down_tail():
+    est = cost.estimate(dev())
+    phases = dict(est.timeline)
+    assert phases["node start-up"] == cost.NODE_START_MINUTES
+    assert phases["image pull"] == cost.IMAGE_PULL_MINUTES
+    assert phases["scale-down tail"] == 10 + cost.SCALE_DOWN_TERMINATE_MINUTES == est.back_to_idle_minutes
+    assert est.run_hours * 60 == pytest.approx(est.train_hours * 60 + cost.NODE_START_MINUTES
+                                               + cost.IMAGE_PULL_MINUTES + cost.RUN_OVERHEAD_MINUTES + 11)
+    # A longer idle wait before scale-down is paid on every run, at the GPU nodes' rate.
+    warm = cost.estimate(dev(**{"cluster.scaleDownUnneededTime": "1h"}))
+    g4dn = catalog.CATALOG["g4dn.xlarge"].price_per_hour
+    assert warm.per_run - est.per_run == pytest.approx(50 / 60 * 2 * (g4dn + 200 * GIB_HOUR))
+    assert warm.back_to_idle_minutes == 61
+    p4de = cost.estimate(config(stack_config("p4de")))
+    assert dict(p4de.timeline)["node start-up"] == cost.NODE_START_MINUTES_8GPU
+    text = est.render()
+    assert "after a run:    back to idle in ~11 min" in text and "scale-down tail 11.0" in text
+
+
+def test_dev_idles_under_a_quarter_an_hour_with_standard_support():
+    est = cost.estimate(dev())
+    assert est.idle_per_hour <= 0.25
+    assert "EKS control plane (standard support)" in {i.name for i in est.items}
+
+
+def test_control_plane_priced_by_support_type():
+    """Review M1: extended support bills $0.60/h, not $0.10/h."""
+    import datetime as dt
+
+    def plane(est):
+        return next(i for i in est.items if i.name.startswith("EKS control plane"))
+    import dataclasses
+
+    old = {"cluster.kubernetesVersion": "1.33"}  # standard support ended 2026-07-29
+    day = dt.date(2026, 11, 23)
+    extended = cost.estimate(dev(**old, **{"cluster.upgradePolicy": "EXTENDED"}), day=day)
+    # The stack config refuses STANDARD past standard support; a library caller's config can still say it.
+    cfg = dev()
+    standard = dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, kubernetes_version="1.33"))
+    assert plane(cost.estimate(standard, day=day)).idle_per_hour == 0.10  # STANDARD: upgraded, never extended
+    assert plane(extended).idle_per_hour == 0.60 and "extended" in plane(extended).name
+    assert extended.idle_per_hour - cost.estimate(standard, day=day).idle_per_hour == pytest.approx(0.50)
+    # EXTENDED on a version still in standard support costs the standard rate until then, and says when.
+    early = plane(cost.estimate(dev(**{"cluster.upgradePolicy": "EXTENDED"}), day=day))
+    assert early.idle_per_hour == 0.10 and "$0.60/h from" in early.note
+
+
+def test_every_gpu_model_in_the_catalog_has_a_throughput_estimate():
+    assert {catalog.CATALOG[n].gpu_model for n in catalog.gpu_types()} <= set(cost.IMAGES_PER_SECOND)
+
+
+def test_figures_derive_from_the_catalog(monkeypatch):
+    before = cost.estimate(dev()).training_per_hour
+    monkeypatch.setitem(catalog.CATALOG, "g4dn.xlarge",
+                        catalog.InstanceType(**{**vars(catalog.CATALOG["g4dn.xlarge"]), "price_per_hour": 1.526}))
+    assert cost.estimate(dev()).training_per_hour - before == pytest.approx(2 * 1.0)
+
+
+def test_job_nodes_and_desired_counts_change_the_figure():
+    base = cost.estimate(dev())
+    one = cost.estimate(dev(**{"job.nodes": 1}))
+    g4dn = catalog.CATALOG["g4dn.xlarge"].price_per_hour
+    assert base.training_per_hour - one.training_per_hour == pytest.approx(g4dn + 200 * GIB_HOUR)
+    t3 = catalog.CATALOG["t3.medium"].price_per_hour
+    three = cost.estimate(dev(**{"cluster.systemNodeCount": 3}))
+    sys_volume = cost.SYSTEM_ROOT_VOLUME_GIB * GIB_HOUR
+    assert three.idle_per_hour - base.idle_per_hour == pytest.approx(2 * (t3 + sys_volume))  # dev has 1
+
+
+def test_a_second_gpu_group_counts_at_desired_size_while_training():
+    raw = stack_config("dev")
+    extra = {"name": "spare", "instanceType": "g5.xlarge", "minSize": 0, "desiredSize": 1, "maxSize": 1}
+    raw = set_path(raw, "eks-ddp:nodeGroups", [*raw["eks-ddp:nodeGroups"], extra])
+    two, one = cost.estimate(config(raw)), cost.estimate(dev())
+    g5 = catalog.CATALOG["g5.xlarge"].price_per_hour
+    assert two.training_per_hour - one.training_per_hour == pytest.approx(g5 + 200 * GIB_HOUR)
+    assert two.idle_per_hour == pytest.approx(one.idle_per_hour)
+
+
+def test_nat_gateways_follow_the_network_config():
+    def nat(est):
+        return sum(i.idle_per_hour for i in est.items if "NAT" in i.name)
+    single = cost.estimate(dev())
+    per_az = cost.estimate(dev(**{"network.natGateways": "perAz", "network.azCount": 3}))
+    assert nat(single) == pytest.approx(cost.price("nat_gateway_hour") + cost.price("public_ipv4_hour"))
+    assert nat(per_az) == pytest.approx(3 * nat(single))
+    byo = cost.estimate(dev(**{"network": {"vpcId": "vpc-0123456789abcdef0",
+                                           "privateSubnetIds": ["subnet-a", "subnet-b"]}}))
+    assert nat(byo) == 0
+
+
+def test_control_plane_and_storage_are_priced_as_stated():
+    names = {i.name: i for i in cost.estimate(dev()).items}
+    assert names["EKS control plane (standard support)"].idle_per_hour == 0.10
+    efs = next(i for n, i in names.items() if n.startswith("EFS"))
+    assert f"assumed {cost.EFS_ASSUMED_GB} GB" in efs.name
+    assert efs.idle_per_hour == pytest.approx(cost.EFS_ASSUMED_GB * 0.30 / 730)
+
+
+def test_system_root_volume_matches_the_cluster_component():
+    from eks_ddp.infra.cluster import SYSTEM_ROOT_VOLUME_GIB
+
+    assert cost.SYSTEM_ROOT_VOLUME_GIB == SYSTEM_ROOT_VOLUME_GIB
+
+
+def test_regions_other_than_us_east_1_say_prices_are_us_east_1():
+    west = cost.estimate(dev())
+    assert west.region == "us-west-2"
+    assert "us-east-1 list prices" in west.assumptions[0] and "us-west-2 prices may differ" in west.assumptions[0]
+    assert "stack region us-west-2 may differ" in west.render()
+    east = cost.estimate(config(stack_config("p4de")))
+    assert "may differ" not in east.assumptions[0]
+
+
+def test_reservation_billing_is_called_out():
+    est = cost.estimate(config(stack_config("p4de")))
+    assert any("capacity reservation cr-0123456789abcdef0" in n for n in est.not_included)
+    assert any("bills its instances whether a run uses them or not" in a for a in est.assumptions)
+    assert not any("whether a run" in a for a in cost.estimate(dev()).assumptions)
+
+
+def test_as_dict_is_json_and_render_shows_the_totals():
+    est = cost.estimate(dev())
+    d = json.loads(json.dumps(est.as_dict()))
+    for key in ("training_per_hour", "idle_per_hour", "per_run", "run_hours", "assumptions", "price_date",
+                "line_items"):
+        assert key in d
+    assert d["price_date"] == cost.PRICE_DATE and d["instance_price_date"] == catalog.PRICE_DATE
+    assert sum(i["training_per_hour"] for i in d["line_items"]) == pytest.approx(d["training_per_hour"], abs=1e-3)
+    text = est.render()
+    assert f"${d['training_per_hour']:.2f}/hour" in text and f"${d['idle_per_hour']:.2f}/hour" in text
+    assert f"${d['per_run']:.2f}" in text and "estimated" in text
+
+
+def test_stack_exports_the_estimate(dev_result):
+    exported = dev_result.outputs["costEstimate"]
+    expected = cost.estimate(dev()).as_dict()
+    assert exported["training_per_hour"] == pytest.approx(expected["training_per_hour"])
+    assert exported["idle_per_hour"] == pytest.approx(expected["idle_per_hour"])
+    # What the offline plan prints renders from the exported (mock-round-tripped) value.
+    assert cost.render(exported).splitlines()[1] == cost.render(expected).splitlines()[1]

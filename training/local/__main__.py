@@ -1,0 +1,5 @@
+import sys
+
+from eks_ddp_local.cli import main
+
+sys.exit(main())
