@@ -47,7 +47,9 @@ those ~2 s, so C's round completes with A, not without it. A newcomer that finds
 puts itself on ``wait_list``, which A's ``num_nodes_waiting()`` reports, and A restarts into the next
 round with C (torch's own scale-up path). The one case left to torch is a node cut off from the store
 but not from its peers for longer than the expiry window: the others drop it (as torch does), and it
-rejoins the moment it reaches the store again.
+rejoins the moment it reaches the store again. Meanwhile its workers may go on training, a second world,
+but they commit nothing: every state synced here renews or withdraws the agent's lease (fence.py), which
+ends before any peer can drop the node, and the workers check it before each commit.
 
 **The store is authenticated.** Agents unpickle the state (``pickle.loads`` in ``sync``), so whoever
 can write the key runs code in every agent: the client speaks HTTPS with a client certificate, and the
