@@ -183,7 +183,7 @@ def test_asymmetric_partition_never_lets_two_worlds_commit(tmp_path, data_dir):
     from its lease's end on they commit nothing (no checkpoint, no history record): the records read as one world
     at a time, no checkpoint lands after the newcomer's fence, and the job is back at full size within 30 s of
     the link's return. (On the code before the fence: two rank 0s appended to one history.jsonl.)"""
-    from tests import netns, store_faults
+    from tests.support import netns, store_faults
 
     run = tmp_path / "run"
     trainer = dataclasses.replace(_trainer(data_dir, run, epochs=300), keep_checkpoints=1000)
