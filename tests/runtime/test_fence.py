@@ -79,7 +79,9 @@ def test_the_lease_is_published_to_a_private_file_and_withdrawn_when_the_node_is
     lease.seen(ME, _state(3, 2.0))
     assert lease.valid_until == until
     # Dropped from the state (or a store that came back empty), another round: withdrawn at once.
-    for state in (_state(3, 0.0, participant=False), _state(4, 0.0), _RendezvousState()):
+    forming = _state(3, 0.0)
+    forming.complete = False
+    for state in (_state(3, 0.0, participant=False), _state(4, 0.0), forming, _RendezvousState()):
         lease.seen(ME, _state(3, 0.0))
         assert lease.valid()
         lease.seen(ME, state)

@@ -102,7 +102,7 @@ class Lease:
             if self.round is None or not self.window_s:
                 return
             ts = state.last_heartbeats.get(node)
-            if state.round != self.round or node not in state.participants or ts is None:
+            if state.round != self.round or not state.complete or node not in state.participants or ts is None:
                 if self.valid_until:
                     log.warning("lease withdrawn: this node is no longer a participant of round %s in the "
                                 "rendezvous state; its workers commit nothing until they are restarted", self.round)

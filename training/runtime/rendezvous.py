@@ -158,12 +158,6 @@ class ElasticHandler(DynamicRendezvousHandler):
                 lease.joined(self._state_holder.state.round, self._this_node, self._state_holder.state)
         return info
 
-    @property
-    def round(self) -> int | None:
-        """The round this agent's workers run for (None before its first)."""
-        lease = self._state_holder.lease
-        return None if lease is None else lease.round
-
     def num_nodes_waiting(self) -> int:
         try:
             with self._heartbeat_lock, self.retry.impatient():
