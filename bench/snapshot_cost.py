@@ -22,8 +22,9 @@ from pathlib import Path
 import torch
 from common import machine
 from eks_ddp_trainer import snapshot
+from eks_ddp_trainer.config import DEFAULT_MODEL
 from eks_ddp_trainer.lookahead import Lookahead
-from eks_ddp_trainer.model import DEFAULT_MODEL, build_model
+from eks_ddp_trainer.model import build_model
 from eks_ddp_trainer.recipe import RECIPES, build_optimizer
 
 

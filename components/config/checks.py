@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+from typing import Any
 
 from eks_ddp.config.schema import (
     DNS_LABEL,
     SUPPORTED_KUBERNETES_VERSIONS,
+    TRAINER_ONLY_KEYS,
     ClusterConfig,
     NetworkConfig,
     NodeGroupConfig,
@@ -18,7 +20,7 @@ from eks_ddp.config.schema import (
     StackConfig,
     WorkloadConfig,
 )
-from eks_ddp.core import catalog, k8s_versions, rules
+from eks_ddp.core import catalog, k8s_versions, rules, storage
 from eks_ddp.core.workload import Egress, iam_statement_problems
 
 RDZV_RUN_ID_MAX = 44 - len("rendezvous-")
@@ -48,6 +50,8 @@ def validate(cfg: StackConfig, *, placeholders_ok: bool = False, today: dt.date 
             p.append(f"nodeGroups[{i}].name: got {g.name!r}; expected a name not used by another group")
         names.add(g.name)
     p += _check_runs(cfg)
+    if bad := rules.retention_days("observability.logRetentionDays", cfg.observability.log_retention_days):
+        p.append(bad)
     if cfg.image.prebuilt is not None and (bad := rules.image_by_digest("image.prebuilt", cfg.image.prebuilt)):
         p.append(bad)
     bucket = cfg.storage.results_bucket
@@ -76,6 +80,11 @@ def validate(cfg: StackConfig, *, placeholders_ok: bool = False, today: dt.date 
                      "nodes need a subnet there")
     if cfg.image.keep_images < 1:
         p.append(f"image.keepImages: got {cfg.image.keep_images!r}; expected a whole number >= 1")
+    p += _check_storage_backend(cfg)
+    p += _check_capacity_windows(cfg, today)
+    if bad := k8s_versions.ami_release_problem("cluster.amiReleaseVersion", cfg.cluster.ami_release_version,
+                                                cfg.cluster.kubernetes_version):
+        p.append(bad)
     if cfg.etcd.replicas != 1:
         p.append(f"etcd.replicas: got {cfg.etcd.replicas!r}; expected 1 (a quorum of etcd members on emptyDir "
                  "cannot take back a rescheduled member; the launcher rides out a restart of the one member)")
@@ -169,7 +178,7 @@ def _check_group(g: NodeGroupConfig, key: str, region: str) -> list[str]:
                                or other == g.instance_type):
             p.append(f"{key}.spotInstanceTypes[{i}]: got {other!r}; expected another catalog type with "
                      f"{it.gpus} x {it.gpu_model} GPU like {g.instance_type}")
-        elif it is not None and (alt.vcpus < it.vcpus or alt.memory_gib < it.memory_gib):
+        elif it is not None and alt is not None and (alt.vcpus < it.vcpus or alt.memory_gib < it.memory_gib):
             # The training pod is sized from instanceType, and the autoscaler simulates the first type only:
             # a smaller alternate is launched for a pod it cannot hold (Pending, idle node, repeat).
             p.append(f"{key}.spotInstanceTypes[{i}]: got {other!r} ({alt.vcpus} vCPUs, {alt.memory_gib} GiB); "
@@ -299,4 +308,106 @@ def _check_workload(w: WorkloadConfig, key: str) -> list[str]:
         except ValueError as err:
             p.append(str(err))
     p += iam_statement_problems(f"{key}.iamStatements", w.iam_statements)
+    return p
+
+
+# --- storage backend, node storage, capacity-block windows ---------------------------------------------------------
+
+LOCAL_STORAGE = ("RAID0", "none")
+
+
+def _check_storage_backend(cfg: StackConfig) -> list[str]:
+    st, p = cfg.storage, []
+    if st.backend not in storage.BACKENDS:
+        p.append(f"storage.backend: got {st.backend!r}; expected one of {', '.join(map(repr, storage.BACKENDS))}")
+    elif st.backend == "fsxLustre":
+        p += [b for b in (storage.fsx_capacity_problem("storage.fsxStorageCapacityGiB", st.fsx_storage_capacity_gib),
+                          storage.fsx_throughput_problem("storage.fsxThroughputPerTiB", st.fsx_throughput_per_tib))
+              if b]
+        if st.file_system_id is not None:
+            p.append(f"storage.fileSystemId: got {st.file_system_id!r} with storage.backend 'fsxLustre'; expected "
+                     "none (it names an EFS file system to adopt; the FSx backend creates its own)")
+    t = st.efs_transitions
+    p += storage.efs_lifecycle_problems(t["transition_to_ia"], t["transition_to_archive"],
+                                        t["transition_to_primary_storage_class"],
+                                        ("storage.efsTransitionToIA", "storage.efsTransitionToArchive",
+                                         "storage.efsTransitionToPrimary"))
+    return p
+
+
+def parse_utc(key: str, text: str | None) -> tuple[dt.datetime | None, str | None]:
+    """An ISO 8601 UTC time (``2026-12-01T11:30:00Z``), or the problem with it."""
+    if text is None:
+        return None, None
+    try:
+        when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        when = None
+    if when is None or when.utcoffset() != dt.timedelta(0):
+        return None, f"{key}: got {text!r}; expected a UTC time such as 2026-12-01T11:30:00Z"
+    return when, None
+
+
+def _check_capacity_windows(cfg: StackConfig, today: dt.date | None) -> list[str]:
+    """A capacity block's window: no run asks for its nodes before the start, none after the end."""
+    now = (dt.datetime.combine(today, dt.time(), dt.UTC) if today is not None
+           else dt.datetime.now(dt.UTC))
+    p: list[str] = []
+    for i, g in enumerate(cfg.node_groups):
+        key = f"nodeGroups[{i}]"
+        if g.local_storage not in LOCAL_STORAGE:
+            p.append(f"{key}.localStorage: got {g.local_storage!r}; expected 'RAID0' or 'none'")
+        if g.capacity_block_start is None and g.capacity_block_end is None:
+            continue
+        if g.capacity_type != "capacityBlock":
+            p.append(f"{key}.capacityBlockStart: set with capacityType {g.capacity_type!r}; expected capacityType "
+                     "'capacityBlock' (the window is a capacity block's), or no capacityBlockStart/End")
+            continue
+        start, bad_start = parse_utc(f"{key}.capacityBlockStart", g.capacity_block_start)
+        end, bad_end = parse_utc(f"{key}.capacityBlockEnd", g.capacity_block_end)
+        p += [b for b in (bad_start, bad_end) if b]
+        if (g.capacity_block_start is None) != (g.capacity_block_end is None):
+            p.append(f"{key}.capacityBlockEnd: expected capacityBlockStart and capacityBlockEnd together (the "
+                     "block's StartDate and EndDate: aws ec2 describe-capacity-reservations --capacity-reservation-"
+                     f"ids {g.capacity_reservation_id})")
+        if start is None or end is None:
+            continue
+        if end <= start:
+            p.append(f"{key}.capacityBlockEnd: got {g.capacity_block_end!r}; expected a time after "
+                     f"capacityBlockStart ({g.capacity_block_start})")
+        elif end <= now:
+            p.append(f"{key}.capacityBlockEnd: the block ended at {g.capacity_block_end}; expected the window of a "
+                     "block that has not ended (set the new block's capacityReservationId, start and end)")
+        elif start > now:
+            if g.desired_size > 0:
+                p.append(f"{key}.desiredSize: got {g.desired_size} before the block starts ({g.capacity_block_start});"
+                         " expected 0: no node can launch before then")
+            for r, run in enumerate(cfg.runs):
+                if cfg.group_of(run).name == g.name and run.state == "run":
+                    p.append(f"{cfg.run_key(r)}.state: 'run' on group {g.name!r}, whose capacity block starts at "
+                             f"{g.capacity_block_start}; expected 'cancelled' until then (its pods would ask for "
+                             "nodes that cannot launch, and the autoscaler would back off), then 'run'")
+    return p
+
+
+def ignored_settings(cfg: StackConfig, data: dict[str, Any]) -> list[str]:
+    """Keys that are set (in the stack file's ``data``) but would have no effect: say so instead of ignoring them."""
+    p: list[str] = []
+    raw = data.get("network")
+    net = raw if isinstance(raw, dict) else {}
+    if cfg.network.bring_your_own:
+        for key in ("vpcCidr", "azCount", "availabilityZones", "natGateways", "s3EndpointExtraBuckets"):
+            if key in net:
+                p.append(f"network.{key}: set together with network.vpcId, which uses your VPC as it is; "
+                         f"expected no network.{key} (it only shapes a new VPC)")
+    if not cfg.uses_etcd and data.get("etcd"):
+        which = "every run's rdzvBackend" if cfg.runs_listed else "job.rdzvBackend"
+        p.append(f"etcd: got {data['etcd']!r} with {which} 'c10d', which deploys no etcd; "
+                 f"expected no eks-ddp:etcd, or {which} 'etcd-v2'")
+    if cfg.runs_listed:
+        for i, (run, raw) in enumerate(zip(cfg.runs, data["runs"], strict=True)):
+            if run.workload.custom:
+                p += [f"runs[{i}].{key}: set with a workload of your own, which never reads it (only the bundled "
+                      f"cifar10 trainer does); expected no runs[{i}].{key}: pass your own flags in "
+                      f"runs[{i}].workload.args" for key in TRAINER_ONLY_KEYS if key in raw]
     return p

@@ -74,6 +74,9 @@ def instance_type_problems(it: Any, key: str, *, names: dict[str, str] | None = 
     price = it.price_per_hour
     if isinstance(price, bool) or not isinstance(price, (int, float)) or not math.isfinite(price) or price <= 0:
         p.append(f"{k('price_per_hour')}: got {price!r}; expected the on-demand $/hour (a number > 0)")
+    nvme = getattr(it, "local_nvme_gb", 0)
+    if not _whole(nvme, 0, 1_000_000):
+        p.append(f"{k('local_nvme_gb')}: got {nvme!r}; expected the instance store in GB (a whole number, 0 for none)")
     gbps = it.network_gbps
     if gbps is not None and not _whole(gbps, 1, 100_000):
         p.append(f"{k('network_gbps')}: got {gbps!r}; expected the per-node network bandwidth in Gbps")
@@ -106,6 +109,9 @@ class InstanceType:
     """EFA interfaces on cards > 0 are ``efa-only`` (no IP address), as AWS configures p5 for full bandwidth."""
     network_gbps: int | None = None
     """Per-node network bandwidth (Gbps) for the fabric check's floor; built-in rows use NETWORK_GBPS."""
+    local_nvme_gb: int = 0
+    """NVMe instance store, GB in all (0: EBS only, or not known): the GPU node groups stripe it as RAID0 for the
+    kubelet's and containerd's directories (images, emptyDir scratch). Built-in rows: :data:`LOCAL_NVME_GB`."""
     price_date: str = PRICE_DATE
     """When ``price_per_hour`` was read."""
     price_source: str = PRICE_SOURCE
@@ -228,6 +234,29 @@ _TYPES: tuple[InstanceType, ...] = (
     _cpu("c5.xlarge", 4, 8, 0.17),
     _cpu("c6a.xlarge", 4, 8, 0.153),
 )
+
+# --- instance store ---------------------------------------------------------------------------------------
+#
+# NVMe instance store per type, GB in all: the label karpenter.k8s.aws/instance-local-nvme of Karpenter's instance
+# type reference, which it generates from EC2 DescribeInstanceTypes (aws/karpenter-provider-aws
+# website/content/en/docs/reference/instance-types.md at 1d927085, 2026-08-21). The g4dn, g5, p4d and p4de rows agree
+# with the EC2 User Guide's "Instance store volumes" table (awsdocs/amazon-ec2-user-guide
+# doc_source/InstanceStorage.md at e3707c4, 2023-06-15; e.g. p4de.24xlarge "8 x 1000 GB NVMe SSD"). The CPU types
+# of the system group have none (EBS only).
+LOCAL_NVME_GB: dict[str, int] = {
+    "g4dn.xlarge": 125, "g4dn.2xlarge": 225, "g4dn.4xlarge": 225, "g4dn.8xlarge": 900, "g4dn.12xlarge": 900,
+    "g4dn.16xlarge": 900, "g4dn.metal": 1800,
+    "g5.xlarge": 250, "g5.2xlarge": 450, "g5.4xlarge": 600, "g5.8xlarge": 900, "g5.12xlarge": 3800,
+    "g5.24xlarge": 3800, "g5.48xlarge": 7600,
+    "g6.xlarge": 250, "g6.2xlarge": 450, "g6.4xlarge": 600, "g6.8xlarge": 900, "g6.12xlarge": 3760,
+    "g6.24xlarge": 3760, "g6.48xlarge": 7520,
+    "g6e.xlarge": 250, "g6e.2xlarge": 450, "g6e.4xlarge": 600, "g6e.8xlarge": 900, "g6e.12xlarge": 3800,
+    "g6e.16xlarge": 1900, "g6e.24xlarge": 3800, "g6e.48xlarge": 7600,
+    "p4d.24xlarge": 8000, "p4de.24xlarge": 8000, "p5.48xlarge": 30400, "p5e.48xlarge": 30400, "p5en.48xlarge": 30400,
+}
+LOCAL_NVME_SOURCE = ("Karpenter instance type reference (karpenter.k8s.aws/instance-local-nvme, from EC2 "
+                     "DescribeInstanceTypes), 2026-08-21")
+_TYPES = tuple(dataclasses.replace(t, local_nvme_gb=LOCAL_NVME_GB.get(t.name, 0)) for t in _TYPES)
 
 CATALOG: dict[str, InstanceType] = {t.name: t for t in _TYPES}
 #: The rows above, before anything is registered.

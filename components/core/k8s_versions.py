@@ -18,10 +18,12 @@ version is within 30 days of leaving standard support).
 from __future__ import annotations
 
 import datetime as dt
+import re
 from dataclasses import dataclass
 from typing import Literal
 
-SupportType = Literal["STANDARD", "EXTENDED"]
+from eks_ddp.core.types import UpgradePolicy
+
 Support = Literal["standard", "extended", "ended", "unreleased"]
 
 _CALENDAR_PAGE = "EKS Kubernetes release calendar (kubernetes-versions.html), as endoflife.date/amazon-eks lists it"
@@ -75,7 +77,7 @@ SUPPORTED_VERSIONS = ("1.32", "1.33", "1.34", "1.35", "1.36")
 days after this calendar was last reviewed), each with an add-on build (:data:`ADDON_VERSIONS`) and an
 autoscaler pin (``autoscaler.PINS``). Which of them a stack may use on a given day with its upgrade policy:
 :func:`policy_problem`."""
-DEFAULT_SUPPORT_TYPE: SupportType = "STANDARD"
+DEFAULT_SUPPORT_TYPE: UpgradePolicy = "STANDARD"
 
 # --- add-on builds per Kubernetes version -------------------------------------------------------------
 # CreateAddon rejects a build that is not compatible with the cluster's version (InvalidParameterException).
@@ -86,7 +88,21 @@ DEFAULT_SUPPORT_TYPE: SupportType = "STANDARD"
 EFS_CSI_DRIVER = "aws-efs-csi-driver"
 METRICS_SERVER = "metrics-server"
 COREDNS = "coredns"
-EKS_ADDONS = (EFS_CSI_DRIVER, METRICS_SERVER, COREDNS)
+CLOUDWATCH_OBSERVABILITY = "amazon-cloudwatch-observability"
+NODE_MONITORING_AGENT = "eks-node-monitoring-agent"
+# amazon-cloudwatch-observability and eks-node-monitoring-agent take EKS's default build on every version: no
+# build of either could be confirmed per Kubernetes version here (that needs `aws eks describe-addon-versions
+# --addon-name <name> --kubernetes-version <v>`). Their upstream charts, which the add-ons package, were read at
+# aws-observability/helm-charts 6.4.0 (2026-07-21) and aws/eks-node-monitoring-agent 1.7.0 (image
+# v1.7.0-eksbuild.1). The configuration eks_ddp.infra.observability sends uses keys the CloudWatch chart reads from
+# 4.3.0 (2025-07-24; dcgmExporter.enabled is the newest) and that the agent's configuration.schema.json accepts in
+# every version it was published in (from 2026-02). Pin a build here once its compatibility is confirmed, as for 1.33.
+FSX_CSI_DRIVER = "aws-fsx-csi-driver"
+"""The FSx for Lustre CSI driver's EKS add-on (``storage.backend: fsxLustre``): EKS's default build per version."""
+EKS_ADDONS = (EFS_CSI_DRIVER, METRICS_SERVER, COREDNS, CLOUDWATCH_OBSERVABILITY, NODE_MONITORING_AGENT)
+"""The add-ons of every stack."""
+OPTIONAL_ADDONS = (FSX_CSI_DRIVER,)
+"""Add-ons only some stacks install (each has a build entry per version, like :data:`EKS_ADDONS`)."""
 
 EFS_CSI_ADDON_VERSION_1_33 = "v2.1.10-eksbuild.1"
 """aws-efs-csi-driver build listed for Kubernetes 1.33 (``aws eks describe-addon-versions --kubernetes-version 1.33``)."""
@@ -94,11 +110,50 @@ METRICS_SERVER_ADDON_VERSION_1_33 = "v0.8.0-eksbuild.2"
 """metrics-server build listed for Kubernetes 1.33 (same source)."""
 
 ADDON_VERSIONS: dict[str, dict[str, str | None]] = {
-    version: {EFS_CSI_DRIVER: None, METRICS_SERVER: None, COREDNS: None} for version in ("1.32", "1.34", "1.35", "1.36")
+    version: dict.fromkeys((*EKS_ADDONS, *OPTIONAL_ADDONS)) for version in ("1.32", "1.34", "1.35", "1.36")
 }
-ADDON_VERSIONS["1.33"] = {EFS_CSI_DRIVER: EFS_CSI_ADDON_VERSION_1_33, METRICS_SERVER: METRICS_SERVER_ADDON_VERSION_1_33,
-                          COREDNS: None}
+ADDON_VERSIONS["1.33"] = {**dict.fromkeys((*EKS_ADDONS, *OPTIONAL_ADDONS)), EFS_CSI_DRIVER: EFS_CSI_ADDON_VERSION_1_33,
+                          METRICS_SERVER: METRICS_SERVER_ADDON_VERSION_1_33}
 """Kubernetes version -> EKS add-on -> pinned build, or None: EKS's default build for that version."""
+
+
+# --- node AMI releases ---------------------------------------------------------------------------------
+# A managed node group keeps the AMI release it was created with until its release version changes (EKS user guide,
+# "Update a managed node group": the AMI changes only through UpdateNodegroupVersion), so nodes the autoscaler
+# launches months later would boot an old kernel, NVIDIA driver and containerd. Every node group therefore names
+# its release: ``cluster.amiReleaseVersion``, default the pin below for the cluster's version.
+#
+# The pins: the newest AMI release in awslabs/amazon-eks-ami CHANGELOG.md, "AMI Release v20260714" (the newest
+# entry of the stored copy, 81fec2e, 2026-07-23), column "Release version" of amazon-eks-node-al2023-x86_64-nvidia-
+# <minor>-v20260714 (the same release version covers the standard AL2023 AMI the system group runs).
+# Monthly bump (docs/capacity-and-cost.md): read the newest entry of that CHANGELOG (or
+# aws ssm get-parameter --name /aws/service/eks/optimized-ami/<minor>/amazon-linux-2023/x86_64/nvidia/recommended/
+# release_version), update AMI_RELEASE_VERSIONS and AMI_RELEASE_DATE, `pulumi up`: every group rolls its nodes
+# (MINIMAL in a reservation; a capacity-block group only while it has none: preflight).
+AMI_RELEASE_DATE = "2026-07-14"
+"""When :data:`AMI_RELEASE_VERSIONS` were the newest releases."""
+AMI_RELEASE_VERSIONS: dict[str, str] = {
+    "1.32": "1.32.13-20260714", "1.33": "1.33.13-20260714", "1.34": "1.34.9-20260714",
+    "1.35": "1.35.6-20260714", "1.36": "1.36.2-20260714",
+}
+"""Kubernetes minor -> the EKS AL2023 AMI release version pinned for it."""
+
+
+def ami_release_version(kubernetes_version: str, configured: str | None = None) -> str:
+    """The AMI release every node group of a cluster at ``kubernetes_version`` runs: ``configured``, else the pin."""
+    return configured or AMI_RELEASE_VERSIONS[kubernetes_version]
+
+
+def ami_release_problem(key: str, value: str | None, kubernetes_version: str) -> str | None:
+    """Why EKS would refuse ``value`` as the release of a node group at ``kubernetes_version`` (release versions are
+    ``<major>.<minor>.<patch>-<yyyymmdd>`` of the group's minor), or None."""
+    if value is None:
+        return None
+    m = re.fullmatch(r"(\d+\.\d+)\.\d+-(\d{8})", value)
+    if m is None or m.group(1) != kubernetes_version:
+        return (f"{key}: got {value!r}; expected an EKS AMI release version of Kubernetes {kubernetes_version}, "
+                f"<{kubernetes_version}.patch>-<yyyymmdd>, e.g. {AMI_RELEASE_VERSIONS.get(kubernetes_version, '')}")
+    return None
 
 
 def support_on(version: str, day: dt.date) -> Support:

@@ -16,6 +16,8 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from eks_ddp_trainer.config import MODELS  # the bundled trainer's own names: declared there once
+
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DNS_LABEL_MAX = 63
 EKS_CLUSTER_NAME = re.compile(r"^[0-9A-Za-z][A-Za-z0-9\-_]*$")
@@ -45,7 +47,7 @@ MIN_ROOT_VOLUME_GIB = 50
 RESERVED_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 
 #: RFC 5737 documentation ranges: the example stacks' placeholders live there; nobody's real address does.
-DOCUMENTATION_RANGES = tuple(ipaddress.ip_network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24"))
+DOCUMENTATION_RANGES = tuple(ipaddress.IPv4Network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24"))
 
 #: The widest single CIDR the API endpoint may be opened to, and the most the list may span together: a /16 is
 #: 65,536 addresses, a company's or a campus's egress range at most; wider is a large part of an ISP.
@@ -54,7 +56,6 @@ MIN_PUBLIC_PREFIX = 16
 #: Largest global batch the trainer accepts (CIFAR-10 has 50,000 training images).
 MAX_GLOBAL_BATCH = 65536
 
-MODELS = ("airnet", "resnet-small", "resnet18", "workshop-cnn")
 
 
 def _got(key: str, value: Any, expected: str) -> str:
@@ -79,6 +80,11 @@ def known(key: str, value: Any, expected: str, why: str) -> str | None:
 def listed(values: Any) -> Any:
     """A sequence as a list, or an Output of one (a StackReference's) passed through whole."""
     return values if is_output(values) else list(values)
+
+
+def plain_list(values: Any) -> list[Any] | None:
+    """The items of a sequence given as a plain value; None for one known only at deploy time (an Output)."""
+    return None if is_output(values) else list(values)
 
 
 def outputs_skipped(values: Any) -> list[Any]:
@@ -279,24 +285,25 @@ def cluster_name(key: str, value: Any) -> str | None:
     return None
 
 
-def _cidr(key: str, value: Any) -> tuple[ipaddress.IPv4Network | None, str | None]:
-    """Parse an IPv4 CIDR strictly: a prefix length is required and host bits must be zero."""
+def _cidr(key: str, value: Any) -> ipaddress.IPv4Network | str:
+    """Parse an IPv4 CIDR strictly: a prefix length is required and host bits must be zero. The network, or what is
+    wrong with ``value``."""
     if isinstance(value, str) and value.endswith("/0"):
-        return None, _got(key, value, "a CIDR narrower than /0, which is the whole internet")
+        return _got(key, value, "a CIDR narrower than /0, which is the whole internet")
     if not isinstance(value, str) or "/" not in value:
-        return None, _got(key, value, f"an IPv4 CIDR with a prefix length, e.g. {value}/32"
-                          if isinstance(value, str) else "an IPv4 CIDR such as 10.0.0.0/16")
+        return _got(key, value, f"an IPv4 CIDR with a prefix length, e.g. {value}/32"
+                    if isinstance(value, str) else "an IPv4 CIDR such as 10.0.0.0/16")
     try:
         net = ipaddress.ip_network(value)
     except ValueError:
         try:
             loose = ipaddress.ip_network(value, strict=False)
         except ValueError:
-            return None, _got(key, value, "an IPv4 CIDR such as 10.0.0.0/16")
-        return None, _got(key, value, f"a CIDR without host bits, e.g. {loose}")
-    if net.version != 4:
-        return None, _got(key, value, "an IPv4 CIDR")
-    return net, None
+            return _got(key, value, "an IPv4 CIDR such as 10.0.0.0/16")
+        return _got(key, value, f"a CIDR without host bits, e.g. {loose}")
+    if not isinstance(net, ipaddress.IPv4Network):
+        return _got(key, value, "an IPv4 CIDR")
+    return net
 
 
 def public_access_cidrs(key: str, values: Iterable[Any], *, placeholders_ok: bool = False) -> list[str]:
@@ -311,9 +318,9 @@ def public_access_cidrs(key: str, values: Iterable[Any], *, placeholders_ok: boo
     total = 0
     for i, value in enumerate(values):
         k = f"{key}[{i}]"
-        net, bad = _cidr(k, value)
-        if bad:
-            problems.append(bad)
+        net = _cidr(k, value)
+        if isinstance(net, str):
+            problems.append(net)
             continue
         total += net.num_addresses
         if any(net.subnet_of(doc) for doc in DOCUMENTATION_RANGES):
@@ -337,13 +344,13 @@ def public_access_cidrs(key: str, values: Iterable[Any], *, placeholders_ok: boo
 
 
 def vpc_cidr(key: str, value: Any) -> str | None:
-    net, bad = _cidr(key, value)
-    if bad:
-        return bad
+    net = _cidr(key, value)
+    if isinstance(net, str):
+        return net
     if not 16 <= net.prefixlen <= 24:
         return _got(key, value, "an IPv4 CIDR from /16 to /24")
     if not net.is_private or net.is_loopback or net.is_link_local or net.is_multicast or net.is_reserved \
-            or net.subnet_of(ipaddress.ip_network("0.0.0.0/8")) \
+            or net.subnet_of(ipaddress.IPv4Network("0.0.0.0/8")) \
             or any(net.overlaps(doc) for doc in DOCUMENTATION_RANGES):
         return _got(key, value, "a private range (RFC 1918): inside 10.0.0.0/8, 172.16.0.0/12 or 192.168.0.0/16")
     return None

@@ -213,6 +213,14 @@ SYSTEM_ADDON_PODS: dict[str, tuple[int, dict[str, str]]] = {
     "aws-node (DaemonSet)": (1, {"cpu": "25m", "memory": "0"}),
     "kube-proxy (DaemonSet)": (1, {"cpu": "100m", "memory": "0"}),
     "efs-csi-node (DaemonSet)": (1, {"cpu": "100m", "memory": "128Mi"}),
+    # observability.cloudwatch and observability.nodeRepair (both on by default): the chart defaults of the
+    # amazon-cloudwatch-observability add-on (aws-observability/helm-charts 6.4.0 values.yaml: manager, agent,
+    # containerLogs.fluentBit) and of eks-node-monitoring-agent 1.7.0 (nodeAgent); the agent's CPU request is the
+    # one eks_ddp.infra.observability configures (AGENT_CPU_REQUEST), not the chart's 250m.
+    "amazon-cloudwatch-observability-controller-manager": (1, {"cpu": "100m", "memory": "64Mi"}),
+    "cloudwatch-agent (DaemonSet)": (1, {"cpu": "100m", "memory": "128Mi"}),
+    "fluent-bit (DaemonSet)": (1, {"cpu": "50m", "memory": "25Mi"}),
+    "eks-node-monitoring-agent (DaemonSet)": (1, {"cpu": "10m", "memory": "30Mi"}),
 }
 """name -> (pods per cluster, requests per pod); a DaemonSet counts once per node."""
 
@@ -243,8 +251,8 @@ def system_load(stack_pods: Mapping[str, Mapping[str, float]], node_count: int) 
         for k, v in requests.items():
             total[k] += n * quantity(v)
         total["pods"] += n
-    for requests in stack_pods.values():
+    for pod in stack_pods.values():
         for k in ("cpu", "memory"):
-            total[k] += requests.get(k, 0.0)
+            total[k] += pod.get(k, 0.0)
         total["pods"] += 1
     return total

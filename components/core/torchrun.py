@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from eks_ddp_runtime.contract import DATA_SUBDIR, RUNS_SUBDIR, SHARED_ROOT  # noqa: F401 (API: the shared volume's paths)
+from eks_ddp_trainer.config import TrainerConfig
 
 LAUNCHER_MODULE = "eks_ddp_runtime.launch"
 """The agent: torchrun with the Job's exit-code contract and the store-tolerant rendezvous (training/runtime/launch.py,
@@ -101,48 +102,6 @@ PEER_DEADLINE_S = 5
 
 
 @dataclass(frozen=True, kw_only=True)
-class TrainerOptions:
-    """Arguments of ``training/trainer/train.py``; flag names are the trainer's argparse names."""
-
-    data_dir: str
-    run_dir: str
-    epochs: int = 10
-    global_batch_size: int = 1024
-    """Images per optimizer step over all processes; the trainer splits it, so a resize keeps it."""
-    bn_group: int | None = None
-    """Images per BatchNorm statistics group; default: the trainer's (32)."""
-    min_steps: int | None = None
-    """Fewest optimizer steps (the trainer shrinks the global batch for small data sets); 0: never shrink."""
-    model: str = "airnet"
-    learning_rate: float | None = None
-    compile: bool = False
-    checkpoint_every: int | None = None
-    """Steps between checkpoints; default: the trainer's (once per epoch)."""
-    keep_checkpoints: int = 3
-    log_every: int | None = None
-    max_steps: int | None = None
-    """Stop after this many optimizer steps (tests and demos)."""
-    width: int | None = None
-    """Base width of airnet or resnet-small (tests and demos use a tiny model)."""
-    seed: int = 0
-
-    def args(self) -> list[str]:
-        out = [f"--data-dir={self.data_dir}", f"--run-dir={self.run_dir}", f"--epochs={self.epochs}",
-               f"--global-batch-size={self.global_batch_size}", f"--model={self.model}",
-               f"--keep-checkpoints={self.keep_checkpoints}", f"--seed={self.seed}"]
-        if self.learning_rate is not None:
-            out.append(f"--lr={self.learning_rate}")
-        if self.compile:
-            out.append("--compile")
-        for flag, value in (("--checkpoint-every", self.checkpoint_every), ("--log-every", self.log_every),
-                            ("--max-steps", self.max_steps), ("--width", self.width),
-                            ("--bn-group", self.bn_group), ("--min-steps", self.min_steps)):
-            if value is not None:
-                out.append(f"{flag}={value}")
-        return out
-
-
-@dataclass(frozen=True, kw_only=True)
 class AgentOptions:
     """How one torchrun agent joins the elastic job."""
 
@@ -201,9 +160,10 @@ def script_command(agent: AgentOptions, script: str, args: list[str], *, python:
     return [python, "-m", LAUNCHER_MODULE, *torchrun_args(agent), script, *args]
 
 
-def job_command(agent: AgentOptions, trainer: TrainerOptions, *, python: str = "python") -> list[str]:
-    """The full agent command: ``python -m eks_ddp_runtime.launch <torchrun flags> -m eks_ddp_trainer.train <trainer flags>``."""
-    return module_command(agent, TRAIN_MODULE, trainer.args(), python=python)
+def job_command(agent: AgentOptions, trainer: TrainerConfig, *, python: str = "python") -> list[str]:
+    """The full agent command: ``python -m eks_ddp_runtime.launch <torchrun flags> -m eks_ddp_trainer.train <trainer flags>``
+    (the flags rendered by the trainer's own config class, so the two never disagree)."""
+    return module_command(agent, TRAIN_MODULE, trainer.flags(), python=python)
 
 
 FABRIC_CHECK_MODULE = "eks_ddp_runtime.fabric_check"

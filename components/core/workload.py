@@ -20,7 +20,7 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from eks_ddp.core import rules
-from eks_ddp.core.torchrun import TRAIN_MODULE, TrainerOptions
+from eks_ddp.core.torchrun import TRAIN_MODULE
 from eks_ddp_runtime.contract import (  # noqa: F401 (API) the runtime's contract, defined once (stdlib only)
     DATA_DIR_ENV,
     DATA_VERIFY_ENV,
@@ -28,6 +28,7 @@ from eks_ddp_runtime.contract import (  # noqa: F401 (API) the runtime's contrac
     RUN_DIR_ENV,
 )
 from eks_ddp_runtime.contract import FATAL as FATAL_EXIT_CODES
+from eks_ddp_trainer.config import ModelName, TrainerConfig
 
 RUN_DIR_REF = f"$({RUN_DIR_ENV})"
 DATA_DIR_REF = f"$({DATA_DIR_ENV})"
@@ -113,7 +114,7 @@ class Egress:
         if text == "https":
             return cls.internet(443)
         where, sep, rest = text.rpartition(":")
-        protocol = "TCP"
+        protocol: Literal["TCP", "UDP"] = "TCP"
         if rest.lower().endswith("/udp"):
             rest, protocol = rest[:-4], "UDP"
         try:
@@ -278,16 +279,15 @@ def dataset_name(uri: str) -> str:
     return label or "data"
 
 
-def cifar10_workload(*, epochs: int = 10, global_batch_size: int = 1024, model: str = "airnet",
+def cifar10_workload(*, epochs: int = 10, global_batch_size: int = 1024, model: ModelName = "airnet",
                      learning_rate: float | None = None, compile: bool = False) -> Workload:
     """The bundled CIFAR-10 trainer (``-m eks_ddp_trainer.train``) with exactly the flags the stack has always run
-    (TrainerOptions), on the verified CIFAR-10 files, with the evaluation CronJob."""
+    (TrainerConfig), on the verified CIFAR-10 files, with the evaluation CronJob."""
     rules.require(rules.whole("epochs", epochs), rules.global_batch("global_batch_size", global_batch_size),
                   rules.model("model", model), rules.learning_rate("learning_rate", learning_rate),
                   None if isinstance(compile, bool) else f"compile: got {compile!r}; expected true or false")
-    trainer = TrainerOptions(data_dir=DATA_DIR_REF, run_dir=RUN_DIR_REF, epochs=epochs,
-                             global_batch_size=global_batch_size, model=model, learning_rate=learning_rate,
-                             compile=compile)
-    return Workload(name="cifar10", module=TRAIN_MODULE, args=tuple(trainer.args()), data=Cifar10Data(),
+    trainer = TrainerConfig(data_dir=DATA_DIR_REF, run_dir=RUN_DIR_REF, epochs=epochs,
+                            global_batch_size=global_batch_size, model=model, lr=learning_rate, compile=compile)
+    return Workload(name="cifar10", module=TRAIN_MODULE, args=tuple(trainer.flags()), data=Cifar10Data(),
                     evaluate=True)
 

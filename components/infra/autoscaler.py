@@ -51,20 +51,22 @@ PINS: dict[str, AutoscalerPin] = {
     # Chart appVersion 1.32.0. DRA is off by default in 1.32-1.34 images, so no resource.k8s.io rule is needed.
     "1.32": AutoscalerPin(chart_version="9.46.6", image_tag="v1.32.7"),
     # Last chart of appVersion 1.33.0.
-    "1.33": AutoscalerPin(chart_version="9.51.0", image_tag="v1.33.5"),
+    "1.33": AutoscalerPin(chart_version="9.51.0", image_tag="v1.33.6"),
     # Chart appVersion 1.34.2.
-    "1.34": AutoscalerPin(chart_version="9.53.0", image_tag="v1.34.4"),
+    "1.34": AutoscalerPin(chart_version="9.53.0", image_tag="v1.34.5"),
     # From 1.35 the image locks --enable-dynamic-resource-allocation to true and waits for the
     # resource.k8s.io informers to sync before its first loop: the chart must grant list/watch on
     # resourceslices, deviceclasses and resourceclaims. 9.54.0 (appVersion 1.35.0) is the first that does.
-    "1.35": AutoscalerPin(chart_version="9.54.1", image_tag="v1.35.1"),
+    "1.35": AutoscalerPin(chart_version="9.54.1", image_tag="v1.35.2"),
     # No chart has appVersion 1.36 yet; the newest one grants everything the 1.36 image lists and watches
     # with eks-ddp's flags (tests/infra/test_autoscaler_rbac.py).
-    "1.36": AutoscalerPin(chart_version="9.59.0", image_tag="v1.36.0"),
+    "1.36": AutoscalerPin(chart_version="9.59.0", image_tag="v1.36.1"),
 }
 """Kubernetes minor -> the autoscaler chart and image pinned for it."""
 IMAGE_TAGS: dict[str, str] = {v: p.image_tag for v, p in PINS.items()}
-"""Autoscaler release per Kubernetes minor version (newest patch known to be published)."""
+"""Autoscaler release per Kubernetes minor version: the newest patch tag of kubernetes/autoscaler in
+tests/fixtures/autoscaler/tags.txt (its snapshot of 2026-08-22; 1.33.6, 1.34.5, 1.35.2 and 1.36.1 were tagged
+2026-07-22). tests/infra/test_autoscaler_tags.py fails when a pin falls behind that list."""
 CHART_VERSIONS: dict[str, str] = {v: p.chart_version for v, p in PINS.items()}
 """Chart version per Kubernetes minor version."""
 MAX_INACTIVITY = "5m"

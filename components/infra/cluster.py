@@ -37,6 +37,7 @@ import pulumi_aws as aws
 import pulumi_eks as eks
 from eks_ddp.core import catalog, k8s_versions, rules
 from eks_ddp.core.ownership import STACK_TAG, legacy_owner  # noqa: F401 (STACK_TAG: the owner tag, as cluster.STACK_TAG)
+from eks_ddp.core.types import UpgradePolicy
 from eks_ddp.infra.addon_version import addon_version
 
 LOG_TYPES = ("api", "audit", "authenticator", "controllerManager", "scheduler")
@@ -134,7 +135,9 @@ class EksClusterArgs:
     5.4.2); the deploy then runs from the VPC or a network joined to it."""
     kubernetes_version: str = k8s_versions.DEFAULT_VERSION
     """Pinned EKS Kubernetes version; upgrade deliberately."""
-    upgrade_policy: k8s_versions.SupportType = k8s_versions.DEFAULT_SUPPORT_TYPE
+    ami_release_version: str | None = None
+    """EKS AMI release of the system nodes; None: ``k8s_versions.AMI_RELEASE_VERSIONS`` for the version."""
+    upgrade_policy: UpgradePolicy = k8s_versions.DEFAULT_SUPPORT_TYPE
     """``STANDARD``: EKS upgrades the cluster at the end of standard support ($0.10/h); ``EXTENDED`` (the
     EKS default when unset, so always set here) keeps the version and bills extended support ($0.60/h)."""
     system_instance_type: str = "t3.large"
@@ -176,20 +179,23 @@ def validate(args: EksClusterArgs) -> None:
     if args.kubernetes_version not in k8s_versions.SUPPORTED_VERSIONS:
         raise ValueError(f"kubernetes_version: got {args.kubernetes_version!r}; expected one of "
                          + ", ".join(k8s_versions.SUPPORTED_VERSIONS))
+    if bad := k8s_versions.ami_release_problem("ami_release_version", args.ami_release_version,
+                                               args.kubernetes_version):
+        raise ValueError(bad)
     if args.system_instance_type not in catalog.cpu_types():
         raise ValueError(f"system_instance_type: got {args.system_instance_type!r}; expected one of "
                          + ", ".join(catalog.cpu_types()) + ", or a type added with catalog.register(InstanceType(...))")
     # Documentation-range placeholders are the stack config's to reject (its message says which
     # `pulumi config set` fixes them); the offline plan renders example stacks that still hold them.
     # An Output (a StackReference's list) is passed through unchecked, as are Output entries.
-    cidrs = None if rules.is_output(args.public_access_cidrs) else list(args.public_access_cidrs)
+    cidrs = rules.plain_list(args.public_access_cidrs)
     if cidrs is not None and args.endpoint_public_access and (rules.outputs_skipped(cidrs) or not cidrs):
         rules.require(*rules.public_access_cidrs("public_access_cidrs", rules.outputs_skipped(cidrs),
                                                  placeholders_ok=True))
     elif cidrs and not args.endpoint_public_access:
         raise ValueError(f"public_access_cidrs: got {cidrs!r}; expected none with "
                          "endpoint_public_access=False (the API endpoint is private only)")
-    if not rules.is_output(args.private_subnet_ids) and len(list(args.private_subnet_ids)) < 2:
+    if (subnets := rules.plain_list(args.private_subnet_ids)) is not None and len(subnets) < 2:
         raise ValueError("private_subnet_ids: expected at least 2 subnets in 2 zones (EKS requires two)")
     rules.require(*[rules.iam_principal(f"{key}[{i}]", arn)
                     for key in ("admin_principal_arns", "viewer_principal_arns")
@@ -428,6 +434,7 @@ class EksCluster(pulumi.ComponentResource):
             # Follows the control plane: an upgrade moves these nodes in the same `pulumi up` (after the
             # cluster, which cluster_name depends on), so the next upgrade is not refused for stale nodes.
             version=args.kubernetes_version,
+            release_version=k8s_versions.ami_release_version(args.kubernetes_version, args.ami_release_version),
             # The rolling update drains each node; the etcd member's PodDisruptionBudget (1 of 1) would block
             # the drain until EKS gives up (PodEvictionFailure) and `pulumi up` fails. The rendezvous is soft
             # state the agents rebuild, so the update may evict it.

@@ -4,7 +4,11 @@ The trainer's pods on every node share ReadWriteMany volumes under ``/shared`` (
 run's checkpoints and metrics). EFS gives that without a storage operator:
 
 * an ``aws.efs.FileSystem`` encrypted with a KMS key of its own (rotation on),
-  elastic throughput (pay per use; bursts for checkpoint writes);
+  elastic throughput (pay per use; bursts for checkpoint writes), and lifecycle management
+  (:class:`EfsLifecycle`): files not read for 30 days move to Infrequent Access, after 90 to Archive, and back to
+  Standard on their first access, so old checkpoints and a file system kept after ``pulumi destroy`` stop costing
+  Standard's price (EFS user guide, "Managing storage lifecycle"; one transition per policy object, as
+  ``PutLifecycleConfiguration`` requires);
 * one mount target per zone (EFS allows one per zone; with several private
   subnets in a zone, the first), behind a security group that admits NFS
   (tcp 2049) only from the cluster's node security group;
@@ -76,6 +80,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 from eks_ddp.core import k8s_versions, rules
+from eks_ddp.core import storage as storage_rules
 from eks_ddp.infra.addon_version import addon_version
 
 _FS_ID = re.compile(r"^fs-[0-9a-f]{8,40}$")
@@ -140,6 +145,37 @@ CLAIM_SIZE = "100Gi"
 
 
 @dataclass(frozen=True, kw_only=True)
+class EfsLifecycle:
+    """EFS lifecycle management: when files move between storage classes (None: never)."""
+
+    transition_to_ia: str | None = "AFTER_30_DAYS"
+    """Files not read for this long move to Infrequent Access ($0.016/GB-month instead of Standard's $0.30)."""
+    transition_to_archive: str | None = "AFTER_90_DAYS"
+    """... and to Archive ($0.008/GB-month); needs ``transition_to_ia`` earlier, elastic throughput and
+    General Purpose mode (both set here)."""
+    transition_to_primary_storage_class: str | None = "AFTER_1_ACCESS"
+    """A file read from IA or Archive moves back to Standard (a resumed run reads its checkpoint once)."""
+
+    def problems(self, key: str = "lifecycle") -> list[str]:
+        return storage_rules.efs_lifecycle_problems(
+            self.transition_to_ia, self.transition_to_archive, self.transition_to_primary_storage_class,
+            (f"{key}.transition_to_ia", f"{key}.transition_to_archive", f"{key}.transition_to_primary_storage_class"))
+
+    def policies(self) -> list[aws.efs.FileSystemLifecyclePolicyArgs]:
+        """One policy object per transition (``PutLifecycleConfiguration``: "Each LifecyclePolicy object can have
+        only a single transition")."""
+        out = []
+        if self.transition_to_ia:
+            out.append(aws.efs.FileSystemLifecyclePolicyArgs(transition_to_ia=self.transition_to_ia))
+        if self.transition_to_archive:
+            out.append(aws.efs.FileSystemLifecyclePolicyArgs(transition_to_archive=self.transition_to_archive))
+        if self.transition_to_primary_storage_class:
+            out.append(aws.efs.FileSystemLifecyclePolicyArgs(
+                transition_to_primary_storage_class=self.transition_to_primary_storage_class))
+        return out
+
+
+@dataclass(frozen=True, kw_only=True)
 class EfsStoreArgs:
     """Inputs of :class:`EfsStore`."""
 
@@ -173,6 +209,9 @@ class EfsStoreArgs:
     it is never deleted by this stack."""
     tags: dict[str, str] | None = None
     """Extra tags for the AWS resources."""
+    lifecycle: EfsLifecycle = EfsLifecycle()
+    """When files move to Infrequent Access and Archive, and back (not applied to an adopted ``file_system_id``:
+    its owner sets it)."""
 
 
 def validate(args: EfsStoreArgs) -> None:
@@ -183,6 +222,8 @@ def validate(args: EfsStoreArgs) -> None:
         raise ValueError(f"file_system_id: got {args.file_system_id!r}; expected an EFS id such as fs-0123456789abcdef0")
     if not args.claim_name:
         raise ValueError("claim_name: got ''; expected a name such as 'shared'")
+    if bad := args.lifecycle.problems("lifecycle"):
+        raise ValueError("; ".join(bad))
     rules.require(rules.run_id("run_id", args.run_id),
                   *(rules.run_id(f"more_run_ids[{i}]", r) for i, r in enumerate(args.more_run_ids)))
     if len({args.run_id, *args.more_run_ids}) != 1 + len(args.more_run_ids):
@@ -267,7 +308,8 @@ class EfsStore(pulumi.ComponentResource):
                               deletion_window_in_days=30, tags=tags, opts=keep)
             fs_id = aws.efs.FileSystem(
                 f"{name}-fs", encrypted=True, kms_key_id=key.arn, throughput_mode="elastic",
-                performance_mode="generalPurpose", tags={**tags, "Name": f"{name}-shared"}, opts=keep).id
+                performance_mode="generalPurpose", lifecycle_policies=args.lifecycle.policies() or None,
+                tags={**tags, "Name": f"{name}-shared"}, opts=keep).id
 
         nfs_sg = aws.ec2.SecurityGroup(f"{name}-nfs", vpc_id=args.vpc_id,
                                        description="NFS to the EFS mount targets, from cluster nodes only",

@@ -7,7 +7,9 @@ Every property is set here, where it can be read and tested:
   instance's credentials or metadata (the device plugins talk to the kubelet and
   the devices, not IMDS), and hop limit 1 stops containers from reaching IMDS and
   borrowing the node role.
-* An encrypted gp3 root volume sized for multi-GB training images.
+* An encrypted gp3 root volume sized for multi-GB training images; where the type has NVMe instance store
+  (catalog ``local_nvme_gb``), nodeadm stripes it as RAID0 under the kubelet's and containerd's directories
+  (``local_storage``), so images are extracted and scratch is written there.
 * Taint ``nvidia.com/gpu=true:NoSchedule`` (only pods that tolerate it land here)
   and labels ``eks-ddp/node-group``, ``eks-ddp/pool=gpu`` and the instance type,
   used as the job's nodeSelector.
@@ -38,6 +40,10 @@ Every property is set here, where it can be read and tested:
 * Updates: groups in a reservation or capacity block replace nodes with the
   ``MINIMAL`` strategy (terminate, then launch): a full reservation has no room for
   the surge instances the default strategy launches first.
+* Node auto repair (``node_repair``): EKS replaces or reboots a node that turns
+  NotReady or that the ``eks-node-monitoring-agent`` add-on reports unhealthy
+  (``AcceleratedHardwareReady`` for GPU XID/ECC/NVLink faults). In a reservation or
+  capacity block at most one node is repaired at a time (:func:`node_repair_config`).
 * Single-zone groups (EFA, a reservation, or an explicit ``availability_zone``)
   use only the private subnet of that zone; others use every private subnet.
 """
@@ -45,16 +51,16 @@ Every property is set here, where it can be read and tested:
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import pulumi
 import pulumi_aws as aws
-from eks_ddp.core import catalog, rules, scheduling
-
-CapacityType = Literal["onDemand", "spot", "capacityBlock"]
+from eks_ddp.core import catalog, k8s_versions, rules, scheduling
+from eks_ddp.core.types import CapacityType, LocalStorage
 
 GPU_AMI_TYPE = "AL2023_x86_64_NVIDIA"
 GPU_TAINT_KEY = "nvidia.com/gpu"
@@ -118,6 +124,18 @@ class GpuNodeGroupArgs:
     """The cluster's Kubernetes minor version: the group's nodes follow it, so a control-plane upgrade
     (one minor) moves the nodes in the same ``pulumi up`` and the next upgrade is not refused for nodes
     left behind. None leaves the group at the cluster's version at creation (EKS's default)."""
+    node_repair: bool = True
+    """EKS node auto repair: replace (or reboot) a node that is NotReady or that the node monitoring agent reports
+    unhealthy; a GPU that throws XIDs otherwise leaves its node Ready and the same rank failing."""
+    release_version: str | None = None
+    """EKS AMI release of the nodes (``1.35.6-20260714``): pinned, so nodes launched later boot the same release;
+    None: ``k8s_versions.AMI_RELEASE_VERSIONS`` for ``kubernetes_version`` (EKS's newest at creation without one)."""
+    capacity_block_window: tuple[dt.datetime, dt.datetime] | None = None
+    """With ``capacityBlock``: the block's (start, end), UTC. Scheduled actions on the group's Auto Scaling group open
+    it at the start and close it (0 nodes, max 0) :data:`BLOCK_SCALE_DOWN_BEFORE_END` before the end."""
+    local_storage: LocalStorage = "RAID0"
+    """``RAID0``: the type's NVMe instance store (catalog ``local_nvme_gb``) as one RAID0 array for images and
+    scratch (nodeadm ``localStorage``); ``none``: everything on the root volume. No effect on a type without one."""
 
 
 def validate(args: GpuNodeGroupArgs) -> catalog.InstanceType:
@@ -133,7 +151,8 @@ def validate(args: GpuNodeGroupArgs) -> catalog.InstanceType:
         rules.whole("min_size", args.min_size, 0), rules.whole("desired_size", args.desired_size, 0),
         rules.whole("max_size", args.max_size, 1),
         *[rules.known(f, getattr(args, f), "a plain value", why) for f in (
-            "capacity_type", "efa", "availability_zone", "subnet_by_az", "spot_instance_types", "root_volume_gib")],
+            "capacity_type", "efa", "availability_zone", "subnet_by_az", "spot_instance_types", "root_volume_gib",
+            "node_repair", "local_storage")],
         None if args.capacity_reservation_id is None
         else rules.capacity_reservation_id("capacity_reservation_id", args.capacity_reservation_id),
         None if args.availability_zone is None or rules.is_output(args.availability_zone)
@@ -151,6 +170,19 @@ def validate(args: GpuNodeGroupArgs) -> catalog.InstanceType:
     if not args.min_size <= args.desired_size <= args.max_size:
         raise ValueError(f"desired_size: got {args.desired_size}; expected between min_size ({args.min_size}) "
                          f"and max_size ({args.max_size})")
+    if args.capacity_block_window is not None:
+        start, end = args.capacity_block_window
+        if args.capacity_type != "capacityBlock":
+            raise ValueError(f"capacity_block_window: set with capacity_type {args.capacity_type!r}; expected "
+                             "'capacityBlock'")
+        if start.utcoffset() != dt.timedelta(0) or end.utcoffset() != dt.timedelta(0) or end <= start:
+            raise ValueError(f"capacity_block_window: got ({start.isoformat()}, {end.isoformat()}); expected (start, "
+                             "end) in UTC with end after start")
+    if args.release_version is not None and isinstance(args.kubernetes_version, str) and (
+            bad := k8s_versions.ami_release_problem("release_version", args.release_version, args.kubernetes_version)):
+        raise ValueError(bad)
+    if args.local_storage not in ("RAID0", "none"):
+        raise ValueError(f"local_storage: got {args.local_storage!r}; expected 'RAID0' or 'none'")
     if args.capacity_type not in _EKS_CAPACITY:
         raise ValueError(f"capacity_type: got {args.capacity_type!r}; expected one of {', '.join(_EKS_CAPACITY)}")
     if args.efa and not it.has_efa:
@@ -198,9 +230,44 @@ def efa_interface_type(it: catalog.InstanceType, card: int) -> str:
     return "efa-only" if card > 0 and it.efa_only_secondary else "efa"
 
 
+BLOCK_SCALE_DOWN_BEFORE_END = dt.timedelta(minutes=60)
+"""How long before a capacity block's end the group is scaled to zero: EC2 starts terminating the instances 30
+minutes before the end and EKS scales the group down 40 minutes before it (EKS user guide, "Create a managed node
+group with Capacity Blocks for ML", awsdocs/amazon-eks-user-guide latest/ug/ml/capacity-blocks-mng.adoc); an hour
+leaves the elastic job time to checkpoint and the autoscaler no room to launch into the block again."""
+
+
+def release_version(args: GpuNodeGroupArgs) -> str | None:
+    """The AMI release the group's nodes run: ``release_version``, else the pin for its Kubernetes version."""
+    if args.release_version is not None or not isinstance(args.kubernetes_version, str):
+        return args.release_version
+    return k8s_versions.AMI_RELEASE_VERSIONS.get(args.kubernetes_version)
+
+
+def uses_raid0(args: GpuNodeGroupArgs, it: catalog.InstanceType) -> bool:
+    """Whether the group's nodes put their instance store under the kubelet and containerd as RAID0."""
+    return args.local_storage == "RAID0" and it.local_nvme_gb > 0
+
+
 def update_strategy(args: GpuNodeGroupArgs) -> str:
     """``MINIMAL`` in a reservation or capacity block (no room to surge), else EKS's ``DEFAULT``."""
     return "MINIMAL" if args.capacity_reservation_id else "DEFAULT"
+
+
+RESERVED_PARALLEL_REPAIRS = 1
+"""Repairs at once in a reservation or capacity block."""
+
+
+def node_repair_config(args: GpuNodeGroupArgs) -> aws.eks.NodeGroupNodeRepairConfigArgs:
+    """Node auto repair on or off (explicitly: turning it off must reach EKS). In a reservation or capacity block
+    repairs go one node at a time: a repair terminates the node and its replacement launches into the slot that
+    frees, so every further repair at once takes one more of the run's nodes away with no capacity to replace it
+    sooner (the elastic job shrinks by one node, not by several); elsewhere EKS's default applies."""
+    if not args.node_repair:
+        return aws.eks.NodeGroupNodeRepairConfigArgs(enabled=False)
+    return aws.eks.NodeGroupNodeRepairConfigArgs(
+        enabled=True,
+        max_parallel_nodes_repaired_count=RESERVED_PARALLEL_REPAIRS if args.capacity_reservation_id else None)
 
 
 _GROUPS: weakref.WeakKeyDictionary[Any, list[GpuNodeGroup]] = weakref.WeakKeyDictionary()
@@ -302,7 +369,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
             instance_type=args.instance_type if capacity_block else None,
             tag_specifications=[aws.ec2.LaunchTemplateTagSpecificationArgs(
                 resource_type="instance", tags={**self._tags, "Name": f"{name}"})],
-            user_data=efa_user_data() if args.efa else None,
+            user_data=node_config_user_data(efa=args.efa, raid0=uses_raid0(args, it)),
             update_default_version=True,
             tags=self._tags,
             opts=child)
@@ -314,11 +381,13 @@ class GpuNodeGroup(pulumi.ComponentResource):
             subnet_ids=subnet_ids,
             ami_type=GPU_AMI_TYPE,
             version=args.kubernetes_version,
+            release_version=release_version(args),
             capacity_type=_EKS_CAPACITY[args.capacity_type],
             instance_types=None if capacity_block else [args.instance_type, *args.spot_instance_types],
             scaling_config=aws.eks.NodeGroupScalingConfigArgs(
                 min_size=args.min_size, desired_size=args.desired_size, max_size=args.max_size),
             update_config=aws.eks.NodeGroupUpdateConfigArgs(max_unavailable=1, update_strategy=update_strategy(args)),
+            node_repair_config=node_repair_config(args),
             labels=group_labels,
             taints=[aws.eks.NodeGroupTaintArgs(key=GPU_TAINT_KEY, value="true", effect="NO_SCHEDULE")],
             launch_template=aws.eks.NodeGroupLaunchTemplateArgs(id=lt.id, version=lt.latest_version.apply(str)),
@@ -333,6 +402,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
         self._tag_node_template(group, scheduling.node_template_tags(
             labels=group_labels, taints=[(GPU_TAINT_KEY, "true", "NoSchedule")], instance_type=args.instance_type,
             efa=args.efa, root_volume_gib=args.root_volume_gib))
+        self._schedule_capacity_block(group)
         _program_groups().append(self)
         self.register_outputs({"node_group_name": self.node_group_name, "node_labels": self.node_labels})
 
@@ -347,6 +417,29 @@ class GpuNodeGroup(pulumi.ComponentResource):
             aws.autoscaling.Tag(f"{self._name}-{short}", autoscaling_group_name=asg_name,
                                 tag=aws.autoscaling.TagTagArgs(key=key, value=value, propagate_at_launch=False),
                                 opts=pulumi.ResourceOptions(parent=self))
+
+    def _schedule_capacity_block(self, group: aws.eks.NodeGroup) -> None:
+        """A capacity block's window on the group's Auto Scaling group: open (max ``max_size``) at the start, closed
+        (min, max and desired 0) :data:`BLOCK_SCALE_DOWN_BEFORE_END` before the end, so the autoscaler neither
+        launches into the block before it starts nor after EC2 begins reclaiming it (30 minutes before the end;
+        EKS's own scale-down comes 40 minutes before it). An action already due is not created (Auto Scaling refuses
+        a time in the past)."""
+        window = self._args.capacity_block_window
+        if window is None:
+            return
+        asg_name = group.resources.apply(lambda r: r[0].autoscaling_groups[0].name)
+        start, end = window
+        now = dt.datetime.now(dt.UTC)
+        cr = self._args.capacity_reservation_id
+        for action, when, (low, high, desired) in (("open", start, (0, self._args.max_size, -1)),
+                                                   ("close", end - BLOCK_SCALE_DOWN_BEFORE_END, (0, 0, 0))):
+            if when <= now:
+                continue
+            aws.autoscaling.Schedule(
+                f"{self._name}-{cr}-{action}", scheduled_action_name=f"eks-ddp-{cr}-{action}",
+                autoscaling_group_name=asg_name, start_time=when.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                min_size=low, max_size=high, desired_capacity=desired,
+                opts=pulumi.ResourceOptions(parent=self))
 
     def _create_efa_security_group(self) -> aws.ec2.SecurityGroup:
         name = self._name
@@ -377,16 +470,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
 MEMLOCK_BYTES = 2**53 - 1
 NOFILE_SOFT, NOFILE_HARD = 65536, 1048576  # nodeadm's own defaults, restated since the list is replaced whole
 
-_EFA_NODECONFIG = f"""\
-MIME-Version: 1.0
-Content-Type: multipart/mixed; boundary="EKSDDP"
-
---EKSDDP
-Content-Type: application/node.eks.aws
-
-apiVersion: node.eks.aws/v1alpha1
-kind: NodeConfig
-spec:
+_EFA_SPEC = f"""\
   containerd:
     baseRuntimeSpec:
       process:
@@ -397,11 +481,33 @@ spec:
           - type: RLIMIT_NOFILE
             hard: {NOFILE_HARD}
             soft: {NOFILE_SOFT}
-
---EKSDDP--
 """
+
+# The instance store as one RAID0 array under the kubelet's, containerd's and the pod logs' directories: nodeadm's
+# NodeConfig ``spec.instance.localStorage.strategy`` (awslabs/amazon-eks-ami nodeadm/api/v1alpha1/nodeconfig_types.go,
+# LocalStorageOptions: RAID0 | RAID10 | Mount) runs setup-local-disks raid0 (templates/al2023/runtime/bin/
+# setup-local-disks: mdadm RAID0 of every NVMe instance store disk, XFS, bind-mounted over /var/lib/kubelet,
+# /var/lib/containerd and /var/log/pods; no instance store disk: it exits 0 and changes nothing). Images are then
+# extracted onto NVMe instead of the gp3 root volume, and emptyDir scratch lives there too.
+_RAID0_SPEC = """\
+  instance:
+    localStorage:
+      strategy: RAID0
+"""
+
+
+def node_config_user_data(*, efa: bool, raid0: bool) -> str | None:
+    """Base64 launch-template user data: one NodeConfig MIME part (EFA nodes' memlock, the instance store as
+    RAID0), or None when neither applies."""
+    spec = (_EFA_SPEC if efa else "") + (_RAID0_SPEC if raid0 else "")
+    if not spec:
+        return None
+    text = ('MIME-Version: 1.0\nContent-Type: multipart/mixed; boundary="EKSDDP"\n\n--EKSDDP\n'
+            "Content-Type: application/node.eks.aws\n\napiVersion: node.eks.aws/v1alpha1\nkind: NodeConfig\n"
+            f"spec:\n{spec}\n--EKSDDP--\n")
+    return base64.b64encode(text.encode()).decode()
 
 
 def efa_user_data() -> str:
     """Base64 launch-template user data giving EFA nodes' containers an unlimited memlock."""
-    return base64.b64encode(_EFA_NODECONFIG.encode()).decode()
+    return node_config_user_data(efa=True, raid0=False) or ""

@@ -22,12 +22,14 @@ import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
+from typing import get_args
 
 import pulumi
 import pulumi_aws as aws
 import pulumi_docker_build as docker_build
 from eks_ddp.core import rules
-from eks_ddp.infra.scan_gate import SEVERITIES, ScanGate, scan_target
+from eks_ddp.core.types import ScanSeverity
+from eks_ddp.infra.scan_gate import ScanGate, scan_target
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -201,9 +203,9 @@ def cache_lifecycle_policy() -> str:
 
 
 def _validate(args: TrainerImageArgs) -> None:
-    if args.scan_fail_severity not in (*SEVERITIES[:-1], "disabled"):
+    if args.scan_fail_severity not in get_args(ScanSeverity):
         raise ValueError(f"TrainerImageArgs.scan_fail_severity: got {args.scan_fail_severity!r}; expected one of "
-                         + ", ".join((*SEVERITIES[:-1], "disabled")))
+                         + ", ".join(get_args(ScanSeverity)))
     if args.prebuilt is not None and not _IMAGE_BY_DIGEST.match(args.prebuilt):
         raise ValueError(f"TrainerImageArgs.prebuilt: got {args.prebuilt!r}; expected an image pinned by digest, "
                          "e.g. 123456789012.dkr.ecr.us-west-2.amazonaws.com/trainer@sha256:<64 hex>")
@@ -243,7 +245,8 @@ class TrainerImage(pulumi.ComponentResource):
         else:
             self.repository = self._create_repository()
             self.cache_repository = self._create_cache_repository() if args.registry_cache else None
-            self.image = self._create_image(image_tag(args.context_dir, tuple(args.source_paths), args.dockerfile))
+            self.image = self._create_image(self.repository,
+                                            image_tag(args.context_dir, tuple(args.source_paths), args.dockerfile))
             self.repository_url = self.repository.repository_url
             self.repository_arn = self.repository.arn
             # A pure digest reference: what runs can never change under a tag.
@@ -315,8 +318,8 @@ class TrainerImage(pulumi.ComponentResource):
         )
         return cache
 
-    def _create_image(self, tag: str) -> docker_build.Image:
-        repo, cache = self.repository, self.cache_repository
+    def _create_image(self, repo: aws.ecr.Repository, tag: str) -> docker_build.Image:
+        cache = self.cache_repository
         auth = aws.ecr.get_authorization_token_output(registry_id=repo.registry_id,
                                                       opts=pulumi.InvokeOutputOptions(parent=self))
         cache_from, cache_to = None, None

@@ -28,13 +28,12 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any
 
 import pulumi
 import pulumi_aws as aws
 from eks_ddp.core import cidr, rules
-
-NatMode = Literal["single", "perAz"]
+from eks_ddp.core.types import NatMode
 
 FLOW_LOG_RETENTION_DAYS = 90
 """How long VPC flow logs are kept (CloudWatch Logs retention)."""
@@ -71,7 +70,7 @@ def s3_endpoint_policy(region: str, account_id: str, *, data_uris: Sequence[str]
         for b, p in data:
             prefixes.setdefault(b, set()).add(p)
         for i, (bucket, ps) in enumerate(sorted(prefixes.items())):
-            listing = {"Sid": f"DataSetListing{i}", "Effect": "Allow", "Principal": "*", "Action": "s3:ListBucket",
+            listing: dict[str, Any] = {"Sid": f"DataSetListing{i}", "Effect": "Allow", "Principal": "*", "Action": "s3:ListBucket",
                        "Resource": f"{s3}{bucket}"}
             if "" not in ps:  # the stage lists with Prefix=<its prefix>
                 listing["Condition"] = {"StringLike": {"s3:prefix": sorted({*ps, *(f"{p}*" for p in ps)})}}
@@ -196,8 +195,8 @@ class Network(pulumi.ComponentResource):
         validate(args)
         self._name = name
         self._args = args
-        if args.bring_your_own:
-            self._adopt()
+        if args.vpc_id is not None:  # bring your own
+            self._adopt(args.vpc_id)
         else:
             self._create()
         self.register_outputs({
@@ -208,9 +207,9 @@ class Network(pulumi.ComponentResource):
         })
 
     # -- bring your own ------------------------------------------------------------------------
-    def _adopt(self) -> None:
+    def _adopt(self, vpc_id: pulumi.Input[str]) -> None:
         args = self._args
-        self.vpc_id = pulumi.Output.from_input(args.vpc_id)
+        self.vpc_id = pulumi.Output.from_input(vpc_id)
         self.public_subnet_ids = list(args.public_subnet_ids)
         self.private_subnet_ids = list(args.private_subnet_ids)
         by_az: dict[str, pulumi.Input[str]] = {}

@@ -25,13 +25,12 @@ import datetime as dt
 import re
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from typing import Any
 
 import pulumi
 import pulumi.dynamic
 from botocore.exceptions import BotoCoreError, ClientError
 
-Severity = Literal["CRITICAL", "HIGH", "MEDIUM", "LOW", "INFORMATIONAL", "disabled"]
 SEVERITIES = ("CRITICAL", "HIGH", "MEDIUM", "LOW", "INFORMATIONAL", "UNDEFINED")
 """ECR's severities, worst first (basic scanning's ``findingSeverityCounts`` keys)."""
 WAIT_SECONDS = 900

@@ -24,14 +24,16 @@ node role): across accounts both the identity policy and the resource policy mus
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import get_args
 
 import pulumi
 import pulumi_aws as aws
 from eks_ddp.core import rules
+from eks_ddp.core.types import ScanSeverity
 from eks_ddp.infra.image import ecr_repository_arn, pull_policy
-from eks_ddp.infra.scan_gate import SEVERITIES, ScanGate, scan_target
+from eks_ddp.infra.scan_gate import ScanGate, scan_target
 
-SCAN_SEVERITIES = (*SEVERITIES[:-1], "disabled")
+SCAN_SEVERITIES = get_args(ScanSeverity)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -20,6 +20,7 @@ Pure module: no Pulumi, no AWS calls.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +43,16 @@ PRICES: dict[str, tuple[float, str]] = {
     "nat_gateway_gb": (0.045, "NAT gateway data processed, per GB (aws.amazon.com/vpc/pricing)"),
     "public_ipv4_hour": (0.005, "public IPv4 address hour, here the NAT gateways' EIPs (aws.amazon.com/vpc/pricing)"),
     "efs_standard_gb_month": (0.30, "EFS Standard storage, per GB-month (aws.amazon.com/efs/pricing)"),
+    "efs_ia_gb_month": (0.016, "EFS Infrequent Access storage, per GB-month (aws.amazon.com/efs/pricing)"),
+    "fsx_p2_125_gb_month": (0.145, "FSx for Lustre PERSISTENT_2 SSD, 125 MB/s/TiB, per GB-month "
+                                   "(aws.amazon.com/fsx/lustre/pricing)"),
+    "fsx_p2_250_gb_month": (0.210, "FSx for Lustre PERSISTENT_2 SSD, 250 MB/s/TiB, per GB-month "
+                                   "(aws.amazon.com/fsx/lustre/pricing)"),
+    "fsx_p2_500_gb_month": (0.340, "FSx for Lustre PERSISTENT_2 SSD, 500 MB/s/TiB, per GB-month "
+                                   "(aws.amazon.com/fsx/lustre/pricing)"),
+    "fsx_p2_1000_gb_month": (0.600, "FSx for Lustre PERSISTENT_2 SSD, 1000 MB/s/TiB, per GB-month "
+                                    "(aws.amazon.com/fsx/lustre/pricing)"),
+    "s3_standard_gb_month": (0.023, "S3 Standard storage, first 50 TB, per GB-month (aws.amazon.com/s3/pricing)"),
     "efs_elastic_read_gb": (0.03, "EFS Elastic Throughput reads, per GB (aws.amazon.com/efs/pricing)"),
     "efs_elastic_write_gb": (0.06, "EFS Elastic Throughput writes, per GB (aws.amazon.com/efs/pricing)"),
     "ebs_gp3_gb_month": (0.08, "EBS gp3 storage, per GB-month, baseline IOPS/throughput (aws.amazon.com/ebs/pricing)"),
@@ -54,7 +65,11 @@ PRICES: dict[str, tuple[float, str]] = {
 EFS_ASSUMED_GB = 10  # CIFAR-10 (~0.2 GB) plus checkpoints and models of a few dozen runs
 ECR_ASSUMED_GB = 5  # the CUDA PyTorch trainer image, compressed; tags share most layers
 LOGS_ASSUMED_GB_PER_DAY = 1.0  # control-plane logs, all five types; audit logs dominate
-KMS_KEYS = 2  # EKS secrets encryption and EFS encryption
+# observability.cloudwatch: every pod's output plus the nodes' kubelet/containerd and kernel logs (Fluent Bit). The
+# trainer logs compact one-line records; the system pods (autoscaler, add-ons) log most of it while idle.
+CONTAINER_LOGS_ASSUMED_GB_PER_DAY = 0.5
+KMS_KEYS = 2  # EKS secrets encryption and the shared file system's encryption (EFS or FSx)
+RESULTS_ASSUMED_GB = 1  # the results bucket: models and metrics of a few dozen runs (kept after destroy)
 SYSTEM_ROOT_VOLUME_GIB = 50  # eks_ddp.infra.cluster.SYSTEM_ROOT_VOLUME_GIB (a test keeps them equal)
 
 # Estimated training throughput of the default model (resnet-small, the ResNet-9 of the
@@ -141,6 +156,9 @@ class Estimate:
     """Minutes from the end of a run until its GPU nodes are gone (the scale-down tail)."""
     assumptions: tuple[str, ...] = field(default=())
     not_included: tuple[str, ...] = field(default=())
+    after_destroy: tuple[LineItem, ...] = field(default=())
+    """What keeps billing after ``pulumi destroy`` (kept file system and keys, results, reservations), $/hour in
+    ``idle_units``; each item's note says how to stop it."""
 
     @property
     def training_per_hour(self) -> float:
@@ -149,6 +167,10 @@ class Estimate:
     @property
     def idle_per_hour(self) -> float:
         return sum(i.idle_per_hour for i in self.items)
+
+    @property
+    def after_destroy_per_hour(self) -> float:
+        return sum(i.idle_per_hour for i in self.after_destroy)
 
     @property
     def train_hours(self) -> float:
@@ -187,6 +209,10 @@ class Estimate:
                             "training_units": i.training_units, "idle_units": i.idle_units,
                             "training_per_hour": r(i.training_per_hour), "idle_per_hour": r(i.idle_per_hour),
                             **({"note": i.note} if i.note else {})} for i in self.items],
+            "after_destroy_per_hour": r(self.after_destroy_per_hour),
+            "after_destroy_per_month": round(self.after_destroy_per_hour * HOURS_PER_MONTH, 2),
+            "after_destroy": [{"name": i.name, "per_hour": r(i.idle_per_hour), **({"note": i.note} if i.note else {})}
+                              for i in self.after_destroy],
             "assumptions": list(self.assumptions),
             "not_included": list(self.not_included),
         }
@@ -237,25 +263,109 @@ def _items(cfg: StackConfig, day: dt.date) -> list[LineItem]:
         busy = cfg.job.nodes if g.name == job_group.name else g.desired_size
         note = {"spot": "priced at on-demand: spot is usually far cheaper, but varies",
                 "capacityBlock": "priced at on-demand: capacity blocks are billed at purchase"}.get(g.capacity_type, "")
-        if g.capacity_reservation_id and g.capacity_type == "onDemand":
-            note = f"reservation {g.capacity_reservation_id} bills its unused instances at this rate too"
         items.append(LineItem(f"GPU nodes '{g.name}' ({it.name}, {it.gpus} x {it.gpu_model})", "node",
                               it.price_per_hour, busy, g.min_size, note=note))
+        if g.capacity_reservation_id:
+            # The reservation bills every reserved instance whether a node runs in it or not: the ones the nodes
+            # above do not use, training or idle (EC2 "Capacity Reservation pricing").
+            items.append(reservation_item(g, busy))
         items.append(LineItem(f"EBS gp3 root volumes, '{g.name}' ({g.root_volume_gib} GiB each)", "GiB",
                               _gb_month("ebs_gp3_gb_month"), busy * g.root_volume_gib, g.min_size * g.root_volume_gib))
-    items.append(LineItem(f"EFS Standard storage (assumed {EFS_ASSUMED_GB} GB)", "GB", _gb_month("efs_standard_gb_month"),
-                          EFS_ASSUMED_GB, EFS_ASSUMED_GB,
-                          note=f"plus Elastic Throughput ${price('efs_elastic_read_gb')}/GB read, "
-                               f"${price('efs_elastic_write_gb')}/GB written"))
+    items.append(storage_item(cfg))
     if cfg.image.prebuilt is None:
         items.append(LineItem(f"ECR image storage (assumed {ECR_ASSUMED_GB} GB)", "GB", _gb_month("ecr_gb_month"),
                               ECR_ASSUMED_GB, ECR_ASSUMED_GB))
-    items.append(LineItem("KMS keys (EKS secrets, EFS)", "key", price("kms_key_month") / HOURS_PER_MONTH,
+    items.append(LineItem(f"KMS keys (EKS secrets, {'FSx' if fsx(cfg) else 'EFS'})", "key", price("kms_key_month") / HOURS_PER_MONTH,
                           KMS_KEYS, KMS_KEYS))
     logs_per_hour = LOGS_ASSUMED_GB_PER_DAY * price("logs_ingest_gb") / 24
     items.append(LineItem(f"CloudWatch Logs ingestion (assumed {LOGS_ASSUMED_GB_PER_DAY:g} GB/day)", "GB/day",
                           logs_per_hour / LOGS_ASSUMED_GB_PER_DAY, LOGS_ASSUMED_GB_PER_DAY, LOGS_ASSUMED_GB_PER_DAY))
+    items += _observability_items(cfg)
     return items
+
+
+def _observability_items(cfg: StackConfig) -> list[LineItem]:
+    """Container logs in CloudWatch (observability.cloudwatch), ingested at the same per-GB price."""
+    if not cfg.observability.cloudwatch:
+        return []
+    gb = CONTAINER_LOGS_ASSUMED_GB_PER_DAY
+    return [LineItem(f"CloudWatch Logs ingestion, container logs (assumed {gb:g} GB/day)", "GB/day",
+                     price("logs_ingest_gb") / 24, gb, gb,
+                     note=f"kept {cfg.observability.log_retention_days} days (observability.logRetentionDays)")]
+
+
+def fsx(cfg: StackConfig) -> bool:
+    return cfg.storage.backend == "fsxLustre"
+
+
+def _ia_note(st: Any) -> str:
+    """What EFS lifecycle management does to the price, when it is on."""
+    ia = st.efs_transitions["transition_to_ia"]
+    if ia is None:
+        return ""
+    return (f"; files unread for {ia.lower().removeprefix('after_').replace('_', ' ')} move to IA "
+            f"(${price('efs_ia_gb_month')}/GB-month)")
+
+
+def storage_item(cfg: StackConfig) -> LineItem:
+    """The shared file system: FSx for Lustre bills its provisioned capacity; EFS what it stores (assumed)."""
+    st = cfg.storage
+    if fsx(cfg):
+        return LineItem(f"FSx for Lustre PERSISTENT_2 ({st.fsx_storage_capacity_gib} GiB at "
+                        f"{st.fsx_throughput_per_tib} MB/s/TiB)", "GB",
+                        _gb_month(f"fsx_p2_{st.fsx_throughput_per_tib}_gb_month"), st.fsx_storage_capacity_gib,
+                        st.fsx_storage_capacity_gib, note="provisioned capacity, billed whether used or not; "
+                                                          "no charge per GB read or written")
+    return LineItem(f"EFS Standard storage (assumed {EFS_ASSUMED_GB} GB)", "GB", _gb_month("efs_standard_gb_month"),
+                    EFS_ASSUMED_GB, EFS_ASSUMED_GB,
+                    note=f"plus Elastic Throughput ${price('efs_elastic_read_gb')}/GB read, "
+                         f"${price('efs_elastic_write_gb')}/GB written" + _ia_note(st))
+
+
+def reservation_item(g: Any, busy: int) -> LineItem:
+    """A capacity reservation or block of ``g``: its instances the group's nodes do not use, billed anyway. Its size
+    is not in the stack: taken as ``maxSize`` (preflight reads the real ``TotalInstanceCount``)."""
+    it = catalog.lookup(g.instance_type)
+    kind = "capacity block" if g.capacity_type == "capacityBlock" else "capacity reservation"
+    return LineItem(f"{kind} {g.capacity_reservation_id}, unused (of {g.max_size})", "instance",
+                    it.price_per_hour, max(0, g.max_size - busy), max(0, g.max_size - g.min_size),
+                    note=("paid at purchase, whether used or not; priced at on-demand" if kind == "capacity block"
+                          else "billed whether nodes run or not, until cancelled: aws ec2 cancel-capacity-reservation "
+                               f"--capacity-reservation-id {g.capacity_reservation_id}"))
+
+
+def after_destroy(cfg: StackConfig) -> list[LineItem]:
+    """What ``pulumi destroy`` leaves billing: the kept file system and its key, the results bucket and its key, a kept
+    image repository, every reservation (until cancelled) or block (until it ends)."""
+    out: list[LineItem] = []
+    st = cfg.storage
+    if st.retain_on_destroy and fsx(cfg):
+        item = storage_item(cfg)
+        out.append(dataclasses.replace(item, name=f"kept {item.name}", training_units=0, note=(
+            "aws fsx delete-file-system --file-system-id <fsxId> (outputs are gone after the destroy: note it first)")))
+    elif st.retain_on_destroy and st.file_system_id is None:
+        out.append(LineItem(f"kept EFS file system (assumed {EFS_ASSUMED_GB} GB, Standard)", "GB",
+                            _gb_month("efs_standard_gb_month"), 0, EFS_ASSUMED_GB,
+                            note="aws efs delete-file-system --file-system-id <efsId>" + _ia_note(st)))
+    kept_keys = (["file system"] if st.retain_on_destroy and st.file_system_id is None else []) + \
+        ([] if st.results_bucket else ["results"])
+    if kept_keys:
+        out.append(LineItem(f"kept KMS keys ({', '.join(kept_keys)})", "key", price("kms_key_month") / HOURS_PER_MONTH,
+                            0, len(kept_keys), note="aws kms schedule-key-deletion --key-id <key> (after deleting what "
+                                                    "it encrypts)"))
+    if not st.results_bucket:
+        out.append(LineItem(f"kept results bucket (assumed {RESULTS_ASSUMED_GB} GB)", "GB",
+                            _gb_month("s3_standard_gb_month"), 0, RESULTS_ASSUMED_GB,
+                            note="aws s3 rb s3://<bucket> --force (pulumi stack output results, before the destroy)"))
+    if cfg.image.retain_repository and cfg.image.prebuilt is None:
+        out.append(LineItem(f"kept ECR repository (assumed {ECR_ASSUMED_GB} GB)", "GB", _gb_month("ecr_gb_month"), 0,
+                            ECR_ASSUMED_GB, note="aws ecr delete-repository --force --repository-name <name>"))
+    for g in cfg.node_groups:
+        if g.capacity_reservation_id:
+            r = reservation_item(g, 0)
+            out.append(dataclasses.replace(r, name=r.name.replace(", unused (of", " (all"), training_units=0,
+                                           idle_units=g.max_size))
+    return out
 
 
 def throughput(cfg: StackConfig) -> tuple[float, str]:
@@ -311,32 +421,33 @@ def estimate(cfg: StackConfig, *, day: dt.date | None = None) -> Estimate:
         "a run's GPU-node time: " + ", ".join(f"{k} {m:.1f} min" for k, m in phases)
         + f" (the tail: cluster.scaleDownUnneededTime {cfg.cluster.scale_down_unneeded_time} plus ~"
         f"{SCALE_DOWN_TERMINATE_MINUTES} min to drain and terminate); data preparation runs on the system nodes",
-        f"sizes not fixed by the stack: EFS {EFS_ASSUMED_GB} GB, ECR {ECR_ASSUMED_GB} GB, "
-        f"control-plane logs {LOGS_ASSUMED_GB_PER_DAY:g} GB/day; {HOURS_PER_MONTH} hours per month",
+        f"sizes not fixed by the stack: {'' if fsx(cfg) else f'EFS {EFS_ASSUMED_GB} GB, '}ECR {ECR_ASSUMED_GB} GB, "
+        f"results {RESULTS_ASSUMED_GB} GB, control-plane logs {LOGS_ASSUMED_GB_PER_DAY:g} GB/day"
+        + (f", container logs {CONTAINER_LOGS_ASSUMED_GB_PER_DAY:g} GB/day" if cfg.observability.cloudwatch else "")
+        + f"; {HOURS_PER_MONTH} hours per month",
     ]
     used = [cfg.cluster.system_instance_type] + [g.instance_type for g in cfg.node_groups]
     for name in dict.fromkeys(used):
         it = catalog.lookup(name)
         if (it.price_source, it.price_date) != (catalog.PRICE_SOURCE, catalog.PRICE_DATE):
             assumptions.append(f"{name}: ${it.price_per_hour:g}/h from {it.price_source} ({it.price_date})")
-    if cfg.job_group.capacity_reservation_id:
-        assumptions.append(f"group '{cfg.job_group.name}' launches into {cfg.job_group.capacity_reservation_id}: "
-                           "the reservation bills its instances whether a run uses them or not, so the per-run "
-                           "figure is what the run's node time is worth, not extra spend")
-    not_included = [
-        f"NAT gateway data processing (${price('nat_gateway_gb')}/GB)",
-        f"EFS Elastic Throughput (${price('efs_elastic_read_gb')}/GB read, ${price('efs_elastic_write_gb')}/GB write)",
-        "CloudWatch Logs storage beyond ingestion, data transfer out, burstable (t3) CPU credits",
-    ]
     for g in cfg.node_groups:
         if g.capacity_reservation_id:
-            it = catalog.lookup(g.instance_type)
-            not_included.append(f"capacity reservation {g.capacity_reservation_id}: ${it.price_per_hour:g}/h per "
-                                f"reserved {it.name} from its start to its end, nodes running or not (idle too); "
-                                "removing idle nodes frees the reservation, it saves nothing")
+            assumptions.append(f"group '{g.name}' launches into {g.capacity_reservation_id}, taken to reserve maxSize "
+                               f"({g.max_size}) instances: the reservation bills its instances whether a run uses them "
+                               "or not, so they are in the idle and after-destroy figures and a run adds only its "
+                               "volumes")
+    not_included = [
+        f"NAT gateway data processing (${price('nat_gateway_gb')}/GB)",
+        *([] if fsx(cfg) else [f"EFS Elastic Throughput (${price('efs_elastic_read_gb')}/GB read, "
+                                f"${price('efs_elastic_write_gb')}/GB write)"]),
+        "CloudWatch Logs storage beyond ingestion, data transfer out, burstable (t3) CPU credits",
+    ]
+    if cfg.observability.cloudwatch:
+        not_included.append("Container Insights metrics (billed per observation, aws.amazon.com/cloudwatch/pricing)")
     return Estimate(region=cfg.region, items=tuple(_items(cfg, day)), run_images=images, images_per_second=rate,
                     timeline=phases, back_to_idle_minutes=phases[-1][1], assumptions=tuple(assumptions),
-                    not_included=tuple(not_included))
+                    not_included=tuple(not_included), after_destroy=tuple(after_destroy(cfg)))
 
 
 def render(data: dict[str, Any]) -> str:
@@ -347,6 +458,10 @@ def render(data: dict[str, Any]) -> str:
         f"  while training: ${data['training_per_hour']:.2f}/hour",
         f"  while idle:     ${data['idle_per_hour']:.2f}/hour (~${data['idle_per_month']:,.0f}/month)",
         f"  after a run:    back to idle in ~{data['back_to_idle_minutes']:.0f} min (the autoscaler removes the GPU nodes)",
+        f"  after destroy:  ${data.get('after_destroy_per_hour', 0):.2f}/hour "
+        f"(~${data.get('after_destroy_per_month', 0):,.0f}/month) until you delete what is kept:",
+        *(f"    - {i['name']}: ${i['per_hour']:.4f}/h" + (f"; {i['note']}" if i.get("note") else "")
+          for i in data.get("after_destroy", [])),
         f"  per run:        ${data['per_run']:.2f} on top of idle (GPU nodes for {data['run_hours'] * 60:.0f} min: "
         + ", ".join(f"{k} {m:.1f}" for k, m in data["run_timeline_minutes"].items())
         + f"; {int(data['run_images']):,} images at ~{data['images_per_second']:,.0f} images/s, estimated)",

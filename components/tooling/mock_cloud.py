@@ -116,6 +116,14 @@ def _efs(m: FakeAccount, name: str, inputs: dict) -> tuple[str, dict]:
                    "arn": f"arn:aws:elasticfilesystem:{m.region}:{ACCOUNT}:file-system/{fs_id}"}
 
 
+def _fsx_lustre(m: FakeAccount, name: str, inputs: dict) -> tuple[str, dict]:
+    """FSx's id, DNS name and mount name forms (fs-<17 hex>, <id>.fsx.<region>.amazonaws.com, 8 lowercase)."""
+    fs_id = f"fs-{_digest(name)[:17]}"
+    mount = "".join(chr(ord("a") + int(c, 16) % 26) for c in _digest(name + "mount")[:8])
+    return fs_id, {"dnsName": f"{fs_id}.fsx.{m.region}.amazonaws.com", "mountName": mount,
+                   "arn": f"arn:aws:fsx:{m.region}:{ACCOUNT}:file-system/{fs_id}"}
+
+
 def _efs_access_point(m: FakeAccount, name: str, inputs: dict) -> tuple[str, dict]:
     """EFS's ARN form (the storage contract matches policies against it)."""
     ap_id = f"fsap-{_digest(name)[:17]}"
@@ -171,6 +179,8 @@ _OUTPUTS = {
     "aws:ec2/placementGroup:PlacementGroup": _named,
     "aws:efs/fileSystem:FileSystem": _efs,
     "aws:efs/accessPoint:AccessPoint": _efs_access_point,
+    "aws:fsx/lustreFileSystem:LustreFileSystem": _fsx_lustre,
+    "aws:fsx/dataRepositoryAssociation:DataRepositoryAssociation": _with_prefix("dra"),
     "aws:ecr/repository:Repository": _ecr_repository,
     "aws:iam/role:Role": _named,
     "aws:s3/bucket:Bucket": _s3_bucket,

@@ -1,4 +1,4 @@
-"""EtcdRendezvous: an etcd 3.5 member serving the v2 API that the agents' ``eks-etcd`` rendezvous speaks.
+"""EtcdRendezvous: an etcd 3.5 member serving the v3 API that the agents' ``eks-etcd`` rendezvous speaks.
 
 **Authenticated.** The agents unpickle the rendezvous state they read, so only the job's pods may write
 it: etcd serves TLS only and requires a client certificate from the stack's own CA
@@ -48,7 +48,7 @@ from eks_ddp.workloads.namespace import priority_class_guard, restricted_contain
 
 ETCD_IMAGE = ("quay.io/coreos/etcd:v3.5.18"
               "@sha256:d0a641d5fbcc89678c931a61b7de7b8a1cf097149f135c9c73bc81d076a1494b")
-"""etcd 3.5 (3.6 removed the v2 API torch's etcd-v2 backend needs), pinned by tag and digest. The image
+"""etcd 3.5 (the agents speak its v3 API, which 3.6 keeps), pinned by tag and digest. The image
 is distroless (no shell): probes use HTTP, not exec."""
 
 CLIENT_PORT = 2379
@@ -78,8 +78,8 @@ _RESOURCES = k8s.core.v1.ResourceRequirementsArgs(
     limits={"cpu": "1", "memory": "512Mi"},
 )
 _QUOTA_BYTES = 256 * 1024 * 1024
-"""Quota of the v3 backend (bbolt) only. torch's rendezvous uses the v2 store, which lives in memory and is
-bounded by the container's memory limit (512Mi) alone; it holds a few KiB per run."""
+"""Quota of the v3 backend (bbolt), where the rendezvous keeps its state and per-round keys (a few KiB per run;
+round keys are deleted as rounds advance and go with the state's lease)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -131,7 +131,7 @@ class EtcdRendezvous(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
 
         svc = self.service_name
-        names = [svc, *(pulumi.Output.concat(svc, ".", args.namespace, suffix)
+        names: list[pulumi.Input[str]] = [svc, *(pulumi.Output.concat(svc, ".", args.namespace, suffix)
                         for suffix in ("", ".svc", ".svc.cluster.local"))]
         certs = RendezvousTls(f"{name}-etcd-tls", RendezvousTlsArgs(
             namespace=args.namespace, server_names=names, labels=self.pod_labels,
@@ -285,8 +285,6 @@ def etcd_args(service: str, namespace: str) -> list[str]:
         f"--trusted-ca-file={TLS_DIR}/ca.crt",
         f"--cert-file={TLS_DIR}/tls.crt",
         f"--key-file={TLS_DIR}/tls.key",
-        # torch's etcd-v2 rendezvous speaks only the v2 API, off by default since 3.4.
-        "--enable-v2=true",
         f"--quota-backend-bytes={_QUOTA_BYTES}",
         # Fewer entries between snapshots keeps memory and the WAL in the emptyDir small for a tiny key space.
         "--snapshot-count=10000",

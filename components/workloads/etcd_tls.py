@@ -1,13 +1,16 @@
 """RendezvousTls: the certificates that make the rendezvous store answer only the job's own pods.
 
-The agents unpickle the rendezvous state they read from etcd (torch ``dynamic_rendezvous`` ``sync``), so
-whoever can write it runs code in every training pod (review 2026-11-24, S1). A NetworkPolicy does not
+Whoever can write the rendezvous state steers every agent of the job (review 2026-11-24, S1; the agents no
+longer unpickle it: eks_ddp_runtime/rdzv_state.py reads it as checked JSON). A NetworkPolicy does not
 hold against host-network processes on etcd's node or the first seconds after a reschedule; a client
 certificate does. The stack makes a CA of its own (pulumi-tls, so keys are created by the provider and
 kept in the stack's state as secrets, never in the program's output) and signs:
 
 * a server certificate for the client Service's DNS names, mounted into etcd (``--cert-file``,
-  ``--key-file``, ``--trusted-ca-file``, ``--client-cert-auth=true``);
+  ``--key-file``, ``--trusted-ca-file``, ``--client-cert-auth=true``). It allows client authentication too: etcd's
+  v3 JSON gateway, which the agents speak, dials etcd's own gRPC port with the server certificate as its client
+  certificate (etcd server/embed/serve.go ``serveCtx.serve``: ``dtls := tlscfg.Clone()``; etcd-io/etcd#16590), and
+  with ``--client-cert-auth`` etcd refuses it otherwise ("tls: bad certificate", HTTP 503 on every ``/v3/`` call);
 * one client certificate (``CN=eks-ddp-trainer``), mounted read-only into the training and fabric-check
   pods at ``eks_ddp.core.torchrun.RDZV_TLS_DIR``.
 

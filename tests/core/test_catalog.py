@@ -206,3 +206,15 @@ def test_gpu_nodegroup_args_take_a_registered_type_for_spot_alternatives():
                                spot_instance_types=["g9x.24xlarge"])
     assert validate_group(args).name == "g9x.12xlarge"
     assert isinstance(args, GpuNodeGroupArgs)
+
+
+def test_every_built_in_gpu_type_knows_its_instance_store_and_only_catalog_types_are_listed():
+    assert set(catalog.LOCAL_NVME_GB) <= set(catalog.BUILTIN)
+    for name in catalog.gpu_types():
+        if name in catalog.BUILTIN:
+            assert catalog.CATALOG[name].local_nvme_gb == catalog.LOCAL_NVME_GB[name] > 0, name
+    assert all(catalog.CATALOG[n].local_nvme_gb == 0 for n in catalog.cpu_types() if n in catalog.BUILTIN)
+    assert catalog.CATALOG["p4de.24xlarge"].local_nvme_gb == 8 * 1000  # EC2 User Guide: 8 x 1000 GB NVMe SSD
+    bad = dataclasses.replace(catalog.CATALOG["g4dn.xlarge"], local_nvme_gb=0)
+    with pytest.raises(ValueError, match="local_nvme_gb: got -1"):
+        dataclasses.replace(bad, local_nvme_gb=-1)

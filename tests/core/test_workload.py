@@ -10,9 +10,10 @@ import pulumi
 import pytest
 from eks_ddp.config import load_stack_config
 from eks_ddp.core import catalog
-from eks_ddp.core.torchrun import CLUSTER_TIMEOUTS, AgentOptions, TrainerOptions, job_command
+from eks_ddp.core.torchrun import CLUSTER_TIMEOUTS, AgentOptions, job_command
 from eks_ddp.core.workload import Cifar10Data, Egress, S3Data, Workload, dataset_name
 from eks_ddp.tooling.mocks import run_program
+from eks_ddp_trainer.config import TrainerConfig
 
 from tests.support.util import run, stack_config
 from tests.workloads.test_elastic_job import (
@@ -113,14 +114,14 @@ def test_s3_data_checks_its_uri_and_name():
 
 # --- the bundled trainer renders exactly what it always did -----------------------------------------
 def _expected_dev_command(cfg, endpoint: str) -> list[str]:
-    """The train command as the stack built it before workloads: TrainerOptions through job_command."""
+    """The train command as the stack built it before workloads: TrainerConfig through job_command."""
     j, it = cfg.job, catalog.lookup(cfg.job_group.instance_type)
     agent = AgentOptions(min_nodes=j.min_nodes, max_nodes=j.nodes, nproc_per_node=it.gpus,
                          rdzv_backend=j.rdzv_backend, rdzv_endpoint=endpoint, rdzv_id="$(JOB_UID)",
                          local_addr="$(POD_IP)", max_restarts=j.max_restarts, timeouts=CLUSTER_TIMEOUTS)
-    trainer_opts = TrainerOptions(data_dir="/shared/data", run_dir=f"/shared/runs/{j.run_id}", epochs=j.epochs,
-                                  global_batch_size=j.global_batch_size, model=j.model,
-                                  learning_rate=j.learning_rate, compile=j.compile)
+    trainer_opts = TrainerConfig(data_dir="/shared/data", run_dir=f"/shared/runs/{j.run_id}", epochs=j.epochs,
+                                 global_batch_size=j.global_batch_size, model=j.model,
+                                 lr=j.learning_rate, compile=j.compile)
     return job_command(agent, trainer_opts)
 
 

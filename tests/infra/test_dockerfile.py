@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from eks_ddp.core.torchrun import LAUNCHER_MODULE, TRAIN_MODULE, AgentOptions, TrainerOptions, job_command
+from eks_ddp.core.torchrun import LAUNCHER_MODULE, TRAIN_MODULE, AgentOptions, job_command
 from eks_ddp.infra.image import DOCKERFILE, source_files
+from eks_ddp_trainer.config import TrainerConfig
 
 from tests.support.util import ROOT
 
@@ -215,7 +216,8 @@ def test_docker_requirements_pin_what_the_project_pins():
     assert {n: v for n, (v, _) in locked_requirements().items()} == reqs, \
         "docker/requirements.txt is stale: python docker/lock_requirements.py"
     assert all("==" in ln for ln in lines if ln), "every requirement is pinned with =="
-    assert reqs.get("python-etcd") == pins["python-etcd"], "the etcd-v2 rendezvous needs python-etcd in the image"
+    assert "python-etcd" not in reqs and "dnspython" not in reqs, \
+        "the rendezvous speaks etcd's v3 API with the standard library (eks_ddp_runtime/etcd_v3.py): no python-etcd"
     for name, version in reqs.items():
         expected = pins.get(name) or constraints.get(name.lower())
         assert expected, f"{name} is neither a project dependency nor in constraints.txt"
@@ -279,7 +281,7 @@ def test_job_commands_resolve_in_the_image(final):
     cmd = job_command(
         AgentOptions(min_nodes=1, max_nodes=2, nproc_per_node=1, rdzv_backend="etcd-v2",
                      rdzv_endpoint="etcd:2379", rdzv_id="run-1", max_restarts=3),
-        TrainerOptions(data_dir="/shared/data", run_dir="/shared/runs/run-1"))
+        TrainerConfig(data_dir="/shared/data", run_dir="/shared/runs/run-1"))
     assert cmd[:3] == ["python", "-m", LAUNCHER_MODULE] and cmd[cmd.index("-m", 3) + 1] == TRAIN_MODULE
     # python (with torch) is on PATH because the base image is the official PyTorch image (checked above).
     assert re.match(r"pytorch/pytorch:", [i for i in final if i.keyword == "FROM"][0].value)

@@ -8,7 +8,7 @@ import json
 import pulumi
 import pulumi_kubernetes as k8s
 import pytest
-from eks_ddp.infra.efs import EfsStore, EfsStoreArgs
+from eks_ddp.infra.efs import EfsLifecycle, EfsStore, EfsStoreArgs
 from eks_ddp.tooling.mocks import run_program
 
 ISSUER = "oidc.eks.us-west-2.amazonaws.com/id/ABCDEF"
@@ -280,3 +280,25 @@ def test_the_dataset_is_read_only_at_efs_for_every_reader(result):
     deny = {s["Sid"]: s for s in _policy(result)}["DenyWritesThroughReadOnlyAccessPoints"]
     assert (deny["Effect"], deny["Principal"], deny["Action"]) == ("Deny", {"AWS": "*"}, "elasticfilesystem:ClientWrite")
     assert deny["Condition"] == {"StringEquals": {"elasticfilesystem:AccessPointArn": [ro]}}
+
+
+def test_lifecycle_moves_cold_files_to_ia_then_archive_and_back_on_access(result):
+    # Review B14: checkpoints and a file system kept after destroy stayed in Standard at $0.30/GB-month.
+    fs = result.one("aws:efs/fileSystem:FileSystem").inputs
+    assert fs["lifecyclePolicies"] == [{"transitionToIa": "AFTER_30_DAYS"}, {"transitionToArchive": "AFTER_90_DAYS"},
+                                       {"transitionToPrimaryStorageClass": "AFTER_1_ACCESS"}]
+
+
+def test_lifecycle_is_configurable_and_checked():
+    r = _run(dataclasses.replace(ARGS, lifecycle=EfsLifecycle(transition_to_ia="AFTER_7_DAYS",
+                                                              transition_to_archive=None)))
+    assert r.one("aws:efs/fileSystem:FileSystem").inputs["lifecyclePolicies"] == [
+        {"transitionToIa": "AFTER_7_DAYS"}, {"transitionToPrimaryStorageClass": "AFTER_1_ACCESS"}]
+    off = EfsLifecycle(transition_to_ia=None, transition_to_archive=None, transition_to_primary_storage_class=None)
+    assert "lifecyclePolicies" not in _run(dataclasses.replace(ARGS, lifecycle=off)).one(
+        "aws:efs/fileSystem:FileSystem").inputs
+    with pytest.raises(ValueError, match="lifecycle.transition_to_ia: got 'AFTER_2_DAYS'; expected one of"):
+        _run(dataclasses.replace(ARGS, lifecycle=EfsLifecycle(transition_to_ia="AFTER_2_DAYS")))
+    with pytest.raises(ValueError, match="transition_to_archive: got .AFTER_30_DAYS. with lifecycle.transition_to_ia"):
+        _run(dataclasses.replace(ARGS, lifecycle=EfsLifecycle(transition_to_ia="AFTER_30_DAYS",
+                                                              transition_to_archive="AFTER_30_DAYS")))

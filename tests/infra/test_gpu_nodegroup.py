@@ -251,7 +251,26 @@ def test_efa_memlock_survives_nodeadms_float64_merge_and_containerds_uint64_deco
     assert MEMLOCK_BYTES >= 2**50  # a petabyte: unlimited for any instance's memory
     assert limits["RLIMIT_NOFILE"] == {"hard": 1048576, "soft": 65536}
     plain, _ = _run(BASE)
-    assert "userData" not in plain.one(LT).inputs
+    assert all("containerd" not in d["spec"] for d in node_configs(plain.one(LT).inputs["userData"]))
+
+
+def test_instance_store_becomes_raid0_for_images_and_scratch_where_the_type_has_one(monkeypatch):
+    # Review B17: p4de's 8 x 1 TB NVMe and g4dn's 125 GB sat unused; images were extracted onto gp3.
+    for args in (BASE, EFA):
+        result, _ = _run(args)
+        docs = node_configs(result.one(LT).inputs["userData"])
+        assert len(docs) == 1 and docs[0]["apiVersion"] == "node.eks.aws/v1alpha1", docs
+        assert docs[0]["spec"]["instance"] == {"localStorage": {"strategy": "RAID0"}}
+        assert ("containerd" in docs[0]["spec"]) is args.efa  # the EFA memlock stays EFA-only
+    # Negative controls: opted out, or a type the catalog knows no instance store for: no user data at all.
+    result, _ = _run(dataclasses.replace(BASE, local_storage="none"))
+    assert "userData" not in result.one(LT).inputs
+    monkeypatch.setitem(catalog.CATALOG, "g4dn.xlarge",
+                        dataclasses.replace(catalog.CATALOG["g4dn.xlarge"], local_nvme_gb=0))
+    result, _ = _run(BASE)
+    assert "userData" not in result.one(LT).inputs
+    with pytest.raises(ValueError, match="local_storage: got 'RAID10'; expected 'RAID0' or 'none'"):
+        _run(dataclasses.replace(BASE, local_storage="RAID10"))
 
 
 def test_every_number_in_the_user_data_survives_the_float64_round_trip_exactly():
@@ -351,3 +370,25 @@ def test_resize_reads_the_live_desired_size_first():
     from tests.support.util import ROOT
 
     assert yaml.safe_load((ROOT / "Pulumi.yaml").read_text())["options"]["refresh"] == "always"
+
+
+@pytest.mark.parametrize("changes,enabled,parallel", [
+    ({}, True, None),
+    ({"capacity_type": "spot"}, True, None),
+    ({"capacity_reservation_id": "cr-0123456789abcdef0", "availability_zone": "us-west-2a"}, True, 1),
+    ({"capacity_type": "capacityBlock", "capacity_reservation_id": "cr-0123456789abcdef0",
+      "availability_zone": "us-west-2a"}, True, 1),
+    ({"node_repair": False}, False, None),
+])
+def test_node_repair_one_at_a_time_in_reserved_capacity(changes, enabled, parallel):
+    """Review B10: GPU groups get node auto repair; a reservation or capacity block repairs one node at a time."""
+    from eks_ddp.infra.gpu_nodegroup import node_repair_config
+
+    args = dataclasses.replace(BASE, **changes)
+    conf = node_repair_config(args)
+    assert (conf.enabled, conf.max_parallel_nodes_repaired_count) == (enabled, parallel)
+
+
+def test_node_repair_reaches_the_node_group():
+    result, _ = _run(dataclasses.replace(EFA, capacity_type="capacityBlock", placement_group_name=None))
+    assert result.one(NG).inputs["nodeRepairConfig"] == {"enabled": True, "maxParallelNodesRepairedCount": 1}

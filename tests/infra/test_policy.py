@@ -160,8 +160,9 @@ def test_infrastructure_children_name_their_component(result):
         assert found, typ
         assert all(r.parent_type == parent for r in found), typ
     releases = result.of_type("kubernetes:helm.sh/v3:Release")
-    assert releases and all(r.parent_type == ("eks-ddp:autoscaler:ClusterAutoscaler" if r.inputs["chart"] ==
-                                              "cluster-autoscaler" else "eks-ddp:addons:ClusterAddons")
+    owner = {"cluster-autoscaler": "eks-ddp:autoscaler:ClusterAutoscaler",
+             "dcgm-exporter": "eks-ddp:observability:Observability"}
+    assert releases and all(r.parent_type == owner.get(r.inputs["chart"], "eks-ddp:addons:ClusterAddons")
                             for r in releases)
     for ng in result.of_type(NG):
         assert ng.parent_type in ("eks-ddp:cluster:EksCluster", "eks-ddp:gpu_nodegroup:GpuNodeGroup")
@@ -192,7 +193,7 @@ def test_p4de_group_has_4_efa_interfaces_the_reservations_placement_and_one_zone
     assert lt.inputs["capacityReservationSpecification"]["capacityReservationTarget"]["capacityReservationId"] \
         == "cr-0123456789abcdef0"
     releases = {r.inputs["chart"] for r in p4de_result.of_type("kubernetes:helm.sh/v3:Release")}
-    assert releases == {"nvidia-device-plugin", "aws-efa-k8s-device-plugin", "cluster-autoscaler"}
+    assert releases == {"nvidia-device-plugin", "aws-efa-k8s-device-plugin", "cluster-autoscaler", "dcgm-exporter"}
 
 
 def test_dev_g4dn_group_has_no_efa_and_spans_zones(dev_result):

@@ -22,37 +22,53 @@ import time
 from pathlib import Path
 
 import pytest
-from eks_ddp.core.torchrun import AGENT_ENV, LOCAL_TIMEOUTS, AgentOptions, RdzvTls, TrainerOptions, job_command
+from eks_ddp.core.torchrun import AGENT_ENV, LOCAL_TIMEOUTS, AgentOptions, RdzvTls, job_command
 from eks_ddp_local import cli as local
-from eks_ddp_local.progress import Progress, parse_record
+from eks_ddp_local.job import LocalJob
+from eks_ddp_local.progress import History, Progress
 from eks_ddp_runtime import procs
 from eks_ddp_runtime.procs import alive, descendants, listening
+from eks_ddp_trainer.config import TrainerConfig
 from eks_ddp_trainer.plot import metrics_table, plot_history, read_history, read_test_accuracy
 
 from tests.support.util import ROOT
 
 STEP = "[train] epoch=2 step=25 loss=1.2749 acc=0.804 img_s=603 world=2 lr=0.1562"
+STEP_RECORD = {"event": "train", "time": 1.0, "kind": "step", "epoch": 2, "step": 25, "loss": 1.2749, "acc": 0.804,
+               "img_s": 603.0, "world": 2, "lr": 0.1562}
 
 
-def test_parse_record_kinds():
-    start = parse_record("[train] start world=2 resumed_step=20 run_dir=/x/runs/r1")
-    assert start is not None and start.kind == "start"
-    assert (start.as_int("world"), start.as_int("resumed_step")) == (2, 20)
-    step = parse_record("[rank0]: " + STEP)  # torch may prefix worker output
-    assert step is not None and step.kind == "step"
-    assert (step.as_int("step"), step.num("loss"), step.as_int("world")) == (25, 1.2749, 2)
-    assert parse_record("[eval] acc=0.9100 correct=910 total=1000").kind == "eval"
-    for other in ("I1121 torch/distributed/elastic/agent rendezvous complete", "[train] --tensorboard: not installed"):
-        assert parse_record(other) is None
+def test_history_reads_the_records_the_trainer_appends_as_they_arrive(tmp_path):
+    """The runner reads the trainer's JSON records, not its log text: whole lines only (a line being written is read
+    once complete), and a resumed run's old records are not new."""
+    path = tmp_path / "history.jsonl"
+    fresh = History(path)
+    assert fresh.read() == []  # no file yet
+    start = {"event": "train", "kind": "start", "world": 2, "resumed_step": 20}
+    path.write_text(json.dumps(start) + "\n" + json.dumps(STEP_RECORD)[:30])
+    assert fresh.read() == [start]
+    with path.open("a") as f:
+        f.write(json.dumps(STEP_RECORD)[30:] + "\nnot json\n")
+    assert fresh.read() == [STEP_RECORD]
+    assert fresh.read() == []
+    resumed = History(path)
+    with path.open("a") as f:
+        f.write(json.dumps({"event": "eval", "kind": "eval", "accuracy": 0.91}) + "\n")
+    assert resumed.read() == [{"event": "eval", "kind": "eval", "accuracy": 0.91}]
 
 
 def test_progress_prefixes_lines_and_shows_step_of_total():
     out = io.StringIO()
     p = Progress(total_steps=lambda world: 64 // world * 2, stream=out, tty=False)
-    p.line("agent1", "W1121 some torch warning")
+    p.line("agent1", "W1121 some torch warning [rank0]: a [bracketed] :thing:")
     p.line("agent0", STEP)
+    p.record({"event": "train", "kind": "start", "world": 2, "resumed_step": 0})
+    p.record(STEP_RECORD)
+    p.record({**STEP_RECORD, "step": 26})  # within every_s of the last status line: not printed
+    p.close()
     text = out.getvalue()
-    assert "[agent1] W1121 some torch warning\n" in text
+    assert "\x1b" not in text  # plain lines off a terminal
+    assert "[agent1] W1121 some torch warning [rank0]: a [bracketed] :thing:\n" in text
     assert f"[agent0] {STEP}\n" in text
     status = [line for line in text.splitlines() if line.startswith("[progress]")]
     assert len(status) == 1
@@ -60,14 +76,17 @@ def test_progress_prefixes_lines_and_shows_step_of_total():
         assert part in status[0]
 
 
-def test_progress_redraws_in_place_on_a_terminal():
+def test_progress_keeps_the_status_below_the_lines_on_a_terminal_and_erases_it_at_the_end():
     out = io.StringIO()
     p = Progress(stream=out, tty=True)
     p.line("agent0", STEP)
+    p.record(STEP_RECORD)
     p.line("agent0", "next")
-    assert "\r\033[K[agent0] next\n[progress] step 25" in out.getvalue()
+    text = out.getvalue()
+    # Each line is printed over the erased status line, and the status is drawn again below it.
+    assert "\r\x1b[2K[agent0] next\n" in text and text.rindex("[progress] step 25") > text.index("[agent0] next")
     p.close()
-    assert out.getvalue().endswith("\r\033[K")
+    assert out.getvalue()[len(text):].endswith("\x1b[2K")  # erased: the lines that follow start clean
 
 
 def test_history_keeps_the_last_record_per_step(tmp_path):
@@ -108,7 +127,7 @@ def test_data_lookup(tmp_path):
 
 def test_agents_run_the_cluster_command(tmp_path):
     opts = local.parse_args(["--out", str(tmp_path), "--agents", "3", "--rdzv", "etcd", "--epochs", "2"])
-    job = local.LocalJob(opts, Progress(stream=io.StringIO()))
+    job = LocalJob(opts, Progress(stream=io.StringIO()))
     from eks_ddp_local.etcd import EtcdEndpoint, make_tls
 
     tls = make_tls(tmp_path / "tls")
@@ -118,9 +137,9 @@ def test_agents_run_the_cluster_command(tmp_path):
                      rdzv_endpoint="127.0.0.1:2379", rdzv_id=job.run_id, max_restarts=opts.max_restarts,
                      timeouts=LOCAL_TIMEOUTS, local_addr="127.0.0.1",
                      tls=RdzvTls(ca_cert=str(tls.ca_cert), cert=str(tls.client_cert), key=str(tls.client_key))),
-        TrainerOptions(data_dir=str(tmp_path / "data"), run_dir=str(job.run_dir), epochs=2,
-                       global_batch_size=opts.global_batch_size, bn_group=opts.bn_group, width=opts.width,
-                       checkpoint_every=opts.checkpoint_every, log_every=opts.log_every), python=command[0])
+        TrainerConfig(data_dir=str(tmp_path / "data"), run_dir=str(job.run_dir), epochs=2,
+                      global_batch_size=opts.global_batch_size, bn_group=opts.bn_group, width=opts.width,
+                      checkpoint_every=opts.checkpoint_every, log_every=opts.log_every), python=command[0])
     assert command == expected
     env = job.agent_env()
     assert all(env[k] == v for k, v in AGENT_ENV.items())
@@ -129,9 +148,7 @@ def test_agents_run_the_cluster_command(tmp_path):
         local.parse_args(["--agents", "2", "--min-agents", "3"])
 
 
-@pytest.mark.parametrize("source", ["proc", "ps"])
-def test_descendants_and_alive(source, monkeypatch):
-    monkeypatch.setattr(procs, "HAVE_PROC", source == "proc")  # "ps": the path for machines without /proc
+def test_descendants_and_alive():
     proc = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; subprocess.run(['sleep', '30'])"])
     try:
         deadline = time.monotonic() + 10
@@ -145,6 +162,30 @@ def test_descendants_and_alive(source, monkeypatch):
         proc.wait()
     assert not alive(proc.pid)  # reaped
     os.kill(child, signal.SIGKILL)
+
+
+def test_a_zombie_is_neither_alive_nor_in_the_table_and_a_listener_is_seen():
+    """An exited child nobody reaped yet is a zombie: not alive, not a descendant, no command line (as /proc/<pid>/stat
+    state Z said before psutil); a listening socket is seen on its port and not after it closes."""
+    import socket
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 10
+    while alive(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        assert os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT | os.WNOHANG) is not None  # exited, unreaped
+        assert not alive(proc.pid) and proc.pid not in procs.proc_table()
+        assert proc.pid not in descendants(os.getpid()) and procs.cmdline(proc.pid) == ""
+    finally:
+        proc.wait()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        assert not listening(port)
+        s.listen()
+        assert listening(port)
+    assert not listening(port)
 
 
 # --- the real job --------------------------------------------------------------------------------

@@ -14,8 +14,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from eks_ddp.core.torchrun import CLUSTER_TIMEOUTS, AgentOptions, TrainerOptions, job_command
+from eks_ddp.core.torchrun import CLUSTER_TIMEOUTS, AgentOptions, job_command
 from eks_ddp_runtime import exitcodes
+from eks_ddp_trainer.config import TrainerConfig
 from eks_ddp_trainer.data import TRAIN_FILES, batches_root, write_synthetic_cifar
 
 from tests.support.etcd_server import ROOT, Job, client_tls, etcd_endpoint, jobs, kill_workers_in_a_row, trainer_env  # noqa: F401
@@ -36,9 +37,9 @@ def corrupt_data_dir(tmp_path_factory) -> Path:
     return d
 
 
-def _trainer(data: Path, run: Path, **kw) -> TrainerOptions:
-    base = TrainerOptions(data_dir=str(data), run_dir=str(run), epochs=2, global_batch_size=16, bn_group=8,
-                          min_steps=0, width=8, log_every=1)
+def _trainer(data: Path, run: Path, **kw) -> TrainerConfig:
+    base = TrainerConfig(data_dir=str(data), run_dir=str(run), epochs=2, global_batch_size=16, bn_group=8,
+                         min_steps=0, width=8, log_every=1)
     return replace(base, **kw)
 
 
@@ -47,7 +48,7 @@ CASES = {
     "done": (dict(max_steps=2), 0, "[eval] acc="),
     "config": (dict(global_batch_size=7), exitcodes.CONFIG_ERROR, "--global-batch-size: got 7; expected a multiple "
                "of --bn-group (8)"),
-    "diverged": (dict(learning_rate=5000.0), exitcodes.DIVERGED, "the run diverged"),
+    "diverged": (dict(lr=5000.0), exitcodes.DIVERGED, "the run diverged"),
     "bad_input": (dict(), exitcodes.BAD_INPUT, "data set:"),
 }
 
@@ -61,7 +62,7 @@ def test_alone_the_process_exits_with_the_contract_code(case, tmp_path, data_dir
     over, code, says = CASES[case]
     opts = _trainer(_data_for(case, data_dir, corrupt_data_dir), tmp_path / "run", **over)
     env = trainer_env()
-    proc = subprocess.run([sys.executable, "-m", "eks_ddp_trainer.train", *opts.args()], cwd=ROOT, env=env,
+    proc = subprocess.run([sys.executable, "-m", "eks_ddp_trainer.train", *opts.flags()], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
     out = proc.stdout + proc.stderr
     # Diverged used to end in "terminate called without an active exception" (134): the snapshot writer thread
@@ -75,8 +76,8 @@ def test_alone_a_fatal_code_survives_a_side_thread_inside_torch(tmp_path, data_d
     # Deterministic form of the 134: a side thread sits in torch's C++ code for the whole run, as a snapshot
     # write in flight can at the moment the trainer exits (tests/support/busy_exit_probe.py runs eks_ddp_trainer.train as
     # __main__). Interpreter shutdown would stop that thread in C++ and abort; the exit path must not.
-    opts = _trainer(data_dir, tmp_path / "run", learning_rate=5000.0)
-    proc = subprocess.run([sys.executable, "-m", "tests.support.busy_exit_probe", *opts.args()], cwd=ROOT, env=trainer_env(),
+    opts = _trainer(data_dir, tmp_path / "run", lr=5000.0)
+    proc = subprocess.run([sys.executable, "-m", "tests.support.busy_exit_probe", *opts.flags()], cwd=ROOT, env=trainer_env(),
                           capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
     out = proc.stdout + proc.stderr
     assert proc.returncode == exitcodes.DIVERGED, out[-3000:]
@@ -92,7 +93,7 @@ def test_alone_the_code_is_final_before_interpreter_shutdown(case, tmp_path, dat
     # still end with the trainer's code.
     over, code, says = CASES[case]
     opts = _trainer(data_dir, tmp_path / "run", **over)
-    proc = subprocess.run([sys.executable, "-m", "tests.support.shutdown_abort_probe", "eks_ddp_trainer.train", *opts.args()], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "tests.support.shutdown_abort_probe", "eks_ddp_trainer.train", *opts.flags()], cwd=ROOT,
                           env=trainer_env(), capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
     out = proc.stdout + proc.stderr
     assert proc.returncode == code, out[-3000:]

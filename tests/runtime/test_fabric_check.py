@@ -21,12 +21,12 @@ from eks_ddp.core.torchrun import (
     LOCAL_TIMEOUTS,
     AgentOptions,
     FabricCheckOptions,
-    TrainerOptions,
     fabric_check_command,
     job_command,
 )
 from eks_ddp_runtime import fabric_check as fc
 from eks_ddp_runtime.exitcodes import FABRIC_FAILED
+from eks_ddp_trainer.config import TrainerConfig
 
 from tests.support.etcd_server import ROOT, TORCHRUN, Agent, _processes, client_tls, etcd_endpoint, trainer_env  # noqa: F401
 
@@ -148,7 +148,7 @@ def test_launched_by_the_training_command_builder():
                          rdzv_endpoint="etcd:2379", rdzv_id="$(JOB_UID)", max_restarts=0)
     check = fabric_check_command(agent, FabricCheckOptions(run_dir="/shared/runs/r1", require_efa=True,
                                                            min_busbw_gbs=12.5))
-    train = job_command(agent, TrainerOptions(data_dir="/shared/data", run_dir="/shared/runs/r1"))
+    train = job_command(agent, TrainerConfig(data_dir="/shared/data", run_dir="/shared/runs/r1"))
     # Same torchrun flags as training; only the module and its arguments differ.
     assert check[:check.index("-m", 3)] == train[:train.index("-m", 3)]
     assert check[check.index("-m", 3):] == ["-m", "eks_ddp_runtime.fabric_check", "--run-dir=/shared/runs/r1",

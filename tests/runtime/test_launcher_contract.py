@@ -4,17 +4,17 @@
   paths missing or unreadable, files that do not load) is a usage error at start: the agent exits 2 (the pod
   failure policy fails the Job) instead of retrying an outage for ``store_retry_timeout`` (600 s) per pod.
 * One store call sends one request: python-etcd's urllib3 ``PoolManager`` retried a timed-out request 3 more times
-  (urllib3's default ``Retry(total=3)``), so one "impatient" call could take 4 x ``read_timeout``.
+  (urllib3's default ``Retry(total=3)``), so one "impatient" call could take 4 x ``read_timeout``; the v3 client
+  (eks_ddp_runtime/etcd_v3.py) sends one and waits ``read_timeout`` at most.
 * torch's ``agent.run()`` returns None when the rendezvous closes while the agent waits in its redundancy list
   (``RendezvousGracefulExitError``, agent/server/api.py ``run``): the run finished without it, exit 0.
 """
 
 from __future__ import annotations
 
-import base64
 import os
-import pickle
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -128,32 +128,38 @@ class _SilentServer:
 
 
 def test_one_store_call_sends_one_request():
-    """A read that times out is not re-sent by urllib3 underneath the Retrier (which decides about retries)."""
-    import etcd as python_etcd
+    """A read that times out is not re-sent underneath the Retrier (which decides about retries), and takes
+    ``read_timeout``, not a multiple of it."""
+    from eks_ddp_runtime.etcd_v3 import EtcdConnectionError
     from eks_ddp_runtime.rdzv_store import make_client
 
     server = _SilentServer()
     try:
         client = make_client(_params(server.endpoint, protocol="http", read_timeout="1"))
-        with pytest.raises(python_etcd.EtcdException):
-            client.read("/eks-ddp/x")
+        t0 = time.monotonic()
+        with pytest.raises(EtcdConnectionError):
+            client.get(b"/eks-ddp/x")
+        took = time.monotonic() - t0
         time.sleep(0.3)  # a connection being accepted right now is counted
         assert len(server.accepted) == 1, f"{len(server.accepted)} requests for one call"
+        assert took < 4, f"one call took {took:.1f} s with read_timeout=1"
     finally:
         server.close()
 
 
 def _state(etcd: str, tls: RdzvTls, run_id: str):
-    import etcd as python_etcd
+    from eks_ddp_runtime import rdzv_state
+    from eks_ddp_runtime.etcd_v3 import EtcdV3Client
 
     host, port = etcd.split(":")
-    client = python_etcd.Client(host, int(port), protocol="https", ca_cert=tls.ca_cert, cert=(tls.cert, tls.key),
-                                allow_reconnect=False)
+    context = ssl.create_default_context(cafile=tls.ca_cert)
+    context.load_cert_chain(tls.cert, tls.key)
+    client = EtcdV3Client(host, int(port), read_timeout=5, context=context)
     try:
-        value = client.get(f"{rendezvous.KEY_PREFIX}/{run_id}").value
-    except python_etcd.EtcdKeyNotFound:
-        return None
-    return pickle.loads(base64.b64decode(value))  # the test's own store: trusted
+        kv = client.get(f"{rendezvous.KEY_PREFIX}/{run_id}".encode())
+    finally:
+        client.close()
+    return None if kv is None else rdzv_state.from_json(kv.value)
 
 
 @pytest.mark.slow

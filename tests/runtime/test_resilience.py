@@ -16,9 +16,10 @@ import time
 from pathlib import Path
 
 import pytest
-from eks_ddp.core.torchrun import AGENT_ENV, CLUSTER_TIMEOUTS, DEFAULT_MAX_RESTARTS, PEER_DEADLINE_S, TrainerOptions
+from eks_ddp.core.torchrun import AGENT_ENV, CLUSTER_TIMEOUTS, DEFAULT_MAX_RESTARTS, PEER_DEADLINE_S
 from eks_ddp_runtime import exitcodes, watchdog
 from eks_ddp_trainer import checkpoint as ckpt
+from eks_ddp_trainer.config import TrainerConfig
 from eks_ddp_trainer.data import write_synthetic_cifar
 
 from tests.support.etcd_server import Job, RestartableEtcd, etcd_endpoint, jobs, restartable_etcd  # noqa: F401
@@ -34,12 +35,12 @@ def data_dir(tmp_path_factory) -> Path:
     return d
 
 
-def _trainer(data_dir: Path, run_dir: Path, epochs: int = 4, **kw) -> TrainerOptions:
-    return TrainerOptions(data_dir=str(data_dir), run_dir=str(run_dir), epochs=epochs, global_batch_size=16,
-                          bn_group=8, min_steps=0, width=8, checkpoint_every=5, log_every=1, keep_checkpoints=3, **kw)
+def _trainer(data_dir: Path, run_dir: Path, epochs: int = 4, **kw) -> TrainerConfig:
+    return TrainerConfig(data_dir=str(data_dir), run_dir=str(run_dir), epochs=epochs, global_batch_size=16,
+                         bn_group=8, min_steps=0, width=8, checkpoint_every=5, log_every=1, keep_checkpoints=3, **kw)
 
 
-def _job(tmp: Path, endpoint: str, trainer: TrainerOptions, env_extra: dict[str, str] | None = None, **kw) -> Job:
+def _job(tmp: Path, endpoint: str, trainer: TrainerConfig, env_extra: dict[str, str] | None = None, **kw) -> Job:
     kw.setdefault("timeouts", CLUSTER_TIMEOUTS)
     kw.setdefault("max_restarts", DEFAULT_MAX_RESTARTS)
     return Job(tmp, endpoint, trainer, env={**AGENT_ENV, **(env_extra or {})}, **kw)
@@ -57,7 +58,7 @@ def test_cluster_env_and_watchdog_agree():
 
 def test_fatal_trainer_code_fails_the_agent_at_once_with_that_code(tmp_path, etcd_endpoint, jobs, data_dir):  # noqa: F811
     # A config error is not worth 20 restarts: the pod exits 3 at once, for the Job's FailJob rule.
-    job = _job(tmp_path, etcd_endpoint, _trainer(data_dir, tmp_path / "run", learning_rate=-1.0), nodes=1,
+    job = _job(tmp_path, etcd_endpoint, _trainer(data_dir, tmp_path / "run", lr=-1.0), nodes=1,
                min_nodes=1, max_nodes=1)
     jobs.append(job)
     t0 = time.monotonic()

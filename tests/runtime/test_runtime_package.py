@@ -1,7 +1,9 @@
 """The elastic runtime as a user puts it into their own image: ``pip install ./training/runtime``.
 
-It installs the import name ``eks_ddp_runtime`` with python-etcd and nothing of the bundled trainer: the launcher
-runs with the trainer's folder nowhere on the path and torchvision/matplotlib unimportable.
+It installs the import name ``eks_ddp_runtime`` with psutil (its process helpers) and nothing else: torch is the
+image's own, the rendezvous store's client is the standard library's HTTP over etcd's v3 API, nothing of the bundled
+trainer. The launcher runs with the trainer's folder nowhere on the path and torchvision/matplotlib/python-etcd
+unimportable.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import pytest
 from tests.support.util import ROOT
 
 RUNTIME = ROOT / "training" / "runtime"
-NOT_IN_THE_RUNTIME = ("torchvision", "matplotlib", "training", "eks_ddp_trainer", "eks_ddp", "components")
+NOT_IN_THE_RUNTIME = ("torchvision", "matplotlib", "training", "eks_ddp_trainer", "eks_ddp", "components", "etcd")
 
 
 def _name(requirement: str) -> str:
@@ -49,13 +51,14 @@ def _blocked_run(site: Path, cwd: Path, body: str) -> subprocess.CompletedProces
                           capture_output=True, text=True, timeout=120)
 
 
-def test_metadata_requires_python_etcd_as_pinned_and_nothing_of_the_trainer(runtime_site):
+def test_metadata_requires_psutil_as_pinned_and_nothing_else(runtime_site):
     (dist_info,) = runtime_site.glob("eks_ddp_runtime-*.dist-info")
     requires = [line.split(":", 1)[1].strip() for line in (dist_info / "METADATA").read_text().splitlines()
                 if line.startswith("Requires-Dist:")]
     main = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["trainer"]
-    etcd_pin = next(r for r in main if _name(r) == "python-etcd")
-    assert requires == [etcd_pin], requires
+    pins = [next(r for r in main if _name(r) == name) for name in ("psutil",)]
+    assert requires == pins, requires
+    assert "python-etcd" not in {_name(r) for r in main}
     # Only the runtime's own package was installed.
     assert sorted(p.name for p in runtime_site.iterdir()) == ["eks_ddp_runtime", dist_info.name]
     shipped = {p.name for p in (runtime_site / "eks_ddp_runtime").glob("*.py")}
@@ -70,7 +73,6 @@ def test_launcher_runs_without_the_trainer_torchvision_or_matplotlib(runtime_sit
         assert eks_ddp_runtime.__file__.startswith({str(runtime_site)!r}), eks_ddp_runtime.__file__  # the install
         for m in pkgutil.iter_modules(eks_ddp_runtime.__path__):
             importlib.import_module("eks_ddp_runtime." + m.name)
-        import etcd  # python-etcd, the store client
         sys.argv = ["eks_ddp_runtime.launch", "--help"]
         runpy.run_module("eks_ddp_runtime.launch", run_name="__main__", alter_sys=True)
     """)
@@ -80,7 +82,7 @@ def test_launcher_runs_without_the_trainer_torchvision_or_matplotlib(runtime_sit
 
 def test_the_block_catches_an_import_of_the_trainer(runtime_site, tmp_path):
     """Negative control: the harness above fails when something imports what the runtime must not need."""
-    for name in ("torchvision", "matplotlib", "eks_ddp_trainer", "training"):
+    for name in ("torchvision", "matplotlib", "eks_ddp_trainer", "training", "etcd"):
         out = _blocked_run(runtime_site, tmp_path, f"import {name}\n")
         assert out.returncode != 0 and "None in sys.modules" in out.stderr, (name, out.stderr[-500:])
 

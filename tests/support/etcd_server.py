@@ -26,11 +26,11 @@ from eks_ddp.core.torchrun import (
     AgentOptions,
     RdzvTimeouts,
     RdzvTls,
-    TrainerOptions,
     job_command,
 )
 from eks_ddp_local.etcd import TlsFiles, start_etcd
 from eks_ddp_runtime.procs import worker_pids
+from eks_ddp_trainer.config import TrainerConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
@@ -44,7 +44,7 @@ def client_tls(endpoint: str) -> RdzvTls:
 
 @pytest.fixture
 def etcd_endpoint(tmp_path: Path) -> Iterator[str]:
-    """A real etcd (v2 API on, TLS with client certificates required) on 127.0.0.1 for one test; stopped and
+    """A real etcd (v3 API only, TLS with client certificates required) on 127.0.0.1 for one test; stopped and
     reaped afterwards. The string is ``host:port``; ``.tls`` holds the client's files."""
     with start_etcd(tmp_path / "etcd") as endpoint:
         yield endpoint
@@ -157,7 +157,7 @@ class Agent:
 class Job:
     """N agents of one elastic job against a real etcd; ``close()`` kills everything it started."""
 
-    def __init__(self, tmp: Path, endpoint: str, trainer: TrainerOptions, *, nodes: int = 2, min_nodes: int = 1,
+    def __init__(self, tmp: Path, endpoint: str, trainer: TrainerConfig, *, nodes: int = 2, min_nodes: int = 1,
                  max_nodes: int = 2, max_restarts: int = 3, env: dict[str, str] | None = None,
                  rdzv_id: str | None = None, timeouts: RdzvTimeouts = LOCAL_TIMEOUTS) -> None:
         self.tmp, self.trainer = tmp, trainer
@@ -273,8 +273,8 @@ class RestartableEtcd:
     """One etcd member on a fixed port and data dir that a test can SIGKILL, SIGSTOP, wipe and start again
     (an etcd pod restart, a hung store, a pod recreated empty). TLS with client certificates required, as on
     the cluster. ``prefix`` runs it under e.g. ``ip netns exec NS``; ``host`` is the address it listens on.
-    ``plain=True`` serves unauthenticated HTTP, only for bench/recovery.py's ``--baseline`` (an older checkout
-    whose agents cannot speak TLS)."""
+    ``plain=True`` serves unauthenticated HTTP and etcd's v2 API, only for bench/recovery.py's ``--baseline`` (an
+    older checkout whose agents speak neither TLS nor v3)."""
 
     def __init__(self, data_dir: Path, *, host: str = "127.0.0.1", prefix: list[str] | None = None,
                  plain: bool = False) -> None:
@@ -291,12 +291,14 @@ class RestartableEtcd:
     def start(self, timeout_s: float = 30.0) -> None:
         from eks_ddp_local.etcd import healthy
 
-        cmd = [*self.prefix, self.binary, "--name=local", f"--data-dir={self.data_dir / 'member'}", "--enable-v2=true",
+        cmd = [*self.prefix, self.binary, "--name=local", f"--data-dir={self.data_dir / 'member'}",
                f"--listen-client-urls={self._scheme}://{self.endpoint}",
                f"--advertise-client-urls={self._scheme}://{self.endpoint}",
                f"--listen-peer-urls=http://{self.host}:{self.peer}",
                f"--initial-advertise-peer-urls=http://{self.host}:{self.peer}",
-               f"--initial-cluster=local=http://{self.host}:{self.peer}", *([] if self.plain else self.tls.server_flags())]
+               f"--initial-cluster=local=http://{self.host}:{self.peer}",
+               # plain: an older checkout's agents (bench/recovery.py --baseline), which spoke etcd's v2 API
+               *(["--enable-v2=true"] if self.plain else self.tls.server_flags())]
         with open(self.data_dir / "etcd.log", "ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          start_new_session=True)

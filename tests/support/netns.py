@@ -17,7 +17,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from eks_ddp.core.torchrun import CLUSTER_TIMEOUTS, AgentOptions, RdzvTimeouts, TrainerOptions, job_command
+from eks_ddp.core.torchrun import CLUSTER_TIMEOUTS, AgentOptions, RdzvTimeouts, job_command
+from eks_ddp_trainer.config import TrainerConfig
 
 from tests.support.etcd_server import ROOT, Agent, Job, RestartableEtcd, client_tls, trainer_env
 
@@ -75,7 +76,7 @@ CommandFor = Callable[[str, str, str], list[str]]
 """(etcd endpoint, rendezvous id, the node's address) -> one agent's command."""
 
 
-def cluster_command(trainer: TrainerOptions, timeouts: RdzvTimeouts = CLUSTER_TIMEOUTS) -> CommandFor:
+def cluster_command(trainer: TrainerConfig, timeouts: RdzvTimeouts = CLUSTER_TIMEOUTS) -> CommandFor:
     """The cluster's agent command (components/core/torchrun.py) for one node of a two-node job."""
     def build(endpoint: str, rdzv_id: str, addr: str) -> list[str]:
         opts = AgentOptions(min_nodes=1, max_nodes=2, nproc_per_node=1, rdzv_backend="etcd-v2",

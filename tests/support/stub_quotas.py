@@ -17,9 +17,12 @@ from typing import Any
 from botocore.awsrequest import AWSResponse
 from botocore.exceptions import ClientError
 from eks_ddp.tooling.preflight import QUOTAS
+from eks_ddp.tooling.preflight.network_quotas import EIP_QUOTA, VPC_QUOTA
 
 # Generous default so only the quota a test lowers can fail.
 DEFAULT_VCPUS = 10_000.0
+#: The service each quota code belongs to: asking for a code under another service is a test failure.
+SERVICE_OF = {code: "ec2" for code, _ in QUOTAS.values()} | {VPC_QUOTA[1]: VPC_QUOTA[0], EIP_QUOTA[1]: EIP_QUOTA[0]}
 
 
 def client_error(code: str, operation: str, message: str = "") -> ClientError:
@@ -31,7 +34,7 @@ class StubQuotas:
 
     def __init__(self, values: dict[str, float] | None = None, *, error: ClientError | None = None,
                  default_only: bool = False):
-        self.values = {code: DEFAULT_VCPUS for code, _ in QUOTAS.values()} | (values or {})
+        self.values = {code: DEFAULT_VCPUS for code in SERVICE_OF} | (values or {})
         self.error = error
         self.default_only = default_only
         self.asked: list[str] = []
@@ -39,10 +42,11 @@ class StubQuotas:
     def _answer(self, code: str) -> dict[str, Any]:
         if code not in self.values:
             raise client_error("NoSuchResourceException", "GetServiceQuota", f"quota {code} not found")
-        return {"Quota": {"ServiceCode": "ec2", "QuotaCode": code, "Value": self.values[code], "Unit": "None"}}
+        return {"Quota": {"ServiceCode": SERVICE_OF.get(code, "ec2"), "QuotaCode": code, "Value": self.values[code],
+                          "Unit": "None"}}
 
     def get_service_quota(self, *, ServiceCode: str, QuotaCode: str) -> dict[str, Any]:  # noqa: N803 (boto3 names)
-        assert ServiceCode == "ec2"
+        assert ServiceCode == SERVICE_OF.get(QuotaCode, "ec2"), (ServiceCode, QuotaCode)
         self.asked.append(QuotaCode)
         if self.error is not None:
             raise self.error
@@ -51,7 +55,7 @@ class StubQuotas:
         return self._answer(QuotaCode)
 
     def get_aws_default_service_quota(self, *, ServiceCode: str, QuotaCode: str) -> dict[str, Any]:  # noqa: N803
-        assert ServiceCode == "ec2"
+        assert ServiceCode == SERVICE_OF.get(QuotaCode, "ec2"), (ServiceCode, QuotaCode)
         return self._answer(QuotaCode)
 
 

@@ -184,7 +184,8 @@ def test_regions_other_than_us_east_1_say_prices_are_us_east_1():
 
 def test_reservation_billing_is_called_out():
     est = cost.estimate(config(stack_config("p4de")))
-    assert any("capacity reservation cr-0123456789abcdef0" in n for n in est.not_included)
+    # Review B13: the reservation was listed under "not included" while idle read $0.38/hour.
+    assert not any("cr-0123456789abcdef0" in n for n in est.not_included)
     assert any("bills its instances whether a run uses them or not" in a for a in est.assumptions)
     assert not any("whether a run" in a for a in cost.estimate(dev()).assumptions)
 
@@ -209,3 +210,18 @@ def test_stack_exports_the_estimate(dev_result):
     assert exported["idle_per_hour"] == pytest.approx(expected["idle_per_hour"])
     # What the offline plan prints renders from the exported (mock-round-tripped) value.
     assert cost.render(exported).splitlines()[1] == cost.render(expected).splitlines()[1]
+
+
+def test_container_logs_in_cloudwatch_are_priced_and_follow_the_key():
+    """observability.cloudwatch ships every pod's output: its ingestion is a line of the estimate, idle too (the system
+    pods log while no run does); turning the key off removes exactly that line."""
+    on, off = cost.estimate(dev()), cost.estimate(dev(**{"observability.cloudwatch": False}))
+    [line] = [i for i in on.items if "container logs" in i.name]
+    per_hour = cost.CONTAINER_LOGS_ASSUMED_GB_PER_DAY * cost.price("logs_ingest_gb") / 24
+    assert line.idle_per_hour == line.training_per_hour == pytest.approx(per_hour)
+    assert "kept 30 days" in line.note
+    assert on.idle_per_hour - off.idle_per_hour == pytest.approx(per_hour)
+    assert not [i for i in off.items if "container logs" in i.name]
+    assert any("Container Insights" in n for n in on.not_included)
+    assert not any("Container Insights" in n for n in off.not_included)
+    assert on.idle_per_hour <= 0.25  # still the dev stack's idle budget

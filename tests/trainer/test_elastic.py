@@ -1,4 +1,4 @@
-"""The elastic job for real: a real etcd (v2 API) and real torchrun agents, gloo on CPU.
+"""The elastic job for real: a real etcd (v3 API) and real torchrun agents, gloo on CPU.
 
 Each agent is a separate process group standing in for a node (``--nnodes=1:2``,
 ``--nproc-per-node=1``, same ``--rdzv-id``), launched with the command line that
@@ -15,9 +15,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from eks_ddp.core.torchrun import TrainerOptions
 from eks_ddp_trainer import checkpoint as ckpt
 from eks_ddp_trainer import snapshot
+from eks_ddp_trainer.config import TrainerConfig
 from eks_ddp_trainer.data import write_synthetic_cifar
 
 from tests.support.etcd_server import Job, etcd_endpoint, jobs  # noqa: F401  (pytest fixtures)
@@ -32,9 +32,9 @@ def data_dir(tmp_path_factory) -> Path:
     return d
 
 
-def _trainer(data_dir: Path, run_dir: Path, epochs: int = 6) -> TrainerOptions:
-    return TrainerOptions(data_dir=str(data_dir), run_dir=str(run_dir), epochs=epochs, global_batch_size=16,
-                          bn_group=8, min_steps=0, width=8, checkpoint_every=5, log_every=2, keep_checkpoints=3)
+def _trainer(data_dir: Path, run_dir: Path, epochs: int = 6) -> TrainerConfig:
+    return TrainerConfig(data_dir=str(data_dir), run_dir=str(run_dir), epochs=epochs, global_batch_size=16,
+                         bn_group=8, min_steps=0, width=8, checkpoint_every=5, log_every=2, keep_checkpoints=3)
 
 
 def _starts_after(job: Job, t: float) -> list[dict]:

@@ -185,8 +185,9 @@ def test_fp16_scaler_start_leaves_the_first_step_finite_at_the_default_global_ba
     """The largest gradient at initialisation of the default model, with the trainer's summed loss over the
     default global batch (as 256 images x world 4, each rank's loss times the world as the trainer does), times
     the scaler's first scale. (The loss itself stays in fp32: only the gradients flow through fp16.)"""
+    from eks_ddp_trainer.config import DEFAULT_MODEL
     from eks_ddp_trainer.data import DEFAULT_GLOBAL_BATCH, StepNoise, augment, load_cifar
-    from eks_ddp_trainer.model import DEFAULT_MODEL, build_model
+    from eks_ddp_trainer.model import build_model
     from eks_ddp_trainer.recipe import FP16_INIT_SCALE
     from torch import nn
 

@@ -8,10 +8,10 @@ import subprocess
 
 import pytest
 import torch
-from eks_ddp.core.torchrun import TrainerOptions
 from eks_ddp_runtime import exitcodes
 from eks_ddp_trainer import checkpoint as ckpt
 from eks_ddp_trainer import evaluate, train
+from eks_ddp_trainer.config import TrainerConfig
 from eks_ddp_trainer.data import write_synthetic_cifar
 
 from tests.support.etcd_server import ROOT, TORCHRUN, trainer_env
@@ -31,14 +31,14 @@ def _history(run_dir):
 
 
 def test_contract_flags_from_torchrun_builder_parse():
-    opts = TrainerOptions(data_dir="d", run_dir="r", epochs=2, global_batch_size=8, learning_rate=0.1, compile=True,
-                          checkpoint_every=4, keep_checkpoints=2, log_every=3, max_steps=7, width=8, seed=1,
-                          bn_group=4, min_steps=0)
-    a = train.parse_args(opts.args())
+    opts = TrainerConfig(data_dir="d", run_dir="r", epochs=2, global_batch_size=8, lr=0.1, compile=True,
+                         checkpoint_every=4, keep_checkpoints=2, log_every=3, max_steps=7, width=8, seed=1,
+                         bn_group=4, min_steps=0)
+    a = train.parse_args(opts.flags())
     assert (a.data_dir, a.run_dir, a.epochs, a.global_batch_size, a.lr, a.compile, a.checkpoint_every,
             a.keep_checkpoints, a.log_every, a.max_steps, a.width, a.seed, a.model, a.bn_group, a.min_steps) == (
         "d", "r", 2, 8, 0.1, True, 4, 2, 3, 7, 8, 1, "airnet", 4, 0)
-    assert train.parse_args(TrainerOptions(data_dir="d", run_dir="r").args()).global_batch_size == 1024
+    assert train.parse_args(TrainerConfig(data_dir="d", run_dir="r").flags()).global_batch_size == 1024
 
 
 def test_single_process_trains_evaluates_and_resumes_finished(data_dir, tmp_path, capsys, in_process_trainer):

@@ -1,7 +1,7 @@
 """A run spec changed under one run id (review 2026-11-24, K6): `pulumi up` replaces the Job and the new
 trainer starts on the same run directory. More (or fewer) epochs resume the run; another model or global
 batch is refused with a message that says to pick a new ``job.runId``, as docs/rendezvous.md states. Each trainer is
-a real process started with the flags the Job renders (components/core/torchrun.py TrainerOptions)."""
+a real process started with the flags the Job renders (training/trainer/config.py TrainerConfig)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import sys
 from dataclasses import replace
 
 import pytest
-from eks_ddp.core.torchrun import TrainerOptions
 from eks_ddp_runtime import exitcodes
 from eks_ddp_trainer import train
+from eks_ddp_trainer.config import TrainerConfig
 from eks_ddp_trainer.data import write_synthetic_cifar
 
 from tests.support.etcd_server import ROOT, trainer_env
@@ -28,14 +28,14 @@ def data_dir(tmp_path_factory):
     return d
 
 
-def _job(data_dir, run, **changes) -> TrainerOptions:
-    base = TrainerOptions(data_dir=str(data_dir), run_dir=str(run), epochs=1, global_batch_size=BATCH, bn_group=4,
-                          min_steps=0, width=4, log_every=50)
+def _job(data_dir, run, **changes) -> TrainerConfig:
+    base = TrainerConfig(data_dir=str(data_dir), run_dir=str(run), epochs=1, global_batch_size=BATCH, bn_group=4,
+                         min_steps=0, width=4, log_every=50)
     return replace(base, **changes)
 
 
-def _trainer(opts: TrainerOptions) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "eks_ddp_trainer.train", *opts.args()], cwd=ROOT, env=trainer_env(),
+def _trainer(opts: TrainerConfig) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "eks_ddp_trainer.train", *opts.flags()], cwd=ROOT, env=trainer_env(),
                           capture_output=True, text=True, timeout=180)
 
 

@@ -74,7 +74,7 @@ def test_one_member_serves_only_tls_with_client_certificates():
     for key in ("listen-peer-urls", "initial-advertise-peer-urls"):
         assert f[key] == f"http://127.0.0.1:{PEER_PORT}"
     assert f["listen-metrics-urls"] == f"http://0.0.0.0:{METRICS_PORT}"
-    assert f["enable-v2"] == "true" and f["initial-cluster-state"] == "new"
+    assert "enable-v2" not in f and f["initial-cluster-state"] == "new"  # the agents speak v3 only (E13)
     assert f["advertise-client-urls"] == f"https://rendezvous-etcd.training.svc.cluster.local:{CLIENT_PORT}"
     pod = member(result)["spec"]["template"]["spec"]
     [tls] = [v for v in pod["volumes"] if "secret" in v]
@@ -90,10 +90,10 @@ def test_the_stack_makes_a_ca_a_server_and_a_client_certificate():
     assert "rendezvous-etcd.training.svc.cluster.local" in server["dnsNames"]
     assert "rendezvous-etcd.training.svc" in server["dnsNames"]
     certs = {r.name: r.inputs for r in result.of_type("tls:index/locallySignedCert:LocallySignedCert")}
-    assert "server_auth" in certs["rendezvous-etcd-tls-server-cert"]["allowedUses"]
-    # T7: etcd's v3 JSON gateway dials etcd's own gRPC port with the server certificate, so it is a client too (its
-    # key is mounted in etcd's pod only).
-    assert "client_auth" in certs["rendezvous-etcd-tls-server-cert"]["allowedUses"]
+    # The server certificate is also the v3 gateway's client certificate (its key is mounted in etcd's pod only; the
+    # real-etcd check with its negative control: tests/runtime/test_rendezvous_store.py
+    # ::test_the_v3_gateway_needs_a_server_certificate_that_may_be_a_client).
+    assert {"server_auth", "client_auth"} <= set(certs["rendezvous-etcd-tls-server-cert"]["allowedUses"])
     assert "client_auth" in certs["rendezvous-etcd-tls-client-cert"]["allowedUses"]
     assert "server_auth" not in certs["rendezvous-etcd-tls-client-cert"]["allowedUses"]
     ca = result.one("tls:index/selfSignedCert:SelfSignedCert").inputs
@@ -184,16 +184,17 @@ def _run_member(args: list[str], data_dir: Path, log: Path, tls_dir: Path,
     return proc, f"127.0.0.1:{client}"
 
 
-def _v2(endpoint: str, key: str, value: str | None = None, context=None) -> str | None:
-    data = None if value is None else urllib.parse.urlencode({"value": value}).encode()
-    req = urllib.request.Request(f"https://{endpoint}/v2/keys/{key}", data=data, method="GET" if data is None else "PUT")
-    try:
-        with urllib.request.urlopen(req, timeout=5, context=context) as r:
-            return json.loads(r.read())["node"]["value"]
-    except urllib.error.HTTPError as err:
-        if err.code == 404:
-            return None
-        raise
+def _kv(endpoint: str, key: str, value: str | None = None, context=None) -> str | None:
+    """Put ``value`` at ``key`` (or read it, None when absent) through etcd's v3 JSON API, as the agents do."""
+    import base64
+
+    b64 = lambda text: base64.b64encode(text.encode()).decode()  # noqa: E731
+    body = {"key": b64(key), **({} if value is None else {"value": b64(value)})}
+    req = urllib.request.Request(f"https://{endpoint}/v3/kv/{'range' if value is None else 'put'}",
+                                 data=json.dumps(body).encode(), method="POST")
+    with urllib.request.urlopen(req, timeout=5, context=context) as r:
+        kvs = json.loads(r.read()).get("kvs") or []
+    return base64.b64decode(kvs[0]["value"]).decode() if value is None and kvs else value if value is not None else None
 
 
 def _cluster_id(endpoint: str, context) -> str:
@@ -220,11 +221,11 @@ def test_the_member_requires_client_certificates_and_survives_its_restart_and_re
         procs.append(proc)
         assert proc.poll() is None, log.read_text()
         with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError)):
-            _v2(endpoint, "torch/elastic/rendezvous/job/state", "evil",
+            _kv(endpoint, "torch/elastic/rendezvous/job/state", "evil",
                 ssl.create_default_context(cafile=str(tls.ca_cert)))
         with pytest.raises((urllib.error.URLError, ConnectionError, OSError)):
-            urllib.request.urlopen(f"http://{endpoint}/v2/keys/", timeout=5).close()
-        _v2(endpoint, "torch/elastic/rendezvous/job/state", "round-7", ok)
+            urllib.request.urlopen(f"http://{endpoint}/v3/kv/range", data=b"{}", timeout=5).close()
+        _kv(endpoint, "torch/elastic/rendezvous/job/state", "round-7", ok)
         first_id = _cluster_id(endpoint, ok)
         proc.kill()
         proc.wait(timeout=10)
@@ -232,7 +233,7 @@ def test_the_member_requires_client_certificates_and_survives_its_restart_and_re
         proc, endpoint = _run_member(args, data, log, tls.ca_cert.parent)  # container restart: emptyDir kept
         procs.append(proc)
         assert proc.poll() is None, log.read_text()[-2000:]
-        assert _v2(endpoint, "torch/elastic/rendezvous/job/state", context=ok) == "round-7"
+        assert _kv(endpoint, "torch/elastic/rendezvous/job/state", context=ok) == "round-7"
         assert _cluster_id(endpoint, ok) == first_id
         proc.kill()
         proc.wait(timeout=10)
@@ -241,10 +242,10 @@ def test_the_member_requires_client_certificates_and_survives_its_restart_and_re
         proc, endpoint = _run_member(args, data, log, tls.ca_cert.parent, "8c1f4e2a-0000-4000-8000-000000000002")
         procs.append(proc)
         assert proc.poll() is None, log.read_text()[-2000:]
-        assert _v2(endpoint, "torch/elastic/rendezvous/job/state", context=ok) is None
+        assert _kv(endpoint, "torch/elastic/rendezvous/job/state", context=ok) is None
         assert _cluster_id(endpoint, ok) != first_id  # a client can tell the new, empty store from the old one
-        _v2(endpoint, "torch/elastic/rendezvous/job/state", "round-0", ok)
-        assert _v2(endpoint, "torch/elastic/rendezvous/job/state", context=ok) == "round-0"
+        _kv(endpoint, "torch/elastic/rendezvous/job/state", "round-0", ok)
+        assert _kv(endpoint, "torch/elastic/rendezvous/job/state", context=ok) == "round-0"
     finally:
         for p in procs:
             if p.poll() is None:

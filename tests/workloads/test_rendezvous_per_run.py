@@ -128,7 +128,7 @@ def test_a_runs_store_refuses_another_runs_client_certificate(tmp_path):
     from eks_ddp.workloads.etcd import etcd_args
     from eks_ddp_local.etcd import make_tls
 
-    from tests.workloads.test_etcd import _run_member, _v2
+    from tests.workloads.test_etcd import _kv, _run_member
 
     a, b = make_tls(tmp_path / "a"), make_tls(tmp_path / "b")
     proc: subprocess.Popen | None = None
@@ -136,12 +136,12 @@ def test_a_runs_store_refuses_another_runs_client_certificate(tmp_path):
         proc, endpoint = _run_member(etcd_args("rendezvous-etcd", "training"), tmp_path / "data",
                                      tmp_path / "etcd.log", a.ca_cert.parent)
         assert proc.poll() is None, (tmp_path / "etcd.log").read_text()
-        _v2(endpoint, "torch/elastic/rendezvous/a/state", "round-1", a.client_context())
+        _kv(endpoint, "torch/elastic/rendezvous/a/state", "round-1", a.client_context())
         foreign = b.client_context()
         foreign.load_verify_locations(cafile=str(a.ca_cert))  # B trusts A's server; A must still refuse B
         with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError)):
-            _v2(endpoint, "torch/elastic/rendezvous/a/state", "evil", foreign)
-        assert _v2(endpoint, "torch/elastic/rendezvous/a/state", context=a.client_context()) == "round-1"
+            _kv(endpoint, "torch/elastic/rendezvous/a/state", "evil", foreign)
+        assert _kv(endpoint, "torch/elastic/rendezvous/a/state", context=a.client_context()) == "round-1"
     finally:
         if proc is not None:
             proc.kill()

@@ -21,7 +21,9 @@ class _Parser(argparse.ArgumentParser):
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     import sys
 
-    from eks_ddp_trainer.model import MODELS  # the trainer's own list: a bad --model fails here, before anything starts
+    from eks_ddp_trainer.config import (
+        MODELS,  # the trainer's own list: a bad --model fails here, before anything starts
+    )
 
     argv = list(sys.argv[1:] if argv is None else argv)
     user_args: list[str] = []
@@ -40,7 +42,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     arg("--agents", type=int, default=2, help="torchrun agents, the cluster's nodes (2)")
     arg("--min-agents", type=int, help="agents the rendezvous needs (default: --agents)")
     arg("--nproc-per-node", type=int, default=1, help="trainer workers per agent (1)")
-    arg("--rdzv", choices=("etcd", "c10d"), default="etcd", help="rendezvous: etcd (v2 API, as on the cluster) or c10d")
+    arg("--rdzv", choices=("etcd", "c10d"), default="etcd", help="rendezvous: etcd (v3 API, as on the cluster) or c10d")
     arg("--data", type=Path, help="folder holding cifar-10-batches-py (default ./data; generated data when absent)")
     arg("--synthetic", action="store_true", help="use generated data even when CIFAR-10 is there")
     arg("--synthetic-train", type=int, default=4096, help="generated training images (4096)")

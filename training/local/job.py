@@ -22,12 +22,11 @@ from eks_ddp.core.torchrun import (
     LOCAL_TIMEOUTS,
     AgentOptions,
     RdzvTls,
-    TrainerOptions,
     job_command,
     module_command,
     script_command,
 )
-from eks_ddp_local.progress import Progress, exception_line, root_cause
+from eks_ddp_local.progress import History, Progress, Record, exception_line, root_cause
 from eks_ddp_runtime.procs import (
     alive,
     descendants,
@@ -39,6 +38,9 @@ from eks_ddp_runtime.procs import (
     stop_agents,
     worker_pids,
 )
+from eks_ddp_runtime.runlogs import FIFO_DIR_ENV, LOG_DIR_ENV, LOG_NAME_ENV
+from eks_ddp_trainer.config import TrainerConfig
+from eks_ddp_trainer.runlog import HISTORY_FILE
 
 
 def _client_tls(endpoint: str) -> RdzvTls | None:
@@ -78,12 +80,17 @@ class LocalJob:
         """The step the first workers started from (a checkpoint's when resumed)."""
         self.first_error: str | None = None
         self._errors_shown: set[tuple[int, int, str]] = set()
-        self._generation = [0] * opts.agents
+        self._generation = 0
+        """Worker starts seen (the trainer's start records): an error shows once per agent and worker start."""
+        self.history = History(self.run_dir / HISTORY_FILE)
+        """The trainer's records (rank 0 appends them to history.jsonl), read as they arrive."""
         self.agents: list[subprocess.Popen[str]] = []
         self.lines: queue.Queue[tuple[int, str | None]] = queue.Queue()
         self.started: dict[str, list[int]] = {"etcd": [], "agents": [], "workers": []}
         """pids of every process this run started, by role: written to pids.json as they appear."""
         self.endpoint: str | None = None
+        self.scratch: Path | None = None
+        """The run's temporary folder (the runner's; its reaper removes it): the agents' FIFOs go there."""
         self.stop_signal: int | None = None
         self.signals_seen = 0
         self.killed_at: float | None = None
@@ -131,7 +138,7 @@ class LocalJob:
             return module_command(agent, self.o.module, list(self.o.user_args), python=sys.executable)
         if self.o.script:
             return script_command(agent, self.o.script, list(self.o.user_args), python=sys.executable)
-        trainer = TrainerOptions(
+        trainer = TrainerConfig(
             data_dir=str(data_dir), run_dir=str(self.run_dir), epochs=self.o.epochs,
             global_batch_size=self.o.global_batch_size, bn_group=self.o.bn_group,
             model=self.o.model, width=self.o.width, checkpoint_every=self.o.checkpoint_every,
@@ -157,6 +164,11 @@ class LocalJob:
         for i in range(self.o.agents):
             if self.stop_signal is not None:
                 return  # Ctrl-C while etcd was starting
+            # The launcher keeps its own log and its workers' output in logs/agent<i>/ (eks_ddp_runtime/runlogs.py):
+            # what `eks-ddp status|logs <run dir>` reads.
+            env = {**env, LOG_DIR_ENV: str(self.logs), LOG_NAME_ENV: f"agent{i}"}
+            if self.scratch is not None:  # removed by the runner and its reaper, whatever becomes of the agents
+                env[FIFO_DIR_ENV] = str(self.scratch)
             # Own session: Ctrl-C and a closed terminal's SIGHUP reach the runner only, which stops the agents;
             # SIGTERM from the kernel should the runner die without doing so (the reaper kills the rest).
             proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -192,7 +204,7 @@ class LocalJob:
         if summary is None:
             return False
         self.first_error = self.first_error or f"agent{i}: {summary}"
-        key = (i, self._generation[i], summary.split(":", 1)[0])
+        key = (i, self._generation, summary.split(":", 1)[0])
         if key in self._errors_shown or self.stop_signal is not None:
             return False
         self._errors_shown.add(key)
@@ -203,31 +215,37 @@ class LocalJob:
         cause = root_cause(text)
         if cause is not None and self.cause is None:
             self.cause, self.fatal = cause, True  # supervise stops the run: a retry cannot fix it
-        if not self._show(i, text):
-            return
-        record = self.progress.line(f"agent{i}", text)
-        if record is None:
-            return
-        if record.kind == "start":
-            self._generation[i] += 1
+        if self._show(i, text):
+            self.progress.line(f"agent{i}", text)
+
+    def read_history(self) -> None:
+        """Act on the trainer's new records: the status line, the step a worker is killed at, the recovery."""
+        for record in self.history.read():
+            self._on_record(record)
+
+    def _on_record(self, record: Record) -> None:
+        self.progress.record(record)
+        kind = record.get("kind")
+        if kind == "start":
+            self._generation += 1
             if self.start_step is None:
-                self.start_step = record.as_int("resumed_step")  # > 0: resumed (--resume)
+                self.start_step = record.get("resumed_step")  # > 0: resumed (--resume)
         now = time.monotonic()
         kill_at = self.o.kill_worker_at_step if self.o.kill_agent_at_step is None else self.o.kill_agent_at_step
-        if record.kind == "step" and kill_at is not None and self.killed_at is None:
-            step = record.as_int("step")
-            if step is not None and step >= kill_at:
+        if kind == "step" and kill_at is not None and self.killed_at is None:
+            step = record.get("step")
+            if isinstance(step, int) and step >= kill_at:
                 self._kill_worker(step)
         elif self.killed_at is not None and self.recovery_s is None:
-            if record.kind == "start":
+            if kind == "start":
                 self._restart_seen = True
-                self.resumed_step = record.as_int("resumed_step")
+                self.resumed_step = record.get("resumed_step")
                 if self.resumed_step:
                     self._recovered(now, f"rejoined and resumed from the checkpoint at step {self.resumed_step}")
                 else:
                     self.progress.message("workers restarted without a checkpoint: training starts over")
-            elif record.kind == "step" and self._restart_seen:
-                self._recovered(now, f"training again at step {record.as_int('step')}")
+            elif kind == "step" and self._restart_seen:
+                self._recovered(now, f"training again at step {record.get('step')}")
 
     def _recovered(self, now: float, what: str) -> None:
         assert self.killed_at is not None
@@ -283,6 +301,7 @@ class LocalJob:
                     self._handle(i, text)
             except queue.Empty:
                 pass
+            self.read_history()
             now = time.monotonic()
             after = self.o.kill_worker_after
             if after is not None and self.killed_at is None and now - self.agents_started >= after:

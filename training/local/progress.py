@@ -1,57 +1,60 @@
-"""Reading the trainer's one-line records and showing a compact progress line.
+"""The trainer's records, read as JSON, and the runner's console: prefixed agent lines and one status line.
 
-The trainer (rank 0) logs ``[train] start world=W resumed_step=S run_dir=...``,
-``[train] epoch=E step=S loss=L acc=A img_s=N world=W lr=X`` and ``[eval] acc=...``.
-The local runner prefixes every agent line with ``[agentN]`` and keeps one status
-line (step/total, loss, images/s, world size, elapsed) up to date: redrawn in place
-on a terminal, otherwise printed after a step record every few seconds (logs, CI).
+Rank 0 of the trainer appends each record to ``<run-dir>/history.jsonl`` (training/trainer/runlog.py):
+``{"event": "train", "kind": "start", "world": W, "resumed_step": S, ...}``,
+``{"event": "train", "kind": "step", "epoch": E, "step": S, "loss": L, "acc": A, "img_s": N, "world": W, ...}`` and
+``{"event": "eval", "kind": "eval", ...}``. The local runner reads them from there (:class:`History`), not from the
+log text, and prints every agent line it shows with an ``[agentN]`` prefix. The status line (step/total, loss,
+images/s, world size, elapsed) is a rich ``Live`` display on a terminal, kept below the lines and erased at the end;
+off a terminal (logs, CI) it is printed as a ``[progress] ...`` line after a step record every few seconds.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TextIO
+from pathlib import Path
+from typing import Any, TextIO
 
-_RECORD = re.compile(r"\[(train|eval)\]\s+(.*)$")
-_FIELD = re.compile(r"([A-Za-z_][\w.]*)=(\S+)")
+from rich.console import Console
+from rich.live import Live
+from rich.text import Text
+
+Record = dict[str, Any]
+"""One trainer record, as the trainer wrote it to history.jsonl."""
 
 
-@dataclass(frozen=True)
-class Record:
-    """One trainer record: kind is "start", "step" or "eval"."""
+class History:
+    """The records a run's history.jsonl gains from now on (the file may not exist yet; a resumed run's old records
+    are not new). Each :meth:`read` returns the complete lines appended since the last one."""
 
-    kind: str
-    fields: dict[str, str]
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = path.stat().st_size if path.exists() else 0
+        self._partial = b""
 
-    def num(self, key: str) -> float | None:
+    def read(self) -> list[Record]:
         try:
-            return float(self.fields[key])
-        except (KeyError, ValueError):
-            return None
-
-    def as_int(self, key: str) -> int | None:
-        value = self.num(key)
-        return None if value is None else int(value)
-
-
-def parse_record(line: str) -> Record | None:
-    """The record in a log line, or None for any other line (agent and torch chatter)."""
-    m = _RECORD.search(line)
-    if not m:
-        return None
-    tag, rest = m.groups()
-    fields = dict(_FIELD.findall(rest))
-    if tag == "eval":
-        return Record("eval", fields)
-    if rest.split(maxsplit=1)[:1] == ["start"]:
-        return Record("start", fields)
-    if "step" in fields:
-        return Record("step", fields)
-    return None
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        self.offset += len(data)
+        *lines, self._partial = (self._partial + data).split(b"\n")
+        out = []
+        for line in lines:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict):
+                out.append(record)
+        return out
 
 
 _EXCEPTION = re.compile(r"^(?:\[[^\]]*\]:?\s*)*((?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Failure))"
@@ -96,19 +99,22 @@ class Progress:
     """Steps the job will run at a world size (shown as step/total); None when unknown."""
     stream: TextIO = field(default_factory=lambda: sys.stdout)
     tty: bool | None = None
-    """Redraw the status line in place; default: whether the stream is a terminal."""
+    """Keep the status line below the lines, redrawn in place; default: whether the stream is a terminal."""
     started: float = field(default_factory=time.monotonic)
     last_step: Record | None = None
     note: str = ""
     """Extra text at the end of the status line (for example "worker killed, recovering")."""
     every_s: float = 5.0
     """Without a terminal, print the status line at most this often (and at the last step)."""
-    _shown: bool = False
     _printed_at: float = float("-inf")
+    _live: Live | None = None
 
     def __post_init__(self) -> None:
+        # Text as the agents wrote it: no markup ("[agent0]" is not a style), no highlighting, no wrapping.
+        self.console = Console(file=self.stream, force_terminal=self.tty, highlight=False, markup=False, emoji=False,
+                               soft_wrap=True)
         if self.tty is None:
-            self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+            self.tty = self.console.is_terminal
 
     def status(self) -> str:
         parts = []
@@ -116,36 +122,37 @@ class Progress:
         if r is None:
             parts.append("waiting for the first step")
         else:
-            step = r.as_int("step")
-            world = r.as_int("world")
+            world = r.get("world")
             total = f"/{self.total_steps(world)}" if self.total_steps and world else ""
-            parts.append(f"step {step}{total}")
+            parts.append(f"step {r.get('step')}{total}")
             for key, fmt in (("epoch", "epoch {:.0f}"), ("loss", "loss {:.3f}"), ("acc", "acc {:.1%}"),
                              ("img_s", "{:,.0f} img/s"), ("world", "world {:.0f}")):
-                value = r.num(key)
-                if value is not None:
-                    parts.append(fmt.format(value))
+                if isinstance(r.get(key), (int, float)):
+                    parts.append(fmt.format(r[key]))
         parts.append(format_duration(time.monotonic() - self.started))
         if self.note:
             parts.append(self.note)
         return "[progress] " + " | ".join(parts)
 
-    def line(self, source: str, text: str) -> Record | None:
-        """Show one agent line; returns its record, if it is one."""
-        record = parse_record(text)
-        if record is not None and record.kind == "step":
-            self.last_step = record
-        self._clear()
-        self.stream.write(f"[{source}] {text}\n")
-        if record is not None and record.kind == "step" and not self.tty and self._due(record):
-            self.stream.write(self.status() + "\n")
-        self._draw()
-        return record
+    def line(self, source: str, text: str) -> None:
+        """Show one agent line."""
+        self.console.print(f"[{source}] {text}")
+        self.refresh()
+
+    def record(self, record: Record) -> None:
+        """Take one of the trainer's records: a step record updates the status line."""
+        if record.get("kind") != "step":
+            return
+        self.last_step = record
+        if self.tty:
+            self.refresh()
+        elif self._due(record):
+            self.console.print(self.status())
 
     def _due(self, record: Record) -> bool:
         now = time.monotonic()
-        world, step = record.as_int("world"), record.as_int("step")
-        last = bool(self.total_steps and world and step is not None and step >= self.total_steps(world))
+        world, step = record.get("world"), record.get("step")
+        last = bool(self.total_steps and world and isinstance(step, int) and step >= self.total_steps(world))
         if last or now - self._printed_at >= self.every_s:
             self._printed_at = now
             return True
@@ -153,27 +160,25 @@ class Progress:
 
     def message(self, text: str) -> None:
         """A line from the runner itself."""
-        self._clear()
-        self.stream.write(f"[local] {text}\n")
-        self._draw()
+        self.console.print(f"[local] {text}")
+        self.refresh()
 
     def refresh(self) -> None:
-        """Redraw the status line (the elapsed time moves even when no line arrives)."""
-        if self.tty:
-            self._clear()
-            self._draw()
+        """Redraw the status line (the elapsed time moves even when no line arrives); a terminal only."""
+        if not self.tty:
+            self.stream.flush()
+            return
+        status = Text(self.status(), style="bold")
+        if self._live is None:
+            self._live = Live(status, console=self.console, auto_refresh=False, transient=True,
+                              redirect_stdout=False, redirect_stderr=False)
+            self._live.start(refresh=True)
+        else:
+            self._live.update(status, refresh=True)
 
     def close(self) -> None:
-        self._clear()
-        self.stream.flush()
-
-    def _clear(self) -> None:
-        if self.tty and self._shown:
-            self.stream.write("\r\033[K")
-            self._shown = False
-
-    def _draw(self) -> None:
-        if self.tty:
-            self.stream.write(self.status())
-            self._shown = True
+        """Erase the status line (what follows is printed as plain lines)."""
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
         self.stream.flush()

@@ -118,7 +118,8 @@ def agent_kwargs(config: Any, agent_cls: type) -> dict[str, Any]:
     kwargs = {"logs_specs": config.logs_specs, "start_method": config.start_method,
               "log_line_prefix_template": config.log_line_prefix_template}
     timeout = getattr(config, "shutdown_timeout", None)
-    if timeout is not None and accepts(agent_cls.__init__, "shutdown_timeout"):
+    # agent_cls is a class, so this is its own (or inherited) __init__; mypy reads it as an instance attribute.
+    if timeout is not None and accepts(agent_cls.__init__, "shutdown_timeout"):  # type: ignore[misc]
         kwargs["shutdown_timeout"] = timeout
     return kwargs
 

@@ -42,9 +42,10 @@ from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 from torch.distributed.elastic.rendezvous.api import RendezvousClosedError
 from torch.distributed.launcher import api as launcher_api
 
-from . import dataset, fence, rendezvous
+from . import dataset, fence, rendezvous, runlogs
 from .contract import RUN_DIR_ENV
 from .exitcodes import BAD_INPUT, fatal_codes
+from .keptlogs import KeptLogs, RunLogsSpecs, open_kept_logs
 from .rdzv_store import RendezvousConfigError
 from .workers import FORK_ENV, all_exited_zero, settle, warm_workers
 
@@ -104,9 +105,15 @@ class Agent(LocalElasticAgent):
 
     fatal_code: int | None = None
     fatal_codes: frozenset[int] = fatal_codes({})
+    _remaining_restarts: int  # torch's SimpleElasticAgent sets it (compat.require checks it exists)
+    kept: KeptLogs | None = None
+    """Where each failed worker gets its record (keptlogs.py); None without a run directory."""
 
     def _start_workers(self, worker_group: WorkerGroup):
         settle(self)  # the first start waits for the zygote's probe (workers.py)
+        specs = getattr(self, "_logs_specs", None)
+        if isinstance(specs, RunLogsSpecs):  # fresh processes get their FIFOs from torch, forked ones by env
+            specs.forked = not isinstance(worker_group.spec.entrypoint, str)
         return super()._start_workers(worker_group)
 
     def _setup_local_watchdog(self, envs: dict[int, dict[str, str]]) -> None:
@@ -125,11 +132,15 @@ class Agent(LocalElasticAgent):
             return RunResult(state=WorkerState.SUCCEEDED,
                              return_values={w.global_rank: None for w in worker_group.workers})
         if result.is_failed():
+            restart = worker_group.spec.max_restarts - self._remaining_restarts
             fatal = sorted({f.exitcode for f in result.failures.values() if f.exitcode in self.fatal_codes})
             if fatal:
                 self.fatal_code = fatal[0]
                 self._remaining_restarts = 0  # _invoke_run then stops the workers and returns the failure
                 log.error("worker exited with fatal code %s (eks_ddp_runtime/exitcodes.py): not restarting", fatal[0])
+            if self.kept is not None:
+                self.kept.record_failures(result.failures, restart, restarting=self._remaining_restarts > 0,
+                                          fatal=set(self.fatal_codes))
         return result
 
 
@@ -142,9 +153,12 @@ def make_agent(spec: WorkerSpec, config: launcher_api.LaunchConfig) -> Agent:
     return agent
 
 
-def launch(config: launcher_api.LaunchConfig, entrypoint, args: list[str], command: list[str] | None = None) -> int:
-    """Run one agent until the run ends; returns the process exit code. ``command``: the workers' command, for
-    the final marker, written when this agent's workers finished the run while it held its lease (fence.py)."""
+def launch(config: launcher_api.LaunchConfig, entrypoint, args: list[str], kept: KeptLogs | None = None,
+           why: list[str] | None = None, command: list[str] | None = None) -> int:
+    """Run one agent until the run ends; returns the process exit code (and appends why to ``why``).
+    ``command``: the workers' command, for the final marker, written when the run finished; by this agent's own
+    workers only while it held its lease (fence.py)."""
+    why = [] if why is None else why
     rendezvous.register()
     params = RendezvousParameters(backend=config.rdzv_backend, endpoint=config.rdzv_endpoint,
                                   run_id=config.run_id, min_nodes=config.min_nodes, max_nodes=config.max_nodes,
@@ -157,6 +171,7 @@ def launch(config: launcher_api.LaunchConfig, entrypoint, args: list[str], comma
         local_addr=config.local_addr,
     )
     agent = make_agent(spec, config)
+    agent.kept = kept
     finished = False
     try:
         result = agent.run()
@@ -165,6 +180,7 @@ def launch(config: launcher_api.LaunchConfig, entrypoint, args: list[str], comma
             # (more agents than max nodes) and the run finished without it. Nothing left to do.
             log.info("rendezvous %s closed while this agent waited as a spare: the run finished; exiting 0",
                      config.run_id)
+            why.append("the run finished while this agent waited as a spare")
             if command is not None:
                 mark_finished(command)
             return 0
@@ -179,6 +195,7 @@ def launch(config: launcher_api.LaunchConfig, entrypoint, args: list[str], comma
     except RendezvousClosedError:
         # Only a finished run closes the rendezvous (rendezvous.py): nothing left to do.
         log.info("rendezvous %s is closed: the run already finished; exiting 0", config.run_id)
+        why.append("the rendezvous is closed: the run already finished")
         if command is not None:
             mark_finished(command)  # the store says so: only a finished run closes it
         return 0
@@ -188,16 +205,19 @@ def launch(config: launcher_api.LaunchConfig, entrypoint, args: list[str], comma
         # Closes the rendezvous only after success; otherwise it just stops this node's heartbeats.
         spec.rdzv_handler.shutdown()
     if finished:
+        why.append("the workers finished")
         return 0
     for rank, failure in sorted(result.failures.items()):
         log.error("worker rank %s (local %s) failed: exitcode %s", rank, failure.local_rank, failure.exitcode)
     if agent.fatal_code is not None:
+        why.append(f"a worker exited with fatal code {agent.fatal_code}: not restarted")
         return agent.fatal_code
     log.error("fault budget spent (--max-restarts=%s); the rendezvous stays open for a retry", config.max_restarts)
+    why.append(f"fault budget spent (--max-restarts={config.max_restarts})")
     return FAILED
 
 
-FINAL_MARKER = "eks-ddp-final.json"
+FINAL_MARKER = runlogs.FINAL_MARKER
 """Written into ``$EKS_DDP_RUN_DIR`` by an agent whose run finished (exit 0), with the workers' command. A later
 agent of the same run with the same command exits 0 at once: a Job created again for a finished run (deleted by
 hand, or replaced under the same name) never trains it a second time. Another command (``--epochs=30`` after 20)
@@ -264,12 +284,36 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
         log.info("no NVIDIA driver on this machine: CUDA_VISIBLE_DEVICES='' for the agent and its workers")
     args = torchrun.parse_args(argv)
+    try:
+        kept = open_kept_logs()
+    except ValueError as e:
+        log.error("%s", e)
+        return USAGE
+    why: list[str] = []
+    code = FAILED
+    try:
+        code = _run(args, kept, why)
+        return code
+    except BaseException as e:  # a signal (torch's SignalException), or a crash: its record says so
+        why.append(f"{type(e).__name__}: {e}")
+        if isinstance(e, SystemExit) and isinstance(e.code, int):
+            code = e.code
+        raise
+    finally:
+        if kept is not None:
+            kept.close(code, "; ".join(why) or "unknown")
+
+
+def _run(args, kept: KeptLogs | None, why: list[str]) -> int:
     standalone(args)
     config, entrypoint, cmd_args = torchrun.config_from_args(args)
+    if kept is not None:
+        kept.install(config, args)
     command = [entrypoint, *cmd_args]
     if finished_before(command):
         log.info("%s holds %s with this command: the run already finished; exiting 0",
                  os.environ.get(RUN_DIR_ENV), FINAL_MARKER)
+        why.append(f"{FINAL_MARKER}: the run already finished with this command")
         return 0
     try:
         # Before any worker reads it: the staged data set against its manifest and pin (dataset.py), when the
@@ -277,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
         dataset.check_environment(log=log.info)
     except dataset.DataError as e:
         log.error("data set: %s", e)
+        why.append(f"data set: {e}")
         return BAD_INPUT
     preload_failure_logging()
     with contextlib.ExitStack() as stack:
@@ -288,17 +333,14 @@ def main(argv: list[str] | None = None) -> int:
             entrypoint, cmd_args = warm_workers(config, entrypoint, cmd_args)
         except ValueError as e:
             log.error("%s", e)
+            why.append(f"usage: {e}")
             return USAGE
-        return _run(config, entrypoint, cmd_args, command)
-
-
-def _run(config: launcher_api.LaunchConfig, entrypoint, cmd_args: list[str], command: list[str]) -> int:
-    try:
-        return launch(config, entrypoint, cmd_args, command)
-    except RendezvousConfigError as e:
-        log.error("%s", e)
-        return USAGE
-
+        try:
+            return launch(config, entrypoint, cmd_args, kept, why, command)
+        except RendezvousConfigError as e:
+            log.error("%s", e)
+            why.append(f"usage: {e}")
+            return USAGE
 
 if __name__ == "__main__":
     raise SystemExit(main())

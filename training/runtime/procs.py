@@ -1,5 +1,4 @@
-"""Process bookkeeping for the local runner, read from /proc (no psutil in the image), or from
-``ps`` where there is no /proc (macOS laptops).
+"""Process bookkeeping for the local runner, the tests and the GPU check, through psutil (Linux and macOS alike).
 
 torchrun starts every worker in its own session, so signalling an agent's process
 group does not reach its workers: the runner finds them as descendants of the agent
@@ -17,43 +16,13 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 
-
-def _stat_fields(pid: int | str) -> list[str]:
-    """The fields of /proc/<pid>/stat after the command name (which may hold spaces and parentheses)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return []
-    return stat[stat.rfind(")") + 2:].split()
-
-
-HAVE_PROC = os.path.isdir("/proc/self")
-
-
-def _ps(*args: str) -> list[str]:
-    try:
-        out = subprocess.run(["ps", *args], capture_output=True, text=True, timeout=10, check=False).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    return out.splitlines()
+import psutil
 
 
 def proc_table() -> dict[int, int]:
     """pid -> parent pid for every live (non-zombie) process."""
-    table = {}
-    if not HAVE_PROC:
-        for row in _ps("-A", "-o", "pid=,ppid=,stat="):
-            cols = row.split()
-            if len(cols) >= 3 and cols[0].isdigit() and not cols[2].startswith("Z"):
-                table[int(cols[0])] = int(cols[1])
-        return table
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            fields = _stat_fields(entry.name)
-            if fields and fields[0] != "Z":
-                table[int(entry.name)] = int(fields[1])
-    return table
+    return {p.pid: p.info["ppid"] for p in psutil.process_iter(["ppid", "status"])
+            if p.info["status"] != psutil.STATUS_ZOMBIE and p.info["ppid"] is not None}
 
 
 def descendants(root: int, table: dict[int, int] | None = None) -> list[int]:
@@ -93,13 +62,10 @@ def worker_pids(agent: int, table: dict[int, int] | None = None) -> list[int]:
 
 
 def cmdline(pid: int) -> str:
-    """The process's arguments joined by spaces ("" when it is gone)."""
-    if not HAVE_PROC:
-        return " ".join(_ps("-o", "command=", "-p", str(pid))).strip()
+    """The process's arguments joined by spaces ("" when it is gone, a zombie, or not ours to read)."""
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
-    except OSError:
+        return " ".join(psutil.Process(pid).cmdline()).strip()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):  # ZombieProcess is a NoSuchProcess
         return ""
 
 
@@ -110,11 +76,10 @@ def executable_name(pid: int) -> str:
 
 def alive(pid: int) -> bool:
     """Running; a zombie is not (it only waits for its parent to reap it)."""
-    if not HAVE_PROC:
-        state = "".join(_ps("-o", "stat=", "-p", str(pid))).strip()
-        return bool(state) and not state.startswith("Z")
-    fields = _stat_fields(pid)
-    return bool(fields) and fields[0] != "Z"
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def send(pid: int, sig: int, *, group: bool = False) -> None:
@@ -127,19 +92,9 @@ def send(pid: int, sig: int, *, group: bool = False) -> None:
 
 
 def listening(port: int) -> bool:
-    """Whether some socket listens on TCP ``port`` (IPv4 or IPv6), from /proc/net/tcp*."""
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as f:
-                rows = f.read().splitlines()[1:]
-        except OSError:
-            continue
-        for row in rows:
-            cols = row.split()
-            # st == 0A is TCP_LISTEN; local_address is HEXIP:HEXPORT.
-            if len(cols) > 3 and cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
-                return True
-    return False
+    """Whether some socket listens on TCP ``port`` (IPv4 or IPv6)."""
+    return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
+               for c in psutil.net_connections(kind="tcp"))
 
 
 def stop_agents(agents: Sequence[subprocess.Popen], workers: Callable[[], list[int]], token: str, *,

@@ -1,12 +1,12 @@
-"""The ``eks-etcd`` rendezvous backend: torch's etcd-v2 rendezvous as soft state that heals.
+"""The ``eks-etcd`` rendezvous backend: torch's dynamic rendezvous on etcd's v3 API, as soft state that heals.
 
-torch 2.14.1's ``DynamicRendezvousHandler`` keeps one pickled ``_RendezvousState`` per run under
-``/torch/elastic/rendezvous/<run-id>`` and changes it only by compare-and-set. Left alone it assumes the
-store never has a bad day: any failed call raises ``RendezvousConnectionError`` out of the agent's
-monitor loop (the agent exits although its workers need no store), and after an outage or an empty
-restart the agents drop out of the state for good (review K2). This backend is the same state machine
-over the same key, with these changes (``rdzv_store.py`` holds the etcd side: TLS, retries,
-idempotent adds):
+torch 2.14.1's ``DynamicRendezvousHandler`` keeps one ``_RendezvousState`` per run and changes it only by
+compare-and-set. Left alone it assumes the store never has a bad day: any failed call raises
+``RendezvousConnectionError`` out of the agent's monitor loop (the agent exits although its workers need no
+store), and after an outage or an empty restart the agents drop out of the state for good (review K2). This
+backend is the same state machine over one etcd v3 key per run (``/torch/elastic/rendezvous/<run-id>``), with
+these changes (``rdzv_store.py`` holds the etcd side: the v3 client, JSON state, retries, idempotent adds, store
+keys that go with the state):
 
 **No agent exits because the store is away** (``store_retry_timeout``, default 600 s). Calls a round
 needs (``next_rendezvous``, the exit barrier, rank assignment) retry connection failures on a fresh
@@ -51,9 +51,10 @@ rejoins the moment it reaches the store again. Meanwhile its workers may go on t
 but they commit nothing: every state synced here renews or withdraws the agent's lease (fence.py), which
 ends before any peer can drop the node, and the workers check it before each commit.
 
-**The store is authenticated.** Agents unpickle the state (``pickle.loads`` in ``sync``), so whoever
-can write the key runs code in every agent: the client speaks HTTPS with a client certificate, and the
-server (components/workloads/etcd.py, training/local/etcd.py) requires one (``--client-cert-auth``).
+**The store is authenticated, and what it holds is data.** The client speaks HTTPS with a client certificate,
+and the server (components/workloads/etcd.py, training/local/etcd.py) requires one (``--client-cert-auth``). The state is
+stored as JSON and checked field by field before torch's state holder sees it (rdzv_state.py): torch unpickles
+only bytes this agent pickled, so a writer of the key can disturb the rendezvous but never run code in an agent.
 
 **Rounds form in a fraction of a second.** torch's op executor reads the state once a second while a round
 forms (``_delay(seconds=1)`` on ``SYNC``, behind a 1 s state cache), so every restart waited up to a second
@@ -70,6 +71,7 @@ import dataclasses
 import logging
 import time
 from datetime import timedelta
+from typing import Any
 
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous as _dynamic
@@ -83,7 +85,7 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
 )
 
 from . import compat, fence
-from .rdzv_store import KEY_PREFIX, STORE_PREFIX, Retrier, RetryingEtcdBackend, RetryingEtcdStore, client_settings
+from .rdzv_store import KEY_PREFIX, STORE_PREFIX, EtcdV3Backend, EtcdV3Store, Retrier, client_settings
 
 __all__ = ["BACKEND", "KEY_PREFIX", "STORE_PREFIX", "ElasticHandler", "allow_close", "register"]
 
@@ -120,7 +122,7 @@ class _HealingStateHolder(_BackendRendezvousStateHolder):
         s = self._settings
         grace = (s.keep_alive_interval * (s.keep_alive_max_attempt + 1)).total_seconds()
         if time.monotonic() - self.retry.last_failure < grace:
-            self._dead_nodes = []
+            self._dead_nodes: list[Any] = []
             return
         super()._sanitize()
 
@@ -196,12 +198,15 @@ def allow_close() -> None:
     ElasticHandler.close_allowed = True
 
 
-def _create(params: RendezvousParameters) -> ElasticHandler:
+def _create(params: RendezvousParameters, *, key_prefix: str = KEY_PREFIX, store=None) -> ElasticHandler:
+    """The agent's handler (the registry calls it with ``params`` only); ``key_prefix`` and ``store`` let torch's
+    own rendezvous test suite run it on its keys and its store (tests/runtime/test_rendezvous_torch_suite.py)."""
     client_settings(params)  # settings no retry can fix fail here, at start (RendezvousConfigError), not after 600 s
     retry = Retrier(params, float(params.config.pop("store_retry_timeout", DEFAULT_STORE_RETRY_S)))
     first_round_s = float(params.config.pop("first_round_timeout", DEFAULT_FIRST_ROUND_S))
-    backend = RetryingEtcdBackend(retry, params.run_id, BACKEND)
-    store = RetryingEtcdStore(retry)
+    backend = EtcdV3Backend(retry, params.run_id, BACKEND, key_prefix=key_prefix)
+    if store is None:
+        store = EtcdV3Store(retry, backend, params.run_id)
     handler = create_handler(store, backend, params)
     compat.require(handler, "_state_holder", "_op_executor", "_heartbeat_lock", "_this_node", "_stop_heartbeats",
                    "_keep_alive", "_settings")

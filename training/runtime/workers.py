@@ -41,6 +41,8 @@ import types
 from dataclasses import dataclass
 from typing import NoReturn
 
+from .runlogs import redirect_worker
+
 log = logging.getLogger("training.launch")
 
 FORK_ENV = "EKS_DDP_FORK_WORKERS"
@@ -331,6 +333,7 @@ def run_worker(kind: str, target: str, *argv: str) -> NoReturn:
     return to torch's worker wrapper, which would wait for the agent to collect a return value (and a worker
     whose SIGTERM handler exits 0 would sit there until the agent's shutdown timeout). The agent counts workers
     that all exited 0 as a success (:func:`all_exited_zero`)."""
+    redirect_worker()
     _unbuffered()
     multiprocessing.current_process().name = "MainProcess"
     status = 0

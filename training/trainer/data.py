@@ -17,6 +17,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from eks_ddp_trainer import integrity
+from eks_ddp_trainer.config import DEFAULT_BN_GROUP, DEFAULT_GLOBAL_BATCH, MIN_STEPS
 from eks_ddp_trainer.integrity import DataError  # the trainer catches it from here
 
 BATCHES_DIR = "cifar-10-batches-py"
@@ -302,14 +303,6 @@ def flip_parity(n: int, seed: int) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------- batch planning
-
-DEFAULT_GLOBAL_BATCH = 1024
-DEFAULT_BN_GROUP = 32
-MIN_STEPS = 400
-"""Fewest optimizer steps a run is planned with: on a small data set the global batch shrinks (in whole
-BN groups) until the run has at least this many steps. airbench94 trains ~490 steps of 1,024 on CIFAR-10;
-a 1,300-image set at batch 512 would get 30 steps, far too few to converge."""
-
 
 def plan_batching(n: int, epochs: int, global_batch: int = DEFAULT_GLOBAL_BATCH,
                   group: int = DEFAULT_BN_GROUP, min_steps: int = MIN_STEPS) -> Batching:

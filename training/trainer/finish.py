@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import io
 from pathlib import Path
 from typing import Any
@@ -10,6 +9,7 @@ from typing import Any
 import torch
 from eks_ddp_runtime.dist import DistEnv, barrier
 from eks_ddp_trainer import checkpoint as ckpt
+from eks_ddp_trainer.config import TrainerConfig
 from eks_ddp_trainer.data import Batching, Cifar, normalize
 from eks_ddp_trainer.evaluate import MODEL_FILE, evaluate_model, format_table, write_metrics
 from eks_ddp_trainer.model import calibrate_bn
@@ -22,7 +22,7 @@ CALIBRATION_IMAGES = 4096
 """Training images that set the BatchNorm statistics before evaluation."""
 
 
-def finish(args: argparse.Namespace, env: DistEnv, model: nn.Module, data: Cifar, plan: Batching, precision,
+def finish(args: TrainerConfig, env: DistEnv, model: nn.Module, data: Cifar, plan: Batching, precision,
            pos: dict[str, int], train_s: float, log: RunLog, generation: int | None = None) -> dict[str, Any]:
     """BatchNorm statistics from training images, the final model file, and the test-set evaluation. ``generation``:
     this world's fence (checkpoint.py); each result is committed only while this world may commit, waiting
@@ -55,7 +55,7 @@ def finish(args: argparse.Namespace, env: DistEnv, model: nn.Module, data: Cifar
     return metrics
 
 
-def _model_bytes(model: nn.Module, args: argparse.Namespace, data: Cifar, plan: Batching, step: int) -> bytes:
+def _model_bytes(model: nn.Module, args: TrainerConfig, data: Cifar, plan: Batching, step: int) -> bytes:
     buf = io.BytesIO()
     torch.save({"model": model.state_dict(), "step": step,
                 "config": {"model": args.model, "width": args.width, "num_classes": len(data.classes),

@@ -50,8 +50,11 @@ class Lookahead:
             self._pull(1.0)
 
     def _pull(self, decay: float) -> None:
-        torch._foreach_lerp_(self.average, [p.detach() for p in self.params], 1 - decay)
-        for p, a in zip(self.params, self.average, strict=True):
+        average = self.average
+        if average is None:  # no average yet: nothing to pull towards
+            return
+        torch._foreach_lerp_(average, [p.detach() for p in self.params], 1 - decay)
+        for p, a in zip(self.params, average, strict=True):
             p.copy_(a)
 
     def state_dict(self) -> list[torch.Tensor] | None:

@@ -28,11 +28,10 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from eks_ddp_trainer.config import DEFAULT_PRECISION, MODELS, PRECISIONS, WIDTH_MODELS
 from torch import nn
 
-MODELS = ("airnet", "resnet-small", "resnet18", "workshop-cnn")
-DEFAULT_MODEL = "airnet"
-WIDTHS = {"airnet": 64, "resnet-small": 64}
+WIDTHS = dict.fromkeys(WIDTH_MODELS, 64)
 """Default base width of the models that take ``--width``."""
 
 
@@ -323,17 +322,6 @@ class Precision:
     @property
     def name(self) -> str:
         return {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[self.dtype]
-
-
-PRECISIONS = ("fp16", "bf16", "fp32")
-DEFAULT_PRECISION = "fp16"
-"""airbench94 trains in fp16. bf16's 8-bit mantissa rounds the frozen whitening conv's operands ~10x more
-coarsely (review F10: 1.2% median / 4.8% worst-channel output error vs 0.1% / 1.0% for fp16), and no GPU A/B
-says that costs nothing, so fp16 is the default on every GPU: autocast with fp32 master weights and, as in
-airbench, no loss scaling. The loss is summed over the batch, so gradients are large, not small (the
-largest is ~19 at initialisation, review F9: far from fp16's limits either way); a GradScaler would start
-by skipping steps and read its overflow flag on the host every step. A non-finite loss or weight is
-caught by the trainer's divergence check (DIVERGED), as any other divergence."""
 
 
 def precision_for(device: torch.device, name: str = DEFAULT_PRECISION) -> Precision:

@@ -71,8 +71,8 @@ def to_cpu(obj: Any, into: Any = None) -> Any:
             return torch.empty_like(t, device="cpu", pin_memory=True).copy_(t, non_blocking=True)
         return t.to("cpu", copy=True)
     if isinstance(obj, dict):
-        reuse = into if isinstance(into, dict) else {}
-        return {k: to_cpu(v, reuse.get(k)) for k, v in obj.items()}
+        same_keys = into if isinstance(into, dict) else {}
+        return {k: to_cpu(v, same_keys.get(k)) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         reuse = into if isinstance(into, (list, tuple)) and len(into) == len(obj) else [None] * len(obj)
         return type(obj)(to_cpu(v, r) for v, r in zip(obj, reuse, strict=True))

@@ -27,7 +27,7 @@ Exit codes: training/runtime/exitcodes.py (bad flags, divergence, unreadable dat
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import importlib
 import logging
 import random
@@ -43,6 +43,7 @@ from eks_ddp_runtime import exitcodes
 from eks_ddp_runtime.dist import DistEnv, all_reduce_sum, barrier, process_age_s, process_group
 from eks_ddp_trainer import checkpoint as ckpt
 from eks_ddp_trainer import snapshot
+from eks_ddp_trainer.config import TrainerConfig
 from eks_ddp_trainer.data import (
     DataError,
     StepNoise,
@@ -98,7 +99,7 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 
 # ---------------------------------------------------------------------------- training
 
-def train(args: argparse.Namespace, env: DistEnv) -> dict[str, Any]:
+def train(args: TrainerConfig, env: DistEnv) -> dict[str, Any]:
     age_at_pg = process_age_s()
     run_dir = Path(args.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -202,7 +203,7 @@ def train(args: argparse.Namespace, env: DistEnv) -> dict[str, Any]:
                           "total_steps": total_steps},
             "scaler": scaler.state_dict() if precision.use_scaler else None,
             "lookahead": lookahead.state_dict() if lookahead is not None else None,
-            "rng": _rng_state(), "config": {**vars(args), "identity": identity, "world_size": world, "final": final},
+            "rng": _rng_state(), "config": {**dataclasses.asdict(args), "identity": identity, "world_size": world, "final": final},
             "fence": world_fence,
         }
 

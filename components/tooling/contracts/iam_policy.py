@@ -270,7 +270,10 @@ def evaluate(policy: str | Mapping[str, Any], req: Request, *, resource_policy: 
     if unknowns not in _UNKNOWNS:
         raise ValueError(f"unknowns: got {unknowns!r}; expected one of {_UNKNOWNS}")
     doc = json.loads(policy) if isinstance(policy, str) else policy
-    deny, deny_maybe, allow, allow_maybe = [], [], [], []
+    deny: list[str] = []
+    deny_maybe: list[str] = []
+    allow: list[str] = []
+    allow_maybe: list[str] = []
     unknown: list[str] = []
     via_account = True
     for i, stmt in enumerate(_as_list(doc.get("Statement", []))):

@@ -7,7 +7,9 @@ Service's ClusterIP passes an egress rule only if the rule's podSelector matches
 target pod's containers, a pod selected by a policy (the namespace's default-deny selects all) gets only what some
 policy allows, and a flow needs the source's egress **and** the destination's ingress.
 
-What a pod needs is read from the rendered manifests, never from our own constants:
+What a pod needs is read from the rendered manifests, never from our own constants (the pods of a chart the stack
+isolates with its own NetworkPolicy, dcgm-exporter, are rebuilt from its release by the chart's templates' rules,
+:mod:`.charts`):
 
 * **store**: the launcher dials the host:port of torchrun's ``--rdzv-endpoint`` (torch/distributed/run.py; our
   launcher takes the same flag) in the container's command line. A ``<svc>.<ns>[.svc[.cluster.local]]`` name is that
@@ -46,7 +48,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import PlanView, Violation, contract
-from .netobjects import PRIVATE_RANGES, Net, Pod, Ports, Service, ports_of, subtract
+from .charts import rendered_by_charts
+from .netobjects import PLATFORM, PRIVATE_RANGES, Net, Pod, Ports, Service, ports_of, subtract
 from .vpc_cni import Cluster, cluster_of
 
 EGRESS_ANNOTATION = "eks-ddp/egress"
@@ -115,6 +118,12 @@ def _resolve_host(c: Cluster, pod: Pod, host: str) -> Pod | Service | None:
     return None
 
 
+def _platform(pod: Pod) -> bool:
+    """A pod every EKS cluster runs (``netobjects.PLATFORM``: CoreDNS), not one the plan deploys; the plan's own pods
+    in kube-system (a chart's, :mod:`.charts`) are the plan's."""
+    return any(pod.owner is m for m in PLATFORM)
+
+
 def needs(c: Cluster) -> tuple[list[Need], list[Violation]]:
     """Every flow the plan's pods need, from their command lines, env, ServiceAccounts and declarations."""
     out: list[Need] = []
@@ -123,7 +132,7 @@ def needs(c: Cluster) -> tuple[list[Need], list[Violation]]:
     api = next(s for s in c.services if (s.namespace, s.name) == ("default", "kubernetes"))
     internet = tuple(subtract([Net("0.0.0.0/0")], [LINK_LOCAL, *c.vpc_cidrs, *c.service_cidrs]))
     for pod in c.pods:
-        if pod.namespace == "kube-system" or pod.name == STRANGER:
+        if _platform(pod) or pod.name == STRANGER:
             continue
         args, named = _args(pod), False
         endpoint = _flag(args, "--rdzv-endpoint", "--rdzv_endpoint")
@@ -237,7 +246,7 @@ def _covering(c: Cluster, src: Pod, nets: tuple[Net, ...]) -> Ports:
 
 def check_extra(c: Cluster, all_needs: list[Need]) -> list[Violation]:
     out = []
-    plan = [p for p in c.pods if p.namespace != "kube-system" and p.name != STRANGER]
+    plan = [p for p in c.pods if not _platform(p) and p.name != STRANGER]
     dns = next(s for s in c.services if (s.namespace, s.name) == ("kube-system", "kube-dns"))
     tolerated_dns = {id(dns), *(id(p) for p in c.backing(dns))}
     for ns in {p.namespace for p in plan}:
@@ -285,7 +294,7 @@ def check_extra(c: Cluster, all_needs: list[Need]) -> list[Violation]:
 
 def _extra_cidrs(c: Cluster, src: Pod, own: list[Need]) -> list[Violation]:
     """Every egress ipBlock of ``src``, less what its network needs justify (per port), must be empty."""
-    out = []
+    out: list[Violation] = []
     if not c.isolated(src, "egress"):
         return out
     for policy in c._selecting(src, "egress"):
@@ -329,6 +338,7 @@ def vpc_cidrs_of(view: PlanView) -> tuple[Net, ...]:
 
 @contract(NAME)
 def network(view: PlanView) -> list[Violation]:
-    """Our NetworkPolicies as EKS's VPC CNI enforces them: every needed flow allowed, nothing else."""
-    return check_manifests(view.manifests, vpc_cidrs=vpc_cidrs_of(view))
+    """Our NetworkPolicies as EKS's VPC CNI enforces them: every needed flow allowed, nothing else. The pods of the
+    charts the stack isolates itself (:mod:`.charts`: dcgm-exporter) are the plan's pods too."""
+    return check_manifests([*view.manifests, *rendered_by_charts(view.result)], vpc_cidrs=vpc_cidrs_of(view))
 

@@ -171,12 +171,12 @@ class _Plan:
                 self.buckets[b.outputs.get("bucket") or b.outputs.get("id")] = b
         self.bucket_policies = {p.inputs.get("bucket"): p.inputs.get("policy")
                                 for p in view.aws("aws:s3/bucketPolicy:BucketPolicy")}
-        self.encryption: dict[str, dict[str, Any]] = {}
+        self.encryption: dict[str | None, dict[str, Any]] = {}
         typ = "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration"
         for e in view.aws(typ):
             rules = e.inputs.get("rules") or [{}]
             self.encryption[e.inputs.get("bucket")] = dict(rules[0].get("applyServerSideEncryptionByDefault") or {})
-        self.keys = {k.outputs.get("arn"): k for k in view.aws("aws:kms/key:Key") if k.outputs.get("arn")}
+        self.keys = {k.outputs["arn"]: k for k in view.aws("aws:kms/key:Key") if k.outputs.get("arn")}
         self.endpoints = [e for e in view.aws("aws:ec2/vpcEndpoint:VpcEndpoint")
                           if (e.inputs.get("vpcEndpointType") or "Gateway") == "Gateway"
                           and str(e.inputs.get("serviceName", "")).endswith(".s3")]
@@ -254,7 +254,7 @@ def s3_access(view: PlanView) -> list[Violation]:
     return violations(view)
 
 
-def _check(plan: _Plan, sas: Mapping[tuple[str, str], Any], use: Use, facts: Facts, region: str | None) -> list[str]:
+def _check(plan: _Plan, sas: Mapping[tuple[str, str | None], Any], use: Use, facts: Facts, region: str | None) -> list[str]:
     what = f"{use.action} on {use.uri} ({use.why})"
     sa = sas.get((use.namespace, use.service_account))
     role_arn = ((sa or {}).get("metadata") or {}).get("annotations", {}).get(IRSA_ANNOTATION)

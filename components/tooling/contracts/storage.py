@@ -34,7 +34,7 @@ read-only. ``ClientRootAccess`` is never asked for (the access points fix the ui
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -150,7 +150,7 @@ def _efs_context(context: dict[str, str]) -> dict[str, str | None]:
     return {**dict.fromkeys(EFS_CONDITION_KEYS), **{k.lower(): v for k, v in context.items()}}
 
 
-def _sid(_: int, statement: dict[str, Any]) -> str:
+def _sid(_: int, statement: Mapping[str, Any]) -> str:
     return str(statement.get("Sid") or "(no Sid)")
 
 
@@ -264,7 +264,7 @@ def node_identities(view: PlanView) -> list[Identity]:
                 return [Identity(arn, identity_policies(view, arn), "Pod Identity of efs-csi-node-sa")]
         arn = addon.inputs.get("serviceAccountRoleArn")
         role = _role(view, arn) if arn else None
-        if role is not None and _trust_admits(role.inputs.get("assumeRolePolicy"), NODE_SA):
+        if arn and role is not None and _trust_admits(role.inputs.get("assumeRolePolicy"), NODE_SA):
             return [Identity(arn, identity_policies(view, arn), "IRSA of efs-csi-node-sa (add-on role)")]
     roles = sorted({str(g.inputs.get("nodeRoleArn")) for g in view.aws("aws:eks/nodeGroup:NodeGroup")
                     if g.inputs.get("nodeRoleArn")})

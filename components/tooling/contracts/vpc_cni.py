@@ -264,7 +264,7 @@ class Cluster:
 def cluster_of(manifests: list[dict[str, Any]], *, vpc_cidrs: tuple[Net, ...] = PRIVATE_RANGES,
                mode: str = "standard") -> Cluster:
     objs = [*manifests, *PLATFORM]
-    namespaces = {"default": {}, "kube-system": {}}
+    namespaces: dict[str, dict[str, str]] = {"default": {}, "kube-system": {}}
     for m in objs:
         if m.get("kind") == "Namespace":
             namespaces[m["metadata"]["name"]] = dict(m["metadata"].get("labels") or {})

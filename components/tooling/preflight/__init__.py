@@ -11,7 +11,10 @@ For the stack's region it asks EC2 and Service Quotas whether
   class (G and VT, P, Standard), counting every group at ``maxSize`` (this
   cluster's own running nodes are part of that, not on top of it);
 - a named capacity reservation exists, is active, matches the group's type and
-  zone, and has at least ``desiredSize`` instances free;
+  zone, and has at least ``desiredSize`` instances free; a capacity block's window
+  (``capacityBlockStart``/``End``) is the block's own;
+- a new VPC and its NAT gateways' Elastic IPs fit the VPC and Elastic IP quotas
+  (:mod:`eks_ddp.tooling.preflight.network_quotas`);
 - the group's ``placementGroupName`` is the placement group the reservation was
   created in (instances that target such a reservation must launch in that group,
   so a mismatch or a missing name cannot use the reservation), and a named
@@ -33,7 +36,8 @@ With ECR clients it also checks that every ECR image the stack names (``image.pr
 IAM actions used (all read-only): ecr:DescribeImages, eks:DescribeCluster, eks:ListNodegroups, eks:DescribeNodegroup,
 ec2:DescribeAvailabilityZones, ec2:DescribeSubnets,
 ec2:DescribeInstanceTypeOfferings, ec2:DescribeInstanceTypes, ec2:DescribeInstances,
-ec2:DescribeCapacityReservations, ec2:DescribePlacementGroups, servicequotas:GetServiceQuota,
+ec2:DescribeCapacityReservations, ec2:DescribePlacementGroups, ec2:DescribeVpcs, ec2:DescribeAddresses,
+servicequotas:GetServiceQuota,
 servicequotas:GetAWSDefaultServiceQuota; for stacks that name buckets (components/tooling/preflight/s3.py) also
 sts:GetCallerIdentity, s3:ListBucket (HeadBucket), s3:GetEncryptionConfiguration, kms:DescribeKey.
 """
@@ -41,7 +45,8 @@ sts:GetCallerIdentity, s3:ListBucket (HeadBucket), s3:GetEncryptionConfiguration
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +59,7 @@ from eks_ddp.tooling.preflight import images as preflight_images
 from eks_ddp.tooling.preflight import live as preflight_live
 from eks_ddp.tooling.preflight import s3 as preflight_s3
 from eks_ddp.tooling.preflight.capacity import CapacityChecks, placement_group_of  # noqa: F401 (placement_group_of: API)
+from eks_ddp.tooling.preflight.network_quotas import NetworkQuotaChecks
 from eks_ddp.tooling.preflight.s3 import S3Checks
 
 # EC2 vCPU quotas (Service Quotas, service code "ec2") per (quota class, market).
@@ -104,11 +110,11 @@ def _market(capacity_type: str) -> str | None:
     return {"onDemand": "onDemand", "spot": "spot"}.get(capacity_type)
 
 
-def _join(items: list[str] | tuple[str, ...]) -> str:
+def _join(items: Sequence[str] | None) -> str:
     return ", ".join(items) if items else "none"
 
 
-class _Checker(CapacityChecks, S3Checks):
+class _Checker(CapacityChecks, NetworkQuotaChecks, S3Checks):
     """One preflight pass: shared caches, and the guard that turns API errors into warnings."""
 
     def __init__(self, cfg: StackConfig, ec2: Any, quotas: Any, cluster_name: str | None = None):
@@ -241,8 +247,7 @@ class _Checker(CapacityChecks, S3Checks):
             if not g.efa:
                 continue
             info = self.attempt("ec2", "DescribeInstanceTypes", f"EFA support of {g.instance_type}",
-                                lambda t=g.instance_type: self.ec2.describe_instance_types(
-                                    InstanceTypes=[t])["InstanceTypes"])
+                                functools.partial(self._instance_types, g.instance_type))
             if not info:
                 continue
             network = info[0].get("NetworkInfo", {})
@@ -284,7 +289,7 @@ class _Checker(CapacityChecks, S3Checks):
                 continue
             code, name = QUOTAS[(qclass, market)]
             limit = self.attempt("servicequotas", "GetServiceQuota", f"the '{name}' quota ({code})",
-                                 lambda c=code: self._quota_value(c))
+                                 functools.partial(self._quota_value, code))
             if limit is None:
                 continue
             requested = sum(n * v for _, _, n, v in parts)
@@ -298,6 +303,9 @@ class _Checker(CapacityChecks, S3Checks):
                       f"in {self.cfg.region} is {limit:g}; lower {keys}, or request an increase: aws service-quotas "
                       f"request-service-quota-increase --region {self.cfg.region} --service-code ec2 "
                       f"--quota-code {code} --desired-value {in_use + requested}")
+
+    def _instance_types(self, instance_type: str) -> list[dict[str, Any]]:
+        return self.ec2.describe_instance_types(InstanceTypes=[instance_type])["InstanceTypes"]
 
     def _quota_value(self, code: str) -> float:
         try:
@@ -361,6 +369,7 @@ def check(cfg: StackConfig, *, ec2: Any, quotas: Any, today: dt.date | None = No
     c.check_reservations()
     c.check_placement_groups()
     c.check_quotas()
+    c.check_network_quotas()
     if eks is not None and cluster_name is not None:
         preflight_live.check_live(c, eks, cluster_name, stack_id, logs=logs, organization=organization,
                                   sts=caller_sts, egress_ip=egress_ip)

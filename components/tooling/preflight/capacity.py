@@ -5,7 +5,10 @@ which supplies ``cfg``, ``ec2``, ``cluster_name``, ``attempt``, ``fail`` and ``w
 
 from __future__ import annotations
 
-from typing import Any
+import datetime as dt
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import ClientError
 from eks_ddp.config.schema import NodeGroupConfig
@@ -20,13 +23,18 @@ class CapacityChecks:
     cluster_name: str | None
     _reservations: dict[int, dict[str, Any]]
 
+    if TYPE_CHECKING:  # supplied by the checker this is a mixin of
+        def attempt(self, service: str, action: str, what: str, fn: Callable[[], Any]) -> Any: ...
+        def fail(self, message: str) -> None: ...
+        def warn(self, message: str) -> None: ...
+
     def check_reservations(self) -> None:
         for i, g in enumerate(self.cfg.node_groups):
             if g.capacity_reservation_id is not None:
-                self._check_reservation(i, g)
+                self._check_reservation(i, g, g.capacity_reservation_id)
 
-    def _check_reservation(self, i: int, g: NodeGroupConfig) -> None:
-        key, cr_id = f"nodeGroups[{i}]", g.capacity_reservation_id
+    def _check_reservation(self, i: int, g: NodeGroupConfig, cr_id: str) -> None:
+        key = f"nodeGroups[{i}]"
         try:
             found = self.attempt("ec2", "DescribeCapacityReservations", f"capacity reservation {cr_id}",
                                  lambda: self._describe_reservation(cr_id))
@@ -60,6 +68,8 @@ class CapacityChecks:
             self.fail(f"{key}.capacityType: {g.capacity_type}, but {cr_id} is "
                       f"{'a capacity block' if is_block else 'an on-demand capacity reservation'}; "
                       f"set {key}.capacityType to {want}")
+        if is_block:
+            self._check_block_window(key, g, cr_id, found)
         self._check_reservation_placement(key, g, cr_id, found)
         # GPU groups start at zero: what must fit is what the autoscaler will ask for when the job runs.
         # This cluster's own nodes in the reservation are the stack's demand, not someone else's use of it.
@@ -77,6 +87,23 @@ class CapacityChecks:
             self.warn(f"{key}.maxSize: {g.max_size} nodes, but capacity reservation {cr_id} has {free} instances "
                       f"free; nodes beyond {free} will not launch into it")
         self._reservations[i] = found
+
+    def _check_block_window(self, key: str, g: NodeGroupConfig, cr_id: str, found: dict[str, Any]) -> None:
+        """The stack's window of a capacity block is the block's (``StartDate``/``EndDate`` of
+        DescribeCapacityReservations): the runs are gated and the Auto Scaling group scheduled by it."""
+        live = {"Start": found.get("StartDate"), "End": found.get("EndDate")}
+        text = {k: v.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if isinstance(v, dt.datetime) else v
+                for k, v in live.items()}
+        window = g.capacity_block_window
+        if window is None:
+            self.warn(f"{key}.capacityBlockStart: not set for capacity block {cr_id}; set capacityBlockStart "
+                      f"{text['Start']} and capacityBlockEnd {text['End']} so no run asks for nodes before the start "
+                      "and the group is scaled to zero before the end")
+            return
+        for (name, want), got in zip(live.items(), window, strict=True):
+            if isinstance(want, dt.datetime) and want.astimezone(dt.UTC) != got:
+                self.fail(f"{key}.capacityBlock{name}: got {got.strftime('%Y-%m-%dT%H:%M:%SZ')}, but capacity block "
+                          f"{cr_id} {name.lower()}s at {text[name]}; set {key}.capacityBlock{name} {text[name]}")
 
     def own_in_reservation(self, cr_id: str) -> int:
         """Running instances of this cluster launched into reservation ``cr_id``."""
@@ -110,7 +137,7 @@ class CapacityChecks:
             key, name = f"nodeGroups[{i}].placementGroupName", g.placement_group_name
             try:
                 found = self.attempt("ec2", "DescribePlacementGroups", f"placement group {name}",
-                                     lambda n=name: self._describe_placement_group(n))
+                                     functools.partial(self._describe_placement_group, name))
             except _PlacementGroupNotFound:
                 self.fail(f"{key}: placement group {name!r} was not found in {self.cfg.region}; create it (or the "
                           f"reservation in it) first, or remove {key}")

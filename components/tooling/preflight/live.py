@@ -37,6 +37,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 from eks_ddp.config.schema import StackConfig
+from eks_ddp.core import k8s_versions
 from eks_ddp.core.ownership import DIY_ORGANIZATION, STACK_TAG, legacy_owner, owner_id  # noqa: F401 (API)
 
 OWNER_TAG = "eks:cluster-name"
@@ -169,6 +170,31 @@ def check_resize(c: Any, live: dict[str, dict[str, Any]], cfg: StackConfig, clus
                    "then pulumi up")
 
 
+def check_block_versions(c: Any, live: dict[str, dict[str, Any]], cfg: StackConfig, cluster_name: str) -> None:
+    """No version or AMI release change of a capacity-block group while it has nodes: EKS user guide, "Create a
+    managed node group with Capacity Blocks for ML": "When upgrading managed node groups with Capacity Blocks, make
+    sure that the desired size of the node group is set to 0" (awsdocs/amazon-eks-user-guide
+    latest/ug/ml/capacity-blocks-mng.adoc)."""
+    want_version = cfg.cluster.kubernetes_version
+    want_release = k8s_versions.ami_release_version(want_version, cfg.cluster.ami_release_version) \
+        if want_version in k8s_versions.AMI_RELEASE_VERSIONS or cfg.cluster.ami_release_version else None
+    for i, g in enumerate(cfg.node_groups):
+        group = live.get(g.name)
+        if group is None or g.capacity_type != "capacityBlock":
+            continue
+        desired = int((group.get("scalingConfig") or {}).get("desiredSize", 0))
+        changes = [f"{what} {have} -> {want}" for what, have, want in (
+            ("Kubernetes", group.get("version"), want_version), ("AMI release", group.get("releaseVersion"), want_release))
+            if have and want and have != want]
+        if desired and changes:
+            c.fail(f"nodeGroups[{i}]: capacity-block group {group.get('nodegroupName')} runs {desired} node(s), and "
+                   f"this update changes its {', '.join(changes)}; EKS updates a capacity-block group only at desired "
+                   "size 0. Wait until its run has ended and the autoscaler has removed the nodes, or scale it in "
+                   f"first: aws eks update-nodegroup-config --region {cfg.region} --cluster-name {cluster_name} "
+                   f"--nodegroup-name {group.get('nodegroupName')} --scaling-config desiredSize=0,minSize=0 "
+                   "then pulumi up")
+
+
 def check_live(c: Any, eks: Any, cluster_name: str, stack_id: str | None, logs: Any = None,
                organization: str | None = None, *, sts: Any = None,
                egress_ip: Callable[[], str | None] | None = None) -> None:
@@ -192,6 +218,7 @@ def check_live(c: Any, eks: Any, cluster_name: str, stack_id: str | None, logs: 
                            lambda: node_groups_by_label(eks, cluster_name))
         if groups:
             check_resize(c, groups, c.cfg, cluster_name)
+            check_block_versions(c, groups, c.cfg, cluster_name)
 
 
 def checkip(timeout_s: float = 3.0) -> str | None:

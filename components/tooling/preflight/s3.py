@@ -19,7 +19,8 @@ kms:DescribeKey.
 from __future__ import annotations
 
 import re
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import ClientError
 
@@ -48,6 +49,11 @@ class S3Checks:
     """Bucket and results-key checks of :class:`eks_ddp.tooling.preflight._Checker`."""
 
     cfg: Any
+
+    if TYPE_CHECKING:  # supplied by the checker this is a mixin of
+        def attempt(self, service: str, action: str, what: str, fn: Callable[[], Any]) -> Any: ...
+        def fail(self, message: str) -> None: ...
+        def warn(self, message: str) -> None: ...
 
     def check_s3(self, s3: Any, kms: Any, sts: Any) -> None:
         for key, bucket in buckets_read(self.cfg):

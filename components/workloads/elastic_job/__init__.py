@@ -82,7 +82,7 @@ from eks_ddp.workloads.elastic_job.stages import (  # noqa: F401 (EVAL_RUN_DIR_E
 )
 from eks_ddp.workloads.etcd import etcd_client_egress, store_selector, store_service_of
 from eks_ddp.workloads.namespace import dns_egress
-from eks_ddp_runtime.contract import RESULTS_KMS_KEY_ENV, RESULTS_URL_ENV, USAGE
+from eks_ddp_runtime.contract import LOGS_SUBDIR, RESULTS_KMS_KEY_ENV, RESULTS_URL_ENV, USAGE
 
 TRAINER_FATAL_EXIT_CODES = FATAL_EXIT_CODES
 """The bundled trainer's fatal codes (config error, divergence, unreadable input): ``eks_ddp_runtime.contract.FATAL``.
@@ -118,6 +118,8 @@ class ElasticJob(pulumi.ComponentResource):
     job_name: str
     follow_command: pulumi.Output[str]
     """``kubectl logs -f`` over every agent of the training Job."""
+    logs_location: pulumi.Output[dict]
+    """The kept logs' folder and claim (``logs`` in the stack's ``runs`` output)."""
     evaluate_command: pulumi.Output[str] | None
     """``kubectl create job --from=cronjob/...``: re-runs the evaluation (None without ``workload.evaluate``). A shell line (it names the Job
     after ``$(date +%s)``): ``eval "$(pulumi stack output evaluateCommand)"``."""
@@ -186,6 +188,16 @@ class ElasticJob(pulumi.ComponentResource):
         self.follow_command = ns.apply(
             lambda n: f"kubectl -n {n} logs -f --prefix --max-log-requests={a.nodes + 1} "
                       f"-l app.kubernetes.io/instance={self.job_name}")
+        # The kept logs (eks_ddp_runtime/runlogs.py) on the claim holding the run's directory, and what a reader pod
+        # needs to mount it (the eks-ddp command, components/tooling/runs/cluster.py): the stack's image has a shell.
+        claim, mount = (a.run_claim, self.run_dir) if a.pvc_name is None else (a.pvc_name, SHARED_ROOT)
+        self.logs_location = pulumi.Output.all(ns, claim, a.image, a.system_node_selector).apply(lambda v: {
+            "dir": f"{self.run_dir}/{LOGS_SUBDIR}", "claim": v[1], "mountPath": mount, "namespace": v[0],
+            "job": self.job_name, "image": v[2], "nodeSelector": dict(v[3] or {}),
+            "files": "<pod>/agent.log, <pod>/rank-<global rank>.log, <pod>/failures.jsonl, <pod>/exit.json",
+            "read": f"eks-ddp status {a.run_id}; eks-ddp logs {a.run_id} [--rank N] [--follow]"})
+        """Where the run's kept logs are (``<run dir>/logs`` on ``claim``) and what reading them off the volume needs,
+        once the pods are gone (``eks-ddp logs``)."""
         self.evaluate_command = ns.apply(
             lambda n: f"kubectl -n {n} create job --from=cronjob/{self.evaluate_name} "
                       f"{self.evaluate_name}-$(date +%s)") if a.workload.evaluate else None
@@ -193,7 +205,7 @@ class ElasticJob(pulumi.ComponentResource):
                                "evaluate_command": self.evaluate_command})
 
     # --- shared pod pieces -----------------------------------------------------------------------
-    def _meta(self, name: str, labels: Mapping[str, str], annotations: Mapping[str, str] | None = None
+    def _meta(self, name: str, labels: Mapping[str, str], annotations: Mapping[str, pulumi.Input[str]] | None = None
               ) -> k8s.meta.v1.ObjectMetaArgs:
         return meta(name, self.args.namespace, labels, annotations)
 

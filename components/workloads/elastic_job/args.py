@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import pulumi
 from eks_ddp.core import rules
 from eks_ddp.core.torchrun import DEFAULT_MAX_RESTARTS
+from eks_ddp.core.types import RdzvBackend, RunState
 from eks_ddp.core.workload import Workload, cifar10_workload
 from eks_ddp.infra.workload_image import SCAN_SEVERITIES
 
@@ -62,7 +63,7 @@ class ElasticJobArgs:
     """torchrun --max-restarts: the fault budget per agent (each crash or lost node costs one restart)."""
     run_id: str = "run-1"
     """Run name: the run directory is /shared/runs/<run_id>; part of the Job's name."""
-    rdzv_backend: Literal["etcd-v2", "c10d"] = "etcd-v2"
+    rdzv_backend: RdzvBackend = "etcd-v2"
     """'etcd-v2' (needs rdzv_endpoint) or 'c10d' (the agent of index 0 hosts the store)."""
     rdzv_endpoint: pulumi.Input[str] | None = None
     """etcd client endpoint host:port (EtcdRendezvous.endpoint); None with c10d."""
@@ -97,7 +98,7 @@ class ElasticJobArgs:
     A Complete Job holds no pods. Once a Job is gone, ``pulumi up --refresh`` (every ``up`` of this project's
     ``Pulumi.yaml``) creates it again, and the new Job resumes the run; its launcher ends at once in a run
     directory that holds the final marker of the same command (eks_ddp_runtime/launch.py)."""
-    state: Literal["run", "cancelled"] = "run"
+    state: RunState = "run"
     """'run', or 'cancelled': no training Job (nor fabric check) is rendered, so a cancelled run stays cancelled
     whatever later ``up``s refresh or replace; checkpoints stay, and 'run' again resumes from them."""
     data_prep_timeout: str = "40m"

@@ -97,11 +97,11 @@ def trust_problem(job_component_name: str, namespace: pulumi.Input[str], role_ar
 def create_s3_stage(job: JobView, name: str, child: pulumi.ResourceOptions) -> k8s.batch.v1.Job:
     """The stage's ServiceAccount, NetworkPolicy and Job (awaited); returns the Job the training Job waits on."""
     a = job.args
-    data = a.workload.data
-    assert isinstance(data, S3Data)
+    data, role_arn = a.workload.data, a.data_role_arn
+    assert isinstance(data, S3Data) and role_arn is not None  # ElasticJobArgs requires the role with S3 data
     sa = k8s.core.v1.ServiceAccount(
         f"{name}-stage-sa", metadata=job.pods.meta(stage_service_account(name), PART_OF,
-                                                   {"eks.amazonaws.com/role-arn": a.data_role_arn}),
+                                                   {"eks.amazonaws.com/role-arn": role_arn}),
         automount_service_account_token=False, opts=child)
     net = k8s.networking.v1
     https = net.NetworkPolicyEgressRuleArgs(

@@ -87,7 +87,7 @@ def resources(cpu: str, memory: str, extra: Mapping[str, int] | None = None) -> 
 
 
 def meta(name: str, namespace: pulumi.Input[str], labels: Mapping[str, str],
-         annotations: Mapping[str, str] | None = None) -> k8s.meta.v1.ObjectMetaArgs:
+         annotations: Mapping[str, pulumi.Input[str]] | None = None) -> k8s.meta.v1.ObjectMetaArgs:
     return k8s.meta.v1.ObjectMetaArgs(name=name, namespace=namespace, labels=dict(labels),
                                       annotations=dict(annotations) if annotations else None)
 
@@ -124,7 +124,7 @@ class PodFactory:
     worker_sa: pulumi.Input[str]
     """The ServiceAccount without any IAM role (every other pod)."""
 
-    def meta(self, name: str, labels: Mapping[str, str], annotations: Mapping[str, str] | None = None
+    def meta(self, name: str, labels: Mapping[str, str], annotations: Mapping[str, pulumi.Input[str]] | None = None
              ) -> k8s.meta.v1.ObjectMetaArgs:
         return meta(name, self.namespace, labels, annotations)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from eks_ddp.tooling import contracts
 
-EXPECTED = {"network", "image-pull", "image-digest", "rendezvous", "s3", "storage"}
+EXPECTED = {"network", "image-pull", "image-digest", "rendezvous", "s3", "storage", "fsx"}
 
 
 def test_every_contract_is_registered():

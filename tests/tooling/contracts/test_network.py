@@ -276,3 +276,66 @@ def test_c10d_reaches_index_zero_through_the_headless_service(c10d_view):
     assert any(v.startswith("[network] training/Job/training-run-1: needs TCP 29400 to training/Job/training-run-1 "
                             "for the store (training-run-1-0.training-run-1.training.svc.cluster.local:29400)")
                for v in found), found
+
+
+# --- a chart's pods the stack isolates itself: dcgm-exporter in kube-system -------------------------------------
+
+def _with_charts(view: PlanView) -> list[dict]:
+    from eks_ddp.tooling.contracts.charts import rendered_by_charts
+
+    return [*manifests(view), *rendered_by_charts(view.result)]
+
+
+def test_the_exporter_pods_are_the_charts_and_the_policy_selects_them(dev_view):
+    from eks_ddp.infra.observability import dcgm_selector
+    from eks_ddp.tooling.contracts.netobjects import selector_matches
+
+    ms = _with_charts(dev_view)
+    [ds] = [m for m in ms if m["kind"] == "DaemonSet" and m["metadata"]["name"] == "dcgm-exporter"]
+    assert ds["metadata"]["namespace"] == "kube-system"
+    labels = ds["spec"]["template"]["metadata"]["labels"]
+    assert labels == dcgm_selector() and ds["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+    assert selector_matches(policy(ms, "dcgm-exporter")["spec"]["podSelector"], labels)
+    assert run(ms, dev_view) == []
+
+
+def test_an_unisolated_exporter_is_reported(dev_view):
+    ms = [m for m in _with_charts(dev_view) if not (m["kind"] == "NetworkPolicy"
+                                                   and m["metadata"]["name"] == "dcgm-exporter")]
+    found = run(ms, dev_view)
+    assert any("kube-system/DaemonSet/dcgm-exporter: no NetworkPolicy selects it for ingress" in f for f in found), found
+
+
+def test_an_exporter_open_to_every_namespace_is_reported(dev_view):
+    ms = _with_charts(dev_view)
+    policy(ms, "dcgm-exporter")["spec"]["ingress"][0]["from"] = [{"namespaceSelector": {}}]
+    found = run(ms, dev_view)
+    # A stranger pod anywhere now reaches it (the training pods' own egress policies still keep them out).
+    assert any("stranger" in f and "dcgm-exporter on TCP 9400" in f for f in found), found
+
+
+def test_an_exporter_with_pod_labels_needs_the_api_server_its_policy_refuses(dev_view):
+    """With pod labels on, the chart mounts an API token and the exporter lists pods: a flow its policy (no egress)
+    would cut, which the contract reports instead of a silently label-less exporter."""
+    from eks_ddp.tooling.contracts.charts import dcgm_exporter
+
+    release = next(r for r in dev_view.result.of_type("kubernetes:helm.sh/v3:Release")
+                   if r.inputs["chart"] == "dcgm-exporter")
+    values = copy.deepcopy(release.inputs["values"])
+    values["kubernetes"]["enablePodLabels"] = True
+    labelled = copy.copy(release)
+    labelled.inputs = {**release.inputs, "values": values}
+    ms = [*manifests(dev_view), *dcgm_exporter(labelled)]
+    found = run(ms, dev_view)
+    assert any("kube-system/DaemonSet/dcgm-exporter: needs TCP 443" in f and "API server" in f for f in found), found
+
+
+def test_the_old_kube_system_exemption_would_not_see_the_exporter(dev_view, monkeypatch):
+    """Negative control for the contract itself: before, every kube-system pod was skipped as the platform's, so an
+    exporter open to every pod passed."""
+    from eks_ddp.tooling.contracts import network
+
+    ms = _with_charts(dev_view)
+    policy(ms, "dcgm-exporter")["spec"]["ingress"][0]["from"] = [{"namespaceSelector": {}}]
+    monkeypatch.setattr(network, "_platform", lambda pod: pod.namespace == "kube-system")
+    assert [f for f in run(ms, dev_view) if "dcgm-exporter" in f] == []

@@ -69,8 +69,8 @@ def test_dev_stack_passes(aws):
     quotas = StubQuotas()
     report = preflight.check(cfg, ec2=aws(cfg), quotas=quotas)
     assert report.ok and report.failures == [] and report.warnings == []
-    # G on-demand for the GPU group, Standard on-demand for the t3.large system group.
-    assert set(quotas.asked) == {"L-DB2E81BA", "L-1216C47A"}
+    # G on-demand for the GPU group, Standard on-demand for the t3.large system group; the new VPC and its NAT EIP.
+    assert set(quotas.asked) == {"L-DB2E81BA", "L-1216C47A", "L-F678F1CE", "L-0263D0A3"}
 
 
 def test_p4de_stack_with_matching_reservation_passes(aws):
@@ -274,7 +274,7 @@ def test_access_denied_on_quotas_is_a_warning(aws):
     denied = StubQuotas(error=client_error("AccessDeniedException", "GetServiceQuota", "not authorized"))
     report = preflight.check(cfg, ec2=aws(cfg), quotas=denied)
     assert report.failures == []
-    assert len(report.warnings) == 2  # the G and the Standard quota
+    assert len(report.warnings) == 4  # the G and the Standard quota, VPCs and Elastic IPs
     assert all("could not check the '" in w and "allow servicequotas:GetServiceQuota" in w for w in report.warnings)
 
 
@@ -338,7 +338,7 @@ def test_run_or_raise_logs_warnings_and_returns_when_nothing_failed(aws, monkeyp
     cfg = config(stack_config("dev"))
     denied = StubQuotas(error=client_error("AccessDeniedException", "GetServiceQuota"))
     report = preflight.run_or_raise(cfg, ec2=aws(cfg), quotas=denied)
-    assert report.ok and warned == report.warnings and len(warned) == 2
+    assert report.ok and warned == report.warnings and len(warned) == 4  # G, Standard, VPCs, Elastic IPs
 
 
 def test_unknown_aws_profile_is_a_warning(aws, monkeypatch):

@@ -1,0 +1,28 @@
+"""The choices a stack file and the components' Args share, declared once.
+
+The stack config (``eks_ddp.config``) validates its keys against these, and the components' Args annotate their
+fields with them; ``typing.get_args(CapacityType)`` lists the allowed values.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from eks_ddp_trainer.config import ModelName  # noqa: F401 (the bundled trainer's models, declared there once)
+
+CapacityType = Literal["onDemand", "spot", "capacityBlock"]
+"""How a GPU node group buys its instances."""
+NatMode = Literal["single", "perAz"]
+"""One NAT gateway for the new VPC, or one per zone."""
+LocalStorage = Literal["RAID0", "none"]
+"""What a GPU node does with its NVMe instance store: stripe it as RAID0 for the pods, or leave it."""
+RdzvBackend = Literal["etcd-v2", "c10d"]
+"""The rendezvous a run's agents meet through."""
+RunState = Literal["run", "cancelled"]
+"""Whether a run's training Job exists."""
+ScanSeverity = Literal["CRITICAL", "HIGH", "MEDIUM", "LOW", "INFORMATIONAL", "disabled"]
+"""The lowest ECR scan severity that stops an image from running; 'disabled' runs it unchecked."""
+UpgradePolicy = Literal["STANDARD", "EXTENDED"]
+"""The EKS upgrade policy (support type) of a cluster."""
+WorkloadKind = Literal["cifar10", "custom"]
+"""The bundled CIFAR-10 trainer, or an entrypoint of your own."""

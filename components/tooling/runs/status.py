@@ -1,0 +1,235 @@
+"""A run's state and the cause of its failure, read from files alone: the kept logs (eks_ddp_runtime/runlogs.py),
+the launcher's final marker and the local runner's ``result.json`` / ``pids.json``. No process, pod or node of the
+run needs to exist any more.
+
+The cause of a failure is one worker's failure record: of each agent's last round that failed (the most recent
+restart count in its ``failures.jsonl``), the record that explains the others best: a fatal exit code (the
+workload's own no-retry codes), then a signal other than SIGTERM/SIGINT (SIGKILL: the kernel's OOM killer or a
+kill; SIGSEGV, SIGABRT), then any other non-zero exit, then SIGTERM/SIGINT (what the agent sends the survivors);
+the earliest first, the lowest rank on a tie. Its peers usually fail after it, noticing it is gone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from eks_ddp_runtime.contract import LOGS_SUBDIR
+from eks_ddp_runtime.runlogs import (
+    AGENT_LOG,
+    EXIT_RECORD,
+    FAILURES,
+    FINAL_MARKER,
+    rank_log,
+    read_records,
+    tail_file,
+)
+
+RESULT_FILE = "result.json"
+"""The local runner's verdict (eks_ddp_local/cli.py)."""
+PIDS_FILE = "pids.json"
+RUN_MARKERS = (LOGS_SUBDIR, FINAL_MARKER, RESULT_FILE, PIDS_FILE, "run.json")
+"""What makes a folder a run's directory."""
+_LATE_SIGNALS = ("SIGTERM", "SIGINT")
+
+
+@dataclass
+class Failure:
+    pod: str
+    rank: int
+    local_rank: int | None
+    exit_code: int
+    signal: str | None
+    restart: int
+    fatal: bool
+    time: str
+    last_lines: list[str]
+    log: str | None
+    message: str | None = None
+
+    @classmethod
+    def of(cls, doc: dict) -> Failure:
+        return cls(pod=str(doc.get("pod")), rank=int(doc.get("rank", -1)), local_rank=doc.get("local_rank"),
+                   exit_code=int(doc.get("exit_code", 1)), signal=doc.get("signal"), restart=int(doc.get("restart", 0)),
+                   fatal=bool(doc.get("fatal")), time=str(doc.get("time", "")),
+                   last_lines=[str(x) for x in doc.get("last_lines") or []], log=doc.get("log"),
+                   message=doc.get("message"))
+
+    def how(self) -> str:
+        if self.signal:
+            return f"was killed by {self.signal} (exit code {self.exit_code})"
+        return f"exited with code {self.exit_code}" + (" (a fatal code: not retried)" if self.fatal else "")
+
+    def where(self) -> str:
+        local = "" if self.local_rank is None else f", local rank {self.local_rank}"
+        return f"rank {self.rank} (pod {self.pod}{local}, round {self.restart})"
+
+    def weight(self) -> tuple:
+        kind = 0 if self.fatal else 3 if self.signal in _LATE_SIGNALS else 1 if self.signal else 2
+        return kind, self.time, self.rank
+
+
+@dataclass
+class AgentExit:
+    pod: str
+    exit_code: int | None
+    reason: str
+
+
+@dataclass
+class Status:
+    run: str
+    state: str
+    """running, succeeded, failed, cancelled or unknown."""
+    because: str
+    """What says so (the final marker, result.json, the Job's condition, the agents' exit records)."""
+    logs: Path | None = None
+    logs_missing: str | None = None
+    cause: Failure | None = None
+    others: list[Failure] = field(default_factory=list)
+    agents: list[AgentExit] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        def f(x: Failure | None) -> dict | None:
+            return None if x is None else vars(x)
+        return {"run": self.run, "state": self.state, "because": self.because,
+                "logs": str(self.logs) if self.logs else None, "logs_missing": self.logs_missing,
+                "cause": f(self.cause), "others": [f(o) for o in self.others],
+                "agents": [vars(a) for a in self.agents]}
+
+    def render(self) -> str:
+        out = [f"run {self.run}: {self.state} ({self.because})"]
+        if self.logs_missing:
+            out.append(f"cause: unknown: the kept logs are missing ({self.logs_missing})")
+        elif self.cause is not None:
+            c = self.cause
+            out.append(f"cause: {c.where()} {c.how()} at {c.time}")
+            if c.message:
+                out.append(f"  message: {c.message}")
+            where = f"{LOGS_SUBDIR}/{c.pod}/{c.log or rank_log(c.rank)}"
+            out.append(f"last lines of rank {c.rank} ({where}):" if c.last_lines else
+                       f"rank {c.rank} wrote nothing before it ended ({where})")
+            out += [f"  | {line}" for line in c.last_lines]
+        elif self.state == "failed":
+            out.append("cause: no worker failure recorded; the agents' exit reasons below say why")
+        if self.others:
+            out.append("also failed: " + "; ".join(f"{o.where()} {o.how()}" for o in self.others[:8])
+                       + (f"; and {len(self.others) - 8} more" if len(self.others) > 8 else ""))
+        if self.agents:
+            out.append("agents: " + "; ".join(
+                f"{a.pod} " + ("still running or killed without a record" if a.exit_code is None else
+                               f"exited {a.exit_code} ({a.reason})") for a in self.agents))
+        if self.logs and not self.logs_missing:
+            out.append(f"logs: {self.logs}")
+        return "\n".join(out)
+
+
+def is_run_dir(path: Path) -> bool:
+    return path.is_dir() and any((path / m).exists() for m in RUN_MARKERS)
+
+
+def _json(path: Path) -> dict | None:
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def pods(logs: Path) -> list[Path]:
+    """The agents' folders under a run's ``logs/`` (each holds agent.log or a rank log)."""
+    if not logs.is_dir():
+        return []
+    return sorted(p for p in logs.iterdir() if p.is_dir() and (
+        (p / AGENT_LOG).exists() or (p / EXIT_RECORD).exists() or any(p.glob("rank-*.log"))))
+
+
+def read_failures(logs: Path) -> tuple[Failure | None, list[Failure]]:
+    """The cause (see the module docstring) and the other failures of the same last rounds."""
+    last: list[Failure] = []
+    for pod in pods(logs):
+        records = [Failure.of(d) for d in read_records(pod / FAILURES)]
+        if records:
+            final = max(r.restart for r in records)
+            last += [r for r in records if r.restart == final]
+    if not last:
+        return None, []
+    ranked = sorted(last, key=Failure.weight)
+    return ranked[0], ranked[1:]
+
+
+def read_agents(logs: Path) -> list[AgentExit]:
+    out = []
+    for pod in pods(logs):
+        doc = _json(pod / EXIT_RECORD)
+        out.append(AgentExit(pod.name, None, "") if doc is None else
+                   AgentExit(pod.name, doc.get("exit_code"), str(doc.get("reason", ""))))
+    return out
+
+
+def runner_alive(run_dir: Path) -> int | None:
+    """The local runner's pid while it still runs this run (pids.json; a reused pid does not count)."""
+    from eks_ddp_runtime.procs import alive, cmdline
+
+    doc = _json(run_dir / PIDS_FILE) or {}
+    pid = doc.get("runner")
+    if not isinstance(pid, int) or pid == os.getpid() or not alive(pid):
+        return None
+    return pid if "eks_ddp_local" in cmdline(pid) or "eks-ddp-local" in cmdline(pid) else None
+
+
+def local_status(run_dir: Path, name: str | None = None) -> Status:
+    """The state of a run from its directory (a local run's, or a cluster run's kept logs fetched here)."""
+    name = name or run_dir.name
+    logs = run_dir / LOGS_SUBDIR
+    agents = read_agents(logs)
+    result = _json(run_dir / RESULT_FILE)
+    if (run_dir / FINAL_MARKER).exists():
+        state, because = "succeeded", f"{FINAL_MARKER}: the launcher recorded that the run finished"
+    elif runner_alive(run_dir):
+        state, because = "running", f"the local runner (pid {runner_alive(run_dir)}) is running it"
+    elif result is not None:
+        code = result.get("returncode")
+        state = "succeeded" if code == 0 else "failed"
+        because = f"{RESULT_FILE}: exit status {code}"
+    elif any(a.exit_code == 0 for a in agents):
+        state, because = "succeeded", "an agent exited 0: its workers finished"
+    elif agents and all(a.exit_code is not None for a in agents):
+        state, because = "failed", "every agent exited non-zero"
+    elif agents:
+        state, because = "unknown", "an agent left no exit record: still running, or killed without warning"
+    else:
+        state, because = "unknown", "no agent record"
+    status = Status(run=name, state=state, because=because, logs=logs, agents=agents)
+    if not logs.is_dir():
+        status.logs_missing = f"{logs}: no such folder"
+    elif not agents:
+        status.logs_missing = f"{logs}: no agent's folder in it"
+    else:
+        status.cause, status.others = read_failures(logs)
+        if state == "succeeded":  # restarts along the way are not the run's cause
+            status.cause, status.others = None, []
+    return status
+
+
+def log_files(logs: Path, rank: int | None = None) -> list[Path]:
+    """The kept log files in reading order: per agent, agent.log then its ranks (a rotated ``.1`` before its file);
+    with ``rank``: that rank's files only, on every agent that ran it."""
+    out: list[Path] = []
+    for pod in pods(logs):
+        if rank is None:
+            names = [AGENT_LOG, *sorted((p.name for p in pod.glob("rank-*.log")),
+                                        key=lambda n: int(n[5:-4]) if n[5:-4].isdigit() else 1 << 30)]
+        else:
+            names = [rank_log(rank)]
+        for n in names:
+            for p in (pod / f"{n}.1", pod / n):
+                if p.exists():
+                    out.append(p)
+    return out
+
+
+def last_lines(path: Path, n: int) -> list[str]:
+    return tail_file(path, n)

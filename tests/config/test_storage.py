@@ -1,0 +1,131 @@
+"""The stack keys for storage, node storage, AMI releases and capacity-block windows: defaults, and one test per
+refusal naming its key."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from eks_ddp.config import ConfigError, load_stack_config
+from eks_ddp.core import k8s_versions
+
+from tests.support.util import set_path, stack_config
+
+TODAY = dt.date(2026, 11, 25)
+CB = "cr-0123456789abcdef0"
+
+
+def load(raw: dict, today: dt.date = TODAY):
+    raw = dict(raw)
+    region = raw.pop("aws:region")
+    return load_stack_config(raw, region=region, today=today)
+
+
+def problems(raw: dict, today: dt.date = TODAY) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        load(raw, today)
+    return info.value.problems
+
+
+def edit(raw: dict, **paths) -> dict:
+    for path, value in paths.items():
+        raw = set_path(raw, f"eks-ddp:{path}", value)
+    return raw
+
+
+def block(start: str = "2026-12-01T11:30:00Z", end: str = "2026-12-08T11:30:00Z", **more) -> dict:
+    """The p4de example turned into a capacity-block group with a window."""
+    raw = edit(stack_config("p4de"), **{"nodeGroups[0].capacityType": "capacityBlock",
+                                        "nodeGroups[0].capacityBlockStart": start,
+                                        "nodeGroups[0].capacityBlockEnd": end})
+    return edit(raw, **more)
+
+
+def test_defaults():
+    cfg = load(stack_config("dev"))
+    assert cfg.storage.backend == "efs"
+    assert cfg.storage.efs_transitions == {"transition_to_ia": "AFTER_30_DAYS", "transition_to_archive": "AFTER_90_DAYS",
+                                           "transition_to_primary_storage_class": "AFTER_1_ACCESS"}
+    assert cfg.node_groups[0].local_storage == "RAID0" and cfg.node_groups[0].capacity_block_window is None
+    assert cfg.cluster.ami_release_version is None
+
+
+def test_fsx_backend_and_its_sizes():
+    cfg = load(edit(stack_config("p4de"), **{"storage.backend": "fsxLustre", "storage.fsxStorageCapacityGiB": 4800,
+                                             "storage.fsxThroughputPerTiB": 500}))
+    assert (cfg.storage.backend, cfg.storage.fsx_storage_capacity_gib, cfg.storage.fsx_throughput_per_tib) == \
+        ("fsxLustre", 4800, 500)
+    found = problems(edit(stack_config("p4de"), **{"storage.backend": "fsxLustre", "storage.fsxStorageCapacityGiB": 2000,
+                                                   "storage.fsxThroughputPerTiB": 200,
+                                                   "storage.fileSystemId": "fs-0123456789abcdef0"}))
+    assert any(p.startswith("storage.fsxStorageCapacityGiB: got 2000; expected 1200, or a multiple of 2400")
+               for p in found), found
+    assert any(p.startswith("storage.fsxThroughputPerTiB: got 200; expected one of 125, 250, 500, 1000")
+               for p in found), found
+    assert any(p.startswith("storage.fileSystemId: got 'fs-0123456789abcdef0' with storage.backend 'fsxLustre'")
+               for p in found), found
+    assert problems(edit(stack_config("dev"), **{"storage.backend": "lustre"})) == [
+        "storage.backend: got 'lustre'; expected one of 'efs', 'fsxLustre'"]
+
+
+def test_efs_lifecycle_keys():
+    cfg = load(edit(stack_config("dev"), **{"storage.efsTransitionToIA": "AFTER_7_DAYS",
+                                            "storage.efsTransitionToArchive": "none"}))
+    assert cfg.storage.efs_transitions["transition_to_ia"] == "AFTER_7_DAYS"
+    assert cfg.storage.efs_transitions["transition_to_archive"] is None
+    found = problems(edit(stack_config("dev"), **{"storage.efsTransitionToIA": "none"}))
+    assert found == ["storage.efsTransitionToArchive: got 'AFTER_90_DAYS' with storage.efsTransitionToIA None; "
+                     "expected a transition to IA that comes first (EFS moves files to Archive only after IA)"]
+    assert problems(edit(stack_config("dev"), **{"storage.efsTransitionToPrimary": "AFTER_2_ACCESS"}))[0].startswith(
+        "storage.efsTransitionToPrimary: got 'AFTER_2_ACCESS'; expected one of AFTER_1_ACCESS, or none")
+
+
+def test_local_storage_key():
+    assert load(edit(stack_config("dev"), **{"nodeGroups[0].localStorage": "none"})).node_groups[0].local_storage == \
+        "none"
+    assert problems(edit(stack_config("dev"), **{"nodeGroups[0].localStorage": "RAID10"})) == [
+        "nodeGroups[0].localStorage: got 'RAID10'; expected 'RAID0' or 'none'"]
+
+
+def test_ami_release_version_pins_every_group_and_is_checked_against_the_kubernetes_version():
+    assert load(edit(stack_config("dev"), **{"cluster.amiReleaseVersion": "1.35.6-20260714"})).cluster \
+        .ami_release_version == "1.35.6-20260714"
+    found = problems(edit(stack_config("dev"), **{"cluster.amiReleaseVersion": "1.34.9-20260714"}))
+    assert found == ["cluster.amiReleaseVersion: got '1.34.9-20260714'; expected an EKS AMI release version of "
+                     "Kubernetes 1.35, <1.35.patch>-<yyyymmdd>, e.g. " + k8s_versions.AMI_RELEASE_VERSIONS["1.35"]]
+
+
+def test_every_supported_version_has_a_dated_ami_pin():
+    assert set(k8s_versions.AMI_RELEASE_VERSIONS) == set(k8s_versions.SUPPORTED_VERSIONS)
+    date = k8s_versions.AMI_RELEASE_DATE.replace("-", "")
+    for version, release in k8s_versions.AMI_RELEASE_VERSIONS.items():
+        assert k8s_versions.ami_release_problem("x", release, version) is None
+        assert release.endswith(date), (version, release)
+    assert k8s_versions.ami_release_problem("x", "1.35.6", "1.35")  # negative control: no build date
+
+
+def test_a_capacity_block_window_is_read_and_checked():
+    cfg = load(block(**{"job.state": "cancelled"}))
+    start, end = cfg.node_groups[0].capacity_block_window
+    assert start == dt.datetime(2026, 12, 1, 11, 30, tzinfo=dt.UTC) and end - start == dt.timedelta(days=7)
+    assert "nodeGroups[0].capacityBlockEnd: got '2026-12-01T11:30:00Z'; expected a time after capacityBlockStart" \
+        in problems(block(end="2026-12-01T11:30:00Z"))[0]
+    assert problems(block(start="tomorrow", **{"job.state": "cancelled"})) == [
+        "nodeGroups[0].capacityBlockStart: got 'tomorrow'; expected a UTC time such as 2026-12-01T11:30:00Z"]
+    assert problems(block(start="2026-12-01T11:30:00+02:00", **{"job.state": "cancelled"}))[0].startswith(
+        "nodeGroups[0].capacityBlockStart: got '2026-12-01T11:30:00+02:00'; expected a UTC time")
+    onDemand = edit(block(), **{"nodeGroups[0].capacityType": "onDemand"})
+    assert problems(onDemand)[0].startswith("nodeGroups[0].capacityBlockStart: set with capacityType 'onDemand'")
+
+
+def test_no_run_asks_for_a_blocks_nodes_before_it_starts_and_none_after_it_ends():
+    found = problems(block(**{"nodeGroups[0].desiredSize": 1}))
+    assert "nodeGroups[0].desiredSize: got 1 before the block starts (2026-12-01T11:30:00Z); expected 0: no node " \
+           "can launch before then" in found
+    assert any(p.startswith("job.state: 'run' on group 'a100', whose capacity block starts at 2026-12-01T11:30:00Z; "
+                            "expected 'cancelled' until then") for p in found), found
+    # Inside the window the run may go; after it, the window is refused.
+    assert load(block(), today=dt.date(2026, 12, 3)).job.state == "run"
+    assert problems(block(), today=dt.date(2026, 12, 9)) == [
+        "nodeGroups[0].capacityBlockEnd: the block ended at 2026-12-08T11:30:00Z; expected the window of a block "
+        "that has not ended (set the new block's capacityReservationId, start and end)"]
