@@ -21,6 +21,9 @@ same). Faults:
   degraded, then the replacement), ``store_wiped_worker_kill`` (recreated empty at full size, then a worker
   SIGKILL). Figure: seconds from the store's return or the newcomer's arrival to the first full-size step.
   Not run against ``--baseline`` (its agents speak plain HTTP; the store now requires a client certificate).
+* ``asym_partition``: the survivor of a degraded job cut off from the store (network namespaces) while the
+  replacement node reaches it (tests/support/store_faults.py ``asymmetric_partition``); pass: one world at a time in
+  the records, no checkpoint committed after the newcomer's fence, full size within 30 s of the link's return.
 
 ``--baseline DIR`` runs the same faults, in the same run, against another checkout (``git worktree add DIR
 dc9e592``): its own ``components/core/torchrun.py`` builds its cluster command (stock torchrun, its
@@ -61,7 +64,8 @@ from tests.support.etcd_server import (
 
 STORE_SCENARIOS = ("store_down_at_start", "store_hang_12s", "store_hang_300s", "store_wiped_newcomer",
                    "store_wiped_worker_kill")
-SCENARIOS = ("worker_kill", "node_kill", "node_sigstop", "node_partition", "etcd_outage", "kills_20", *STORE_SCENARIOS)
+SCENARIOS = ("worker_kill", "node_kill", "node_sigstop", "node_partition", "etcd_outage", "kills_20", *STORE_SCENARIOS,
+             "asym_partition")
 EPOCHS = {"kills_20": 8}
 BASELINE_MAX_RESTARTS = 3
 """--max-restarts of dc9e592's dev stack (job.maxRestarts: 3), which its Job command took from config."""
@@ -209,7 +213,28 @@ def store(kind: str, tmp: Path, data: Path) -> dict:
         for job in jobs:
             job.close()
         etcd.kill()
-    r["ok"] = bool(r["agents_alive"] and r["second_world"] is None and r["full_size_s"] <= 30)
+    r["ok"] = bool(r["agents_alive"] and r["second_world"] is None and not r["stale_commits"] and r["full_size_s"] <= 30)
+    return r
+
+
+def asym_partition(tmp: Path, data: Path) -> dict:
+    import dataclasses
+
+    run = tmp / "run"
+    trainer = dataclasses.replace(_trainer(data, run, 2000), keep_checkpoints=1000)
+    command = netns.cluster_command(trainer, dataclasses.replace(CLUSTER_TIMEOUTS, first_round=2))  # starts alone
+    with netns.two_nodes() as nodes:
+        etcd, job = netns.start_job(nodes, tmp, run, command, on=(1,))
+        try:
+            newcomer = netns.add_agent(job, nodes, 0, etcd, command, held=True)
+            r = store_faults.asymmetric_partition(nodes, job, job.agents[0], newcomer)
+        except AssertionError as e:
+            return {"ok": False, "error": str(e).splitlines()[0], "load_avg_1m": round(os.getloadavg()[0], 2)}
+        finally:
+            job.close()
+            etcd.kill()
+    r["ok"] = bool(r["survivor_alive_while_cut"] and r["second_world"] is None and not r["stale_commits"]
+                   and r["full_size_s"] <= 30)
     return r
 
 
@@ -258,7 +283,7 @@ def _cell(s: dict | None, runs: list[dict] | None) -> str:
     if s is None:
         return "not run"
     if s.get("median_full_size_s") is not None and s["ok"]:
-        return f"no agent exit, one world, full size {s['median_full_size_s']} s after"
+        return f"no agent exit, one world, no stale commit, full size {s['median_full_size_s']} s after"
     if s["median_to_next_step_s"] is not None and s["ok"]:
         return f"{s['median_to_next_step_s']} s, {s['median_steps_redone']} redone"
     last = (runs or [{}])[-1]
@@ -286,13 +311,15 @@ def main() -> int:
                  "baseline": base.commit if base else None, "runs": {}, "baseline_runs": {}}
     for kind in a.only.split(","):
         for label, b, repeats in (("runs", None, a.repeats), ("baseline_runs", base, a.baseline_repeats)):
-            if label == "baseline_runs" and (base is None or kind in STORE_SCENARIOS):
+            if label == "baseline_runs" and (base is None or kind in (*STORE_SCENARIOS, "asym_partition")):
                 continue
             runs = res[label][kind] = []
             for i in range(1 if kind in ("kills_20", "store_hang_300s") else repeats):
                 d = tmp / f"{label}-{kind}-{i}"
                 if kind in STORE_SCENARIOS:
                     r = store(kind, d, data)
+                elif kind == "asym_partition":
+                    r = asym_partition(d, data)
                 elif kind == "kills_20":
                     r = kills_20(d, data, b)
                 else:

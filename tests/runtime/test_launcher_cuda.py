@@ -65,6 +65,12 @@ def _assert_cuda_usable(ranks: list[dict], log: str) -> None:
 def test_workers_of_the_real_launcher_are_not_in_a_bad_fork(tmp_path, etcd_endpoint):  # noqa: F811
     ranks, log = _probe(tmp_path, etcd_endpoint)
     _assert_cuda_usable(ranks, log)
+    # Review E7: forked by the zygote, which had one Python thread at that instant (workers.FORKED_FROM), never by
+    # the agent, which meanwhile runs the rendezvous heartbeat thread. Negative controls: tests/runtime/test_fork_threads.py.
+    for r in ranks:
+        assert r["forked_from"] is not None and r["forked_from"]["pid"] == r["ppid"] != r["agent"], r
+        assert r["forked_from"]["python_threads"] == 1 and r["agent_threads"] >= 2, r
+    assert "1 Python thread at fork" in log, log[-3000:]
 
 
 @needs_cuda_build

@@ -177,6 +177,35 @@ def test_network_partition_of_one_node_is_detected_within_15_s(tmp_path, data_di
             etcd.kill()
 
 
+
+def test_asymmetric_partition_never_lets_two_worlds_commit(tmp_path, data_dir):
+    """Review E2: the survivor of a degraded job loses its path to the store (the store stays up) and the
+    replacement node, which reaches it, forms a world of its own. The survivor's workers may keep training, but
+    from its lease's end on they commit nothing (no checkpoint, no history record): the records read as one world
+    at a time, no checkpoint lands after the newcomer's fence, and the job is back at full size within 30 s of
+    the link's return. (On the code before the fence: two rank 0s appended to one history.jsonl.)"""
+    from tests.support import netns, store_faults
+
+    run = tmp_path / "run"
+    trainer = dataclasses.replace(_trainer(data_dir, run, epochs=300), keep_checkpoints=1000)
+    command = netns.cluster_command(trainer, ONE_AGENT_FIRST)  # the survivor starts alone: no 300 s first round
+    with netns.two_nodes() as nodes:
+        etcd, job = netns.start_job(nodes, tmp_path, run, command, on=(1,))
+        try:
+            survivor = job.agents[0]
+            newcomer = netns.add_agent(job, nodes, 0, etcd, command, held=True)
+            result = store_faults.asymmetric_partition(nodes, job, survivor, newcomer)
+            print(f"[measure] {result}")
+            assert result["survivor_alive_while_cut"], job.logs()
+            assert result["second_world"] is None, (result, job.logs())
+            assert result["stale_commits"] == [], result
+            assert result["full_size_s"] <= BACK_WITHIN_S, result
+            assert "commit deferred" in survivor.log(), survivor.log()[-3000:]
+        finally:
+            for a in job.agents:
+                a.stop()
+            etcd.kill()
+
 def _next_step_after(job: Job, t: float, timeout_s: float = 60) -> tuple[dict, dict]:
     start = job.wait_for(lambda: [r for r in _starts(job) if r["time"] > t], timeout_s, "restarted workers")[0]
     step = job.wait_for(lambda: [r for r in job.history() if r.get("kind") == "step" and r["time"] > start["time"]],
@@ -292,6 +321,7 @@ def _assert_healed(result: dict) -> None:
     print(f"[measure] {result}")
     assert result["agents_alive"], result
     assert result["second_world"] is None, result
+    assert result["stale_commits"] == [], result  # no checkpoint committed by a world after a newer one's fence
     assert result["full_size_s"] <= BACK_WITHIN_S, result
 
 

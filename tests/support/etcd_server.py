@@ -91,16 +91,18 @@ class Agent:
     """One torchrun agent (a "node"), in its own process group, output to a log file.
 
     ``held``: the process imports torch and the launcher at once but starts the agent only at :meth:`release`, so a
-    test can have a replacement node arrive at a chosen moment rather than after seconds of imports."""
+    test can have a replacement node arrive at a chosen moment rather than after seconds of imports. ``prefix``
+    goes in front of the command line (``ip netns exec NS``: tests/netns.py)."""
 
     def __init__(self, name: str, cmd: list[str], log_path: Path, env: dict[str, str], cwd: Path = ROOT,
-                 held: bool = False) -> None:
+                 held: bool = False, prefix: list[str] | None = None) -> None:
         self.name, self.cmd, self.log_path = name, cmd, log_path
         self.marker = log_path.with_suffix(".release")
         if held:
             if cmd[1] != "-m":
                 raise ValueError(f"a held agent runs a module (python -m ...); got {cmd[:3]}")
             cmd = [cmd[0], "-c", _HELD, str(self.marker), cmd[2], *cmd[3:]]
+        cmd = [*(prefix or []), *cmd]  # e.g. ``ip netns exec NS``: the agent runs on another "node"
         with open(log_path, "wb") as log:
             self.proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True)

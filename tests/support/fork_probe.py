@@ -3,7 +3,8 @@
 Run as ``python -m eks_ddp_runtime.launch <the cluster's flags> -m tests.support.fork_probe OUT_DIR``. It imports the trainer
 first, so a worker prepares exactly as for training (forked from the launcher's zygote, or a fresh process). Each
 rank writes ``OUT_DIR/rank-<RANK>.json``: torch's bad-fork flag, what CUDA's lazy initialisation (the path
-``torch.cuda.set_device`` takes) raises, and on a machine with a GPU whether ``set_device`` and a kernel ran.
+``torch.cuda.set_device`` takes) raises, on a machine with a GPU whether ``set_device`` and a kernel ran, and which
+process forked the worker with how many threads (tests/support/fork_threads_probe.py).
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ from pathlib import Path
 import eks_ddp_trainer.train  # noqa: F401  (the agent imports what the trainer imports)
 import torch
 
+from tests.support.fork_threads_probe import probe as threads_at_fork
+
 
 def probe() -> dict:
-    out: dict = {"rank": int(os.environ.get("RANK", "0")), "pid": os.getpid(), "ppid": os.getppid(),
+    out: dict = {**threads_at_fork(), "rank": int(os.environ.get("RANK", "0")),
                  "in_bad_fork": bool(torch.cuda._is_in_bad_fork()), "lazy_init_error": None, "set_device": None}
     try:
         torch.cuda._lazy_init()  # what set_device runs first; raises in a bad fork before it looks for a driver

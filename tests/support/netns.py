@@ -22,6 +22,9 @@ from eks_ddp_trainer.config import TrainerConfig
 
 from tests.support.etcd_server import ROOT, Agent, Job, RestartableEtcd, client_tls, trainer_env
 
+SNAPSHOT_DIR_ENV = "EKS_DDP_SNAPSHOT_DIR"
+"""training/trainer/snapshot.py ``DIR_ENV`` (not imported: this module runs where the trainer's dependencies may not)."""
+
 
 @dataclass(frozen=True)
 class Nodes:
@@ -32,6 +35,11 @@ class Nodes:
     def cut(self, i: int) -> None:
         """Partition node ``i``: its end of the link goes down (no reset reaches anyone)."""
         subprocess.run(["ip", "-n", self.namespaces[i], "link", "set", self.links[i], "down"], check=True,
+                       timeout=10)
+
+    def heal(self, i: int) -> None:
+        """End node ``i``'s partition: its end of the link comes up again (addresses and routes are kept)."""
+        subprocess.run(["ip", "-n", self.namespaces[i], "link", "set", self.links[i], "up"], check=True,
                        timeout=10)
 
 
@@ -80,16 +88,27 @@ def cluster_command(trainer: TrainerConfig, timeouts: RdzvTimeouts = CLUSTER_TIM
 
 def start_job(nodes: Nodes, tmp: Path, run_dir: Path, command: CommandFor, *,
               env: Callable[[dict[str, str]], dict[str, str]] = trainer_env, cwd: Path = ROOT,
-              plain: bool = False) -> tuple[RestartableEtcd, Job]:
-    """etcd on node 0 and one agent per node running ``command`` from ``cwd``; the caller stops both."""
+              plain: bool = False, on: tuple[int, ...] = (0, 1)) -> tuple[RestartableEtcd, Job]:
+    """etcd on node 0 and one agent on each node of ``on`` running ``command`` from ``cwd``; the caller stops
+    both (:func:`add_agent` starts more)."""
     etcd = RestartableEtcd(tmp / "etcd", host=nodes.addrs[0], prefix=["ip", "netns", "exec", nodes.namespaces[0]],
                            plain=plain)
     etcd.start()
     job = Job.of_command(tmp, run_dir, [], {}, nodes=0, cwd=cwd)  # agents started here, one per namespace
-    rdzv_id = f"partition-{uuid.uuid4().hex[:6]}"
-    for i in range(2):
-        cmd = ["ip", "netns", "exec", nodes.namespaces[i], *command(etcd.endpoint, rdzv_id, nodes.addrs[i])]
-        # gloo would pick the host name's address (loopback); pin it to the node's veth.
-        job.agents.append(Agent(f"agent{i}", cmd, tmp / f"agent{i}.log", env({"GLOO_SOCKET_IFNAME": nodes.links[i]}),
-                                cwd))
+    job.rdzv_id = f"partition-{uuid.uuid4().hex[:6]}"
+    for i in on:
+        add_agent(job, nodes, i, etcd, command, env=env)
     return etcd, job
+
+
+def add_agent(job: Job, nodes: Nodes, i: int, etcd: RestartableEtcd, command: CommandFor, *,
+              env: Callable[[dict[str, str]], dict[str, str]] = trainer_env, held: bool = False) -> Agent:
+    """One more agent of ``job`` on node ``i`` (a replacement pod); ``held``: see tests.etcd_server.Agent.
+    Each node keeps its node-local snapshots in a folder of its own, as separate machines do."""
+    n = len(job.agents)
+    # gloo would pick the host name's address (loopback); pin it to the node's veth.
+    extra = {"GLOO_SOCKET_IFNAME": nodes.links[i], SNAPSHOT_DIR_ENV: str(job.tmp / f"snapshots-node{i}")}
+    agent = Agent(f"agent{n}", command(etcd.endpoint, job.rdzv_id, nodes.addrs[i]), job.tmp / f"agent{n}.log",
+                  env(extra), job.cwd, held=held, prefix=["ip", "netns", "exec", nodes.namespaces[i]])
+    job.agents.append(agent)
+    return agent

@@ -3,7 +3,7 @@
 Each scenario drives a two-node job (the cluster's agent command, CLUSTER_TIMEOUTS) and a
 :class:`~tests.support.etcd_server.RestartableEtcd` (TLS, client certificates), injects one fault, and returns
 what happened: whether every agent stayed up, whether the step records ever showed two worlds at once,
-and the seconds from the store's return (or the newcomer's arrival: its agent up and at its first
+which checkpoints a world committed after a newer world's fence (:func:`stale_commits`), and the seconds from the store's return (or the newcomer's arrival: its agent up and at its first
 rendezvous; ``from_spawn_s`` counts from its process start, imports included) to the first full-size step.
 Callers assert on the result (tests) or record it (the benchmark); the caller closes the job and etcd.
 """
@@ -80,8 +80,8 @@ def _degraded(job: Job) -> None:
 
 def _result(job: Job, survivors: list[int], **kw: Any) -> dict[str, Any]:
     second = one_world_at_a_time(job.history())
-    return {"agents_alive": _alive(job, survivors), "second_world": second, "agents_exit":
-            [a.proc.poll() for a in job.agents], "load_avg_1m": round(os.getloadavg()[0], 2), **kw}
+    return {"agents_alive": _alive(job, survivors), "second_world": second, "stale_commits": stale_commits(job.run_dir),
+            "agents_exit": [a.proc.poll() for a in job.agents], "load_avg_1m": round(os.getloadavg()[0], 2), **kw}
 
 
 def store_down_at_start(etcd: RestartableEtcd, make_job: MakeJob, down_s: float) -> dict[str, Any]:
@@ -109,13 +109,15 @@ def store_hang_then_newcomer(etcd: RestartableEtcd, make_job: MakeJob, hang_s: f
     etcd.pause()
     paused = time.time()
     time.sleep(hang_s)
-    during = [r for r in steps(job) if paused + 1 < r["time"]]
     alive = _alive(job, [0])
     etcd.resume()
     back = time.time()
     time.sleep(2)
     spawned, arrived = _newcomer(job)
     full = _full_size_after(job, arrived, 120)
+    # Steps trained during the outage. Their records reach history.jsonl once the survivor's lease is back (the
+    # history is a commit: training/trainer/runlog.py), so they are counted by their own times, after the fact.
+    during = [r for r in steps(job) if paused + 1 < r["time"] < back]
     return _result(job, [0, 2], alive_during_outage=alive, steps_during_outage=len(during),
                    full_size_s=full, from_spawn_s=round(arrived - spawned + full, 2),
                    back_to_full_s=round(arrived - back + full, 2))
@@ -149,3 +151,63 @@ def store_wiped_then_worker_kill(etcd: RestartableEtcd, make_job: MakeJob) -> di
     killed = time.time()
     full = _full_size_after(job, killed, 120)
     return _result(job, [0, 1], healed_s=healed, full_size_s=full)
+
+
+def stale_commits(run_dir) -> list[str]:
+    """Checkpoints a world committed after a newer world had fenced the run directory (training/trainer/checkpoint.py:
+    each world's rank 0 writes a fence before training; each checkpoint names its world's fence). The commit time
+    is the file's ctime (a rename sets it), the fence's its file's ctime: one clock, the shared filesystem's.
+    An empty list when there is none; a run directory without any fence record is itself one."""
+    from pathlib import Path
+
+    from eks_ddp_trainer import checkpoint as ckpt
+
+    if not hasattr(ckpt, "read_fences"):  # an older checkout's trainer (bench/recovery.py --baseline)
+        return [f"{run_dir}: this trainer writes no fence records"]
+    fences = ckpt.read_fences(Path(run_dir))
+    if not fences:
+        return [f"{run_dir}: no fence record (each world's rank 0 writes one before training)"]
+    created = {e: (ckpt.fence_path(run_dir, e)).stat().st_ctime for e in fences}
+    out = []
+    for path in ckpt.list_checkpoints(run_dir):
+        generation = ckpt.load_checkpoint(path).get("fence", {}).get("generation")
+        committed = path.stat().st_ctime
+        newer = [e for e in fences if generation is None or e > generation]
+        late = [e for e in newer if created[e] < committed]
+        if generation is None or late:
+            out.append(f"{path.name}: world {generation} committed at {committed:.3f}, after the fence of world(s) "
+                       f"{late} ({', '.join(f'{created[e]:.3f}' for e in late)})" if late else
+                       f"{path.name}: names no world")
+    return out
+
+
+def asymmetric_partition(nodes, job: Job, survivor, newcomer, settle_s: float = 5.0) -> dict[str, Any]:
+    """The survivor trains alone (round >= 1) from node 1; its path to the store breaks (node 1's link goes
+    down: the store, on node 0, stays up); the replacement node's agent (``newcomer``, held, on node 0) arrives
+    and can reach the store. Then the link comes back. Returns the records' verdicts and the seconds from the
+    link's return to the first full-size step."""
+    job.wait_for(lambda: [r for r in steps(job) if r["step"] >= 6], 120, "the survivor training")
+    job.wait_for(lambda: _checkpoints(job), 60, "a first durable checkpoint")
+    cut = time.time()
+    nodes.cut(1)
+    newcomer.release()
+    # The newcomer's world: a start record after the cut, and enough of its training for two checkpoints.
+    start = job.wait_for(lambda: [r for r in job.history() if r.get("kind") == "start" and r["time"] > cut], 90,
+                         "the newcomer's world")[0]
+    job.wait_for(lambda: [r for r in steps(job) if r["time"] > start["time"] and r["step"] >= start["resumed_step"] + 11],
+                 90, "the newcomer's world training")
+    time.sleep(settle_s)  # long enough for the survivor to commit (checkpoints every 5 steps) if nothing stops it
+    survivor_alive = survivor.proc.poll() is None
+    healed = time.time()
+    nodes.heal(1)
+    full = _full_size_after(job, healed, 120)
+    history = job.history()
+    return {"second_world": one_world_at_a_time(history), "stale_commits": stale_commits(job.run_dir),
+            "survivor_alive_while_cut": survivor_alive, "newcomer_start_after_cut_s": round(start["time"] - cut, 2),
+            "full_size_s": full, "load_avg_1m": round(os.getloadavg()[0], 2)}
+
+
+def _checkpoints(job: Job) -> list:
+    from eks_ddp_trainer import checkpoint as ckpt
+
+    return ckpt.list_checkpoints(job.run_dir)

@@ -21,6 +21,7 @@ module or script runs only in the workers, as under torchrun; workers.py forks t
 # ruff: noqa: E402  (the torch check below must run before torch's elastic internals are imported)
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import glob
 import json
@@ -41,7 +42,7 @@ from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 from torch.distributed.elastic.rendezvous.api import RendezvousClosedError
 from torch.distributed.launcher import api as launcher_api
 
-from . import dataset, rendezvous, runlogs
+from . import dataset, fence, rendezvous, runlogs
 from .contract import RUN_DIR_ENV
 from .exitcodes import BAD_INPUT, fatal_codes
 from .keptlogs import KeptLogs, RunLogsSpecs, open_kept_logs
@@ -115,6 +116,16 @@ class Agent(LocalElasticAgent):
             specs.forked = not isinstance(worker_group.spec.entrypoint, str)
         return super()._start_workers(worker_group)
 
+    def _setup_local_watchdog(self, envs: dict[int, dict[str, str]]) -> None:
+        # torch's _start_workers hands it every worker's environment just before it starts them: the round they
+        # run for and where the agent's lease is, for fence.commit_allowed (fresh and forked workers alike).
+        lease = fence.agent_lease()
+        if lease is not None and lease.round is not None:
+            for env in envs.values():
+                env[fence.ROUND_ENV] = str(lease.round)
+                env[fence.LEASE_FILE_ENV] = lease.path
+        super()._setup_local_watchdog(envs)
+
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         result = super()._monitor_workers(worker_group)
         if result.state == WorkerState.HEALTHY and all_exited_zero(self._pcontext):
@@ -136,14 +147,17 @@ class Agent(LocalElasticAgent):
 def make_agent(spec: WorkerSpec, config: launcher_api.LaunchConfig) -> Agent:
     """The agent for ``spec`` with the launch config's settings that this torch's agent takes (compat.py)."""
     agent = Agent(spec=spec, **compat.agent_kwargs(config, Agent))
-    # Agent overrides _monitor_workers and zeroes _remaining_restarts on a fatal exit code.
-    compat.require(agent, "_monitor_workers", "_remaining_restarts")
+    # Agent overrides _monitor_workers and zeroes _remaining_restarts on a fatal exit code, and adds to the
+    # workers' environment in _setup_local_watchdog.
+    compat.require(agent, "_monitor_workers", "_remaining_restarts", "_setup_local_watchdog")
     return agent
 
 
 def launch(config: launcher_api.LaunchConfig, entrypoint, args: list[str], kept: KeptLogs | None = None,
-           why: list[str] | None = None) -> int:
-    """Run one agent until the run ends; returns the process exit code (and appends why to ``why``)."""
+           why: list[str] | None = None, command: list[str] | None = None) -> int:
+    """Run one agent until the run ends; returns the process exit code (and appends why to ``why``).
+    ``command``: the workers' command, for the final marker, written when the run finished; by this agent's own
+    workers only while it held its lease (fence.py)."""
     why = [] if why is None else why
     rendezvous.register()
     params = RendezvousParameters(backend=config.rdzv_backend, endpoint=config.rdzv_endpoint,
@@ -167,12 +181,23 @@ def launch(config: launcher_api.LaunchConfig, entrypoint, args: list[str], kept:
             log.info("rendezvous %s closed while this agent waited as a spare: the run finished; exiting 0",
                      config.run_id)
             why.append("the run finished while this agent waited as a spare")
+            if command is not None:
+                mark_finished(command)
             return 0
         finished = not result.is_failed()
+        lease = fence.agent_lease()
+        if finished and command is not None:
+            if lease is None or lease.valid():
+                mark_finished(command)
+            else:
+                log.warning("the run finished while this agent held no lease (it may have been replaced): %s not "
+                            "written", FINAL_MARKER)
     except RendezvousClosedError:
         # Only a finished run closes the rendezvous (rendezvous.py): nothing left to do.
         log.info("rendezvous %s is closed: the run already finished; exiting 0", config.run_id)
         why.append("the rendezvous is closed: the run already finished")
+        if command is not None:
+            mark_finished(command)  # the store says so: only a finished run closes it
         return 0
     finally:
         if finished:
@@ -299,22 +324,23 @@ def _run(args, kept: KeptLogs | None, why: list[str]) -> int:
         why.append(f"data set: {e}")
         return BAD_INPUT
     preload_failure_logging()
-    try:
-        Agent.fatal_codes = fatal_codes()
-        entrypoint, cmd_args = warm_workers(config, entrypoint, cmd_args)
-    except ValueError as e:
-        log.error("%s", e)
-        why.append(f"usage: {e}")
-        return USAGE
-    try:
-        code = launch(config, entrypoint, cmd_args, kept, why)
-    except RendezvousConfigError as e:
-        log.error("%s", e)
-        why.append(f"usage: {e}")
-        return USAGE
-    if code == 0:
-        mark_finished(command)
-    return code
+    with contextlib.ExitStack() as stack:
+        if config.rdzv_backend == rendezvous.BACKEND:
+            # Before the zygote starts: every worker finds the agent's lease through its environment (fence.py).
+            stack.enter_context(fence.published())
+        try:
+            Agent.fatal_codes = fatal_codes()
+            entrypoint, cmd_args = warm_workers(config, entrypoint, cmd_args)
+        except ValueError as e:
+            log.error("%s", e)
+            why.append(f"usage: {e}")
+            return USAGE
+        try:
+            return launch(config, entrypoint, cmd_args, kept, why, command)
+        except RendezvousConfigError as e:
+            log.error("%s", e)
+            why.append(f"usage: {e}")
+            return USAGE
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -47,7 +47,9 @@ those ~2 s, so C's round completes with A, not without it. A newcomer that finds
 puts itself on ``wait_list``, which A's ``num_nodes_waiting()`` reports, and A restarts into the next
 round with C (torch's own scale-up path). The one case left to torch is a node cut off from the store
 but not from its peers for longer than the expiry window: the others drop it (as torch does), and it
-rejoins the moment it reaches the store again.
+rejoins the moment it reaches the store again. Meanwhile its workers may go on training, a second world,
+but they commit nothing: every state synced here renews or withdraws the agent's lease (fence.py), which
+ends before any peer can drop the node, and the workers check it before each commit.
 
 **The store is authenticated, and what it holds is data.** The client speaks HTTPS with a client certificate,
 and the server (components/workloads/etcd.py, training/local/etcd.py) requires one (``--client-cert-auth``). The state is
@@ -82,7 +84,7 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     create_handler,
 )
 
-from . import compat
+from . import compat, fence
 from .rdzv_store import KEY_PREFIX, STORE_PREFIX, EtcdV3Backend, EtcdV3Store, Retrier, client_settings
 
 __all__ = ["BACKEND", "KEY_PREFIX", "STORE_PREFIX", "ElasticHandler", "allow_close", "register"]
@@ -103,9 +105,18 @@ log = logging.getLogger(__name__)
 
 
 class _HealingStateHolder(_BackendRendezvousStateHolder):
-    """torch's state holder that does not drop nodes for heartbeats the store could not take."""
+    """torch's state holder that does not drop nodes for heartbeats the store could not take, and that shows
+    every state it synced to the agent's lease (fence.py)."""
 
     retry: Retrier
+    lease: fence.Lease | None = None
+    node = None
+
+    def sync(self):
+        has_set = super().sync()  # raises when the store did not answer: only a state the store held gets here
+        if self.lease is not None:
+            self.lease.seen(self.node, self._state)
+        return has_set
 
     def _sanitize(self) -> None:
         s = self._settings
@@ -136,11 +147,17 @@ class ElasticHandler(DynamicRendezvousHandler):
             t = short.timeout
             long = RendezvousTimeout(t.join, timedelta(seconds=self.first_round_s), t.close, t.heartbeat)
             executor._settings = dataclasses.replace(short, timeout=long)
+        lease = self._state_holder.lease
+        if lease is not None:
+            lease.leaving()  # this node's workers are stopped: nothing of the last round commits any more
         try:
             info = super().next_rendezvous()
         finally:
             executor._settings = short
         self.joined = True
+        if lease is not None:
+            with self._heartbeat_lock:
+                lease.joined(self._state_holder.state.round, self._this_node, self._state_holder.state)
         return info
 
     def num_nodes_waiting(self) -> int:
@@ -192,13 +209,19 @@ def _create(params: RendezvousParameters, *, key_prefix: str = KEY_PREFIX, store
         store = EtcdV3Store(retry, backend, params.run_id)
     handler = create_handler(store, backend, params)
     compat.require(handler, "_state_holder", "_op_executor", "_heartbeat_lock", "_this_node", "_stop_heartbeats",
-                   "_keep_alive")
+                   "_keep_alive", "_settings")
     compat.require(handler._state_holder, "_sanitize", "_settings", "_dead_nodes", "_cache_duration")
     compat.require(handler._op_executor, "_settings")
     # Same object layouts; only the overridden methods differ.
     handler.__class__ = ElasticHandler
     handler._state_holder.__class__ = _HealingStateHolder
     handler._state_holder.retry = retry
+    lease = fence.agent_lease()
+    if lease is not None:  # the launcher publishes a lease to its workers: valid for the drop window less one beat
+        s = handler._settings
+        lease.configure((s.keep_alive_interval * s.keep_alive_max_attempt).total_seconds(),
+                        s.keep_alive_interval.total_seconds())
+        handler._state_holder.lease, handler._state_holder.node = lease, handler._this_node
     handler.retry = retry
     handler.first_round_s = first_round_s
     handler._state_holder._cache_duration = SYNC_POLL_S

@@ -14,6 +14,10 @@ fork of it that then runs the user's module or script exactly as ``python -u`` w
   OpenBLAS pool, none with ``OMP_NUM_THREADS=1``), so a fork of it can use a GPU (the agent, which asks torch for
   an accelerator and runs the rendezvous' heartbeat thread, forks nothing); a probe forked at start checks torch's
   bad-fork flag and falls back to fresh processes otherwise.
+* no Python thread is alive in the process that forks a worker: every fork records, in the forking process just
+  before it forks, its own pid and thread counts (:data:`FORKED_FROM`, inherited by the child); the probe's record
+  must show one Python thread, or the workers start as fresh processes. A lock held by another thread at the fork
+  instant (the heartbeat's TLS connection, logging, urllib3) would stay held in the worker for ever.
 
 ``EKS_DDP_FORK_WORKERS=0`` starts fresh processes (torchrun's way). ``EKS_DDP_PRELOAD=mod1,mod2`` imports more
 modules in the zygote (heavy libraries the workers import, e.g. ``torchvision``): they are imported once there
@@ -91,6 +95,32 @@ def preload_modules(environ: dict[str, str] | os._Environ = os.environ) -> list[
     return [*ZYGOTE_PRELOAD, *(m for m in extra if m not in ZYGOTE_PRELOAD)]
 
 
+FORKED_FROM: dict | None = None
+"""In a process forked with ``os.fork`` from one that imported this module (a worker forked from the zygote):
+the forking process's pid, Python threads (``threading.active_count()``) and OS threads at the fork instant,
+recorded there by an ``os.register_at_fork`` hook. None in a fresh process."""
+
+
+def _os_threads() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return -1
+
+
+def _record_fork() -> None:
+    global FORKED_FROM
+    FORKED_FROM = {"pid": os.getpid(), "python_threads": threading.active_count(), "os_threads": _os_threads()}
+
+
+def _forget_fork_in_parent() -> None:
+    global FORKED_FROM
+    FORKED_FROM = None
+
+
+os.register_at_fork(before=_record_fork, after_in_parent=_forget_fork_in_parent)
+
+
 def _probe(conn, preload: list[str]) -> None:
     """Runs in a fork of the zygote: can it use CUDA, how many threads has the zygote (its parent), and which
     preloads did it fail to import (the forkserver skips an ImportError silently)?"""
@@ -103,7 +133,7 @@ def _probe(conn, preload: list[str]) -> None:
     except (OSError, StopIteration, ValueError):
         pass
     conn.send({"bad_fork": bool(torch.cuda._is_in_bad_fork()), "cuda_initialized": torch.cuda.is_initialized(),
-               "zygote_threads": threads, "zygote": os.getppid(),
+               "zygote_threads": threads, "zygote": os.getppid(), "forked_from": FORKED_FROM,
                "not_imported": [m for m in preload if m not in sys.modules]})
     conn.close()
 
@@ -140,12 +170,14 @@ class Zygote:
         return self._report
 
     def clean(self) -> bool:
-        """A fork of it can use CUDA. (Its thread count is reported, not required to be 1: ``import torch`` loads
-        numpy's OpenBLAS, which starts its pool unless ``OMP_NUM_THREADS=1`` (torchrun sets it for more than one
-        worker per node) and shuts it down around every fork (its ``pthread_atfork`` handler), as for the
-        DataLoader workers torch forks from any training process.)"""
+        """A fork of it can use CUDA, and it had no Python thread but its main one when it forked the probe. (Its
+        OS thread count is reported, not required to be 1: ``import torch`` loads numpy's OpenBLAS, which starts
+        its pool unless ``OMP_NUM_THREADS=1`` (torchrun sets it for more than one worker per node) and shuts it
+        down around every fork (its ``pthread_atfork`` handler), as for the DataLoader workers torch forks from
+        any training process.)"""
         r = self.report()
-        return r is not None and not r["bad_fork"] and not r["cuda_initialized"]
+        return (r is not None and not r["bad_fork"] and not r["cuda_initialized"]
+                and (r.get("forked_from") or {}).get("python_threads") == 1)
 
 
 @dataclass
@@ -204,8 +236,9 @@ def settle(agent) -> None:
                     PRELOAD_ENV)
     if z.clean():
         r = z.report() or {}
-        log.info("workers are forked from a zygote (pid %s, %s thread(s), clean for CUDA; preloaded: %s); the %s runs "
-                 "only in the workers", r.get("zygote"), r.get("zygote_threads"), ", ".join(z.preload), pending.target)
+        log.info("workers are forked from a zygote (pid %s, %s thread(s), clean for CUDA, %s Python thread at fork; "
+                 "preloaded: %s); the %s runs only in the workers", r.get("zygote"), r.get("zygote_threads"),
+                 (r.get("forked_from") or {}).get("python_threads"), ", ".join(z.preload), pending.target)
         return
     log.warning("%s=1 overridden: the zygote is not safe to fork (%s); starting each worker as a fresh process",
                 FORK_ENV, z.report() or "its probe did not answer")

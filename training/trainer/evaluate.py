@@ -86,9 +86,10 @@ def format_table(metrics: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write_metrics(run_dir: str | Path, metrics: dict[str, Any]) -> Path:
+def write_metrics(run_dir: str | Path, metrics: dict[str, Any], *, before_replace=None) -> Path:
     path = Path(run_dir) / METRICS_FILE
-    atomic_write_bytes(path, (json.dumps(metrics, indent=2, sort_keys=True) + "\n").encode())
+    atomic_write_bytes(path, (json.dumps(metrics, indent=2, sort_keys=True) + "\n").encode(),
+                       before_replace=before_replace)
     return path
 
 

@@ -210,14 +210,19 @@ class Snapshots:
             log.error("step %s: node-local snapshot %s failed (%s); snapshots are off for the rest of this run",
                       cpu.get("step"), self.path, e)
 
-    def read(self, identity: dict[str, Any]) -> dict[str, Any] | None:
-        """The snapshot of this run, or None (none, unreadable, or another run's)."""
+    def read(self, identity: dict[str, Any], lineage: ckpt.Lineage | None = None) -> dict[str, Any] | None:
+        """The snapshot of this run, or None (none, unreadable, another run's, or off ``lineage``: written by a
+        world that a newer one replaced, after the state the newer one restored; checkpoint.py)."""
         if not self.enabled or not self.path.exists():
             return None
         try:
             state = ckpt.load_checkpoint(self.path)
         except Exception as e:  # a snapshot is only a shortcut: fall back to the durable checkpoint
             log.warning("unreadable snapshot %s: %s", self.path, e)
+            return None
+        if not ckpt.on_lineage(lineage, state):
+            log.warning("snapshot %s (world %s, step %s) is not on the run's lineage %s: not used", self.path,
+                        ckpt.generation_of(state), state["step"], lineage)
             return None
         return state if ckpt.same_run(state["config"].get("identity", {}), identity) == {} else None
 

@@ -72,7 +72,7 @@ from eks_ddp_trainer.model import (
     sync_batchnorm,
 )
 from eks_ddp_trainer.recipe import FP16_INIT_SCALE, LR_END, LR_PEAK, LR_START, RECIPES, build_optimizer, lr_factor
-from eks_ddp_trainer.resume import choose_checkpoint
+from eks_ddp_trainer.resume import choose_checkpoint, fence_world, hold_until_leased
 from eks_ddp_trainer.runlog import HISTORY_FILE, RunLog  # noqa: F401  (HISTORY_FILE: the history's name, as train.HISTORY_FILE)
 from eks_ddp_trainer.train_args import parse_args
 from eks_ddp_trainer.wrap import compile_cache_dir, compiled_step, full_share, wrap_ddp
@@ -131,10 +131,11 @@ def train(args: TrainerConfig, env: DistEnv) -> dict[str, Any]:
     identity = {"model": args.model, "width": args.width, "global_batch": plan.global_batch, "bn_group": plan.group,
                 "bn_stats": "step", "seed": args.seed, "n_train": n_train}
 
-    state = choose_checkpoint(env, run_dir, args.start_over)
-    # A node-local snapshot newer than the durable checkpoint (any rank's: the states are replicas) wins.
+    state, lineage = choose_checkpoint(env, run_dir, args.start_over)
+    # A node-local snapshot newer than the durable checkpoint (any rank's: the states are replicas) wins, unless a
+    # world that was replaced wrote it (off the lineage: checkpoint.py).
     snaps = snapshot.Snapshots(run_dir, env.rank)
-    newer = snapshot.agree(env, snaps.read(identity), int(state["step"]) if state is not None else 0)
+    newer = snapshot.agree(env, snaps.read(identity, lineage), int(state["step"]) if state is not None else 0)
     state = newer if newer is not None else state
     if state is not None:
         saved_epochs = state["config"].get("epochs")
@@ -179,7 +180,13 @@ def train(args: TrainerConfig, env: DistEnv) -> dict[str, Any]:
     restarts = torch.tensor([env.restart_count], device=dev)
     if env.distributed:
         dist.all_reduce(restarts, op=dist.ReduceOp.MAX)
-    log.record("train", f"start world={world} resumed_step={pos['step']} run_dir={run_dir}", kind="start",
+    # This world's fence (checkpoint.py), before anything it trains is recorded or committed: from here on a
+    # world that another one replaces commits nothing the run directory's loaders would use.
+    world_gen, rdzv_round = fence_world(env, run_dir, state)
+    world_fence = {"generation": world_gen, "round": rdzv_round}
+    log.gate = ckpt.commit_gate(run_dir, world_gen, "history record")
+    log.record("train", f"start world={world} resumed_step={pos['step']} run_dir={run_dir}",
+               kind="start", fence=world_gen, rdzv_round=rdzv_round,
                world=world, resumed_step=pos["step"], restart=int(restarts.item()), run_dir=str(run_dir),
                startup_s=process_age_s(), imported_s=_AGE_AFTER_IMPORTS, group_ready_s=age_at_pg, data_s=round(t_data, 3),
                precision=precision.name, backend=env.backend, model=args.model, global_batch=plan.global_batch,
@@ -197,6 +204,7 @@ def train(args: TrainerConfig, env: DistEnv) -> dict[str, Any]:
             "scaler": scaler.state_dict() if precision.use_scaler else None,
             "lookahead": lookahead.state_dict() if lookahead is not None else None,
             "rng": _rng_state(), "config": {**dataclasses.asdict(args), "identity": identity, "world_size": world, "final": final},
+            "fence": world_fence,
         }
 
     durable = snapshot.BackgroundWriter()
@@ -220,7 +228,10 @@ def train(args: TrainerConfig, env: DistEnv) -> dict[str, Any]:
 
             def write() -> None:
                 copy.wait()  # the device-to-host copies land before anything is serialised
-                ckpt.save_checkpoint(run_dir, copy.state, keep=args.keep_checkpoints)
+                # Refused (None) while this world may not commit (checkpoint.commit_gate): deferred to the next
+                # one due; the final one is retried until it may (a replaced world waits until it is stopped).
+                while ckpt.save_checkpoint(run_dir, copy.state, keep=args.keep_checkpoints) is None and final:
+                    time.sleep(0.5)
 
             durable.submit(write)
 
@@ -311,12 +322,13 @@ def train(args: TrainerConfig, env: DistEnv) -> dict[str, Any]:
                 save()
                 last_saved = pos["step"]
     train_s = time.perf_counter() - t0
+    hold_until_leased(env, run_dir, world_gen, "final checkpoint")  # every rank waits in short steps, not in a barrier
     if last_saved != pos["step"]:
         save(final=True)
     durable.wait()  # the last checkpoint is complete before the model file, the evaluation and the exit
     barrier()
     snaps.remove()
-    return finish(args, env, model, data, plan, precision, pos, train_s, log)
+    return finish(args, env, model, data, plan, precision, pos, train_s, log, world_gen)
 
 
 def main(argv: list[str] | None = None) -> int:

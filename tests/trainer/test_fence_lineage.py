@@ -1,0 +1,173 @@
+"""No interleaving lets a replaced world's commit be loaded (training/trainer/checkpoint.py "Fences"), checked exhaustively.
+
+World A (generation 1) keeps committing checkpoints while world C forms: C's loader picks a base, C writes its
+fence (generation 2) and commits. A's commits here skip every commit-time check (its lease, the newer fence):
+the worst case, a writer stalled between its check and its rename. Every order of A's and C's events is run on
+a real run directory with the real save, fence and load functions; a loader after C's fence must never return a
+state A committed after that fence. The same enumeration with the pre-fence loader (no lineage) is the negative
+control: there, some order loads such a stale state.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+import torch
+from eks_ddp_trainer import checkpoint as ckpt
+from eks_ddp_trainer.snapshot import Snapshots
+
+A_STEPS = (5, 10, 15)
+
+
+def _state(step: int, generation: int) -> dict:
+    return {"model": {"w": torch.tensor([float(step)])}, "optimizer": {}, "step": step, "epoch": 0,
+            "sample_in_epoch": step, "config": {"identity": {}}, "fence": {"generation": generation, "round": 0}}
+
+
+def _orders(a: int, c: int):
+    """Every interleaving of a sequence of ``a`` events with one of ``c`` (True: the next A event)."""
+    for slots in itertools.combinations(range(a + c), a):
+        yield [i in slots for i in range(a + c)]
+
+
+def _run(run: Path, order: list[bool], keep: int, fenced_loader: bool, monkeypatch) -> list[str]:
+    """Play one order; returns the violations (a loader after C's fence that returned a stale A commit)."""
+    real_superseded = ckpt.superseded
+    assert ckpt.write_fence(run, None, 0) == 1  # world A
+    a_steps, c_events = list(A_STEPS), ["load", "fence", "commit", "commit"]
+    c_base = c_gen = None
+    c_step = 0
+    stale: set[tuple[int, int]] = set()  # A's commits made after C's fence
+    bad = []
+
+    def load(after: str) -> None:
+        lineage = ckpt.read_lineage(run) if fenced_loader else None
+        found = ckpt.load_latest(run, lineage=lineage)
+        if found is not None and (ckpt.generation_of(found[0]), found[0]["step"]) in stale:
+            bad.append(f"{after}: loaded A's step {found[0]['step']} committed after C's fence")
+
+    for a_next in order:
+        if a_next:
+            step = a_steps.pop(0)
+            with monkeypatch.context() as m:  # a stalled writer: its checks passed before the newer fence existed
+                m.setattr(ckpt, "superseded", lambda *_: False)
+                assert ckpt.save_checkpoint(run, _state(step, 1), keep=keep) is not None
+            if c_gen is not None:
+                stale.add((1, step))
+        else:
+            event = c_events.pop(0)
+            if event == "load":
+                found = ckpt.load_latest(run)
+                c_base = (ckpt.generation_of(found[0]), found[0]["step"]) if found else None
+                c_step = c_base[1] if c_base else 0
+            elif event == "fence":
+                c_gen = ckpt.write_fence(run, c_base, 1)
+                assert c_gen == 2
+            else:
+                c_step += 5  # C commits the steps A also commits: same names, files replaced both ways
+                assert real_superseded(run, c_gen) is False
+                assert ckpt.save_checkpoint(run, _state(c_step, c_gen), keep=keep) is not None
+        if c_gen is not None:
+            load(f"order {order}")  # a third world's loader at this point
+    return bad
+
+
+@pytest.fixture
+def no_fsync(monkeypatch):
+    """The orders are about which rename happens when, not about durability: skip the disk flushes."""
+    import os
+
+    monkeypatch.setattr(os, "fsync", lambda _fd: None)
+
+
+@pytest.mark.parametrize("keep", [1000, 2])
+def test_no_order_of_events_loads_a_replaced_worlds_commit(tmp_path, monkeypatch, no_fsync, keep):
+    checked = 0
+    for i, order in enumerate(_orders(len(A_STEPS), 4)):
+        bad = _run(tmp_path / f"run-{i}", order, keep, True, monkeypatch)
+        assert not bad, bad
+        checked += 1
+    assert checked == 35
+
+
+def test_the_pre_fence_loader_loads_a_replaced_worlds_commit(tmp_path, monkeypatch, no_fsync):
+    # Negative control: the same orders, loaded without the lineage (the loader before fences) go wrong.
+    bad = [b for i, order in enumerate(_orders(len(A_STEPS), 4))
+           for b in _run(tmp_path / f"run-{i}", order, 1000, False, monkeypatch)]
+    assert bad, "the enumeration never produced a stale load: it would not catch one either"
+
+
+def test_the_lineage_follows_the_chain_of_bases(tmp_path):
+    run = tmp_path / "run"
+    assert ckpt.read_lineage(run) is None  # no fence: everything loads (run directories from before fences)
+    assert ckpt.write_fence(run, (0, 40), 0) == 1  # resumed from a checkpoint written before fences
+    assert ckpt.write_fence(run, (1, 55), 1) == 2
+    assert ckpt.write_fence(run, None, 2) == 3  # --start-over
+    assert ckpt.write_fence(run, (3, 7), 3) == 4
+    assert ckpt.read_lineage(run) == {4: None, 3: 7}
+    fences = ckpt.read_fences(run)
+    del fences[3], fences[4]
+    assert ckpt.lineage_of(fences) == {2: None, 1: 55, 0: 40}
+    assert ckpt.on_lineage({2: None, 1: 55, 0: 40}, {"step": 40}) and not ckpt.on_lineage({2: None, 1: 55}, {"step": 1})
+
+
+def test_a_fence_is_written_once_per_generation(tmp_path, monkeypatch):
+    # Two worlds that saw the same newest fence both try its successor: link(2) gives it to one; the other
+    # takes the next generation.
+    run = tmp_path / "run"
+    ckpt.write_fence(run, None, 0)
+    monkeypatch.setattr(ckpt, "_fence_generations", lambda _run: [1])  # a stale listing: generation 2 looks free
+    assert ckpt.write_fence(run, None, 1) == 2
+    assert ckpt.write_fence(run, None, 1) == 3
+    monkeypatch.undo()
+    assert sorted(ckpt.read_fences(run)) == [1, 2, 3]
+
+
+def test_a_replaced_worlds_snapshot_is_not_used(tmp_path):
+    run = tmp_path / "run"
+    snaps = Snapshots(run, rank=0, root=str(tmp_path / "shm"))
+    snaps._write(_state(30, 1))  # world 1 trained on past the step world 2 restored (25)
+    ckpt.write_fence(run, None, 0)
+    ckpt.write_fence(run, (1, 25), 1)
+    assert snaps.read({}, ckpt.read_lineage(run)) is None
+    snaps._write(_state(25, 1))  # the state world 2 restored is on the lineage
+    assert snaps.read({}, ckpt.read_lineage(run))["step"] == 25
+    assert snaps.read({}, None)["step"] == 25  # no lineage: as before
+
+
+def test_a_replaced_world_neither_commits_nor_deletes(tmp_path):
+    run = tmp_path / "run"
+    ckpt.write_fence(run, None, 0)
+    for step in (5, 10):
+        ckpt.save_checkpoint(run, _state(step, 1), keep=2)
+    ckpt.write_fence(run, (1, 10), 1)
+    assert ckpt.save_checkpoint(run, _state(15, 1), keep=1) is None  # refused: generation 2 fenced the folder
+    assert [p.name for p in ckpt.list_checkpoints(run)] == ["ckpt-000000005.pt", "ckpt-000000010.pt"]
+    assert ckpt.save_checkpoint(run, _state(15, 2), keep=1).name == "ckpt-000000015.pt"
+    assert [p.name for p in ckpt.list_checkpoints(run)] == ["ckpt-000000015.pt"]
+
+
+def test_history_records_wait_while_commits_are_refused_and_keep_their_order(tmp_path):
+    import json
+
+    from eks_ddp_trainer.runlog import RunLog
+
+    allowed = {"now": True}
+
+    def gate() -> None:
+        if not allowed["now"]:
+            raise ckpt.CommitRefused("history record")
+
+    log = RunLog(tmp_path, enabled=True, tensorboard=False)
+    log.gate = gate
+    log.record("train", None, kind="step", step=1)
+    allowed["now"] = False  # the lease lapsed (a store outage): nothing is appended, nothing is lost
+    log.record("train", None, kind="step", step=2)
+    log.record("train", None, kind="step", step=3)
+    steps = lambda: [json.loads(line)["step"] for line in (tmp_path / "history.jsonl").read_text().splitlines()]  # noqa: E731
+    assert steps() == [1]
+    allowed["now"] = True
+    log.record("train", None, kind="step", step=4)
+    assert steps() == [1, 2, 3, 4]
