@@ -67,6 +67,8 @@ def test_fatal_trainer_code_fails_the_agent_at_once_with_that_code(tmp_path, etc
     assert "will restart worker group" not in job.agents[0].log()
 
 
+# ~38 s; a spare agent that exits 0 once the run finished stays in make test (runtime/test_launcher_contract.py)
+@pytest.mark.long
 def test_spent_budget_leaves_the_run_open_and_a_late_joiner_after_completion_exits_0(  # noqa: F811
         tmp_path, etcd_endpoint, jobs, data_dir):  # noqa: F811
     # Review B-3: an agent that gives up must not close the rendezvous for the replacement pod.
@@ -337,6 +339,8 @@ def test_agents_started_while_the_store_is_down_wait_for_it(tmp_path, jobs, data
         etcd.kill()
 
 
+# ~36 s; the store's other faults (restart, wipe, down at start, asymmetric partition) stay in make test
+@pytest.mark.long
 def test_store_hang_longer_than_the_keepalive_window_then_the_replacement_joins_the_survivor(  # noqa: F811
         tmp_path, restartable_etcd: RestartableEtcd, jobs, data_dir):  # noqa: F811
     # 12 s > keep_alive_interval * keep_alive_max_attempt (4 s): every heartbeat is stale when it is back.
