@@ -33,13 +33,9 @@ $(SCAN_VENV)/.installed: pyproject.toml
 	$(SCAN_VENV)/bin/pip install --quiet $$($(PYTHON) -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml","rb"))["tool"]["eks-ddp"]["isolated-tools"]))')
 	touch $@
 
-# mypy reads each package from a folder of its import name ([tool.mypy] in pyproject.toml): links to the source folders.
-MYPY_NAMES := eks_ddp=components eks_ddp_runtime=training/runtime eks_ddp_trainer=training/trainer
 lint: install
 	$(BIN)/ruff check components training tests bench __main__.py
 	$(BIN)/lint-imports --no-cache
-	@mkdir -p .mypy_cache/import-names
-	@for pair in $(MYPY_NAMES); do ln -sfn "$(CURDIR)/$${pair#*=}" ".mypy_cache/import-names/$${pair%%=*}"; done
 	$(BIN)/mypy
 
 # Two pytest processes, one test file each at a time (--dist loadfile): a file's module fixtures are built once and
@@ -54,7 +50,7 @@ test: install lint
 test-long: install
 	$(BIN)/python -m pytest -m long
 
-# The runtime on the OLDEST torch it supports (training/runtime/compat.py; the newest, the repository's pin, is what
+# The runtime on the OLDEST torch it supports (training/runtime/eks_ddp_runtime/compat.py; the newest, the repository's pin, is what
 # `make test` runs on): its own venv with that torch from the package index (a CUDA build that runs on a CPU too;
 # ~3 GB, downloaded once), the runtime installed as a user installs it (pip install ./training/runtime), and the
 # runtime's tests: the range check, the user example under the real launcher with a real TLS etcd, the store.
@@ -71,13 +67,13 @@ test-compat: $(COMPAT_VENV)/.installed
 	cd $(COMPAT_VENV) && bin/python -c 'import torch, eks_ddp_runtime as r; print("test-compat: torch", torch.__version__, "runtime", r.__file__)'
 	env -u PYTHONPATH $(COMPAT_VENV)/bin/python -m pytest -p no:cacheprovider $(COMPAT_TESTS)
 
-$(COMPAT_VENV)/.installed: constraints.txt training/runtime/compat.py
+$(COMPAT_VENV)/.installed: constraints.txt training/runtime/eks_ddp_runtime/compat.py
 	rm -rf $(COMPAT_VENV)
 	$(COMPAT_PYTHON) -m venv $(COMPAT_VENV)
 	$(COMPAT_VENV)/bin/pip install --quiet --upgrade pip==25.2
 	grep -E '^($(shell echo $(COMPAT_PINS) | tr ' ' '|'))==' constraints.txt > $(COMPAT_VENV)/pins.txt
 	$(COMPAT_VENV)/bin/pip install --quiet -c $(COMPAT_VENV)/pins.txt setuptools wheel \
-		torch==$$($(PYTHON) training/runtime/compat.py oldest) $(COMPAT_PINS) $(COMPAT_FREE)
+		torch==$$($(PYTHON) training/runtime/eks_ddp_runtime/compat.py oldest) $(COMPAT_PINS) $(COMPAT_FREE)
 	touch $@
 
 # The real elastic job on this machine: etcd, two torchrun agents and the trainer (synthetic data

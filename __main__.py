@@ -7,6 +7,8 @@ import os
 
 import pulumi
 import pulumi_kubernetes as k8s
+from pulumi.runtime.config import CONFIG, get_config_env
+
 from eks_ddp import (
     ClusterAddons,
     ClusterAddonsArgs,
@@ -54,7 +56,6 @@ from eks_ddp.tooling.preflight.live import owner_id
 from eks_ddp.workloads.elastic_job import rdzv_client_labels, trainer_service_account
 from eks_ddp.workloads.elastic_job.data_stage import data_stage_role
 from eks_ddp.workloads.namespace import label_cluster_namespaces, training_namespace
-from pulumi.runtime.config import CONFIG, get_config_env
 
 
 def workload_of(run: RunConfig) -> Workload:
@@ -174,7 +175,7 @@ gpu_groups = [
 # skip_update_unreachable: a cluster this machine cannot reach (a new IP outside publicAccessCidrs, no access entry)
 # leaves the Kubernetes resources as they are in state, instead of failing the refresh every `up` runs first, and with
 # it the update that would fix the endpoint; preflight fails, naming the fix, unless this update applies it
-# (components/tooling/preflight/live.py check_endpoint_access).
+# (components/eks_ddp/tooling/preflight/live.py check_endpoint_access).
 k8s_provider = k8s.Provider("k8s", kubeconfig=cluster.kubeconfig, enable_server_side_apply=True,
                             skip_update_unreachable=True)
 k8s_opts = pulumi.ResourceOptions(provider=k8s_provider)

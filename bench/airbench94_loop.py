@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from airbench94_net import Airbench94Net  # noqa: E402
+
 from eks_ddp_trainer.data import MEAN, STD, load_cifar  # noqa: E402
 
 BATCH = 1024

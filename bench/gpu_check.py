@@ -3,7 +3,7 @@
 Runs with the GPU machine's own interpreter (Python 3.12, torch 2.11 to 2.14) and nothing else installed: no Pulumi,
 boto3 or cryptography, no install of this project, no network. It puts this checkout on the import path and
 ``.gpu-bundle/bin`` (the etcd server, from ``make gpu-check-bundle``) on PATH, maps ``eks_ddp_runtime`` to
-training/runtime itself (its etcd client is the standard library's HTTP), and loads components/core/torchrun.py by path (the ``components`` package imports Pulumi). Each item has a bar; the
+training/runtime itself (its etcd client is the standard library's HTTP), and loads components/eks_ddp/core/torchrun.py by path (the ``components`` package imports Pulumi). Each item has a bar; the
 verdict (exit code) fails when an item fails or misses its bar. ``gpu-check.json`` and ``gpu-check.md`` in ``--out``
 are rewritten after every item, so a run cut short keeps what it measured.
 
@@ -75,21 +75,18 @@ def _load_by_path(name: str, path: Path):
 
 
 def torchrun_command():
-    """components/core/torchrun.py (stdlib only): the cluster's agent command line."""
-    return _load_by_path("eks_ddp_gpu_check_torchrun", ROOT / "components" / "core" / "torchrun.py")
+    """components/eks_ddp/core/torchrun.py (stdlib only): the cluster's agent command line."""
+    return _load_by_path("eks_ddp_gpu_check_torchrun", ROOT / "components" / "eks_ddp" / "core" / "torchrun.py")
 
 
 def prepare_environment(bundle: Path, shim: Path) -> dict[str, str]:
     """The environment of every process the check starts, also applied to this one: this checkout and a shim folder
-    where ``eks_ddp_runtime``, ``eks_ddp_trainer`` and ``eks_ddp_local`` are training/runtime, training/trainer and
-    training/local (the editable install's mapping, without an install) on the import path, with the bundle's psutil
-    and cryptography where this Python lacks them; the bundle's etcd on PATH."""
+    and the source roots of ``eks_ddp_runtime``, ``eks_ddp_trainer`` and ``eks_ddp_local`` (training/runtime and
+    training: each package's folder is its import name, so no install is needed) on the import path, with the bundle's
+    psutil and cryptography where this Python lacks them; the bundle's etcd on PATH. ``shim`` is kept for callers and
+    left empty."""
     shim.mkdir(parents=True, exist_ok=True)
-    for name, folder in (("eks_ddp_runtime", "runtime"), ("eks_ddp_trainer", "trainer"), ("eks_ddp_local", "local")):
-        link = shim / name
-        if not link.exists():
-            link.symlink_to(ROOT / "training" / folder, target_is_directory=True)
-    paths = [str(ROOT), str(shim)]
+    paths = [str(ROOT), str(ROOT / "training"), str(ROOT / "training" / "runtime")]
     if (bundle / "fallback").is_dir():  # psutil, cryptography: each only where this Python lacks it
         paths += [str(d) for d in sorted((bundle / "fallback").iterdir()) if importlib.util.find_spec(d.name) is None]
     for p in reversed(paths):
@@ -105,7 +102,7 @@ def prepare_environment(bundle: Path, shim: Path) -> dict[str, str]:
 
 
 def tls_tooling() -> str | None:
-    """The package that makes the local etcd's throw-away CA (training/local/etcd.py), as ``cryptography <version>``;
+    """The package that makes the local etcd's throw-away CA (training/eks_ddp_local/etcd.py), as ``cryptography <version>``;
     None when it does not load here (absent, or the bundle's cffi backend was built for another Python)."""
     try:
         import cryptography
@@ -289,7 +286,7 @@ def img_s_after(history: list[dict[str, Any]], first_step: int) -> float:
 
 
 def lookahead_start(history: list[dict[str, Any]]) -> int:
-    """The first step of the Lookahead phase (training/trainer/lookahead.py: 30 % of the run's steps)."""
+    """The first step of the Lookahead phase (training/eks_ddp_trainer/lookahead.py: 30 % of the run's steps)."""
     from eks_ddp_trainer.lookahead import LookaheadConfig
 
     total = max(r["step"] for r in history if r.get("kind") == "step")

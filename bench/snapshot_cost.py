@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 from common import machine
+
 from eks_ddp_trainer import snapshot
 from eks_ddp_trainer.config import DEFAULT_MODEL
 from eks_ddp_trainer.lookahead import Lookahead

@@ -49,8 +49,9 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from airbench94_net import Airbench94Net  # noqa: E402
 from common import machine, run_trainer, synthetic  # noqa: E402
-from eks_ddp_trainer.model import MODELS, build_model  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
+
+from eks_ddp_trainer.model import MODELS, build_model  # noqa: E402
 
 EPOCH_IMAGES = 50_000
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": None}

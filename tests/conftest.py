@@ -17,8 +17,8 @@ except ImportError as e:
 
 
 _REPO = Path(__file__).resolve().parent.parent
-for _name, _folder in (("eks_ddp", "components"), ("eks_ddp_trainer", "training/trainer"),
-                       ("eks_ddp_local", "training/local")):
+for _name, _folder in (("eks_ddp", "components"), ("eks_ddp_trainer", "training/eks_ddp_trainer"),
+                       ("eks_ddp_local", "training/eks_ddp_local")):
     # A runtime-only interpreter (make test-compat's venv, the GPU machines) has only eks_ddp_runtime installed and
     # no Pulumi: eks_ddp/__init__ imports every Pulumi component, but eks_ddp.core.torchrun (the agents' command
     # line) is pure Python. Each package is registered by its folder without running its __init__, so its pure

@@ -11,9 +11,9 @@ import shutil
 from pathlib import Path
 
 import yaml
+
 from eks_ddp.config import reference as ref
 from eks_ddp.config.schema import TOP_LEVEL_KEYS
-
 from tests.support.util import ROOT
 
 README_MAX_LINES = 250

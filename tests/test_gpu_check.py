@@ -115,7 +115,7 @@ def test_the_cuda_only_tests_are_collected_without_pulumi(foreign_python, tree_c
     conftest imported tests.support.util, hence Pulumi, at collection)."""
     shim = tmp_path / "shim"
     shim.mkdir()
-    (shim / "eks_ddp_runtime").symlink_to(tree_copy / "training" / "runtime", target_is_directory=True)
+    (shim / "eks_ddp_runtime").symlink_to(tree_copy / "training" / "runtime" / "eks_ddp_runtime", target_is_directory=True)
     env = {**_clean_env(), "PYTHONPATH": f"{tree_copy}{os.pathsep}{shim}"}
     proc = subprocess.run([str(foreign_python), "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q",
                            "tests/trainer/test_gpu_true.py"], cwd=tree_copy, env=env, capture_output=True, text=True,
@@ -194,7 +194,7 @@ def test_img_s_after_lookahead_weights_windows_by_their_length():
 
 def test_preflight_names_the_bundle_when_cryptography_does_not_load(monkeypatch):
     """Negative control of the TLS preflight: without a loadable cryptography the check stops before it starts, saying
-    how to get one (the local etcd's CA has one implementation, training/local/etcd.py make_tls)."""
+    how to get one (the local etcd's CA has one implementation, training/eks_ddp_local/etcd.py make_tls)."""
     assert gpu_check.tls_tooling().startswith("cryptography ")
     monkeypatch.setitem(sys.modules, "cryptography", None)
     assert gpu_check.tls_tooling() is None

@@ -19,8 +19,8 @@ import pytest
 from tests.support.util import ROOT
 
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
-PACKAGES = {"eks_ddp": "components", "eks_ddp_runtime": "training/runtime", "eks_ddp_trainer": "training/trainer",
-            "eks_ddp_local": "training/local"}
+PACKAGES = {"eks_ddp": "components/eks_ddp", "eks_ddp_runtime": "training/runtime/eks_ddp_runtime",
+            "eks_ddp_trainer": "training/eks_ddp_trainer", "eks_ddp_local": "training/eks_ddp_local"}
 
 
 def lint_imports(root: Path, shim: Path | None = None) -> subprocess.CompletedProcess:
@@ -49,17 +49,17 @@ def tree_copy(tmp_path_factory):
 
 
 PLANTED = [  # (contract, file, the planted lines, what the report says, the import it names)
-    ("pure-core", "components/core/cidr.py", "import pulumi\n",
+    ("pure-core", "components/eks_ddp/core/cidr.py", "import pulumi\n",
      "the core and the config import no Pulumi and no AWS SDK BROKEN", "eks_ddp.core.cidr -> pulumi (l.1)"),
-    ("library-layers", "components/infra/network.py", "from eks_ddp.tooling import cost\n",
+    ("library-layers", "components/eks_ddp/infra/network.py", "from eks_ddp.tooling import cost\n",
      "library layers: tooling > workloads > infra > core BROKEN", "eks_ddp.infra.network -> eks_ddp.tooling.cost (l.1)"),
-    ("library-never-reads-config", "components/workloads/namespace.py",
+    ("library-never-reads-config", "components/eks_ddp/workloads/namespace.py",
      "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from eks_ddp.config import StackConfig\n",
      "components never read the stack config BROKEN", "eks_ddp.workloads.namespace -> eks_ddp.config (l.3)"),
-    ("runtime-alone", "training/runtime/exitcodes.py", "from eks_ddp.core import rules\n",
+    ("runtime-alone", "training/runtime/eks_ddp_runtime/exitcodes.py", "from eks_ddp.core import rules\n",
      "the runtime (in users' images) imports none of the other packages and no Pulumi BROKEN",
      "eks_ddp_runtime.exitcodes -> eks_ddp.core.rules (l.1)"),
-    ("trainer-in-the-image", "training/trainer/recipe.py", "import eks_ddp.core.cidr\n",
+    ("trainer-in-the-image", "training/eks_ddp_trainer/recipe.py", "import eks_ddp.core.cidr\n",
      "imports neither the library nor the local runner BROKEN", "eks_ddp_trainer.recipe -> eks_ddp.core.cidr (l.1)"),
 ]
 
@@ -81,7 +81,7 @@ def test_a_planted_violation_breaks_its_contract(tree_copy, contract, path, line
 
 def test_a_cycle_through_type_checking_imports_is_reported(tree_copy):
     root, shim = tree_copy
-    a, b = root / "components/core/planted_a.py", root / "components/core/planted_b.py"
+    a, b = root / "components/eks_ddp/core/planted_a.py", root / "components/eks_ddp/core/planted_b.py"
     a.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from eks_ddp.core.planted_b import B\nA = 1\n")
     b.write_text("from eks_ddp.core.planted_a import A\nB = A\n")
     try:

@@ -174,6 +174,7 @@ def test_deploying_needs_no_torch(tmp_path):
 def test_components_expose_what_a_composing_program_needs():
     """Review U15: no node group, launch template, service account or run directory to wire into one's own program."""
     import pulumi
+
     from eks_ddp import (
         EksCluster,
         EksClusterArgs,

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+
 from eks_ddp.config import ConfigError, load_stack_config
 from eks_ddp.core import catalog
-
 from tests.support.util import drop_path, set_path, stack_config
 
 

@@ -15,11 +15,11 @@ from pathlib import Path
 import pulumi
 import pytest
 import yaml
+
 from eks_ddp.config import load_stack_config
 from eks_ddp.tooling import mocks as mocks_mod
 from eks_ddp.tooling import plan as plan_mod
 from eks_ddp.tooling.mocks import run_program
-
 from tests.support.util import ROOT, TEST_PUBLIC_CIDR, run, set_path, stack_config
 
 # (case id, config path, value, YAML key the message must name)
@@ -199,7 +199,6 @@ def test_test_cidr_is_a_real_public_address():
 ])
 def test_elastic_job_args_reject_what_the_stack_config_rejects(field, value):
     from eks_ddp.core.workload import cifar10_workload
-
     from tests.workloads.test_elastic_job import run_job
 
     trainer = field in ("epochs", "global_batch_size", "model", "learning_rate")  # the bundled trainer's own
@@ -229,6 +228,7 @@ def test_brought_vpc_group_zone_without_a_subnet_fails_before_the_cluster():
     """A group pinned to a zone where none of the brought private subnets is: one line naming the key,
     raised after the subnets are looked up and before anything billable is registered."""
     import pulumi
+
     from eks_ddp.tooling.mocks import run_program
 
     config = set_path(stack_config("dev"), "eks-ddp:network",

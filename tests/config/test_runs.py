@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from eks_ddp.config import ConfigError, RunConfig, StackConfig, WorkloadConfig
 
+from eks_ddp.config import ConfigError, RunConfig, StackConfig, WorkloadConfig
 from tests.config.test_config import load, rejects
 from tests.support.util import stack_config
 

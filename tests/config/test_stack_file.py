@@ -8,9 +8,9 @@ import copy
 
 import pytest
 import yaml
-from eks_ddp.config.stack_file import SCHEMA_FILE, schema_text, stack_file_schema
 from jsonschema import Draft202012Validator
 
+from eks_ddp.config.stack_file import SCHEMA_FILE, schema_text, stack_file_schema
 from tests.support.util import ROOT
 
 MODELINE = f"# yaml-language-server: $schema={SCHEMA_FILE.as_posix()}"
@@ -100,7 +100,6 @@ def test_other_namespaces_and_pulumi_forms_pass(validator):
 ])
 def test_the_stack_file_refuses_what_pydantic_would_coerce(path, value, message):
     from eks_ddp.config import ConfigError, load_stack_config
-
     from tests.support.util import set_path, stack_config
 
     raw = set_path(stack_config("dev"), path, value)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
+
 from eks_ddp.config import ConfigError, load_stack_config
 from eks_ddp.core import k8s_versions
-
 from tests.support.util import set_path, stack_config
 
 TODAY = dt.date(2026, 11, 25)

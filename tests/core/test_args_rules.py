@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+
 from eks_ddp.core.workload import cifar10_workload
 from eks_ddp.workloads.elastic_job import ElasticJobArgs
 from eks_ddp.workloads.etcd import EtcdRendezvousArgs
@@ -63,6 +64,7 @@ def test_network_rejects_a_vpc_range_the_config_rejects(vpc_cidr):
 def _in_program(build):
     """Run ``build`` inside a Pulumi program (Outputs need one) and return what it returned."""
     import pulumi
+
     from eks_ddp.tooling.mocks import run_program
 
     holder = {}
@@ -256,7 +258,6 @@ def test_the_package_exports_its_components_statically_and_is_typed():
     import tomllib
 
     import eks_ddp
-
     from tests.support.util import ROOT
 
     assert not hasattr(eks_ddp, "__getattr__")

@@ -5,12 +5,12 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+
 from eks_ddp.config import ConfigError
 from eks_ddp.core import catalog
 from eks_ddp.infra.gpu_nodegroup import GpuNodeGroupArgs
 from eks_ddp.infra.gpu_nodegroup import validate as validate_group
 from eks_ddp.tooling import cost
-
 from tests.config.test_config import load, rejects
 from tests.infra.test_gpu_nodegroup import BASE, _run
 from tests.support.util import set_path, stack_config

@@ -6,11 +6,11 @@ import datetime as dt
 
 import pulumi
 import pytest
+
 from eks_ddp.config import DEFAULT_KUBERNETES_VERSION, SUPPORTED_KUBERNETES_VERSIONS
 from eks_ddp.core import k8s_versions
 from eks_ddp.infra.addons import ClusterAddons, ClusterAddonsArgs
 from eks_ddp.tooling.mocks import run_program
-
 from tests.support.util import at_version, run, set_path, stack_config
 
 REVIEW_DAY = dt.date(2026, 11, 22)

@@ -8,13 +8,13 @@ import re
 
 import pulumi
 import pytest
+
 from eks_ddp.config import load_stack_config
 from eks_ddp.core import catalog
 from eks_ddp.core.torchrun import CLUSTER_TIMEOUTS, AgentOptions, job_command
 from eks_ddp.core.workload import Cifar10Data, Egress, S3Data, Workload, dataset_name
 from eks_ddp.tooling.mocks import run_program
 from eks_ddp_trainer.config import TrainerConfig
-
 from tests.support.util import run, stack_config
 from tests.workloads.test_elastic_job import (
     ETCD,

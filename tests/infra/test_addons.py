@@ -5,6 +5,7 @@ from __future__ import annotations
 import pulumi
 import pulumi_kubernetes as k8s
 import pytest
+
 from eks_ddp.infra import addons as addons_mod
 from eks_ddp.infra.addons import ClusterAddons, ClusterAddonsArgs
 from eks_ddp.tooling.mocks import run_program

@@ -8,12 +8,12 @@ import json
 from functools import cache
 
 import pytest
+
 from eks_ddp.config import SUPPORTED_KUBERNETES_VERSIONS
 from eks_ddp.core import catalog, scheduling
 from eks_ddp.infra import autoscaler
 from eks_ddp.tooling.mocks import ProgramResult, _node_group
 from eks_ddp.tooling.plan import render_manifests
-
 from tests.support.util import at_version, run, set_path, stack_config
 
 STACKS = ("dev", "p4de")

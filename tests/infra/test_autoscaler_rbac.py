@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from eks_ddp.config import SUPPORTED_KUBERNETES_VERSIONS
 from eks_ddp.infra import autoscaler
-
 from tests.support.util import at_version, run, stack_config
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "autoscaler"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 
 from eks_ddp.infra import autoscaler
-
 from tests.support.util import ROOT
 
 TAGS = ROOT / "tests" / "fixtures" / "autoscaler" / "tags.txt"

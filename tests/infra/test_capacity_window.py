@@ -6,9 +6,9 @@ import dataclasses
 import datetime as dt
 
 import pytest
+
 from eks_ddp.core import k8s_versions
 from eks_ddp.infra.gpu_nodegroup import BLOCK_SCALE_DOWN_BEFORE_END
-
 from tests.infra.test_gpu_nodegroup import BASE, NG, _run
 
 SCHEDULE = "aws:autoscaling/schedule:Schedule"

@@ -7,6 +7,7 @@ import json
 
 import pulumi
 import pytest
+
 from eks_ddp.infra import cluster as cluster_mod
 from eks_ddp.infra.cluster import EksCluster, EksClusterArgs, validate
 from eks_ddp.tooling.mocks import RecordingMocks, run_program

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
 from eks_ddp.core.torchrun import LAUNCHER_MODULE, TRAIN_MODULE, AgentOptions, job_command
 from eks_ddp.infra.image import DOCKERFILE, source_files
 from eks_ddp_trainer.config import TrainerConfig
-
 from tests.support.util import ROOT
 
 HADOLINT = ROOT / ".venv" / "bin" / "hadolint"
@@ -217,7 +217,7 @@ def test_docker_requirements_pin_what_the_project_pins():
         "docker/requirements.txt is stale: python docker/lock_requirements.py"
     assert all("==" in ln for ln in lines if ln), "every requirement is pinned with =="
     assert "python-etcd" not in reqs and "dnspython" not in reqs, \
-        "the rendezvous speaks etcd's v3 API with the standard library (eks_ddp_runtime/etcd_v3.py): no python-etcd"
+        "the rendezvous speaks etcd's v3 API with the standard library (eks_ddp_runtime/rendezvous/etcd_client.py): no python-etcd"
     for name, version in reqs.items():
         expected = pins.get(name) or constraints.get(name.lower())
         assert expected, f"{name} is neither a project dependency nor in constraints.txt"
@@ -364,11 +364,11 @@ def test_build_context_is_only_what_the_image_needs():
         assert not any(p == name or p.startswith(name + "/") for p in context), f"{name} is in the build context"
     assert not any("__pycache__" in p or p.endswith(".pyc") for p in context)
     assert {p.split("/")[0] for p in context} <= {"docker", "training"}, sorted(context)
-    assert DOCKERFILE in context and "docker/requirements.txt" in context and "training/trainer/__init__.py" in context
+    assert DOCKERFILE in context and "docker/requirements.txt" in context and "training/eks_ddp_trainer/__init__.py" in context
 
 
 def test_image_tag_hashes_exactly_the_build_context():
-    """The content-hash tag (components/infra/image.py) covers what Docker sends, no more, no less."""
+    """The content-hash tag (components/eks_ddp/infra/image.py) covers what Docker sends, no more, no less."""
     assert {p.as_posix() for p in source_files(ROOT)} == build_context()
 
 
@@ -376,7 +376,7 @@ def test_dockerignore_matcher_follows_docker_rules():
     patterns = dockerignore_patterns()
     assert excluded(".venv/lib/site.py", patterns)
     assert excluded("README.md", patterns)
-    assert not excluded("training/trainer/train.py", patterns)
+    assert not excluded("training/eks_ddp_trainer/train.py", patterns)
     assert excluded("training/__pycache__/train.cpython-311.pyc", patterns)
     assert excluded("training/sub/__pycache__", patterns)
 

@@ -8,6 +8,7 @@ import json
 import pulumi
 import pulumi_kubernetes as k8s
 import pytest
+
 from eks_ddp.infra.efs import EfsLifecycle, EfsStore, EfsStoreArgs
 from eks_ddp.tooling.mocks import run_program
 
@@ -204,7 +205,6 @@ def test_validation_names_the_field(change, field):
 
 def test_brought_vpc_with_two_private_subnets_in_one_zone_gets_one_mount_target_per_zone():
     from eks_ddp.tooling.mocks import RecordingMocks
-
     from tests.support.util import set_path, stack_config
 
     mocks = RecordingMocks(zones=2)  # the mock hands out zones in turn: subnet-c shares subnet-a's zone
@@ -239,7 +239,7 @@ def test_file_system_id_is_a_config_key():
 def test_csi_role_scoped_to_file_system(result):
     """A13 (in part): no AWS-managed AmazonEFSCSIDriverPolicy, which may create access points on every file system
     in the account; an inline policy creates them only on this file system. Delete keeps the managed policy's
-    driver-tag condition (the add-on cannot set a cluster tag, see components/infra/efs.py); the add-on configuration
+    driver-tag condition (the add-on cannot set a cluster tag, see components/eks_ddp/infra/efs.py); the add-on configuration
     stays within its schema (no controller.tags)."""
     assert result.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment") == []
     fs_id = result.one("aws:efs/fileSystem:FileSystem").outputs["id"]

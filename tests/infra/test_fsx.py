@@ -9,13 +9,13 @@ import dataclasses
 import json
 
 import pytest
+
 from eks_ddp.core import k8s_versions
 from eks_ddp.infra.fsx import DRIVER_ACTIONS, FsxLustreStoreArgs
 from eks_ddp.infra.fsx import validate as validate_fsx
 from eks_ddp.tooling import contracts
 from eks_ddp.tooling.contracts import PlanView
 from eks_ddp.tooling.contracts import fsx as contract
-
 from tests.support.util import run, set_path, stack_config
 
 DATA = "s3://my-datasets-123456789012/corpora/wiki/"

@@ -7,10 +7,10 @@ import json
 
 import pulumi
 import pytest
+
 from eks_ddp.core import catalog
 from eks_ddp.infra.gpu_nodegroup import MEMLOCK_BYTES, GpuNodeGroup, GpuNodeGroupArgs, efa_device_index
 from eks_ddp.tooling.mocks import run_program
-
 from tests.support.nodeadm_roundtrip import (
     go_decode_integer,
     merged_base_runtime_spec,
@@ -341,7 +341,6 @@ def test_spot_group_launches_from_several_instance_types():
 ])
 def test_spot_types_must_match_the_gpu_shape_and_be_spot(types, capacity, match):
     from eks_ddp.config import ConfigError, load_stack_config
-
     from tests.support.util import set_path
 
     raw = set_path(_spot_raw(types), "eks-ddp:nodeGroups[0].capacityType", capacity)

@@ -9,6 +9,8 @@ from typing import Any
 
 import pulumi
 import pytest
+from pulumi.runtime import rpc
+
 from eks_ddp.infra.image import (
     CACHE_TAG,
     PULL_ACTIONS,
@@ -18,8 +20,6 @@ from eks_ddp.infra.image import (
     image_tag,
 )
 from eks_ddp.tooling.mocks import ACCOUNT, run_program
-from pulumi.runtime import rpc
-
 from tests.support.util import ROOT, run, set_path, stack_config
 
 REPO = "aws:ecr/repository:Repository"
@@ -210,13 +210,13 @@ def test_tag_changes_with_the_sources_and_ignores_caches(tmp_path):
     (tmp_path / "training" / "__pycache__" / "x.cpython-311.pyc").write_bytes(b"\0")
     (tmp_path / "README.md").write_text("not in the build context")
     assert image_tag(tmp_path) == before
-    with (tmp_path / "training" / "trainer" / "__init__.py").open("a") as f:
+    with (tmp_path / "training" / "eks_ddp_trainer" / "__init__.py").open("a") as f:
         f.write("\n# changed\n")
     assert image_tag(tmp_path) != before
     assert image_tag(tmp_path).startswith("src-")
 
 
-@pytest.mark.parametrize("target", ["training/trainer/__init__.py", "docker/Dockerfile", "training"])
+@pytest.mark.parametrize("target", ["training/eks_ddp_trainer/__init__.py", "docker/Dockerfile", "training"])
 def test_tag_changes_with_a_mode_change(tmp_path, target):
     # pulumi-docker-build hashes file modes: a chmod or another umask makes it rebuild and push; the push
     # must go to a new tag, since an immutable repository refuses an existing one (review M3).
@@ -381,11 +381,11 @@ def test_program_grants_nodes_pulls_from_the_trainer_repository_only(dev_result)
 
 def test_job_modules_exist_in_the_image(dev_result):
     """Every `-m <module>` a job container runs is a file the Dockerfile copies under /app: the trainer's
-    ``training/trainer/`` as ``eks_ddp_trainer``, the runtime's ``training/runtime/`` as ``eks_ddp_runtime``."""
+    ``training/eks_ddp_trainer/`` as ``eks_ddp_trainer``, the runtime's ``training/runtime/eks_ddp_runtime/`` as ``eks_ddp_runtime``."""
     dockerfile = (ROOT / "docker" / "Dockerfile").read_text()
-    copied = {"eks_ddp_trainer.": "training/trainer/", "eks_ddp_runtime.": "training/runtime/"}
-    assert "COPY training/trainer/ /app/eks_ddp_trainer/" in dockerfile
-    assert "COPY training/runtime/ /app/eks_ddp_runtime/" in dockerfile
+    copied = {"eks_ddp_trainer.": "training/eks_ddp_trainer/", "eks_ddp_runtime.": "training/runtime/eks_ddp_runtime/"}
+    assert "COPY training/eks_ddp_trainer/ /app/eks_ddp_trainer/" in dockerfile
+    assert "COPY training/runtime/eks_ddp_runtime/ /app/eks_ddp_runtime/" in dockerfile
     seen = set()
     for c in job_containers(dev_result):
         argv = [*c.get("command", []), *c.get("args", [])]

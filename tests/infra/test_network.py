@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 
 import pytest
+
 from eks_ddp.core import cidr
 from eks_ddp.infra.network import Network, NetworkArgs
 from eks_ddp.tooling.mocks import run_program
@@ -174,7 +175,6 @@ def test_validation_names_the_field(args, field):
 def test_default_zones_are_regular_zones_where_eks_accepts_subnets():
     """Review M6: never a Local Zone, never use1-az3/usw1-az2/cac1-az3 (their names differ per account)."""
     from eks_ddp.tooling.mocks import RecordingMocks
-
     from tests.support.util import stack_config
 
     mocks = RecordingMocks(region="us-east-1")

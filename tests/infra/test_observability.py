@@ -7,13 +7,13 @@ import json
 
 import pulumi
 import pytest
+
 from eks_ddp.core import k8s_versions, scheduling
 from eks_ddp.infra import observability as obs
 from eks_ddp.infra.gpu_nodegroup import GPU_TAINT_KEY
 from eks_ddp.tooling.contracts.iam_policy import ALLOW, Request, evaluate
 from eks_ddp.tooling.mocks import RecordingMocks, run_program
 from eks_ddp.tooling.plan import render_manifests
-
 from tests.support.util import run, set_path, stack_config
 
 ADDON = "aws:eks/addon:Addon"

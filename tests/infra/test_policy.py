@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from eks_ddp.tooling.mocks import ProgramResult
 
+from eks_ddp.tooling.mocks import ProgramResult
 from tests.support.util import parent_chain
 
 OPEN = {"0.0.0.0/0", "::/0"}

@@ -8,6 +8,7 @@ import json
 
 import pulumi
 import pytest
+
 from eks_ddp.infra.results import ResultsBucket, ResultsBucketArgs, bucket_policy, upload_policy
 from eks_ddp.tooling.mocks import run_program
 
@@ -259,6 +260,7 @@ def test_upload_then_fetch_draws_the_same_curve_and_table(tmp_path, s3, monkeypa
 def test_uploader_writes_every_object_under_the_jobs_kms_key(tmp_path, s3, monkeypatch):
     """Not the bucket default: the bucket here has none, so only the uploader's own request can name the key."""
     import boto3
+
     from eks_ddp_trainer import results
 
     key = boto3.client("kms", region_name="us-west-2").create_key()["KeyMetadata"]["Arn"]
@@ -379,7 +381,6 @@ def test_the_upload_step_exits_1_on_a_real_process_when_the_upload_fails(tmp_pat
     import sys
 
     from eks_ddp_trainer import results
-
     from tests.support.util import ROOT
 
     run = _finished_run(tmp_path / "run")

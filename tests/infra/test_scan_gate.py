@@ -5,8 +5,8 @@ checked on the dev plan."""
 from __future__ import annotations
 
 import pytest
-from eks_ddp.infra.scan_gate import STACK_SETTING, ScanGateError, blocking, check_image, scan_target
 
+from eks_ddp.infra.scan_gate import STACK_SETTING, ScanGateError, blocking, check_image, scan_target
 from tests.support.util import run, set_path, stack_config
 
 DIGEST = "sha256:" + "ab" * 32

@@ -13,6 +13,7 @@ import ipaddress
 import json
 
 import pytest
+
 from eks_ddp.tooling.mocks import ProgramResult, Recorded
 from eks_ddp.tooling.plan import render_manifests
 
@@ -264,7 +265,6 @@ def test_cis_5_4_2_checkov_ckv_aws_39_private_endpoint_only_is_a_config_key():
 
 def test_private_endpoint_refuses_public_cidrs_and_public_endpoint_requires_them():
     from eks_ddp.config import ConfigError, load_stack_config
-
     from tests.support.util import drop_path, set_path, stack_config
 
     def problems(cfg):

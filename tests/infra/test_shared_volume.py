@@ -8,8 +8,8 @@ the dataset the loaders accept (``EKS_DDP_DATA_PIN``).
 from __future__ import annotations
 
 import pytest
-from eks_ddp_trainer import integrity
 
+from eks_ddp_trainer import integrity
 from tests.workloads.test_elastic_job import run_job
 
 JOB = "kubernetes:batch/v1:Job"

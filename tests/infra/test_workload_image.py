@@ -1,6 +1,6 @@
 """Run images are pullable by the nodes and gated like the stack's image (B1, U1, T10).
 
-The node role pulls only what it is granted (components/infra/cluster.py), so every distinct ``runs[i].workload.image``
+The node role pulls only what it is granted (components/eks_ddp/infra/cluster.py), so every distinct ``runs[i].workload.image``
 in ECR gets a pull-only grant on exactly its repository (partition-aware ARN) and passes the ECR scan gate before
 any Job gets it; a library ElasticJob does the same given ``node_role_name``.
 """
@@ -11,11 +11,11 @@ import json
 
 import pulumi
 import pytest
+
 from eks_ddp import ElasticJob, ElasticJobArgs, Workload
 from eks_ddp.infra.image import ecr_repository_arn
 from eks_ddp.infra.workload_image import WorkloadImage, WorkloadImageArgs, workload_image_name
 from eks_ddp.tooling.mocks import run_program
-
 from tests.support.util import BYO_OTHER_ACCOUNT_IMAGE, BYO_OWN_ACCOUNT_IMAGE, byo_stack_config, run
 
 POLICY = "aws:iam/rolePolicy:RolePolicy"

@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from eks_ddp_local.args import parse_args
 
+from eks_ddp_local.args import parse_args
 from tests.support.etcd_server import trainer_env
 from tests.support.util import ROOT
 
@@ -83,4 +83,4 @@ def test_bad_own_code_flags_name_the_flag(argv, says, capsys):
 def test_the_console_script_points_at_the_runner():
     text = (ROOT / "pyproject.toml").read_text()
     assert 'eks-ddp-local = "eks_ddp_local.cli:main"' in text
-    assert os.path.exists(ROOT / "training" / "local" / "cli.py")
+    assert os.path.exists(ROOT / "training" / "eks_ddp_local" / "cli.py")

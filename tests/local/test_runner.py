@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from eks_ddp.core.torchrun import AGENT_ENV, LOCAL_TIMEOUTS, AgentOptions, RdzvTls, job_command
 from eks_ddp_local import cli as local
 from eks_ddp_local.job import LocalJob
@@ -30,7 +31,6 @@ from eks_ddp_runtime import procs
 from eks_ddp_runtime.procs import alive, descendants, listening
 from eks_ddp_trainer.config import TrainerConfig
 from eks_ddp_trainer.plot import metrics_table, plot_history, read_history, read_test_accuracy
-
 from tests.support.util import ROOT
 
 STEP = "[train] epoch=2 step=25 loss=1.2749 acc=0.804 img_s=603 world=2 lr=0.1562"

@@ -1,8 +1,8 @@
 """Exit codes as the pod sees them: every exit path of the trainer as a real process, alone and under the launcher.
 
-The Job's pod failure policy acts on the agent's exit status (training/runtime/exitcodes.py, components/workloads/elastic_job/__init__.py):
+The Job's pod failure policy acts on the agent's exit status (training/runtime/eks_ddp_runtime/exitcodes.py, components/eks_ddp/workloads/elastic_job/__init__.py):
 0 done, 3/4/5 FATAL (fail the Job at once), 1 a spent fault budget (retried). Alone, ``python -m eks_ddp_trainer.train``
-is what a user runs first; under ``python -m eks_ddp_runtime.launch`` (the Job's own flags from components/core/torchrun.py,
+is what a user runs first; under ``python -m eks_ddp_runtime.launch`` (the Job's own flags from components/eks_ddp/core/torchrun.py,
 a real etcd) the agent must hand the worker's code to the pod, whether workers are forked or fresh processes.
 """
 
@@ -14,11 +14,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+
 from eks_ddp.core.torchrun import CLUSTER_TIMEOUTS, AgentOptions, job_command
 from eks_ddp_runtime import exitcodes
 from eks_ddp_trainer.config import TrainerConfig
 from eks_ddp_trainer.data import TRAIN_FILES, batches_root, write_synthetic_cifar
-
 from tests.support.etcd_server import ROOT, Job, client_tls, etcd_endpoint, jobs, kill_workers_in_a_row, trainer_env  # noqa: F401
 
 
@@ -110,7 +110,7 @@ def _agent(endpoint: str, max_restarts: int = 20) -> AgentOptions:
 @pytest.mark.parametrize("case,fork", [
     # make test keeps one FATAL code under the launcher (the same Agent.fatal_code path serves 3, 4 and 5);
     # the others run in make test-long, as do fresh worker processes (what a GPU node without NVML gets,
-    # training/runtime/launch.py), where the standalone 134 would reach the agent as a SIGABRT, a transient failure.
+    # training/runtime/eks_ddp_runtime/launch.py), where the standalone 134 would reach the agent as a SIGABRT, a transient failure.
     ("diverged", "1"),
     *(pytest.param(c, "1", marks=pytest.mark.long) for c in ("bad_input", "config", "done")),
     *(pytest.param(c, "0", marks=pytest.mark.long) for c in ("diverged", "done"))])

@@ -15,7 +15,6 @@ import time
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from eks_ddp_runtime import fence
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     RendezvousSettings,
     RendezvousTimeout,
@@ -24,9 +23,10 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     _RendezvousState,
 )
 
+from eks_ddp_runtime import fence
 from tests.support.etcd_server import ROOT, trainer_env
 
-INTERVAL, ATTEMPTS = 1, 4  # the cluster's keep_alive_interval and keep_alive_max_attempt (components/core/torchrun.py)
+INTERVAL, ATTEMPTS = 1, 4  # the cluster's keep_alive_interval and keep_alive_max_attempt (components/eks_ddp/core/torchrun.py)
 ME, PEER = _NodeDesc("10.0.0.1", 100, 0), _NodeDesc("10.0.0.2", 200, 0)
 
 

@@ -5,7 +5,7 @@
   failure policy fails the Job) instead of retrying an outage for ``store_retry_timeout`` (600 s) per pod.
 * One store call sends one request: python-etcd's urllib3 ``PoolManager`` retried a timed-out request 3 more times
   (urllib3's default ``Retry(total=3)``), so one "impatient" call could take 4 x ``read_timeout``; the v3 client
-  (eks_ddp_runtime/etcd_v3.py) sends one and waits ``read_timeout`` at most.
+  (eks_ddp_runtime/rendezvous/etcd_client.py) sends one and waits ``read_timeout`` at most.
 * torch's ``agent.run()`` returns None when the rendezvous closes while the agent waits in its redundancy list
   (``RendezvousGracefulExitError``, agent/server/api.py ``run``): the run finished without it, exit 0.
 """
@@ -22,10 +22,10 @@ import time
 from pathlib import Path
 
 import pytest
+
 from eks_ddp.core.torchrun import CLUSTER_TIMEOUTS, AgentOptions, RdzvTls, script_command
 from eks_ddp_local.etcd import start_etcd
-from eks_ddp_runtime import rendezvous
-
+from eks_ddp_runtime.rendezvous import handler as rendezvous
 from tests.support.etcd_server import ROOT, client_tls, trainer_env
 
 SCRIPTS = ROOT / "tests" / "fixtures" / "corpus" / "scripts"
@@ -130,8 +130,8 @@ class _SilentServer:
 def test_one_store_call_sends_one_request():
     """A read that times out is not re-sent underneath the Retrier (which decides about retries), and takes
     ``read_timeout``, not a multiple of it."""
-    from eks_ddp_runtime.etcd_v3 import EtcdConnectionError
-    from eks_ddp_runtime.rdzv_store import make_client
+    from eks_ddp_runtime.rendezvous.etcd_backend import make_client
+    from eks_ddp_runtime.rendezvous.etcd_client import EtcdConnectionError
 
     server = _SilentServer()
     try:
@@ -148,8 +148,8 @@ def test_one_store_call_sends_one_request():
 
 
 def _state(etcd: str, tls: RdzvTls, run_id: str):
-    from eks_ddp_runtime import rdzv_state
-    from eks_ddp_runtime.etcd_v3 import EtcdV3Client
+    from eks_ddp_runtime.rendezvous import state as rdzv_state
+    from eks_ddp_runtime.rendezvous.etcd_client import EtcdV3Client
 
     host, port = etcd.split(":")
     context = ssl.create_default_context(cafile=tls.ca_cert)

@@ -23,10 +23,11 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
-from eks_ddp_local.etcd import make_tls, start_etcd
-from eks_ddp_runtime import rdzv_state, rendezvous
-from eks_ddp_runtime.etcd_v3 import EtcdV3Client, b64
 
+from eks_ddp_local.etcd import make_tls, start_etcd
+from eks_ddp_runtime.rendezvous import handler as rendezvous
+from eks_ddp_runtime.rendezvous import state as rdzv_state
+from eks_ddp_runtime.rendezvous.etcd_client import EtcdV3Client, b64
 from tests.support.etcd_server import client_tls, etcd_endpoint  # noqa: F401  (pytest fixture)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -127,10 +128,9 @@ def test_the_v3_gateway_needs_a_server_certificate_that_may_be_a_client(tmp_path
     """etcd's JSON gateway dials etcd's own gRPC port with the server certificate as its client certificate (etcd
     server/embed/serve.go ``serveCtx.serve``: ``dtls := tlscfg.Clone()``; etcd-io/etcd#16590); with
     ``--client-cert-auth`` a server certificate without client authentication fails every /v3 call (HTTP 503, "tls:
-    bad certificate"). The stores made here and by the stack (components/workloads/etcd_tls.py) allow both."""
+    bad certificate"). The stores made here and by the stack (components/eks_ddp/workloads/etcd_tls.py) allow both."""
     from eks_ddp_local.etcd import EtcdEndpoint
-    from eks_ddp_runtime.etcd_v3 import EtcdAnswerError
-
+    from eks_ddp_runtime.rendezvous.etcd_client import EtcdAnswerError
     from tests.support.etcd_server import RestartableEtcd
 
     for gateway in (False, True):
@@ -385,7 +385,7 @@ def test_a_new_incarnation_of_the_state_never_reads_an_old_rounds_keys(etcd):
 
 
 def test_an_add_resent_after_a_lost_reply_counts_once(etcd):
-    from eks_ddp_runtime.etcd_v3 import EtcdConnectionError
+    from eks_ddp_runtime.rendezvous.etcd_client import EtcdConnectionError
 
     handler = _handler(etcd, run_id=_run_id())
     store, retry = handler._store, handler.retry
@@ -428,7 +428,7 @@ def test_certificates_that_stop_loading_mid_run_keep_the_last_good_ones(etcd, tm
     a mount caught mid-swap (files absent) keeps the settings that loaded at start instead of ending the agent."""
     import shutil
 
-    from eks_ddp_runtime.rdzv_store import RendezvousConfigError, Retrier
+    from eks_ddp_runtime.rendezvous.etcd_backend import RendezvousConfigError, Retrier
 
     tls = client_tls(etcd)
     files = {k: shutil.copy(v, tmp_path / Path(v).name) for k, v in
@@ -527,7 +527,7 @@ def test_a_round_forms_where_python_etcd_cannot_be_imported(etcd):
 import sys
 sys.modules["etcd"] = None  # any `import etcd` raises ImportError
 from torch.distributed.elastic.rendezvous import RendezvousParameters
-from eks_ddp_runtime import rendezvous
+from eks_ddp_runtime.rendezvous import handler as rendezvous
 p = RendezvousParameters(backend=rendezvous.BACKEND, endpoint=sys.argv[1], run_id=sys.argv[2], min_nodes=1,
                          max_nodes=1, local_addr="127.0.0.1", protocol="https", ca_cert=sys.argv[3],
                          ssl_cert=sys.argv[4], ssl_cert_key=sys.argv[5], last_call_timeout="1")

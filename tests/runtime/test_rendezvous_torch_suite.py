@@ -2,14 +2,14 @@
 
 Vendored under tests/third_party/torch/ (source paths, commits and the license there): torch's
 ``RendezvousBackendTestMixin`` (rendezvous_backend_test.py) and the ``IntegrationTest`` of dynamic_rendezvous_test.py.
-They run here three ways: the mixin against :class:`~eks_ddp_runtime.rdzv_store.EtcdV3Backend`; the integration
+They run here three ways: the mixin against :class:`~eks_ddp_runtime.rendezvous.etcd_backend.EtcdV3Backend`; the integration
 test with torch's stock ``DynamicRendezvousHandler`` (``create_handler``, as upstream) over that backend and
-:class:`~eks_ddp_runtime.rdzv_store.EtcdV3Store`; and with the agents' own handler (``rendezvous._create``, the
+:class:`~eks_ddp_runtime.rendezvous.etcd_backend.EtcdV3Store`; and with the agents' own handler (``rendezvous._create``, the
 ``ElasticHandler`` the launcher builds from the Job's rdzv-conf). Every test of the suite runs; the differences are
 deliberate and each is overridden here with a comment saying why:
 
 1. The backend stores rendezvous states, not opaque bytes: ``set_state`` accepts only a pickled
-   ``_RendezvousState`` (it writes checked JSON, rdzv_state.py). The mixin's opaque states ``b"x"``, ``b"y"``,
+   ``_RendezvousState`` (it writes checked JSON, rendezvous/state.py). The mixin's opaque states ``b"x"``, ``b"y"``,
    ``b"z"`` travel as states whose ``round`` carries their bytes (:class:`_OpaqueStates`); the test bodies are
    upstream's.
 2. A corrupt state is not an error: ``get_state`` deletes it and answers "no state", so the agents re-form as after
@@ -34,13 +34,13 @@ from unittest.mock import Mock, PropertyMock, patch
 
 import pytest
 import torch.distributed as dist
-from eks_ddp_local.etcd import start_etcd
-from eks_ddp_runtime import rendezvous
-from eks_ddp_runtime.etcd_v3 import EtcdV3Client
-from eks_ddp_runtime.rdzv_store import EtcdV3Backend, EtcdV3Store, Retrier
 from torch.distributed.elastic.rendezvous import RendezvousInfo, RendezvousParameters
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousBackend, _RendezvousState
 
+from eks_ddp_local.etcd import start_etcd
+from eks_ddp_runtime.rendezvous import handler as rendezvous
+from eks_ddp_runtime.rendezvous.etcd_backend import EtcdV3Backend, EtcdV3Store, Retrier
+from eks_ddp_runtime.rendezvous.etcd_client import EtcdV3Client
 from tests.support.etcd_server import client_tls
 from tests.third_party.torch import dynamic_rendezvous_integration as upstream
 from tests.third_party.torch.rendezvous_backend import RendezvousBackendTestMixin
@@ -66,7 +66,7 @@ class _Etcd:
         cls._tmp.cleanup()
 
     def conf(self) -> dict[str, str]:
-        """The Job's rdzv-conf for this store (components/core/torchrun.py: https and the three certificate files)."""
+        """The Job's rdzv-conf for this store (components/eks_ddp/core/torchrun.py: https and the three certificate files)."""
         tls = client_tls(self.etcd)
         return {"protocol": "https", "ca_cert": tls.ca_cert, "ssl_cert": tls.cert, "ssl_cert_key": tls.key,
                 "read_timeout": "5", "store_retry_timeout": "5"}

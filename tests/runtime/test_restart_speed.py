@@ -23,10 +23,10 @@ from datetime import timedelta
 from types import SimpleNamespace
 
 import pytest
-from eks_ddp_runtime import rendezvous
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dyn
 from torch.distributed.elastic.rendezvous import utils as rdzv_utils
 
+from eks_ddp_runtime.rendezvous import handler as rendezvous
 from tests.support.util import ROOT
 
 _FIRST_EXCEPTION_LOG = textwrap.dedent("""

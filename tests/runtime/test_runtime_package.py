@@ -61,8 +61,8 @@ def test_metadata_requires_psutil_as_pinned_and_nothing_else(runtime_site):
     assert "python-etcd" not in {_name(r) for r in main}
     # Only the runtime's own package was installed.
     assert sorted(p.name for p in runtime_site.iterdir()) == ["eks_ddp_runtime", dist_info.name]
-    shipped = {p.name for p in (runtime_site / "eks_ddp_runtime").glob("*.py")}
-    assert {"launch.py", "rendezvous.py", "rdzv_store.py", "exitcodes.py", "watchdog.py", "dist.py", "fabric_check.py",
+    shipped = {p.relative_to(runtime_site / "eks_ddp_runtime").as_posix() for p in (runtime_site / "eks_ddp_runtime").rglob("*.py")}
+    assert {"launch.py", "rendezvous/handler.py", "rendezvous/etcd_backend.py", "exitcodes.py", "watchdog.py", "dist.py", "fabric_check.py",
             "stage_s3.py", "dataset.py"} <= shipped
 
 

@@ -20,7 +20,6 @@ moto = pytest.importorskip("moto")
 
 from eks_ddp_runtime import dataset, stage_s3  # noqa: E402
 from eks_ddp_runtime.exitcodes import BAD_INPUT, CONFIG_ERROR  # noqa: E402
-
 from tests.support.util import ROOT  # noqa: E402
 
 CREDS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}

@@ -1,4 +1,4 @@
-"""The runtime's declared torch range (training/runtime/compat.py): refused outside it at start with one line, and
+"""The runtime's declared torch range (training/runtime/eks_ddp_runtime/compat.py): refused outside it at start with one line, and
 what differs inside it detected from the torch at hand. ``make test-compat`` runs this file (and the user example
 under the real launcher with real etcd) on the oldest supported torch; ``make test`` on the newest."""
 
@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from eks_ddp_runtime import compat, launch
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.launcher.api import LaunchConfig
+
+from eks_ddp_runtime import compat, launch
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -136,8 +137,9 @@ def test_a_private_name_this_torch_lacks_is_named_with_the_range():
 
 def test_the_private_names_the_rendezvous_uses_exist_in_this_torch():
     """The guards pass on this torch (the real handler; make test-compat runs this on the oldest torch)."""
-    from eks_ddp_runtime import rendezvous
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    from eks_ddp_runtime.rendezvous import handler as rendezvous
 
     compat.require(dynamic_rendezvous, "_delay")
     compat.require(dynamic_rendezvous._BackendRendezvousStateHolder, "_sanitize")

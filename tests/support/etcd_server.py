@@ -1,6 +1,6 @@
 """Real etcd and real torchrun agents for the trainer tests and the recovery benchmark.
 
-etcd start/stop lives in training/local/etcd.py (shared with the local runner); this module
+etcd start/stop lives in training/eks_ddp_local/etcd.py (shared with the local runner); this module
 adds the pytest fixture and a small harness around torchrun agent processes: each agent
 runs in its own process group so a test can kill a whole "node", every wait is bounded,
 and everything started is killed at the end.
@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from eks_ddp.core.torchrun import (
     AGENT_ENV,
     LOCAL_TIMEOUTS,
@@ -37,7 +38,7 @@ TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 
 
 def client_tls(endpoint: str) -> RdzvTls:
-    """The agents' TLS files for a store started here (``endpoint.tls``, from training/local/etcd.py)."""
+    """The agents' TLS files for a store started here (``endpoint.tls``, from training/eks_ddp_local/etcd.py)."""
     tls: TlsFiles = endpoint.tls  # type: ignore[attr-defined]
     return RdzvTls.of(tls)
 
@@ -77,7 +78,7 @@ def _processes() -> list[tuple[int, int, bytes]]:
 _HELD = """import importlib, os, sys, time
 marker, module = sys.argv[1], sys.argv[2]
 launch = importlib.import_module(module)
-importlib.import_module("torch._dynamo")  # what the launcher imports at start (training/runtime/launch.py)
+importlib.import_module("torch._dynamo")  # what the launcher imports at start (training/runtime/eks_ddp_runtime/launch.py)
 deadline = time.monotonic() + 600
 while not os.path.exists(marker) and time.monotonic() < deadline:
     time.sleep(0.05)
@@ -392,6 +393,7 @@ def kill_workers_in_a_row(job: Job, kills: int, timeout_s: float = 120.0) -> int
 def max_weight_diff(run_a: Path, run_b: Path) -> float:
     """Largest absolute difference between the final weights (model.pt) of two runs (0.0: bit-identical)."""
     import torch
+
     from eks_ddp_trainer.evaluate import MODEL_FILE
 
     a = torch.load(Path(run_a) / MODEL_FILE, weights_only=True)["model"]

@@ -14,9 +14,9 @@ import os
 import sys
 from pathlib import Path
 
-import eks_ddp_trainer.train  # noqa: F401  (the agent imports what the trainer imports)
 import torch
 
+import eks_ddp_trainer.train  # noqa: F401  (the agent imports what the trainer imports)
 from tests.support.fork_threads_probe import probe as threads_at_fork
 
 

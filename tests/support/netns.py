@@ -19,11 +19,10 @@ from pathlib import Path
 
 from eks_ddp.core.torchrun import CLUSTER_TIMEOUTS, AgentOptions, RdzvTimeouts, job_command
 from eks_ddp_trainer.config import TrainerConfig
-
 from tests.support.etcd_server import ROOT, Agent, Job, RestartableEtcd, client_tls, trainer_env
 
 SNAPSHOT_DIR_ENV = "EKS_DDP_SNAPSHOT_DIR"
-"""training/trainer/snapshot.py ``DIR_ENV`` (not imported: this module runs where the trainer's dependencies may not)."""
+"""training/eks_ddp_trainer/snapshot.py ``DIR_ENV`` (not imported: this module runs where the trainer's dependencies may not)."""
 
 
 @dataclass(frozen=True)
@@ -77,7 +76,7 @@ CommandFor = Callable[[str, str, str], list[str]]
 
 
 def cluster_command(trainer: TrainerConfig, timeouts: RdzvTimeouts = CLUSTER_TIMEOUTS) -> CommandFor:
-    """The cluster's agent command (components/core/torchrun.py) for one node of a two-node job."""
+    """The cluster's agent command (components/eks_ddp/core/torchrun.py) for one node of a two-node job."""
     def build(endpoint: str, rdzv_id: str, addr: str) -> list[str]:
         opts = AgentOptions(min_nodes=1, max_nodes=2, nproc_per_node=1, rdzv_backend="etcd-v2",
                             rdzv_endpoint=endpoint, rdzv_id=rdzv_id, local_addr=addr, timeouts=timeouts,

@@ -116,7 +116,7 @@ def store_hang_then_newcomer(etcd: RestartableEtcd, make_job: MakeJob, hang_s: f
     spawned, arrived = _newcomer(job)
     full = _full_size_after(job, arrived, 120)
     # Steps trained during the outage. Their records reach history.jsonl once the survivor's lease is back (the
-    # history is a commit: training/trainer/runlog.py), so they are counted by their own times, after the fact.
+    # history is a commit: training/eks_ddp_trainer/runlog.py), so they are counted by their own times, after the fact.
     during = [r for r in steps(job) if paused + 1 < r["time"] < back]
     return _result(job, [0, 2], alive_during_outage=alive, steps_during_outage=len(during),
                    full_size_s=full, from_spawn_s=round(arrived - spawned + full, 2),
@@ -154,7 +154,7 @@ def store_wiped_then_worker_kill(etcd: RestartableEtcd, make_job: MakeJob) -> di
 
 
 def stale_commits(run_dir) -> list[str]:
-    """Checkpoints a world committed after a newer world had fenced the run directory (training/trainer/checkpoint.py:
+    """Checkpoints a world committed after a newer world had fenced the run directory (training/eks_ddp_trainer/checkpoint.py:
     each world's rank 0 writes a fence before training; each checkpoint names its world's fence). The commit time
     is the file's ctime (a rename sets it), the fence's its file's ctime: one clock, the shared filesystem's.
     An empty list when there is none; a run directory without any fence record is itself one."""

@@ -16,6 +16,7 @@ from typing import Any
 
 from botocore.awsrequest import AWSResponse
 from botocore.exceptions import ClientError
+
 from eks_ddp.tooling.preflight import QUOTAS
 from eks_ddp.tooling.preflight.network_quotas import EIP_QUOTA, VPC_QUOTA
 

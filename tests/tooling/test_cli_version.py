@@ -7,8 +7,8 @@ import stat
 from pathlib import Path
 
 import pytest
-from eks_ddp.tooling import cli_version
 
+from eks_ddp.tooling import cli_version
 from tests.support.util import ROOT
 
 
@@ -45,7 +45,6 @@ def test_readme_states_minimum_pulumi_cli():
 def test_preflight_refuses_an_old_cli(tmp_path, monkeypatch):
     from eks_ddp.config import load_stack_config
     from eks_ddp.tooling import preflight
-
     from tests.support.stub_quotas import StubQuotas
     from tests.support.util import stack_config
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from eks_ddp.config import StackConfig, load_stack_config
 from eks_ddp.core import catalog
 from eks_ddp.tooling import cost
-
 from tests.support.util import set_path, stack_config
 
 GIB_HOUR = cost.price("ebs_gp3_gb_month") / cost.HOURS_PER_MONTH

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+
 from eks_ddp.core import catalog
 from eks_ddp.tooling import cost
-
 from tests.support.util import drop_path, set_path, stack_config
 from tests.tooling.test_cost import config, dev
 

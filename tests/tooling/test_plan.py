@@ -12,8 +12,8 @@ import sys
 import pulumi
 import pytest
 import yaml
-from eks_ddp.tooling.mocks import RecordingMocks, run_program
 
+from eks_ddp.tooling.mocks import RecordingMocks, run_program
 from tests.support.util import ROOT, set_path, stack_config
 
 

@@ -78,8 +78,9 @@ def test_fetch_results_reads_with_the_profile_it_is_given(tmp_path, capsys, monk
 
 def test_a_plan_with_a_custom_s3_run_passes_the_strict_kubernetes_schema(tmp_path):
     import yaml
-    from eks_ddp.tooling.plan import render_manifests, write_manifests
     from kubernetes_validate import validate
+
+    from eks_ddp.tooling.plan import render_manifests, write_manifests
 
     cfg = with_runs({"runId": "a", "nodes": 1}, {"runId": "b", "nodes": 1, "workload": {
         "image": DIGEST, "script": "/app/train.py", "args": ["--x"], "env": {"MODE": "fast"},

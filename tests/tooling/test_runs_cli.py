@@ -1,4 +1,4 @@
-"""``eks-ddp status|logs|cancel|fetch RUN`` (components/tooling/runs/): the run's state and cause from its kept logs,
+"""``eks-ddp status|logs|cancel|fetch RUN`` (components/eks_ddp/tooling/runs/): the run's state and cause from its kept logs,
 for a local run's directory and for a cluster run named in the stack's outputs.
 
 The cluster path needs kubectl, pulumi and S3, which this machine lacks: the commands run against a fake
@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from eks_ddp.tooling import runs as cli
 from eks_ddp.tooling.runs import cluster
 from eks_ddp.tooling.runs.status import local_status

@@ -9,12 +9,12 @@ import sys
 import typing
 
 import pytest
+
 from eks_ddp.config import schema
 from eks_ddp.core import rules
 from eks_ddp_runtime import exitcodes
 from eks_ddp_trainer import config, train_args
 from eks_ddp_trainer.config import TrainerConfig
-
 from tests.support.etcd_server import ROOT
 
 # The trainer's flags as its hand-written parser spelled them before the dataclass: a rename breaks every Job.

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+
 from eks_ddp_runtime import exitcodes
 from eks_ddp_trainer import integrity
 from eks_ddp_trainer.data import ALL_FILES, DataError, batches_root, load_cifar, read_class_names, write_synthetic_cifar

@@ -18,6 +18,7 @@ import json
 
 import pytest
 import torch
+
 from eks_ddp_trainer import train
 from eks_ddp_trainer.data import load_cifar, write_digits_cifar
 

@@ -2,7 +2,7 @@
 
 Each agent is a separate process group standing in for a node (``--nnodes=1:2``,
 ``--nproc-per-node=1``, same ``--rdzv-id``), launched with the command line that
-components/core/torchrun.py builds for the cluster, with LOCAL_TIMEOUTS.
+components/eks_ddp/core/torchrun.py builds for the cluster, with LOCAL_TIMEOUTS.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+
 from eks_ddp_trainer import checkpoint as ckpt
 from eks_ddp_trainer import snapshot
 from eks_ddp_trainer.config import TrainerConfig
 from eks_ddp_trainer.data import write_synthetic_cifar
-
 from tests.support.etcd_server import Job, etcd_endpoint, jobs  # noqa: F401  (pytest fixtures)
 
 pytestmark = pytest.mark.slow

@@ -9,11 +9,11 @@ import subprocess
 import threading
 
 import pytest
+
 from eks_ddp_runtime import exitcodes
 from eks_ddp_trainer import checkpoint as ckpt
 from eks_ddp_trainer import snapshot, train
 from eks_ddp_trainer.data import write_synthetic_cifar
-
 from tests.support import sample_log
 from tests.support.etcd_server import ROOT, TORCHRUN, max_weight_diff, trainer_env
 

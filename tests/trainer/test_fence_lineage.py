@@ -1,4 +1,4 @@
-"""No interleaving lets a replaced world's commit be loaded (training/trainer/checkpoint.py "Fences"), checked exhaustively.
+"""No interleaving lets a replaced world's commit be loaded (training/eks_ddp_trainer/checkpoint.py "Fences"), checked exhaustively.
 
 World A (generation 1) keeps committing checkpoints while world C forms: C's loader picks a base, C writes its
 fence (generation 2) and commits. A's commits here skip every commit-time check (its lease, the newer fence):
@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from eks_ddp_trainer import checkpoint as ckpt
 from eks_ddp_trainer.snapshot import Snapshots
 

@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
+
 from eks_ddp_runtime.dist import DistEnv
 from eks_ddp_trainer import checkpoint as ckpt
 from eks_ddp_trainer import snapshot, train
 from eks_ddp_trainer.data import write_synthetic_cifar
 from eks_ddp_trainer.evaluate import MODEL_FILE
-from torch.overrides import TorchFunctionMode
 
 pytestmark = pytest.mark.usefixtures("in_process_trainer")
 cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -185,11 +186,12 @@ def test_fp16_scaler_start_leaves_the_first_step_finite_at_the_default_global_ba
     """The largest gradient at initialisation of the default model, with the trainer's summed loss over the
     default global batch (as 256 images x world 4, each rank's loss times the world as the trainer does), times
     the scaler's first scale. (The loss itself stays in fp32: only the gradients flow through fp16.)"""
+    from torch import nn
+
     from eks_ddp_trainer.config import DEFAULT_MODEL
     from eks_ddp_trainer.data import DEFAULT_GLOBAL_BATCH, StepNoise, augment, load_cifar
     from eks_ddp_trainer.model import build_model
     from eks_ddp_trainer.recipe import FP16_INIT_SCALE
-    from torch import nn
 
     torch.manual_seed(0)
     write_synthetic_cifar(tmp_path, n_train=256, n_test=10, seed=0)

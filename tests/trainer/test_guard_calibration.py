@@ -1,6 +1,6 @@
 """The divergence guard does not trip on a healthy run at the default global batch (review 2026-11-24, F3).
 
-The guard (training/trainer/guards.py) fails the run (exit 4, FATAL for the Job) when the guarded weights move by
+The guard (training/eks_ddp_trainer/guards.py) fails the run (exit 4, FATAL for the Job) when the guarded weights move by
 more than MAX_WEIGHT_CHANGE x their norm in one --check-every window. It was calibrated at batch <= 32; at
 the default 1,024 a healthy run moved by 1.35-1.61 in its first windows against a limit of 2. Here the
 trainer runs the default recipe's 490-step schedule at global batch 1,024 on a 10,240-image synthetic set
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from eks_ddp_trainer import guards, train
 from eks_ddp_trainer.data import write_synthetic_cifar
 

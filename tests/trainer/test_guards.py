@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+
 from eks_ddp_runtime import exitcodes
 from eks_ddp_trainer import checkpoint as ckpt
 from eks_ddp_trainer import train

@@ -14,11 +14,11 @@ import time
 import pytest
 import torch
 import torch.nn.functional as F
+
 from eks_ddp_trainer import train, wrap
 from eks_ddp_trainer.data import write_synthetic_cifar
 from eks_ddp_trainer.lookahead import Lookahead, LookaheadConfig
 from eks_ddp_trainer.model import StepBatchNorm, build_model, calibrate_bn, precision_for
-
 from tests.support import bn_worker
 from tests.support.etcd_server import ROOT, trainer_env
 

@@ -1,4 +1,4 @@
-"""training/trainer/prepare_data.py: verification, idempotency and the lock, with no network (downloader replaced)."""
+"""training/eks_ddp_trainer/prepare_data.py: verification, idempotency and the lock, with no network (downloader replaced)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+
 from eks_ddp_trainer import prepare_data as prep
 from eks_ddp_trainer.data import BATCHES_DIR, write_synthetic_cifar
 
@@ -72,6 +73,7 @@ def test_prepared_set_carries_a_sha256_manifest_the_pinned_loader_accepts(tmp_pa
     import hashlib
 
     import torch
+
     from eks_ddp_trainer import integrity
     from eks_ddp_trainer.data import load_cifar
 

@@ -8,12 +8,12 @@ import subprocess
 
 import pytest
 import torch
+
 from eks_ddp_runtime import exitcodes
 from eks_ddp_trainer import checkpoint as ckpt
 from eks_ddp_trainer import evaluate, train
 from eks_ddp_trainer.config import TrainerConfig
 from eks_ddp_trainer.data import write_synthetic_cifar
-
 from tests.support.etcd_server import ROOT, TORCHRUN, trainer_env
 
 LINE = re.compile(r"^\[train\] epoch=\d+ step=\d+ loss=\d+\.\d{4} acc=\d\.\d{3} img_s=\d+ world=\d+ lr=\d+\.\d{4}$")

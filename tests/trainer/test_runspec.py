@@ -1,7 +1,7 @@
 """A run spec changed under one run id (review 2026-11-24, K6): `pulumi up` replaces the Job and the new
 trainer starts on the same run directory. More (or fewer) epochs resume the run; another model or global
 batch is refused with a message that says to pick a new ``job.runId``, as docs/rendezvous.md states. Each trainer is
-a real process started with the flags the Job renders (training/trainer/config.py TrainerConfig)."""
+a real process started with the flags the Job renders (training/eks_ddp_trainer/config.py TrainerConfig)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import sys
 from dataclasses import replace
 
 import pytest
+
 from eks_ddp_runtime import exitcodes
 from eks_ddp_trainer import train
 from eks_ddp_trainer.config import TrainerConfig
 from eks_ddp_trainer.data import write_synthetic_cifar
-
 from tests.support.etcd_server import ROOT, trainer_env
 
 N_TRAIN, BATCH = 64, 16  # 4 steps per epoch

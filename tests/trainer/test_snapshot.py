@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
 from eks_ddp_runtime.dist import DistEnv
 from eks_ddp_trainer import snapshot
 from eks_ddp_trainer.snapshot import Snapshots, agree

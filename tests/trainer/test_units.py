@@ -8,6 +8,7 @@ import pickle
 
 import pytest
 import torch
+
 from eks_ddp_trainer import checkpoint as ckpt
 from eks_ddp_trainer.data import (
     ALL_FILES,

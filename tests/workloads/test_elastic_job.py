@@ -6,6 +6,7 @@ import dataclasses
 
 import pulumi
 import pytest
+
 from eks_ddp.core import catalog
 from eks_ddp.core.torchrun import AGENT_ENV, CLUSTER_TIMEOUTS, CLUSTER_TLS
 from eks_ddp.core.workload import cifar10_workload
@@ -78,7 +79,7 @@ def test_agent_command_is_the_shared_torchrun_builder():
     f = flags(cmd)
     assert f["nnodes"] == "2:3"
     assert f["nproc-per-node"] == "1"  # g4dn.xlarge: one T4
-    # etcd-v2 as the agent runs it: the same rendezvous with etcd calls retried (training/runtime/rendezvous.py)
+    # etcd-v2 as the agent runs it: the same rendezvous with etcd calls retried (training/runtime/eks_ddp_runtime/rendezvous/handler.py)
     assert f["rdzv-backend"] == "eks-etcd" and f["rdzv-endpoint"] == ETCD
     assert f["rdzv-id"] == "$(JOB_UID)" and f["local-addr"] == "$(POD_IP)"
     assert f["rdzv-conf"] == f"{CLUSTER_TIMEOUTS.conf()},{CLUSTER_TLS.conf()}"
@@ -500,7 +501,6 @@ def test_immutable_job_fields_replace_the_job():
 def _library_program(*jobs: dict, max_size: int = 2):
     """A program that makes one GPU node group (max_size) and ElasticJobs on it the way docs/library.md shows."""
     from eks_ddp.infra.gpu_nodegroup import GpuNodeGroup
-
     from tests.infra.test_gpu_nodegroup import BASE
 
     def program() -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pulumi
 import pytest
+
 from eks_ddp.tooling.mocks import ProgramResult, run_program
 from eks_ddp.tooling.plan import render_manifests
 from eks_ddp.workloads.elastic_job import EVALUATE_LABELS, PREPARE_LABELS, TRAINER_LABELS

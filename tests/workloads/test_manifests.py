@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from eks_ddp.config import PROJECT, SUPPORTED_KUBERNETES_VERSIONS, StackConfig, load_stack_config
-from eks_ddp.core import catalog
-from eks_ddp.tooling.plan import load_stack_file, render_manifests, write_manifests
 from kubernetes_validate import latest_version, validate
 from kubernetes_validate.utils import major_minor
 from torch.distributed.run import get_args_parser
 
+from eks_ddp.config import PROJECT, SUPPORTED_KUBERNETES_VERSIONS, StackConfig, load_stack_config
+from eks_ddp.core import catalog
+from eks_ddp.tooling.plan import load_stack_file, render_manifests, write_manifests
 from tests.support.util import ROOT
 
 CHECKOV = ROOT / ".venv-scan" / "bin" / "checkov"
@@ -105,7 +105,7 @@ def test_training_command_is_valid_for_torchrun(name, manifests):
     docs = manifests[name]
     [container] = training_job(docs)["spec"]["template"]["spec"]["containers"]
     command = container["command"]
-    # The agent is torchrun behind training/runtime/launch.py's exit-code contract; it takes torchrun's flags.
+    # The agent is torchrun behind training/runtime/eks_ddp_runtime/launch.py's exit-code contract; it takes torchrun's flags.
     assert command[:3] == ["python", "-m", "eks_ddp_runtime.launch"]
     parser = get_args_parser()
     agent_flags = command[3:command.index("-m", 3)]

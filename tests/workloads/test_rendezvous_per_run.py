@@ -11,9 +11,9 @@ import subprocess
 import urllib.error
 
 import pytest
+
 from eks_ddp.config import ConfigError, load_stack_config
 from eks_ddp.tooling.plan import render_manifests
-
 from tests.config.test_runs import DIGEST, with_runs
 from tests.support.util import run
 
@@ -127,7 +127,6 @@ def test_a_runs_store_refuses_another_runs_client_certificate(tmp_path):
     with the Deployment's flags), run A's own is accepted."""
     from eks_ddp.workloads.etcd import etcd_args
     from eks_ddp_local.etcd import make_tls
-
     from tests.workloads.test_etcd import _kv, _run_member
 
     a, b = make_tls(tmp_path / "a"), make_tls(tmp_path / "b")

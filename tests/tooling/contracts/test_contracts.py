@@ -6,6 +6,7 @@ short of a contract, so a contract module that stops registering cannot pass sil
 from __future__ import annotations
 
 import pytest
+
 from eks_ddp.tooling import contracts
 
 EXPECTED = {"network", "image-pull", "image-digest", "rendezvous", "s3", "storage", "fsx"}

@@ -1,4 +1,4 @@
-"""The one IAM evaluator of the contracts (components/tooling/contracts/iam_policy.py) as its three callers use it: how an
+"""The one IAM evaluator of the contracts (components/eks_ddp/tooling/contracts/iam_policy.py) as its three callers use it: how an
 unknown weighs per caller (kept for s3, against the request for image-pull, reported by storage), and the
 condition rules the storage and image-pull contracts now take from it. Negative controls: each mode on a policy
 built to tell them apart; a context key named in another case, a negated operator outside the subset on an absent
@@ -7,6 +7,7 @@ key, a numeric operator on a value that is no number (each mis-evaluated before)
 from __future__ import annotations
 
 import pytest
+
 from eks_ddp.tooling.contracts import identity, storage
 from eks_ddp.tooling.contracts.iam_policy import (
     ALLOW,

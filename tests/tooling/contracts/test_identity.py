@@ -1,4 +1,4 @@
-"""The identity contract's image part (components/tooling/contracts/identity.py): every pod image is pullable by the node
+"""The identity contract's image part (components/eks_ddp/tooling/contracts/identity.py): every pod image is pullable by the node
 role that pulls it, evaluated as IAM does, and pinned by digest. Positive over dev, p4de and the byo stack;
 negative controls: today's main on the byo stack (B1: no grant on the run images' repositories), an explicit
 Deny, a conditional Allow, an unpinned image."""
@@ -9,6 +9,7 @@ import dataclasses
 import json
 
 import pytest
+
 from eks_ddp.tooling.contracts import PlanView, check
 from eks_ddp.tooling.contracts.identity import (
     can_pull,
@@ -19,7 +20,6 @@ from eks_ddp.tooling.contracts.identity import (
     wildcard,
 )
 from eks_ddp.tooling.mocks import ProgramResult, Recorded
-
 from tests.support.util import BYO_OTHER_ACCOUNT_IMAGE, BYO_OWN_ACCOUNT_IMAGE
 
 ONLY = ("image-pull", "image-digest")
@@ -39,7 +39,7 @@ def test_every_pod_image_is_pullable_and_pinned(fixture, request):
 
 
 def test_negative_control_todays_main_leaves_the_run_images_unpullable(byo_result):
-    # Today's main creates none of the run-image grants (components/infra/image.py granted only the trainer's repository):
+    # Today's main creates none of the run-image grants (components/eks_ddp/infra/image.py granted only the trainer's repository):
     # the same plan without them.
     old = without(byo_result, lambda r: r.name.startswith("run-image-") and r.type.startswith("aws:iam/"))
     found = every_pod_image_is_pullable(PlanView.of(old))

@@ -1,4 +1,4 @@
-"""The network contract (components/tooling/contracts/network.py) over the dev and p4de plans, and its negative controls:
+"""The network contract (components/eks_ddp/tooling/contracts/network.py) over the dev and p4de plans, and its negative controls:
 manifest sets built to break each rule it checks, and the model of the EKS policy controller on small cases."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ import copy
 from ipaddress import IPv4Network as Net
 
 import pytest
+
 from eks_ddp.tooling.contracts import PlanView, check
 from eks_ddp.tooling.contracts.netobjects import Ports
 from eks_ddp.tooling.contracts.network import check_manifests, vpc_cidrs_of
@@ -56,6 +57,7 @@ def test_the_components_with_the_old_default_store_labels_are_reported(labels):
     # ElasticJob and EtcdRendezvous as a program of your own builds them; SERVER_LABELS was the old default of
     # rdzv_server_labels: every training pod's egress missed the store's ClusterIP.
     import pulumi
+
     from eks_ddp.tooling.mocks import run_program
     from eks_ddp.workloads.elastic_job import ElasticJob, ElasticJobArgs
     from eks_ddp.workloads.etcd import EtcdRendezvous, EtcdRendezvousArgs

@@ -10,9 +10,9 @@ import copy
 import dataclasses
 
 import pytest
+
 from eks_ddp.tooling.contracts import PlanView, check
 from eks_ddp.tooling.contracts import rendezvous as contract
-
 from tests.config.test_runs import DIGEST, with_runs
 from tests.support.util import run
 

@@ -1,4 +1,4 @@
-"""Contract "s3" (components/tooling/contracts/s3.py) and its IAM evaluator (components/tooling/contracts/iam_policy.py).
+"""Contract "s3" (components/eks_ddp/tooling/contracts/s3.py) and its IAM evaluator (components/eks_ddp/tooling/contracts/iam_policy.py).
 
 Positive: the dev and p4de plans, and a stack whose run stages a data set from another account's bucket, pass.
 Negative controls: the endpoint policy today's main writes (this account's buckets only) with that data set (B4);
@@ -12,11 +12,11 @@ import copy
 import json
 
 import pytest
+
 from eks_ddp.infra.network import s3_endpoint_policy
 from eks_ddp.tooling.contracts import PlanView, check
 from eks_ddp.tooling.contracts import s3 as contract
 from eks_ddp.tooling.contracts.iam_policy import ALLOW, DENY, IMPLICIT_DENY, UNKNOWN, Request, evaluate, evaluate_all
-
 from tests.config.test_runs import DIGEST, with_runs
 from tests.support.util import run, set_path
 

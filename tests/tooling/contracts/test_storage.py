@@ -12,6 +12,7 @@ import dataclasses
 import json
 
 import pytest
+
 from eks_ddp.infra.efs import file_system_policy, irsa_trust_policy
 from eks_ddp.tooling.contracts import PlanView, check
 from eks_ddp.tooling.contracts import storage as contract

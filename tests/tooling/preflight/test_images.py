@@ -10,10 +10,10 @@ import json
 
 import boto3
 import pytest
-from eks_ddp.tooling import preflight
-from eks_ddp.tooling.preflight import images as preflight_images
 from moto import mock_aws
 
+from eks_ddp.tooling import preflight
+from eks_ddp.tooling.preflight import images as preflight_images
 from tests.support.stub_quotas import StubQuotas, client_error
 from tests.support.util import BYO_OTHER_ACCOUNT_IMAGE, BYO_OWN_ACCOUNT_IMAGE, byo_stack_config, set_path, stack_config
 from tests.tooling.preflight.test_preflight import config

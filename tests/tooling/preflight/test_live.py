@@ -1,4 +1,4 @@
-"""Preflight against what the stack already runs (components/tooling/preflight/live.py), on moto's EKS and EC2:
+"""Preflight against what the stack already runs (components/eks_ddp/tooling/preflight/live.py), on moto's EKS and EC2:
 the cluster name's owner (A8), the version step (A3), resizes against live desired sizes (A2), this cluster's own
 nodes in the quota and reservation checks (A5), and the zones the VPC really uses (A10)."""
 
@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import boto3
 import pytest
+from moto import mock_aws
+
 from eks_ddp.config import choose_zones
 from eks_ddp.tooling import preflight
 from eks_ddp.tooling.preflight import live as preflight_live
-from moto import mock_aws
-
 from tests.support.stub_quotas import StubQuotas, add_reservations, reservation
 from tests.support.util import set_path, stack_config
 from tests.tooling.preflight.test_preflight import CR, config, p4de_raw

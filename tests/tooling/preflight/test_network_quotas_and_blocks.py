@@ -7,10 +7,10 @@ import datetime as dt
 
 import boto3
 import pytest
-from eks_ddp.tooling import preflight
-from eks_ddp.tooling.preflight import live as preflight_live
 from moto import mock_aws
 
+from eks_ddp.tooling import preflight
+from eks_ddp.tooling.preflight import live as preflight_live
 from tests.support.stub_quotas import StubQuotas, add_reservations, reservation
 from tests.support.util import set_path, stack_config
 from tests.tooling.preflight.test_preflight import CR, config, p4de_raw

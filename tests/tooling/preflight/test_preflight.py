@@ -12,10 +12,10 @@ import boto3
 import pulumi
 import pytest
 from botocore.exceptions import EndpointConnectionError, NoCredentialsError
-from eks_ddp.config import StackConfig, load_stack_config
-from eks_ddp.tooling import preflight
 from moto import mock_aws
 
+from eks_ddp.config import StackConfig, load_stack_config
+from eks_ddp.tooling import preflight
 from tests.support.stub_quotas import (
     StubQuotas,
     add_placement_groups,

@@ -8,10 +8,10 @@ from __future__ import annotations
 import boto3
 import pytest
 from botocore.exceptions import ClientError
-from eks_ddp.tooling import preflight
-from eks_ddp.tooling.preflight import s3 as preflight_s3
 from moto import mock_aws
 
+from eks_ddp.tooling import preflight
+from eks_ddp.tooling.preflight import s3 as preflight_s3
 from tests.config.test_runs import DIGEST, with_runs
 from tests.support.stub_quotas import StubQuotas
 from tests.support.util import set_path, stack_config

@@ -1,0 +1,212 @@
+"""The pods every Job of a run is built from: one hardened container of the image, the shared volume, sizing.
+
+Shared by :class:`~.elastic_job.ElasticJob` and its fabric-check gate (fabric_gate.py), so neither imports the
+other: every pod runs the image by digest as uid 1000 on a read-only root filesystem with writable ``emptyDir``
+volumes for ``/tmp`` and ``/dev/shm``, the shared volume (per workload: the dataset read-only except in the data
+stage, and the run's directory; or the whole claim), no service-account token, and Guaranteed QoS sizing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from eks_ddp.core import catalog
+from eks_ddp.core.torchrun import DATA_SUBDIR, RDZV_TLS_DIR, SHARED_ROOT
+from eks_ddp.core.workload import INTERNET_EXCEPT
+from eks_ddp.workloads.etcd import DEFAULT_CLIENT_LABELS
+from eks_ddp.workloads.namespace import restricted_container_security, restricted_pod_security
+
+TRAINER_UID = 1000
+"""The trainer image's user and group."""
+C10D_PORT = 29400
+GPU_RESOURCE = "nvidia.com/gpu"
+EFA_RESOURCE = "vpc.amazonaws.com/efa"
+GPUDIRECT_RDMA_FAMILIES = ("p4d", "p4de", "p5")
+"""Instance families whose EFA supports GPUDirect RDMA (FI_EFA_USE_DEVICE_RDMA=1)."""
+DATA_DIR = f"{SHARED_ROOT}/{DATA_SUBDIR}"
+EGRESS_EXCEPT = INTERNET_EXCEPT
+"""Never reached through the HTTPS egress rule: link-local (instance metadata, the node's credentials) and every
+private range a VPC or its pods can use (the API server's private endpoint, other pods, EFS, anything peered).
+The project's in-cluster peers are admitted by their own rules; S3 (gateway endpoint) and STS are public ranges."""
+PART_OF = {"app.kubernetes.io/part-of": "eks-ddp"}
+TRAINER_LABELS: Mapping[str, str] = {**DEFAULT_CLIENT_LABELS, **PART_OF}
+"""Every training pod carries these; EtcdRendezvous admits exactly them on its client port."""
+JOB_IMMUTABLE_FIELDS = ("spec.completionMode", "spec.podFailurePolicy", "spec.successPolicy",
+                        "spec.backoffLimitPerIndex", "spec.managedBy")
+"""Job fields Kubernetes refuses to change (ValidateJobSpecUpdate, 422 "field is immutable") that the provider does
+not already replace the Job for: a change to one of them replaces the Job instead of failing `pulumi up`."""
+# Writable paths on the read-only root filesystem; the image sets the same.
+CACHE_ENV = {"HOME": "/tmp", "XDG_CACHE_HOME": "/tmp/.cache", "TORCH_HOME": "/tmp/torch",
+             "TORCHINDUCTOR_CACHE_DIR": "/tmp/torchinductor", "TRITON_CACHE_DIR": "/tmp/triton",
+             "MPLCONFIGDIR": "/tmp/matplotlib", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def pod_resources(it: catalog.InstanceType) -> tuple[int, int, int]:
+    """(CPU cores, memory GiB, /dev/shm GiB) for one training pod on a whole node of type ``it``.
+
+    Leaves a tenth of the vCPUs (at least 1) and a quarter of the memory to the kubelet, the OS and the
+    node daemons (VPC CNI, kube-proxy, EFS CSI, device plugins). /dev/shm (NCCL's intra-node transport)
+    is memory-backed and counts against the pod's memory limit.
+    """
+    cpu = it.vcpus - max(1, it.vcpus // 10)
+    memory = it.memory_gib * 3 // 4
+    return cpu, memory, min(2 * it.gpus, max(1, memory // 4))
+
+
+NCCL_NET_PLUGIN = "ofi"
+"""NCCL loads ``libnccl-net-<name>.so``: the aws-ofi-nccl plugin the trainer image installs."""
+
+
+def nccl_env(it: catalog.InstanceType, efa: bool) -> dict[str, str]:
+    """NCCL/libfabric environment: NCCL over the EFA libfabric provider (aws-ofi-nccl) when ``efa``."""
+    env = {"NCCL_DEBUG": "WARN"}
+    if efa:
+        env.update({
+            "FI_PROVIDER": "efa",
+            # The trainer forks (torchrun workers); keeps registered memory safe across fork.
+            "FI_EFA_FORK_SAFE": "1",
+            # NCCL's bootstrap and out-of-band sockets use the pod's VPC interface; EFA carries the data.
+            "NCCL_SOCKET_IFNAME": "^lo",
+            # Load aws-ofi-nccl by name (libnccl-net-ofi.so, which the image's build checks is in the linker's
+            # path) instead of relying on a libnccl-net.so alias.
+            "NCCL_NET_PLUGIN": NCCL_NET_PLUGIN,
+        })
+        if it.family in GPUDIRECT_RDMA_FAMILIES:
+            env["FI_EFA_USE_DEVICE_RDMA"] = "1"
+    return env
+
+
+def resources(cpu: str, memory: str, extra: Mapping[str, int] | None = None) -> k8s.core.v1.ResourceRequirementsArgs:
+    # Limits equal requests: Guaranteed QoS, so the kubelet evicts these pods last under node pressure.
+    amounts = {"cpu": cpu, "memory": memory, **{k: str(v) for k, v in (extra or {}).items()}}
+    return k8s.core.v1.ResourceRequirementsArgs(requests=dict(amounts), limits=dict(amounts))
+
+
+
+def meta(name: str, namespace: pulumi.Input[str], labels: Mapping[str, str],
+         annotations: Mapping[str, pulumi.Input[str]] | None = None) -> k8s.meta.v1.ObjectMetaArgs:
+    return k8s.meta.v1.ObjectMetaArgs(name=name, namespace=namespace, labels=dict(labels),
+                                      annotations=dict(annotations) if annotations else None)
+
+
+def one_per_node(instance: str) -> k8s.core.v1.AffinityArgs:
+    """Anti-affinity on the hostname: one agent per node (GPU limits alone would allow two agents on an 8-GPU
+    node asking for 4)."""
+    return k8s.core.v1.AffinityArgs(pod_anti_affinity=k8s.core.v1.PodAntiAffinityArgs(
+        required_during_scheduling_ignored_during_execution=[k8s.core.v1.PodAffinityTermArgs(
+            topology_key="kubernetes.io/hostname",
+            label_selector=k8s.meta.v1.LabelSelectorArgs(match_labels={"app.kubernetes.io/instance": instance}))]))
+
+
+@dataclass(frozen=True, kw_only=True)
+class PodFactory:
+    """What every pod of one run shares: namespace, image, node placement, the shared volume, service accounts."""
+
+    namespace: pulumi.Input[str]
+    image: pulumi.Input[str]
+    """The stack's image (a pod may run another: ``pod(image=...)``)."""
+    efa: bool
+    node_selector: pulumi.Input[Mapping[str, str]] | None
+    system_node_selector: pulumi.Input[Mapping[str, str]] | None
+    pvc_name: pulumi.Input[str] | None
+    data_claim: pulumi.Input[str] | None
+    run_claim: pulumi.Input[str] | None
+    run_dir: str
+    data_read_only_claim: pulumi.Input[str] | None = None
+    """The dataset's read-only claim: mounted instead of ``data_claim`` by every pod that does not write data."""
+    rdzv_backend: str
+    rdzv_tls_secret: pulumi.Input[str] | None
+    trainer_sa: pulumi.Input[str]
+    """The ServiceAccount with the uploader role (training pods only)."""
+    worker_sa: pulumi.Input[str]
+    """The ServiceAccount without any IAM role (every other pod)."""
+
+    def meta(self, name: str, labels: Mapping[str, str], annotations: Mapping[str, pulumi.Input[str]] | None = None
+             ) -> k8s.meta.v1.ObjectMetaArgs:
+        return meta(name, self.namespace, labels, annotations)
+
+
+    def pod(self, labels: Mapping[str, str], name: str, command: pulumi.Input[list[str]],
+             resources: k8s.core.v1.ResourceRequirementsArgs, *, env: Mapping[str, str] | None = None,
+             field_env: Mapping[str, str] | None = None, shm_gib: int = 1, restart_policy: str = "Never",
+             grace_seconds: int = 30, ports: list[k8s.core.v1.ContainerPortArgs] | None = None,
+             affinity: k8s.core.v1.AffinityArgs | None = None, subdomain: pulumi.Input[str] | None = None,
+             on_gpu_nodes: bool = True, uploads: bool = False, writes_data: bool = False,
+             rdzv_tls: bool = False, image: pulumi.Input[str] | None = None,
+             service_account: pulumi.Input[str] | None = None) -> k8s.core.v1.PodTemplateSpecArgs:
+        """A hardened single-container pod of the trainer image with /shared, /tmp and /dev/shm; on the job's
+        GPU nodes (their selector, tolerating their taints), or with ``on_gpu_nodes=False`` on the system nodes.
+        ``uploads``: run as the ServiceAccount with the uploader role (the training pods only).
+        ``writes_data``: the data stage (the dataset read-write, no run directory). ``image``: default the stack's. ``service_account``: another than those two (the S3 data stage's)."""
+        v1 = k8s.core.v1
+        shared_mounts, shared_volumes = self.shared_volumes(writes_data)
+        env_vars = [v1.EnvVarArgs(name=k, value=v) for k, v in {**CACHE_ENV, **(env or {})}.items()]
+        env_vars += [v1.EnvVarArgs(name=k, value_from=v1.EnvVarSourceArgs(
+            field_ref=v1.ObjectFieldSelectorArgs(field_path=path))) for k, path in (field_env or {}).items()]
+        container = v1.ContainerArgs(
+            name=name, image=self.image if image is None else image, image_pull_policy="IfNotPresent", command=command,
+            working_dir="/app", env=env_vars, resources=resources, ports=ports,
+            volume_mounts=[*shared_mounts,
+                           v1.VolumeMountArgs(name="tmp", mount_path="/tmp"),
+                           v1.VolumeMountArgs(name="dshm", mount_path="/dev/shm"),
+                           *self.rdzv_tls_mounts(rdzv_tls)],
+            security_context=restricted_container_security(TRAINER_UID))
+        tolerations = [v1.TolerationArgs(key=key, operator="Exists", effect="NoSchedule")
+                       for key in (GPU_RESOURCE, *([EFA_RESOURCE] if self.efa else []))] if on_gpu_nodes else None
+        node_selector = self.node_selector if on_gpu_nodes else self.system_node_selector
+        return v1.PodTemplateSpecArgs(
+            metadata=k8s.meta.v1.ObjectMetaArgs(labels=dict(labels)),
+            spec=v1.PodSpecArgs(
+                restart_policy=restart_policy,
+                service_account_name=service_account or (self.trainer_sa if uploads else self.worker_sa),
+                automount_service_account_token=False, enable_service_links=False,
+                node_selector=node_selector, tolerations=tolerations, affinity=affinity,
+                subdomain=subdomain, termination_grace_period_seconds=grace_seconds,
+                # fsGroup is a no-op on the EFS volume (the CSI driver declares no fsGroupPolicy, so kubelet never
+                # chowns an RWX volume without fsType): every NFS call runs as the access point's PosixUser
+                # 1000:1000, which is why uid 1000 can write there. It still owns the emptyDirs.
+                security_context=restricted_pod_security(TRAINER_UID, fs_group_change_policy="OnRootMismatch"),
+                containers=[container],
+                volumes=[
+                    *shared_volumes,
+                    v1.VolumeArgs(name="tmp", empty_dir=v1.EmptyDirVolumeSourceArgs(size_limit="20Gi")),
+                    v1.VolumeArgs(name="dshm", empty_dir=v1.EmptyDirVolumeSourceArgs(
+                        medium="Memory", size_limit=f"{shm_gib}Gi")),
+                    *self.rdzv_tls_volumes(rdzv_tls),
+                ]))
+
+    def shared_volumes(self, writes_data: bool) -> tuple[list, list]:
+        """The shared volume's mounts and volumes: per workload (``data_claim``/``run_claim``: the dataset
+        read-only unless ``writes_data``, this run's directory unless ``writes_data``) or the whole claim."""
+        v1, a = k8s.core.v1, self
+        if a.pvc_name is not None:
+            return ([v1.VolumeMountArgs(name="shared", mount_path=SHARED_ROOT)],
+                    [v1.VolumeArgs(name="shared", persistent_volume_claim=v1.PersistentVolumeClaimVolumeSourceArgs(
+                        claim_name=a.pvc_name))])
+        # readOnly on the claim too: the EFS CSI driver then mounts the access point "ro".
+        data = a.data_claim if writes_data or a.data_read_only_claim is None else a.data_read_only_claim
+        mounts = [v1.VolumeMountArgs(name="data", mount_path=DATA_DIR, read_only=not writes_data)]
+        volumes = [v1.VolumeArgs(name="data", persistent_volume_claim=v1.PersistentVolumeClaimVolumeSourceArgs(
+            claim_name=data, read_only=not writes_data))]
+        if not writes_data:
+            mounts.append(v1.VolumeMountArgs(name="run", mount_path=self.run_dir))
+            volumes.append(v1.VolumeArgs(name="run", persistent_volume_claim=v1.PersistentVolumeClaimVolumeSourceArgs(
+                claim_name=a.run_claim)))
+        return mounts, volumes
+
+    def rdzv_tls_mounts(self, wanted: bool) -> list[k8s.core.v1.VolumeMountArgs]:
+        if not wanted or self.rdzv_backend != "etcd-v2":
+            return []
+        return [k8s.core.v1.VolumeMountArgs(name="rdzv-tls", mount_path=RDZV_TLS_DIR, read_only=True)]
+
+    def rdzv_tls_volumes(self, wanted: bool) -> list[k8s.core.v1.VolumeArgs]:
+        if not wanted or self.rdzv_backend != "etcd-v2":
+            return []
+        # 0440 with fsGroup = the trainer's uid: readable by the agent only.
+        return [k8s.core.v1.VolumeArgs(name="rdzv-tls", secret=k8s.core.v1.SecretVolumeSourceArgs(
+            secret_name=self.rdzv_tls_secret, default_mode=0o440))]
+

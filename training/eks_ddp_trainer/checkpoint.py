@@ -1,0 +1,359 @@
+"""Crash-safe checkpoints on a shared volume, fenced so that a replaced world's late commit is never loaded.
+
+Only global rank 0 writes. A checkpoint is written to a temp file in the same directory,
+flushed and fsynced, then ``os.replace``d over its final name and the directory fsynced:
+a reader sees either the whole file or nothing, whatever moment the writer dies at.
+Loading walks from the newest file down; a file that does not load (written by something
+else, a truncated copy) is renamed aside with a warning naming it, never deleted. When
+checkpoints exist and none loads, the resume fails (:class:`CheckpointError`) rather than
+silently training from scratch. Retention only ever deletes files older than the one just
+written, so the newest valid checkpoint is never deleted.
+
+**Fences.** Every world (one rendezvous round's workers) is numbered by the fence its rank 0 writes before
+it trains: ``checkpoints/fences/<generation>.json``, created with ``link(2)`` (fails if the name exists), so generations
+are unique and increase in creation order; it names the state the world restored (its *base*: the generation and
+step of that checkpoint or snapshot, or none). Each checkpoint and snapshot records its world's generation. The
+states a loader may use are the *lineage* of the newest fence: that world's own states, and each base's
+world's states up to the base's step, back along the chain (:func:`lineage_of`). A commit is refused right
+before its rename while the agent holds no lease (eks_ddp_runtime.fence) or a newer fence exists.
+
+Why no interleaving lets a stale world's commit be loaded: say world ``w`` commits state ``(w, s)`` after a
+newer world ``k > w`` wrote its fence. Steps only grow within a world, and every base on the chain that reaches
+``w`` was chosen by a loader before that loader's world wrote its fence, from commits that existed then; a
+loader running after fence ``k`` sees a newest fence ``>= k``, whose chain reaches ``w`` only through bases
+chosen before ``(w, s)`` existed, i.e. with steps below ``s``. So ``(w, s)`` is on no lineage any later loader
+computes. (Assumes the run directory shows a loader every fence created before it lists them: close-to-open
+consistency, which local filesystems and NFSv4/EFS give. docs/rendezvous.md has the whole argument.)
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import re
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from eks_ddp_runtime import fence
+
+log = logging.getLogger(__name__)
+
+CKPT_DIR = "checkpoints"
+_NAME = re.compile(r"^ckpt-(\d{9})\.pt$")
+FENCE_DIR = "fences"
+"""Under the checkpoint folder: one ``<generation>.json`` per world that trained on this run directory."""
+_FENCE_NAME = re.compile(r"^(\d{9})\.json$")
+Lineage = dict[int, int | None]
+"""Epoch -> the highest step of that world's states a loader may use (None: all); None: no fence (accept all)."""
+FORMAT = 2
+UNREADABLE_SUFFIX = ".unreadable"
+REQUIRED = ("format", "model", "optimizer", "step", "epoch", "sample_in_epoch", "config")
+
+# Test hook: pause rank 0 between writing the temp file and replacing, so a test can kill it mid-save.
+PAUSE_STEP_ENV = "EKS_DDP_TEST_PAUSE_SAVE_STEP"
+PAUSE_MARKER_ENV = "EKS_DDP_TEST_PAUSE_MARKER"
+# Test hook: every checkpoint write takes this many seconds longer (a slow shared volume).
+SLOW_SAVE_ENV = "EKS_DDP_TEST_SLOW_SAVE_S"
+
+
+class CheckpointError(Exception):
+    """Checkpoints exist but none can be loaded; the message names the files."""
+
+
+class CommitRefused(Exception):
+    """Raised by a commit gate right before a rename: this world may no longer commit (the temp file is removed)."""
+
+
+def ckpt_dir(run_dir: str | os.PathLike) -> Path:
+    return Path(run_dir) / CKPT_DIR
+
+
+def ckpt_path(run_dir: str | os.PathLike, step: int) -> Path:
+    return ckpt_dir(run_dir) / f"ckpt-{step:09d}.pt"
+
+
+def list_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
+    """Checkpoint files, oldest first (by the step in the name, not mtime, which a copy can change)."""
+    d = ckpt_dir(run_dir)
+    if not d.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in d.iterdir() if (m := _NAME.match(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: Path, data: bytes, *, before_replace=None) -> None:
+    """Write ``data`` to ``path`` so that readers see the old file or the new one, never a mix."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        if before_replace is not None:
+            before_replace()
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    # The rename itself lives in the directory: without this a power cut could lose it on some filesystems.
+    fsync_dir(path.parent)
+
+
+def _pause_hook(step: int):
+    want = os.environ.get(PAUSE_STEP_ENV)
+    marker = os.environ.get(PAUSE_MARKER_ENV)
+    if want is None or marker is None or int(want) != step or Path(marker).exists():
+        return None
+
+    def pause() -> None:
+        Path(marker).write_text(str(os.getpid()))
+        time.sleep(120)
+
+    return pause
+
+
+def save_checkpoint(run_dir: str | os.PathLike, state: dict[str, Any], *, keep: int) -> Path | None:
+    """Write ``state`` (must hold ``step``) atomically and delete all but the newest ``keep`` checkpoints.
+    ``state["fence"]["generation"]``, when present, is the writing world's: the commit is refused (None returned,
+    nothing written or deleted) when this world may no longer commit (:func:`commit_gate`)."""
+    if keep < 1:
+        raise ValueError(f"keep_checkpoints: got {keep}; expected >= 1")
+    step = int(state["step"])
+    generation = (state.get("fence") or {}).get("generation")
+    buf = io.BytesIO()
+    torch.save({"format": FORMAT, **state}, buf)
+    d = ckpt_dir(run_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    # Temp files of a writer that was killed before its replace; only rank 0 writes, and it is us.
+    for stale in d.glob(".ckpt-*.tmp-*"):
+        stale.unlink(missing_ok=True)
+    path = ckpt_path(run_dir, step)
+    time.sleep(float(os.environ.get(SLOW_SAVE_ENV, "0")))
+    gate = commit_gate(run_dir, generation, f"checkpoint step {step}")
+    pause = _pause_hook(step)
+
+    def before_replace() -> None:
+        if pause is not None:
+            pause()
+        gate()  # after any pause: right before the rename
+
+    try:
+        atomic_write_bytes(path, buf.getvalue(), before_replace=before_replace)
+    except CommitRefused:
+        return None
+    if generation is not None and superseded(run_dir, generation):
+        return path  # a newer world owns the folder now: its files are not ours to delete
+    # Only files older than the one just written (a valid one) are candidates: a file with a higher
+    # step is not ours to judge, and the newest valid checkpoint is never among those deleted.
+    older = [p for p in list_checkpoints(run_dir) if _step_of(p) < step]
+    for old in older[:max(0, len(older) - (keep - 1))]:
+        old.unlink(missing_ok=True)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------- fences
+
+def fence_dir(run_dir: str | os.PathLike) -> Path:
+    return ckpt_dir(run_dir) / FENCE_DIR
+
+
+def fence_path(run_dir: str | os.PathLike, generation: int) -> Path:
+    return fence_dir(run_dir) / f"{generation:09d}.json"
+
+
+def _fence_generations(run_dir: str | os.PathLike) -> list[int]:
+    d = fence_dir(run_dir)
+    if not d.is_dir():
+        return []
+    return sorted(int(m.group(1)) for p in d.iterdir() if (m := _FENCE_NAME.match(p.name)))
+
+
+def read_fences(run_dir: str | os.PathLike) -> dict[int, dict[str, Any]]:
+    """Every world's fence record, by generation (a record that does not parse is logged and left out)."""
+    out = {}
+    for generation in _fence_generations(run_dir):
+        path = fence_path(run_dir, generation)
+        try:
+            out[generation] = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            log.warning("unreadable fence record %s: %s", path, e)
+    return out
+
+
+def lineage_of(fences: dict[int, dict[str, Any]]) -> Lineage | None:
+    """The states a loader may use: the newest world's, then each base's world's up to the base's step, back
+    along the chain of bases (generation 0: checkpoints written before any fence). None when there is no fence."""
+    if not fences:
+        return None
+    generation = max(fences)
+    out: Lineage = {generation: None}
+    while generation in fences and fences[generation].get("base"):
+        base_gen, base_step = (int(v) for v in fences[generation]["base"])
+        if base_gen >= generation or base_gen in out:
+            log.warning("fence record %s: base %s does not come from an older world; the chain ends here",
+                        generation, fences[generation]["base"])
+            break
+        out[base_gen] = base_step
+        generation = base_gen
+    return out
+
+
+def read_lineage(run_dir: str | os.PathLike) -> Lineage | None:
+    return lineage_of(read_fences(run_dir))
+
+
+def generation_of(state: dict[str, Any]) -> int:
+    """The generation of the world that wrote ``state`` (0: written before fences existed)."""
+    return int((state.get("fence") or {}).get("generation", 0))
+
+
+def on_lineage(lineage: Lineage | None, state: dict[str, Any]) -> bool:
+    if lineage is None:
+        return True
+    generation = generation_of(state)
+    if generation not in lineage:
+        return False
+    limit = lineage[generation]
+    return limit is None or int(state["step"]) <= limit
+
+
+def superseded(run_dir: str | os.PathLike, generation: int) -> bool:
+    """A newer world has fenced the run directory (epochs are allocated one after the other)."""
+    return fence_path(run_dir, generation + 1).exists()
+
+
+_stale_said: set[int] = set()
+
+
+def commit_gate(run_dir: str | os.PathLike, generation: int | None, what: str) -> Callable[[], None]:
+    """A check for right before a rename: raises CommitRefused when the agent's lease does not allow ``what``
+    (eks_ddp_runtime.fence.commit_allowed) or a newer world than ``generation`` has fenced ``run_dir``."""
+    def gate() -> None:
+        if generation is not None and superseded(run_dir, generation):
+            if generation not in _stale_said:
+                _stale_said.add(generation)
+                print(f"[fence] {what}: commit deferred: world {generation + 1} has fenced {run_dir}; this world "
+                      f"({generation}) was replaced and commits nothing more", flush=True)
+            raise CommitRefused(what)
+        if not fence.commit_allowed(what):
+            raise CommitRefused(what)
+    return gate
+
+
+def until_allowed(commit: Callable[[], Any], poll_s: float = 0.5) -> Any:
+    """``commit()`` (which runs a :func:`commit_gate` right before its rename), repeated while the gate refuses
+    it: a world that was replaced waits here until its agent stops it."""
+    while True:
+        try:
+            return commit()
+        except CommitRefused:
+            time.sleep(poll_s)
+
+
+def commit_bytes(path: Path, data: bytes, *, run_dir: str | os.PathLike, generation: int | None, what: str) -> None:
+    """:func:`atomic_write_bytes` behind :func:`commit_gate`, retried until the gate allows it."""
+    gate = commit_gate(run_dir, generation, what)
+    until_allowed(lambda: atomic_write_bytes(path, data, before_replace=gate))
+
+
+def write_fence(run_dir: str | os.PathLike, base: tuple[int, int] | None, round_: int | None) -> int | None:
+    """Fence ``run_dir`` for a new world that restored ``base`` ((generation, step), or None for a fresh start):
+    returns its generation, the first free one after every fence seen, or None when the lease refused it."""
+    d = fence_dir(run_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    generation = max(_fence_generations(run_dir), default=0) + 1
+    record = {"base": list(base) if base is not None else None, "round": round_, "host": socket.gethostname(),
+              "pid": os.getpid()}
+    while True:
+        tmp = d / f".{generation:09d}.tmp-{os.getpid()}"
+        tmp.write_text(json.dumps({"generation": generation, **record, "created": time.time()}))
+        try:
+            if not fence.commit_allowed(f"fence of world {generation}"):
+                return None
+            os.link(tmp, fence_path(run_dir, generation))  # EEXIST when another world took this generation
+        except FileExistsError:
+            generation += 1
+            continue
+        finally:
+            tmp.unlink(missing_ok=True)
+        fsync_dir(d)
+        return generation
+
+
+def same_run(saved: dict[str, Any], now: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """What differs between a checkpoint's run identity and this run's, as {key: (saved, now)}; {} when the
+    checkpoint belongs to this run. Keys the checkpoint has and this run no longer counts (``epochs``, which
+    older checkpoints held: the run resumes with the new count) are ignored."""
+    return {k: (saved.get(k), v) for k, v in now.items() if saved.get(k) != v}
+
+
+def _step_of(path: Path) -> int:
+    m = _NAME.match(path.name)
+    return int(m.group(1)) if m else -1
+
+
+def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    state = torch.load(path, map_location=map_location, weights_only=True)
+    if not isinstance(state, dict) or any(k not in state for k in REQUIRED):
+        raise ValueError(f"{path}: not an eks-ddp checkpoint (missing keys)")
+    if state["format"] != FORMAT:
+        raise ValueError(f"{path}: checkpoint format {state['format']}; expected {FORMAT}")
+    return state
+
+
+_FROM_FENCES: Any = object()
+
+
+def load_latest(run_dir: str | os.PathLike, map_location: str | torch.device = "cpu", *, set_aside: bool = False,
+                allow_none_valid: bool = False,
+                lineage: Lineage | None = _FROM_FENCES) -> tuple[dict[str, Any], Path] | None:
+    """The newest checkpoint that loads and is on the lineage (default: the run directory's fences), or None
+    when there is none.
+
+    Checkpoints off the lineage (a replaced world's late commits) are skipped with a warning and left alone.
+    Unreadable files are logged by name (and with ``set_aside`` renamed to ``*.unreadable``, out of
+    the way of retention). If there are checkpoint files and none loads, raises CheckpointError
+    unless ``allow_none_valid`` (then returns None: train from scratch).
+    """
+    if lineage is _FROM_FENCES:
+        lineage = read_lineage(run_dir)
+    bad: list[Path] = []
+    reasons: list[str] = []
+    found = None
+    for path in reversed(list_checkpoints(run_dir)):
+        try:
+            state = load_checkpoint(path, map_location)
+        except Exception as e:  # any failure to load is reported with the file's name
+            log.warning("unreadable checkpoint %s: %s", path, e)
+            bad.append(path)
+            reasons.append(f"{path}: {type(e).__name__}: {e}")
+            continue
+        if not on_lineage(lineage, state):
+            log.warning("checkpoint %s (world %s, step %s) is not on the lineage of the newest fence %s: skipped",
+                        path, generation_of(state), state["step"], lineage)
+            continue
+        found = state, path
+        break
+    if bad and found is None and not allow_none_valid:
+        # Left in place: a retry must fail the same way, not find an empty folder and start over.
+        raise CheckpointError("no readable checkpoint; unreadable: " + "; ".join(reasons))
+    if set_aside:
+        for path in bad:
+            path.rename(path.with_name(path.name + UNREADABLE_SUFFIX))
+    return found

@@ -1,0 +1,537 @@
+"""etcd access for the ``eks-etcd`` rendezvous: etcd's v3 API, JSON state, retries of what a retry can fix.
+
+* :func:`make_client` builds an :class:`~eks_ddp_runtime.rendezvous.etcd_client.EtcdV3Client` (the standard library over etcd's
+  v3 JSON gateway) with HTTPS and a client certificate, from torch's etcd rdzv-conf keys (``protocol``,
+  ``ca_cert``, ``ssl_cert``, ``ssl_cert_key``, ``read_timeout``). It contacts nobody when built (review K3), and
+  one call is one request that waits at most ``read_timeout`` (no retries underneath, E5).
+* :class:`Retrier` retries only connection failures (refused, reset, timed out, TLS handshake cut, etcd's
+  "unavailable") on a fresh client, for up to ``store_retry_timeout`` seconds, or once when called ``impatient``
+  (the heartbeat thread and the monitor loop, which must never block the agent on a dead store). etcd's answers
+  (compare failed, key or lease not found) are never retried (review K7 a).
+* :class:`EtcdV3Backend` is torch's ``RendezvousBackend`` over one key per run
+  (``/torch/elastic/rendezvous/<run-id>``): ``set_state`` is a transaction comparing the key's ``mod_revision``
+  with the token (``create_revision == 0`` to create it), so at most one of several writers of one state wins.
+  The key holds the state as JSON (rendezvous/state.py) and ``get_state`` hands torch a pickle built here from checked
+  fields, never bytes from the store; a value that does not check out is deleted and reads as no state, like a
+  store that came back empty (the agents then re-form, rendezvous/handler.py). The key lives on a lease of torch's TTL
+  (2 h, ``etcd_rendezvous_backend._DEFAULT_TTL``), renewed while agents write it.
+* :class:`EtcdV3Store` is the c10d ``Store`` the handler gives the agents (rank assignment, master address, exit
+  barrier). Its keys live under ``/torch/elastic/store/<run-id>/<incarnation>/<round>/``, where the incarnation
+  is the state key's ``create_revision``, and on the state key's lease: they go when the state goes (expiry, wipe,
+  a malformed value deleted), and a round's first write deletes the keys of rounds older than the one before it
+  and of older incarnations, so a long run keeps a bounded number of keys and a new incarnation never reads an old
+  one's ``MASTER_ADDR`` (review E6). ``add`` is idempotent: each call carries an id and the counter's value keeps
+  the ids of its last adds with their results, so an add re-sent after a lost reply returns its first result
+  instead of counting twice (review K7 b).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+import os
+import pickle
+import random
+import re
+import ssl
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+from torch.distributed import Store
+from torch.distributed.elastic.rendezvous import RendezvousParameters
+from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousBackend, Token, _RendezvousState
+from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+
+from . import etcd_client
+from . import state as rdzv_state
+from .etcd_client import EtcdAnswerError, EtcdConnectionError, EtcdV3Client, compare, op_delete, op_put, op_range
+
+KEY_PREFIX = "/torch/elastic/rendezvous"
+STORE_PREFIX = "/torch/elastic/store"
+STATE_TTL_S = 7200
+"""Seconds the state (and the store keys of its rounds) outlive the last agent that wrote it: torch's etcd
+backend's ``_DEFAULT_TTL``."""
+RENEW_EVERY_S = 300.0
+"""An agent that writes the state renews its lease at most this often (a write no later than this after the last
+renewal renews it again)."""
+ABSENT = 0
+"""The token of "no state key" (no key has ``mod_revision`` 0): a write with it creates the key."""
+COUNTER_MARK = "eks-ddp-counter:"
+"""Prefix of a counter value written by :meth:`EtcdV3Store.add` (``<mark><n>;<id>=<result>,...``)."""
+COUNTER_IDS_KEPT = 256
+"""Add ids a counter remembers: more than the agents of any job, each of which adds once per barrier."""
+POLL_FIRST_S, POLL_MAX_S = 0.01, 0.1
+"""A store read that waits for keys polls after 10 ms, then twice as long each time, up to every 100 ms."""
+
+log = logging.getLogger("training.rendezvous")
+T = TypeVar("T")
+
+
+class RendezvousConfigError(ValueError):
+    """A store-client setting no retry can fix (the launcher exits 2 at start, a usage error)."""
+
+
+def client_settings(params: RendezvousParameters) -> dict[str, Any]:
+    """The store client's settings from the rdzv-conf, checked before anything is contacted: ``read_timeout`` a
+    positive number, ``protocol`` http or https, and for https the three certificate files present, readable and
+    loadable (the CA, the client certificate and its matching key). RendezvousConfigError names the key, the value
+    and what is allowed."""
+    host, port = parse_rendezvous_endpoint(params.endpoint, default_port=2379)
+    raw_timeout = params.get("read_timeout", 5)
+    try:
+        read_timeout = float(raw_timeout)
+    except (TypeError, ValueError):
+        read_timeout = float("nan")
+    if not read_timeout > 0:
+        raise RendezvousConfigError(f"rdzv-conf read_timeout: got {raw_timeout!r}; expected seconds > 0")
+    protocol = str(params.get("protocol", "https")).strip().lower()
+    if protocol not in ("http", "https"):
+        raise RendezvousConfigError(f"rdzv-conf protocol: got {params.get('protocol')!r}; expected 'https' (or "
+                                    "'http' for an unauthenticated store, which lets anyone rewrite the rendezvous)")
+    kw: dict[str, Any] = {"context": None}
+    if protocol == "https":
+        files = {k: params.get(k) for k in ("ca_cert", "ssl_cert", "ssl_cert_key")}
+        missing = [k for k, v in files.items() if not v]
+        if missing:
+            raise RendezvousConfigError(f"rdzv-conf {', '.join(missing)}: missing; expected file paths (the store's "
+                                        "CA, this job's client certificate and key) with protocol=https")
+        for key, path in files.items():
+            if not os.path.isfile(path) or not os.access(path, os.R_OK):
+                raise RendezvousConfigError(f"rdzv-conf {key}: got {path!r}; expected a readable file (is the "
+                                            "rendezvous TLS Secret mounted?)")
+        try:
+            ctx = ssl.create_default_context(cafile=files["ca_cert"])
+            ctx.load_cert_chain(files["ssl_cert"], files["ssl_cert_key"])
+        except (ssl.SSLError, OSError, ValueError) as e:
+            raise RendezvousConfigError(f"rdzv-conf ca_cert/ssl_cert/ssl_cert_key: got {files['ca_cert']!r}, "
+                                        f"{files['ssl_cert']!r}, {files['ssl_cert_key']!r}, which do not load ({e}); "
+                                        "expected PEM files: the store's CA, a client certificate and its key") from e
+        kw = {"context": ctx, "ca_cert": files["ca_cert"], "cert": (files["ssl_cert"], files["ssl_cert_key"])}
+    return {"host": host, "port": port, "read_timeout": read_timeout, "protocol": protocol, **kw}
+
+
+def make_client(params: RendezvousParameters) -> EtcdV3Client:
+    """A v3 client from the rdzv-conf (:func:`client_settings`); HTTPS with a client certificate unless
+    ``protocol=http``. Nothing is sent until the first call."""
+    kw = client_settings(params)
+    if kw["protocol"] == "http":
+        log.warning("rendezvous store over plain HTTP: anyone who can reach it can rewrite the rendezvous")
+    return EtcdV3Client(kw["host"], kw["port"], read_timeout=kw["read_timeout"], context=kw["context"])
+
+
+def _chain(exc: BaseException | None) -> Iterator[BaseException]:
+    # Explicit causes only: an implicit __context__ may be an unrelated error handled on the way.
+    seen = 0
+    while exc is not None and seen < 10:
+        yield exc
+        exc, seen = exc.__cause__, seen + 1
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """A failure to reach the store (a retry can fix it), not an answer from it (a retry cannot)."""
+    for e in _chain(exc):
+        if isinstance(e, EtcdAnswerError):
+            return e.retryable
+        if isinstance(e, (EtcdConnectionError, ConnectionError, TimeoutError)):
+            return True
+    return False
+
+
+class Retrier:
+    """Calls ``fn(client)`` until it succeeds, building a fresh client after each connection failure."""
+
+    def __init__(self, params: RendezvousParameters, timeout_s: float) -> None:
+        self.params, self.timeout_s = params, timeout_s
+        self._client: EtcdV3Client | None = None
+        self._settings: dict[str, Any] | None = None
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        self.failing_since: float | None = None
+        """Monotonic time of the first failure of the current outage; None while the store answers."""
+        self.last_failure = -1e18
+        """Monotonic time of the last failed call."""
+
+    def client(self) -> EtcdV3Client:
+        """The current client; a fresh one reads the certificate files again (a rotated Secret is picked up on the
+        next reconnect). If they no longer load, the last settings that did are kept: a mount being swapped is not
+        a reason to stop an agent whose settings were checked at start."""
+        with self._lock:
+            if self._client is None:
+                try:
+                    kw = client_settings(self.params)
+                except RendezvousConfigError as e:
+                    if self._settings is None:
+                        raise
+                    log.warning("%s; reconnecting with the certificates loaded before", e)
+                    kw = self._settings
+                if kw["protocol"] == "http" and self._settings is None:
+                    log.warning("rendezvous store over plain HTTP: anyone who can reach it can rewrite the rendezvous")
+                self._settings = kw
+                self._client = EtcdV3Client(kw["host"], kw["port"], read_timeout=kw["read_timeout"],
+                                            context=kw["context"])
+            return self._client
+
+    def _drop(self, client: EtcdV3Client) -> None:
+        with self._lock:
+            if self._client is client:
+                self._client = None
+        client.close()
+
+    @contextlib.contextmanager
+    def impatient(self) -> Iterator[None]:
+        """Calls in this block (this thread) try once: the caller tolerates a failure."""
+        before = getattr(self._local, "impatient", False)
+        self._local.impatient = True
+        try:
+            yield
+        finally:
+            self._local.impatient = before
+
+    def outage_s(self) -> float:
+        """Seconds the store has been failing continuously (0 while it answers)."""
+        return 0.0 if self.failing_since is None else time.monotonic() - self.failing_since
+
+    def __call__(self, what: str, fn: Callable[[EtcdV3Client], T]) -> T:
+        deadline = time.monotonic() + self.timeout_s
+        impatient = getattr(self._local, "impatient", False)
+        delay, attempt = 0.1, 0
+        while True:
+            client = self.client()
+            try:
+                result = fn(client)
+                self.failing_since = None
+                return result
+            except Exception as e:
+                if not is_retryable(e):
+                    raise
+                now = self.last_failure = time.monotonic()
+                if self.failing_since is None:
+                    self.failing_since = now
+                self._drop(client)
+                if impatient or now + delay > deadline:
+                    raise RendezvousConnectionError(f"etcd {what}: the store did not answer ({e})") from e
+                attempt += 1
+                if attempt == 1 or attempt % 30 == 0:
+                    log.warning("etcd %s failed (%s: %s); retrying for up to %.0f s", what, type(e).__name__, e,
+                                max(0.0, deadline - now))
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+
+class EtcdV3Backend(RendezvousBackend):
+    """torch's rendezvous state in one etcd v3 key per run, as checked JSON, written by compare-and-set on the key's
+    ``mod_revision`` (the token); every call through :class:`Retrier`."""
+
+    def __init__(self, retry: Retrier, run_id: str, name: str, *, key_prefix: str = KEY_PREFIX,
+                 ttl_s: int = STATE_TTL_S) -> None:
+        if not run_id:
+            raise ValueError("run_id: got ''; expected the rendezvous id")
+        self._retry, self._name, self._ttl_s = retry, name, int(ttl_s)
+        self.key = f"{key_prefix}/{run_id}".encode()
+        self.incarnation: tuple[int, int] | None = None
+        """``(create_revision, lease)`` of the state key as last read or written; (0, 0) when it was absent."""
+        self._renewed: tuple[int, float] = (0, -1e18)
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def get_state(self) -> tuple[bytes, Token] | None:
+        return self._retry("get_state", lambda c: self._decoded(c, c.get(self.key)))
+
+    def set_state(self, state: bytes, token: Token | None = None) -> tuple[bytes, Token, bool] | None:
+        value, bits = rdzv_state.encode(rdzv_state.state_from_pickle(state))
+        # A compare-and-set whose reply was lost is retried with the same token: it then fails the comparison and
+        # returns the current state, which the handler re-reads; no update is applied twice.
+        result = self._retry("set_state", lambda c: self._set(c, value, bits, token))
+        if result is not None and result[2]:
+            self._renew()
+        return result
+
+    def _set(self, c: EtcdV3Client, value: bytes, bits: bytes, token: Token | None):
+        if token is None or token == ABSENT:
+            lease = c.lease_grant(self._ttl_s)
+            ok, responses = c.txn([compare(self.key, "CREATE", 0)], [op_put(self.key, value, lease=lease),
+                                                                     op_range(self.key)], [op_range(self.key)])
+            if not ok:
+                with contextlib.suppress(etcd_client.EtcdError):
+                    c.lease_revoke(lease)
+        else:
+            revision = token if type(token) is int and token > 0 else None
+            if revision is None:  # not a token of this backend: not current
+                return self._current(c, c.get(self.key))
+            # The key keeps its lease (ignore_lease); the compare fails if it vanished meanwhile.
+            ok, responses = c.txn([compare(self.key, "MOD", revision)],
+                                  [op_put(self.key, value, ignore_lease=True), op_range(self.key)],
+                                  [op_range(self.key)])
+        kvs = etcd_client.kvs_of(responses[-1]) if responses else []
+        kv = kvs[0] if kvs else None
+        if not ok:
+            return self._current(c, kv)
+        if kv is None:  # the put applied and the key is gone within the same transaction: impossible
+            raise etcd_client.EtcdError("etcd txn: the state key written is not there")
+        self.incarnation = (kv.create_revision, kv.lease)
+        return bits, kv.mod_revision, True
+
+    def _current(self, c: EtcdV3Client, kv: etcd_client.KeyValue | None):
+        """Not set: the state the store holds now. No key (it vanished under the compare-and-set: the store came back
+        empty, or a bad value was deleted) is answered as the empty state with the token :data:`ABSENT`, not None:
+        on None torch's holder keeps its own state (dynamic_rendezvous.py ``sync``) and its next write would create
+        the key with that stale world."""
+        found = self._decoded(c, kv)
+        if found is None:
+            return pickle.dumps(_RendezvousState()), ABSENT, False
+        return (*found, False)
+
+    def _decoded(self, c: EtcdV3Client, kv: etcd_client.KeyValue | None) -> tuple[bytes, Token] | None:
+        if kv is None:
+            self.incarnation = (0, 0)
+            return None
+        try:
+            bits = rdzv_state.decode(kv.value)
+        except rdzv_state.StateError as e:
+            self._heal(c, kv, e)
+            return None
+        self.incarnation = (kv.create_revision, kv.lease)
+        return bits, kv.mod_revision
+
+    def _heal(self, c: EtcdV3Client, kv: etcd_client.KeyValue, why: Exception) -> None:
+        """A value that is not a state this backend writes: delete it (if nobody changed it meanwhile) and its
+        lease with the store keys on it, so the agents start a fresh state, as after a wipe."""
+        log.error("the rendezvous state in etcd (%s, revision %s) is not a valid state (%s): deleting it; the "
+                  "agents re-form as after a store wipe", self.key.decode(), kv.mod_revision, why)
+        c.txn([compare(self.key, "MOD", kv.mod_revision)], [op_delete(self.key)])
+        if kv.lease:
+            c.lease_revoke(kv.lease)
+        self.incarnation = (0, 0)
+
+    def _renew(self) -> None:
+        """Renew the state's lease when due (best effort: one try; the next write tries again)."""
+        if self.incarnation is None or not self.incarnation[1]:
+            return
+        lease = self.incarnation[1]
+        last_lease, last = self._renewed
+        if lease == last_lease and time.monotonic() - last < min(RENEW_EVERY_S, self._ttl_s / 4):
+            return
+        try:
+            with self._retry.impatient():
+                self._retry("lease keepalive", lambda c: c.lease_keepalive(lease))
+            self._renewed = (lease, time.monotonic())
+        except (RendezvousConnectionError, etcd_client.EtcdError) as e:
+            log.debug("renewing the rendezvous state's lease failed (%s); the next write tries again", e)
+
+    def refresh_incarnation(self) -> tuple[int, int]:
+        """Read the state key's ``(create_revision, lease)`` now (the store's keys live under and on them)."""
+        def read(c: EtcdV3Client) -> tuple[int, int]:
+            kv = c.get(self.key)
+            return (0, 0) if kv is None else (kv.create_revision, kv.lease)
+        self.incarnation = self._retry("get_state", read)
+        return self.incarnation
+
+
+def _parse_counter(value: str) -> tuple[int, list[tuple[str, int]]]:
+    if not value.startswith(COUNTER_MARK):
+        return int(value), []
+    n, _, ids = value[len(COUNTER_MARK):].partition(";")
+    pairs = [p.split("=", 1) for p in ids.split(",") if p]
+    return int(n), [(k, int(v)) for k, v in pairs]
+
+
+def _bytes(value: Any) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, list):  # the c10d bindings may hand values over as lists of ints
+        return bytes(value)
+    raise TypeError(f"store value: got {type(value).__name__}; expected bytes or str")
+
+
+class EtcdV3Store(Store):
+    """The agents' c10d store on etcd v3: set/get/add/wait/check/compare_set/multi_get/multi_set/delete_key, each
+    through the :class:`Retrier`; keys scoped by the state's incarnation and round, on the state's lease."""
+
+    def __init__(self, retry: Retrier, backend: EtcdV3Backend, run_id: str, *, prefix: str = STORE_PREFIX,
+                 timeout: datetime.timedelta | None = None) -> None:
+        super().__init__()  # the pybind trampoline needs it; nothing is contacted here (K3)
+        self._retry, self._backend = retry, backend
+        self.base = f"{prefix}/{run_id}/".encode()
+        self._round_key = re.compile(rf"^torch\.rendezvous\.{re.escape(run_id)}\.(\d{{1,15}})/(.*)$", re.S)
+        self._cleaned: set[tuple[int, int]] = set()
+        if timeout is not None:
+            self.set_timeout(timeout)
+
+    # -- keys ---------------------------------------------------------------------------------------------------
+
+    def _incarnation(self) -> tuple[int, int]:
+        return self._backend.incarnation or self._backend.refresh_incarnation()
+
+    def _path(self, key: str, incarnation: int) -> tuple[bytes, int | None]:
+        """The etcd key of a store key, and its round (None: not a round's key)."""
+        m = self._round_key.match(key)
+        head = self.base + f"{incarnation:016d}/".encode()
+        if m is None:
+            return head + b"_/" + key.encode(), None
+        rnd = int(m.group(1))
+        return head + f"r{rnd:015d}/".encode() + m.group(2).encode(), rnd
+
+    def key_of(self, key: str) -> bytes:
+        """The etcd key that holds ``key`` (as this agent sees the state now)."""
+        return self._path(key, self._incarnation()[0])[0]
+
+    def _writing(self, c: EtcdV3Client, key: str) -> tuple[bytes, int]:
+        """Before a write: the key's etcd path and the lease to put it on; the first write of a round deletes
+        older incarnations' keys and the keys of rounds before the previous one (E6)."""
+        incarnation, lease = self._incarnation()
+        path, rnd = self._path(key, incarnation)
+        if rnd is not None and (incarnation, rnd) not in self._cleaned:
+            head = self.base + f"{incarnation:016d}/".encode()
+            ops = [op_delete(self.base, range_end=head)]
+            if rnd >= 2:
+                ops.append(op_delete(head + b"r", range_end=head + f"r{rnd - 1:015d}/".encode()))
+            c.txn([], ops)
+            self._cleaned.add((incarnation, rnd))
+        return path, lease
+
+    def _put_leased(self, c: EtcdV3Client, ops: Callable[[int], list[dict[str, Any]]], lease: int,
+                    compares: list[dict[str, Any]] | None = None, failure: list[dict[str, Any]] | None = None):
+        """A transaction whose puts go on ``lease``; when that lease is gone (the state expired or was replaced
+        under us) once more with the state's lease read now, else with none."""
+        try:
+            return c.txn(compares or [], ops(lease), failure or [])
+        except EtcdAnswerError as e:
+            if etcd_client.LEASE_NOT_FOUND not in e.message or not lease:
+                raise
+        _, fresh = self._backend.refresh_incarnation()
+        try:
+            return c.txn(compares or [], ops(fresh), failure or [])
+        except EtcdAnswerError as e:
+            if etcd_client.LEASE_NOT_FOUND not in e.message:
+                raise
+        log.warning("the rendezvous state's lease is gone; store keys are written without one")
+        return c.txn(compares or [], ops(0), failure or [])
+
+    # -- c10d Store -----------------------------------------------------------------------------------------------
+
+    def set(self, key, value) -> None:
+        data = _bytes(value)
+
+        def call(c: EtcdV3Client) -> None:
+            path, lease = self._writing(c, key)
+            self._put_leased(c, lambda ls: [op_put(path, data, lease=ls)], lease)
+        self._retry("store.set", call)
+
+    def multi_set(self, keys, values) -> None:
+        if len(keys) != len(values):
+            raise ValueError(f"multi_set: {len(keys)} keys, {len(values)} values")
+        data = [_bytes(v) for v in values]
+
+        def call(c: EtcdV3Client) -> None:
+            paths = [self._writing(c, k) for k in keys]
+            lease = paths[0][1] if paths else 0
+            self._put_leased(c, lambda ls: [op_put(p, d, lease=ls) for (p, _), d in zip(paths, data, strict=True)], lease)
+        if keys:
+            self._retry("store.multi_set", call)
+
+    def _read(self, keys: list[str], timeout: datetime.timedelta | None) -> list[bytes] | None:
+        """The values of ``keys`` once all exist (polled), or None after ``timeout`` (the store's by default)."""
+        wait_s = (self.timeout if timeout is None else timeout).total_seconds()
+        deadline = time.monotonic() + wait_s
+        delay = POLL_FIRST_S
+        while True:
+            paths = [self.key_of(k) for k in keys]
+            kvs = self._retry("store.get", lambda c, paths=paths: c.get_many(paths))  # type: ignore[misc]
+            found = [kv for kv in kvs if kv is not None]
+            if len(found) == len(kvs):
+                return [self._value(kv.value) for kv in found]
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            time.sleep(min(delay, left))
+            delay = min(delay * 2, POLL_MAX_S)
+
+    @staticmethod
+    def _value(value: bytes) -> bytes:
+        if value.startswith(COUNTER_MARK.encode()):
+            with contextlib.suppress(UnicodeDecodeError, ValueError):
+                return str(_parse_counter(value.decode())[0]).encode()
+        return value
+
+    def get(self, key) -> bytes:
+        values = self._read([key], None)
+        if values is None:
+            raise LookupError(f"store key {key!r}: not set within {self.timeout.total_seconds():.0f} s")
+        return values[0]
+
+    def multi_get(self, keys) -> list[bytes]:
+        values = self._read(list(keys), None)
+        if values is None:
+            raise LookupError(f"store keys {list(keys)[:4]!r}...: not all set within "
+                              f"{self.timeout.total_seconds():.0f} s")
+        return values
+
+    def wait(self, keys, override_timeout: datetime.timedelta | None = None) -> None:
+        if self._read(list(keys), override_timeout) is None:
+            raise LookupError(f"store keys {list(keys)[:4]!r}: not all set in time")
+
+    def check(self, keys) -> bool:
+        paths = [self.key_of(k) for k in keys]
+        return all(kv is not None for kv in self._retry("store.check", lambda c: c.get_many(paths)))
+
+    def add(self, key, num: int) -> int:
+        op = uuid.uuid4().hex[:12]
+        return self._retry("store.add", lambda c: self._add_once(c, key, int(num), op))
+
+    def _add_once(self, c: EtcdV3Client, key: str, num: int, op: str) -> int:
+        path, lease = self._writing(c, key)
+        for _ in range(10_000):
+            kv = c.get(path)
+            if kv is None:
+                value = f"{COUNTER_MARK}{num};{op}={num}".encode()
+                ok, _ = self._put_leased(c, lambda ls, value=value: [op_put(path, value, lease=ls)],  # type: ignore[misc]
+                                         lease,
+                                         [compare(path, "CREATE", 0)])
+                if ok:
+                    return num
+                continue
+            n, ids = _parse_counter(kv.value.decode())
+            done = dict(ids)
+            if op in done:
+                return done[op]  # this add landed before its reply was lost: do not count it twice
+            new = n + num
+            ids = [*ids, (op, new)][-COUNTER_IDS_KEPT:]
+            value = f"{COUNTER_MARK}{new};".encode() + ",".join(f"{k}={v}" for k, v in ids).encode()
+            ok, _ = c.txn([compare(path, "MOD", kv.mod_revision)], [op_put(path, value, ignore_lease=True)])
+            if ok:
+                return new
+            time.sleep(random.uniform(0, 0.05))
+        raise RuntimeError(f"store.add {key!r}: no compare-and-set won in 10000 attempts")
+
+    def compare_set(self, key, expected_value, desired_value) -> bytes:
+        expected, desired = _bytes(expected_value), _bytes(desired_value)
+
+        def call(c: EtcdV3Client) -> bytes:
+            path, lease = self._writing(c, key)
+            cond = [compare(path, "CREATE", 0)] if not expected else [compare(path, "VALUE", expected)]
+            ok, responses = self._put_leased(c, lambda ls: [op_put(path, desired, lease=ls)], lease, cond,
+                                             [op_range(path)])
+            if ok:
+                return desired
+            kvs = etcd_client.kvs_of(responses[0]) if responses else []
+            return kvs[0].value if kvs else expected  # c10d: a missing key with an expected value answers it
+        return self._retry("store.compare_set", call)
+
+    def delete_key(self, key) -> bool:
+        path = self.key_of(key)
+        return self._retry("store.delete_key", lambda c: c.delete(path)) > 0
+
+    def num_keys(self) -> int:
+        head = self.base + f"{self._incarnation()[0]:016d}/".encode()
+        return len(self._retry("store.num_keys", lambda c: c.get_prefix(head, keys_only=True)))

@@ -1,0 +1,244 @@
+"""The ``eks-etcd`` rendezvous backend: torch's dynamic rendezvous on etcd's v3 API, as soft state that heals.
+
+torch 2.14.1's ``DynamicRendezvousHandler`` keeps one ``_RendezvousState`` per run and changes it only by
+compare-and-set. Left alone it assumes the store never has a bad day: any failed call raises
+``RendezvousConnectionError`` out of the agent's monitor loop (the agent exits although its workers need no
+store), and after an outage or an empty restart the agents drop out of the state for good (review K2). This
+backend is the same state machine over one etcd v3 key per run (``/torch/elastic/rendezvous/<run-id>``), with
+these changes (``rendezvous/etcd_backend.py`` holds the etcd side: the v3 client, JSON state, retries, idempotent adds, store
+keys that go with the state):
+
+**No agent exits because the store is away** (``store_retry_timeout``, default 600 s). Calls a round
+needs (``next_rendezvous``, the exit barrier, rank assignment) retry connection failures on a fresh
+client for that long. The two background callers never block: the keep-alive thread (torch already
+swallows its ``RendezvousError``) and ``num_nodes_waiting()``, which the agent's monitor loop calls about
+every second while the workers are healthy (``agent/server/api.py`` ``_invoke_run``). Here it answers 0
+("nobody waiting": keep training) while the store is unreachable, and only after ``store_retry_timeout``
+of continuous failure does it raise. A compare-and-set on a key that vanished is an answer, not an
+outage: it returns "not set" at once and the handler re-reads.
+
+**Every live agent is a participant again after any outage or wipe.** Two torch internals make agents
+leave for good: ``_BackendRendezvousStateHolder._sanitize`` deletes every node whose heartbeat is older
+than ``keep_alive_interval * keep_alive_max_attempt`` (4 s) from ``participants``/``last_heartbeats``,
+and ``_should_keep_alive`` stops a node's heartbeats once it is missing from ``last_heartbeats``. After an
+outage every heartbeat is old (none could be written), so the first agent back deleted them all,
+itself included. Two rules fix this:
+
+1. *No blame for an outage.* The state holder skips ``_sanitize`` while its own store calls failed
+   within the last expiry window plus one interval: heartbeats that could not be written prove nothing.
+   Every live agent's keep-alive lands within one interval once the store answers, so a store that
+   comes back with its data costs no restart at all. A node that really died meanwhile is dropped one
+   window later (and its peers' collectives have failed already: watchdog.py).
+2. *Absent means re-join.* ``num_nodes_waiting()`` returns 1 when this agent has completed a round and,
+   after a successful sync, is no longer in ``participants`` (the store came back empty, or dropped it
+   after a partial partition). The agent then restarts its workers (``_restart_workers``: a membership
+   change, not counted against ``--max-restarts``) and ``next_rendezvous`` joins the next round. The
+   long first-round wait (``first_round_timeout``, for image pulls) applies only to an agent that never
+   completed a round, so survivors re-form with the short ``last_call_timeout``.
+
+**Why no interleaving leaves two worlds training.** A world exists only while its round is the
+``complete`` round in the one state key; every change goes through compare-and-set on that key, so
+all agents see one sequence of rounds. Workers of an agent run only for the round it joined. Take any
+agent A whose workers run in round r while the key no longer lists A in round r (wiped, or A dropped):
+A's next monitor tick (``--monitor-interval`` 0.5 s + the ``SYNC_POLL_S`` sync cache) sees that and stops A's
+workers before A joins anything. A newcomer C that finds the key empty starts round 0 and waits
+``first_round_timeout`` (never completed a round) unless ``max_nodes`` join earlier; A re-joins within
+those ~2 s, so C's round completes with A, not without it. A newcomer that finds A's round complete
+puts itself on ``wait_list``, which A's ``num_nodes_waiting()`` reports, and A restarts into the next
+round with C (torch's own scale-up path). The one case left to torch is a node cut off from the store
+but not from its peers for longer than the expiry window: the others drop it (as torch does), and it
+rejoins the moment it reaches the store again. Meanwhile its workers may go on training, a second world,
+but they commit nothing: every state synced here renews or withdraws the agent's lease (fence.py), which
+ends before any peer can drop the node, and the workers check it before each commit.
+
+**The store is authenticated, and what it holds is data.** The client speaks HTTPS with a client certificate,
+and the server (components/eks_ddp/workloads/etcd.py, training/eks_ddp_local/etcd.py) requires one (``--client-cert-auth``). The state is
+stored as JSON and checked field by field before torch's state holder sees it (rendezvous/state.py): torch unpickles
+only bytes this agent pickled, so a writer of the key can disturb the rendezvous but never run code in an agent.
+
+**Rounds form in a fraction of a second.** torch's op executor reads the state once a second while a round
+forms (``_delay(seconds=1)`` on ``SYNC``, behind a 1 s state cache), so every restart waited up to a second
+after the last agent had joined. Here both are ``SYNC_POLL_S``: a GET of one small key per agent every
+quarter second while a round forms, and at most one per monitor tick otherwise.
+
+Also kept from before: ``shutdown()`` closes the rendezvous only once the launcher has seen the run
+finish (:func:`allow_close`); otherwise an agent that gave up would close it for every replacement pod.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from datetime import timedelta
+from typing import Any
+
+from torch.distributed.elastic.rendezvous import RendezvousParameters
+from torch.distributed.elastic.rendezvous import dynamic_rendezvous as _dynamic
+from torch.distributed.elastic.rendezvous import registry as rdzv_registry
+from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
+    DynamicRendezvousHandler,
+    RendezvousTimeout,
+    _BackendRendezvousStateHolder,
+    create_handler,
+)
+
+from .. import compat, fence
+from .etcd_backend import KEY_PREFIX, STORE_PREFIX, EtcdV3Backend, EtcdV3Store, Retrier, client_settings
+
+__all__ = ["BACKEND", "KEY_PREFIX", "STORE_PREFIX", "ElasticHandler", "allow_close", "register"]
+
+BACKEND = "eks-etcd"
+"""The name agents pass as ``--rdzv-backend``."""
+DEFAULT_STORE_RETRY_S = 600.0
+"""Seconds of continuous store failure an agent rides out before it gives up (rdzv-conf store_retry_timeout)."""
+DEFAULT_FIRST_ROUND_S = 300.0
+SYNC_POLL_S = 0.25
+"""Seconds between an agent's reads of the rendezvous state while a round forms, and the state cache's age
+(torch: 1 s each). Costs a few small GETs per agent per second, only while a round forms."""
+TORCH_SYNC_DELAY_S = 1
+"""What torch's ``_DistributedRendezvousOpExecutor.run`` passes to ``_delay`` on ``SYNC`` (tests keep it true)."""
+_torch_delay = _dynamic._delay
+
+log = logging.getLogger(__name__)
+
+
+class _HealingStateHolder(_BackendRendezvousStateHolder):
+    """torch's state holder that does not drop nodes for heartbeats the store could not take, and that shows
+    every state it synced to the agent's lease (fence.py)."""
+
+    retry: Retrier
+    lease: fence.Lease | None = None
+    node = None
+
+    def sync(self):
+        has_set = super().sync()  # raises when the store did not answer: only a state the store held gets here
+        if self.lease is not None:
+            self.lease.seen(self.node, self._state)
+        return has_set
+
+    def _sanitize(self) -> None:
+        s = self._settings
+        grace = (s.keep_alive_interval * (s.keep_alive_max_attempt + 1)).total_seconds()
+        if time.monotonic() - self.retry.last_failure < grace:
+            self._dead_nodes: list[Any] = []
+            return
+        super()._sanitize()
+
+
+class ElasticHandler(DynamicRendezvousHandler):
+    """DynamicRendezvousHandler that heals after store loss, rides out outages and keeps the run open."""
+
+    close_allowed = False
+    first_round_s = DEFAULT_FIRST_ROUND_S
+    retry: Retrier
+    joined = False
+    """True once this agent completed a round: it is a survivor, never a first-round newcomer."""
+    _last_outage_log = 0.0
+
+    def next_rendezvous(self):
+        with self._heartbeat_lock:
+            self._state_holder.sync()
+            state = self._state_holder.state
+        executor = self._op_executor
+        short = executor._settings
+        if not self.joined and state.round == 0 and not state.complete and not state.closed:
+            t = short.timeout
+            long = RendezvousTimeout(t.join, timedelta(seconds=self.first_round_s), t.close, t.heartbeat)
+            executor._settings = dataclasses.replace(short, timeout=long)
+        lease = self._state_holder.lease
+        if lease is not None:
+            lease.leaving()  # this node's workers are stopped: nothing of the last round commits any more
+        try:
+            info = super().next_rendezvous()
+        finally:
+            executor._settings = short
+        self.joined = True
+        if lease is not None:
+            with self._heartbeat_lock:
+                lease.joined(self._state_holder.state.round, self._this_node, self._state_holder.state)
+        return info
+
+    def num_nodes_waiting(self) -> int:
+        try:
+            with self._heartbeat_lock, self.retry.impatient():
+                self._state_holder.sync()
+                state = self._state_holder.state
+        except RendezvousConnectionError as e:
+            outage = self.retry.outage_s()
+            if outage > self.retry.timeout_s:
+                log.error("the rendezvous store has not answered for %.0f s (store_retry_timeout=%.0f)",
+                          outage, self.retry.timeout_s)
+                raise
+            if time.monotonic() - self._last_outage_log > 30:
+                self._last_outage_log = time.monotonic()
+                log.warning("rendezvous store unreachable for %.0f s (%s); workers keep training", outage, e)
+            return 0
+        if self.joined and not state.closed and self._this_node not in state.participants:
+            log.warning("this node is no longer a participant of the rendezvous (the store restarted empty, or "
+                        "dropped it while unreachable): restarting its workers into a round with every live node")
+            return 1
+        return len(state.wait_list)
+
+    def _keep_alive(self) -> None:
+        with self.retry.impatient():
+            super()._keep_alive()
+
+    def shutdown(self) -> bool:
+        if not ElasticHandler.close_allowed:
+            # Stop heart-beating only: peers drop this node after the keep-alive window and carry on.
+            self._stop_heartbeats()
+            return True
+        return super().shutdown()
+
+
+def allow_close() -> None:
+    """Called by the launcher once this agent's workers finished the run: the next shutdown() closes it."""
+    ElasticHandler.close_allowed = True
+
+
+def _create(params: RendezvousParameters, *, key_prefix: str = KEY_PREFIX, store=None) -> ElasticHandler:
+    """The agent's handler (the registry calls it with ``params`` only); ``key_prefix`` and ``store`` let torch's
+    own rendezvous test suite run it on its keys and its store (tests/runtime/test_rendezvous_torch_suite.py)."""
+    client_settings(params)  # settings no retry can fix fail here, at start (RendezvousConfigError), not after 600 s
+    retry = Retrier(params, float(params.config.pop("store_retry_timeout", DEFAULT_STORE_RETRY_S)))
+    first_round_s = float(params.config.pop("first_round_timeout", DEFAULT_FIRST_ROUND_S))
+    backend = EtcdV3Backend(retry, params.run_id, BACKEND, key_prefix=key_prefix)
+    if store is None:
+        store = EtcdV3Store(retry, backend, params.run_id)
+    handler = create_handler(store, backend, params)
+    compat.require(handler, "_state_holder", "_op_executor", "_heartbeat_lock", "_this_node", "_stop_heartbeats",
+                   "_keep_alive", "_settings")
+    compat.require(handler._state_holder, "_sanitize", "_settings", "_dead_nodes", "_cache_duration")
+    compat.require(handler._op_executor, "_settings")
+    # Same object layouts; only the overridden methods differ.
+    handler.__class__ = ElasticHandler
+    handler._state_holder.__class__ = _HealingStateHolder
+    handler._state_holder.retry = retry
+    lease = fence.agent_lease()
+    if lease is not None:  # the launcher publishes a lease to its workers: valid for the drop window less one beat
+        s = handler._settings
+        lease.configure((s.keep_alive_interval * s.keep_alive_max_attempt).total_seconds(),
+                        s.keep_alive_interval.total_seconds())
+        handler._state_holder.lease, handler._state_holder.node = lease, handler._this_node
+    handler.retry = retry
+    handler.first_round_s = first_round_s
+    handler._state_holder._cache_duration = SYNC_POLL_S
+    return handler
+
+
+def _poll_delay(seconds) -> None:
+    """torch's ``_delay`` with its one-second wait between reads of a forming round cut to ``SYNC_POLL_S``."""
+    _torch_delay(seconds=SYNC_POLL_S if seconds == TORCH_SYNC_DELAY_S else seconds)
+
+
+def register() -> None:
+    """Register the ``eks-etcd`` backend with torch's rendezvous registry, and poll forming rounds every
+    ``SYNC_POLL_S`` (idempotent)."""
+    compat.require(_dynamic, "_delay")
+    _dynamic._delay = _poll_delay
+    try:
+        rdzv_registry.handler_registry.register(BACKEND, _create)
+    except ValueError:  # already registered in this process
+        pass
