@@ -151,7 +151,7 @@ def _wait(pred: Callable[[], Any], timeout_s: float, what: str, procs: list[subp
 
 def _stop(procs: list[subprocess.Popen]) -> None:
     for p in procs:
-        from eks_ddp_runtime.procs import proc_table  # the runtime's process table (prepare_environment maps it)
+        from eks_ddp_local.procs import proc_table  # the local runner's process table (prepare_environment maps it)
 
         table = proc_table()
         for pid in [p.pid, *(c for c, parent in table.items() if parent == p.pid)]:
@@ -221,7 +221,7 @@ def item_a(tmp: Path, env: dict[str, str], gpus: int) -> dict[str, Any]:
                 return [r for r in _history(run) if r.get("kind") == "step"]
 
             _wait(lambda: len(steps()) >= 8, 300, "8 training steps", procs, logs)
-            from eks_ddp_runtime.procs import worker_pids  # the zygote's children, not the zygote itself
+            from eks_ddp_local.procs import worker_pids  # the zygote's children, not the zygote itself
 
             victim = _wait(lambda: worker_pids(procs[-1].pid), 30, "a worker", procs, logs)[0]
             before = steps()

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from eks_ddp_local.procs import alive
 from eks_ddp_runtime import runlogs
-from eks_ddp_runtime.procs import alive
 from tests.support.etcd_server import trainer_env
 from tests.support.util import ROOT
 

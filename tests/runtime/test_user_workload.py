@@ -28,7 +28,7 @@ from eks_ddp.core.torchrun import (
     AgentOptions,
     torchrun_args,
 )
-from eks_ddp_runtime.procs import worker_pids
+from eks_ddp_local.procs import worker_pids
 from tests.support.etcd_server import ROOT, Agent, _processes, client_tls, etcd_endpoint, trainer_env  # noqa: F401
 
 SCRIPT = ROOT / "training" / "examples" / "ddp_minimal.py"

@@ -30,7 +30,7 @@ from eks_ddp.core.torchrun import (
     job_command,
 )
 from eks_ddp_local.etcd import TlsFiles, start_etcd
-from eks_ddp_runtime.procs import worker_pids
+from eks_ddp_local.procs import worker_pids
 from eks_ddp_trainer.config import TrainerConfig
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -133,8 +133,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(o: argparse.Namespace, progress: Progress | None = None) -> RunResult:
     from eks_ddp_local.job import LocalJob
+    from eks_ddp_local.procs import kill_tagged, send, start_reaper
     from eks_ddp_local.progress import Progress, format_duration
-    from eks_ddp_runtime.procs import kill_tagged, send, start_reaper
     from eks_ddp_trainer.plot import summarize
 
     progress = progress or Progress()

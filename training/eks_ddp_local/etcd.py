@@ -29,7 +29,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from eks_ddp_runtime.procs import die_with_parent
+from eks_ddp_local.procs import die_with_parent
 
 
 def find_etcd() -> str:

@@ -26,8 +26,7 @@ from eks_ddp.core.torchrun import (
     module_command,
     script_command,
 )
-from eks_ddp_local.progress import History, Progress, Record, exception_line, root_cause
-from eks_ddp_runtime.procs import (
+from eks_ddp_local.procs import (
     alive,
     descendants,
     die_with_parent,
@@ -38,6 +37,7 @@ from eks_ddp_runtime.procs import (
     stop_agents,
     worker_pids,
 )
+from eks_ddp_local.progress import History, Progress, Record, exception_line, root_cause
 from eks_ddp_runtime.runlogs import FIFO_DIR_ENV, LOG_DIR_ENV, LOG_NAME_ENV
 from eks_ddp_trainer.config import TrainerConfig
 from eks_ddp_trainer.runlog import HISTORY_FILE

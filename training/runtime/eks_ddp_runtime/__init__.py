@@ -5,7 +5,7 @@
   ``eks-etcd`` rendezvous that rides out etcd restarts (rendezvous/handler.py, rendezvous/etcd_backend.py);
 * what a worker can use: the process-group setup with the peer watchdog (dist.py, watchdog.py);
 * ``python -m eks_ddp_runtime.fabric_check``, the network check a job can run first on its nodes (fabric_check.py);
-* the process helpers of the local runner (procs.py).
+* (the local runner's process helpers live in eks_ddp_local/procs.py).
 
 It never imports the bundled trainer: ``pip install ./training/runtime`` puts it into any image that has torch.
 """

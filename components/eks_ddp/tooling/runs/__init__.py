@@ -182,7 +182,7 @@ def cmd_cancel(o: argparse.Namespace) -> int:
     if pid is None:
         print(f"run {run.name}: not running (no live local runner in {run / 'pids.json'})")
         return 0
-    from eks_ddp_runtime.procs import alive, send
+    from eks_ddp_local.procs import alive, send
 
     send(pid, signal.SIGTERM)  # the runner stops its agents, their workers and etcd (eks_ddp_local/cli.py)
     deadline = time.monotonic() + 30

@@ -171,7 +171,7 @@ def read_agents(logs: Path) -> list[AgentExit]:
 
 def runner_alive(run_dir: Path) -> int | None:
     """The local runner's pid while it still runs this run (pids.json; a reused pid does not count)."""
-    from eks_ddp_runtime.procs import alive, cmdline
+    from eks_ddp_local.procs import alive, cmdline
 
     doc = _json(run_dir / PIDS_FILE) or {}
     pid = doc.get("runner")
