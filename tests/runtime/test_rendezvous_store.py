@@ -27,6 +27,7 @@ import pytest
 from eks_ddp_local.etcd import make_tls, start_etcd
 from eks_ddp_runtime.rendezvous import handler as rendezvous
 from eks_ddp_runtime.rendezvous import state as rdzv_state
+from eks_ddp_runtime.rendezvous.etcd_backend import EPOCH
 from eks_ddp_runtime.rendezvous.etcd_client import EtcdV3Client, b64
 from tests.support.etcd_server import client_tls, etcd_endpoint  # noqa: F401  (pytest fixture)
 
@@ -256,11 +257,15 @@ def test_a_malformed_state_in_the_store_reads_as_a_wiped_store(etcd):
         client.put(_state_key(run_id), value)
         assert backend.get_state() is None
         assert client.get(_state_key(run_id)) is None
-    # A valid state written by another agent reads as that state.
+    # A valid state written by another agent reads as that state; heartbeat times come from the heartbeat keys, not
+    # the state (none exist here: every node reads as expired, EPOCH).
     state = _sample_state()
     client.put(_state_key(run_id), rdzv_state.to_json(state))
     bits, token = backend.get_state()
-    assert vars(pickle.loads(bits)) == vars(state) and isinstance(token, int)
+    read = vars(pickle.loads(bits))
+    assert {k: v for k, v in read.items() if k != "last_heartbeats"} == \
+        {k: v for k, v in vars(state).items() if k != "last_heartbeats"} and isinstance(token, int)
+    assert read["last_heartbeats"] == dict.fromkeys(state.last_heartbeats, EPOCH)
 
 
 # -- compare-and-set and retries (K7) ----------------------------------------------------------------------------
@@ -428,7 +433,7 @@ def test_certificates_that_stop_loading_mid_run_keep_the_last_good_ones(etcd, tm
     a mount caught mid-swap (files absent) keeps the settings that loaded at start instead of ending the agent."""
     import shutil
 
-    from eks_ddp_runtime.rendezvous.etcd_backend import RendezvousConfigError, Retrier
+    from eks_ddp_runtime.rendezvous.etcd_backend import EPOCH, RendezvousConfigError, Retrier
 
     tls = client_tls(etcd)
     files = {k: shutil.copy(v, tmp_path / Path(v).name) for k, v in

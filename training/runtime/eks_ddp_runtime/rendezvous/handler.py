@@ -222,6 +222,9 @@ def _create(params: RendezvousParameters, *, key_prefix: str = KEY_PREFIX, store
         lease.configure((s.keep_alive_interval * s.keep_alive_max_attempt).total_seconds(),
                         s.keep_alive_interval.total_seconds())
         handler._state_holder.lease, handler._state_holder.node = lease, handler._this_node
+    s = handler._settings
+    # A node's heartbeat key lives as long as torch's drop window after its last renewal (etcd_backend.py).
+    backend.heartbeat_ttl_s = (s.keep_alive_interval * s.keep_alive_max_attempt).total_seconds()
     handler.retry = retry
     handler.first_round_s = first_round_s
     handler._state_holder._cache_duration = SYNC_POLL_S
