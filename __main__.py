@@ -331,6 +331,8 @@ for i, run in enumerate(cfg.runs):
             node_selector=cluster.system_node_labels,
             client_labels=client,
             more_client_labels=more_clients,
+            # Sized for the largest GPU group (eks_ddp.core.rendezvous_store): a run's agents never exceed it.
+            max_agents=max(g.max_size for g in cfg.node_groups),
         ), opts=pulumi.ResourceOptions(provider=k8s_provider, depends_on=[addons]))
         rdzv = dict(rdzv_endpoint=store.endpoint, rdzv_tls_secret=store.client_tls_secret,
                     rdzv_server_labels=store.server_selector)

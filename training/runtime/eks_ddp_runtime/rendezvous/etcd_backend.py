@@ -171,6 +171,23 @@ def is_retryable(exc: BaseException) -> bool:
     return False
 
 
+NO_SPACE_LINE = (
+    "the rendezvous store is full: etcd raised its NOSPACE alarm (\"mvcc: database space exceeded\", "
+    "--quota-backend-bytes reached), so no rendezvous write lands (joins, drops, the c10d store) until space is "
+    "freed; heartbeats and training go on and the workers' commits stay fenced by the lease. Fix: restart the store "
+    "pod (kubectl -n <namespace> delete pod <store>-0: an empty store, which the agents rebuild), or compact, "
+    "defragment and disarm it (etcdctl compact <revision>; etcdctl defrag; etcdctl alarm disarm); then raise the "
+    "store's quota (docs/rendezvous.md \"Store\")")
+"""The one line an agent logs when its store calls start failing on etcd's NOSPACE alarm."""
+NO_SPACE_LOG_EVERY_S = 600.0
+"""...and at most once per this many seconds while the alarm lasts."""
+
+
+def no_space(exc: BaseException) -> bool:
+    """Whether ``exc`` is etcd's answer while its NOSPACE alarm is raised."""
+    return any(isinstance(e, EtcdAnswerError) and etcd_client.NO_SPACE in e.message for e in _chain(exc))
+
+
 class Retrier:
     """Calls ``fn(client)`` until it succeeds, building a fresh client after each connection failure."""
 
@@ -184,6 +201,7 @@ class Retrier:
         """Monotonic time of the first failure of the current outage; None while the store answers."""
         self.last_failure = -1e18
         """Monotonic time of the last failed call."""
+        self.no_space_logged = -1e18
 
     def client(self) -> EtcdV3Client:
         """The current client; a fresh one reads the certificate files again (a rotated Secret is picked up on the
@@ -225,8 +243,11 @@ class Retrier:
         """Seconds the store has been failing continuously (0 while it answers)."""
         return 0.0 if self.failing_since is None else time.monotonic() - self.failing_since
 
-    def __call__(self, what: str, fn: Callable[[EtcdV3Client], T]) -> T:
-        deadline = time.monotonic() + self.timeout_s
+    def __call__(self, what: str, fn: Callable[[EtcdV3Client], T], *, deadline: float | None = None) -> T:
+        """``fn(client)``, retried on connection failures for ``store_retry_timeout`` or until ``deadline``
+        (time.monotonic()) if that comes first: a caller with a wait of its own (a store ``get``) ends with it."""
+        own = time.monotonic() + self.timeout_s
+        deadline = own if deadline is None else min(own, deadline)
         impatient = getattr(self._local, "impatient", False)
         delay, attempt = 0.1, 0
         while True:
@@ -241,6 +262,9 @@ class Retrier:
                 now = self.last_failure = time.monotonic()
                 if self.failing_since is None:
                     self.failing_since = now
+                if no_space(e) and now - self.no_space_logged > NO_SPACE_LOG_EVERY_S:
+                    self.no_space_logged = now
+                    log.error(NO_SPACE_LINE)
                 self._drop(client)
                 if impatient or now + delay > deadline:
                     raise RendezvousConnectionError(f"etcd {what}: the store did not answer ({e})") from e
@@ -495,12 +519,12 @@ class EtcdV3Backend(RendezvousBackend):
         except (RendezvousConnectionError, etcd_client.EtcdError) as e:
             log.debug("renewing the rendezvous state's lease failed (%s); the next write tries again", e)
 
-    def refresh_incarnation(self) -> tuple[int, int]:
+    def refresh_incarnation(self, deadline: float | None = None) -> tuple[int, int]:
         """Read the state key's ``(create_revision, lease)`` now (the store's keys live under and on them)."""
         def read(c: EtcdV3Client) -> tuple[int, int]:
             kv = c.get(self.key)
             return (0, 0) if kv is None else (kv.create_revision, kv.lease)
-        self.incarnation = self._retry("get_state", read)
+        self.incarnation = self._retry("get_state", read, deadline=deadline)
         return self.incarnation
 
 
@@ -540,8 +564,8 @@ class EtcdV3Store(Store):
 
     # -- keys ---------------------------------------------------------------------------------------------------
 
-    def _incarnation(self) -> tuple[int, int]:
-        return self._backend.incarnation or self._backend.refresh_incarnation()
+    def _incarnation(self, deadline: float | None = None) -> tuple[int, int]:
+        return self._backend.incarnation or self._backend.refresh_incarnation(deadline)
 
     def _path(self, key: str, incarnation: int) -> tuple[bytes, int | None]:
         """The etcd key of a store key, and its round (None: not a round's key)."""
@@ -616,8 +640,11 @@ class EtcdV3Store(Store):
         deadline = time.monotonic() + wait_s
         delay = POLL_FIRST_S
         while True:
-            paths = [self.key_of(k) for k in keys]
-            kvs = self._retry("store.get", lambda c, paths=paths: c.get_many(paths))  # type: ignore[misc]
+            # Every request of the wait, retries of connection failures included, ends by the wait's deadline
+            # (plus one read_timeout): a get never outlasts its timeout by store_retry_timeout.
+            paths = [self._path(k, self._incarnation(deadline)[0])[0] for k in keys]
+            kvs = self._retry("store.get", lambda c, paths=paths: c.get_many(paths),  # type: ignore[misc]
+                              deadline=deadline)
             found = [kv for kv in kvs if kv is not None]
             if len(found) == len(kvs):
                 return [self._value(kv.value) for kv in found]
