@@ -549,3 +549,31 @@ print("round", info.rank, info.world_size, info.bootstrap_store_info.master_addr
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "round 0 1 127.0.0.1" in proc.stdout
+
+
+def test_a_waiting_get_ends_with_its_own_timeout_while_the_store_is_away(etcd):
+    """torch's non-zero ranks wait for MASTER_ADDR with ``store.get`` (RendezvousStoreInfo.build). Each poll went
+    through the Retrier, which retries a store that does not answer for store_retry_timeout (600 s on the cluster),
+    so a get with a timeout of 1 s could take 600 s. Now every request of the wait, its retries included, ends by the
+    wait's deadline (plus at most one read_timeout)."""
+    import datetime as dt
+
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
+
+    from eks_ddp_local.etcd import free_port
+    from eks_ddp_runtime.rendezvous.etcd_backend import EtcdV3Backend, EtcdV3Store, Retrier
+
+    tls = client_tls(etcd)
+    params = RendezvousParameters(backend=rendezvous.BACKEND, endpoint=f"127.0.0.1:{free_port()}", run_id="away",
+                                  min_nodes=1, max_nodes=2, protocol="https", ca_cert=tls.ca_cert,
+                                  ssl_cert=tls.cert, ssl_cert_key=tls.key, read_timeout="2")
+    retry = Retrier(params, 20.0)  # a store outage the other calls ride out
+    store = EtcdV3Store(retry, EtcdV3Backend(retry, "away", rendezvous.BACKEND), "away",
+                        timeout=dt.timedelta(seconds=1))
+    for call in (lambda: store.get("torch.rendezvous.away.0/MASTER_ADDR"),
+                 lambda: store.wait(["torch.rendezvous.away.0/MASTER_ADDR"], dt.timedelta(seconds=1))):
+        started = time.monotonic()
+        with pytest.raises((RendezvousConnectionError, LookupError)):
+            call()
+        assert time.monotonic() - started < 1 + 2 + 1.5  # the wait, one read_timeout, a retry's pause
