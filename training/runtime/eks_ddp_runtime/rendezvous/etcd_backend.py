@@ -80,7 +80,7 @@ N = agents, S = the core's size, ~40 bytes per node; every request one HTTP POST
 
 | when | request | etcd's WAL | bytes written |
 |---|---|---|---|
-| every k (torch's keep-alive timer), steady state | ``txn`` compare core mod_revision + 2 ``count_only`` ranges of the heartbeat prefix (read-only) | none | 0 |
+| every k (torch's keep-alive timer), steady state | ``txn`` compare core mod_revision; ranges of the heartbeat prefix: ``count_only``, and keys created since the last read (``limit`` 1); read-only | none | 0 |
 | every k, right after | ``lease/keepalive`` of the agent's heartbeat lease, then the same read-only ``txn`` | none (a renewal is not a raft entry in etcd 3.5) | 0 |
 | every ~0.5 s (the monitor loop, ``num_nodes_waiting``; state cache 0.25 s) | the same read-only ``txn`` | none | 0 |
 | every 300 s | ``lease/keepalive`` of the state key's lease | none | 0 |
@@ -334,16 +334,17 @@ class EtcdV3Backend(RendezvousBackend):
 
     def _get(self, c: EtcdV3Client) -> tuple[bytes, Token] | None:
         if self._core is not None and self._rev:
-            # One read-only transaction: nothing but two counts comes back while the core and the set of
-            # heartbeat keys are what this backend last saw (steady state: O(1) bytes, no WAL entry).
+            # One read-only transaction: nothing but a count comes back while the core and the set of heartbeat
+            # keys are what this backend last saw (steady state: O(1) bytes, no WAL entry). Same count and no key
+            # created since the last read: the same set (keys only vanish or appear).
             ok, responses = c.txn([compare(self.key, "MOD", self._rev)],
                                   [op_range(self.heartbeats, prefix=True, count_only=True),
-                                   op_range(self.heartbeats, prefix=True, count_only=True,
+                                   op_range(self.heartbeats, prefix=True, keys_only=True, limit=1,
                                             min_create_revision=self._live_max_create + 1)],
                                   [op_range(self.key), op_range(self.heartbeats, prefix=True, keys_only=True)])
             if ok:
                 total = etcd_client.as_int(responses[0].get("count"))
-                created = etcd_client.as_int(responses[1].get("count"))
+                created = len(etcd_client.kvs_of(responses[1]))
                 if total == len(self.live) and created == 0:
                     return self._view(), self._rev
                 _, responses = c.txn([], [op_range(self.key), op_range(self.heartbeats, prefix=True, keys_only=True)])

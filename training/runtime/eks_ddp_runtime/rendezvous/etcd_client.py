@@ -122,9 +122,10 @@ def kvs_of(response: dict[str, Any]) -> list[KeyValue]:
 
 
 def op_range(key: bytes, *, prefix: bool = False, keys_only: bool = False, count_only: bool = False,
-             min_create_revision: int = 0) -> dict[str, Any]:
-    """A ``RangeRequest``; ``count_only`` answers ``count`` alone (no keys), ``min_create_revision`` keeps only
-    keys created at or after that revision (rpc.proto ``RangeRequest``)."""
+             min_create_revision: int = 0, limit: int = 0) -> dict[str, Any]:
+    """A ``RangeRequest``; ``count_only`` answers ``count`` alone (no keys; filters do not change the count),
+    ``min_create_revision`` keeps only keys created at or after that revision, applied before ``limit`` (rpc.proto
+    ``RangeRequest``; etcd server/etcdserver/txn ``executeRange`` fetches the whole range when a filter is set)."""
     body: dict[str, Any] = {"key": b64(key)}
     if prefix:
         body["range_end"] = b64(prefix_end(key))
@@ -134,6 +135,8 @@ def op_range(key: bytes, *, prefix: bool = False, keys_only: bool = False, count
         body["count_only"] = True
     if min_create_revision:
         body["min_create_revision"] = str(int(min_create_revision))
+    if limit:
+        body["limit"] = str(int(limit))
     return {"request_range": body}
 
 
