@@ -79,3 +79,19 @@ def test_a_p4de_stack_of_128_nodes_plans_a_store_the_model_says_holds():
                                       "limits": {"cpu": "1", "memory": "512Mi"}}
     volume = next(v for v in sts["spec"]["template"]["spec"]["volumes"] if v["name"] == "data")
     assert volume["emptyDir"]["sizeLimit"] == "1024Mi"
+    # The Job's agents: --nnodes 120:128 and the fleet's last call (a lost node's stragglers join its round).
+    job = result.one("kubernetes:batch/v1:Job", "training-train").inputs
+    agent = job["spec"]["template"]["spec"]["containers"][0]
+    line = " ".join(agent.get("command", []) + agent.get("args", []))
+    assert "--nnodes=120:128" in line and "last_call_timeout=3," in line, line
+
+
+def test_the_last_call_grows_with_the_fleet_and_two_nodes_keep_the_measured_timing():
+    from eks_ddp.core.torchrun import CLUSTER_TIMEOUTS, cluster_timeouts
+
+    assert cluster_timeouts(2) == cluster_timeouts(8) == CLUSTER_TIMEOUTS  # bench/recovery.py's figures
+    assert [cluster_timeouts(n).last_call for n in (1, 8, 9, 32, 33, 128, 1000)] == [1, 1, 2, 2, 3, 3, 3]
+    assert {cluster_timeouts(n).keep_alive_interval * cluster_timeouts(n).keep_alive_max_attempt
+            for n in (2, 128)} == {4}
+    with pytest.raises(ValueError, match="nodes: got 0"):
+        cluster_timeouts(0)

@@ -5,6 +5,7 @@ never both commit"). Large N and timings go to the bench (bench/), not here."""
 from __future__ import annotations
 
 import pickle
+import time
 import uuid
 from datetime import datetime, timezone
 
@@ -12,6 +13,7 @@ import pytest
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc, _RendezvousState
 
+from eks_ddp_runtime.rendezvous import handler as handler_module
 from eks_ddp_runtime.rendezvous import handler as rendezvous
 from eks_ddp_runtime.rendezvous.etcd_backend import EPOCH, EtcdV3Backend, Retrier, node_id
 from eks_ddp_runtime.rendezvous.etcd_client import EtcdV3Client
@@ -169,3 +171,67 @@ def test_a_heartbeat_lease_lives_the_drop_window_after_the_last_renewal(etcd_end
     lease = backends[1]._mine[node_id(nodes[1])].lease
     ttl = int(_client(etcd_endpoint).call("lease/timetolive", {"ID": str(lease)})["grantedTTL"])
     assert ttl == backends[1].heartbeat_ttl == 30
+
+
+def _agents(etcd, run_id: str, n: int, join_s: int):
+    tls = client_tls(etcd)
+    params = {"protocol": "https", "ca_cert": tls.ca_cert, "ssl_cert": tls.cert, "ssl_cert_key": tls.key,
+              "read_timeout": "5", "store_retry_timeout": "10", "keep_alive_interval": "1",
+              "keep_alive_max_attempt": "4", "last_call_timeout": "1", "join_timeout": str(join_s)}
+    handlers = []
+    for _ in range(n):
+        h = rendezvous._create(RendezvousParameters(backend=rendezvous.BACKEND, endpoint=str(etcd), run_id=run_id,
+                                                    min_nodes=1, max_nodes=n + 2, local_addr="127.0.0.1", **params))
+        h.joined = True  # survivors re-forming (after a wipe: the round is open, nobody is in it yet)
+        handlers.append(h)
+    return handlers
+
+
+def _spread_join(handlers, gap_s: float) -> list:
+    """Each agent calls next_rendezvous ``gap_s`` after the one before; their world sizes (or the errors)."""
+    import threading
+
+    out: list = [None] * len(handlers)
+
+    def join(i):
+        time.sleep(i * gap_s)
+        try:
+            out[i] = handlers[i].next_rendezvous().world_size
+        except Exception as e:  # noqa: BLE001  (a straggler left out times out: the control's outcome)
+            out[i] = type(e).__name__
+        finally:
+            handlers[i]._stop_heartbeats()
+
+    threads = [threading.Thread(target=join, args=(i,), daemon=True) for i in range(len(handlers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    return out
+
+
+def test_agents_arriving_spread_within_the_last_call_of_one_another_form_one_round(etcd_endpoint, monkeypatch):  # noqa: F811
+    """Four survivors arrive 0.6 s apart (1.8 s in all; last_call_timeout 1 s, min_nodes 1): one round of 4. torch's
+    rule (the deadline set once, when the minimum joined) closes the round 1 s after the first arrival, and the
+    stragglers wait for the next one (the control)."""
+    monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    worlds = _spread_join(_agents(etcd_endpoint, f"spread-{uuid.uuid4().hex[:8]}", 4, 30), 0.6)
+    assert worlds == [4, 4, 4, 4], worlds
+
+    monkeypatch.setattr(rendezvous.ElasticHandler, "next_rendezvous", _without_converge, raising=True)
+    worlds = _spread_join(_agents(etcd_endpoint, f"spread-{uuid.uuid4().hex[:8]}", 4, 4), 0.6)
+    assert worlds != [4, 4, 4, 4], worlds  # torch's rule: a first world of 1-2, the rest later
+
+
+_original_next = rendezvous.ElasticHandler.next_rendezvous
+
+
+class _TorchExecutor(handler_module._ConvergingOpExecutor):
+    """torch's own last call: the deadline set once (the control)."""
+
+    converge = property(lambda self: False, lambda self, value: None)  # type: ignore[assignment]
+
+
+def _without_converge(self):
+    self._op_executor.__class__ = _TorchExecutor
+    return _original_next(self)

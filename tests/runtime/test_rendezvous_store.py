@@ -433,7 +433,7 @@ def test_certificates_that_stop_loading_mid_run_keep_the_last_good_ones(etcd, tm
     a mount caught mid-swap (files absent) keeps the settings that loaded at start instead of ending the agent."""
     import shutil
 
-    from eks_ddp_runtime.rendezvous.etcd_backend import EPOCH, RendezvousConfigError, Retrier
+    from eks_ddp_runtime.rendezvous.etcd_backend import RendezvousConfigError, Retrier
 
     tls = client_tls(etcd)
     files = {k: shutil.copy(v, tmp_path / Path(v).name) for k, v in

@@ -8,6 +8,7 @@ exit-code contract, an etcd rendezvous that survives etcd restarting). Pure Pyth
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from eks_ddp_runtime.contract import DATA_SUBDIR, RUNS_SUBDIR, SHARED_ROOT  # noqa: F401 (API: the shared volume's paths)
@@ -90,7 +91,23 @@ RDZV_TLS_DIR = "/etc/eks-ddp/rdzv-tls"
 CLUSTER_TLS = RdzvTls.under(RDZV_TLS_DIR)
 
 CLUSTER_TIMEOUTS = RdzvTimeouts()
-"""What the EKS training Job runs, and what tests/runtime/test_resilience.py and bench/recovery.py measure."""
+"""What the EKS training Job runs at up to 8 nodes, and what tests/runtime/test_resilience.py and bench/recovery.py
+measure."""
+
+
+def cluster_timeouts(nodes: int) -> RdzvTimeouts:
+    """The Job's rendezvous timing for ``nodes`` agents: :data:`CLUSTER_TIMEOUTS` with a last call that grows with
+    the fleet (1 s up to 8 nodes, 2 s up to 32, 3 s beyond).
+
+    Every arrival re-opens the last call (training/runtime/eks_ddp_runtime/rendezvous/handler.py), so agents that
+    arrive within ``last_call`` of one another form one round; what must fit is the largest gap between consecutive
+    arrivals, not the whole spread. More pods restarting on more nodes (different teardown and start times, a slow
+    node's CUDA context) widen the largest gap; a longer last call costs only a lost node's re-form, once (a worker
+    crash brings every agent back at once, and a round of ``max_nodes`` completes at once). Detection
+    (keep-alive 1 s x 4) stays: a heartbeat is a lease renewal, which costs the store no write at any N."""
+    if nodes < 1:
+        raise ValueError(f"nodes: got {nodes}; expected >= 1")
+    return CLUSTER_TIMEOUTS if nodes <= 8 else dataclasses.replace(CLUSTER_TIMEOUTS, last_call=2 if nodes <= 32 else 3)
 LOCAL_TIMEOUTS = RdzvTimeouts(join=120, last_call=1, first_round=30, close=10)
 """The local runner: the cluster's detection timings, shorter waits for agents that never come."""
 

@@ -29,10 +29,10 @@ import pulumi_kubernetes as k8s
 
 from eks_ddp.core.torchrun import (
     AGENT_ENV,
-    CLUSTER_TIMEOUTS,
     RUNS_SUBDIR,
     SHARED_ROOT,
     AgentOptions,
+    cluster_timeouts,
     module_command,
     script_command,
 )
@@ -238,7 +238,7 @@ class ElasticJob(pulumi.ComponentResource):
             rdzv_backend=a.rdzv_backend, rdzv_endpoint=endpoint,
             # $(VAR) is expanded by the kubelet: the Job's uid is unique per Job, stable across pod retries.
             rdzv_id="$(JOB_UID)", local_addr="$(POD_IP)",
-            max_restarts=a.max_restarts, timeouts=CLUSTER_TIMEOUTS)
+            max_restarts=a.max_restarts, timeouts=cluster_timeouts(a.nodes))
         w = a.workload
         args = w.rendered_args(run_dir=self.run_dir, data_dir=self._data_dir)
         return module_command(agent, w.module, args) if w.module is not None else \
