@@ -5,16 +5,23 @@
   ``ca_cert``, ``ssl_cert``, ``ssl_cert_key``, ``read_timeout``). It contacts nobody when built (review K3), and
   one call is one request that waits at most ``read_timeout`` (no retries underneath, E5).
 * :class:`Retrier` retries only connection failures (refused, reset, timed out, TLS handshake cut, etcd's
-  "unavailable") on a fresh client, for up to ``store_retry_timeout`` seconds, or once when called ``impatient``
-  (the heartbeat thread and the monitor loop, which must never block the agent on a dead store). etcd's answers
-  (compare failed, key or lease not found) are never retried (review K7 a).
+  "unavailable", the NOSPACE alarm, which an operator can clear: one line names it and the fix) on a fresh client,
+  for up to ``store_retry_timeout`` seconds (or a caller's own deadline, a waiting ``get``), or once when called
+  ``impatient`` (the heartbeat thread and the monitor loop, which must never block the agent on a dead store).
+  etcd's answers (compare failed, key or lease not found) are never retried (review K7 a).
 * :class:`EtcdV3Backend` is torch's ``RendezvousBackend`` over one key per run
-  (``/torch/elastic/rendezvous/<run-id>``): ``set_state`` is a transaction comparing the key's ``mod_revision``
-  with the token (``create_revision == 0`` to create it), so at most one of several writers of one state wins.
-  The key holds the state as JSON (rendezvous/state.py) and ``get_state`` hands torch a pickle built here from checked
-  fields, never bytes from the store; a value that does not check out is deleted and reads as no state, like a
-  store that came back empty (the agents then re-form, rendezvous/handler.py). The key lives on a lease of torch's TTL
-  (2 h, ``etcd_rendezvous_backend._DEFAULT_TTL``), renewed while agents write it.
+  (``/torch/elastic/rendezvous/<run-id>``) and one heartbeat key per node
+  (``/torch/elastic/rendezvous-heartbeat/<run-id>/<node>``) on that node's own etcd lease, whose TTL is torch's drop
+  window. The state key holds the *core*: the state with every heartbeat time at :data:`EPOCH`, so a heartbeat does
+  not change it. ``set_state`` of a new core is a transaction comparing the key's ``mod_revision`` with the token
+  (``create_revision == 0`` to create it), so at most one of several writers of one state wins, and requiring the
+  heartbeat key of every node it drops to be gone; ``set_state`` of a newer heartbeat renews the node's lease (no
+  write). ``get_state`` fills the heartbeat times in (a live key: now; a gone one: the epoch) and is one read-only
+  transaction that returns a count while nothing changed. The per-agent requests are :data:`REQUEST_PATTERN`. The
+  core is JSON (rendezvous/state.py) and ``get_state`` hands torch a pickle built here from checked fields, never
+  bytes from the store; a value that does not check out is deleted and reads as no state, like a store that came
+  back empty (the agents then re-form, rendezvous/handler.py). The state key lives on a lease of torch's TTL (2 h,
+  ``etcd_rendezvous_backend._DEFAULT_TTL``), renewed every 5 minutes while agents beat.
 * :class:`EtcdV3Store` is the c10d ``Store`` the handler gives the agents (rank assignment, master address, exit
   barrier). Its keys live under ``/torch/elastic/store/<run-id>/<incarnation>/<round>/``, where the incarnation
   is the state key's ``create_revision``, and on the state key's lease: they go when the state goes (expiry, wipe,

@@ -36,6 +36,15 @@ itself included. Two rules fix this:
    long first-round wait (``first_round_timeout``, for image pulls) applies only to an agent that never
    completed a round, so survivors re-form with the short ``last_call_timeout``.
 
+**Heartbeats cost the store no write** (etcd_backend.py, its ``REQUEST_PATTERN`` table). torch writes every
+agent's heartbeat into the one state every ``keep_alive_interval``: N writes per second of a value that holds N
+agents, O(N^2) bytes for the store and compare-and-set contention on one key. Here each agent's heartbeat is a key
+of its own on an etcd lease whose TTL is the drop window (``keep_alive_interval * keep_alive_max_attempt``); a
+heartbeat renews the lease (no raft entry, nothing written), and the state key holds only the *core* (the state
+with its heartbeat times at the epoch), written on membership changes only. torch's holder sees each node's time
+as: its own, when its last renewal was sent; a peer's, now while its key exists and the epoch once it is gone, so
+torch's ``_sanitize`` drops exactly the nodes whose lease expired.
+
 **Why no interleaving leaves two worlds training.** A world exists only while its round is the
 ``complete`` round in the one state key; every change goes through compare-and-set on that key, so
 all agents see one sequence of rounds. Workers of an agent run only for the round it joined. Take any
@@ -49,12 +58,19 @@ round with C (torch's own scale-up path). The one case left to torch is a node c
 but not from its peers for longer than the expiry window: the others drop it (as torch does), and it
 rejoins the moment it reaches the store again. Meanwhile its workers may go on training, a second world,
 but they commit nothing: every state synced here renews or withdraws the agent's lease (fence.py), which
-ends before any peer can drop the node, and the workers check it before each commit.
+ends before any peer can drop the node, and the workers check it before each commit. A peer drops a node only by a
+compare-and-set that also requires the node's heartbeat key to be absent, and that key lives at least the drop
+window after the node's last successful renewal was sent (etcd 3.5 refuses to renew a lease that expired:
+``lessor.Renew`` answers "lease not found" once it is revoked), so the lease the agent gives its workers, that
+send time plus the window less one interval, ends before any drop can land, whatever the node clocks say.
 
 **The store is authenticated, and what it holds is data.** The client speaks HTTPS with a client certificate,
 and the server (components/eks_ddp/workloads/etcd.py, training/eks_ddp_local/etcd.py) requires one (``--client-cert-auth``). The state is
 stored as JSON and checked field by field before torch's state holder sees it (rendezvous/state.py): torch unpickles
 only bytes this agent pickled, so a writer of the key can disturb the rendezvous but never run code in an agent.
+
+**Re-forming converges** (``_ConvergingOpExecutor``): every arrival after ``min_nodes`` re-opens the last call, so
+agents arriving within ``last_call_timeout`` of one another form one round instead of a small world and a restart.
 
 **Rounds form in a fraction of a second.** torch's op executor reads the state once a second while a round
 forms (``_delay(seconds=1)`` on ``SYNC``, behind a 1 s state cache), so every restart waited up to a second
