@@ -278,10 +278,12 @@ class RestartableEtcd:
     older checkout whose agents speak neither TLS nor v3)."""
 
     def __init__(self, data_dir: Path, *, host: str = "127.0.0.1", prefix: list[str] | None = None,
-                 plain: bool = False) -> None:
+                 plain: bool = False, flags: list[str] | None = None) -> None:
         from eks_ddp_local.etcd import EtcdEndpoint, find_etcd, free_port, make_tls
 
         self.data_dir, self.host, self.prefix, self.plain = data_dir, host, prefix or [], plain
+        self.flags = list(flags or [])
+        """More etcd flags (the store's quota and compaction as rendered: bench/store_soak.py)."""
         self.client, self.peer = free_port(), free_port()
         self.tls = make_tls(data_dir / "tls", [host])
         self.endpoint = f"{host}:{self.client}" if plain else EtcdEndpoint(f"{host}:{self.client}", self.tls)
@@ -299,7 +301,7 @@ class RestartableEtcd:
                f"--initial-advertise-peer-urls=http://{self.host}:{self.peer}",
                f"--initial-cluster=local=http://{self.host}:{self.peer}",
                # plain: an older checkout's agents (bench/recovery.py --baseline), which spoke etcd's v2 API
-               *(["--enable-v2=true"] if self.plain else self.tls.server_flags())]
+               *(["--enable-v2=true"] if self.plain else self.tls.server_flags()), *self.flags]
         with open(self.data_dir / "etcd.log", "ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          start_new_session=True)
