@@ -235,3 +235,19 @@ class _TorchExecutor(handler_module._ConvergingOpExecutor):
 def _without_converge(self):
     self._op_executor.__class__ = _TorchExecutor
     return _original_next(self)
+
+
+def test_a_peers_time_from_an_older_read_never_brings_it_back(etcd_endpoint):  # noqa: F811
+    """A holder that read the state while a peer was alive and writes after the peer's key went must not renew the
+    peer: only an agent's own heartbeats (or a node new to the state) make keys."""
+    backends, nodes = _world(etcd_endpoint, 3)
+    me, peer = backends[0], nodes[2]
+    got = me.get_state()
+    stale = pickle.loads(got[0])
+    assert stale.last_heartbeats[peer] > EPOCH
+    _client(etcd_endpoint).lease_revoke(backends[2]._mine[node_id(peer)].lease)
+    assert pickle.loads(me.get_state()[0]).last_heartbeats[peer] == EPOCH
+    stale.last_heartbeats[nodes[0]] = _now()  # this agent's own beat, on the older read
+    bits, _, _ = me.set_state(pickle.dumps(stale), got[1])
+    assert pickle.loads(bits).last_heartbeats[peer] == EPOCH
+    assert not _client(etcd_endpoint).get_prefix(me.heartbeats + node_id(peer).encode())

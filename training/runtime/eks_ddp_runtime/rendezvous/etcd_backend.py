@@ -406,7 +406,12 @@ class EtcdV3Backend(RendezvousBackend):
 
     def _set(self, c: EtcdV3Client, new: Any, token: Token | None):
         times = dict(new.last_heartbeats)
-        beats = [n for n, t in times.items() if n not in self._reported or t > self._reported[n]]
+        # A heartbeat is this backend's to write when its time grew since the last read and the node is one of its
+        # own, or new to the state (torch adds only its own node). A peer's time from an older read (a holder that
+        # synced before the peer's key went) is never taken for a heartbeat: that would bring the peer back.
+        known = {node_id(n) for n in rdzv_state.from_json(self._core).last_heartbeats} if self._core else set()
+        beats = [n for n, t in times.items() if (n not in self._reported or t > self._reported[n])
+                 and (node_id(n) in self._mine or node_id(n) not in known)]
         for node in new.last_heartbeats:
             new.last_heartbeats[node] = EPOCH
         core = rdzv_state.to_json(new)
