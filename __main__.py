@@ -249,6 +249,7 @@ if cfg.storage.backend == "fsxLustre":
         layout_image=image.image_ref,
         system_node_selector=cluster.system_node_labels,
         retain_on_destroy=cfg.storage.retain_on_destroy,
+        backup_id=cfg.storage.fsx_backup_id,  # an earlier destroy's final backup
         kubernetes_version=cfg.cluster.kubernetes_version,
     ), opts=pulumi.ResourceOptions(providers={"kubernetes": k8s_provider}, depends_on=[cluster]))
 else:
