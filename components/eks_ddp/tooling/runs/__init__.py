@@ -27,8 +27,8 @@ import sys
 import time
 from pathlib import Path
 
-from eks_ddp.tooling.runs import cluster
-from eks_ddp.tooling.runs.cluster import CliError, ClusterRun
+from eks_ddp.tooling.runs import kubectl
+from eks_ddp.tooling.runs.kubectl import CliError, ClusterRun
 from eks_ddp.tooling.runs.status import Status, is_run_dir, local_status, log_files, pods, runner_alive
 
 DEFAULT_RUNS = Path("demo-out")
@@ -58,7 +58,7 @@ def resolve(o: argparse.Namespace) -> Path | ClusterRun:
     outputs_error = None
     outputs: dict = {}
     try:
-        outputs = cluster.stack_outputs(o.stack, o.outputs)
+        outputs = kubectl.stack_outputs(o.stack, o.outputs)
     except CliError as e:
         outputs_error = str(e)
     found = outputs.get("runs")
@@ -78,9 +78,9 @@ def cache_dir(o: argparse.Namespace, run: ClusterRun) -> Path:
 
 
 def cluster_status(o: argparse.Namespace, run: ClusterRun) -> Status:
-    state = cluster.job_state(run)
+    state = kubectl.job_state(run)
     dest = cache_dir(o, run)
-    missing = cluster.fetch_logs(run, dest, _say)
+    missing = kubectl.fetch_logs(run, dest, _say)
     status = local_status(dest, run.run_id)
     if state is not None:
         status.state, status.because = state
@@ -141,18 +141,18 @@ def _follow(run_dir: Path, rank: int | None, seen: dict[Path, int]) -> None:
 def cmd_logs(o: argparse.Namespace) -> int:
     run = resolve(o)
     if isinstance(run, ClusterRun):
-        state = cluster.job_state(run)
+        state = kubectl.job_state(run)
         if o.follow and state is not None and state[0] == "running":
             if o.rank is None:
                 follow = str(run.entry.get("follow") or "")
                 return subprocess.call(shlex.split(follow)) if follow else 1
-            pod = cluster.running_pod(run)
+            pod = kubectl.running_pod(run)
             if pod is not None:
                 return subprocess.call(run.kubectl("exec", pod, "-c", "trainer", "--", "sh", "-c",
                                                    f'exec tail -n +1 -F "$1"/*/rank-{o.rank}.log', "sh",
                                                    str(run.logs["dir"])))
         run_dir = cache_dir(o, run)
-        missing = cluster.fetch_logs(run, run_dir, _say)
+        missing = kubectl.fetch_logs(run, run_dir, _say)
         if missing:
             raise CliError(f"run {run.run_id}: the kept logs are missing ({missing})")
     else:
@@ -200,7 +200,7 @@ def cmd_fetch(o: argparse.Namespace) -> int:
         print(f"run {run.name}: a local run; its files are in {run.resolve()}")
         return 0
     out = o.out or cache_dir(o, run)
-    missing = cluster.fetch_logs(run, out, _say)
+    missing = kubectl.fetch_logs(run, out, _say)
     print(f"[fetch] kept logs: {'missing (' + missing + ')' if missing else out / 'logs'}", flush=True)
     line = shlex.split(str(run.entry.get("fetchResults") or ""))
     if not line:

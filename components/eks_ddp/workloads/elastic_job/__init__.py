@@ -190,7 +190,7 @@ class ElasticJob(pulumi.ComponentResource):
             lambda n: f"kubectl -n {n} logs -f --prefix --max-log-requests={a.nodes + 1} "
                       f"-l app.kubernetes.io/instance={self.job_name}")
         # The kept logs (eks_ddp_runtime/runlogs.py) on the claim holding the run's directory, and what a reader pod
-        # needs to mount it (the eks-ddp command, components/eks_ddp/tooling/runs/cluster.py): the stack's image has a shell.
+        # needs to mount it (the eks-ddp command, components/eks_ddp/tooling/runs/kubectl.py): the stack's image has a shell.
         claim, mount = (a.run_claim, self.run_dir) if a.pvc_name is None else (a.pvc_name, SHARED_ROOT)
         self.logs_location = pulumi.Output.all(ns, claim, a.image, a.system_node_selector).apply(lambda v: {
             "dir": f"{self.run_dir}/{LOGS_SUBDIR}", "claim": v[1], "mountPath": mount, "namespace": v[0],
