@@ -102,7 +102,7 @@ def prepare_environment(bundle: Path, shim: Path) -> dict[str, str]:
 
 
 def tls_tooling() -> str | None:
-    """The package that makes the local etcd's throw-away CA (training/eks_ddp_local/etcd.py), as ``cryptography <version>``;
+    """The package that makes the local etcd's throw-away CA (training/eks_ddp_local/etcd_server.py), as ``cryptography <version>``;
     None when it does not load here (absent, or the bundle's cffi backend was built for another Python)."""
     try:
         import cryptography
@@ -183,7 +183,7 @@ def _step_seconds(steps: list[dict[str, Any]]) -> float | None:
 def item_a(tmp: Path, env: dict[str, str], gpus: int) -> dict[str, Any]:
     """The real launcher, cluster flags, real etcd; SIGKILL one worker; recovery seconds and work redone."""
     tr = torchrun_command()
-    from eks_ddp_local.etcd import start_etcd
+    from eks_ddp_local.etcd_server import start_etcd
     from eks_ddp_trainer.config import TrainerConfig
     from eks_ddp_trainer.data import write_synthetic_cifar
 
@@ -461,7 +461,7 @@ def write_report(out: Path, report: dict[str, Any]) -> None:
 def preflight(bundle: Path) -> str | None:
     """Why the check cannot start here, or None."""
     try:
-        from eks_ddp_local.etcd import find_etcd
+        from eks_ddp_local.etcd_server import find_etcd
 
         find_etcd()
     except (ImportError, FileNotFoundError) as e:

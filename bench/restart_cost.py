@@ -34,7 +34,7 @@ from eks_ddp.core.torchrun import (
     RdzvTls,
     torchrun_args,
 )
-from eks_ddp_local.etcd import start_etcd
+from eks_ddp_local.etcd_server import start_etcd
 
 SCRIPT = ROOT / "training" / "examples" / "ddp_minimal.py"
 

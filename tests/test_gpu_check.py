@@ -194,7 +194,7 @@ def test_img_s_after_lookahead_weights_windows_by_their_length():
 
 def test_preflight_names_the_bundle_when_cryptography_does_not_load(monkeypatch):
     """Negative control of the TLS preflight: without a loadable cryptography the check stops before it starts, saying
-    how to get one (the local etcd's CA has one implementation, training/eks_ddp_local/etcd.py make_tls)."""
+    how to get one (the local etcd's CA has one implementation, training/eks_ddp_local/etcd_server.py make_tls)."""
     assert gpu_check.tls_tooling().startswith("cryptography ")
     monkeypatch.setitem(sys.modules, "cryptography", None)
     assert gpu_check.tls_tooling() is None

@@ -37,7 +37,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.rendezvous import RendezvousInfo, RendezvousParameters
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousBackend, _RendezvousState
 
-from eks_ddp_local.etcd import start_etcd
+from eks_ddp_local.etcd_server import start_etcd
 from eks_ddp_runtime.rendezvous import handler as rendezvous
 from eks_ddp_runtime.rendezvous.etcd_backend import EtcdV3Backend, EtcdV3Store, Retrier
 from eks_ddp_runtime.rendezvous.etcd_client import EtcdV3Client

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from eks_ddp.core.torchrun import CLUSTER_TIMEOUTS, AgentOptions, module_command, script_command
-from eks_ddp_local.etcd import free_port, start_etcd
+from eks_ddp_local.etcd_server import free_port, start_etcd
 from tests.support.etcd_server import ROOT, TORCHRUN, client_tls, trainer_env
 
 CORPUS = ROOT / "tests" / "fixtures" / "corpus"

@@ -90,11 +90,11 @@ def resolve_data(data: Path, *, explicit: bool) -> Path | None:
 @contextlib.contextmanager
 def rendezvous(kind: str, work: Path) -> Iterator[str]:
     if kind == "c10d":
-        from eks_ddp_local.etcd import free_port
+        from eks_ddp_local.etcd_server import free_port
 
         yield f"127.0.0.1:{free_port()}"
         return
-    from eks_ddp_local.etcd import find_etcd, start_etcd
+    from eks_ddp_local.etcd_server import find_etcd, start_etcd
 
     try:
         find_etcd()

@@ -44,7 +44,7 @@ from eks_ddp_trainer.runlog import HISTORY_FILE
 
 
 def _client_tls(endpoint: str) -> RdzvTls | None:
-    """The agents' client files for the local etcd (training/eks_ddp_local/etcd.py: TLS, client certificates required)."""
+    """The agents' client files for the local etcd (training/eks_ddp_local/etcd_server.py: TLS, client certificates required)."""
     tls = getattr(endpoint, "tls", None)
     return None if tls is None else RdzvTls.of(tls)
 
