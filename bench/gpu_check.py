@@ -3,7 +3,7 @@
 Runs with the GPU machine's own interpreter (Python 3.12, torch 2.11 to 2.14) and nothing else installed: no Pulumi,
 boto3 or cryptography, no install of this project, no network. It puts this checkout on the import path and
 ``.gpu-bundle/bin`` (the etcd server, from ``make gpu-check-bundle``) on PATH, maps ``eks_ddp_runtime`` to
-training/runtime itself (its etcd client is the standard library's HTTP), and loads components/eks_ddp/core/torchrun.py by path (the ``components`` package imports Pulumi). Each item has a bar; the
+training/runtime itself (its etcd client is the standard library's HTTP), and loads components/eks_ddp/core/launch_command.py by path (the ``components`` package imports Pulumi). Each item has a bar; the
 verdict (exit code) fails when an item fails or misses its bar. ``gpu-check.json`` and ``gpu-check.md`` in ``--out``
 are rewritten after every item, so a run cut short keeps what it measured.
 
@@ -75,8 +75,8 @@ def _load_by_path(name: str, path: Path):
 
 
 def torchrun_command():
-    """components/eks_ddp/core/torchrun.py (stdlib only): the cluster's agent command line."""
-    return _load_by_path("eks_ddp_gpu_check_torchrun", ROOT / "components" / "eks_ddp" / "core" / "torchrun.py")
+    """components/eks_ddp/core/launch_command.py (stdlib only): the cluster's agent command line."""
+    return _load_by_path("eks_ddp_gpu_check_launch_command", ROOT / "components" / "eks_ddp" / "core" / "launch_command.py")
 
 
 def prepare_environment(bundle: Path, shim: Path) -> dict[str, str]:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from eks_ddp.core.torchrun import AGENT_ENV, LOCAL_TIMEOUTS, AgentOptions, RdzvTls, job_command
+from eks_ddp.core.launch_command import AGENT_ENV, LOCAL_TIMEOUTS, AgentOptions, RdzvTls, job_command
 from eks_ddp_local import cli as local
 from eks_ddp_local.job import LocalJob
 from eks_ddp_local.progress import History, Progress

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from eks_ddp.core.torchrun import (
+from eks_ddp.core.launch_command import (
     AGENT_ENV,
     LOCAL_TIMEOUTS,
     AgentOptions,

@@ -1,5 +1,5 @@
 """One local run of the elastic job (``python -m eks_ddp_local``): etcd, N torchrun agents, their logs, the
-optional worker or agent kill, and the cleanup. The agents' command line is the cluster's (components/eks_ddp/core/torchrun.py).
+optional worker or agent kill, and the cleanup. The agents' command line is the cluster's (components/eks_ddp/core/launch_command.py).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import threading
 import time
 from pathlib import Path
 
-from eks_ddp.core.torchrun import (
+from eks_ddp.core.launch_command import (
     AGENT_ENV,
     LOCAL_TIMEOUTS,
     AgentOptions,

@@ -27,7 +27,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
-from eks_ddp.core.torchrun import (
+from eks_ddp.core.launch_command import (
     AGENT_ENV,
     CLUSTER_TIMEOUTS,
     RUNS_SUBDIR,
@@ -231,7 +231,7 @@ class ElasticJob(pulumi.ComponentResource):
         return svc.metadata.name
 
     def train_command(self, endpoint: str) -> list[str]:
-        """The agent's command line, from the one shared builder (components/eks_ddp/core/torchrun.py)."""
+        """The agent's command line, from the one shared builder (components/eks_ddp/core/launch_command.py)."""
         a = self.args
         agent = AgentOptions(
             min_nodes=a.min_nodes, max_nodes=a.nodes, nproc_per_node=self.instance.gpus,
