@@ -264,7 +264,7 @@ def test_the_package_exports_its_components_statically_and_is_typed():
     assert "from eks_ddp import" in eks_ddp.__doc__ and "from components import" not in eks_ddp.__doc__
     for name in eks_ddp.__all__:
         assert getattr(eks_ddp, name).__module__.startswith(eks_ddp.__name__ + "."), name
-    assert (ROOT / "components" / "py.typed").exists()
+    assert (ROOT / "components" / "eks_ddp" / "py.typed").exists()
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert "py.typed" in meta["tool"]["setuptools"]["package-data"]["eks_ddp"]
 
