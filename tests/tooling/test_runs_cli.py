@@ -19,8 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from eks_ddp.tooling import runs as cli
-from eks_ddp.tooling.runs import kubectl
+from eks_ddp.tooling.runs import cli, kubectl
 from eks_ddp.tooling.runs.status import local_status
 from eks_ddp_runtime import runlogs
 
