@@ -276,7 +276,7 @@ def test_importing_the_package_loads_no_torch():
     from tests.support.util import ROOT
 
     code = ("import sys\nfor m in ('torch', 'torchvision', 'matplotlib', 'etcd'):\n    sys.modules[m] = None\n"
-            "import eks_ddp, eks_ddp.core.torchrun\nprint(' '.join(sorted(eks_ddp.__all__)))")
+            "import eks_ddp, eks_ddp.core.launch_command\nprint(' '.join(sorted(eks_ddp.__all__)))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert {"ClusterAddons", "ElasticJob", "Workload", "cifar10_workload"} <= set(out.stdout.split())
