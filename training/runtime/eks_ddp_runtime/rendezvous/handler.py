@@ -65,7 +65,7 @@ window after the node's last successful renewal was sent (etcd 3.5 refuses to re
 send time plus the window less one interval, ends before any drop can land, whatever the node clocks say.
 
 **The store is authenticated, and what it holds is data.** The client speaks HTTPS with a client certificate,
-and the server (components/eks_ddp/workloads/etcd.py, training/eks_ddp_local/etcd.py) requires one (``--client-cert-auth``). The state is
+and the server (components/eks_ddp/workloads/etcd.py, training/eks_ddp_local/etcd_server.py) requires one (``--client-cert-auth``). The state is
 stored as JSON and checked field by field before torch's state holder sees it (rendezvous/state.py): torch unpickles
 only bytes this agent pickled, so a writer of the key can disturb the rendezvous but never run code in an agent.
 
