@@ -8,7 +8,8 @@ The store runs etcd with the flags components/eks_ddp/workloads/etcd.py renders 
 retention divided by ``--scale`` (eks_ddp.core.rendezvous_store ``StoreSize.scaled``). Every 10 s it samples etcd's
 database size, revision and alarms. After the soak one agent's node is killed (agent and workers) and a replacement
 agent started; figure: seconds from the kill to the first step of a world of ``--agents`` again
-(``--no-replacement``: of the survivors, ``--agents`` - 1). Pass: no alarm, and the world back. Prints a table and writes ``--out``.
+(``--no-replacement``: of the survivors, ``--agents`` - 1; ``--spread-s``: with three survivors reaching the
+rendezvous up to that many seconds late). Pass: no alarm, and the world back. Prints a table and writes ``--out``.
 """
 
 from __future__ import annotations
@@ -40,7 +41,25 @@ def _status(client: EtcdV3Client) -> dict:
             "revision": int(status["header"]["revision"]), "alarms": [a.get("alarm", "?") for a in alarms]}
 
 
-def soak(tmp: Path, agents: int, soak_s: float, scale: int, replace: bool = True) -> dict:
+def _spread(job: Job, spread_s: float, late: int = 3) -> None:
+    """Hold ``late`` surviving agents (the agent process, SIGSTOP) for spread_s/late, 2 spread_s/late, ... spread_s:
+    agents that handle the loss and reach the rendezvous seconds apart (slow nodes)."""
+    import os
+    import signal
+    import threading
+
+    held = [a.pid for a in job.agents[:late]]
+    for pid in held:
+        os.kill(pid, signal.SIGSTOP)
+
+    def release() -> None:
+        for pid in held:
+            time.sleep(spread_s / late)
+            os.kill(pid, signal.SIGCONT)
+    threading.Thread(target=release, daemon=True).start()
+
+
+def soak(tmp: Path, agents: int, soak_s: float, scale: int, replace: bool = True, spread_s: float = 0.0) -> dict:
     size = store_size(agents).scaled(scale)
     flags = [a for a in etcd_args("soak", "bench", size) if a.startswith(STORE_FLAGS)]
     etcd = RestartableEtcd(tmp / "etcd", flags=flags)
@@ -65,6 +84,8 @@ def soak(tmp: Path, agents: int, soak_s: float, scale: int, replace: bool = True
         killed = time.monotonic()
         seen = len(job.history())
         job.agents[-1].kill_node()
+        if spread_s:
+            _spread(job, spread_s)
         world = agents
         if replace:
             job.add_agent()
@@ -78,7 +99,7 @@ def soak(tmp: Path, agents: int, soak_s: float, scale: int, replace: bool = True
         job.close()
         etcd.kill()
     return {"machine": machine(), "agents": agents, "soak_s": soak_s, "scale": scale, "flags": flags,
-            "replaced_by_world": world,
+            "replaced_by_world": world, "spread_s": spread_s,
             "samples": samples, "steps_during_soak": steps_before, "replaced_s": round(replaced_s, 2),
             "after": after, "alarm": any(s["alarms"] for s in [*samples, after]),
             "store_revisions_per_s": round((samples[-1]["revision"] - samples[0]["revision"]) / max(1.0, soak_s), 2)}
@@ -91,10 +112,13 @@ def main() -> int:
     p.add_argument("--scale", type=int, default=256)
     p.add_argument("--no-replacement", action="store_true",
                    help="after the loss, wait for a world of agents-1 (the survivors) instead of a replacement")
+    p.add_argument("--spread-s", type=float, default=0.0,
+                   help="after the loss, hold 3 survivors' agents for spread/3, 2 spread/3 and spread seconds")
     p.add_argument("--out", default=str(ROOT / "bench" / "store_soak.json"))
     a = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="store-soak-") as tmp:
-        res = soak(Path(tmp), a.agents, a.soak_s, a.scale, replace=not a.no_replacement)
+        res = soak(Path(tmp), a.agents, a.soak_s, a.scale, replace=not a.no_replacement,
+                   spread_s=a.spread_s)
     Path(a.out).write_text(json.dumps(res, indent=1) + "\n")
     print(f"flags: {' '.join(res['flags'])}")
     print("| t (s) | db bytes | in use | revision | alarms |\n|---|---|---|---|---|")
