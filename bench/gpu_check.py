@@ -203,7 +203,7 @@ def item_a(tmp: Path, env: dict[str, str], gpus: int) -> dict[str, Any]:
                          + (tmp / f"agent{i}.log").read_text(errors="replace")[-TAIL:] for i, p in enumerate(procs))
 
     with start_etcd(tmp / "etcd") as endpoint, snapshot_dir("a") as snaps:
-        opts = tr.AgentOptions(min_nodes=1, max_nodes=agents, nproc_per_node=1, rdzv_backend="etcd-v2",
+        opts = tr.AgentOptions(min_nodes=1, max_nodes=agents, nproc_per_node=1, rdzv_backend="etcd",
                                rdzv_endpoint=endpoint, rdzv_id=f"gpu-check-{os.getpid()}", local_addr="127.0.0.1",
                                timeouts=tr.CLUSTER_TIMEOUTS, tls=tr.RdzvTls.of(endpoint.tls))
         cmd = tr.job_command(opts, trainer, python=sys.executable)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import yaml
 
+from eks_ddp.config import TOP_LEVEL_KEYS
 from eks_ddp.config import reference as ref
-from eks_ddp.config.schema import TOP_LEVEL_KEYS
 from tests.support.util import ROOT
 
 README_MAX_LINES = 250
@@ -200,7 +200,7 @@ def test_trainer_docstring_shows_the_command_the_cluster_runs():
     env = dict(w.split("=", 1) for w in words if "=" in w and not w.startswith("-") and w.split("=")[0].isupper())
     command = [w for w in words if not ("=" in w and not w.startswith("-") and w.split("=")[0].isupper())]
     expected = job_command(
-        AgentOptions(min_nodes=1, max_nodes=2, nproc_per_node=1, rdzv_backend="etcd-v2",
+        AgentOptions(min_nodes=1, max_nodes=2, nproc_per_node=1, rdzv_backend="etcd",
                      rdzv_endpoint="ETCD_HOST:2379", rdzv_id="RUN_ID", local_addr="POD_IP"),
         TrainerConfig(data_dir="/shared/data", run_dir="/shared/runs/RUN_ID"))
     assert command == expected

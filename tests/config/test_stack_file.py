@@ -10,7 +10,7 @@ import pytest
 import yaml
 from jsonschema import Draft202012Validator
 
-from eks_ddp.config.stack_file import SCHEMA_FILE, schema_text, stack_file_schema
+from eks_ddp.config.reference import SCHEMA_FILE, schema_text, stack_file_schema
 from tests.support.util import ROOT
 
 MODELINE = f"# yaml-language-server: $schema={SCHEMA_FILE.as_posix()}"
@@ -80,12 +80,12 @@ def test_other_namespaces_and_pulumi_forms_pass(validator):
     assert errors(validator, doc) == []
 
 
-# --- what pydantic alone would accept, and the stack file refuses as before ------------------------------------------
+# --- what pydantic alone would accept, and the stack file refuses -----------------------------------------------------
 
 @pytest.mark.parametrize(("path", "value", "message"), [
     # null is not "unset": a key given is read (the models' None default stays for Python callers)
-    ("eks-ddp:network.vpcId", None, "network.vpcId: got None; expected a non-empty string"),
-    ("eks-ddp:runs", None, "runs: got None; expected a non-empty list of runs"),
+    ("eks-ddp:network.vpcId", None, "network.vpcId: got None; expected a string (leave the key out"),
+    ("eks-ddp:runs", None, "runs: got None; expected a list of objects (leave the key out"),
     # the stack file is read by its keys only; Python's field names are not keys
     ("eks-ddp:nodeGroups", [{"name": "gpu", "instance_type": "g4dn.xlarge", "max_size": 2}],
      "nodeGroups[0].instance_type: got 'g4dn.xlarge'; expected one of the known keys: name, instanceType"),
@@ -95,8 +95,9 @@ def test_other_namespaces_and_pulumi_forms_pass(validator):
     # no lax coercion: a bool is not a count, a number is not a string list, "1.5" is not a whole number
     ("eks-ddp:job.nodes", True, "job.nodes: got True; expected a whole number"),
     ("eks-ddp:job.epochs", "1.5", "job.epochs: got '1.5'; expected a whole number"),
-    ("eks-ddp:cluster.publicAccessCidrs", ["1.2.3.4/32", 5], "cluster.publicAccessCidrs: got ['1.2.3.4/32', 5]; "
-                                                               "expected a list of strings"),
+    ("eks-ddp:cluster.publicAccessCidrs", ["1.2.3.4/32", 5], "cluster.publicAccessCidrs[1]: got 5; expected a string"),
+    ("eks-ddp:nodeGroups[0].efa", "yes", "nodeGroups[0].efa: got 'yes'; expected true or false"),
+    ("eks-ddp:job.learningRate", True, "job.learningRate: got True; expected a number"),
 ])
 def test_the_stack_file_refuses_what_pydantic_would_coerce(path, value, message):
     from eks_ddp.config import ConfigError, load_stack_config

@@ -144,7 +144,7 @@ def test_alone_the_fabric_verdict_is_final_before_interpreter_shutdown(tmp_path)
 
 
 def test_launched_by_the_training_command_builder():
-    agent = AgentOptions(min_nodes=2, max_nodes=2, nproc_per_node=8, rdzv_backend="etcd-v2",
+    agent = AgentOptions(min_nodes=2, max_nodes=2, nproc_per_node=8, rdzv_backend="etcd",
                          rdzv_endpoint="etcd:2379", rdzv_id="$(JOB_UID)", max_restarts=0)
     check = fabric_check_command(agent, FabricCheckOptions(run_dir="/shared/runs/r1", require_efa=True,
                                                            min_busbw_gbs=12.5))
@@ -159,7 +159,7 @@ def test_launched_by_the_training_command_builder():
 
 
 def _run_agents(tmp: Path, endpoint: str, check: FabricCheckOptions, rdzv_id: str) -> tuple[list[int], list[Agent]]:
-    agent = AgentOptions(min_nodes=2, max_nodes=2, nproc_per_node=1, rdzv_backend="etcd-v2",
+    agent = AgentOptions(min_nodes=2, max_nodes=2, nproc_per_node=1, rdzv_backend="etcd",
                          rdzv_endpoint=endpoint, rdzv_id=rdzv_id, max_restarts=0, local_addr="127.0.0.1",
                          timeouts=LOCAL_TIMEOUTS, tls=client_tls(endpoint))
     cmd = fabric_check_command(agent, check, python=sys.executable)

@@ -69,7 +69,7 @@ def _torchrun(entry: list[str]) -> list[str]:
 
 
 def _launcher(etcd: str, entry: list[str], *, max_restarts: int = 0) -> list[str]:
-    agent = AgentOptions(min_nodes=1, max_nodes=1, nproc_per_node=2, rdzv_backend="etcd-v2", rdzv_endpoint=etcd,
+    agent = AgentOptions(min_nodes=1, max_nodes=1, nproc_per_node=2, rdzv_backend="etcd", rdzv_endpoint=etcd,
                          rdzv_id=f"corpus-{os.getpid()}-{time.time_ns()}", max_restarts=max_restarts,
                          local_addr="127.0.0.1", timeouts=CLUSTER_TIMEOUTS, tls=client_tls(etcd))
     if entry[0] == "-m":

@@ -164,7 +164,7 @@ class Job:
         self.tmp, self.trainer = tmp, trainer
         tmp.mkdir(parents=True, exist_ok=True)
         self.run_dir = Path(trainer.run_dir)
-        agent = AgentOptions(min_nodes=min_nodes, max_nodes=max_nodes, nproc_per_node=1, rdzv_backend="etcd-v2",
+        agent = AgentOptions(min_nodes=min_nodes, max_nodes=max_nodes, nproc_per_node=1, rdzv_backend="etcd",
                              rdzv_endpoint=endpoint, rdzv_id=rdzv_id or f"run-{os.getpid()}-{time.time_ns()}",
                              max_restarts=max_restarts, local_addr="127.0.0.1", timeouts=timeouts,
                              tls=client_tls(endpoint))

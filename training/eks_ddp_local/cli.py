@@ -181,7 +181,7 @@ def run(o: argparse.Namespace, progress: Progress | None = None) -> RunResult:
             job._scan()
             command = job.agent_command(endpoint, data)
             progress.message(f"run {job.run_id}: {o.agents} agents x {o.nproc_per_node} worker(s), rendezvous "
-                             f"{'etcd-v2' if o.rdzv == 'etcd' else 'c10d'} at {endpoint}; full logs in {job.logs}")
+                             f"{o.rdzv} at {endpoint}; full logs in {job.logs}")
             progress.message("agent command (the cluster job's, from components/eks_ddp/core/launch_command.py): "
                              + shlex.join(command))
             progress.started = time.monotonic()

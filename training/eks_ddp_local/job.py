@@ -131,7 +131,7 @@ class LocalJob:
         agent = AgentOptions(
             min_nodes=self.o.min_agents or self.o.agents, max_nodes=self.o.agents,
             nproc_per_node=self.o.nproc_per_node,
-            rdzv_backend="etcd-v2" if self.o.rdzv == "etcd" else "c10d", rdzv_endpoint=endpoint,
+            rdzv_backend=self.o.rdzv, rdzv_endpoint=endpoint,
             rdzv_id=self.run_id, max_restarts=self.o.max_restarts, timeouts=LOCAL_TIMEOUTS, local_addr="127.0.0.1",
             tls=_client_tls(endpoint))
         if self.o.module:  # the user's own code: the cluster's command for a module or script workload

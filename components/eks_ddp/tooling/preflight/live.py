@@ -37,7 +37,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from eks_ddp.config.schema import StackConfig
+from eks_ddp.config import StackConfig
 from eks_ddp.core import k8s_versions
 from eks_ddp.core.ownership import DIY_ORGANIZATION, STACK_TAG, legacy_owner, owner_id  # noqa: F401 (API)
 

@@ -345,7 +345,7 @@ class ElasticJob(pulumi.ComponentResource):
         # ports at run time); EFA traffic bypasses the IP stack. Out of the namespace they reach only DNS and etcd.
         tcp = [net.NetworkPolicyPortArgs(protocol="TCP")]
         train_egress = [dns, net.NetworkPolicyEgressRuleArgs(to=peers, ports=tcp)]
-        if self.args.rdzv_backend == "etcd-v2":
+        if self.args.rdzv_backend == "etcd":
             train_egress.append(self.store_egress())
         # Data preparation downloads CIFAR-10 over HTTPS (through the NAT gateway); the trainers reach S3 and STS
         # over HTTPS. TLS only (no port 80: nothing leaves in cleartext), never the instance metadata service,
