@@ -93,11 +93,10 @@ EGRESS_ANNOTATION = "eks-ddp/egress"
 rendered NetworkPolicy against."""
 USAGE_EXIT_CODE = USAGE
 """argparse's usage error: the agent's own command line is wrong."""
-BUG_EXIT_CODES = [USAGE_EXIT_CODE, *TRAINER_FATAL_EXIT_CODES]
-"""Exit codes no retry can fix with the bundled trainer (``bug_exit_codes`` of its workload): the pod failure
-policy fails the Job on them. (A missing or non-executable
-binary is a container StartError, not an exit code 126/127, and a worker's own exit reaches the pod only
-through the launcher, which passes these codes on.)"""
+# Exit codes no retry can fix (the workload's ``bug_exit_codes``; the bundled trainer's: the usage error and
+# TRAINER_FATAL_EXIT_CODES) fail the Job through the pod failure policy. A missing or non-executable binary is a
+# container StartError, not an exit code 126/127, and a worker's own exit reaches the pod only through the
+# launcher, which passes these codes on.
 
 def trainer_service_account(name: str) -> str:
     """The ServiceAccount of ElasticJob ``name``'s training pods (``<name>-trainer``): known before the job exists,
@@ -272,7 +271,7 @@ class ElasticJob(pulumi.ComponentResource):
         # transient failure, so the replacement can join):
         # - a pod lost with its node, drained, evicted or preempted gets the DisruptionTarget condition:
         #   Ignore, i.e. replace it without counting; the survivors keep training with >= min_nodes;
-        # - exit codes no retry can fix (BUG_EXIT_CODES) fail the whole Job at once;
+        # - exit codes no retry can fix (the workload's bug_exit_codes) fail the whole Job at once;
         # - any other pod failure (an OOM kill, the launcher giving up) counts against backoffLimit, the
         #   run's fault budget. One budget for the run, not backoffLimitPerIndex: the Job controller checks
         #   failed indexes before the success policy, so an index that spent its budget would turn a

@@ -90,7 +90,7 @@ class ElasticJobArgs:
     """The results bucket's KMS key (ResultsBucket.kms_key_arn): the uploader writes every object under it."""
     fault_budget: int = DEFAULT_FAULT_BUDGET
     """Pod failures the whole run may have before the Job fails (the Job's backoffLimit). Pods lost with
-    their node, drained, evicted or preempted never count; exit codes in ``BUG_EXIT_CODES`` fail at once."""
+    their node, drained, evicted or preempted never count; the workload's ``bug_exit_codes`` fail at once."""
     active_deadline_hours: float | None = 48
     """Hours the training Job may stay active, Pending time included, before Kubernetes stops it
     (DeadlineExceeded); None: no limit. Bounds a job whose pods wait for GPU capacity that never comes."""
