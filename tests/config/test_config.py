@@ -354,3 +354,37 @@ def test_s3_endpoint_extra_buckets_are_bucket_names(dev):
         == ("data-lake",)
     byo = {"vpcId": "vpc-1", "privateSubnetIds": ["subnet-a", "subnet-b"], "s3EndpointExtraBuckets": ["data-lake"]}
     rejects(set_path(dev, "eks-ddp:network", byo), "network.s3EndpointExtraBuckets", "network.vpcId")
+
+
+def test_rdzv_backend_etcd_v2_reads_as_etcd_with_a_warning_naming_the_key(dev):
+    """A6: the store speaks etcd's v3 API, so the value is ``etcd``; ``etcd-v2``, its old name, still reads for one
+    release, with a warning naming the key, the value and what to write instead. ``etcd`` reads without one."""
+    plain = load(set_path(dev, "eks-ddp:job.rdzvBackend", "etcd"))
+    assert plain.job.rdzv_backend == "etcd" and plain.uses_etcd and plain.warnings == ()
+    old = load(set_path(dev, "eks-ddp:job.rdzvBackend", "etcd-v2"))
+    assert old.job.rdzv_backend == "etcd" and old.uses_etcd
+    assert len(old.warnings) == 1 and old.warnings[0].startswith("job.rdzvBackend: got 'etcd-v2'")
+    assert "expected 'etcd'" in old.warnings[0]
+    runs = {k: v for k, v in dev.items() if k != "eks-ddp:job"}
+    runs["eks-ddp:runs"] = [{"runId": "a", "rdzvBackend": "c10d"}, {"runId": "b", "rdzvBackend": "etcd-v2"}]
+    cfg = load(runs)
+    assert [r.rdzv_backend for r in cfg.runs] == ["c10d", "etcd"]
+    assert [w.split(":")[0] for w in cfg.warnings] == ["runs[1].rdzvBackend"]
+    rejects(set_path(dev, "eks-ddp:job.rdzvBackend", "etcd-v3"), "job.rdzvBackend: got 'etcd-v3'",
+            "one of 'etcd', 'c10d'")
+
+
+def test_the_program_logs_the_etcd_v2_warning_and_builds_the_same_stack(monkeypatch):
+    """The program says the deprecation as a Pulumi warning; the value changes no resource (the URN snapshot's
+    dev stack now writes etcd)."""
+    import pulumi
+
+    from tests.support.util import run
+
+    said: list[str] = []
+    monkeypatch.setattr(pulumi.log, "warn", lambda message, *a, **k: said.append(message))
+    new = run(stack_config("dev"))
+    assert not [m for m in said if "rdzvBackend" in m]
+    old = run(set_path(stack_config("dev"), "eks-ddp:job.rdzvBackend", "etcd-v2"))
+    assert [m for m in said if m.startswith("job.rdzvBackend: got 'etcd-v2'")]
+    assert len(new.resources) > 10 and sorted(r.urn for r in old.resources) == sorted(r.urn for r in new.resources)
