@@ -93,7 +93,7 @@ class Agent:
 
     ``held``: the process imports torch and the launcher at once but starts the agent only at :meth:`release`, so a
     test can have a replacement node arrive at a chosen moment rather than after seconds of imports. ``prefix``
-    goes in front of the command line (``ip netns exec NS``: tests/netns.py)."""
+    goes in front of the command line (``ip netns exec NS``: tests/support/netns.py)."""
 
     def __init__(self, name: str, cmd: list[str], log_path: Path, env: dict[str, str], cwd: Path = ROOT,
                  held: bool = False, prefix: list[str] | None = None) -> None:

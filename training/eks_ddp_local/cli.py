@@ -122,7 +122,7 @@ TRAINER_EXTRA_MODULES = ("torch", "psutil", "rich")
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:  # the console script is installed with the library alone too (review U8)
+    try:  # the console script is installed with the library alone too
         for name in TRAINER_EXTRA_MODULES:
             __import__(name)
     except ImportError:

@@ -62,7 +62,7 @@ class RdzvTimeouts:
 
 @dataclass(frozen=True, kw_only=True)
 class RdzvTls:
-    """Files of the agents' rendezvous client over HTTPS: etcd requires a client certificate (review S1)."""
+    """Files of the agents' rendezvous client over HTTPS: etcd requires a client certificate."""
 
     ca_cert: str
     """PEM of the CA that signed the store's server certificate (and the client's)."""
