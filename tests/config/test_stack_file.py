@@ -85,7 +85,7 @@ def test_other_namespaces_and_pulumi_forms_pass(validator):
 @pytest.mark.parametrize(("path", "value", "message"), [
     # null is not "unset": a key given is read (the models' None default stays for Python callers)
     ("eks-ddp:network.vpcId", None, "network.vpcId: got None; expected a string (leave the key out"),
-    ("eks-ddp:runs", None, "runs: got None; expected a list of objects (leave the key out"),
+    ("eks-ddp:runs", None, "runs: got None; expected a list of objects with keys nodeGroup, nodes"),
     # the stack file is read by its keys only; Python's field names are not keys
     ("eks-ddp:nodeGroups", [{"name": "gpu", "instance_type": "g4dn.xlarge", "max_size": 2}],
      "nodeGroups[0].instance_type: got 'g4dn.xlarge'; expected one of the known keys: name, instanceType"),

@@ -10,10 +10,9 @@ Keys are camelCase in YAML (``nodeGroups[0].instanceType``) and snake_case in Py
 for editors (``python -m eks_ddp.config`` prints the table, ``--write`` rewrites it there, ``--schema`` prints the
 schema).
 
-Reading runs in two steps: pydantic reads every key into its section (types, unknown keys, required keys: every
-problem at once); when all of them read, the checks across keys run on the assembled :class:`StackConfig`. The
-pieces: ``schema.py`` (the models), ``messages.py`` (pydantic's errors as ``key: got X; expected Y``),
-``checks.py`` (checks across keys), ``reference.py`` (the table and the JSON Schema).
+Reading runs in two steps: pydantic reads every key (every problem at once), then the checks across keys run on
+the assembled :class:`StackConfig`. The pieces: ``schema.py`` (the models), ``messages.py`` (pydantic's errors as
+``key: got X; expected Y``), ``checks.py`` (checks across keys), ``reference.py`` (the table and the JSON Schema).
 """
 
 from __future__ import annotations

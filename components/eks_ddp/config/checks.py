@@ -301,83 +301,69 @@ def _check_storage_backend(cfg: StackConfig) -> list[str]:
     return p
 
 
-def parse_utc(key: str, text: str | None) -> tuple[dt.datetime | None, str | None]:
+def _utc(key: str, text: str | None) -> tuple[dt.datetime | None, str | None]:
     """An ISO 8601 UTC time (``2026-12-01T11:30:00Z``), or the problem with it."""
-    if text is None:
-        return None, None
     try:
-        when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+        when = dt.datetime.fromisoformat(text.replace("Z", "+00:00")) if text is not None else None
     except ValueError:
         when = None
-    if when is None or when.utcoffset() != dt.timedelta(0):
+    if text is not None and (when is None or when.utcoffset() != dt.timedelta(0)):
         return None, f"{key}: got {text!r}; expected a UTC time such as 2026-12-01T11:30:00Z"
     return when, None
 
 
 def _check_capacity_windows(cfg: StackConfig, today: dt.date | None) -> list[str]:
     """A capacity block's window: no run asks for its nodes before the start, none after the end."""
-    now = (dt.datetime.combine(today, dt.time(), dt.UTC) if today is not None
-           else dt.datetime.now(dt.UTC))
+    now = dt.datetime.combine(today, dt.time(), dt.UTC) if today is not None else dt.datetime.now(dt.UTC)
     p: list[str] = []
     for i, g in enumerate(cfg.node_groups):
-        key = f"nodeGroups[{i}]"
-        if g.capacity_block_start is None and g.capacity_block_end is None:
+        key, first, last = f"nodeGroups[{i}]", g.capacity_block_start, g.capacity_block_end
+        if first is None and last is None:
             continue
         if g.capacity_type != "capacityBlock":
             p.append(f"{key}.capacityBlockStart: set with capacityType {g.capacity_type!r}; expected capacityType "
                      "'capacityBlock' (the window is a capacity block's), or no capacityBlockStart/End")
             continue
-        start, bad_start = parse_utc(f"{key}.capacityBlockStart", g.capacity_block_start)
-        end, bad_end = parse_utc(f"{key}.capacityBlockEnd", g.capacity_block_end)
-        p += [b for b in (bad_start, bad_end) if b]
-        if (g.capacity_block_start is None) != (g.capacity_block_end is None):
-            p.append(f"{key}.capacityBlockEnd: expected capacityBlockStart and capacityBlockEnd together (the "
-                     "block's StartDate and EndDate: aws ec2 describe-capacity-reservations --capacity-reservation-"
-                     f"ids {g.capacity_reservation_id})")
+        (start, bad_start), (end, bad_end) = _utc(f"{key}.capacityBlockStart", first), _utc(f"{key}.capacityBlockEnd",
+                                                                                            last)
+        p += _found(bad_start, bad_end, (first is None) != (last is None)
+                    and f"{key}.capacityBlockEnd: expected capacityBlockStart and capacityBlockEnd together (the "
+                        "block's StartDate and EndDate: aws ec2 describe-capacity-reservations --capacity-reservation-"
+                        f"ids {g.capacity_reservation_id})")
         if start is None or end is None:
             continue
         if end <= start:
-            p.append(f"{key}.capacityBlockEnd: got {g.capacity_block_end!r}; expected a time after "
-                     f"capacityBlockStart ({g.capacity_block_start})")
+            p.append(f"{key}.capacityBlockEnd: got {last!r}; expected a time after capacityBlockStart ({first})")
         elif end <= now:
-            p.append(f"{key}.capacityBlockEnd: the block ended at {g.capacity_block_end}; expected the window of a "
-                     "block that has not ended (set the new block's capacityReservationId, start and end)")
+            p.append(f"{key}.capacityBlockEnd: the block ended at {last}; expected the window of a block that has "
+                     "not ended (set the new block's capacityReservationId, start and end)")
         elif start > now:
-            if g.desired_size > 0:
-                p.append(f"{key}.desiredSize: got {g.desired_size} before the block starts ({g.capacity_block_start});"
-                         " expected 0: no node can launch before then")
-            for r, run in enumerate(cfg.runs):
-                if cfg.group_of(run).name == g.name and run.state == "run":
-                    p.append(f"{cfg.run_key(r)}.state: 'run' on group {g.name!r}, whose capacity block starts at "
-                             f"{g.capacity_block_start}; expected 'cancelled' until then (its pods would ask for "
-                             "nodes that cannot launch, and the autoscaler would back off), then 'run'")
+            p += _found(g.desired_size > 0 and f"{key}.desiredSize: got {g.desired_size} before the block starts "
+                                               f"({first}); expected 0: no node can launch before then")
+            p += [f"{cfg.run_key(r)}.state: 'run' on group {g.name!r}, whose capacity block starts at {first}; "
+                  "expected 'cancelled' until then (its pods would ask for nodes that cannot launch, and the "
+                  "autoscaler would back off), then 'run'"
+                  for r, run in enumerate(cfg.runs) if cfg.group_of(run).name == g.name and run.state == "run"]
     return p
 
 
 def ignored_settings(cfg: StackConfig, data: dict[str, Any]) -> list[str]:
     """Keys that are set (in the stack file's ``data``) but would have no effect: say so instead of ignoring them."""
-    p: list[str] = []
-    if "job" in data and "runs" in data:
-        p.append(f"{PROJECT}:job and {PROJECT}:runs: both set; expected one of them: job (one run of the bundled "
-                 "trainer) or runs (a list of runs, each with the job keys plus workload)")
-    raw = data.get("network")
-    net = raw if isinstance(raw, dict) else {}
-    if cfg.network.bring_your_own:
-        for key in ("vpcCidr", "azCount", "availabilityZones", "natGateways", "s3EndpointExtraBuckets"):
-            if key in net:
-                p.append(f"network.{key}: set together with network.vpcId, which uses your VPC as it is; "
-                         f"expected no network.{key} (it only shapes a new VPC)")
-    if not cfg.uses_etcd and data.get("etcd"):
-        which = "every run's rdzvBackend" if cfg.runs_listed else "job.rdzvBackend"
-        p.append(f"etcd: got {data['etcd']!r} with {which} 'c10d', which deploys no etcd; "
-                 f"expected no eks-ddp:etcd, or {which} 'etcd'")
-    if cfg.runs_listed:
-        for i, (run, raw) in enumerate(zip(cfg.runs, data["runs"], strict=True)):
-            if run.workload.custom:
-                p += [f"runs[{i}].{key}: set with a workload of your own, which never reads it (only the bundled "
-                      f"cifar10 trainer does); expected no runs[{i}].{key}: pass your own flags in "
-                      f"runs[{i}].workload.args" for key in TRAINER_ONLY_KEYS if key in raw]
-    return p
+    net, which = data.get("network") or {}, "every run's rdzvBackend" if cfg.runs_listed else "job.rdzvBackend"
+    return _found(
+        "job" in data and "runs" in data
+        and f"{PROJECT}:job and {PROJECT}:runs: both set; expected one of them: job (one run of the bundled trainer) "
+            "or runs (a list of runs, each with the job keys plus workload)",
+        *(f"network.{key}: set together with network.vpcId, which uses your VPC as it is; expected no network.{key} "
+          "(it only shapes a new VPC)" for key in ("vpcCidr", "azCount", "availabilityZones", "natGateways",
+                                                    "s3EndpointExtraBuckets") if cfg.network.bring_your_own and key in net),
+        not cfg.uses_etcd and data.get("etcd")
+        and f"etcd: got {data['etcd']!r} with {which} 'c10d', which deploys no etcd; expected no eks-ddp:etcd, or "
+            f"{which} 'etcd'",
+        *(f"runs[{i}].{key}: set with a workload of your own, which never reads it (only the bundled cifar10 trainer "
+          f"does); expected no runs[{i}].{key}: pass your own flags in runs[{i}].workload.args"
+          for i, (run, raw) in enumerate(zip(cfg.runs, data["runs"] if cfg.runs_listed else [], strict=False))
+          if run.workload.custom for key in TRAINER_ONLY_KEYS if key in raw))
 
 
 #: The stack key of each InstanceType field, for messages.

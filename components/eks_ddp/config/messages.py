@@ -23,19 +23,17 @@ from eks_ddp.config.schema import PROJECT, TOP_LEVEL_KEYS, StackFile
 QUOTE = ": quote the value in the stack file (YAML reads an unquoted 1.30 as the number 1.3)"
 
 
+def _json(text: Any) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
 def decode(raw: Mapping[str, Any], known: Iterable[str]) -> dict[str, Any]:
     """Pulumi's values by key without the namespace, JSON decoded; unknown keys keep their text for the message."""
-    known = set(known)
-    out: dict[str, Any] = {}
-    for full_key, text in raw.items():
-        key = full_key.split(":", 1)[1] if ":" in full_key else full_key
-        if key in known and isinstance(text, str):
-            try:
-                text = json.loads(text)
-            except json.JSONDecodeError:
-                pass
-        out[key] = text
-    return out
+    keys = {k: k.split(":", 1)[-1] for k in raw}
+    return {keys[k]: _json(v) if keys[k] in known and isinstance(v, str) else v for k, v in raw.items()}
 
 
 def suggest(key: str, known: Iterable[str]) -> str:
