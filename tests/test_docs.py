@@ -180,7 +180,7 @@ def test_config_reference_python_m_write_leaves_a_current_page_unchanged(tmp_pat
     import subprocess
     import sys
 
-    shutil.copytree(ROOT / "components", tmp_path / "eks_ddp")
+    shutil.copytree(ROOT / "components" / "eks_ddp", tmp_path / "eks_ddp")
     (tmp_path / "docs").mkdir()
     shutil.copy(ROOT / ref.DOC_PAGE, tmp_path / ref.DOC_PAGE)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}

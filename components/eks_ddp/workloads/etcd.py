@@ -172,6 +172,8 @@ class EtcdRendezvous(pulumi.ComponentResource):
         self.endpoint = pulumi.Output.all(client.metadata.name, member.metadata.name, args.namespace).apply(
             lambda v: f"{v[0]}.{v[2]}.svc.cluster.local:{CLIENT_PORT}")
         self.client_tls_secret = certs.client_secret
+        self.certificate_expiries = certs.expiries
+        """The store's certificates' ends and renewal windows (preflight warns near them)."""
         self.register_outputs({"endpoint": self.endpoint, "service_name": self.service_name,
                                "client_tls_secret": self.client_tls_secret})
 
