@@ -235,7 +235,7 @@ def test_scale_down_time_rejects_non_durations(value):
 
 
 def test_standard_rejected_past_standard_support():
-    """A11: EKS takes upgradePolicy STANDARD only for a version in standard support (day 2026-11-24: 1.33 left it
+    """EKS takes upgradePolicy STANDARD only for a version in standard support (day 2026-11-24: 1.33 left it
     on 2026-07-29); the message names both keys, the date and what is allowed. EXTENDED, or a version in standard
     support, loads; a version past extended support is refused whatever the policy."""
     import datetime as dt
@@ -264,7 +264,7 @@ def test_standard_rejected_past_standard_support():
 
 
 def test_spot_alternates_not_smaller():
-    """A6: the pod is sized from instanceType and the autoscaler simulates the first type; an alternate with fewer
+    """The pod is sized from instanceType and the autoscaler simulates the first type; an alternate with fewer
     vCPUs or less memory would be launched for a pod it cannot hold. Larger alternates stay allowed."""
     dev = stack_config("dev")
     raw = set_path(dev, "eks-ddp:nodeGroups[0].capacityType", "spot")
@@ -304,7 +304,7 @@ def test_s3_endpoint_extra_buckets_are_bucket_names(dev):
 
 
 def test_rdzv_backend_etcd_v2_reads_as_etcd_with_a_warning_naming_the_key(dev):
-    """A6: the store speaks etcd's v3 API, so the value is ``etcd``; ``etcd-v2``, its old name, still reads for one
+    """The store speaks etcd's v3 API, so the value is ``etcd``; ``etcd-v2``, its old name, still reads for one
     release, with a warning naming the key, the value and what to write instead. ``etcd`` reads without one."""
     plain = load(set_path(dev, "eks-ddp:job.rdzvBackend", "etcd"))
     assert plain.job.rdzv_backend == "etcd" and plain.uses_etcd and plain.warnings == ()

@@ -57,7 +57,7 @@ REJECTED = [
      "network.vpcCidr"),
     ("etcd-settings-ignored-with-c10d", "eks-ddp:job.rdzvBackend", "c10d", "etcd"),
     ("learning-rate-nan", "eks-ddp:job.learningRate", "nan", "job.learningRate"),
-    # named the key, but not the fix (review U17): an unquoted version is a YAML number
+    # named the key, but not the fix: an unquoted version is a YAML number
     ("kubernetes-version-unquoted", "eks-ddp:cluster.kubernetesVersion", 1.35, "cluster.kubernetesVersion"),
 ]
 IDS = [c[0] for c in REJECTED]
