@@ -95,3 +95,13 @@ def test_the_stack_file_refuses_what_pydantic_would_coerce(path, value, message)
     with pytest.raises(ConfigError) as info:
         load_stack_config({k: v for k, v in raw.items() if k.startswith("eks-ddp:")}, region=raw["aws:region"])
     assert any(p.startswith(message) for p in info.value.problems), info.value.problems
+
+
+def test_a_top_level_section_left_empty_reads_as_its_defaults(dev):
+    """`eks-ddp:observability:` with every key commented out is null in YAML: the section's defaults, as before;
+    null anywhere else (a key, a list) is refused naming the key."""
+    cfg = load_stack_config({**{k: v for k, v in dev.items() if k.startswith("eks-ddp:")}, "eks-ddp:observability": None},
+                            region=dev["aws:region"])
+    assert cfg.observability.cloudwatch is True
+    rejects(set_path(dev, "eks-ddp:observability.cloudwatch", None), "observability.cloudwatch: got None",
+            "expected true or false")

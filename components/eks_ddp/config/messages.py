@@ -109,13 +109,15 @@ def unknown_top_level_key(key: str, value: Any) -> str:
 
 
 def null_problems(data: Any, loc: tuple[Any, ...] = ()) -> list[str]:
-    """A line per key set to ``null`` anywhere in ``data``, taking those keys out (pydantic then reads the rest)."""
+    """A line per key set to ``null`` in ``data`` (a top-level section's null is its defaults), taking those keys out
+    (pydantic then reads the rest)."""
     out: list[str] = []
     items = list(data.items()) if isinstance(data, dict) else list(enumerate(data)) if isinstance(data, list) else []
     for k, v in items:
         if v is None:
             key, _, tp = walk((*loc, k))
-            out.append(f"{key}: got None; expected {words(tp)} (leave the key out for its default)")
+            if not (loc == () and is_section(tp)):  # `eks-ddp:network:` with every key commented out: its defaults
+                out.append(f"{key}: got None; expected {words(tp)} (leave the key out for its default)")
         else:
             out += null_problems(v, (*loc, k))
     for k, v in reversed(items):
