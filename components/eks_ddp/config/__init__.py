@@ -92,6 +92,7 @@ def load_stack_config(raw: dict[str, Any], *, region: str | None, stack: str | N
         raise ConfigError(bad)
     return cfg
 
+
 def group_zone_problems(cfg: StackConfig, subnet_zones: Iterable[str]) -> list[str]:
     """Groups pinned to a zone where the (brought) VPC has no private subnet: the node group could never launch.
 
