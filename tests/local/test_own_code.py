@@ -125,3 +125,5 @@ def test_your_script_writing_below_its_folder_fails_as_in_the_pod(tmp_path):
     assert "before its first step" in failed and "resume it with" not in out, out[-3000:]
     [run] = (tmp_path / "out").iterdir()
     assert sorted(p.name for p in run.glob("ok-*.txt")) == ["ok-0.txt"]  # the run directory is writable
+    result = json.loads((run / "result.json").read_text())
+    assert result["agent_returncodes"] == [2], result  # the agent's own exit, not the runner stopping it

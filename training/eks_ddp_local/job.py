@@ -57,6 +57,8 @@ _WORKER_FAILED = re.compile(r"failed \(exitcode: (?P<code>-?\d+)\) local_rank: (
 _AGENT_LOG = re.compile(r"^(\[launch\] |[IWEF]\d{4} \d\d:\d\d:\d\d|\*{5}|<frozen )")
 """The launcher's and torch's own log lines (the rest of an agent's output is the user's code's)."""
 FINISH_GRACE_S = 60.0
+FATAL_GRACE_S = 10.0
+"""Seconds the agents get to exit on their own after one reported a start failure (each exits 2 within one)."""
 """Once one agent has exited, seconds the others get to exit on their own."""
 
 
@@ -79,6 +81,7 @@ class LocalJob:
         """One line: why the run failed (set by the first failure a retry cannot fix, or the first error)."""
         self.fatal = False
         self.fatal_code: int | None = None
+        self._fatal_at = 0.0
         """The exit status a fatal cause stands for, when the runner stops the agents before they exit with it."""
         self.start_step: int | None = None
         """The step the first workers started from (a checkpoint's when resumed)."""
@@ -227,6 +230,7 @@ class LocalJob:
         cause = start_failure(text)
         if cause is not None and self.cause is None:
             self.cause, self.fatal, self.fatal_code = cause, True, USAGE  # the agent's own exit status
+            self._fatal_at = time.monotonic()  # the agents exit 2 on their own: supervise gives them a moment
         if self._show(i, text):
             self.progress.line(f"agent{i}", text)
 
@@ -303,7 +307,8 @@ class LocalJob:
         while True:
             if self.stop_signal is not None:
                 return f"stopped by {signal.Signals(self.stop_signal).name}"
-            if self.fatal:
+            if self.fatal and (self.fatal_code is None or all(a.poll() is not None for a in self.agents)
+                               or time.monotonic() > self._fatal_at + FATAL_GRACE_S):
                 return "failed: no retry can fix this"
             try:
                 i, text = self.lines.get(timeout=0.2)
