@@ -52,6 +52,7 @@ from eks_ddp.infra.results import run_prefix
 from eks_ddp.infra.scan_gate import STACK_SETTING
 from eks_ddp.infra.workload_image import WorkloadImage, WorkloadImageArgs, workload_image_name
 from eks_ddp.tooling import cost, preflight
+from eks_ddp.tooling.preflight import certificates as preflight_certificates
 from eks_ddp.tooling.preflight.live import owner_id
 from eks_ddp.workloads.elastic_job import rdzv_client_labels, trainer_service_account
 from eks_ddp.workloads.elastic_job.data_stage import data_stage_role
@@ -249,6 +250,7 @@ if cfg.storage.backend == "fsxLustre":
         layout_image=image.image_ref,
         system_node_selector=cluster.system_node_labels,
         retain_on_destroy=cfg.storage.retain_on_destroy,
+        backup_id=cfg.storage.fsx_backup_id,  # an earlier destroy's final backup
         kubernetes_version=cfg.cluster.kubernetes_version,
     ), opts=pulumi.ResourceOptions(providers={"kubernetes": k8s_provider}, depends_on=[cluster]))
 else:
@@ -332,6 +334,7 @@ for i, run in enumerate(cfg.runs):
             client_labels=client,
             more_client_labels=more_clients,
         ), opts=pulumi.ResourceOptions(provider=k8s_provider, depends_on=[addons]))
+        preflight_certificates.warn_near_expiry(store.certificate_expiries)  # during up: under 30 days left
         rdzv = dict(rdzv_endpoint=store.endpoint, rdzv_tls_secret=store.client_tls_secret,
                     rdzv_server_labels=store.server_selector)
     jobs.append(ElasticJob(job_name, ElasticJobArgs(

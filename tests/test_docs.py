@@ -136,7 +136,7 @@ def test_config_reference_python_m_write_leaves_a_current_page_unchanged(tmp_pat
     import subprocess
     import sys
 
-    shutil.copytree(ROOT / "components", tmp_path / "eks_ddp")
+    shutil.copytree(ROOT / "components" / "eks_ddp", tmp_path / "eks_ddp")
     (tmp_path / "docs").mkdir()
     shutil.copy(ROOT / ref.DOC_PAGE, tmp_path / ref.DOC_PAGE)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
@@ -191,7 +191,7 @@ def test_trainer_docstring_shows_the_command_the_cluster_runs():
     import shlex
 
     import eks_ddp_trainer.train as train
-    from eks_ddp.core.torchrun import AGENT_ENV, AgentOptions, job_command
+    from eks_ddp.core.launch_command import AGENT_ENV, AgentOptions, job_command
     from eks_ddp_trainer.config import TrainerConfig
 
     doc = train.__doc__

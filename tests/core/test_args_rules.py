@@ -264,7 +264,7 @@ def test_the_package_exports_its_components_statically_and_is_typed():
     assert "from eks_ddp import" in eks_ddp.__doc__ and "from components import" not in eks_ddp.__doc__
     for name in eks_ddp.__all__:
         assert getattr(eks_ddp, name).__module__.startswith(eks_ddp.__name__ + "."), name
-    assert (ROOT / "components" / "py.typed").exists()
+    assert (ROOT / "components" / "eks_ddp" / "py.typed").exists()
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert "py.typed" in meta["tool"]["setuptools"]["package-data"]["eks_ddp"]
 
@@ -276,7 +276,7 @@ def test_importing_the_package_loads_no_torch():
     from tests.support.util import ROOT
 
     code = ("import sys\nfor m in ('torch', 'torchvision', 'matplotlib', 'etcd'):\n    sys.modules[m] = None\n"
-            "import eks_ddp, eks_ddp.core.torchrun\nprint(' '.join(sorted(eks_ddp.__all__)))")
+            "import eks_ddp, eks_ddp.core.launch_command\nprint(' '.join(sorted(eks_ddp.__all__)))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert {"ClusterAddons", "ElasticJob", "Workload", "cifar10_workload"} <= set(out.stdout.split())

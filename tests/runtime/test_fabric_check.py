@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from eks_ddp.core.torchrun import (
+from eks_ddp.core.launch_command import (
     FABRIC_CHECK_MODULE,
     LOCAL_TIMEOUTS,
     AgentOptions,

@@ -126,7 +126,7 @@ def test_a_runs_store_refuses_another_runs_client_certificate(tmp_path):
     """Two stores from two CAs, as two runs get them: run B's certificate is refused by run A's store (real etcd
     with the Deployment's flags), run A's own is accepted."""
     from eks_ddp.workloads.etcd import etcd_args
-    from eks_ddp_local.etcd import make_tls
+    from eks_ddp_local.etcd_server import make_tls
     from tests.workloads.test_etcd import _kv, _run_member
 
     a, b = make_tls(tmp_path / "a"), make_tls(tmp_path / "b")

@@ -1,5 +1,5 @@
 """One local run of the elastic job (``python -m eks_ddp_local``): etcd, N torchrun agents, their logs, the
-optional worker or agent kill, and the cleanup. The agents' command line is the cluster's (components/eks_ddp/core/torchrun.py).
+optional worker or agent kill, and the cleanup. The agents' command line is the cluster's (components/eks_ddp/core/launch_command.py).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import threading
 import time
 from pathlib import Path
 
-from eks_ddp.core.torchrun import (
+from eks_ddp.core.launch_command import (
     AGENT_ENV,
     LOCAL_TIMEOUTS,
     AgentOptions,
@@ -46,7 +46,7 @@ from eks_ddp_trainer.runlog import HISTORY_FILE
 
 
 def _client_tls(endpoint: str) -> RdzvTls | None:
-    """The agents' client files for the local etcd (training/eks_ddp_local/etcd.py: TLS, client certificates required)."""
+    """The agents' client files for the local etcd (training/eks_ddp_local/etcd_server.py: TLS, client certificates required)."""
     tls = getattr(endpoint, "tls", None)
     return None if tls is None else RdzvTls.of(tls)
 

@@ -30,6 +30,7 @@ _AZ = rules.AZ
 _ODCR = rules.ODCR
 _IAM_PRINCIPAL = rules.IAM_PRINCIPAL
 _EFS_ID = re.compile(r"^fs-[0-9a-f]{8,40}$")
+_FSX_BACKUP_ID = re.compile(r"^backup-[0-9a-f]{8,}$")  # FSx API reference, Backup.BackupId
 _KMS_KEY_ARN = re.compile(r"^arn:aws[a-z-]*:kms:[a-z0-9-]+:\d{12}:key/[0-9a-f-]{36}$")
 _PLACEMENT_GROUP = re.compile(r"^[\x21-\x7e]{1,255}$")
 
@@ -327,6 +328,12 @@ def _check_storage_backend(cfg: StackConfig) -> list[str]:
         if st.file_system_id is not None:
             p.append(f"storage.fileSystemId: got {st.file_system_id!r} with storage.backend 'fsxLustre'; expected "
                      "none (it names an EFS file system to adopt; the FSx backend creates its own)")
+        if st.fsx_backup_id is not None and not _FSX_BACKUP_ID.match(st.fsx_backup_id):
+            p.append(f"storage.fsxBackupId: got {st.fsx_backup_id!r}; expected an FSx backup id like "
+                     "backup-0123456789abcdef0 (aws fsx describe-backups)")
+    elif st.fsx_backup_id is not None:
+        p.append(f"storage.fsxBackupId: got {st.fsx_backup_id!r} with storage.backend {st.backend!r}; expected none "
+                 "(it restores an FSx for Lustre backup; an EFS file system is adopted with storage.fileSystemId)")
     t = st.efs_transitions
     p += storage.efs_lifecycle_problems(t["transition_to_ia"], t["transition_to_archive"],
                                         t["transition_to_primary_storage_class"],

@@ -238,7 +238,8 @@ class StorageConfig(Section):
     """``eks-ddp:storage``: the shared EFS volume."""
 
     retain_on_destroy: Bool = Field(True, description=(
-        "Keep the EFS file system (checkpoints, data) on 'pulumi destroy'."))
+        "Keep the data on 'pulumi destroy': efs keeps the file system; fsxLustre deletes it after a final backup "
+        "(restored by storage.fsxBackupId) and keeps its KMS key."))
     file_system_id: Str | None = Field(None, description=(
         "Existing EFS file system to use (e.g. one kept by an earlier 'pulumi destroy'): its checkpoints are "
         "seen again; none is created."))
@@ -258,6 +259,9 @@ class StorageConfig(Section):
         "fsxLustre: capacity in GiB (1200, or a multiple of 2400); billed whether used or not."))
     fsx_throughput_per_tib: Int = Field(250, alias="fsxThroughputPerTiB", description=(
         "fsxLustre: MB/s per TiB of capacity (125, 250, 500 or 1000): 1200 GiB at 250 gives ~290 MB/s."))
+    fsx_backup_id: Str | None = Field(None, alias="fsxBackupId", description=(
+        "fsxLustre: create the file system from this backup (backup-...), e.g. the final backup an earlier "
+        "'pulumi destroy' took with retainOnDestroy: its checkpoints and data come back. Read only at creation."))
     efs_transition_to_ia: Str = Field("AFTER_30_DAYS", alias="efsTransitionToIA", description=(
         "efs: files not read for this long move to Infrequent Access (AFTER_1_DAY ... AFTER_365_DAYS, or none)."))
     efs_transition_to_archive: Str = Field("AFTER_90_DAYS", description=(

@@ -17,7 +17,7 @@ from eks_ddp.tooling.preflight import live as preflight_live
 
 
 class CapacityChecks:
-    """Reservation and placement-group checks of :class:`eks_ddp.tooling.preflight._Checker`."""
+    """Reservation and placement-group checks of :class:`eks_ddp.tooling.preflight.checker._Checker`."""
 
     cfg: Any
     ec2: Any

@@ -27,7 +27,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
-from eks_ddp.core.torchrun import (
+from eks_ddp.core.launch_command import (
     AGENT_ENV,
     CLUSTER_TIMEOUTS,
     RUNS_SUBDIR,
@@ -192,7 +192,7 @@ class ElasticJob(pulumi.ComponentResource):
             lambda n: f"kubectl -n {n} logs -f --prefix --max-log-requests={a.nodes + 1} "
                       f"-l app.kubernetes.io/instance={self.job_name}")
         # The kept logs (eks_ddp_runtime/runlogs.py) on the claim holding the run's directory, and what a reader pod
-        # needs to mount it (the eks-ddp command, components/eks_ddp/tooling/runs/cluster.py): the stack's image has a shell.
+        # needs to mount it (the eks-ddp command, components/eks_ddp/tooling/runs/kubectl.py): the stack's image has a shell.
         claim, mount = (a.run_claim, self.run_dir) if a.pvc_name is None else (a.pvc_name, SHARED_ROOT)
         self.logs_location = pulumi.Output.all(ns, claim, a.image, a.system_node_selector).apply(lambda v: {
             "dir": f"{self.run_dir}/{LOGS_SUBDIR}", "claim": v[1], "mountPath": mount, "namespace": v[0],
@@ -233,7 +233,7 @@ class ElasticJob(pulumi.ComponentResource):
         return svc.metadata.name
 
     def train_command(self, endpoint: str) -> list[str]:
-        """The agent's command line, from the one shared builder (components/eks_ddp/core/torchrun.py)."""
+        """The agent's command line, from the one shared builder (components/eks_ddp/core/launch_command.py)."""
         a = self.args
         agent = AgentOptions(
             min_nodes=a.min_nodes, max_nodes=a.nodes, nproc_per_node=self.instance.gpus,

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import pulumi
 
 from eks_ddp.core import rules
-from eks_ddp.core.torchrun import DEFAULT_MAX_RESTARTS
+from eks_ddp.core.launch_command import DEFAULT_MAX_RESTARTS
 from eks_ddp.core.types import RdzvBackend, RunState
 from eks_ddp.core.workload import Workload, cifar10_workload
 from eks_ddp.infra.workload_image import SCAN_SEVERITIES

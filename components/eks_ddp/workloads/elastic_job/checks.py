@@ -10,7 +10,7 @@ from typing import Any
 import pulumi
 
 from eks_ddp.core import catalog, rules
-from eks_ddp.core.torchrun import AGENT_ENV
+from eks_ddp.core.launch_command import AGENT_ENV
 from eks_ddp.core.workload import DATA_VERIFY_ENV, S3Data
 from eks_ddp.infra.gpu_nodegroup import group_for
 from eks_ddp.workloads.elastic_job.args import ElasticJobArgs

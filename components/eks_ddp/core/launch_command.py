@@ -76,7 +76,7 @@ class RdzvTls:
     @classmethod
     def of(cls, files: object) -> RdzvTls:
         """A local store's client files: anything with ``ca_cert``, ``client_cert`` and ``client_key`` paths
-        (``training/eks_ddp_local/etcd.py``'s ``TlsFiles``, which the local runner, the tests and the GPU check use)."""
+        (``training/eks_ddp_local/etcd_server.py``'s ``TlsFiles``, which the local runner, the tests and the GPU check use)."""
         return cls(ca_cert=str(files.ca_cert), cert=str(files.client_cert),  # type: ignore[attr-defined]
                    key=str(files.client_key))  # type: ignore[attr-defined]
 
