@@ -52,6 +52,7 @@ from eks_ddp.workloads.elastic_job.args import DEFAULT_FAULT_BUDGET, ElasticJobA
 from eks_ddp.workloads.elastic_job.checks import claim_run_dir, validate
 from eks_ddp.workloads.elastic_job.data_stage import create_s3_stage
 from eks_ddp.workloads.elastic_job.fabric_gate import create_fabric_check
+from eks_ddp.workloads.elastic_job.image_check import create_image_check
 from eks_ddp.workloads.elastic_job.pods import (  # noqa: F401 (TRAINER_UID, GPUDIRECT_RDMA_FAMILIES, NCCL_NET_PLUGIN: API)
     C10D_PORT,
     CACHE_ENV,
@@ -169,6 +170,7 @@ class ElasticJob(pulumi.ComponentResource):
         # The CIFAR-10 download only for the bundled data set; a workload without data trains on what it brings.
         prepare = [create_prepare_job(self, name, child)] if isinstance(data, Cifar10Data) else \
             [create_s3_stage(self, name, child)] if isinstance(data, S3Data) else []
+        prepare += create_image_check(self, name, child)  # a workload's own image, on a system node (image_check.py)
         endpoint: pulumi.Input[str]
         if a.rdzv_backend == "c10d":
             # The FQDN: kubelet writes it into the pod's /etc/hosts, so index 0 recognises itself as the
