@@ -94,6 +94,8 @@ try:
                             placeholders_ok=os.environ.get(OFFLINE_PLAN_ENV) == "1")
 except ConfigError as err:
     raise pulumi.RunError(str(err)) from None
+for warning in cfg.warnings:  # deprecated spellings that still read
+    pulumi.log.warn(warning)
 
 stack = pulumi.get_stack()
 cluster_name = cluster_name_for(stack, cfg)
@@ -321,11 +323,11 @@ for i, run in enumerate(cfg.runs):
             f"data-stage-{run.run_id}", workload.data, oidc_provider_arn=cluster.oidc_provider_arn,
             oidc_provider_url=cluster.oidc_provider_url, namespace=namespace.metadata.name,
             job_name=job_name, partition=rules_partition(cfg.region))
-    # Every etcd-v2 run has a store of its own (its own CA and client certificate, Service, NetworkPolicy admitting
+    # Every etcd run has a store of its own (its own CA and client certificate, Service, NetworkPolicy admitting
     # only its pods): no run's pods hold a certificate, or reach a store, that another run's agents read. The first
     # run's keeps the name one-run stacks always had ("rendezvous"), so their store and Job are not replaced.
     rdzv: dict = {}
-    if run.rdzv_backend == "etcd-v2":
+    if run.rdzv_backend == "etcd":
         client, *more_clients = rdzv_client_labels(job_name, run.run_id)
         store = EtcdRendezvous("rendezvous" if i == 0 else f"rendezvous-{run.run_id}", EtcdRendezvousArgs(
             namespace=namespace.metadata.name,

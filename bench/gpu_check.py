@@ -64,7 +64,7 @@ AIRBENCH_ARGS: list[str] = []
 
 
 def _load_by_path(name: str, path: Path):
-    """Import one file as a module without its package's ``__init__`` (components/__init__ imports Pulumi)."""
+    """Import one file as a module without its package's ``__init__`` (components/eks_ddp/__init__.py imports Pulumi)."""
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, path)
@@ -203,7 +203,7 @@ def item_a(tmp: Path, env: dict[str, str], gpus: int) -> dict[str, Any]:
                          + (tmp / f"agent{i}.log").read_text(errors="replace")[-TAIL:] for i, p in enumerate(procs))
 
     with start_etcd(tmp / "etcd") as endpoint, snapshot_dir("a") as snaps:
-        opts = tr.AgentOptions(min_nodes=1, max_nodes=agents, nproc_per_node=1, rdzv_backend="etcd-v2",
+        opts = tr.AgentOptions(min_nodes=1, max_nodes=agents, nproc_per_node=1, rdzv_backend="etcd",
                                rdzv_endpoint=endpoint, rdzv_id=f"gpu-check-{os.getpid()}", local_addr="127.0.0.1",
                                timeouts=tr.CLUSTER_TIMEOUTS, tls=tr.RdzvTls.of(endpoint.tls))
         cmd = tr.job_command(opts, trainer, python=sys.executable)
@@ -326,7 +326,7 @@ def item_b(tmp: Path, env: dict[str, str]) -> dict[str, Any]:
     ratio = max(trainer) / max(airbench)
     out = {"trainer_img_s": [round(v) for v in trainer], "airbench94_img_s": airbench, "ratio": round(ratio, 3),
            "trainer_10_epochs_s": ten_epochs, "global_batch": 1024,
-           "note": "trainer: fp32 master weights under fp16 autocast; airbench94: a .half() network (G19)"}
+           "note": "trainer: fp32 master weights under fp16 autocast; airbench94: a .half() network"}
     if bf16_supported():
         proc, run, _ = _trainer_run(tmp, env, "b-bf16", [f"--data-dir={data}", "--epochs=10", "--precision=bf16"],
                                     {"EKS_DDP_SNAPSHOT_DIR": "off"})

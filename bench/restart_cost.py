@@ -84,7 +84,7 @@ def _workers(agent: int) -> list[int]:
 
 def one(endpoint, form: str, work: Path) -> dict:
     run_dir = work / "run"
-    agent = AgentOptions(min_nodes=1, max_nodes=2, nproc_per_node=1, rdzv_backend="etcd-v2", rdzv_endpoint=endpoint,
+    agent = AgentOptions(min_nodes=1, max_nodes=2, nproc_per_node=1, rdzv_backend="etcd", rdzv_endpoint=endpoint,
                          rdzv_id=f"restart-{form}-{time.time_ns()}", max_restarts=DEFAULT_MAX_RESTARTS,
                          local_addr="127.0.0.1", timeouts=CLUSTER_TIMEOUTS, tls=RdzvTls.of(endpoint.tls))
     entry = [str(SCRIPT)] if form == "script" else ["-m", "training.examples.ddp_minimal"]

@@ -133,7 +133,7 @@ def test_agents_run_the_cluster_command(tmp_path):
     tls = make_tls(tmp_path / "tls")
     command = job.agent_command(EtcdEndpoint("127.0.0.1:2379", tls), tmp_path / "data")
     expected = job_command(
-        AgentOptions(min_nodes=3, max_nodes=3, nproc_per_node=1, rdzv_backend="etcd-v2",
+        AgentOptions(min_nodes=3, max_nodes=3, nproc_per_node=1, rdzv_backend="etcd",
                      rdzv_endpoint="127.0.0.1:2379", rdzv_id=job.run_id, max_restarts=opts.max_restarts,
                      timeouts=LOCAL_TIMEOUTS, local_addr="127.0.0.1",
                      tls=RdzvTls(ca_cert=str(tls.ca_cert), cert=str(tls.client_cert), key=str(tls.client_key))),

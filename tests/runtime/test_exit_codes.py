@@ -101,7 +101,7 @@ def test_alone_the_code_is_final_before_interpreter_shutdown(case, tmp_path, dat
 
 
 def _agent(endpoint: str, max_restarts: int = 20) -> AgentOptions:
-    return AgentOptions(min_nodes=1, max_nodes=1, nproc_per_node=1, rdzv_backend="etcd-v2", rdzv_endpoint=endpoint,
+    return AgentOptions(min_nodes=1, max_nodes=1, nproc_per_node=1, rdzv_backend="etcd", rdzv_endpoint=endpoint,
                         rdzv_id=f"codes-{id(endpoint)}", max_restarts=max_restarts, local_addr="127.0.0.1",
                         timeouts=CLUSTER_TIMEOUTS, tls=client_tls(endpoint))
 

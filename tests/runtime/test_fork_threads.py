@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 
 
 def _launch(tmp_path: Path, endpoint: str, extra_env: dict[str, str] | None = None) -> tuple[list[dict], str]:
-    agent = AgentOptions(min_nodes=1, max_nodes=1, nproc_per_node=2, rdzv_backend="etcd-v2", rdzv_endpoint=endpoint,
+    agent = AgentOptions(min_nodes=1, max_nodes=1, nproc_per_node=2, rdzv_backend="etcd", rdzv_endpoint=endpoint,
                          rdzv_id=f"threads-{tmp_path.name}", local_addr="127.0.0.1", timeouts=CLUSTER_TIMEOUTS,
                          tls=client_tls(endpoint))
     out = tmp_path / "probe"

@@ -33,7 +33,7 @@ needs_cuda_build = pytest.mark.skipif(not torch.cuda._is_compiled(), reason="tor
 
 def _agent(endpoint: str, nproc: int = 2) -> AgentOptions:
     # The cluster's rendezvous timings and restart budget; one node, so the first round completes at once.
-    return AgentOptions(min_nodes=1, max_nodes=1, nproc_per_node=nproc, rdzv_backend="etcd-v2",
+    return AgentOptions(min_nodes=1, max_nodes=1, nproc_per_node=nproc, rdzv_backend="etcd",
                         rdzv_endpoint=endpoint, rdzv_id=f"cuda-{Path(endpoint).name}-{id(endpoint)}",
                         local_addr="127.0.0.1", timeouts=CLUSTER_TIMEOUTS,
                         tls=client_tls(endpoint))

@@ -93,7 +93,7 @@ def test_user_script_survives_a_worker_kill_and_resumes_from_its_own_checkpoint(
     run_dir = tmp_path / "runs" / "user-run"
     elsewhere = tmp_path / "user-project"  # not this repository: the script needs nothing of it but the runtime
     elsewhere.mkdir()
-    agent = AgentOptions(min_nodes=1, max_nodes=2, nproc_per_node=1, rdzv_backend="etcd-v2",
+    agent = AgentOptions(min_nodes=1, max_nodes=2, nproc_per_node=1, rdzv_backend="etcd",
                          rdzv_endpoint=etcd_endpoint, rdzv_id=f"user-{os.getpid()}-{time.time_ns()}",
                          max_restarts=DEFAULT_MAX_RESTARTS, local_addr="127.0.0.1", timeouts=CLUSTER_TIMEOUTS,
                          tls=client_tls(etcd_endpoint))

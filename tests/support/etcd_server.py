@@ -93,7 +93,7 @@ class Agent:
 
     ``held``: the process imports torch and the launcher at once but starts the agent only at :meth:`release`, so a
     test can have a replacement node arrive at a chosen moment rather than after seconds of imports. ``prefix``
-    goes in front of the command line (``ip netns exec NS``: tests/netns.py)."""
+    goes in front of the command line (``ip netns exec NS``: tests/support/netns.py)."""
 
     def __init__(self, name: str, cmd: list[str], log_path: Path, env: dict[str, str], cwd: Path = ROOT,
                  held: bool = False, prefix: list[str] | None = None) -> None:
@@ -164,7 +164,7 @@ class Job:
         self.tmp, self.trainer = tmp, trainer
         tmp.mkdir(parents=True, exist_ok=True)
         self.run_dir = Path(trainer.run_dir)
-        agent = AgentOptions(min_nodes=min_nodes, max_nodes=max_nodes, nproc_per_node=1, rdzv_backend="etcd-v2",
+        agent = AgentOptions(min_nodes=min_nodes, max_nodes=max_nodes, nproc_per_node=1, rdzv_backend="etcd",
                              rdzv_endpoint=endpoint, rdzv_id=rdzv_id or f"run-{os.getpid()}-{time.time_ns()}",
                              max_restarts=max_restarts, local_addr="127.0.0.1", timeouts=timeouts,
                              tls=client_tls(endpoint))

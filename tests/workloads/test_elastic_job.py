@@ -79,7 +79,7 @@ def test_agent_command_is_the_shared_torchrun_builder():
     f = flags(cmd)
     assert f["nnodes"] == "2:3"
     assert f["nproc-per-node"] == "1"  # g4dn.xlarge: one T4
-    # etcd-v2 as the agent runs it: the same rendezvous with etcd calls retried (training/runtime/eks_ddp_runtime/rendezvous/handler.py)
+    # etcd as the agent runs it: the same rendezvous with etcd calls retried (training/runtime/eks_ddp_runtime/rendezvous/handler.py)
     assert f["rdzv-backend"] == "eks-etcd" and f["rdzv-endpoint"] == ETCD
     assert f["rdzv-id"] == "$(JOB_UID)" and f["local-addr"] == "$(POD_IP)"
     assert f["rdzv-conf"] == f"{CLUSTER_TIMEOUTS.conf()},{CLUSTER_TLS.conf()}"

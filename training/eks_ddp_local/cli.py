@@ -122,7 +122,7 @@ TRAINER_EXTRA_MODULES = ("torch", "psutil", "rich")
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:  # the console script is installed with the library alone too (review U8)
+    try:  # the console script is installed with the library alone too
         for name in TRAINER_EXTRA_MODULES:
             __import__(name)
     except ImportError:
@@ -181,7 +181,7 @@ def run(o: argparse.Namespace, progress: Progress | None = None) -> RunResult:
             job._scan()
             command = job.agent_command(endpoint, data)
             progress.message(f"run {job.run_id}: {o.agents} agents x {o.nproc_per_node} worker(s), rendezvous "
-                             f"{'etcd-v2' if o.rdzv == 'etcd' else 'c10d'} at {endpoint}; full logs in {job.logs}")
+                             f"{o.rdzv} at {endpoint}; full logs in {job.logs}")
             progress.message("agent command (the cluster job's, from components/eks_ddp/core/launch_command.py): "
                              + shlex.join(command))
             progress.started = time.monotonic()
@@ -224,7 +224,8 @@ def run(o: argparse.Namespace, progress: Progress | None = None) -> RunResult:
         ok = job.stop_signal is None and not job.fatal and bool(codes) and all(c == 0 for c in codes)
     if not ok and job.stop_signal is None and job.cause is None:
         job.cause = job.first_error or f"agent exit statuses {codes}"
-    returncode = 0 if ok else 128 + job.stop_signal if job.stop_signal else next((c for c in codes if c and c > 0), 1)
+    returncode = (0 if ok else 128 + job.stop_signal if job.stop_signal else job.fatal_code
+                  or next((c for c in codes if c and c > 0), 1))
     result = RunResult(returncode=returncode, agent_returncodes=codes, reason=reason, run_dir=job.run_dir,
                        recovery_s=job.recovery_s, resumed_step=job.resumed_step, pids=job.pids())
     print(f"[local] {reason} after {format_duration(time.monotonic() - started)} (run dir {job.run_dir})")

@@ -521,8 +521,3 @@ def node_config_user_data(*, efa: bool, raid0: bool) -> str | None:
             "Content-Type: application/node.eks.aws\n\napiVersion: node.eks.aws/v1alpha1\nkind: NodeConfig\n"
             f"spec:\n{spec}\n--EKSDDP--\n")
     return base64.b64encode(text.encode()).decode()
-
-
-def efa_user_data() -> str:
-    """Base64 launch-template user data giving EFA nodes' containers an unlimited memlock."""
-    return node_config_user_data(efa=True, raid0=False) or ""

@@ -157,7 +157,7 @@ def agent_policy(cluster_name: str, region: str, account: str, partition: str = 
 AGENT_CPU_REQUEST = "100m"
 """The CloudWatch agent DaemonSet's CPU request (the chart asks 250m, limit 500m): with the chart's request the
 add-on's pods no longer fit beside the stack's own on the dev stack's one t3.medium system node
-(``scheduling.SYSTEM_ADDON_PODS`` counts them; tests/test_autoscaler.py). The limit stays 500m."""
+(``scheduling.SYSTEM_ADDON_PODS`` counts them; tests/infra/test_autoscaler.py). The limit stays 500m."""
 
 
 def cloudwatch_configuration() -> dict:

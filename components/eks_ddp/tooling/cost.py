@@ -25,8 +25,7 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
-from eks_ddp.config.checks import duration_minutes
-from eks_ddp.config.schema import StackConfig
+from eks_ddp.config import StackConfig, duration_minutes
 from eks_ddp.core import catalog, k8s_versions
 
 PRICE_DATE = "2025-10-01"

@@ -170,7 +170,7 @@ class EtcdRendezvous(pulumi.ComponentResource):
         priority_class_guard(f"{name}-etcd", priority.metadata.name, args.namespace, args.replicas, child)
         member = self._create_member(name, sa, priority, certs, child)
         # A drain may always take it (the agents ride out its move, training/runtime/eks_ddp_runtime/rendezvous/handler.py); a budget of
-        # zero disruptions would fail every system node-group update (review K5).
+        # zero disruptions would fail every system node-group update.
         k8s.policy.v1.PodDisruptionBudget(
             f"{name}-etcd-pdb",
             metadata=self._meta(self.service_name),

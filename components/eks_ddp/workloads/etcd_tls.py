@@ -1,6 +1,6 @@
 """RendezvousTls: the certificates that make the rendezvous store answer only the job's own pods.
 
-Whoever can write the rendezvous state steers every agent of the job (review 2026-11-24, S1; the agents no
+Whoever can write the rendezvous state steers every agent of the job (the agents no
 longer unpickle it: eks_ddp_runtime/rendezvous/state.py reads it as checked JSON). A NetworkPolicy does not
 hold against host-network processes on etcd's node or the first seconds after a reschedule; a client
 certificate does. The stack makes a CA of its own (pulumi-tls, so keys are created by the provider and

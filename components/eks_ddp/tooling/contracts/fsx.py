@@ -11,7 +11,7 @@ The rules implemented, each from its source:
   below it (a Lustre fileset mount).
 * **Who reaches it** (FSx for Lustre user guide, "File system access control with Amazon VPC": Lustre uses TCP 988 and
   1018-1023; the file system's security group must admit them from its clients and from itself;
-  aws-fsx-csi-driver ``docs/troubleshooting.md``: "FSx for Lustre rejects packets where the source port is neither
+  https://github.com/kubernetes-sigs/aws-fsx-csi-driver/blob/master/docs/troubleshooting.md: "FSx for Lustre rejects packets where the source port is neither
   988 nor in the range 1018–1023"): a security group rule admits a node when it references a security group the
   node's launch template gives it (its interfaces' groups with EFA). Every node launch template of the plan (the
   pods that mount run on the GPU and the system nodes) must reach every Lustre port, and the file servers each other.

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import ClientError
 
-from eks_ddp.config.schema import NodeGroupConfig
+from eks_ddp.config import NodeGroupConfig
 from eks_ddp.tooling.preflight import live as preflight_live
 
 
