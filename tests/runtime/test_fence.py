@@ -139,3 +139,37 @@ def test_a_lease_file_others_can_write_is_not_trusted(tmp_path):
     os.chmod(lease.dir, 0o777)
     ok, out = _worker_check({fence.LEASE_FILE_ENV: lease.path, fence.ROUND_ENV: "3"})
     assert not ok and "private directory" in out, out
+
+
+def test_a_pause_between_the_clock_reads_cannot_extend_the_lease(tmp_path, monkeypatch):
+    """R4: one clock for both reads (the wall clock is the monotonic one plus a fixed offset), and a 5 s pause
+    right after the first read of either clock. The lease must end before the heartbeat is a drop window old."""
+    epoch = datetime(2026, 1, 1, tzinfo=timezone.utc)  # noqa: UP017
+    clock = {"t": 1000.0, "reads": 0}
+
+    def read() -> float:
+        value = clock["t"]
+        clock["reads"] += 1
+        if clock["reads"] == 1:
+            clock["t"] += 5.0  # the pause
+        return value
+
+    class Wall(datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return epoch + timedelta(seconds=read())
+
+    monkeypatch.setattr(fence.time, "monotonic", read)
+    monkeypatch.setattr(fence, "datetime", Wall)
+    lease = _lease(tmp_path)
+    written = 999.5  # the heartbeat, on the same clock: 0.5 s old at the first read
+    state = _state(3, 0.0)
+    state.last_heartbeats[ME] = epoch + timedelta(seconds=written)
+    lease.seen(ME, state)
+    assert clock["reads"] == 2
+    assert lease.valid_until <= written + INTERVAL * ATTEMPTS - INTERVAL, lease.valid_until
+    # Negative control: without the pause the same heartbeat gives the full lease (the rule is not just "shorter").
+    clock.update(t=1000.0, reads=-10)
+    lease2 = _lease(tmp_path)
+    lease2.seen(ME, state)
+    assert lease2.valid_until == pytest.approx(written + INTERVAL * ATTEMPTS - INTERVAL)

@@ -97,7 +97,11 @@ class Lease:
         self.seen(node, state)
 
     def seen(self, node, state) -> None:
-        """A rendezvous state just read from (or written to) the store: renew or withdraw the lease."""
+        """A rendezvous state just read from (or written to) the store: renew or withdraw the lease.
+
+        The monotonic clock is read first, before the lock and the wall clock: a pause anywhere after it (a GIL
+        switch, GC, SIGSTOP) only makes the heartbeat look older, so it can shorten the lease, never lengthen it."""
+        mono = time.monotonic()
         with self._lock:
             if self.round is None or not self.window_s:
                 return
@@ -112,7 +116,7 @@ class Lease:
             if ts == self._ts:
                 return  # the same heartbeat: the lease it gives is already published
             age = max(0.0, (datetime.now(timezone.utc) - ts).total_seconds())  # noqa: UP017 (Python 3.10)
-            until = time.monotonic() - age + self.window_s - self.margin_s
+            until = mono - age + self.window_s - self.margin_s
             self._ts = ts
             if until > self.valid_until:
                 self.valid_until = until
