@@ -173,3 +173,53 @@ def test_a_pause_between_the_clock_reads_cannot_extend_the_lease(tmp_path, monke
     lease2 = _lease(tmp_path)
     lease2.seen(ME, state)
     assert lease2.valid_until == pytest.approx(written + INTERVAL * ATTEMPTS - INTERVAL)
+
+
+_AGENT = """
+import sys, time
+from eks_ddp_runtime import fence
+lease = fence.Lease(root=sys.argv[1])
+lease.configure(4.0, 1.0)
+lease.round = 3
+lease._publish()
+print(lease.path, flush=True)
+time.sleep(120)
+"""
+_WAITER = """
+from eks_ddp_runtime import fence
+fence.wait_for_lease("final checkpoint", poll_s=0.2, timeout_s=60)
+print("gave up waiting", flush=True)
+"""
+
+
+def test_a_worker_whose_agent_died_exits_naming_the_cause(tmp_path):
+    """Issue 42: outside a pod nothing else ends a worker when its agent is SIGKILLed; it must not wait for a
+    lease only the dead agent could renew. Real processes: an agent that publishes a lease and a worker waiting on
+    it (as the final checkpoint does)."""
+    from eks_ddp_runtime.contract import AGENT_LOST
+
+    env = trainer_env()
+    agent = subprocess.Popen([sys.executable, "-c", _AGENT, str(tmp_path)], env=env, stdout=subprocess.PIPE, text=True)
+    worker = None
+    try:
+        path = agent.stdout.readline().strip()
+        assert path, "the agent published no lease"
+        worker_env = {**env, fence.LEASE_FILE_ENV: path, fence.ROUND_ENV: "3"}
+        worker = subprocess.Popen([sys.executable, "-c", _WAITER], env=worker_env, stderr=subprocess.PIPE, text=True)
+        # Negative control: while the agent lives the worker waits (the lease was never valid, it stays deferred).
+        with pytest.raises(subprocess.TimeoutExpired):
+            worker.wait(timeout=4)
+        agent.kill()
+        agent.wait(timeout=10)
+        killed = time.monotonic()
+        rc = worker.wait(timeout=30)
+        took = time.monotonic() - killed
+        err = worker.stderr.read()
+        assert rc == AGENT_LOST, (rc, err)
+        assert f"its agent (pid {agent.pid}) is gone" in err and "agent lost" in err, err
+        assert took < 10, took
+    finally:
+        for p in (agent, worker):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
