@@ -16,7 +16,13 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from eks_ddp.core import catalog
-from eks_ddp.core.torchrun import AGENT_ENV, CLUSTER_TIMEOUTS, AgentOptions, FabricCheckOptions, fabric_check_command
+from eks_ddp.core.launch_command import (
+    AGENT_ENV,
+    CLUSTER_TIMEOUTS,
+    AgentOptions,
+    FabricCheckOptions,
+    fabric_check_command,
+)
 from eks_ddp.workloads.elastic_job.pods import (
     C10D_PORT,
     EFA_RESOURCE,
