@@ -247,3 +247,16 @@ def test_an_agent_with_an_expired_certificate_exits_2_at_once_naming_it(etcd, tm
     from eks_ddp_runtime.rendezvous.cert_check import certificate_problem
 
     assert certificate_problem("ssl_cert", good.cert) is None
+
+
+def test_a_node_clock_3_s_off_is_refused_and_an_exact_one_is_not(etcd):
+    """R3: the clock check against the real store's Date header; a 3 s skew either way is named and refused."""
+    from eks_ddp_runtime.clock_check import ClockSkewError, check_clock
+    from eks_ddp_runtime.rendezvous.etcd_backend import client_settings
+
+    s = client_settings(_params(etcd, **_tls_conf(client_tls(etcd))))
+    kw = {"context": s["context"], "timeout_s": 5.0, "limit_s": 1.0}
+    for shift, says in ((-3.0, "behind"), (3.0, "ahead of")):
+        with pytest.raises(ClockSkewError, match=f"node clock: got .* s or more {says} the rendezvous store's"):
+            check_clock(s["host"], s["port"], clock=lambda shift=shift: time.time() + shift, **kw)
+    check_clock(s["host"], s["port"], **kw)  # negative control: this machine's own clock passes
