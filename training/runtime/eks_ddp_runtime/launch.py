@@ -45,11 +45,12 @@ from torch.distributed.elastic.rendezvous.api import RendezvousClosedError
 from torch.distributed.launcher import api as launcher_api
 
 from . import dataset, fence, modules, runlogs, startfail
+from .clock_check import ClockSkewError, check_clock
 from .contract import RUN_DIR_ENV
 from .exitcodes import BAD_INPUT, fatal_codes
 from .keptlogs import KeptLogs, RunLogsSpecs, open_kept_logs
 from .rendezvous import handler as rendezvous
-from .rendezvous.etcd_backend import RendezvousConfigError
+from .rendezvous.etcd_backend import RendezvousConfigError, client_settings
 from .workers import FORK_ENV, all_exited_zero, parse_entrypoint, settle, warm_workers
 
 log = logging.getLogger("training.launch")
@@ -168,6 +169,10 @@ def make_agent(spec: WorkerSpec, config: launcher_api.LaunchConfig) -> Agent:
     return agent
 
 
+CLOCK_LIMIT_S = 1.0
+"""How far this node's clock may provably be from the store's (the lease's margin, one keep_alive_interval)."""
+
+
 def launch(config: launcher_api.LaunchConfig, entrypoint, args: list[str], kept: KeptLogs | None = None,
            why: list[str] | None = None, command: list[str] | None = None) -> int:
     """Run one agent until the run ends; returns the process exit code (and appends why to ``why``).
@@ -178,6 +183,13 @@ def launch(config: launcher_api.LaunchConfig, entrypoint, args: list[str], kept:
     params = RendezvousParameters(backend=config.rdzv_backend, endpoint=config.rdzv_endpoint,
                                   run_id=config.run_id, min_nodes=config.min_nodes, max_nodes=config.max_nodes,
                                   local_addr=config.local_addr, **config.rdzv_configs)
+    if config.rdzv_backend == rendezvous.BACKEND:  # a node clock off by more than the lease's margin refuses to start
+        settings = client_settings(params)
+        try:
+            check_clock(settings["host"], settings["port"], context=settings["context"],
+                        timeout_s=min(2.0, settings["read_timeout"]), limit_s=CLOCK_LIMIT_S)
+        except ClockSkewError as e:
+            raise RendezvousConfigError(str(e)) from e
     master_addr, master_port = compat.addr_and_port(params)
     spec = WorkerSpec(
         role=config.role, local_world_size=config.nproc_per_node, entrypoint=entrypoint, args=tuple(args),

@@ -57,6 +57,7 @@ from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
 from . import etcd_client
 from . import state as rdzv_state
+from .cert_check import certificate_problem
 from .etcd_client import EtcdAnswerError, EtcdConnectionError, EtcdV3Client, compare, op_delete, op_put, op_range
 
 KEY_PREFIX = "/torch/elastic/rendezvous"
@@ -144,6 +145,8 @@ def client_settings(params: RendezvousParameters) -> dict[str, Any]:
             if not os.path.isfile(path) or not os.access(path, os.R_OK):
                 raise RendezvousConfigError(f"rdzv-conf {key}: got {path!r}; expected a readable file (is the "
                                             "rendezvous TLS Secret mounted?)")
+        if problem := certificate_problem("ssl_cert", files["ssl_cert"]):
+            raise RendezvousConfigError(problem)
         try:
             ctx = ssl.create_default_context(cafile=files["ca_cert"])
             ctx.load_cert_chain(files["ssl_cert"], files["ssl_cert_key"])
