@@ -52,6 +52,7 @@ from eks_ddp.infra.results import run_prefix
 from eks_ddp.infra.scan_gate import STACK_SETTING
 from eks_ddp.infra.workload_image import WorkloadImage, WorkloadImageArgs, workload_image_name
 from eks_ddp.tooling import cost, preflight
+from eks_ddp.tooling.preflight import certificates as preflight_certificates
 from eks_ddp.tooling.preflight.live import owner_id
 from eks_ddp.workloads.elastic_job import rdzv_client_labels, trainer_service_account
 from eks_ddp.workloads.elastic_job.data_stage import data_stage_role
@@ -93,6 +94,8 @@ try:
                             placeholders_ok=os.environ.get(OFFLINE_PLAN_ENV) == "1")
 except ConfigError as err:
     raise pulumi.RunError(str(err)) from None
+for warning in cfg.warnings:  # deprecated spellings that still read
+    pulumi.log.warn(warning)
 
 stack = pulumi.get_stack()
 cluster_name = cluster_name_for(stack, cfg)
@@ -249,6 +252,7 @@ if cfg.storage.backend == "fsxLustre":
         layout_image=image.image_ref,
         system_node_selector=cluster.system_node_labels,
         retain_on_destroy=cfg.storage.retain_on_destroy,
+        backup_id=cfg.storage.fsx_backup_id,  # an earlier destroy's final backup
         kubernetes_version=cfg.cluster.kubernetes_version,
     ), opts=pulumi.ResourceOptions(providers={"kubernetes": k8s_provider}, depends_on=[cluster]))
 else:
@@ -319,11 +323,11 @@ for i, run in enumerate(cfg.runs):
             f"data-stage-{run.run_id}", workload.data, oidc_provider_arn=cluster.oidc_provider_arn,
             oidc_provider_url=cluster.oidc_provider_url, namespace=namespace.metadata.name,
             job_name=job_name, partition=rules_partition(cfg.region))
-    # Every etcd-v2 run has a store of its own (its own CA and client certificate, Service, NetworkPolicy admitting
+    # Every etcd run has a store of its own (its own CA and client certificate, Service, NetworkPolicy admitting
     # only its pods): no run's pods hold a certificate, or reach a store, that another run's agents read. The first
     # run's keeps the name one-run stacks always had ("rendezvous"), so their store and Job are not replaced.
     rdzv: dict = {}
-    if run.rdzv_backend == "etcd-v2":
+    if run.rdzv_backend == "etcd":
         client, *more_clients = rdzv_client_labels(job_name, run.run_id)
         store = EtcdRendezvous("rendezvous" if i == 0 else f"rendezvous-{run.run_id}", EtcdRendezvousArgs(
             namespace=namespace.metadata.name,
@@ -331,7 +335,10 @@ for i, run in enumerate(cfg.runs):
             node_selector=cluster.system_node_labels,
             client_labels=client,
             more_client_labels=more_clients,
+            # Sized for the largest GPU group (eks_ddp.core.rendezvous_store): a run's agents never exceed it.
+            max_agents=max(g.max_size for g in cfg.node_groups),
         ), opts=pulumi.ResourceOptions(provider=k8s_provider, depends_on=[addons]))
+        preflight_certificates.warn_near_expiry(store.certificate_expiries)  # during up: under 30 days left
         rdzv = dict(rdzv_endpoint=store.endpoint, rdzv_tls_secret=store.client_tls_secret,
                     rdzv_server_labels=store.server_selector)
     jobs.append(ElasticJob(job_name, ElasticJobArgs(

@@ -27,12 +27,12 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
-from eks_ddp.core.torchrun import (
+from eks_ddp.core.launch_command import (
     AGENT_ENV,
-    CLUSTER_TIMEOUTS,
     RUNS_SUBDIR,
     SHARED_ROOT,
     AgentOptions,
+    cluster_timeouts,
     module_command,
     script_command,
 )
@@ -52,6 +52,7 @@ from eks_ddp.workloads.elastic_job.args import DEFAULT_FAULT_BUDGET, ElasticJobA
 from eks_ddp.workloads.elastic_job.checks import claim_run_dir, validate
 from eks_ddp.workloads.elastic_job.data_stage import create_s3_stage
 from eks_ddp.workloads.elastic_job.fabric_gate import create_fabric_check
+from eks_ddp.workloads.elastic_job.image_check import create_image_check
 from eks_ddp.workloads.elastic_job.pods import (  # noqa: F401 (TRAINER_UID, GPUDIRECT_RDMA_FAMILIES, NCCL_NET_PLUGIN: API)
     C10D_PORT,
     CACHE_ENV,
@@ -93,11 +94,10 @@ EGRESS_ANNOTATION = "eks-ddp/egress"
 rendered NetworkPolicy against."""
 USAGE_EXIT_CODE = USAGE
 """argparse's usage error: the agent's own command line is wrong."""
-BUG_EXIT_CODES = [USAGE_EXIT_CODE, *TRAINER_FATAL_EXIT_CODES]
-"""Exit codes no retry can fix with the bundled trainer (``bug_exit_codes`` of its workload): the pod failure
-policy fails the Job on them. (A missing or non-executable
-binary is a container StartError, not an exit code 126/127, and a worker's own exit reaches the pod only
-through the launcher, which passes these codes on.)"""
+# Exit codes no retry can fix (the workload's ``bug_exit_codes``; the bundled trainer's: the usage error and
+# TRAINER_FATAL_EXIT_CODES) fail the Job through the pod failure policy. A missing or non-executable binary is a
+# container StartError, not an exit code 126/127, and a worker's own exit reaches the pod only through the
+# launcher, which passes these codes on.
 
 def trainer_service_account(name: str) -> str:
     """The ServiceAccount of ElasticJob ``name``'s training pods (``<name>-trainer``): known before the job exists,
@@ -170,6 +170,7 @@ class ElasticJob(pulumi.ComponentResource):
         # The CIFAR-10 download only for the bundled data set; a workload without data trains on what it brings.
         prepare = [create_prepare_job(self, name, child)] if isinstance(data, Cifar10Data) else \
             [create_s3_stage(self, name, child)] if isinstance(data, S3Data) else []
+        prepare += create_image_check(self, name, child)  # a workload's own image, on a system node (image_check.py)
         endpoint: pulumi.Input[str]
         if a.rdzv_backend == "c10d":
             # The FQDN: kubelet writes it into the pod's /etc/hosts, so index 0 recognises itself as the
@@ -190,7 +191,7 @@ class ElasticJob(pulumi.ComponentResource):
             lambda n: f"kubectl -n {n} logs -f --prefix --max-log-requests={a.nodes + 1} "
                       f"-l app.kubernetes.io/instance={self.job_name}")
         # The kept logs (eks_ddp_runtime/runlogs.py) on the claim holding the run's directory, and what a reader pod
-        # needs to mount it (the eks-ddp command, components/eks_ddp/tooling/runs/cluster.py): the stack's image has a shell.
+        # needs to mount it (the eks-ddp command, components/eks_ddp/tooling/runs/kubectl.py): the stack's image has a shell.
         claim, mount = (a.run_claim, self.run_dir) if a.pvc_name is None else (a.pvc_name, SHARED_ROOT)
         self.logs_location = pulumi.Output.all(ns, claim, a.image, a.system_node_selector).apply(lambda v: {
             "dir": f"{self.run_dir}/{LOGS_SUBDIR}", "claim": v[1], "mountPath": mount, "namespace": v[0],
@@ -231,14 +232,14 @@ class ElasticJob(pulumi.ComponentResource):
         return svc.metadata.name
 
     def train_command(self, endpoint: str) -> list[str]:
-        """The agent's command line, from the one shared builder (components/eks_ddp/core/torchrun.py)."""
+        """The agent's command line, from the one shared builder (components/eks_ddp/core/launch_command.py)."""
         a = self.args
         agent = AgentOptions(
             min_nodes=a.min_nodes, max_nodes=a.nodes, nproc_per_node=self.instance.gpus,
             rdzv_backend=a.rdzv_backend, rdzv_endpoint=endpoint,
             # $(VAR) is expanded by the kubelet: the Job's uid is unique per Job, stable across pod retries.
             rdzv_id="$(JOB_UID)", local_addr="$(POD_IP)",
-            max_restarts=a.max_restarts, timeouts=CLUSTER_TIMEOUTS)
+            max_restarts=a.max_restarts, timeouts=cluster_timeouts(a.nodes))
         w = a.workload
         args = w.rendered_args(run_dir=self.run_dir, data_dir=self._data_dir)
         return module_command(agent, w.module, args) if w.module is not None else \
@@ -272,7 +273,7 @@ class ElasticJob(pulumi.ComponentResource):
         # transient failure, so the replacement can join):
         # - a pod lost with its node, drained, evicted or preempted gets the DisruptionTarget condition:
         #   Ignore, i.e. replace it without counting; the survivors keep training with >= min_nodes;
-        # - exit codes no retry can fix (BUG_EXIT_CODES) fail the whole Job at once;
+        # - exit codes no retry can fix (the workload's bug_exit_codes) fail the whole Job at once;
         # - any other pod failure (an OOM kill, the launcher giving up) counts against backoffLimit, the
         #   run's fault budget. One budget for the run, not backoffLimitPerIndex: the Job controller checks
         #   failed indexes before the success policy, so an index that spent its budget would turn a
@@ -345,7 +346,7 @@ class ElasticJob(pulumi.ComponentResource):
         # ports at run time); EFA traffic bypasses the IP stack. Out of the namespace they reach only DNS and etcd.
         tcp = [net.NetworkPolicyPortArgs(protocol="TCP")]
         train_egress = [dns, net.NetworkPolicyEgressRuleArgs(to=peers, ports=tcp)]
-        if self.args.rdzv_backend == "etcd-v2":
+        if self.args.rdzv_backend == "etcd":
             train_egress.append(self.store_egress())
         # Data preparation downloads CIFAR-10 over HTTPS (through the NAT gateway); the trainers reach S3 and STS
         # over HTTPS. TLS only (no port 80: nothing leaves in cleartext), never the instance metadata service,

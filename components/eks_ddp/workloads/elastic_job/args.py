@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import pulumi
 
 from eks_ddp.core import rules
-from eks_ddp.core.torchrun import DEFAULT_MAX_RESTARTS
+from eks_ddp.core.launch_command import DEFAULT_MAX_RESTARTS
 from eks_ddp.core.types import RdzvBackend, RunState
 from eks_ddp.core.workload import Workload, cifar10_workload
 from eks_ddp.infra.workload_image import SCAN_SEVERITIES
@@ -64,13 +64,13 @@ class ElasticJobArgs:
     """torchrun --max-restarts: the fault budget per agent (each crash or lost node costs one restart)."""
     run_id: str = "run-1"
     """Run name: the run directory is /shared/runs/<run_id>; part of the Job's name."""
-    rdzv_backend: RdzvBackend = "etcd-v2"
-    """'etcd-v2' (needs rdzv_endpoint) or 'c10d' (the agent of index 0 hosts the store)."""
+    rdzv_backend: RdzvBackend = "etcd"
+    """'etcd' (an etcd v3 store: needs rdzv_endpoint) or 'c10d' (the agent of index 0 hosts the store)."""
     rdzv_endpoint: pulumi.Input[str] | None = None
     """etcd client endpoint host:port (EtcdRendezvous.endpoint); None with c10d."""
     rdzv_tls_secret: pulumi.Input[str] | None = None
     """Secret with the rendezvous client certificate (tls.crt, tls.key, ca.crt; EtcdRendezvous.client_tls_secret),
-    mounted read-only into the agents' pods; required with etcd-v2, whose store demands a client certificate."""
+    mounted read-only into the agents' pods; required with etcd, whose store demands a client certificate."""
     rdzv_server_labels: Mapping[str, str] | None = None
     """The store Service's selector (same namespace): the training and fabric-check pods' egress rule to the client
     port selects exactly these labels, which admits the Service's ClusterIP on EKS (``etcd_client_egress``). None:
@@ -90,7 +90,7 @@ class ElasticJobArgs:
     """The results bucket's KMS key (ResultsBucket.kms_key_arn): the uploader writes every object under it."""
     fault_budget: int = DEFAULT_FAULT_BUDGET
     """Pod failures the whole run may have before the Job fails (the Job's backoffLimit). Pods lost with
-    their node, drained, evicted or preempted never count; exit codes in ``BUG_EXIT_CODES`` fail at once."""
+    their node, drained, evicted or preempted never count; the workload's ``bug_exit_codes`` fail at once."""
     active_deadline_hours: float | None = 48
     """Hours the training Job may stay active, Pending time included, before Kubernetes stops it
     (DeadlineExceeded); None: no limit. Bounds a job whose pods wait for GPU capacity that never comes."""

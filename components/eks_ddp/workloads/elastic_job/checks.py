@@ -10,7 +10,7 @@ from typing import Any
 import pulumi
 
 from eks_ddp.core import catalog, rules
-from eks_ddp.core.torchrun import AGENT_ENV
+from eks_ddp.core.launch_command import AGENT_ENV
 from eks_ddp.core.workload import DATA_VERIFY_ENV, S3Data
 from eks_ddp.infra.gpu_nodegroup import group_for
 from eks_ddp.workloads.elastic_job.args import ElasticJobArgs
@@ -67,12 +67,12 @@ def validate(name: str, a: ElasticJobArgs) -> catalog.InstanceType:
         raise ValueError(f"state: got {a.state!r}; expected 'run' or 'cancelled'")
     if a.active_deadline_hours is not None and not a.active_deadline_hours * 3600 >= 1:
         raise ValueError(f"active_deadline_hours: got {a.active_deadline_hours}; expected None or at least 1 second")
-    if a.rdzv_backend not in ("etcd-v2", "c10d"):
-        raise ValueError(f"rdzv_backend: got {a.rdzv_backend!r}; expected 'etcd-v2' or 'c10d'")
-    if a.rdzv_backend == "etcd-v2" and a.rdzv_endpoint is None:
-        raise ValueError("rdzv_endpoint: required with rdzv_backend 'etcd-v2' (EtcdRendezvous.endpoint)")
-    if a.rdzv_backend == "etcd-v2" and a.rdzv_tls_secret is None:
-        raise ValueError("rdzv_tls_secret: required with rdzv_backend 'etcd-v2' (EtcdRendezvous.client_tls_secret: "
+    if a.rdzv_backend not in ("etcd", "c10d"):
+        raise ValueError(f"rdzv_backend: got {a.rdzv_backend!r}; expected 'etcd' or 'c10d'")
+    if a.rdzv_backend == "etcd" and a.rdzv_endpoint is None:
+        raise ValueError("rdzv_endpoint: required with rdzv_backend 'etcd' (EtcdRendezvous.endpoint)")
+    if a.rdzv_backend == "etcd" and a.rdzv_tls_secret is None:
+        raise ValueError("rdzv_tls_secret: required with rdzv_backend 'etcd' (EtcdRendezvous.client_tls_secret: "
                          "the store accepts only clients with its certificate)")
     if a.rdzv_server_labels is not None and not (
             isinstance(a.rdzv_server_labels, Mapping) and a.rdzv_server_labels

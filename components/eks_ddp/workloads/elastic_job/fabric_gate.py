@@ -16,7 +16,13 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from eks_ddp.core import catalog
-from eks_ddp.core.torchrun import AGENT_ENV, CLUSTER_TIMEOUTS, AgentOptions, FabricCheckOptions, fabric_check_command
+from eks_ddp.core.launch_command import (
+    AGENT_ENV,
+    AgentOptions,
+    FabricCheckOptions,
+    cluster_timeouts,
+    fabric_check_command,
+)
 from eks_ddp.workloads.elastic_job.pods import (
     C10D_PORT,
     EFA_RESOURCE,
@@ -45,7 +51,7 @@ def fabric_check_command_of(job: JobView, endpoint: str) -> list[str]:
     agent = AgentOptions(
         min_nodes=a.nodes, max_nodes=a.nodes, nproc_per_node=job.instance.gpus, rdzv_backend=a.rdzv_backend,
         rdzv_endpoint=endpoint, rdzv_id="$(JOB_UID)", local_addr="$(POD_IP)", max_restarts=0,
-        timeouts=CLUSTER_TIMEOUTS)
+        timeouts=cluster_timeouts(a.nodes))
     check = FabricCheckOptions(run_dir=job.run_dir, require_efa=a.efa, instance_type=a.instance_type,
                                min_busbw_gbs=catalog.fabric_floor_gbs(a.instance_type) if a.efa else None)
     return fabric_check_command(agent, check)

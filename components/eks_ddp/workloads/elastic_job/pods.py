@@ -15,7 +15,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from eks_ddp.core import catalog
-from eks_ddp.core.torchrun import DATA_SUBDIR, RDZV_TLS_DIR, SHARED_ROOT
+from eks_ddp.core.launch_command import DATA_SUBDIR, RDZV_TLS_DIR, SHARED_ROOT
 from eks_ddp.core.workload import INTERNET_EXCEPT
 from eks_ddp.workloads.etcd import DEFAULT_CLIENT_LABELS
 from eks_ddp.workloads.namespace import restricted_container_security, restricted_pod_security
@@ -199,12 +199,12 @@ class PodFactory:
         return mounts, volumes
 
     def rdzv_tls_mounts(self, wanted: bool) -> list[k8s.core.v1.VolumeMountArgs]:
-        if not wanted or self.rdzv_backend != "etcd-v2":
+        if not wanted or self.rdzv_backend != "etcd":
             return []
         return [k8s.core.v1.VolumeMountArgs(name="rdzv-tls", mount_path=RDZV_TLS_DIR, read_only=True)]
 
     def rdzv_tls_volumes(self, wanted: bool) -> list[k8s.core.v1.VolumeArgs]:
-        if not wanted or self.rdzv_backend != "etcd-v2":
+        if not wanted or self.rdzv_backend != "etcd":
             return []
         # 0440 with fsGroup = the trainer's uid: readable by the agent only.
         return [k8s.core.v1.VolumeArgs(name="rdzv-tls", secret=k8s.core.v1.SecretVolumeSourceArgs(
