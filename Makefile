@@ -95,7 +95,7 @@ bench: $(VENV)/.installed bench-scale
 # the 200 s soak with the quota scaled down 256x; ~30 min on 2 cores) and the store at 128 and 1,000 simulated agents
 # (bench/store_sim.py: the backend's own handler without workers). Tables in bench/RESULTS.md "Scale".
 SCALE_NODES ?= 4,8,12,16
-SIM_NODES ?= 16,128,1000
+SIM_NODES ?= 128,1000
 bench-scale: $(VENV)/.installed
 	$(BIN)/python bench/scale.py --nodes $(SCALE_NODES)
 	$(BIN)/python bench/store_sim.py --nodes $(SIM_NODES)

@@ -4,7 +4,7 @@ flags, on this machine.
     .venv/bin/python bench/scale.py [--nodes 4,8,12,16] [--soak-s 200] [--label before] [--out FILE]
 
 Each agent runs ``python -m eks_ddp_runtime.launch <flags> training/examples/ddp_minimal.py`` with the flags
-``components/eks_ddp/core/torchrun.py`` renders into the EKS Job (``script_command`` with ``CLUSTER_TIMEOUTS``,
+``components/eks_ddp/core/launch_command.py`` renders into the EKS Job (``script_command`` with ``CLUSTER_TIMEOUTS``,
 ``DEFAULT_MAX_RESTARTS``, ``minNodes`` 1 (the stack's default) and the agent environment ``AGENT_ENV``), one gloo
 worker each (a user's own script: a tiny model, a step every 0.5 s, no checkpoint during the bench). The store is
 etcd 3.5 started with ``etcd_args`` as rendered for the store's pod (bench/store.py; TLS with client certificates).
@@ -29,7 +29,7 @@ the store's alarms every 5 s, its database size, and at the end one node lost an
 alarm was raised and the job is back at 4.
 
 Figures are wall-clock on a shared machine: the 1-minute load average is recorded with each. Prints JSON lines
-and writes ``--out`` (bench/scale.json by default; bench/RESULTS.md "Scale" holds the tables).
+and writes ``--out`` (default: scale.json beside this file; bench/RESULTS.md "Scale" holds the tables).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from typing import Any
 from common import ROOT, machine
 from store import RenderedEtcd, rates
 
-from eks_ddp.core.torchrun import AGENT_ENV, CLUSTER_TIMEOUTS, DEFAULT_MAX_RESTARTS, AgentOptions, script_command
+from eks_ddp.core.launch_command import AGENT_ENV, CLUSTER_TIMEOUTS, DEFAULT_MAX_RESTARTS, AgentOptions, script_command
 from tests.support.etcd_server import Agent, client_tls, trainer_env
 
 SCRIPT = ROOT / "training" / "examples" / "ddp_minimal.py"
@@ -67,7 +67,7 @@ class Fleet:
         self.tmp, self.etcd = tmp, etcd
         self.run_dir = tmp / "run"
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        agent = AgentOptions(min_nodes=1, max_nodes=nodes, nproc_per_node=1, rdzv_backend="etcd-v2",
+        agent = AgentOptions(min_nodes=1, max_nodes=nodes, nproc_per_node=1, rdzv_backend="etcd",
                              rdzv_endpoint=etcd.endpoint, rdzv_id=f"scale-{uuid.uuid4().hex[:8]}",
                              max_restarts=DEFAULT_MAX_RESTARTS, local_addr="127.0.0.1", timeouts=CLUSTER_TIMEOUTS,
                              tls=client_tls(etcd.endpoint))
@@ -301,8 +301,8 @@ def table(res: dict[str, Any]) -> str:
         w = d["worlds"]
         return f"{d['s']} s" + ("" if len(w) == 1 else f" (worlds {w})")
 
-    rows = [f"| N | first world | req/s | writes/s | writes/agent/s | WAL B/s | WAL B/agent/s | db bytes (+/s) | "
-            f"lose 1 | lose 10 % | lose 1, spread | loads |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| N | first world | req/s | writes/s | writes/agent/s | WAL B/s | WAL B/agent/s | db bytes (+/s) | "
+            "lose 1 | lose 10 % | lose 1, spread | loads |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in res["sizes"]:
         st = r.get("steady") or {}
         loads = [r.get(k, {}).get("load_avg_1m") for k in ("lose_1", "lose_10pct", "lose_1_spread")]

@@ -24,7 +24,7 @@ from typing import Any
 from common import ROOT  # noqa: F401  (puts the repository on sys.path)
 
 from eks_ddp.workloads import etcd as rendered
-from eks_ddp_local.etcd import EtcdEndpoint, find_etcd, free_port, healthy, make_tls
+from eks_ddp_local.etcd_server import EtcdEndpoint, find_etcd, free_port, healthy, make_tls
 from eks_ddp_runtime.rendezvous.etcd_client import EtcdV3Client
 
 MAPPED = {"--data-dir", "--listen-client-urls", "--advertise-client-urls", "--listen-peer-urls",

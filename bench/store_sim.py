@@ -4,7 +4,7 @@
 
 Each simulated agent is the real thing minus its workers: the handler the launcher builds
 (``--rdzv-backend=eks-etcd``, torch's registry with training/runtime/eks_ddp_runtime/rendezvous/handler.py's ``register``;
-rdzv-conf ``CLUSTER_TIMEOUTS`` and the TLS client files, as ``components/eks_ddp/core/torchrun.py`` renders them), driven
+rdzv-conf ``CLUSTER_TIMEOUTS`` and the TLS client files, as ``components/eks_ddp/core/launch_command.py`` renders them), driven
 the way torch's agent drives it (``torch.distributed.elastic.agent.server.api.SimpleElasticAgent``):
 
 * a round: ``next_rendezvous()`` then torch's own ``SimpleElasticAgent._assign_worker_ranks`` on the store it returns
@@ -97,8 +97,7 @@ class SimAgent:
 
     def __init__(self, index: int, params_kw: dict[str, Any]) -> None:
         from torch.distributed.elastic.agent.server.api import WorkerSpec
-        from torch.distributed.elastic.rendezvous import RendezvousParameters
-        from torch.distributed.elastic.rendezvous import registry
+        from torch.distributed.elastic.rendezvous import RendezvousParameters, registry
 
         self.index = index
         self.handler = registry.get_rendezvous_handler(RendezvousParameters(**params_kw))
@@ -221,7 +220,7 @@ class Sim:
     """``procs`` worker processes holding ``n`` agents of one run on one store."""
 
     def __init__(self, etcd: Any, n: int, procs: int) -> None:
-        from eks_ddp.core.torchrun import CLUSTER_TIMEOUTS, RdzvTls
+        from eks_ddp.core.launch_command import CLUSTER_TIMEOUTS, RdzvTls
 
         tls = RdzvTls.of(etcd.tls)
         conf = f"{CLUSTER_TIMEOUTS.conf()},{tls.conf()}"
