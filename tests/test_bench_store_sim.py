@@ -54,7 +54,7 @@ def test_sim_runs_two_agents_on_a_real_store(tmp_path: Path) -> None:
     r = json.loads(out.read_text())["sizes"][0]
     assert r["rendezvous"]["ok"] and r["rendezvous"]["worlds"] == [2], r
     st = r["steady"]
-    assert st["writes_per_s"] > 0 and st["wal_bytes_per_s"] > 0 and st["db_size"] > 0, st
-    assert {"kv/range", "kv/txn:write"} <= set(st["client"]), st["client"]
+    assert st["requests_per_s"] > 0 and st["db_size"] > 0 and st["writes_per_s"] >= 0, st
+    assert st["client"] and all(v["per_agent_per_s"] > 0 for v in st["client"].values()), st["client"]
     assert r["lose_1"]["ok"] and r["lose_1"]["worlds"] == [1], r["lose_1"]
     assert r["end"]["alarms"] == [], r["end"]
