@@ -47,6 +47,7 @@ from eks_ddp.core.rules import partition as rules_partition
 from eks_ddp.core.workload import Egress, S3Data, Workload, cifar10_workload, dataset_name
 from eks_ddp.infra.efs import EfsLifecycle
 from eks_ddp.infra.fsx import FsxLustreStore, FsxLustreStoreArgs
+from eks_ddp.infra.iam import data_stage_role
 from eks_ddp.infra.network import standard_zones
 from eks_ddp.infra.results import run_prefix
 from eks_ddp.infra.scan_gate import STACK_SETTING
@@ -54,7 +55,6 @@ from eks_ddp.infra.workload_image import WorkloadImage, WorkloadImageArgs, workl
 from eks_ddp.tooling import cost, preflight
 from eks_ddp.tooling.preflight.live import owner_id
 from eks_ddp.workloads.elastic_job import rdzv_client_labels, trainer_service_account
-from eks_ddp.workloads.elastic_job.data_stage import data_stage_role
 from eks_ddp.workloads.namespace import label_cluster_namespaces, training_namespace
 
 

@@ -30,7 +30,7 @@ PROGRAM = textwrap.dedent('''
     from eks_ddp import (EfsStore, EfsStoreArgs, EksCluster, EksClusterArgs, ElasticJob, ElasticJobArgs,
                          EtcdRendezvous, EtcdRendezvousArgs, GpuNodeGroup, GpuNodeGroupArgs, Network,
                          NetworkArgs, S3Data, Workload)
-    from eks_ddp.workloads.elastic_job.data_stage import data_stage_role, stage_service_account
+    from eks_ddp.infra.iam import data_stage_role, stage_service_account
 
     assert components.OWNER == "myinfra"
     cfg = pulumi.Config()  # this project's namespace: myinfra:*

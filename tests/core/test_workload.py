@@ -257,7 +257,7 @@ def test_an_s3_workload_needs_the_stage_role():
 def test_the_stage_role_lists_exactly_the_prefix_and_reads_only_under_it():
     import json
 
-    from eks_ddp.workloads.elastic_job.data_stage import read_prefix_policy
+    from eks_ddp.infra.iam import read_prefix_policy
 
     doc = json.loads(read_prefix_policy(WIKI, "aws-cn"))
     listing, read = doc["Statement"]
@@ -313,8 +313,8 @@ def test_the_stage_pod_is_hardened_like_every_other():
 
 
 def _job_with_stage_role(**role_kw) -> None:
+    from eks_ddp.infra.iam import data_stage_role
     from eks_ddp.workloads.elastic_job import ElasticJob, ElasticJobArgs
-    from eks_ddp.workloads.elastic_job.data_stage import data_stage_role
 
     def program() -> None:
         role = data_stage_role("stage", WIKI, oidc_provider_arn="arn:aws:iam::123456789012:oidc-provider/x",

@@ -31,7 +31,7 @@ import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
 from eks_ddp.core import rules
-from eks_ddp.infra.efs import irsa_trust_policy
+from eks_ddp.infra.iam import irsa_trust_policy
 
 CHART = "cluster-autoscaler"
 CHART_REPO = "https://kubernetes.github.io/autoscaler"

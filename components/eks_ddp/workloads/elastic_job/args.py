@@ -81,7 +81,7 @@ class ElasticJobArgs:
     the bundled CIFAR-10 trainer (``cifar10_workload()``)."""
     data_role_arn: pulumi.Input[str] | None = None
     """With ``S3Data``: the IAM role (IRSA) the S3 data stage's ServiceAccount ``<name>-stage`` assumes
-    (components/eks_ddp/workloads/elastic_job/data_stage.py ``data_stage_role``: list and read that prefix only); required then."""
+    (components/eks_ddp/infra/iam.py ``data_stage_role``: list and read that prefix only); required then."""
     results_role_arn: pulumi.Input[str] | None = None
     """IAM role (IRSA) the trainer's service account assumes to upload results (components/eks_ddp/infra/results.py)."""
     results_url: pulumi.Input[str] | None = None

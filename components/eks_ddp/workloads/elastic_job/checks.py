@@ -13,8 +13,8 @@ from eks_ddp.core import catalog, rules
 from eks_ddp.core.torchrun import AGENT_ENV
 from eks_ddp.core.workload import DATA_VERIFY_ENV, S3Data
 from eks_ddp.infra.gpu_nodegroup import group_for
+from eks_ddp.infra.iam import trust_problem
 from eks_ddp.workloads.elastic_job.args import ElasticJobArgs
-from eks_ddp.workloads.elastic_job.data_stage import trust_problem
 from eks_ddp.workloads.elastic_job.pods import CACHE_ENV, nccl_env
 from eks_ddp.workloads.elastic_job.stages import DATA_PIN_ENV
 from eks_ddp_runtime.contract import RESULTS_KMS_KEY_ENV, RESULTS_URL_ENV
@@ -44,7 +44,7 @@ def validate(name: str, a: ElasticJobArgs) -> catalog.InstanceType:
                          f"(it sets {', '.join(sorted(owned))})")
     if isinstance(a.workload.data, S3Data) and a.data_role_arn is None:
         raise ValueError(f"data_role_arn: got None with workload.data {a.workload.data.uri!r}; expected the S3 data "
-                         "stage's IAM role (data_stage.data_stage_role(...)); its pods get no other AWS credentials")
+                         "stage's IAM role (eks_ddp.infra.iam.data_stage_role(...)); its pods get no other AWS credentials")
     if isinstance(a.workload.data, S3Data) and (bad := trust_problem(name, a.namespace, a.data_role_arn)):
         raise ValueError(bad)
     if a.workload.iam_statements and a.results_role_arn is None:
