@@ -15,6 +15,7 @@ from eks_ddp.core.torchrun import CLUSTER_TIMEOUTS, AgentOptions, job_command
 from eks_ddp.core.workload import Cifar10Data, Egress, S3Data, Workload, dataset_name
 from eks_ddp.tooling.mocks import run_program
 from eks_ddp_trainer.config import TrainerConfig
+from tests.support.job_args import job_args
 from tests.support.util import run, stack_config
 from tests.workloads.test_elastic_job import (
     ETCD,
@@ -207,9 +208,9 @@ def test_a_workload_env_that_the_job_sets_itself_is_refused():
 
 def test_elastic_job_args_take_only_a_workload():
     def program() -> None:
-        from eks_ddp.workloads.elastic_job import ElasticJob, ElasticJobArgs
+        from eks_ddp.workloads.elastic_job import ElasticJob
 
-        ElasticJob("training", ElasticJobArgs(
+        ElasticJob("training", job_args(
             namespace="training", image=IMAGE, pvc_name="shared", instance_type="g4dn.xlarge",
             node_selector=GPU_NODES, rdzv_endpoint=ETCD, rdzv_tls_secret=RDZV_TLS_SECRET,
             workload=Workload(name="x", module="x.y", data=Cifar10Data())))
@@ -314,12 +315,12 @@ def test_the_stage_pod_is_hardened_like_every_other():
 
 def _job_with_stage_role(**role_kw) -> None:
     from eks_ddp.infra.iam import data_stage_role
-    from eks_ddp.workloads.elastic_job import ElasticJob, ElasticJobArgs
+    from eks_ddp.workloads.elastic_job import ElasticJob
 
     def program() -> None:
         role = data_stage_role("stage", WIKI, oidc_provider_arn="arn:aws:iam::123456789012:oidc-provider/x",
                                oidc_provider_url="https://x", namespace="training", **role_kw)
-        ElasticJob("training", ElasticJobArgs(
+        ElasticJob("training", job_args(
             namespace="training", image=IMAGE, pvc_name="shared", instance_type="g4dn.xlarge", rdzv_endpoint=ETCD,
             rdzv_tls_secret=RDZV_TLS_SECRET, workload=custom(data=WIKI), data_role_arn=role))
 
@@ -387,5 +388,5 @@ def test_without_a_role_or_declarations_the_pods_reach_no_address_outside():
 
 
 def test_statements_need_the_training_pods_role():
-    with pytest.raises(ValueError, match=r"^workload.iam_statements: given, but results_role_arn is None"):
+    with pytest.raises(ValueError, match=r"^workload.iam_statements: given, but results is None"):
         run_job(workload=custom(iam_statements=(READ_CKPT,)))

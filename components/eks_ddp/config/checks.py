@@ -9,6 +9,7 @@ import datetime as dt
 import re
 from typing import Any
 
+from eks_ddp.config import run_rules
 from eks_ddp.config.schema import (
     DNS_LABEL,
     SUPPORTED_KUBERNETES_VERSIONS,
@@ -50,6 +51,7 @@ def validate(cfg: StackConfig, *, placeholders_ok: bool = False, today: dt.date 
             p.append(f"nodeGroups[{i}].name: got {g.name!r}; expected a name not used by another group")
         names.add(g.name)
     p += _check_runs(cfg)
+    p += run_rules.problems(cfg)
     if bad := rules.retention_days("observability.logRetentionDays", cfg.observability.log_retention_days):
         p.append(bad)
     if cfg.image.prebuilt is not None and (bad := rules.image_by_digest("image.prebuilt", cfg.image.prebuilt)):

@@ -11,7 +11,8 @@ through :func:`irsa_trust_policy`.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import pulumi
 import pulumi_aws as aws
@@ -106,3 +107,31 @@ def trust_problem(job_component_name: str, namespace: pulumi.Input[str], role_ar
         return (f"data_role_arn: the role trusts namespace {role_ns!r}, but the job runs in {namespace!r}; expected "
                 "data_stage_role(..., namespace=<the job's namespace>)")
     return None
+
+
+def role_name_of(arn: str) -> str:
+    """``arn:<partition>:iam::<account>:role[/path]/<name>`` → ``<name>`` (what ``aws.iam.RolePolicy`` takes)."""
+    return arn.rsplit("/", 1)[-1]
+
+
+_GRANTS = "_eks_ddp_workload_statements"
+"""Attribute of the role ARN Output :func:`workload_policy` returns: the statements it attached."""
+
+
+def workload_policy(name: str, role_arn: pulumi.Input[str], statements: Sequence[Mapping[str, Any]],
+                    opts: pulumi.ResourceOptions | None = None) -> pulumi.Output[str]:
+    """Attach a workload's ``iam_statements`` to the training pods' IRSA role (``role_arn``: the results uploader's,
+    the one role their ServiceAccount can carry) as an inline policy named ``name``; returns the role's ARN once
+    the policy exists: pass it as ``Results.role_arn`` of the ElasticJob (which refuses statements no policy
+    grants)."""
+    policy = aws.iam.RolePolicy(
+        name, name=name, role=pulumi.Output.from_input(role_arn).apply(lambda arn: role_name_of(str(arn))),
+        policy=json.dumps({"Version": "2012-10-17", "Statement": [dict(st) for st in statements]}), opts=opts)
+    arn = pulumi.Output.all(role_arn, policy.id).apply(lambda v: str(v[0]))
+    setattr(arn, _GRANTS, tuple(dict(st) for st in statements))
+    return arn
+
+
+def granted_statements(role_arn: object) -> tuple[dict, ...] | None:
+    """The statements :func:`workload_policy` attached to ``role_arn``, or None for any other ARN."""
+    return vars(role_arn).get(_GRANTS) if hasattr(role_arn, "__dict__") else None

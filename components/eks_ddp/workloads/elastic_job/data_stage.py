@@ -22,19 +22,19 @@ from eks_ddp.workloads.elastic_job.pods import DATA_DIR, EGRESS_EXCEPT, PART_OF
 from eks_ddp.workloads.namespace import dns_egress
 
 if TYPE_CHECKING:
-    from eks_ddp.workloads.elastic_job.view import JobView
+    from eks_ddp.workloads.elastic_job.info import JobInfo
 
 STAGE_LABELS = {"app.kubernetes.io/name": "eks-ddp-stage-data", **PART_OF}
 STAGE_MODULE = "eks_ddp_runtime.stage_s3"
 
 
-def create_s3_stage(job: JobView, name: str, child: pulumi.ResourceOptions) -> k8s.batch.v1.Job:
+def create_s3_stage(job: JobInfo, name: str, child: pulumi.ResourceOptions) -> k8s.batch.v1.Job:
     """The stage's ServiceAccount, NetworkPolicy and Job (awaited); returns the Job the training Job waits on."""
-    a = job.args
+    a = job.spec
     data, role_arn = a.workload.data, a.data_role_arn
     assert isinstance(data, S3Data) and role_arn is not None  # ElasticJobArgs requires the role with S3 data
     sa = k8s.core.v1.ServiceAccount(
-        f"{name}-stage-sa", metadata=job.pods.meta(stage_service_account(name), PART_OF,
+        f"{name}-stage-sa", metadata=job.meta(stage_service_account(name), PART_OF,
                                                    {"eks.amazonaws.com/role-arn": role_arn}),
         automount_service_account_token=False, opts=child)
     net = k8s.networking.v1
@@ -42,7 +42,7 @@ def create_s3_stage(job: JobView, name: str, child: pulumi.ResourceOptions) -> k
         to=[net.NetworkPolicyPeerArgs(ip_block=net.IPBlockArgs(cidr="0.0.0.0/0", except_=list(EGRESS_EXCEPT)))],
         ports=[net.NetworkPolicyPortArgs(port=443, protocol="TCP")])
     net.NetworkPolicy(
-        f"{name}-stage-data-netpol", metadata=job.pods.meta(f"{name}-stage-data", STAGE_LABELS),
+        f"{name}-stage-data-netpol", metadata=job.meta(f"{name}-stage-data", STAGE_LABELS),
         spec=net.NetworkPolicySpecArgs(
             pod_selector=k8s.meta.v1.LabelSelectorArgs(match_labels=dict(STAGE_LABELS)),
             policy_types=["Ingress", "Egress"], ingress=[], egress=[dns_egress(), https]),
@@ -51,7 +51,7 @@ def create_s3_stage(job: JobView, name: str, child: pulumi.ResourceOptions) -> k
         STAGE_LABELS, "stage-data", ["python", "-m", STAGE_MODULE, data.uri, f"{DATA_DIR}/{data.name}"],
         k8s.core.v1.ResourceRequirementsArgs(requests={"cpu": "500m", "memory": "1Gi"},
                                              limits={"cpu": "2", "memory": "4Gi"}),
-        env={DATA_VERIFY_ENV: data.verify}, on_gpu_nodes=False, writes_data=True, image=job.image,
+        env={DATA_VERIFY_ENV: data.verify}, on_gpu_nodes=False, writes_data=True, image=job.agent_image,
         service_account=sa.metadata.name)
     # Exit codes 3 (boto3 missing, a bad URI) and 5 (a corrupt object, an escaping key) fail the Job, and so
     # `pulumi up`, at once; anything else (network, throttling) is retried in a new pod.
@@ -66,7 +66,7 @@ def create_s3_stage(job: JobView, name: str, child: pulumi.ResourceOptions) -> k
     # `up` would stage (and await) the data set again.
     return k8s.batch.v1.Job(
         f"{name}-stage-data",
-        metadata=job.pods.meta(f"{name}-stage-data", STAGE_LABELS, {"pulumi.com/replaceUnready": "true"}),
+        metadata=job.meta(f"{name}-stage-data", STAGE_LABELS, {"pulumi.com/replaceUnready": "true"}),
         spec=k8s.batch.v1.JobSpecArgs(backoff_limit=3, active_deadline_seconds=6 * 3600, pod_failure_policy=fatal,
                                       template=template),
         opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
