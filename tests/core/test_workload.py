@@ -390,3 +390,22 @@ def test_without_a_role_or_declarations_the_pods_reach_no_address_outside():
 def test_statements_need_the_training_pods_role():
     with pytest.raises(ValueError, match=r"^workload.iam_statements: given, but results is None"):
         run_job(workload=custom(iam_statements=(READ_CKPT,)))
+
+
+def test_statements_no_policy_grants_are_refused():
+    """The job builds no AWS resource: statements reach the role only through infra's workload_policy, and a role
+    given without it would leave them ungranted, so the job says so."""
+    import dataclasses
+
+    from eks_ddp.workloads.elastic_job import ElasticJob, Results
+
+    def program() -> None:
+        base = job_args(namespace="training", image=IMAGE, pvc_name="shared", instance_type="g4dn.xlarge",
+                        rdzv_backend="c10d", workload=custom(iam_statements=(READ_CKPT,)), results_role_arn=ROLE)
+        ElasticJob("training", base)  # through workload_policy (the helper): accepted
+        ElasticJob("other", dataclasses.replace(base, run_id="r2", results=Results(url="s3://b/runs/r2/",
+                                                                                     role_arn=ROLE)))
+
+    with pytest.raises(ValueError, match=r"^workload.iam_statements: given, but no policy on results.role_arn grants "
+                                         r"them; expected results.role_arn = eks_ddp.infra.iam.workload_policy"):
+        run_program({}, program=program)
