@@ -30,22 +30,23 @@ from eks_ddp.infra.results import run_prefix
 from eks_ddp.infra.scan_gate import STACK_SETTING
 from eks_ddp.infra.workload_image import workload_image_name
 from eks_ddp.tooling import cost, preflight
+from eks_ddp.tooling.preflight import certificates as preflight_certificates
 from eks_ddp.tooling.preflight.live import owner_id
 from eks_ddp.workloads.elastic_job import rdzv_client_labels, trainer_service_account
 from eks_ddp.workloads.namespace import label_cluster_namespaces
 
 # --- config: the only place that reads Pulumi config -----------------------------------------
 raw = {k: v for k, v in {**get_config_env(), **CONFIG.get()}.items() if k.startswith(PROJECT + ":")}
-aws_config = pulumi.Config("aws")
+aws_config, stack = pulumi.Config("aws"), pulumi.get_stack()
 profile = aws_config.get("profile")
 profile_flag = f" --profile {profile}" if profile else ""
-stack = pulumi.get_stack()
 try:
     cfg = load_stack_config(raw, region=aws_config.get("region"), stack=stack,
                             placeholders_ok=os.environ.get(OFFLINE_PLAN_ENV) == "1")
 except ConfigError as err:
     raise pulumi.RunError(str(err)) from None
-
+for warning in cfg.warnings:  # deprecated spellings that still read
+    pulumi.log.warn(warning)
 cluster_name = cluster_name_for(stack, cfg)
 # Unique per stack on every backend: a self-managed backend's organization is always "organization".
 stack_id = owner_id(pulumi.get_organization(), pulumi.get_project(), stack, cfg.cluster.owner_id)
@@ -54,7 +55,7 @@ if cfg.preflight:  # same account as the provider: a stack that sets aws:profile
                            organization=pulumi.get_organization())
 # Regular zones where EKS accepts subnets: never a Local Zone, never an unsupported zone ID.
 zones = choose_zones(cfg, [] if cfg.network.availability_zones else standard_zones())
-k8s_version = cfg.cluster.kubernetes_version
+k8s_version, c = cfg.cluster.kubernetes_version, cfg.cluster
 
 # --- AWS infrastructure ------------------------------------------------------------------------
 network = eks_ddp.Network("network", eks_ddp.NetworkArgs(
@@ -69,7 +70,6 @@ network = eks_ddp.Network("network", eks_ddp.NetworkArgs(
 if problems := group_zone_problems(cfg, network.private_subnet_by_az):
     raise pulumi.RunError(str(ConfigError(problems)))
 
-c = cfg.cluster
 cluster = eks_ddp.EksCluster("cluster", eks_ddp.EksClusterArgs(
     cluster_name=cluster_name, vpc_id=network.vpc_id, public_subnet_ids=network.public_subnet_ids,
     private_subnet_ids=network.private_subnet_ids, kubernetes_version=k8s_version,
@@ -94,9 +94,8 @@ gpu_groups = {g.name: eks_ddp.GpuNodeGroup(f"gpu-{g.name}", eks_ddp.GpuNodeGroup
     local_storage=g.local_storage, capacity_block_window=g.capacity_block_window,
 ), opts=pulumi.ResourceOptions(depends_on=[cluster])) for g in cfg.node_groups}
 
-# skip_update_unreachable: a cluster this machine cannot reach (a new IP outside publicAccessCidrs, no access entry)
-# leaves the Kubernetes resources as they are in state instead of failing the refresh every `up` runs first (and the
-# update that would fix it); preflight names the fix (components/eks_ddp/tooling/preflight/live.py).
+# skip_update_unreachable: a cluster this machine cannot reach leaves the Kubernetes resources as they are instead
+# of failing every `up`'s refresh (and the update fixing it); preflight names the fix (tooling/preflight/live.py).
 k8s_provider = k8s.Provider("k8s", kubeconfig=cluster.kubeconfig, enable_server_side_apply=True,
                             skip_update_unreachable=True)
 k8s_opts = pulumi.ResourceOptions(provider=k8s_provider)
@@ -149,7 +148,8 @@ def shared_storage() -> eks_ddp.EfsStore | FsxLustreStore:
             # Each S3 data set linked where its stage puts it (/shared/data/<name>): read through Lustre from S3.
             data_repositories=tuple({dataset_name(r.workload.s3_uri): r.workload.s3_uri
                                      for r in cfg.runs if r.workload.s3_uri}.items()),
-            layout_image=helper_image, system_node_selector=cluster.system_node_labels), opts=on_cluster)
+            layout_image=helper_image, system_node_selector=cluster.system_node_labels,
+            backup_id=s.fsx_backup_id), opts=on_cluster)  # backup_id: an earlier destroy's final backup
     # EFS allows one mount target per zone; a brought VPC may have several private subnets in one.
     return eks_ddp.EfsStore("storage", eks_ddp.EfsStoreArgs(
         **common, subnet_ids=list(network.private_subnet_by_az.values()), file_system_id=s.file_system_id,
@@ -198,6 +198,7 @@ def run_job(i: int) -> eks_ddp.ElasticJob:
             namespace=namespace.metadata.name, replicas=cfg.etcd.replicas, node_selector=cluster.system_node_labels,
             client_labels=client, more_client_labels=more_clients,
         ), opts=pulumi.ResourceOptions(provider=k8s_provider, depends_on=[addons]))
+        preflight_certificates.warn_near_expiry(store.certificate_expiries)  # during up: under 30 days left
         rendezvous = eks_ddp.EtcdStore.of(store)
     return eks_ddp.ElasticJob(name, eks_ddp.ElasticJobArgs(
         namespace=namespace.metadata.name,

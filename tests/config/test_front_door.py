@@ -20,7 +20,7 @@ from eks_ddp.config import load_stack_config
 from eks_ddp.tooling import mocks as mocks_mod
 from eks_ddp.tooling import plan as plan_mod
 from eks_ddp.tooling.mocks import run_program
-from tests.support.util import ROOT, TEST_PUBLIC_CIDR, run, set_path, stack_config
+from tests.support.util import ROOT, run, set_path, stack_config
 
 # (case id, config path, value, YAML key the message must name)
 REJECTED = [
@@ -57,7 +57,7 @@ REJECTED = [
      "network.vpcCidr"),
     ("etcd-settings-ignored-with-c10d", "eks-ddp:job.rdzvBackend", "c10d", "etcd"),
     ("learning-rate-nan", "eks-ddp:job.learningRate", "nan", "job.learningRate"),
-    # named the key, but not the fix (review U17): an unquoted version is a YAML number
+    # named the key, but not the fix: an unquoted version is a YAML number
     ("kubernetes-version-unquoted", "eks-ddp:cluster.kubernetesVersion", 1.35, "cluster.kubernetesVersion"),
 ]
 IDS = [c[0] for c in REJECTED]
@@ -183,12 +183,6 @@ def test_infinite_learning_rate_is_rejected():
 
     with pytest.raises(ConfigError, match="job.learningRate"):
         _load(set_path(stack_config("dev"), "eks-ddp:job.learningRate", json.dumps(math.inf)))
-
-
-def test_test_cidr_is_a_real_public_address():
-    from eks_ddp.core import rules
-
-    assert rules.public_access_cidrs("k", [TEST_PUBLIC_CIDR]) == []
 
 
 # --- component Args: the same rules under Python field names ------------------------------------

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from eks_ddp.core.torchrun import CLUSTER_TIMEOUTS, AgentOptions, RdzvTls, script_command
-from eks_ddp_local.etcd import start_etcd
+from eks_ddp.core.launch_command import CLUSTER_TIMEOUTS, AgentOptions, RdzvTls, script_command
+from eks_ddp_local.etcd_server import start_etcd
 from eks_ddp_runtime.rendezvous import handler as rendezvous
 from tests.support.etcd_server import ROOT, client_tls, trainer_env
 
@@ -77,7 +77,7 @@ def test_certificate_files_are_checked_when_the_handler_is_built(etcd, tmp_path)
 
 def _agent_command(etcd: str, tls: RdzvTls, script: str, *args: str, max_nodes: int = 1,
                    rdzv_id: str | None = None) -> list[str]:
-    agent = AgentOptions(min_nodes=1, max_nodes=max_nodes, nproc_per_node=1, rdzv_backend="etcd-v2",
+    agent = AgentOptions(min_nodes=1, max_nodes=max_nodes, nproc_per_node=1, rdzv_backend="etcd",
                          rdzv_endpoint=etcd, rdzv_id=rdzv_id or f"contract-{time.time_ns()}", local_addr="127.0.0.1",
                          timeouts=CLUSTER_TIMEOUTS, tls=tls)
     return script_command(agent, script, list(args), python=sys.executable)

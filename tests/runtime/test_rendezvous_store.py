@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from eks_ddp_local.etcd import make_tls, start_etcd
+from eks_ddp_local.etcd_server import make_tls, start_etcd
 from eks_ddp_runtime.rendezvous import handler as rendezvous
 from eks_ddp_runtime.rendezvous import state as rdzv_state
 from eks_ddp_runtime.rendezvous.etcd_client import EtcdV3Client, b64
@@ -129,7 +129,7 @@ def test_the_v3_gateway_needs_a_server_certificate_that_may_be_a_client(tmp_path
     server/embed/serve.go ``serveCtx.serve``: ``dtls := tlscfg.Clone()``; etcd-io/etcd#16590); with
     ``--client-cert-auth`` a server certificate without client authentication fails every /v3 call (HTTP 503, "tls:
     bad certificate"). The stores made here and by the stack (components/eks_ddp/workloads/etcd_tls.py) allow both."""
-    from eks_ddp_local.etcd import EtcdEndpoint
+    from eks_ddp_local.etcd_server import EtcdEndpoint
     from eks_ddp_runtime.rendezvous.etcd_client import EtcdAnswerError
     from tests.support.etcd_server import RestartableEtcd
 
@@ -465,7 +465,7 @@ def test_one_connection_per_live_thread(etcd):
 
 
 def test_the_handler_is_built_and_waits_while_the_store_is_down(tmp_path):
-    from eks_ddp_local.etcd import EtcdEndpoint, free_port
+    from eks_ddp_local.etcd_server import EtcdEndpoint, free_port
 
     down = EtcdEndpoint(f"127.0.0.1:{free_port()}", make_tls(tmp_path / "tls"))
     handler = _handler(down, retry_s=2)  # K3: building it contacted the store and raised
@@ -482,7 +482,7 @@ def test_the_handler_is_built_and_waits_while_the_store_is_down(tmp_path):
 
 
 def test_the_cluster_rides_out_ten_minutes_of_store_outage():
-    from eks_ddp.core.torchrun import CLUSTER_TIMEOUTS, LOCAL_TIMEOUTS
+    from eks_ddp.core.launch_command import CLUSTER_TIMEOUTS, LOCAL_TIMEOUTS
 
     assert CLUSTER_TIMEOUTS.store_retry >= 600 and f"store_retry_timeout={CLUSTER_TIMEOUTS.store_retry}" in \
         CLUSTER_TIMEOUTS.conf()

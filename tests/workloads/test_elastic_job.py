@@ -8,7 +8,7 @@ import pulumi
 import pytest
 
 from eks_ddp.core import catalog
-from eks_ddp.core.torchrun import AGENT_ENV, CLUSTER_TIMEOUTS, CLUSTER_TLS
+from eks_ddp.core.launch_command import AGENT_ENV, CLUSTER_TIMEOUTS, CLUSTER_TLS
 from eks_ddp.core.workload import cifar10_workload
 from eks_ddp.tooling.mocks import ProgramResult, Recorded, run_program
 from eks_ddp.workloads.elastic_job import (
@@ -80,7 +80,7 @@ def test_agent_command_is_the_shared_torchrun_builder():
     f = flags(cmd)
     assert f["nnodes"] == "2:3"
     assert f["nproc-per-node"] == "1"  # g4dn.xlarge: one T4
-    # etcd-v2 as the agent runs it: the same rendezvous with etcd calls retried (training/runtime/eks_ddp_runtime/rendezvous/handler.py)
+    # etcd as the agent runs it: the same rendezvous with etcd calls retried (training/runtime/eks_ddp_runtime/rendezvous/handler.py)
     assert f["rdzv-backend"] == "eks-etcd" and f["rdzv-endpoint"] == ETCD
     assert f["rdzv-id"] == "$(JOB_UID)" and f["local-addr"] == "$(POD_IP)"
     assert f["rdzv-conf"] == f"{CLUSTER_TIMEOUTS.conf()},{CLUSTER_TLS.conf()}"
@@ -478,7 +478,7 @@ def test_data_prep_runs_on_the_system_nodes_not_the_gpu_nodes():
 def test_component_default_fault_budget_fits_spot_capacity():
     """A program that imports ElasticJob without setting max_restarts gets the same >= 20-fault budget as
     the stack config, not torchrun's 3 (the 4th spot interruption would end the run)."""
-    from eks_ddp.core.torchrun import DEFAULT_MAX_RESTARTS
+    from eks_ddp.core.launch_command import DEFAULT_MAX_RESTARTS
 
     assert DEFAULT_MAX_RESTARTS >= 20
     assert flags(trainer(run_job())["command"])["max-restarts"] == str(DEFAULT_MAX_RESTARTS)

@@ -31,7 +31,7 @@ from eks_ddp.workloads.etcd import (
     EtcdRendezvousArgs,
     etcd_args,
 )
-from eks_ddp_local.etcd import find_etcd, free_port, make_tls
+from eks_ddp_local.etcd_server import find_etcd, free_port, make_tls
 
 SYSTEM = {"eks-ddp/pool": "system"}
 

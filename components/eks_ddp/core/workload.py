@@ -20,7 +20,7 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from eks_ddp.core import rules
-from eks_ddp.core.torchrun import TRAIN_MODULE
+from eks_ddp.core.launch_command import TRAIN_MODULE
 from eks_ddp_runtime.contract import (  # noqa: F401 (API) the runtime's contract, defined once (stdlib only)
     DATA_DIR_ENV,
     DATA_VERIFY_ENV,

@@ -16,7 +16,8 @@ run's checkpoints and metrics). EFS gives that without a storage operator:
   IAM role through IRSA. The add-on's ``service_account_role_arn`` annotates *both* of its service accounts,
   the controller's and the node DaemonSet's (AWS's EKS user guide, "Amazon EFS CSI driver" add-on page, widens
   the role's trust to ``efs-csi-*`` for that reason; its configuration schema has no separate node role:
-  aws/containers-roadmap#2820; the driver's own docs, ``docs/iam-policy-create.md``, give the node account a
+  aws/containers-roadmap#2820; the driver's own docs,
+  https://github.com/kubernetes-sigs/aws-efs-csi-driver/blob/master/docs/iam-policy-create.md, give the node account a
   role of its own, by Pod Identity or the IRSA annotation, which the add-on cannot set separately), so the
   role trusts exactly those two accounts,
   ``kube-system:efs-csi-controller-sa`` and ``kube-system:efs-csi-node-sa``, and nothing else. Its permissions

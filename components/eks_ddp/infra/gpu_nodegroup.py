@@ -229,6 +229,11 @@ def efa_interface_type(it: catalog.InstanceType, card: int) -> str:
     return "efa-only" if card > 0 and it.efa_only_secondary else "efa"
 
 
+BLOCK_HOLD_CRON = "*/5 * * * *"
+"""How often the "hold" action re-closes a capacity block's group before the block starts (Auto Scaling recurring
+scheduled actions take a Unix cron expression, UTC)."""
+BLOCK_HOLD_LEAD = dt.timedelta(minutes=5)
+"""The hold ends this long before the block's start, so it never runs at the same time as "open"."""
 BLOCK_SCALE_DOWN_BEFORE_END = dt.timedelta(minutes=60)
 """How long before a capacity block's end the group is scaled to zero: EC2 starts terminating the instances 30
 minutes before the end and EKS scales the group down 40 minutes before it (EKS user guide, "Create a managed node
@@ -405,11 +410,14 @@ class GpuNodeGroup(pulumi.ComponentResource):
                                 opts=pulumi.ResourceOptions(parent=self))
 
     def _schedule_capacity_block(self, group: aws.eks.NodeGroup) -> None:
-        """A capacity block's window on the group's Auto Scaling group: open (max ``max_size``) at the start, closed
-        (min, max and desired 0) :data:`BLOCK_SCALE_DOWN_BEFORE_END` before the end, so the autoscaler neither
-        launches into the block before it starts nor after EC2 begins reclaiming it (30 minutes before the end;
-        EKS's own scale-down comes 40 minutes before it). An action already due is not created (Auto Scaling refuses
-        a time in the past)."""
+        """A capacity block's window on the group's Auto Scaling group: held closed until the start, open (max
+        ``max_size``) at the start, closed (min, max and desired 0) :data:`BLOCK_SCALE_DOWN_BEFORE_END` before the
+        end, so the autoscaler neither launches into the block before it starts nor after EC2 begins reclaiming it
+        (30 minutes before the end; EKS's own scale-down comes 40 minutes before it). EKS creates the group's Auto
+        Scaling group with max ``maxSize`` (and refuses a node group max of 0), so "open" alone changes nothing
+        before the start: a recurring "hold" action (every :data:`BLOCK_HOLD_CRON`, ending before "open") keeps
+        max at 0 until then, also after an ``up`` re-applies the node group's max. An action already due is not
+        created (Auto Scaling refuses a time in the past)."""
         window = self._args.capacity_block_window
         if window is None:
             return
@@ -417,6 +425,12 @@ class GpuNodeGroup(pulumi.ComponentResource):
         start, end = window
         now = dt.datetime.now(dt.UTC)
         cr = self._args.capacity_reservation_id
+        if start - BLOCK_HOLD_LEAD > now:
+            aws.autoscaling.Schedule(
+                f"{self._name}-{cr}-hold", scheduled_action_name=f"eks-ddp-{cr}-hold",
+                autoscaling_group_name=asg_name, recurrence=BLOCK_HOLD_CRON,
+                end_time=(start - BLOCK_HOLD_LEAD).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                min_size=0, max_size=0, desired_capacity=0, opts=pulumi.ResourceOptions(parent=self))
         for action, when, (low, high, desired) in (("open", start, (0, self._args.max_size, -1)),
                                                    ("close", end - BLOCK_SCALE_DOWN_BEFORE_END, (0, 0, 0))):
             if when <= now:
@@ -492,8 +506,3 @@ def node_config_user_data(*, efa: bool, raid0: bool) -> str | None:
             "Content-Type: application/node.eks.aws\n\napiVersion: node.eks.aws/v1alpha1\nkind: NodeConfig\n"
             f"spec:\n{spec}\n--EKSDDP--\n")
     return base64.b64encode(text.encode()).decode()
-
-
-def efa_user_data() -> str:
-    """Base64 launch-template user data giving EFA nodes' containers an unlimited memlock."""
-    return node_config_user_data(efa=True, raid0=False) or ""

@@ -25,8 +25,7 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
-from eks_ddp.config.checks import duration_minutes
-from eks_ddp.config.schema import StackConfig
+from eks_ddp.config import StackConfig, duration_minutes
 from eks_ddp.core import catalog, k8s_versions
 
 PRICE_DATE = "2025-10-01"
@@ -56,6 +55,7 @@ PRICES: dict[str, tuple[float, str]] = {
     "efs_elastic_read_gb": (0.03, "EFS Elastic Throughput reads, per GB (aws.amazon.com/efs/pricing)"),
     "efs_elastic_write_gb": (0.06, "EFS Elastic Throughput writes, per GB (aws.amazon.com/efs/pricing)"),
     "ebs_gp3_gb_month": (0.08, "EBS gp3 storage, per GB-month, baseline IOPS/throughput (aws.amazon.com/ebs/pricing)"),
+    "fsx_backup_gb_month": (0.05, "FSx for Lustre backup storage, per GB-month (aws.amazon.com/fsx/lustre/pricing)"),
     "kms_key_month": (1.00, "KMS customer managed key, per month (aws.amazon.com/kms/pricing)"),
     "ecr_gb_month": (0.10, "ECR private repository storage, per GB-month (aws.amazon.com/ecr/pricing)"),
     "logs_ingest_gb": (0.50, "CloudWatch Logs ingestion, per GB (aws.amazon.com/cloudwatch/pricing)"),
@@ -68,7 +68,6 @@ LOGS_ASSUMED_GB_PER_DAY = 1.0  # control-plane logs, all five types; audit logs 
 # observability.cloudwatch: every pod's output plus the nodes' kubelet/containerd and kernel logs (Fluent Bit). The
 # trainer logs compact one-line records; the system pods (autoscaler, add-ons) log most of it while idle.
 CONTAINER_LOGS_ASSUMED_GB_PER_DAY = 0.5
-KMS_KEYS = 2  # EKS secrets encryption and the shared file system's encryption (EFS or FSx)
 RESULTS_ASSUMED_GB = 1  # the results bucket: models and metrics of a few dozen runs (kept after destroy)
 SYSTEM_ROOT_VOLUME_GIB = 50  # eks_ddp.infra.cluster.SYSTEM_ROOT_VOLUME_GIB (a test keeps them equal)
 
@@ -278,8 +277,9 @@ def _items(cfg: StackConfig, day: dt.date) -> list[LineItem]:
     if cfg.image.prebuilt is None:
         items.append(LineItem(f"ECR image storage (assumed {ECR_ASSUMED_GB} GB)", "GB", _gb_month("ecr_gb_month"),
                               ECR_ASSUMED_GB, ECR_ASSUMED_GB))
-    items.append(LineItem(f"KMS keys (EKS secrets, {'FSx' if fsx(cfg) else 'EFS'})", "key", price("kms_key_month") / HOURS_PER_MONTH,
-                          KMS_KEYS, KMS_KEYS))
+    keys = kms_keys(cfg)
+    items.append(LineItem(f"KMS keys ({', '.join(keys)})", "key", price("kms_key_month") / HOURS_PER_MONTH,
+                          len(keys), len(keys)))
     logs_per_hour = LOGS_ASSUMED_GB_PER_DAY * price("logs_ingest_gb") / 24
     items.append(LineItem(f"CloudWatch Logs ingestion (assumed {LOGS_ASSUMED_GB_PER_DAY:g} GB/day)", "GB/day",
                           logs_per_hour / LOGS_ASSUMED_GB_PER_DAY, LOGS_ASSUMED_GB_PER_DAY, LOGS_ASSUMED_GB_PER_DAY))
@@ -337,15 +337,26 @@ def reservation_item(g: Any, busy: int) -> LineItem:
                                f"--capacity-reservation-id {g.capacity_reservation_id}"))
 
 
+def kms_keys(cfg: StackConfig) -> list[str]:
+    """The KMS keys the stack creates: EKS secrets, the shared file system's (none for an adopted EFS file system),
+    the results bucket's (none with ``storage.resultsBucket``)."""
+    st = cfg.storage
+    return ["EKS secrets", *(["FSx"] if fsx(cfg) else [] if st.file_system_id else ["EFS"]),
+            *([] if st.results_bucket else ["results"])]
+
+
 def after_destroy(cfg: StackConfig) -> list[LineItem]:
     """What ``pulumi destroy`` leaves billing: the kept file system and its key, the results bucket and its key, a kept
     image repository, every reservation (until cancelled) or block (until it ends)."""
     out: list[LineItem] = []
     st = cfg.storage
     if st.retain_on_destroy and fsx(cfg):
-        item = storage_item(cfg)
-        out.append(dataclasses.replace(item, name=f"kept {item.name}", training_units=0, note=(
-            "aws fsx delete-file-system --file-system-id <fsxId> (outputs are gone after the destroy: note it first)")))
+        # Destroy deletes the file system (its interfaces sit in the stack's subnet) after a final backup.
+        out.append(LineItem(f"kept FSx for Lustre final backup (at most {st.fsx_storage_capacity_gib} GB)", "GB",
+                            _gb_month("fsx_backup_gb_month"), 0, st.fsx_storage_capacity_gib,
+                            note="billed for the data stored, at most the capacity; restore with storage.fsxBackupId, "
+                                 "or aws fsx delete-backup --backup-id <backup-...> (aws fsx describe-backups "
+                                 "--filters Name=backup-type,Values=USER_INITIATED)"))
     elif st.retain_on_destroy and st.file_system_id is None:
         out.append(LineItem(f"kept EFS file system (assumed {EFS_ASSUMED_GB} GB, Standard)", "GB",
                             _gb_month("efs_standard_gb_month"), 0, EFS_ASSUMED_GB,

@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from eks_ddp.config.schema import OFFLINE_PLAN_ENV, PROJECT
+from eks_ddp.config import OFFLINE_PLAN_ENV, PROJECT
 from eks_ddp.core import k8s_versions
 from eks_ddp.tooling.mocks import PROJECT_ROOT, ProgramResult, Recorded
 

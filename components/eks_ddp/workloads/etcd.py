@@ -114,7 +114,7 @@ class EtcdRendezvous(pulumi.ComponentResource):
     endpoint: pulumi.Output[str]
     """``<service>.<namespace>.svc.cluster.local:2379``, resolved once the member is ready."""
     client_tls_secret: pulumi.Output[str]
-    """Name of the Secret (tls.crt, tls.key, ca.crt) the agents mount at eks_ddp.core.torchrun.RDZV_TLS_DIR."""
+    """Name of the Secret (tls.crt, tls.key, ca.crt) the agents mount at eks_ddp.core.launch_command.RDZV_TLS_DIR."""
     service_name: str
     pod_labels: dict[str, str]
     server_selector: dict[str, str]
@@ -159,7 +159,7 @@ class EtcdRendezvous(pulumi.ComponentResource):
         priority_class_guard(f"{name}-etcd", priority.metadata.name, args.namespace, args.replicas, child)
         member = self._create_member(name, sa, priority, certs, child)
         # A drain may always take it (the agents ride out its move, training/runtime/eks_ddp_runtime/rendezvous/handler.py); a budget of
-        # zero disruptions would fail every system node-group update (review K5).
+        # zero disruptions would fail every system node-group update.
         k8s.policy.v1.PodDisruptionBudget(
             f"{name}-etcd-pdb",
             metadata=self._meta(self.service_name),
@@ -172,6 +172,8 @@ class EtcdRendezvous(pulumi.ComponentResource):
         self.endpoint = pulumi.Output.all(client.metadata.name, member.metadata.name, args.namespace).apply(
             lambda v: f"{v[0]}.{v[2]}.svc.cluster.local:{CLIENT_PORT}")
         self.client_tls_secret = certs.client_secret
+        self.certificate_expiries = certs.expiries
+        """The store's certificates' ends and renewal windows (preflight warns near them)."""
         self.register_outputs({"endpoint": self.endpoint, "service_name": self.service_name,
                                "client_tls_secret": self.client_tls_secret})
 

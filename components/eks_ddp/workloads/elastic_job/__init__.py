@@ -27,7 +27,7 @@ import json
 import pulumi
 import pulumi_kubernetes as k8s
 
-from eks_ddp.core.torchrun import (
+from eks_ddp.core.launch_command import (
     AGENT_ENV,
     CLUSTER_TIMEOUTS,
     SHARED_ROOT,
@@ -50,6 +50,7 @@ from eks_ddp.workloads.elastic_job.args import (  # noqa: F401 (API)
 from eks_ddp.workloads.elastic_job.checks import claim_run_dir, validate
 from eks_ddp.workloads.elastic_job.data_stage import create_s3_stage
 from eks_ddp.workloads.elastic_job.fabric_gate import create_fabric_check
+from eks_ddp.workloads.elastic_job.image_check import create_image_check
 from eks_ddp.workloads.elastic_job.info import FIELD_ENV, JobInfo, job_info
 from eks_ddp.workloads.elastic_job.pods import (  # noqa: F401 (TRAINER_UID, GPUDIRECT_RDMA_FAMILIES, NCCL_NET_PLUGIN: API)
     C10D_PORT,
@@ -86,11 +87,10 @@ EGRESS_ANNOTATION = "eks-ddp/egress"
 rendered NetworkPolicy against."""
 USAGE_EXIT_CODE = USAGE
 """argparse's usage error: the agent's own command line is wrong."""
-BUG_EXIT_CODES = [USAGE_EXIT_CODE, *TRAINER_FATAL_EXIT_CODES]
-"""Exit codes no retry can fix with the bundled trainer (``bug_exit_codes`` of its workload): the pod failure
-policy fails the Job on them. (A missing or non-executable
-binary is a container StartError, not an exit code 126/127, and a worker's own exit reaches the pod only
-through the launcher, which passes these codes on.)"""
+# Exit codes no retry can fix (the workload's ``bug_exit_codes``; the bundled trainer's: the usage error and
+# TRAINER_FATAL_EXIT_CODES) fail the Job through the pod failure policy. A missing or non-executable binary is a
+# container StartError, not an exit code 126/127, and a worker's own exit reaches the pod only through the
+# launcher, which passes these codes on.
 
 def trainer_service_account(name: str) -> str:
     """The ServiceAccount of ElasticJob ``name``'s training pods (``<name>-trainer``): known before the job exists,
@@ -149,6 +149,7 @@ class ElasticJob(pulumi.ComponentResource):
         # The CIFAR-10 download only for the bundled data set; a workload without data trains on what it brings.
         prepare = [create_prepare_job(info, name, child)] if isinstance(data, Cifar10Data) else \
             [create_s3_stage(info, name, child)] if isinstance(data, S3Data) else []
+        prepare += create_image_check(info, name, child)  # a workload's own image, on a system node (image_check.py)
         endpoint: pulumi.Input[str]
         if isinstance(a.rendezvous, C10d):
             # The FQDN: kubelet writes it into the pod's /etc/hosts, so index 0 recognises itself as the
@@ -169,7 +170,7 @@ class ElasticJob(pulumi.ComponentResource):
             lambda n: f"kubectl -n {n} logs -f --prefix --max-log-requests={a.size.nodes + 1} "
                       f"-l app.kubernetes.io/instance={info.job_name}")
         # The kept logs (eks_ddp_runtime/runlogs.py) on the claim holding the run's directory, and what a reader pod
-        # needs to mount it (the eks-ddp command, components/eks_ddp/tooling/runs/cluster.py): the image has a shell.
+        # needs to mount it (the eks-ddp command, components/eks_ddp/tooling/runs/kubectl.py): the image has a shell.
         claim, mount = (a.storage.run, info.run_dir) if isinstance(a.storage, PerRunClaims) else \
             (a.storage.claim, SHARED_ROOT)
         self.logs_location = pulumi.Output.all(ns, claim, info.pods.image, a.placement.system_node_selector).apply(
@@ -187,7 +188,7 @@ class ElasticJob(pulumi.ComponentResource):
                                "evaluate_command": self.evaluate_command})
 
     def train_command(self, endpoint: str) -> list[str]:
-        """The agent's command line, from the one shared builder (components/eks_ddp/core/torchrun.py)."""
+        """The agent's command line, from the one shared builder (components/eks_ddp/core/launch_command.py)."""
         return train_command(self.info, endpoint)
 
     def commands(self, results_url: pulumi.Input[str], *, region: str, profile: str | None, state_key: str
@@ -223,7 +224,7 @@ def create_headless_service(info: JobInfo, child: pulumi.ResourceOptions) -> pul
 
 
 def train_command(info: JobInfo, endpoint: str) -> list[str]:
-    """The agent's command line, from the one shared builder (components/eks_ddp/core/torchrun.py)."""
+    """The agent's command line, from the one shared builder (components/eks_ddp/core/launch_command.py)."""
     a = info.spec
     agent = AgentOptions(
         min_nodes=a.size.min_nodes, max_nodes=a.size.nodes, nproc_per_node=info.instance.gpus,
@@ -266,7 +267,7 @@ def create_train_job(info: JobInfo, endpoint: pulumi.Input[str], after: list[pul
     # transient failure, so the replacement can join):
     # - a pod lost with its node, drained, evicted or preempted gets the DisruptionTarget condition:
     #   Ignore, i.e. replace it without counting; the survivors keep training with >= min_nodes;
-    # - exit codes no retry can fix (BUG_EXIT_CODES) fail the whole Job at once;
+    # - exit codes no retry can fix (the workload's bug_exit_codes) fail the whole Job at once;
     # - any other pod failure (an OOM kill, the launcher giving up) counts against backoffLimit, the
     #   run's fault budget. One budget for the run, not backoffLimitPerIndex: the Job controller checks
     #   failed indexes before the success policy, so an index that spent its budget would turn a

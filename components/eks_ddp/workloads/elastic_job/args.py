@@ -23,7 +23,7 @@ from typing import Any, ClassVar, Protocol
 import pulumi
 
 from eks_ddp.core import catalog, rules
-from eks_ddp.core.torchrun import DEFAULT_MAX_RESTARTS
+from eks_ddp.core.launch_command import DEFAULT_MAX_RESTARTS
 from eks_ddp.core.types import RdzvBackend, RunState
 from eks_ddp.core.workload import Cifar10Data, Workload, cifar10_workload
 
@@ -114,7 +114,7 @@ class Size:
     """torchrun --max-restarts: the fault budget per agent (each crash or lost node costs one restart)."""
     fault_budget: int = DEFAULT_FAULT_BUDGET
     """Pod failures the whole run may have before the Job fails (the Job's backoffLimit). Pods lost with
-    their node, drained, evicted or preempted never count; exit codes in ``BUG_EXIT_CODES`` fail at once."""
+    their node, drained, evicted or preempted never count; the workload's ``bug_exit_codes`` fail at once."""
     active_deadline_hours: float | None = 48
     """Hours the training Job may stay active, Pending time included, before Kubernetes stops it
     (DeadlineExceeded); None: no limit. Bounds a job whose pods wait for GPU capacity that never comes."""
@@ -175,7 +175,7 @@ def _selector_problem(labels: Any) -> str | None:
 class EtcdStore:
     """An etcd v3 store every agent of the run reaches over TLS (:class:`~eks_ddp.workloads.etcd.EtcdRendezvous`)."""
 
-    backend: ClassVar[RdzvBackend] = "etcd-v2"
+    backend: ClassVar[RdzvBackend] = "etcd"
     endpoint: pulumi.Input[str]
     """Client endpoint host:port (EtcdRendezvous.endpoint)."""
     tls_secret: pulumi.Input[str]

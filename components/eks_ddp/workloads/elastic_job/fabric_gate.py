@@ -3,7 +3,7 @@
 Part of ElasticJob, kept in a module of its own; both build their pods with components/eks_ddp/workloads/elastic_job/pods.py.
 One agent per node of the job, shaped like a training pod (all GPUs, the EFA devices, the same NCCL/EFA
 environment), runs ``python -m eks_ddp_runtime.fabric_check`` under the training agent's torchrun flags (the
-shared builder in torchrun.py) with every node required and no restarts. The check fails on missing EFA
+shared builder in launch_command.py) with every node required and no restarts. The check fails on missing EFA
 devices, a non-EFA transport or a bus bandwidth below the catalog's floor; a failed check fails the Job,
 and so ``pulumi up``, before the training Job exists (it depends on this one).
 """
@@ -14,7 +14,13 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from eks_ddp.core import catalog
-from eks_ddp.core.torchrun import AGENT_ENV, CLUSTER_TIMEOUTS, AgentOptions, FabricCheckOptions, fabric_check_command
+from eks_ddp.core.launch_command import (
+    AGENT_ENV,
+    CLUSTER_TIMEOUTS,
+    AgentOptions,
+    FabricCheckOptions,
+    fabric_check_command,
+)
 from eks_ddp.workloads.elastic_job.args import C10d
 from eks_ddp.workloads.elastic_job.info import FIELD_ENV, JobInfo
 from eks_ddp.workloads.elastic_job.pods import (

@@ -15,7 +15,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from eks_ddp.core import catalog
-from eks_ddp.core.torchrun import AGENT_ENV, RUNS_SUBDIR, SHARED_ROOT
+from eks_ddp.core.launch_command import AGENT_ENV, RUNS_SUBDIR, SHARED_ROOT
 from eks_ddp.core.workload import DATA_DIR_ENV, DATA_VERIFY_ENV, RUN_DIR_ENV, Cifar10Data, S3Data
 from eks_ddp.workloads.elastic_job.args import ElasticJobArgs, EtcdStore
 from eks_ddp.workloads.elastic_job.pods import CACHE_ENV, DATA_DIR, TRAINER_LABELS, PodFactory, meta, nccl_env

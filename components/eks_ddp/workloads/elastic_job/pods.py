@@ -15,7 +15,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from eks_ddp.core import catalog
-from eks_ddp.core.torchrun import DATA_SUBDIR, RDZV_TLS_DIR, SHARED_ROOT
+from eks_ddp.core.launch_command import DATA_SUBDIR, RDZV_TLS_DIR, SHARED_ROOT
 from eks_ddp.core.workload import INTERNET_EXCEPT
 from eks_ddp.workloads.elastic_job.args import EtcdStore, Placement, Rendezvous, Storage, WholeVolume
 from eks_ddp.workloads.etcd import DEFAULT_CLIENT_LABELS

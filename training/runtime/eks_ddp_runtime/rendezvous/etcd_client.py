@@ -17,7 +17,7 @@ is the caller's job (rendezvous/etcd_backend.py ``Retrier``).
 TLS: the caller passes an ``ssl.SSLContext`` holding the store's CA and the client certificate. With
 ``--client-cert-auth`` etcd's gateway dials etcd's own gRPC port with the *server* certificate as its client
 certificate (etcd server/embed/serve.go, ``serveCtx.serve``: ``dtls := tlscfg.Clone()``; etcd-io/etcd#16590), so
-the server certificate must allow client authentication too (components/eks_ddp/workloads/etcd_tls.py, training/eks_ddp_local/etcd.py).
+the server certificate must allow client authentication too (components/eks_ddp/workloads/etcd_tls.py, training/eks_ddp_local/etcd_server.py).
 """
 
 from __future__ import annotations

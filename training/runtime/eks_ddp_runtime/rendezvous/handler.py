@@ -52,7 +52,7 @@ but they commit nothing: every state synced here renews or withdraws the agent's
 ends before any peer can drop the node, and the workers check it before each commit.
 
 **The store is authenticated, and what it holds is data.** The client speaks HTTPS with a client certificate,
-and the server (components/eks_ddp/workloads/etcd.py, training/eks_ddp_local/etcd.py) requires one (``--client-cert-auth``). The state is
+and the server (components/eks_ddp/workloads/etcd.py, training/eks_ddp_local/etcd_server.py) requires one (``--client-cert-auth``). The state is
 stored as JSON and checked field by field before torch's state holder sees it (rendezvous/state.py): torch unpickles
 only bytes this agent pickled, so a writer of the key can disturb the rendezvous but never run code in an agent.
 

@@ -17,7 +17,11 @@ LAUNCHER_MODULE = "eks_ddp_runtime.launch"
 """The agent: torchrun with the Job's exit-code contract and the store-tolerant rendezvous (training/runtime/eks_ddp_runtime/launch.py,
 installed as ``eks_ddp_runtime``)."""
 ETCD_BACKEND = "eks-etcd"
-"""``etcd-v2`` as agents run it: torch's etcd-v2 rendezvous with retries (training/runtime/eks_ddp_runtime/rendezvous/handler.py)."""
+"""The launcher's name of the etcd rendezvous: torch's dynamic rendezvous on an etcd v3 store, registered by
+training/runtime/eks_ddp_runtime/rendezvous/handler.py (``BACKEND``)."""
+LAUNCHER_BACKENDS = {"etcd": ETCD_BACKEND, "etcd-v2": ETCD_BACKEND, ETCD_BACKEND: ETCD_BACKEND, "c10d": "c10d"}
+"""A run's ``rdzvBackend`` as the launcher's ``--rdzv-backend``: ``etcd`` is the v3 store (``etcd-v2``, its old
+name, for one release); torch's own ``etcd``/``etcd-v2`` backends are never rendered."""
 TRAIN_MODULE = "eks_ddp_trainer.train"
 """The trainer, run by torchrun as ``-m eks_ddp_trainer.train`` from the image's WORKDIR."""
 
@@ -58,7 +62,7 @@ class RdzvTimeouts:
 
 @dataclass(frozen=True, kw_only=True)
 class RdzvTls:
-    """Files of the agents' rendezvous client over HTTPS: etcd requires a client certificate (review S1)."""
+    """Files of the agents' rendezvous client over HTTPS: etcd requires a client certificate."""
 
     ca_cert: str
     """PEM of the CA that signed the store's server certificate (and the client's)."""
@@ -76,7 +80,7 @@ class RdzvTls:
     @classmethod
     def of(cls, files: object) -> RdzvTls:
         """A local store's client files: anything with ``ca_cert``, ``client_cert`` and ``client_key`` paths
-        (``training/eks_ddp_local/etcd.py``'s ``TlsFiles``, which the local runner, the tests and the GPU check use)."""
+        (``training/eks_ddp_local/etcd_server.py``'s ``TlsFiles``, which the local runner, the tests and the GPU check use)."""
         return cls(ca_cert=str(files.ca_cert), cert=str(files.client_cert),  # type: ignore[attr-defined]
                    key=str(files.client_key))  # type: ignore[attr-defined]
 
@@ -116,7 +120,7 @@ class AgentOptions:
     timeouts: RdzvTimeouts = CLUSTER_TIMEOUTS
     monitor_interval: float = 0.5
     tls: RdzvTls | None = CLUSTER_TLS
-    """Client files for the etcd rendezvous (required with etcd-v2; unused by c10d)."""
+    """Client files for the etcd rendezvous (required with etcd; unused by c10d)."""
 
 
 def torchrun_args(a: AgentOptions) -> list[str]:
@@ -125,7 +129,10 @@ def torchrun_args(a: AgentOptions) -> list[str]:
         raise ValueError(f"nnodes: got {a.min_nodes}:{a.max_nodes}; expected 1 <= min <= max")
     if a.nproc_per_node < 1:
         raise ValueError(f"nproc_per_node: got {a.nproc_per_node}; expected >= 1")
-    etcd = a.rdzv_backend in ("etcd-v2", ETCD_BACKEND)
+    if a.rdzv_backend not in LAUNCHER_BACKENDS:
+        raise ValueError(f"rdzv_backend: got {a.rdzv_backend!r}; expected 'etcd' or 'c10d'")
+    backend = LAUNCHER_BACKENDS[a.rdzv_backend]
+    etcd = backend == ETCD_BACKEND
     if etcd and a.tls is None:
         raise ValueError("tls: got None; expected the rendezvous client's RdzvTls (the etcd store requires a "
                          "client certificate)")
@@ -136,7 +143,7 @@ def torchrun_args(a: AgentOptions) -> list[str]:
     out = [
         f"--nnodes={a.min_nodes}:{a.max_nodes}",
         f"--nproc-per-node={a.nproc_per_node}",
-        f"--rdzv-backend={ETCD_BACKEND if a.rdzv_backend == 'etcd-v2' else a.rdzv_backend}",
+        f"--rdzv-backend={backend}",
         f"--rdzv-endpoint={a.rdzv_endpoint}",
         f"--rdzv-id={a.rdzv_id}",
         f"--rdzv-conf={conf}",
