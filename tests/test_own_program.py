@@ -140,7 +140,8 @@ def test_a_users_own_program_previews_offline_and_runs_its_entrypoint_under_the_
     assert "ml-dev" in done.stdout or "myinfra" in done.stdout, done.stdout[-2000:]
     # The nodes may pull the image: infra's WorkloadImage grants the node role pull on its repository once (and
     # gates it); the jobs make no AWS resource of their own.
-    assert "bert-image-node-pull" in done.stdout and "ft-bert-a-image" not in done.stdout, done.stdout[-3000:]
+    assert "bert-image-node-pull" in done.stdout and "ft-bert-a-image-node-pull" not in done.stdout, \
+        done.stdout[-3000:]
 
 
 def _command(job: dict) -> list[str]:

@@ -187,7 +187,9 @@ def test_a_custom_workload_gets_the_same_pods_with_its_own_command_image_env_and
     # would open 443 to any pod given its label); the same policies otherwise.
     assert not [r for r in mine.of_type(JOB) if r.name == "training-prepare-data"]
     assert not mine.of_type("kubernetes:batch/v1:CronJob") and mine.outputs["evaluate"] is None
-    assert [(r.name, r.inputs["spec"]) for r in mine.of_type(NETPOL) if r.name != "training-stage-data-netpol"] == \
+    # (its own stages: the S3 stage and the image check of its own image)
+    assert [(r.name, r.inputs["spec"]) for r in mine.of_type(NETPOL)
+            if r.name not in ("training-stage-data-netpol", "training-image-check-netpol")] == \
         [(r.name, r.inputs["spec"]) for r in bundled.of_type(NETPOL)
          if r.name not in ("training-prepare-data-netpol", "training-evaluate-netpol")]
     assert not [d for d in mine.one(JOB, "training-train").dependencies if "prepare-data" in d]
