@@ -196,7 +196,7 @@ def test_elastic_job_args_reject_what_the_stack_config_rejects(field, value):
     from tests.workloads.test_elastic_job import run_job
 
     trainer = field in ("epochs", "global_batch_size", "model", "learning_rate")  # the bundled trainer's own
-    with pytest.raises(ValueError, match=rf"^(.*; )?{field}: got "):
+    with pytest.raises(ValueError, match=rf"^(.*; )?(size\.)?{field}: got "):
         run_job(workload=cifar10_workload(**{field: value})) if trainer else run_job(**{field: value})
 
 

@@ -48,7 +48,7 @@ def test_runs_list_parses_each_run_with_its_workload():
         {"runId": "bert-1", "nodes": 2, "minNodes": 2, "rdzvBackend": "c10d",
          "workload": custom(args=["--lr", "0.1", ""], env={"OMP_NUM_THREADS": 4, "MODE": "fast"},
                             data={"s3": "s3://my-data/corpora/wiki/"})},
-        {"runId": "script-run", "workload": {"script": "/app/train.py"}},
+        {"runId": "script-run", "workload": {"script": "/app/train.py", "image": DIGEST}},
     ))
     assert cfg.runs_listed and [r.run_id for r in cfg.runs] == ["cifar-a", "bert-1", "script-run"]
     assert cfg.job is cfg.runs[0] and cfg.run_key(1) == "runs[1]"
@@ -58,7 +58,7 @@ def test_runs_list_parses_each_run_with_its_workload():
     assert bert.args == ("--lr", "0.1", "") and dict(bert.env) == {"OMP_NUM_THREADS": "4", "MODE": "fast"}
     assert bert.s3_uri == "s3://my-data/corpora/wiki/"
     script = cfg.runs[2].workload
-    assert script.script == "/app/train.py" and script.image is None and script.s3_uri is None
+    assert script.script == "/app/train.py" and script.image == DIGEST and script.s3_uri is None
     assert cfg.group_of(cfg.runs[1]).name == "gpu" and cfg.uses_etcd
     with pytest.raises(TypeError):
         bert.env["X"] = "y"  # type: ignore[index]  # frozen data, like the rest of the config

@@ -7,8 +7,8 @@ import math
 import pytest
 
 from eks_ddp.core.workload import cifar10_workload
-from eks_ddp.workloads.elastic_job import ElasticJobArgs
 from eks_ddp.workloads.etcd import EtcdRendezvousArgs
+from tests.support.job_args import job_args
 
 DIGEST = "123456789012.dkr.ecr.us-west-2.amazonaws.com/trainer@sha256:" + "a" * 64
 GOOD = dict(namespace="training", image=DIGEST, pvc_name="shared", instance_type="g5.12xlarge",
@@ -20,8 +20,8 @@ BAD_TRAINER = {"epochs": 0, "global_batch_size": -5, "model": "resnet50", "learn
 
 @pytest.mark.parametrize("field,value", BAD_JOB.items(), ids=BAD_JOB.keys())
 def test_elastic_job_args_reject_a_bad_value_naming_the_field(field, value):
-    with pytest.raises(ValueError, match=rf"^(.*; )?{field}: got "):
-        ElasticJobArgs(**{**GOOD, field: value})
+    with pytest.raises(ValueError, match=rf"^(.*; )?(size\.)?{field}: got "):
+        job_args(**{**GOOD, field: value})
 
 
 @pytest.mark.parametrize("field,value", BAD_TRAINER.items(), ids=BAD_TRAINER.keys())
@@ -32,7 +32,7 @@ def test_the_bundled_trainer_workload_rejects_a_bad_value_naming_the_field(field
 
 def test_elastic_job_args_list_every_bad_field_at_once():
     with pytest.raises(ValueError) as info:
-        ElasticJobArgs(**{**GOOD, **{k: v for k, v in BAD_JOB.items() if k != "nodes"}})
+        job_args(**{**GOOD, **{k: v for k, v in BAD_JOB.items() if k != "nodes"}})
     for field in ("namespace", "image", "workload"):
         assert f"{field}: got" in str(info.value), field
     with pytest.raises(ValueError) as info:
@@ -42,7 +42,7 @@ def test_elastic_job_args_list_every_bad_field_at_once():
 
 
 def test_good_elastic_job_args_build():
-    assert ElasticJobArgs(**GOOD).nodes == 2
+    assert job_args(**GOOD).size.nodes == 2
 
 
 @pytest.mark.parametrize("namespace", ["default", "kube-system", "Bad_NS"])

@@ -35,7 +35,7 @@ def _own(**kw) -> Workload:
 
 
 def test_a_workloads_own_image_is_checked_on_a_system_node_before_training():
-    result = run_job(workload=_own(env={"MY_FLAG": "1"}), system_node_selector=SYSTEM, node_role_name="nodes")
+    result = run_job(workload=_own(env={"MY_FLAG": "1"}), system_node_selector=SYSTEM)
     check = result.one(JOB, CHECK)
     spec = check.inputs["spec"]
     pod = spec["template"]["spec"]

@@ -10,6 +10,7 @@ import re
 from types import SimpleNamespace
 from typing import Any
 
+from eks_ddp.config import run_rules
 from eks_ddp.config.schema import (
     DNS_LABEL,
     PROJECT,
@@ -101,7 +102,8 @@ def validate(cfg: StackConfig, *, stack: str | None = None, placeholders_ok: boo
     if not net.availability_zones and len(pinned) > net.az_count:
         p.append(f"network.azCount: got {net.az_count}; expected at least the {len(pinned)} zones node groups are "
                  f"pinned to ({', '.join(sorted(pinned))})")
-    return p + _check_runs(cfg) + _check_storage_backend(cfg) + _check_capacity_windows(cfg, today)
+    return (p + _check_runs(cfg) + run_rules.problems(cfg) + _check_storage_backend(cfg)
+            + _check_capacity_windows(cfg, today))
 
 
 def _check_network(n: NetworkConfig, region: str) -> list[str]:

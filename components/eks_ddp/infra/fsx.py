@@ -53,7 +53,7 @@ import pulumi_kubernetes as k8s
 from eks_ddp.core import k8s_versions, rules
 from eks_ddp.core import storage as storage_rules
 from eks_ddp.infra.addon_version import addon_version
-from eks_ddp.infra.efs import TRAINER_GID, TRAINER_UID, irsa_trust_policy
+from eks_ddp.infra.iam import TRAINER_GID, TRAINER_UID, irsa_trust_policy
 
 FSX_CSI_DRIVER = "fsx.csi.aws.com"
 FSX_CSI_NAMESPACE = "kube-system"

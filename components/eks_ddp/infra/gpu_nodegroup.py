@@ -52,10 +52,8 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
-import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import pulumi
 import pulumi_aws as aws
@@ -276,23 +274,6 @@ def node_repair_config(args: GpuNodeGroupArgs) -> aws.eks.NodeGroupNodeRepairCon
         max_parallel_nodes_repaired_count=RESERVED_PARALLEL_REPAIRS if args.capacity_reservation_id else None)
 
 
-_GROUPS: weakref.WeakKeyDictionary[Any, list[GpuNodeGroup]] = weakref.WeakKeyDictionary()
-
-
-def _program_groups() -> list[GpuNodeGroup]:
-    """The GPU node groups this Pulumi program has made so far (one list per program run: its root stack)."""
-    root = pulumi.runtime.get_root_resource()
-    return _GROUPS.setdefault(root, []) if root is not None else []
-
-
-def group_for(node_selector: Any) -> GpuNodeGroup | None:
-    """The group of this program whose node labels ``node_selector`` (a plain mapping) selects, or None."""
-    if not isinstance(node_selector, dict):
-        return None
-    return next((g for g in _program_groups()
-                 if g.node_labels.items() <= node_selector.items()), None)
-
-
 class GpuNodeGroup(pulumi.ComponentResource):
     """A tainted GPU managed node group with its own launch template (optionally EFA, reservation, spot)."""
 
@@ -303,6 +284,10 @@ class GpuNodeGroup(pulumi.ComponentResource):
     """The single zone of the group, or None when it spans every private subnet."""
     max_size: int
     """The most nodes the group (and so a job on it: one agent per node) can get."""
+    instance_type: str
+    """The group's GPU instance type (a job on it: ``Placement.on(group)``)."""
+    efa: bool
+    """The group's nodes attach EFA interfaces."""
 
     def __init__(self, name: str, args: GpuNodeGroupArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("eks-ddp:gpu_nodegroup:GpuNodeGroup", name, None, opts)
@@ -310,6 +295,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
         self._name, self._args = name, args
         self.group_name = args.group_name
         self.max_size = args.max_size
+        self.instance_type, self.efa = args.instance_type, args.efa
         self._tags = {"eks-ddp/node-group": args.group_name, **(args.tags or {})}
         child = pulumi.ResourceOptions(parent=self)
 
@@ -409,7 +395,6 @@ class GpuNodeGroup(pulumi.ComponentResource):
             labels=group_labels, taints=[(GPU_TAINT_KEY, "true", "NoSchedule")], instance_type=args.instance_type,
             efa=args.efa, root_volume_gib=args.root_volume_gib))
         self._schedule_capacity_block(group)
-        _program_groups().append(self)
         self.register_outputs({"node_group_name": self.node_group_name, "node_labels": self.node_labels})
 
     def _tag_node_template(self, group: aws.eks.NodeGroup, tags: Mapping[str, str]) -> None:

@@ -63,7 +63,7 @@ from eks_ddp.core import k8s_versions, rules
 from eks_ddp.core.ownership import STACK_TAG, legacy_owner
 from eks_ddp.infra.addon_version import addon_version
 from eks_ddp.infra.addons import GPU_TOLERATION, gpu_daemonset_values
-from eks_ddp.infra.efs import irsa_trust_policy
+from eks_ddp.infra.iam import irsa_trust_policy
 
 CLOUDWATCH_NAMESPACE = "amazon-cloudwatch"
 CLOUDWATCH_SERVICE_ACCOUNT = "cloudwatch-agent"

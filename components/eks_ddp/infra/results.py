@@ -37,7 +37,7 @@ import pulumi
 import pulumi_aws as aws
 
 from eks_ddp.core import rules
-from eks_ddp.infra.efs import irsa_trust_policy
+from eks_ddp.infra.iam import irsa_trust_policy
 
 RUNS_PREFIX = "runs"
 ACCESS_LOG_PREFIX = "s3-access/"

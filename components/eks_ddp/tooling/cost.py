@@ -155,6 +155,8 @@ class Estimate:
     """Minutes from the end of a run until its GPU nodes are gone (the scale-down tail)."""
     assumptions: tuple[str, ...] = field(default=())
     not_included: tuple[str, ...] = field(default=())
+    per_run_known: bool = True
+    """False for a run of your own workload: its duration (and so its cost) is not the bundled trainer's."""
     after_destroy: tuple[LineItem, ...] = field(default=())
     """What keeps billing after ``pulumi destroy`` (kept file system and keys, results, reservations), $/hour in
     ``idle_units``; each item's note says how to stop it."""
@@ -199,6 +201,7 @@ class Estimate:
             "idle_per_hour": r(self.idle_per_hour),
             "idle_per_month": round(self.idle_per_hour * HOURS_PER_MONTH, 2),
             "per_run": r(self.per_run),
+            "per_run_known": self.per_run_known,
             "run_hours": r(self.run_hours),
             "run_timeline_minutes": {k: round(m, 1) for k, m in self.timeline},
             "back_to_idle_minutes": round(self.back_to_idle_minutes, 1),
@@ -428,7 +431,9 @@ def estimate(cfg: StackConfig, *, day: dt.date | None = None) -> Estimate:
         f"training: group '{cfg.job_group.name}' at job.nodes ({cfg.job.nodes}), other GPU groups at desiredSize; "
         "idle: GPU groups at minSize (the cluster autoscaler removes the rest)",
         f"a run: {cfg.job.epochs} epochs x {CIFAR10_TRAIN_IMAGES:,} images = {images:,} images at ~{rate:,.0f} "
-        f"images/s ({how})",
+        f"images/s ({how})" if not cfg.job.workload.custom else
+        "a run of your own workload: its duration is yours to know, so no per-run figure (the bundled trainer's "
+        "throughput says nothing of it): multiply the $/hour while training by its hours",
         "a run's GPU-node time: " + ", ".join(f"{k} {m:.1f} min" for k, m in phases)
         + f" (the tail: cluster.scaleDownUnneededTime {cfg.cluster.scale_down_unneeded_time} plus ~"
         f"{SCALE_DOWN_TERMINATE_MINUTES} min to drain and terminate); data preparation runs on the system nodes",
@@ -458,7 +463,8 @@ def estimate(cfg: StackConfig, *, day: dt.date | None = None) -> Estimate:
         not_included.append("Container Insights metrics (billed per observation, aws.amazon.com/cloudwatch/pricing)")
     return Estimate(region=cfg.region, items=tuple(_items(cfg, day)), run_images=images, images_per_second=rate,
                     timeline=phases, back_to_idle_minutes=phases[-1][1], assumptions=tuple(assumptions),
-                    not_included=tuple(not_included), after_destroy=tuple(after_destroy(cfg)))
+                    not_included=tuple(not_included), after_destroy=tuple(after_destroy(cfg)),
+                    per_run_known=not cfg.job.workload.custom)
 
 
 def render(data: dict[str, Any]) -> str:
@@ -475,7 +481,9 @@ def render(data: dict[str, Any]) -> str:
           for i in data.get("after_destroy", [])),
         f"  per run:        ${data['per_run']:.2f} on top of idle (GPU nodes for {data['run_hours'] * 60:.0f} min: "
         + ", ".join(f"{k} {m:.1f}" for k, m in data["run_timeline_minutes"].items())
-        + f"; {int(data['run_images']):,} images at ~{data['images_per_second']:,.0f} images/s, estimated)",
+        + f"; {int(data['run_images']):,} images at ~{data['images_per_second']:,.0f} images/s, estimated)"
+        if data.get("per_run_known", True) else
+        "  per run:        unknown: your workload's duration (the $/hour while training times its hours)",
         "",
         f"  {'item':<58} {'$/h training':>12} {'$/h idle':>9}",
     ]

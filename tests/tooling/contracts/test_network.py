@@ -13,6 +13,7 @@ from eks_ddp.tooling.contracts.netobjects import Ports
 from eks_ddp.tooling.contracts.network import check_manifests, vpc_cidrs_of
 from eks_ddp.tooling.contracts.vpc_cni import cluster_of
 from eks_ddp.workloads.etcd import SERVER_LABELS
+from tests.support.job_args import job_args
 
 NS = "training"
 
@@ -76,14 +77,14 @@ def test_the_components_with_the_old_default_store_labels_are_reported(labels):
     import pulumi
 
     from eks_ddp.tooling.mocks import run_program
-    from eks_ddp.workloads.elastic_job import ElasticJob, ElasticJobArgs
+    from eks_ddp.workloads.elastic_job import ElasticJob
     from eks_ddp.workloads.etcd import EtcdRendezvous, EtcdRendezvousArgs
     from eks_ddp.workloads.namespace import NamespaceBaseline
 
     def program() -> None:
         NamespaceBaseline("ns", NS)
         etcd = EtcdRendezvous("rendezvous", EtcdRendezvousArgs(namespace=NS))
-        job = ElasticJob("training", ElasticJobArgs(
+        job = ElasticJob("training", job_args(
             namespace=NS, image="r.example/t@sha256:" + "a" * 64, pvc_name="shared", instance_type="g4dn.xlarge",
             nodes=2, rdzv_endpoint=etcd.endpoint, rdzv_tls_secret=etcd.client_tls_secret, rdzv_server_labels=labels))
         pulumi.export("job", job.job_name)

@@ -20,7 +20,7 @@ import pulumi_kubernetes as k8s
 from eks_ddp.workloads.elastic_job.pods import JOB_IMMUTABLE_FIELDS, PART_OF
 
 if TYPE_CHECKING:
-    from eks_ddp.workloads.elastic_job.view import JobView
+    from eks_ddp.workloads.elastic_job.info import JobInfo
 
 IMAGE_CHECK_LABELS = {"app.kubernetes.io/name": "eks-ddp-image-check", **PART_OF}
 IMAGE_CHECK_MODULE = "eks_ddp_runtime.image_check"
@@ -29,22 +29,22 @@ IMAGE_CHECK_FAILS = [1, 2]
 image without the runtime ("No module named eks_ddp_runtime")."""
 
 
-def image_check_command(job: JobView) -> list[str]:
+def image_check_command(job: JobInfo) -> list[str]:
     """``python -m eks_ddp_runtime.image_check --module M`` (or ``--script S``): the workload's entrypoint."""
-    w = job.args.workload
+    w = job.spec.workload
     which = ["--module", w.module] if w.module is not None else ["--script", str(w.script)]
     return ["python", "-m", IMAGE_CHECK_MODULE, *which]
 
 
-def create_image_check(job: JobView, name: str, child: pulumi.ResourceOptions) -> list[pulumi.Resource]:
+def create_image_check(job: JobInfo, name: str, child: pulumi.ResourceOptions) -> list[pulumi.Resource]:
     """The check's Job (awaited) and its deny-all NetworkPolicy, when the workload has an image of its own and the
     job runs; returns what the training Job waits on (nothing otherwise)."""
-    a = job.args
+    a = job.spec
     if a.workload.image is None or a.state != "run":
         return []
     net = k8s.networking.v1
     policy = net.NetworkPolicy(  # it needs no network: none in, none out
-        f"{name}-image-check-netpol", metadata=job.pods.meta(f"{name}-image-check", IMAGE_CHECK_LABELS),
+        f"{name}-image-check-netpol", metadata=job.meta(f"{name}-image-check", IMAGE_CHECK_LABELS),
         spec=net.NetworkPolicySpecArgs(
             pod_selector=k8s.meta.v1.LabelSelectorArgs(match_labels=dict(IMAGE_CHECK_LABELS)),
             policy_types=["Ingress", "Egress"], ingress=[], egress=[]),
@@ -53,7 +53,7 @@ def create_image_check(job: JobView, name: str, child: pulumi.ResourceOptions) -
         IMAGE_CHECK_LABELS, "image-check", image_check_command(job),
         k8s.core.v1.ResourceRequirementsArgs(requests={"cpu": "250m", "memory": "1Gi"},
                                              limits={"cpu": "1", "memory": "2Gi"}),
-        env=dict(a.workload.env), on_gpu_nodes=False, image=job.image)
+        env=dict(a.workload.env), on_gpu_nodes=False, image=job.agent_image)
     # A finding fails the Job (and so `pulumi up`) at once; a node lost under it does not count; one retry for
     # anything else (an OOM kill while torch imports on a busy node).
     policy_rules = k8s.batch.v1.PodFailurePolicyArgs(rules=[
@@ -66,7 +66,7 @@ def create_image_check(job: JobView, name: str, child: pulumi.ResourceOptions) -
     check = k8s.batch.v1.Job(
         f"{name}-image-check",
         # replaceUnready: a failed check (a bad image, since replaced) is re-run on the next `pulumi up`.
-        metadata=job.pods.meta(f"{name}-image-check", IMAGE_CHECK_LABELS, {"pulumi.com/replaceUnready": "true"}),
+        metadata=job.meta(f"{name}-image-check", IMAGE_CHECK_LABELS, {"pulumi.com/replaceUnready": "true"}),
         # No TTL, as for the data stage: a Job the refresh finds gone would be created and awaited again.
         spec=k8s.batch.v1.JobSpecArgs(backoff_limit=1, active_deadline_seconds=1800, pod_failure_policy=policy_rules,
                                       template=template),
