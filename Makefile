@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STACK ?= dev
 OUT ?= plan-out
 
-.PHONY: install install-deploy test test-long test-compat lint demo plan bench gpu-check gpu-check-bundle clean
+.PHONY: install install-deploy test test-long test-compat lint demo plan bench bench-scale gpu-check gpu-check-bundle clean
 
 install: $(VENV)/.installed $(SCAN_VENV)/.installed
 
@@ -86,10 +86,19 @@ plan: $(VENV)/.installed
 	$(BIN)/python -m eks_ddp.tooling.plan --stack $(STACK) --out $(OUT)
 
 # Trainer benchmarks (several minutes on 2 cores); results and the machine go to bench/RESULTS.md.
-bench: $(VENV)/.installed
+bench: $(VENV)/.installed bench-scale
 	$(BIN)/python bench/throughput.py
 	$(BIN)/python bench/digits.py
 	$(BIN)/python bench/recovery.py
+
+# The rendezvous at N nodes (bench/scale.py: N real agents with the Job's command, the store with its rendered flags,
+# the 200 s soak with the quota scaled down 256x; ~30 min on 2 cores) and the store at 128 and 1,000 simulated agents
+# (bench/store_sim.py: the backend's own handler without workers). Tables in bench/RESULTS.md "Scale".
+SCALE_NODES ?= 4,8,12,16
+SIM_NODES ?= 128,1000
+bench-scale: $(VENV)/.installed
+	$(BIN)/python bench/scale.py --nodes $(SCALE_NODES)
+	$(BIN)/python bench/store_sim.py --nodes $(SIM_NODES)
 
 # One-command GPU acceptance (bench/gpu_check.py; docs/gpu-check.md): on a machine with an NVIDIA GPU and no
 # network, run with that machine's own Python and torch (2.11-2.14), no install of this project needed:

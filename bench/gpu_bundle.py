@@ -5,7 +5,7 @@ This copies, from this project's venv (pinned versions):
 
 * ``fallback/``: what gpu_check puts on the path only where the machine's Python lacks it (the GPU image's own
   copy is not shadowed): ``psutil`` (the local runner's process helpers, eks_ddp_local/procs.py); ``cryptography`` (the local etcd's
-  throw-away CA, training/eks_ddp_local/etcd.py) together with cffi's ``_cffi_backend`` extension, which its bindings load.
+  throw-away CA, training/eks_ddp_local/etcd_server.py) together with cffi's ``_cffi_backend`` extension, which its bindings load.
   psutil and cryptography are compiled against the stable ABI (``*.abi3.so``, PEP 384), so this venv's copies load
   under the GPU machines' Python too (a copy built for one Python version only is refused). ``_cffi_backend`` is
   built per Python version: for another version than this interpreter's (``--python-version``, default the GPU

@@ -3,7 +3,7 @@
 Runs with the GPU machine's own interpreter (Python 3.12, torch 2.11 to 2.14) and nothing else installed: no Pulumi,
 boto3 or cryptography, no install of this project, no network. It puts this checkout on the import path and
 ``.gpu-bundle/bin`` (the etcd server, from ``make gpu-check-bundle``) on PATH, maps ``eks_ddp_runtime`` to
-training/runtime itself (its etcd client is the standard library's HTTP), and loads components/eks_ddp/core/torchrun.py by path (the ``components`` package imports Pulumi). Each item has a bar; the
+training/runtime itself (its etcd client is the standard library's HTTP), and loads components/eks_ddp/core/launch_command.py by path (the ``components`` package imports Pulumi). Each item has a bar; the
 verdict (exit code) fails when an item fails or misses its bar. ``gpu-check.json`` and ``gpu-check.md`` in ``--out``
 are rewritten after every item, so a run cut short keeps what it measured.
 
@@ -64,7 +64,7 @@ AIRBENCH_ARGS: list[str] = []
 
 
 def _load_by_path(name: str, path: Path):
-    """Import one file as a module without its package's ``__init__`` (components/__init__ imports Pulumi)."""
+    """Import one file as a module without its package's ``__init__`` (components/eks_ddp/__init__.py imports Pulumi)."""
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, path)
@@ -75,8 +75,8 @@ def _load_by_path(name: str, path: Path):
 
 
 def torchrun_command():
-    """components/eks_ddp/core/torchrun.py (stdlib only): the cluster's agent command line."""
-    return _load_by_path("eks_ddp_gpu_check_torchrun", ROOT / "components" / "eks_ddp" / "core" / "torchrun.py")
+    """components/eks_ddp/core/launch_command.py (stdlib only): the cluster's agent command line."""
+    return _load_by_path("eks_ddp_gpu_check_launch_command", ROOT / "components" / "eks_ddp" / "core" / "launch_command.py")
 
 
 def prepare_environment(bundle: Path, shim: Path) -> dict[str, str]:
@@ -102,7 +102,7 @@ def prepare_environment(bundle: Path, shim: Path) -> dict[str, str]:
 
 
 def tls_tooling() -> str | None:
-    """The package that makes the local etcd's throw-away CA (training/eks_ddp_local/etcd.py), as ``cryptography <version>``;
+    """The package that makes the local etcd's throw-away CA (training/eks_ddp_local/etcd_server.py), as ``cryptography <version>``;
     None when it does not load here (absent, or the bundle's cffi backend was built for another Python)."""
     try:
         import cryptography
@@ -183,7 +183,7 @@ def _step_seconds(steps: list[dict[str, Any]]) -> float | None:
 def item_a(tmp: Path, env: dict[str, str], gpus: int) -> dict[str, Any]:
     """The real launcher, cluster flags, real etcd; SIGKILL one worker; recovery seconds and work redone."""
     tr = torchrun_command()
-    from eks_ddp_local.etcd import start_etcd
+    from eks_ddp_local.etcd_server import start_etcd
     from eks_ddp_trainer.config import TrainerConfig
     from eks_ddp_trainer.data import write_synthetic_cifar
 
@@ -203,7 +203,7 @@ def item_a(tmp: Path, env: dict[str, str], gpus: int) -> dict[str, Any]:
                          + (tmp / f"agent{i}.log").read_text(errors="replace")[-TAIL:] for i, p in enumerate(procs))
 
     with start_etcd(tmp / "etcd") as endpoint, snapshot_dir("a") as snaps:
-        opts = tr.AgentOptions(min_nodes=1, max_nodes=agents, nproc_per_node=1, rdzv_backend="etcd-v2",
+        opts = tr.AgentOptions(min_nodes=1, max_nodes=agents, nproc_per_node=1, rdzv_backend="etcd",
                                rdzv_endpoint=endpoint, rdzv_id=f"gpu-check-{os.getpid()}", local_addr="127.0.0.1",
                                timeouts=tr.CLUSTER_TIMEOUTS, tls=tr.RdzvTls.of(endpoint.tls))
         cmd = tr.job_command(opts, trainer, python=sys.executable)
@@ -326,7 +326,7 @@ def item_b(tmp: Path, env: dict[str, str]) -> dict[str, Any]:
     ratio = max(trainer) / max(airbench)
     out = {"trainer_img_s": [round(v) for v in trainer], "airbench94_img_s": airbench, "ratio": round(ratio, 3),
            "trainer_10_epochs_s": ten_epochs, "global_batch": 1024,
-           "note": "trainer: fp32 master weights under fp16 autocast; airbench94: a .half() network (G19)"}
+           "note": "trainer: fp32 master weights under fp16 autocast; airbench94: a .half() network"}
     if bf16_supported():
         proc, run, _ = _trainer_run(tmp, env, "b-bf16", [f"--data-dir={data}", "--epochs=10", "--precision=bf16"],
                                     {"EKS_DDP_SNAPSHOT_DIR": "off"})
@@ -461,7 +461,7 @@ def write_report(out: Path, report: dict[str, Any]) -> None:
 def preflight(bundle: Path) -> str | None:
     """Why the check cannot start here, or None."""
     try:
-        from eks_ddp_local.etcd import find_etcd
+        from eks_ddp_local.etcd_server import find_etcd
 
         find_etcd()
     except (ImportError, FileNotFoundError) as e:

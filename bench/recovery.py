@@ -3,7 +3,7 @@
     .venv/bin/python bench/recovery.py [--repeats 3] [--only worker_kill,...] [--baseline DIR] [--out FILE]
 
 Each agent runs ``python -m eks_ddp_runtime.launch`` with CLUSTER_TIMEOUTS, DEFAULT_MAX_RESTARTS and AGENT_ENV, the
-command and environment components/eks_ddp/core/torchrun.py renders into the EKS Job (tests/runtime/test_resilience.py uses the
+command and environment components/eks_ddp/core/launch_command.py renders into the EKS Job (tests/runtime/test_resilience.py uses the
 same). Faults:
 
 * ``worker_kill``: SIGKILL of one trainer process;
@@ -26,7 +26,7 @@ same). Faults:
   the records, no checkpoint committed after the newcomer's fence, full size within 30 s of the link's return.
 
 ``--baseline DIR`` runs the same faults, in the same run, against another checkout (``git worktree add DIR
-dc9e592``): its own ``components/eks_ddp/core/torchrun.py`` builds its cluster command (stock torchrun, its
+dc9e592``): its own command builder (``core/torchrun.py`` at that commit) builds its cluster command (stock torchrun, its
 CLUSTER_TIMEOUTS and default --max-restarts) and its own trainer runs (checkpoints at its default cadence).
 
 Figures: seconds from the fault to the next step record in history.jsonl, steps redone (last step before
@@ -50,7 +50,7 @@ from pathlib import Path
 
 from common import ROOT, machine, synthetic
 
-from eks_ddp.core.torchrun import AGENT_ENV, CLUSTER_TIMEOUTS, DEFAULT_MAX_RESTARTS
+from eks_ddp.core.launch_command import AGENT_ENV, CLUSTER_TIMEOUTS, DEFAULT_MAX_RESTARTS
 from eks_ddp_trainer.config import TrainerConfig
 from tests.support import netns, store_faults
 from tests.support.etcd_server import (
@@ -77,7 +77,7 @@ def _trainer(data: Path, run: Path, epochs: int) -> TrainerConfig:
 
 
 class Baseline:
-    """Another checkout's cluster command: built by its own components/eks_ddp/core/torchrun.py, run from its tree."""
+    """Another checkout's cluster command: built by its own command builder (core/torchrun.py there), run from its tree."""
 
     def __init__(self, tree: Path) -> None:
         self.tree = tree.resolve()

@@ -2,7 +2,7 @@
 
     PYTHONPATH=<runtime> .venv/bin/python bench/restart_cost.py [--repeats 2] [--forms script,module] [--out FILE]
 
-Two agents run the Job's agent command (components/eks_ddp/core/torchrun.py: CLUSTER_TIMEOUTS, DEFAULT_MAX_RESTARTS, AGENT_ENV,
+Two agents run the Job's agent command (components/eks_ddp/core/launch_command.py: CLUSTER_TIMEOUTS, DEFAULT_MAX_RESTARTS, AGENT_ENV,
 a real etcd with client certificates) for training/examples/ddp_minimal.py, either by path (a ``script:``
 workload) or as ``-m training.examples.ddp_minimal`` (a ``module:`` workload), with a checkpoint every 10 steps
 and 0.1 s per step. Once training runs at full size, one worker of agent1 is SIGKILLed; the figure is the seconds
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from common import ROOT, machine
 
-from eks_ddp.core.torchrun import (
+from eks_ddp.core.launch_command import (
     AGENT_ENV,
     CLUSTER_TIMEOUTS,
     DEFAULT_MAX_RESTARTS,
@@ -34,7 +34,7 @@ from eks_ddp.core.torchrun import (
     RdzvTls,
     torchrun_args,
 )
-from eks_ddp_local.etcd import start_etcd
+from eks_ddp_local.etcd_server import start_etcd
 
 SCRIPT = ROOT / "training" / "examples" / "ddp_minimal.py"
 
@@ -84,7 +84,7 @@ def _workers(agent: int) -> list[int]:
 
 def one(endpoint, form: str, work: Path) -> dict:
     run_dir = work / "run"
-    agent = AgentOptions(min_nodes=1, max_nodes=2, nproc_per_node=1, rdzv_backend="etcd-v2", rdzv_endpoint=endpoint,
+    agent = AgentOptions(min_nodes=1, max_nodes=2, nproc_per_node=1, rdzv_backend="etcd", rdzv_endpoint=endpoint,
                          rdzv_id=f"restart-{form}-{time.time_ns()}", max_restarts=DEFAULT_MAX_RESTARTS,
                          local_addr="127.0.0.1", timeouts=CLUSTER_TIMEOUTS, tls=RdzvTls.of(endpoint.tls))
     entry = [str(SCRIPT)] if form == "script" else ["-m", "training.examples.ddp_minimal"]

@@ -1,4 +1,4 @@
-"""What a node-local snapshot of the default model's training state costs (review 2026-11-24, F7).
+"""What a node-local snapshot of the default model's training state costs (2026-11-24).
 
     .venv/bin/python bench/snapshot_cost.py [--rounds 20]
 

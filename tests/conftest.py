@@ -8,19 +8,19 @@ from pathlib import Path
 
 import pytest
 
-try:  # the runtime's import name comes from the install (pyproject: eks_ddp_runtime -> training/runtime)
+try:  # the runtime's import name comes from the install (training/runtime/eks_ddp_runtime)
     import eks_ddp_runtime  # noqa: F401
 except ImportError as e:
     raise pytest.UsageError("eks_ddp_runtime is not importable: install this checkout again (`make install`, "
                             "or pip install -e '.[dev,trainer]') so the editable install maps it to "
-                            "training/runtime") from e
+                            "training/runtime/eks_ddp_runtime") from e
 
 
 _REPO = Path(__file__).resolve().parent.parent
-for _name, _folder in (("eks_ddp", "components"), ("eks_ddp_trainer", "training/eks_ddp_trainer"),
+for _name, _folder in (("eks_ddp", "components/eks_ddp"), ("eks_ddp_trainer", "training/eks_ddp_trainer"),
                        ("eks_ddp_local", "training/eks_ddp_local")):
     # A runtime-only interpreter (make test-compat's venv, the GPU machines) has only eks_ddp_runtime installed and
-    # no Pulumi: eks_ddp/__init__ imports every Pulumi component, but eks_ddp.core.torchrun (the agents' command
+    # no Pulumi: eks_ddp/__init__ imports every Pulumi component, but eks_ddp.core.launch_command (the agents' command
     # line) is pure Python. Each package is registered by its folder without running its __init__, so its pure
     # modules import and a Pulumi module still fails.
     if _name not in sys.modules and (importlib.util.find_spec("pulumi") is None

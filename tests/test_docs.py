@@ -6,14 +6,17 @@ reading it twice: a table generated from the schema, commands and targets that e
 
 from __future__ import annotations
 
+import ast
+import io
 import re
 import shutil
+import tokenize
 from pathlib import Path
 
 import yaml
 
+from eks_ddp.config import TOP_LEVEL_KEYS
 from eks_ddp.config import reference as ref
-from eks_ddp.config.schema import TOP_LEVEL_KEYS
 from tests.support.util import ROOT
 
 README_MAX_LINES = 250
@@ -100,6 +103,47 @@ def test_the_link_check_reports_a_planted_broken_link(tmp_path):
     ]
 
 
+# --- paths named in the code ---------------------------------------------------------------------------------------
+
+_REPO_PATH = re.compile(r"(?<![\w./-])(?:components|training|tests|docs|bench)/[\w./-]*\w")
+
+
+def python_prose(text: str) -> list[str]:
+    """A Python file's comments and bare string statements (docstrings, attribute docstrings): where a path is
+    named for a reader; string literals in code (test data, commands) are not prose."""
+    comments = [t.string for t in tokenize.generate_tokens(io.StringIO(text).readline) if t.type == tokenize.COMMENT]
+    return comments + [n.value.value for n in ast.walk(ast.parse(text))
+                       if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)]
+
+
+def missing_paths(files: list[Path], root: Path) -> list[str]:
+    """``file: path`` for every repository path (``components/...``, ``training/...``, ``tests/...``, ``docs/...``,
+    ``bench/...``) a Python file's comments or docstrings name that does not exist under ``root``."""
+    return [f"{file.relative_to(root)}: {path}" for file in files for chunk in python_prose(file.read_text())
+            for path in _REPO_PATH.findall(chunk) if not (root / path).exists()]
+
+
+def python_files(root: Path = ROOT) -> list[Path]:
+    return sorted(p for top in ("components", "training", "tests", "bench") for p in (root / top).rglob("*.py")) + [
+        root / "__main__.py"]
+
+
+def test_every_path_named_in_the_code_exists():
+    assert not missing_paths(python_files(), ROOT), "\n".join(missing_paths(python_files(), ROOT))
+
+
+def test_the_path_check_reports_a_planted_stale_path(tmp_path):
+    """Negative control: a missing path in a docstring and in a comment is reported; an existing file or folder, a
+    path inside a URL and a string literal in code are not."""
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "page.md").write_text("# Page\n")
+    (tmp_path / "mod.py").write_text(
+        '"""See docs/page.md and docs/, then components/gone.py."""\n\n'
+        "X = 'tests/not_prose.py'  # moved to training/old/place.py\n"
+        "Y = 1\n\"\"\"From https://github.com/o/r/blob/main/docs/elsewhere.md.\"\"\"\n")
+    assert missing_paths([tmp_path / "mod.py"], tmp_path) == ["mod.py: training/old/place.py", "mod.py: components/gone.py"]
+
+
 def test_heading_anchors_follow_githubs_rule():
     text = ("## When `pulumi up` cannot reach the cluster\n## Cancel a run; finished runs stay finished\n"
             "## Worker restart: module and script (2026-11-26, `bench/restart_cost.py`)\n## See [EFA](efa.md)\n")
@@ -136,7 +180,7 @@ def test_config_reference_python_m_write_leaves_a_current_page_unchanged(tmp_pat
     import subprocess
     import sys
 
-    shutil.copytree(ROOT / "components", tmp_path / "eks_ddp")
+    shutil.copytree(ROOT / "components" / "eks_ddp", tmp_path / "eks_ddp")
     (tmp_path / "docs").mkdir()
     shutil.copy(ROOT / ref.DOC_PAGE, tmp_path / ref.DOC_PAGE)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
@@ -191,7 +235,7 @@ def test_trainer_docstring_shows_the_command_the_cluster_runs():
     import shlex
 
     import eks_ddp_trainer.train as train
-    from eks_ddp.core.torchrun import AGENT_ENV, AgentOptions, job_command
+    from eks_ddp.core.launch_command import AGENT_ENV, AgentOptions, job_command
     from eks_ddp_trainer.config import TrainerConfig
 
     doc = train.__doc__
@@ -200,7 +244,7 @@ def test_trainer_docstring_shows_the_command_the_cluster_runs():
     env = dict(w.split("=", 1) for w in words if "=" in w and not w.startswith("-") and w.split("=")[0].isupper())
     command = [w for w in words if not ("=" in w and not w.startswith("-") and w.split("=")[0].isupper())]
     expected = job_command(
-        AgentOptions(min_nodes=1, max_nodes=2, nproc_per_node=1, rdzv_backend="etcd-v2",
+        AgentOptions(min_nodes=1, max_nodes=2, nproc_per_node=1, rdzv_backend="etcd",
                      rdzv_endpoint="ETCD_HOST:2379", rdzv_id="RUN_ID", local_addr="POD_IP"),
         TrainerConfig(data_dir="/shared/data", run_dir="/shared/runs/RUN_ID"))
     assert command == expected

@@ -194,7 +194,7 @@ def test_img_s_after_lookahead_weights_windows_by_their_length():
 
 def test_preflight_names_the_bundle_when_cryptography_does_not_load(monkeypatch):
     """Negative control of the TLS preflight: without a loadable cryptography the check stops before it starts, saying
-    how to get one (the local etcd's CA has one implementation, training/eks_ddp_local/etcd.py make_tls)."""
+    how to get one (the local etcd's CA has one implementation, training/eks_ddp_local/etcd_server.py make_tls)."""
     assert gpu_check.tls_tooling().startswith("cryptography ")
     monkeypatch.setitem(sys.modules, "cryptography", None)
     assert gpu_check.tls_tooling() is None
@@ -237,6 +237,6 @@ def test_the_check_and_what_it_imports_compile_under_python_3_12():
     if py312 is None:
         pytest.skip("no Python 3.12 on this machine")
     proc = subprocess.run([str(py312), "-m", "compileall", "-q", "-x", "__pycache__", str(ROOT / "bench"),
-                           str(ROOT / "training"), str(ROOT / "components" / "core" / "torchrun.py")], capture_output=True,
+                           str(ROOT / "training"), str(ROOT / "components" / "eks_ddp" / "core" / "launch_command.py")], capture_output=True,
                           text=True, timeout=300, env={**os.environ, "PYTHONPYCACHEPREFIX": "/tmp/eks-ddp-pyc312"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]

@@ -176,13 +176,16 @@ def test_components_expose_what_a_composing_program_needs():
     import pulumi
 
     from eks_ddp import (
+        C10d,
         EksCluster,
         EksClusterArgs,
         ElasticJob,
         ElasticJobArgs,
         GpuNodeGroup,
         GpuNodeGroupArgs,
+        Placement,
         ResultsBucketArgs,
+        WholeVolume,
     )
     from eks_ddp.tooling.mocks import run_program
 
@@ -197,8 +200,9 @@ def test_components_expose_what_a_composing_program_needs():
             subnet_ids=["subnet-2"], subnet_by_az={"us-west-2a": "subnet-2"},
             node_security_group_id=cluster.node_security_group_id,
             cluster_security_group_id=cluster.cluster_security_group_id, instance_type="g5.xlarge"))
-        job = ElasticJob("train", ElasticJobArgs(namespace="ml", image="r/t@sha256:" + "0" * 64, pvc_name="shared",
-                                                 instance_type="g5.xlarge", rdzv_backend="c10d", run_id="exp-1"))
+        job = ElasticJob("train", ElasticJobArgs(namespace="ml", image="r/t@sha256:" + "0" * 64,
+                                                 storage=WholeVolume(claim="shared"), placement=Placement.on(group),
+                                                 rendezvous=C10d(), run_id="exp-1"))
         seen.update(node_group=group.node_group, launch_template=group.launch_template, eks=cluster.eks_cluster,
                     sa=job.service_account_name, run_dir=job.run_dir)
         ResultsBucketArgs(oidc_provider_arn="arn:aws:iam::1:oidc-provider/x", oidc_provider_url="https://x",

@@ -28,9 +28,9 @@ PROGRAM = textwrap.dedent('''
 
     import components  # this project's own package of the same name as eks-ddp's source folder
     from eks_ddp import (EfsStore, EfsStoreArgs, EksCluster, EksClusterArgs, ElasticJob, ElasticJobArgs,
-                         EtcdRendezvous, EtcdRendezvousArgs, GpuNodeGroup, GpuNodeGroupArgs, Network,
-                         NetworkArgs, S3Data, Workload)
-    from eks_ddp.workloads.elastic_job.data_stage import data_stage_role, stage_service_account
+                         EtcdRendezvous, EtcdRendezvousArgs, EtcdStore, GpuNodeGroup, GpuNodeGroupArgs, Network,
+                         NetworkArgs, PerRunClaims, Placement, S3Data, Size, Workload, WorkloadImage,
+                         WorkloadImageArgs, data_stage_role)
 
     assert components.OWNER == "myinfra"
     cfg = pulumi.Config()  # this project's namespace: myinfra:*
@@ -59,19 +59,19 @@ PROGRAM = textwrap.dedent('''
         opts=pulumi.ResourceOptions(providers={"kubernetes": provider}, depends_on=[ns]))
     etcd = EtcdRendezvous("rdzv", EtcdRendezvousArgs(namespace="ml"), opts=opts)
     data = S3Data(uri="s3://team-datasets/glue/sst2/", name="sst2")
+    # The image's door is infra's: the nodes' pull grant and the scan gate, then its reference goes to the jobs.
+    image = WorkloadImage("bert-image", WorkloadImageArgs(image="''' + IMAGE + '''",
+                                                          node_role_name=cluster.node_role_name)).image_ref
     for run_id, lr in (("bert-a", "1e-4"), ("bert-b", "3e-5")):
         job_name = f"ft-{run_id}"
         workload = Workload(name="bert-ft", module="myproj.finetune", args=("--lr", lr, "--epochs", "3"),
-                            image="''' + IMAGE + '''", data=data)
+                            image=image, data=data)
         role = data_stage_role(f"stage-{run_id}", data, oidc_provider_arn=cluster.oidc_provider_arn,
-                               oidc_provider_url=cluster.oidc_provider_url, namespace="ml",
-                               service_account=stage_service_account(job_name))
+                               oidc_provider_url=cluster.oidc_provider_url, namespace="ml", job_name=job_name)
         job = ElasticJob(job_name, ElasticJobArgs(
-            namespace="ml", image="''' + IMAGE + '''", instance_type="g5.12xlarge", nodes=2, min_nodes=1,
-            node_selector=gpus.node_labels, data_claim=store.data_claim_name,
-            run_claim=store.run_claim_names[run_id], run_id=run_id, rdzv_endpoint=etcd.endpoint,
-            rdzv_tls_secret=etcd.client_tls_secret, workload=workload, data_role_arn=role,
-            node_role_name=cluster.node_role_name), opts=opts)
+            namespace="ml", workload=workload, placement=Placement.on(gpus), size=Size(nodes=2, min_nodes=1),
+            storage=PerRunClaims(data=store.data_claim_name, run=store.run_claim_names[run_id]),
+            rendezvous=EtcdStore.of(etcd), run_id=run_id, data_role_arn=role), opts=opts)
         pulumi.export(f"follow-{run_id}", job.follow_command)
 ''')
 
@@ -138,8 +138,9 @@ def test_a_users_own_program_previews_offline_and_runs_its_entrypoint_under_the_
     assert stages and all("s3://team-datasets/glue/sst2/" in _command(j) for j in stages), sorted(jobs)
     assert not [j for j in jobs.values() if "eks_ddp_trainer.prepare_data" in " ".join(_command(j))]
     assert "ml-dev" in done.stdout or "myinfra" in done.stdout, done.stdout[-2000:]
-    # The nodes may pull the image: each job grants the node role pull on its repository (and gates it).
-    assert "ft-bert-a-image-node-pull" in done.stdout and "ft-bert-b-image-node-pull" in done.stdout, \
+    # The nodes may pull the image: infra's WorkloadImage grants the node role pull on its repository once (and
+    # gates it); the jobs make no AWS resource of their own.
+    assert "bert-image-node-pull" in done.stdout and "ft-bert-a-image-node-pull" not in done.stdout, \
         done.stdout[-3000:]
 
 

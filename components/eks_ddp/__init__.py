@@ -5,6 +5,8 @@ components from here::
 
     from eks_ddp import Network, EksCluster, GpuNodeGroup, EfsStore, ClusterAddons, ClusterAutoscaler
     from eks_ddp import TrainerImage, EtcdRendezvous, ElasticJob, ResultsBucket
+    from eks_ddp import Placement, Size, PerRunClaims, WholeVolume, EtcdStore, C10d, Results   # ElasticJob's parts
+    from eks_ddp import training_namespace, data_stage_role, workload_policy   # its namespace, roles, policies
     from eks_ddp import Workload, S3Data, Cifar10Data, Egress, cifar10_workload   # what an ElasticJob trains
     from eks_ddp import WorkloadImage   # your image: the nodes' pull grant and the ECR scan gate
     from eks_ddp import Observability   # container logs in CloudWatch, GPU metrics, the node monitoring agent
@@ -22,13 +24,25 @@ from eks_ddp.infra.autoscaler import ClusterAutoscaler, ClusterAutoscalerArgs
 from eks_ddp.infra.cluster import EksCluster, EksClusterArgs
 from eks_ddp.infra.efs import EfsStore, EfsStoreArgs
 from eks_ddp.infra.gpu_nodegroup import GpuNodeGroup, GpuNodeGroupArgs
+from eks_ddp.infra.iam import data_stage_role, workload_policy
 from eks_ddp.infra.image import TrainerImage, TrainerImageArgs
 from eks_ddp.infra.network import Network, NetworkArgs
 from eks_ddp.infra.observability import Observability, ObservabilityArgs
 from eks_ddp.infra.results import ResultsBucket, ResultsBucketArgs
 from eks_ddp.infra.workload_image import WorkloadImage, WorkloadImageArgs
-from eks_ddp.workloads.elastic_job import ElasticJob, ElasticJobArgs
+from eks_ddp.workloads.elastic_job import (
+    C10d,
+    ElasticJob,
+    ElasticJobArgs,
+    EtcdStore,
+    PerRunClaims,
+    Placement,
+    Results,
+    Size,
+    WholeVolume,
+)
 from eks_ddp.workloads.etcd import EtcdRendezvous, EtcdRendezvousArgs
+from eks_ddp.workloads.namespace import training_namespace
 
 __all__ = [
     "ClusterAddons", "ClusterAddonsArgs", "ClusterAutoscaler", "ClusterAutoscalerArgs", "EfsStore", "EfsStoreArgs",
@@ -36,4 +50,6 @@ __all__ = [
     "GpuNodeGroup", "GpuNodeGroupArgs", "Network", "NetworkArgs", "ResultsBucket", "ResultsBucketArgs",
     "TrainerImage", "TrainerImageArgs", "Workload", "S3Data", "Cifar10Data", "cifar10_workload", "Egress",
     "WorkloadImage", "WorkloadImageArgs", "Observability", "ObservabilityArgs",
+    "Placement", "Size", "PerRunClaims", "WholeVolume", "EtcdStore", "C10d", "Results",
+    "data_stage_role", "workload_policy", "training_namespace",
 ]

@@ -44,33 +44,6 @@ def test_defaults_fill_missing_keys(dev):
                  "eks-ddp:nodeGroups": [{"name": "gpu", "instanceType": "g5.xlarge"}]}).job.nodes == 2
 
 
-def test_unknown_top_level_key_is_a_typo(dev):
-    cfg = dict(dev, **{"eks-ddp:nodeGroup": []})
-    msg = rejects(cfg, "eks-ddp:nodeGroup", "unknown key")
-    assert "did you mean 'nodeGroups'" in msg
-
-
-def test_unknown_nested_key_is_a_typo(dev):
-    msg = rejects(set_path(dev, "eks-ddp:job.epoch", 3), "job.epoch", "known keys")
-    assert "did you mean 'epochs'" in msg
-
-
-@pytest.mark.parametrize("path,value,key,allowed", [
-    ("eks-ddp:job.epochs", "ten", "job.epochs", "whole number"),
-    ("eks-ddp:nodeGroups[0].efa", "yes", "nodeGroups[0].efa", "true or false"),
-    ("eks-ddp:nodeGroups[0].capacityType", "reserved", "nodeGroups[0].capacityType", "'spot'"),
-    ("eks-ddp:cluster.publicAccessCidrs", "10.0.0.0/8", "cluster.publicAccessCidrs", "list of strings"),
-    ("eks-ddp:job.model", "vit", "job.model", "'resnet18'"),
-    ("eks-ddp:job.learningRate", "fast", "job.learningRate", "a number"),
-])
-def test_wrong_types(dev, path, value, key, allowed):
-    rejects(set_path(dev, path, value), key, repr(value), allowed)
-
-
-def test_bool_is_not_a_count(dev):
-    rejects(set_path(dev, "eks-ddp:job.nodes", True), "job.nodes", "True", "whole number")
-
-
 @pytest.mark.parametrize("path,key", [
     ("eks-ddp:job.nodes", "job.nodes"),
     ("eks-ddp:job.epochs", "job.epochs"),
@@ -262,7 +235,7 @@ def test_scale_down_time_rejects_non_durations(value):
 
 
 def test_standard_rejected_past_standard_support():
-    """A11: EKS takes upgradePolicy STANDARD only for a version in standard support (day 2026-11-24: 1.33 left it
+    """EKS takes upgradePolicy STANDARD only for a version in standard support (day 2026-11-24: 1.33 left it
     on 2026-07-29); the message names both keys, the date and what is allowed. EXTENDED, or a version in standard
     support, loads; a version past extended support is refused whatever the policy."""
     import datetime as dt
@@ -291,7 +264,7 @@ def test_standard_rejected_past_standard_support():
 
 
 def test_spot_alternates_not_smaller():
-    """A6: the pod is sized from instanceType and the autoscaler simulates the first type; an alternate with fewer
+    """The pod is sized from instanceType and the autoscaler simulates the first type; an alternate with fewer
     vCPUs or less memory would be launched for a pod it cannot hold. Larger alternates stay allowed."""
     dev = stack_config("dev")
     raw = set_path(dev, "eks-ddp:nodeGroups[0].capacityType", "spot")
@@ -307,33 +280,6 @@ def _problems(cfg: dict) -> list[str]:
     with pytest.raises(ConfigError) as info:
         load(cfg)
     return info.value.problems
-
-
-@pytest.mark.parametrize(("value", "shown"), [(1.35, "1.35"), (1.3, "1.3")])
-def test_unquoted_kubernetes_version_says_to_quote_it_and_lists_the_versions(dev, value, shown):
-    """U17: `kubernetesVersion: 1.35` (and 1.30, read as 1.3) said only "expected a non-empty string"."""
-    from eks_ddp.config import SUPPORTED_KUBERNETES_VERSIONS
-
-    msg = rejects(set_path(dev, "eks-ddp:cluster.kubernetesVersion", value), f"cluster.kubernetesVersion: got {shown};")
-    assert "quote the value" in msg and "1.30 as the number 1.3" in msg
-    assert "allowed: " + ", ".join(SUPPORTED_KUBERNETES_VERSIONS) in msg
-    assert f'kubernetesVersion: "{SUPPORTED_KUBERNETES_VERSIONS[-1]}"' in msg
-    other = rejects(set_path(dev, "eks-ddp:job.runId", 1.5), "job.runId: got 1.5;")  # any string key: quote it
-    assert "quote the value" in other and "allowed" not in other
-
-
-@pytest.mark.parametrize(("key", "value", "path"), [
-    ("eks-ddp:image.prebuilt", "repo@sha256:" + "a" * 64, "image.prebuilt"),
-    ("eks-ddp:nodeGroups[0].instanceType", "g5.xlarge", "nodeGroups[0].instanceType"),
-    ("eks-ddp:job.epochs", "20", "job.epochs"),
-])
-def test_a_dotted_top_level_key_suggests_path(dev, key, value, path):
-    """U18: `pulumi config set eks-ddp:image.prebuilt X` without --path gave only "unknown key"."""
-    msg = rejects({**dev, key: value}, f"{key}: unknown key, a path set without --path")
-    assert f"pulumi config set --path '{path}' '{value}'" in msg
-    assert f"pulumi config rm '{key}'" in msg
-    plain = rejects({**dev, "eks-ddp:imagez": "x"}, "eks-ddp:imagez: unknown key; known keys")  # control
-    assert "--path" not in plain
 
 
 def test_results_kms_key_arn_needs_the_bucket_and_an_arn(dev):
@@ -355,3 +301,37 @@ def test_s3_endpoint_extra_buckets_are_bucket_names(dev):
         == ("data-lake",)
     byo = {"vpcId": "vpc-1", "privateSubnetIds": ["subnet-a", "subnet-b"], "s3EndpointExtraBuckets": ["data-lake"]}
     rejects(set_path(dev, "eks-ddp:network", byo), "network.s3EndpointExtraBuckets", "network.vpcId")
+
+
+def test_rdzv_backend_etcd_v2_reads_as_etcd_with_a_warning_naming_the_key(dev):
+    """The store speaks etcd's v3 API, so the value is ``etcd``; ``etcd-v2``, its old name, still reads for one
+    release, with a warning naming the key, the value and what to write instead. ``etcd`` reads without one."""
+    plain = load(set_path(dev, "eks-ddp:job.rdzvBackend", "etcd"))
+    assert plain.job.rdzv_backend == "etcd" and plain.uses_etcd and plain.warnings == ()
+    old = load(set_path(dev, "eks-ddp:job.rdzvBackend", "etcd-v2"))
+    assert old.job.rdzv_backend == "etcd" and old.uses_etcd
+    assert len(old.warnings) == 1 and old.warnings[0].startswith("job.rdzvBackend: got 'etcd-v2'")
+    assert "expected 'etcd'" in old.warnings[0]
+    runs = {k: v for k, v in dev.items() if k != "eks-ddp:job"}
+    runs["eks-ddp:runs"] = [{"runId": "a", "rdzvBackend": "c10d"}, {"runId": "b", "rdzvBackend": "etcd-v2"}]
+    cfg = load(runs)
+    assert [r.rdzv_backend for r in cfg.runs] == ["c10d", "etcd"]
+    assert [w.split(":")[0] for w in cfg.warnings] == ["runs[1].rdzvBackend"]
+    rejects(set_path(dev, "eks-ddp:job.rdzvBackend", "etcd-v3"), "job.rdzvBackend: got 'etcd-v3'",
+            "one of 'etcd', 'c10d'")
+
+
+def test_the_program_logs_the_etcd_v2_warning_and_builds_the_same_stack(monkeypatch):
+    """The program says the deprecation as a Pulumi warning; the value changes no resource (the URN snapshot's
+    dev stack now writes etcd)."""
+    import pulumi
+
+    from tests.support.util import run
+
+    said: list[str] = []
+    monkeypatch.setattr(pulumi.log, "warn", lambda message, *a, **k: said.append(message))
+    new = run(stack_config("dev"))
+    assert not [m for m in said if "rdzvBackend" in m]
+    old = run(set_path(stack_config("dev"), "eks-ddp:job.rdzvBackend", "etcd-v2"))
+    assert [m for m in said if m.startswith("job.rdzvBackend: got 'etcd-v2'")]
+    assert len(new.resources) > 10 and sorted(r.urn for r in old.resources) == sorted(r.urn for r in new.resources)

@@ -48,7 +48,7 @@ def test_runs_list_parses_each_run_with_its_workload():
         {"runId": "bert-1", "nodes": 2, "minNodes": 2, "rdzvBackend": "c10d",
          "workload": custom(args=["--lr", "0.1", ""], env={"OMP_NUM_THREADS": 4, "MODE": "fast"},
                             data={"s3": "s3://my-data/corpora/wiki/"})},
-        {"runId": "script-run", "workload": {"script": "/app/train.py"}},
+        {"runId": "script-run", "workload": {"script": "/app/train.py", "image": DIGEST}},
     ))
     assert cfg.runs_listed and [r.run_id for r in cfg.runs] == ["cifar-a", "bert-1", "script-run"]
     assert cfg.job is cfg.runs[0] and cfg.run_key(1) == "runs[1]"
@@ -58,7 +58,7 @@ def test_runs_list_parses_each_run_with_its_workload():
     assert bert.args == ("--lr", "0.1", "") and dict(bert.env) == {"OMP_NUM_THREADS": "4", "MODE": "fast"}
     assert bert.s3_uri == "s3://my-data/corpora/wiki/"
     script = cfg.runs[2].workload
-    assert script.script == "/app/train.py" and script.image is None and script.s3_uri is None
+    assert script.script == "/app/train.py" and script.image == DIGEST and script.s3_uri is None
     assert cfg.group_of(cfg.runs[1]).name == "gpu" and cfg.uses_etcd
     with pytest.raises(TypeError):
         bert.env["X"] = "y"  # type: ignore[index]  # frozen data, like the rest of the config
@@ -87,7 +87,8 @@ def test_job_and_runs_together_name_both_keys():
 def test_runs_must_be_a_non_empty_list(value):
     cfg = drop_path(stack_config("dev"), "eks-ddp:job")
     cfg["eks-ddp:runs"] = value
-    rejects(cfg, "runs: got", "a non-empty list of runs")
+    rejects(cfg, "runs: got", repr(value), "expected a")
+    rejects(cfg, "runs: got", "list")
 
 
 def test_run_keys_are_checked_per_run_with_its_index():
@@ -133,7 +134,7 @@ def test_workload_has_exactly_one_of_module_and_script(workload, fragment):
     (custom(module="bert.train.py."), "runs[0].workload.module", "Python module name"),
     ({"script": "train.py --lr 1"}, "runs[0].workload.script: got 'train.py --lr 1'", "arguments go in args"),
     (custom(args="--lr 0.1"), "runs[0].workload.args: got '--lr 0.1'", "a list of strings"),
-    (custom(args=["--lr", 0.1]), "runs[0].workload.args", "quote numbers"),
+    (custom(args=["--lr", 0.1]), "runs[0].workload.args[1]: got 0.1", "a string: quote the value"),
     (custom(env={"EKS_DDP_RUN_DIR": "/x"}), "runs[0].workload.env.EKS_DDP_RUN_DIR", "not starting with EKS_DDP_"),
     (custom(env={"MY-VAR": "1"}), "runs[0].workload.env.MY-VAR", "a variable name"),
     (custom(env={"FLAG": True}), "runs[0].workload.env.FLAG: got True", "a string"),
@@ -142,10 +143,10 @@ def test_workload_has_exactly_one_of_module_and_script(workload, fragment):
      "end it with '/': s3://my-data/wiki/"),
     (custom(data={"s3": "https://my-data.s3.amazonaws.com/wiki/"}), "runs[0].workload.data.s3", "an S3 prefix"),
     (custom(data={"s3": "s3://My_Bucket/wiki/"}), "runs[0].workload.data.s3", "an S3 prefix"),
-    (custom(data="s3://my-data/wiki/"), "runs[0].workload.data: got 's3://my-data/wiki/'", "one key, s3"),
+    (custom(data="s3://my-data/wiki/"), "runs[0].workload.data: got 's3://my-data/wiki/'", "an object with keys s3, sha256"),
     (custom(data={"s3": "s3://my-data/wiki/", "sha256": "ABC"}), "runs[0].workload.data.sha256: got 'ABC'",
      "64 lowercase hex digits: the sha256 of the data set's manifest"),
-    (custom(data={"s3": "s3://my-data/wiki/", "md5": "x"}), "runs[0].workload.data: got", "optionally sha256"),
+    (custom(data={"s3": "s3://my-data/wiki/", "md5": "x"}), "runs[0].workload.data.md5: got 'x'", "known keys: s3, sha256"),
     (custom(entrypoint="x"), "runs[0].workload.entrypoint", "one of the known keys: image, module, script"),
     (custom(imgae=DIGEST), "runs[0].workload.imgae", "did you mean 'image'"),
     ("bert", "runs[0].workload: got 'bert'", "'cifar10' (the bundled trainer) or an object"),
@@ -153,7 +154,7 @@ def test_workload_has_exactly_one_of_module_and_script(workload, fragment):
     (custom(egress=["https", "0.0.0.0/0:443"]), "runs[0].workload.egress[1].cidr: got '0.0.0.0/0'",
      "instance metadata service"),
     (custom(egress=["api.wandb.ai:443"]), "runs[0].workload.egress[0].cidr: got 'api.wandb.ai'", "an IPv4 network"),
-    (custom(iamStatements={"Effect": "Allow"}), "runs[0].workload.iamStatements: got", "a list of IAM statements"),
+    (custom(iamStatements={"Effect": "Allow"}), "runs[0].workload.iamStatements: got {'Effect': 'Allow'}", "a list of objects"),
     (custom(iamStatements=[{"Effect": "Allow", "Action": "*", "Resource": "*"}]),
      "runs[0].workload.iamStatements[0].Action: got '*'", "never a bare '*'"),
 ])

@@ -1,6 +1,6 @@
 """The stack file's JSON Schema (docs/stack-config.schema.json): generated from the config models, and what an
-editor holding it says about the example stacks (they pass; a wrong key or type fails). And what the models refuse
-although pydantic alone would take it (null, field names as keys, lax coercion), as the hand-written reader did."""
+editor holding it says about the example stacks (they pass; a wrong key or type fails). What the stack file refuses
+although pydantic alone would take it is tests/config/test_messages.py."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import yaml
 from jsonschema import Draft202012Validator
 
-from eks_ddp.config.stack_file import SCHEMA_FILE, schema_text, stack_file_schema
+from eks_ddp.config.reference import SCHEMA_FILE, schema_text, stack_file_schema
 from tests.support.util import ROOT
 
 MODELINE = f"# yaml-language-server: $schema={SCHEMA_FILE.as_posix()}"
@@ -80,31 +80,3 @@ def test_other_namespaces_and_pulumi_forms_pass(validator):
     assert errors(validator, doc) == []
 
 
-# --- what pydantic alone would accept, and the stack file refuses as before ------------------------------------------
-
-@pytest.mark.parametrize(("path", "value", "message"), [
-    # null is not "unset": a key given is read (the models' None default stays for Python callers)
-    ("eks-ddp:network.vpcId", None, "network.vpcId: got None; expected a non-empty string"),
-    ("eks-ddp:runs", None, "runs: got None; expected a non-empty list of runs"),
-    # the stack file is read by its keys only; Python's field names are not keys
-    ("eks-ddp:nodeGroups", [{"name": "gpu", "instance_type": "g4dn.xlarge", "max_size": 2}],
-     "nodeGroups[0].instance_type: got 'g4dn.xlarge'; expected one of the known keys: name, instanceType"),
-    # a workload's kind is what its form says ('cifar10' or an object), never a key
-    ("eks-ddp:runs", [{"runId": "a", "workload": {"kind": "custom", "module": "m"}}],
-     "runs[0].workload.kind: got 'custom'; expected one of the known keys: image, module, script, args, env, data"),
-    # no lax coercion: a bool is not a count, a number is not a string list, "1.5" is not a whole number
-    ("eks-ddp:job.nodes", True, "job.nodes: got True; expected a whole number"),
-    ("eks-ddp:job.epochs", "1.5", "job.epochs: got '1.5'; expected a whole number"),
-    ("eks-ddp:cluster.publicAccessCidrs", ["1.2.3.4/32", 5], "cluster.publicAccessCidrs: got ['1.2.3.4/32', 5]; "
-                                                               "expected a list of strings"),
-])
-def test_the_stack_file_refuses_what_pydantic_would_coerce(path, value, message):
-    from eks_ddp.config import ConfigError, load_stack_config
-    from tests.support.util import set_path, stack_config
-
-    raw = set_path(stack_config("dev"), path, value)
-    if path == "eks-ddp:runs":
-        del raw["eks-ddp:job"]
-    with pytest.raises(ConfigError) as info:
-        load_stack_config({k: v for k, v in raw.items() if k.startswith("eks-ddp:")}, region=raw["aws:region"])
-    assert any(p.startswith(message) for p in info.value.problems), info.value.problems

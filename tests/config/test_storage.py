@@ -68,6 +68,19 @@ def test_fsx_backend_and_its_sizes():
         "storage.backend: got 'lustre'; expected one of 'efs', 'fsxLustre'"]
 
 
+def test_fsx_backup_id_restores_a_final_backup_and_is_refused_malformed_or_on_efs():
+    fsx = {"storage.backend": "fsxLustre", "storage.fsxStorageCapacityGiB": 2400}
+    cfg = load(edit(stack_config("p4de"), **fsx, **{"storage.fsxBackupId": "backup-0123456789abcdef0"}))
+    assert cfg.storage.fsx_backup_id == "backup-0123456789abcdef0" and cfg.storage.retain_on_destroy
+    assert load(edit(stack_config("p4de"), **fsx)).storage.fsx_backup_id is None
+    assert problems(edit(stack_config("p4de"), **fsx, **{"storage.fsxBackupId": "fs-0123456789abcdef0"})) == [
+        "storage.fsxBackupId: got 'fs-0123456789abcdef0'; expected an FSx backup id like backup-0123456789abcdef0 "
+        "(aws fsx describe-backups)"]
+    found = problems(edit(stack_config("dev"), **{"storage.fsxBackupId": "backup-0123456789abcdef0"}))
+    assert found == ["storage.fsxBackupId: got 'backup-0123456789abcdef0' with storage.backend 'efs'; expected none "
+                     "(it restores an FSx for Lustre backup; an EFS file system is adopted with storage.fileSystemId)"]
+
+
 def test_efs_lifecycle_keys():
     cfg = load(edit(stack_config("dev"), **{"storage.efsTransitionToIA": "AFTER_7_DAYS",
                                             "storage.efsTransitionToArchive": "none"}))

@@ -7,8 +7,8 @@ import math
 import pytest
 
 from eks_ddp.core.workload import cifar10_workload
-from eks_ddp.workloads.elastic_job import ElasticJobArgs
 from eks_ddp.workloads.etcd import EtcdRendezvousArgs
+from tests.support.job_args import job_args
 
 DIGEST = "123456789012.dkr.ecr.us-west-2.amazonaws.com/trainer@sha256:" + "a" * 64
 GOOD = dict(namespace="training", image=DIGEST, pvc_name="shared", instance_type="g5.12xlarge",
@@ -20,8 +20,8 @@ BAD_TRAINER = {"epochs": 0, "global_batch_size": -5, "model": "resnet50", "learn
 
 @pytest.mark.parametrize("field,value", BAD_JOB.items(), ids=BAD_JOB.keys())
 def test_elastic_job_args_reject_a_bad_value_naming_the_field(field, value):
-    with pytest.raises(ValueError, match=rf"^(.*; )?{field}: got "):
-        ElasticJobArgs(**{**GOOD, field: value})
+    with pytest.raises(ValueError, match=rf"^(.*; )?(size\.)?{field}: got "):
+        job_args(**{**GOOD, field: value})
 
 
 @pytest.mark.parametrize("field,value", BAD_TRAINER.items(), ids=BAD_TRAINER.keys())
@@ -32,7 +32,7 @@ def test_the_bundled_trainer_workload_rejects_a_bad_value_naming_the_field(field
 
 def test_elastic_job_args_list_every_bad_field_at_once():
     with pytest.raises(ValueError) as info:
-        ElasticJobArgs(**{**GOOD, **{k: v for k, v in BAD_JOB.items() if k != "nodes"}})
+        job_args(**{**GOOD, **{k: v for k, v in BAD_JOB.items() if k != "nodes"}})
     for field in ("namespace", "image", "workload"):
         assert f"{field}: got" in str(info.value), field
     with pytest.raises(ValueError) as info:
@@ -42,7 +42,7 @@ def test_elastic_job_args_list_every_bad_field_at_once():
 
 
 def test_good_elastic_job_args_build():
-    assert ElasticJobArgs(**GOOD).nodes == 2
+    assert job_args(**GOOD).size.nodes == 2
 
 
 @pytest.mark.parametrize("namespace", ["default", "kube-system", "Bad_NS"])
@@ -59,7 +59,7 @@ def test_network_rejects_a_vpc_range_the_config_rejects(vpc_cidr):
         validate(NetworkArgs(cluster_name="c", availability_zones=["us-west-2a", "us-west-2b"], vpc_cidr=vpc_cidr))
 
 
-# --- the infrastructure Args: the stack config's rules, and pulumi.Input values (review U11-U14) ----------
+# --- the infrastructure Args: the stack config's rules, and pulumi.Input values ------------------------------------
 
 def _in_program(build):
     """Run ``build`` inside a Pulumi program (Outputs need one) and return what it returned."""
@@ -94,7 +94,7 @@ def _group_args(**change):
 
 
 def test_network_args_zones_default_to_none_with_your_own_vpc():
-    """U13: availability_zones was required although bring-your-own ignores it."""
+    """availability_zones was required although bring-your-own ignores it."""
     from eks_ddp.infra.network import NetworkArgs, validate
 
     validate(NetworkArgs(cluster_name="c", vpc_id="vpc-1", private_subnet_ids=["subnet-a", "subnet-b"]))
@@ -103,7 +103,7 @@ def test_network_args_zones_default_to_none_with_your_own_vpc():
 
 
 def test_network_args_with_outputs_give_a_message_or_are_accepted():
-    """U11: NetworkArgs(private_subnet_ids=Output) was a TypeError (len() of an Output)."""
+    """NetworkArgs(private_subnet_ids=Output) was a TypeError (len() of an Output)."""
     from eks_ddp.infra.network import NetworkArgs, validate
 
     def build(out):
@@ -147,7 +147,7 @@ def test_network_args_check_names_and_zones_like_the_stack_config():
     ({"system_node_count": "2"}, "system_node_count: got '2'; expected a whole number"),
 ])
 def test_cluster_args_follow_the_stack_configs_rules(change, fragment):
-    """U12: these were accepted, and kubernetes_version='1.29' was a KeyError."""
+    """these were accepted, and kubernetes_version='1.29' was a KeyError."""
     from eks_ddp.infra.cluster import validate
 
     with pytest.raises(ValueError) as info:
@@ -162,7 +162,7 @@ def test_cluster_args_accept_what_the_stack_config_accepts():
 
 
 def test_cluster_args_take_outputs_where_they_are_inputs_and_say_so_where_not():
-    """U11: public_access_cidrs=Output was "'Output' object is not iterable"."""
+    """public_access_cidrs=Output was "'Output' object is not iterable"."""
     from eks_ddp.infra.cluster import EksCluster, validate
 
     def build(out):
@@ -204,7 +204,7 @@ def test_cluster_args_still_refuse_a_world_open_plain_cidr_next_to_an_output():
     ({"max_size": 2.5}, "max_size: got 2.5; expected a whole number"),
 ])
 def test_gpu_nodegroup_args_follow_the_stack_configs_rules(change, fragment):
-    """U12: GpuNodeGroupArgs(group_name='GPU_A') was accepted."""
+    """GpuNodeGroupArgs(group_name='GPU_A') was accepted."""
     from eks_ddp.infra.gpu_nodegroup import validate
 
     with pytest.raises(ValueError) as info:
@@ -213,7 +213,7 @@ def test_gpu_nodegroup_args_follow_the_stack_configs_rules(change, fragment):
 
 
 def test_gpu_nodegroup_args_with_outputs_give_a_message_or_are_accepted():
-    """U11: GpuNodeGroupArgs(max_size=Output) was "'<' not supported between 'Output' and 'int'"."""
+    """GpuNodeGroupArgs(max_size=Output) was "'<' not supported between 'Output' and 'int'"."""
     from eks_ddp.infra.gpu_nodegroup import GpuNodeGroup, validate
 
     def build(out):
@@ -241,7 +241,7 @@ def test_gpu_nodegroup_args_with_outputs_give_a_message_or_are_accepted():
     ({"kubernetes_version": "1.29"}, "kubernetes_version: got '1.29'; expected one of"),
 ])
 def test_autoscaler_args_follow_the_stack_configs_rules(change, fragment):
-    """U12: ClusterAutoscalerArgs(scale_down_unneeded_time='10 minutes', region='us-west-3') was accepted."""
+    """ClusterAutoscalerArgs(scale_down_unneeded_time='10 minutes', region='us-west-3') was accepted."""
     from eks_ddp.infra.autoscaler import ClusterAutoscalerArgs, validate
 
     base = dict(cluster_name="eks-ddp-test", region="us-west-2", kubernetes_version="1.35",
@@ -264,7 +264,7 @@ def test_the_package_exports_its_components_statically_and_is_typed():
     assert "from eks_ddp import" in eks_ddp.__doc__ and "from components import" not in eks_ddp.__doc__
     for name in eks_ddp.__all__:
         assert getattr(eks_ddp, name).__module__.startswith(eks_ddp.__name__ + "."), name
-    assert (ROOT / "components" / "py.typed").exists()
+    assert (ROOT / "components" / "eks_ddp" / "py.typed").exists()
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert "py.typed" in meta["tool"]["setuptools"]["package-data"]["eks_ddp"]
 
@@ -276,7 +276,7 @@ def test_importing_the_package_loads_no_torch():
     from tests.support.util import ROOT
 
     code = ("import sys\nfor m in ('torch', 'torchvision', 'matplotlib', 'etcd'):\n    sys.modules[m] = None\n"
-            "import eks_ddp, eks_ddp.core.torchrun\nprint(' '.join(sorted(eks_ddp.__all__)))")
+            "import eks_ddp, eks_ddp.core.launch_command\nprint(' '.join(sorted(eks_ddp.__all__)))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert {"ClusterAddons", "ElasticJob", "Workload", "cifar10_workload"} <= set(out.stdout.split())

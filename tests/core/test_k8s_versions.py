@@ -1,4 +1,4 @@
-"""Kubernetes version calendar, upgrade policy and add-on builds per version (review M1, M12)."""
+"""Kubernetes version calendar, upgrade policy and add-on builds per version."""
 
 from __future__ import annotations
 

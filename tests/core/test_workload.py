@@ -11,10 +11,11 @@ import pytest
 
 from eks_ddp.config import load_stack_config
 from eks_ddp.core import catalog
-from eks_ddp.core.torchrun import CLUSTER_TIMEOUTS, AgentOptions, job_command
+from eks_ddp.core.launch_command import CLUSTER_TIMEOUTS, AgentOptions, job_command
 from eks_ddp.core.workload import Cifar10Data, Egress, S3Data, Workload, dataset_name
 from eks_ddp.tooling.mocks import run_program
 from eks_ddp_trainer.config import TrainerConfig
+from tests.support.job_args import job_args
 from tests.support.util import run, stack_config
 from tests.workloads.test_elastic_job import (
     ETCD,
@@ -186,7 +187,9 @@ def test_a_custom_workload_gets_the_same_pods_with_its_own_command_image_env_and
     # would open 443 to any pod given its label); the same policies otherwise.
     assert not [r for r in mine.of_type(JOB) if r.name == "training-prepare-data"]
     assert not mine.of_type("kubernetes:batch/v1:CronJob") and mine.outputs["evaluate"] is None
-    assert [(r.name, r.inputs["spec"]) for r in mine.of_type(NETPOL) if r.name != "training-stage-data-netpol"] == \
+    # (its own stages: the S3 stage and the image check of its own image)
+    assert [(r.name, r.inputs["spec"]) for r in mine.of_type(NETPOL)
+            if r.name not in ("training-stage-data-netpol", "training-image-check-netpol")] == \
         [(r.name, r.inputs["spec"]) for r in bundled.of_type(NETPOL)
          if r.name not in ("training-prepare-data-netpol", "training-evaluate-netpol")]
     assert not [d for d in mine.one(JOB, "training-train").dependencies if "prepare-data" in d]
@@ -207,9 +210,9 @@ def test_a_workload_env_that_the_job_sets_itself_is_refused():
 
 def test_elastic_job_args_take_only_a_workload():
     def program() -> None:
-        from eks_ddp.workloads.elastic_job import ElasticJob, ElasticJobArgs
+        from eks_ddp.workloads.elastic_job import ElasticJob
 
-        ElasticJob("training", ElasticJobArgs(
+        ElasticJob("training", job_args(
             namespace="training", image=IMAGE, pvc_name="shared", instance_type="g4dn.xlarge",
             node_selector=GPU_NODES, rdzv_endpoint=ETCD, rdzv_tls_secret=RDZV_TLS_SECRET,
             workload=Workload(name="x", module="x.y", data=Cifar10Data())))
@@ -257,7 +260,7 @@ def test_an_s3_workload_needs_the_stage_role():
 def test_the_stage_role_lists_exactly_the_prefix_and_reads_only_under_it():
     import json
 
-    from eks_ddp.workloads.elastic_job.data_stage import read_prefix_policy
+    from eks_ddp.infra.iam import read_prefix_policy
 
     doc = json.loads(read_prefix_policy(WIKI, "aws-cn"))
     listing, read = doc["Statement"]
@@ -313,13 +316,13 @@ def test_the_stage_pod_is_hardened_like_every_other():
 
 
 def _job_with_stage_role(**role_kw) -> None:
-    from eks_ddp.workloads.elastic_job import ElasticJob, ElasticJobArgs
-    from eks_ddp.workloads.elastic_job.data_stage import data_stage_role
+    from eks_ddp.infra.iam import data_stage_role
+    from eks_ddp.workloads.elastic_job import ElasticJob
 
     def program() -> None:
         role = data_stage_role("stage", WIKI, oidc_provider_arn="arn:aws:iam::123456789012:oidc-provider/x",
                                oidc_provider_url="https://x", namespace="training", **role_kw)
-        ElasticJob("training", ElasticJobArgs(
+        ElasticJob("training", job_args(
             namespace="training", image=IMAGE, pvc_name="shared", instance_type="g4dn.xlarge", rdzv_endpoint=ETCD,
             rdzv_tls_secret=RDZV_TLS_SECRET, workload=custom(data=WIKI), data_role_arn=role))
 
@@ -387,5 +390,24 @@ def test_without_a_role_or_declarations_the_pods_reach_no_address_outside():
 
 
 def test_statements_need_the_training_pods_role():
-    with pytest.raises(ValueError, match=r"^workload.iam_statements: given, but results_role_arn is None"):
+    with pytest.raises(ValueError, match=r"^workload.iam_statements: given, but results is None"):
         run_job(workload=custom(iam_statements=(READ_CKPT,)))
+
+
+def test_statements_no_policy_grants_are_refused():
+    """The job builds no AWS resource: statements reach the role only through infra's workload_policy, and a role
+    given without it would leave them ungranted, so the job says so."""
+    import dataclasses
+
+    from eks_ddp.workloads.elastic_job import ElasticJob, Results
+
+    def program() -> None:
+        base = job_args(namespace="training", image=IMAGE, pvc_name="shared", instance_type="g4dn.xlarge",
+                        rdzv_backend="c10d", workload=custom(iam_statements=(READ_CKPT,)), results_role_arn=ROLE)
+        ElasticJob("training", base)  # through workload_policy (the helper): accepted
+        ElasticJob("other", dataclasses.replace(base, run_id="r2", results=Results(url="s3://b/runs/r2/",
+                                                                                     role_arn=ROLE)))
+
+    with pytest.raises(ValueError, match=r"^workload.iam_statements: given, but no policy on results.role_arn grants "
+                                         r"them; expected results.role_arn = eks_ddp.infra.iam.workload_policy"):
+        run_program({}, program=program)

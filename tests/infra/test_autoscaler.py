@@ -227,23 +227,6 @@ def test_a_pod_the_group_cannot_serve_is_refused():
     assert not scheduling.would_scale_up(named("dev", "train"), bare)
 
 
-def test_required_node_affinity_and_toleration_rules():
-    node = scheduling.TemplateNode(labels={"a": "1", "n": "5"}, taints=(("k", "v", "NoSchedule"),),
-                                   allocatable={"cpu": 2, "memory": 2**30})
-    tol = [{"key": "k", "operator": "Equal", "value": "v"}]
-
-    def spec(*exprs, tolerations=tol):
-        return {"tolerations": tolerations, "containers": [{"resources": {"requests": {"cpu": "500m"}}}],
-                "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-                    "nodeSelectorTerms": [{"matchExpressions": list(exprs)}]}}}}
-    assert scheduling.would_scale_up(spec({"key": "a", "operator": "In", "values": ["1"]}), node)
-    assert not scheduling.would_scale_up(spec({"key": "a", "operator": "NotIn", "values": ["1"]}), node)
-    assert scheduling.would_scale_up(spec({"key": "n", "operator": "Gt", "values": ["4"]}), node)
-    assert not scheduling.would_scale_up(spec({"key": "b", "operator": "Exists"}), node)
-    assert not scheduling.would_scale_up(spec(tolerations=[{"key": "k", "operator": "Equal", "value": "x"}]), node)
-    assert scheduling.would_scale_up(spec(tolerations=[{"operator": "Exists"}]), node)
-
-
 # --- the system nodes: what must run there fits the dev stack's single t3.medium ------------------------
 
 def test_dev_system_node_holds_everything_that_must_run_there():

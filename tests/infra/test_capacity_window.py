@@ -8,7 +8,7 @@ import datetime as dt
 import pytest
 
 from eks_ddp.core import k8s_versions
-from eks_ddp.infra.gpu_nodegroup import BLOCK_SCALE_DOWN_BEFORE_END
+from eks_ddp.infra.gpu_nodegroup import BLOCK_HOLD_CRON, BLOCK_HOLD_LEAD, BLOCK_SCALE_DOWN_BEFORE_END
 from tests.infra.test_gpu_nodegroup import BASE, NG, _run
 
 SCHEDULE = "aws:autoscaling/schedule:Schedule"
@@ -45,6 +45,23 @@ def test_a_future_block_opens_at_its_start_and_closes_an_hour_before_its_end():
     assert closed["startTime"] == (end - BLOCK_SCALE_DOWN_BEFORE_END).strftime("%Y-%m-%dT%H:%M:%SZ")
     assert (int(closed["minSize"]), int(closed["maxSize"]), int(closed["desiredCapacity"])) == (0, 0, 0)
     assert BLOCK_SCALE_DOWN_BEFORE_END > dt.timedelta(minutes=40)  # before EKS's own scale-down and EC2's reclaim
+
+
+def test_a_future_block_is_held_at_zero_until_its_start():
+    """W6: EKS makes the Auto Scaling group with max maxSize, so "open" alone changed nothing and the autoscaler
+    could launch into the block before it starts; a recurring hold keeps max 0 until just before "open"."""
+    start, end = _window(dt.timedelta(days=2))
+    result, _ = _run(dataclasses.replace(CB, capacity_block_window=(start, end)))
+    actions = {s.inputs["scheduledActionName"]: s.inputs for s in result.of_type(SCHEDULE)}
+    hold = actions["eks-ddp-cr-0123456789abcdef0-hold"]
+    assert (int(hold["minSize"]), int(hold["maxSize"]), int(hold["desiredCapacity"])) == (0, 0, 0)
+    assert hold["recurrence"] == BLOCK_HOLD_CRON and "startTime" not in hold  # from now on
+    assert hold["endTime"] == (start - BLOCK_HOLD_LEAD).strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert hold["endTime"] < actions["eks-ddp-cr-0123456789abcdef0-open"]["startTime"]
+    # Negative control: a block that starts within the lead, or has started, is not held.
+    soon, _ = _window(dt.timedelta(minutes=3))
+    result, _ = _run(dataclasses.replace(CB, capacity_block_window=(soon, soon + dt.timedelta(days=7))))
+    assert "eks-ddp-cr-0123456789abcdef0-hold" not in {s.inputs["scheduledActionName"] for s in result.of_type(SCHEDULE)}
 
 
 def test_a_started_block_gets_only_its_close_and_no_window_no_schedule():

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from eks_ddp.core.torchrun import LAUNCHER_MODULE, TRAIN_MODULE, AgentOptions, job_command
+from eks_ddp.core.launch_command import LAUNCHER_MODULE, TRAIN_MODULE, AgentOptions, job_command
 from eks_ddp.infra.image import DOCKERFILE, source_files
 from eks_ddp_trainer.config import TrainerConfig
 from tests.support.util import ROOT
@@ -279,7 +279,7 @@ def test_job_commands_resolve_in_the_image(final):
     assert env.get("PYTHONPATH", workdir).split(":")[0] == workdir, "modules must resolve from WORKDIR"
 
     cmd = job_command(
-        AgentOptions(min_nodes=1, max_nodes=2, nproc_per_node=1, rdzv_backend="etcd-v2",
+        AgentOptions(min_nodes=1, max_nodes=2, nproc_per_node=1, rdzv_backend="etcd",
                      rdzv_endpoint="etcd:2379", rdzv_id="run-1", max_restarts=3),
         TrainerConfig(data_dir="/shared/data", run_dir="/shared/runs/run-1"))
     assert cmd[:3] == ["python", "-m", LAUNCHER_MODULE] and cmd[cmd.index("-m", 3) + 1] == TRAIN_MODULE

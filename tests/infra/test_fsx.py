@@ -1,6 +1,8 @@
 """The FSx for Lustre backend on the p4de stack (one program run, shared): the CSI driver add-on and its role, the
-file system's security group, the volumes' mount paths, the S3 data repository, the layout Job, and the fsx
-contract with its negative controls."""
+file system's security group and the nodes' Lustre client rules, the volumes' mount paths, the S3 data repository,
+the layout Job, what destroy deletes and keeps, the second ``up`` restoring an earlier destroy's final backup, and
+the fsx and destroy contracts with their negative controls (today's plan: the file system kept inside the subnet and
+security group destroy deletes; no client rules on the nodes)."""
 
 from __future__ import annotations
 
@@ -22,12 +24,15 @@ DATA = "s3://my-datasets-123456789012/corpora/wiki/"
 BERT = "123456789012.dkr.ecr.us-east-1.amazonaws.com/nlp/bert@sha256:" + "b1" * 32
 FS = "aws:fsx/lustreFileSystem:LustreFileSystem"
 INGRESS = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
+BACKUP = "backup-0a1b2c3d4e5f60718"
+"""The final backup the first ``pulumi destroy`` took: this stack is the ``pulumi up`` after it."""
 
 
 def fsx_p4de_config() -> dict:
-    """The p4de example with storage.backend fsxLustre, and a second run of another image with an S3 data set."""
+    """The p4de example with storage.backend fsxLustre, and a second run of another image with an S3 data set; the
+    ``up`` after a destroy (docs/storage.md), restoring that destroy's final backup (``fsxBackupId``)."""
     raw = set_path(stack_config("p4de"), "eks-ddp:storage", {"backend": "fsxLustre", "fsxStorageCapacityGiB": 2400,
-                                                              "fsxThroughputPerTiB": 500})
+                                                              "fsxThroughputPerTiB": 500, "fsxBackupId": BACKUP})
     job = raw.pop("eks-ddp:job")
     raw["eks-ddp:runs"] = [job, {"runId": "bert-1", "nodes": 2, "workload": {
         "image": BERT, "module": "bert.train", "data": {"s3": DATA}}}]
@@ -44,17 +49,41 @@ def view(fsx_result):
     return PlanView.of(fsx_result)
 
 
-def test_the_file_system_is_persistent_2_encrypted_with_its_own_key_in_the_gpu_zone_and_kept(fsx_result):
+def test_the_file_system_is_persistent_2_encrypted_with_its_own_key_in_the_gpu_zone(fsx_result):
     fs = fsx_result.one(FS)
     key = fsx_result.one("aws:kms/key:Key", "storage-fsx")
     assert (fs.inputs["deploymentType"], int(fs.inputs["storageCapacity"]),
             int(fs.inputs["perUnitStorageThroughput"])) == ("PERSISTENT_2", 2400, 500)
     assert fs.inputs["kmsKeyId"] == key.outputs["arn"] and key.inputs["enableKeyRotation"] is True
-    assert fs.retain_on_delete and key.retain_on_delete
     subnet = next(s for s in fsx_result.of_type("aws:ec2/subnet:Subnet") if s.name.endswith("private-us-east-1a"))
     assert fs.inputs["subnetIds"] == subnet.outputs["id"]  # the reservation's zone, where the GPU nodes are
     assert not fsx_result.of_type("aws:efs/fileSystem:FileSystem")
     assert "fsxId" in fsx_result.outputs and "efsId" not in fsx_result.outputs
+
+
+def test_destroy_deletes_the_file_system_after_a_final_backup_and_keeps_the_backups_key(fsx_result):
+    """W1: its interfaces sit in the stack's subnet and security group, so destroy must delete it; the data stays in
+    a final backup, encrypted with the key that stays."""
+    fs = fsx_result.one(FS)
+    key = fsx_result.one("aws:kms/key:Key", "storage-fsx")
+    assert not fs.retain_on_delete and key.retain_on_delete
+    assert fs.inputs["skipFinalBackup"] is False
+    assert fs.inputs["finalBackupTags"]["eks-ddp/final-backup"] == "storage"
+    lustre = fsx_result.one("aws:ec2/securityGroup:SecurityGroup", "storage-lustre")
+    assert not lustre.retain_on_delete and fs.inputs["securityGroupIds"] == [lustre.outputs["id"]]
+
+
+def test_the_up_after_a_destroy_restores_the_final_backup_into_the_new_network(fsx_result, view):
+    """The second ``up`` (docs/storage.md, "Destroy and up again"): the new file system is created from the backup
+    named by storage.fsxBackupId, in the new stack's subnet and security group, and the claims mount it."""
+    fs = fsx_result.one(FS)
+    assert fs.inputs["backupId"] == BACKUP
+    assert "backupId" in fs.ignore_changes  # read at creation only: dropping the key later replaces nothing
+    subnet = next(s for s in fsx_result.of_type("aws:ec2/subnet:Subnet") if s.name.endswith("private-us-east-1a"))
+    assert fs.inputs["subnetIds"] == subnet.outputs["id"]
+    assert {pv["spec"]["csi"]["volumeHandle"] for pv in view.kind("PersistentVolume")} == {fs.outputs["id"]}
+    assert fsx_result.outputs["fsxId"] == fs.outputs["id"]
+    assert contracts.check(fsx_result, only=("destroy",)) == []
 
 
 def test_csi_driver_add_on_with_an_irsa_role_that_may_only_describe(fsx_result):
@@ -79,6 +108,17 @@ def test_the_security_group_admits_only_the_nodes_and_itself_on_lustres_ports(fs
     assert got == sorted([(node_sg, "tcp", 988, 988), (node_sg, "tcp", 1018, 1023),
                           (sg_id, "tcp", 988, 988), (sg_id, "tcp", 1018, 1023)])
     assert not any(r.get("cidrIpv4") or r.get("cidrIpv6") for r in rules)
+
+
+
+def test_the_nodes_admit_lustre_from_the_file_servers(fsx_result):
+    """W2: the client half of the user guide's table, on the node security group."""
+    [sg_id] = fsx_result.one(FS).inputs["securityGroupIds"]
+    node_sg = fsx_result.one("aws:ec2/securityGroup:SecurityGroup", "cluster-node").outputs["id"]
+    got = sorted((r.inputs["ipProtocol"], int(r.inputs["fromPort"]), int(r.inputs["toPort"]))
+                 for r in fsx_result.of_type(INGRESS)
+                 if r.inputs["securityGroupId"] == node_sg and r.inputs.get("referencedSecurityGroupId") == sg_id)
+    assert got == [("tcp", 988, 988), ("tcp", 1018, 1023)]
 
 
 def test_the_workloads_see_the_same_claims_and_paths_as_on_efs(view, fsx_result):
@@ -140,9 +180,13 @@ def test_the_plan_meets_every_contract(fsx_result):
 
 # --- the fsx contract's negative controls ------------------------------------------------------------------------
 
-def _edited(view: PlanView, *, ingress=None, policy=None, trust=None, pv=None) -> PlanView:
+def _edited(view: PlanView, *, ingress=None, policy=None, trust=None, pv=None, each=None) -> PlanView:
     resources = []
     for r in view.result.resources:
+        if each is not None:
+            r = each(r)
+            if r is None:
+                continue
         if ingress is not None and r.type == INGRESS and r.name.startswith("storage-lustre"):
             r = dataclasses.replace(r, inputs=ingress(dict(r.inputs), r.name))
             if r.inputs is None:
@@ -184,6 +228,39 @@ def test_nodes_without_the_high_ports_cannot_reach_it(view):
     no_self = _edited(view, ingress=lambda inputs, name: None if name.endswith("-from-self") else inputs)
     assert any("file servers cannot reach each other" in v.message
                for v in contract.fsx_volumes_reachable_driver_least_privilege(no_self))
+
+
+def test_todays_plan_without_the_client_rules_is_reported(view):
+    """W2's negative control: the plan before the fix (no rule on the nodes from the file system's group)."""
+    today = _edited(view, each=lambda r: None if r.name.startswith("storage-lustre-client-") else r)
+    found = [v.message for v in contract.fsx_volumes_reachable_driver_least_privilege(today)]
+    ports = "[988, 1018, 1019, 1020, 1021, 1022, 1023]"
+    assert found and all(f"do not admit TCP {ports} from the file system's security group" in m for m in found), found
+    assert {m.split(" (groups")[0] for m in found} == {f"the nodes of launch template {lt}" for lt in
+                                                       contract.node_groups_of(view)}
+
+
+def test_closed_outbound_rules_on_either_side_are_reported(view):
+    shut = _edited(view, each=lambda r: None if r.name in ("storage-lustre-egress", "cluster-node-egress") else r)
+    found = [v.message for v in contract.fsx_volumes_reachable_driver_least_privilege(shut)]
+    assert any("may not send to the file system's security group on TCP [988," in m for m in found), found
+    assert any("its file servers may not send to the nodes of launch template" in m for m in found), found
+    assert any("its file servers may not send to each other" in m for m in found), found
+
+
+def test_todays_plan_keeping_the_file_system_is_reported_by_the_destroy_contract(view, fsx_result):
+    """W1's negative control: the file system kept on destroy (the plan before the fix) sits in the subnet and the
+    security group destroy deletes."""
+    from eks_ddp.tooling.contracts import destroy
+
+    today = _edited(view, each=lambda r: dataclasses.replace(r, retain_on_delete=True) if r.type == FS else r)
+    found = [str(v) for v in destroy.nothing_kept_inside_what_destroy_deletes(today)]
+    subnet = next(s for s in fsx_result.of_type("aws:ec2/subnet:Subnet") if s.name.endswith("private-us-east-1a"))
+    assert len(found) == 2, found
+    assert any(f"sits in subnet {subnet.name} ({subnet.outputs['id']}), which destroy deletes: EC2 DeleteSubnet "
+               "answers DependencyViolation" in m for m in found), found
+    assert any("sits in security group storage-lustre" in m and "DeleteSecurityGroup" in m for m in found), found
+    assert destroy.nothing_kept_inside_what_destroy_deletes(view) == []
 
 
 def test_a_driver_role_with_more_than_describe_or_a_wider_trust_is_reported(view):

@@ -240,12 +240,12 @@ def s3(monkeypatch):
 
 def test_upload_then_fetch_draws_the_same_curve_and_table(tmp_path, s3, monkeypatch, capsys):
     from eks_ddp_local import fetch_results
-    from eks_ddp_trainer import results
+    from eks_ddp_trainer import upload
     from eks_ddp_trainer.plot import metrics_table
 
     run = _finished_run(tmp_path / "runs" / "run-7")
-    monkeypatch.setenv(results.RESULTS_ENV, "s3://results-b/runs/run-7/")
-    written = results.upload_from_env(run)
+    monkeypatch.setenv(upload.RESULTS_ENV, "s3://results-b/runs/run-7/")
+    written = upload.upload_from_env(run)
     assert {k.rsplit("/", 1)[1] for k in written} >= {"metrics.json", "history.jsonl", "model.pt"}
     assert all(k.startswith("runs/run-7/") for k in written)
 
@@ -261,13 +261,13 @@ def test_uploader_writes_every_object_under_the_jobs_kms_key(tmp_path, s3, monke
     """Not the bucket default: the bucket here has none, so only the uploader's own request can name the key."""
     import boto3
 
-    from eks_ddp_trainer import results
+    from eks_ddp_trainer import upload
 
     key = boto3.client("kms", region_name="us-west-2").create_key()["KeyMetadata"]["Arn"]
     run = _finished_run(tmp_path / "runs" / "run-7")
-    monkeypatch.setenv(results.RESULTS_ENV, "s3://results-b/runs/run-7/")
-    monkeypatch.setenv(results.KMS_KEY_ENV, key)
-    written = results.upload_from_env(run)
+    monkeypatch.setenv(upload.RESULTS_ENV, "s3://results-b/runs/run-7/")
+    monkeypatch.setenv(upload.KMS_KEY_ENV, key)
+    written = upload.upload_from_env(run)
     assert len(written) >= 3
     for k in written:
         head = s3.head_object(Bucket="results-b", Key=k)
@@ -275,10 +275,10 @@ def test_uploader_writes_every_object_under_the_jobs_kms_key(tmp_path, s3, monke
 
 
 def test_failed_upload_is_loud_but_does_not_raise(tmp_path, s3, capsys):
-    from eks_ddp_trainer import results
+    from eks_ddp_trainer import upload
 
     run = _finished_run(tmp_path / "run")
-    assert results.upload_results(run, "s3://no-such-bucket/runs/r/", client=s3) == []
+    assert upload.upload_results(run, "s3://no-such-bucket/runs/r/", client=s3) == []
     err = capsys.readouterr().err
     assert err.count("UPLOAD FAILED") >= 3 and "NoSuchBucket" in err
 
@@ -306,11 +306,11 @@ def test_program_wires_the_role_into_the_trainer_service_account_and_env():
 
 def test_the_trainer_uploads_its_results_when_the_job_asks(tmp_path, s3, monkeypatch, in_process_trainer):
     """The real trainer, run to the end with the Job's EKS_DDP_RESULTS_URL: its files land under the prefix."""
-    from eks_ddp_trainer import results, train
+    from eks_ddp_trainer import train, upload
     from eks_ddp_trainer.data import write_synthetic_cifar
 
     write_synthetic_cifar(tmp_path / "data", n_train=64, n_test=20, seed=0)
-    monkeypatch.setenv(results.RESULTS_ENV, "s3://results-b/runs/run-9/")
+    monkeypatch.setenv(upload.RESULTS_ENV, "s3://results-b/runs/run-9/")
     monkeypatch.setenv("EKS_DDP_SNAPSHOT_DIR", "off")
     assert train.main([f"--data-dir={tmp_path / 'data'}", f"--run-dir={tmp_path / 'run'}", "--epochs=1",
                        "--global-batch-size=16", "--bn-group=4", "--min-steps=0", "--width=4"]) == 0
@@ -361,26 +361,26 @@ def test_stack_config_gives_the_uploaders_the_reattached_buckets_key():
 
 
 def test_a_failed_upload_leaves_a_marker_in_the_run_directory_and_a_good_one_removes_it(tmp_path, s3, monkeypatch):
-    from eks_ddp_trainer import results
+    from eks_ddp_trainer import upload
 
     run = _finished_run(tmp_path / "run")
-    assert results.upload_results(run, "s3://no-such-bucket/runs/r/", client=s3) == []
-    marker = (run / results.FAILED_MARKER).read_text()
+    assert upload.upload_results(run, "s3://no-such-bucket/runs/r/", client=s3) == []
+    marker = (run / upload.FAILED_MARKER).read_text()
     assert "s3://no-such-bucket/runs/r/" in marker and "NoSuchBucket" in marker and "metrics.json" in marker
     assert "storage.resultsKmsKeyArn" in marker
-    monkeypatch.setenv(results.RESULTS_ENV, "s3://results-b/runs/r/")
-    assert results.main([str(run)]) == 0  # the upload step, again: everything written, the marker gone
-    assert not (run / results.FAILED_MARKER).exists()
+    monkeypatch.setenv(upload.RESULTS_ENV, "s3://results-b/runs/r/")
+    assert upload.main([str(run)]) == 0  # the upload step, again: everything written, the marker gone
+    assert not (run / upload.FAILED_MARKER).exists()
 
 
 def test_the_upload_step_exits_1_on_a_real_process_when_the_upload_fails(tmp_path):
-    """``python -m eks_ddp_trainer.results``: a real process with no AWS credentials (the shape of a role that cannot
+    """``python -m eks_ddp_trainer.upload``: a real process with no AWS credentials (the shape of a role that cannot
     write) exits 1 and leaves the marker; with nothing to upload to it is a usage error (2)."""
     import os
     import subprocess
     import sys
 
-    from eks_ddp_trainer import results
+    from eks_ddp_trainer import upload
     from tests.support.util import ROOT
 
     run = _finished_run(tmp_path / "run")
@@ -388,10 +388,10 @@ def test_the_upload_step_exits_1_on_a_real_process_when_the_upload_fails(tmp_pat
     env.update(AWS_CONFIG_FILE=str(tmp_path / "none"), AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"),
                AWS_EC2_METADATA_DISABLED="true", AWS_DEFAULT_REGION="us-west-2",
                EKS_DDP_RESULTS_URL="s3://results-b/runs/r/")
-    cmd = [sys.executable, "-m", "eks_ddp_trainer.results", str(run)]
+    cmd = [sys.executable, "-m", "eks_ddp_trainer.upload", str(run)]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1, done.stderr
-    assert "UPLOAD FAILED" in done.stderr and "NoCredentialsError" in (run / results.FAILED_MARKER).read_text()
+    assert "UPLOAD FAILED" in done.stderr and "NoCredentialsError" in (run / upload.FAILED_MARKER).read_text()
     env.pop("EKS_DDP_RESULTS_URL")
     assert subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, timeout=120).returncode == 2
 

@@ -12,10 +12,11 @@ import json
 import pulumi
 import pytest
 
-from eks_ddp import ElasticJob, ElasticJobArgs, Workload
+from eks_ddp import ElasticJob, Workload
 from eks_ddp.infra.image import ecr_repository_arn
 from eks_ddp.infra.workload_image import WorkloadImage, WorkloadImageArgs, workload_image_name
 from eks_ddp.tooling.mocks import run_program
+from tests.support.job_args import job_args
 from tests.support.util import BYO_OTHER_ACCOUNT_IMAGE, BYO_OWN_ACCOUNT_IMAGE, byo_stack_config, run
 
 POLICY = "aws:iam/rolePolicy:RolePolicy"
@@ -106,37 +107,22 @@ def test_the_repository_arn_names_the_registrys_partition(image, arn):
         assert arn == f"arn:{arn.split(':')[1]}:ecr:{target['region']}:{target['account']}:repository/{target['repo']}"
 
 
-def _library_job(**extra):
+def test_a_library_elastic_job_builds_no_aws_resource_for_its_image():
+    """One door for images: an ElasticJob given a workload.image string builds no grant and no gate of its own
+    (the WorkloadImage is infra's); its pods run the image as given."""
     def program() -> None:
         import pulumi_kubernetes as k8s
 
-        # As a program composes it (tests/test_own_program.py): the Kubernetes provider in the job's options.
         provider = k8s.Provider("k8s", kubeconfig="{}")
-        job = ElasticJob("ft", ElasticJobArgs(
-            namespace="ml", image=STACK_IMAGE, pvc_name="shared", instance_type="g4dn.xlarge", nodes=1,
-            rdzv_backend="c10d", workload=Workload(name="bert", module="bert.train", image=BYO_OTHER_ACCOUNT_IMAGE),
-            **extra), opts=pulumi.ResourceOptions(provider=provider))
+        job = ElasticJob("ft", job_args(
+            namespace="ml", pvc_name="shared", instance_type="g4dn.xlarge", nodes=1, rdzv_backend="c10d",
+            workload=Workload(name="bert", module="bert.train", image=BYO_OTHER_ACCOUNT_IMAGE)),
+            opts=pulumi.ResourceOptions(provider=provider))
         pulumi.export("image", job.image)
 
-    return run_program({}, program=program)
-
-
-def test_a_library_elastic_job_grants_its_image_to_the_node_role_it_is_given():
-    result = _library_job(node_role_name="my-node-role", image_scan_fail_severity="HIGH")
-    assert pull_grants(result, "my-node-role") == {VIT_REPO: ["ft-image-node-pull"]}
-    [gate] = result.of_type(GATE)
-    assert gate.inputs["fail_at"] == "HIGH" and gate.inputs["setting"] == "ElasticJobArgs.image_scan_fail_severity"
-    assert gate.parent_type == "eks-ddp:workload_image:WorkloadImage"
-    policy = result.one(POLICY, "ft-image-node-pull")
-    assert policy.parent_type == "eks-ddp:workload_image:WorkloadImage"
-    assert "kubernetes" not in policy.provider  # the AWS default provider, never the job's Kubernetes one
-    job = next(j for j in result.of_type(JOB) if j.inputs["metadata"]["name"].startswith("ft-run"))
-    assert "pulumi:providers:kubernetes" in job.provider
-
-
-def test_without_a_node_role_the_library_job_still_gates_but_grants_nothing():
-    result = _library_job(image_scan_fail_severity="disabled")
-    assert not pull_grants(result, "my-node-role") and not result.of_type(GATE)
+    result = run_program({}, program=program)
+    assert not [r for r in result.resources if r.type.startswith("aws:")] and not result.of_type(GATE)
+    assert result.outputs["image"] == BYO_OTHER_ACCOUNT_IMAGE
 
 
 def test_workload_image_args_name_the_bad_field():
@@ -144,16 +130,14 @@ def test_workload_image_args_name_the_bad_field():
         WorkloadImageArgs(image="bert:latest")
     with pytest.raises(ValueError, match=r"scan_fail_severity: got 'SEVERE'; expected one of CRITICAL"):
         WorkloadImageArgs(image=BYO_OWN_ACCOUNT_IMAGE, scan_fail_severity="SEVERE")
-    with pytest.raises(ValueError, match=r"image_scan_fail_severity: got 'high'"):
-        ElasticJobArgs(namespace="ml", image=STACK_IMAGE, instance_type="g4dn.xlarge", image_scan_fail_severity="high")
 
 
 def test_an_output_image_is_taken_as_it_is():
     def program() -> None:
         made = WorkloadImage("img", WorkloadImageArgs(image=BYO_OWN_ACCOUNT_IMAGE, node_role_name="r"))
-        ElasticJob("ft", ElasticJobArgs(
+        ElasticJob("ft", job_args(
             namespace="ml", image=STACK_IMAGE, pvc_name="shared", instance_type="g4dn.xlarge", nodes=1,
-            rdzv_backend="c10d", node_role_name="r",
+            rdzv_backend="c10d",
             workload=Workload(name="bert", module="bert.train", image=made.image_ref)))
 
     result = run_program({}, program=program)

@@ -59,7 +59,11 @@ def test_your_own_script_with_a_bad_argument_stops_at_once(tmp_path):
     assert out.count("[user] exiting 2") == 1, out[-4000:]  # one worker start: exit 2 is fatal, never retried
 
 
-def test_arguments_for_your_code_follow_the_double_dash(tmp_path):
+def test_arguments_for_your_code_follow_the_double_dash(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "train.py").write_text("")
     o = parse_args(["--module", "pkg.train", "--agents", "1", "--", "--lr", "0.1", "--", "x"])
     assert (o.module, o.script, o.user_args, o.agents) == ("pkg.train", None, ["--lr", "0.1", "--", "x"], 1)
     script = tmp_path / "train.py"
@@ -72,9 +76,15 @@ def test_arguments_for_your_code_follow_the_double_dash(tmp_path):
     (["--module", "pkg-train"], "--module: got 'pkg-train'; expected a dotted module name"),
     (["--script", "/no/such/train.py"], "--script: got '/no/such/train.py'; expected a Python file"),
     (["--module", "pkg.train", "--script", "x.py"], "not allowed with argument"),
-    (["--module", "pkg.train", "--kill-worker-at-step", "3"], "with your own code use --kill-worker-after"),
+    (["--module", "userpkg.train", "--kill-worker-at-step", "3"], "with your own code use --kill-worker-after"),
+    (["--module", "userpkg.trian"], "--module: got 'userpkg.trian'; expected a module of package 'userpkg' (no "
+                                    "'trian' in {corpus}/userpkg); did you mean 'userpkg.train'?"),
+    (["--module", "usrpkg.train"], "--module: got 'usrpkg.train'; expected a module importable from {corpus} or the "
+                                   "Python path (no top-level module or package 'usrpkg'); did you mean 'userpkg.train'?"),
 ])
-def test_bad_own_code_flags_name_the_flag(argv, says, capsys):
+def test_bad_own_code_flags_name_the_flag(argv, says, capsys, monkeypatch):
+    monkeypatch.chdir(CORPUS)
+    says = says.format(corpus=CORPUS)
     with pytest.raises(SystemExit) as e:
         parse_args(argv)
     assert e.value.code == 2 and says in capsys.readouterr().err
@@ -84,3 +94,36 @@ def test_the_console_script_points_at_the_runner():
     text = (ROOT / "pyproject.toml").read_text()
     assert 'eks-ddp-local = "eks_ddp_local.cli:main"' in text
     assert os.path.exists(ROOT / "training" / "eks_ddp_local" / "cli.py")
+
+
+def test_a_module_that_is_not_there_is_refused_before_anything_starts(tmp_path):
+    """``eks-ddp-local --module userpkg.trian`` as a process: exit 2, one line naming the flag, the value and the
+    module that is there; no run started (it used to start etcd and the agents and fail 21 times per agent)."""
+    proc = _local(tmp_path, "--module", "userpkg.trian")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines() == [
+        f"eks-ddp-local: --module: got 'userpkg.trian'; expected a module of package 'userpkg' (no 'trian' in "
+        f"{tmp_path / 'project' / 'userpkg'}); did you mean 'userpkg.train'? (--help lists the flags)"], proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_your_script_writing_below_its_folder_fails_as_in_the_pod(tmp_path):
+    """The training pod's working directory (/app) is read-only; only $EKS_DDP_RUN_DIR and /tmp are writable
+    (components/eks_ddp/workloads/elastic_job/pods.py). A script that writes ./ckpt fails here as there, with the
+    pod's errno, naming the path and the writable places; it fails before its first step in every worker, so the
+    run stops at once with exit 2 (a start failure: eks_ddp_runtime/startfail.py), not after the fault budget."""
+    proc = _local(tmp_path, "--agents", "1", "--script", "scripts/writes.py")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out[-4000:]
+    assert "[user] rank 0 wrote the run dir and /tmp" in out and "wrote ./ckpt" not in out, out[-4000:]
+    assert not (tmp_path / "project" / "ckpt").exists()
+    [failed] = [x for x in proc.stderr.splitlines() if x.startswith("[local] FAILED:")]
+    assert "[Errno 30] Read-only file system" in failed and "'ckpt'" in failed, failed
+    assert "(as in the training pod: writable are only $EKS_DDP_RUN_DIR, /tmp and /dev/shm)" in failed, failed
+    assert "before its first step" in failed and "resume it with" not in out, out[-3000:]
+    [run] = (tmp_path / "out").iterdir()
+    assert sorted(p.name for p in run.glob("ok-*.txt")) == ["ok-0.txt"]  # the run directory is writable
+    result = json.loads((run / "result.json").read_text())
+    assert result["agent_returncodes"] == [2], result  # the agent's own exit, not the runner stopping it

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from eks_ddp.core.torchrun import AGENT_ENV, LOCAL_TIMEOUTS, AgentOptions, RdzvTls, job_command
+from eks_ddp.core.launch_command import AGENT_ENV, LOCAL_TIMEOUTS, AgentOptions, RdzvTls, job_command
 from eks_ddp_local import cli as local
 from eks_ddp_local import procs
 from eks_ddp_local.job import LocalJob
@@ -128,12 +128,12 @@ def test_data_lookup(tmp_path):
 def test_agents_run_the_cluster_command(tmp_path):
     opts = local.parse_args(["--out", str(tmp_path), "--agents", "3", "--rdzv", "etcd", "--epochs", "2"])
     job = LocalJob(opts, Progress(stream=io.StringIO()))
-    from eks_ddp_local.etcd import EtcdEndpoint, make_tls
+    from eks_ddp_local.etcd_server import EtcdEndpoint, make_tls
 
     tls = make_tls(tmp_path / "tls")
     command = job.agent_command(EtcdEndpoint("127.0.0.1:2379", tls), tmp_path / "data")
     expected = job_command(
-        AgentOptions(min_nodes=3, max_nodes=3, nproc_per_node=1, rdzv_backend="etcd-v2",
+        AgentOptions(min_nodes=3, max_nodes=3, nproc_per_node=1, rdzv_backend="etcd",
                      rdzv_endpoint="127.0.0.1:2379", rdzv_id=job.run_id, max_restarts=opts.max_restarts,
                      timeouts=LOCAL_TIMEOUTS, local_addr="127.0.0.1",
                      tls=RdzvTls(ca_cert=str(tls.ca_cert), cert=str(tls.client_cert), key=str(tls.client_key))),

@@ -2,7 +2,7 @@
 
 The Job's pod failure policy acts on the agent's exit status (training/runtime/eks_ddp_runtime/exitcodes.py, components/eks_ddp/workloads/elastic_job/__init__.py):
 0 done, 3/4/5 FATAL (fail the Job at once), 1 a spent fault budget (retried). Alone, ``python -m eks_ddp_trainer.train``
-is what a user runs first; under ``python -m eks_ddp_runtime.launch`` (the Job's own flags from components/eks_ddp/core/torchrun.py,
+is what a user runs first; under ``python -m eks_ddp_runtime.launch`` (the Job's own flags from components/eks_ddp/core/launch_command.py,
 a real etcd) the agent must hand the worker's code to the pod, whether workers are forked or fresh processes.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from eks_ddp.core.torchrun import CLUSTER_TIMEOUTS, AgentOptions, job_command
+from eks_ddp.core.launch_command import CLUSTER_TIMEOUTS, AgentOptions, job_command
 from eks_ddp_runtime import exitcodes
 from eks_ddp_trainer.config import TrainerConfig
 from eks_ddp_trainer.data import TRAIN_FILES, batches_root, write_synthetic_cifar
@@ -101,7 +101,7 @@ def test_alone_the_code_is_final_before_interpreter_shutdown(case, tmp_path, dat
 
 
 def _agent(endpoint: str, max_restarts: int = 20) -> AgentOptions:
-    return AgentOptions(min_nodes=1, max_nodes=1, nproc_per_node=1, rdzv_backend="etcd-v2", rdzv_endpoint=endpoint,
+    return AgentOptions(min_nodes=1, max_nodes=1, nproc_per_node=1, rdzv_backend="etcd", rdzv_endpoint=endpoint,
                         rdzv_id=f"codes-{id(endpoint)}", max_restarts=max_restarts, local_addr="127.0.0.1",
                         timeouts=CLUSTER_TIMEOUTS, tls=client_tls(endpoint))
 

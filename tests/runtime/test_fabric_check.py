@@ -17,17 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from eks_ddp.core.torchrun import (
+from eks_ddp.core.launch_command import (
     FABRIC_CHECK_MODULE,
     LOCAL_TIMEOUTS,
     AgentOptions,
     FabricCheckOptions,
     fabric_check_command,
-    job_command,
 )
 from eks_ddp_runtime import fabric_check as fc
 from eks_ddp_runtime.exitcodes import FABRIC_FAILED
-from eks_ddp_trainer.config import TrainerConfig
 from tests.support.etcd_server import ROOT, TORCHRUN, Agent, _processes, client_tls, etcd_endpoint, trainer_env  # noqa: F401
 
 # NCCL 2.2x INIT/NET lines as they appear with NCCL_DEBUG=INFO (host:pid:tid prefix), aws-ofi-nccl's included.
@@ -140,26 +138,11 @@ def test_alone_the_fabric_verdict_is_final_before_interpreter_shutdown(tmp_path)
     assert "FABRIC CHECK FAILED: no EFA devices" in proc.stdout
 
 
-# --- the command line -------------------------------------------------------------------------------------
-
-
-def test_launched_by_the_training_command_builder():
-    agent = AgentOptions(min_nodes=2, max_nodes=2, nproc_per_node=8, rdzv_backend="etcd-v2",
-                         rdzv_endpoint="etcd:2379", rdzv_id="$(JOB_UID)", max_restarts=0)
-    check = fabric_check_command(agent, FabricCheckOptions(run_dir="/shared/runs/r1", require_efa=True,
-                                                           min_busbw_gbs=12.5))
-    train = job_command(agent, TrainerConfig(data_dir="/shared/data", run_dir="/shared/runs/r1"))
-    # Same torchrun flags as training; only the module and its arguments differ.
-    assert check[:check.index("-m", 3)] == train[:train.index("-m", 3)]
-    assert check[check.index("-m", 3):] == ["-m", "eks_ddp_runtime.fabric_check", "--run-dir=/shared/runs/r1",
-                                         "--require-efa", "--min-busbw-gbs=12.5"]
-
-
 # --- the real thing: 2 torchrun agents, real etcd, gloo ------------------------------------------------
 
 
 def _run_agents(tmp: Path, endpoint: str, check: FabricCheckOptions, rdzv_id: str) -> tuple[list[int], list[Agent]]:
-    agent = AgentOptions(min_nodes=2, max_nodes=2, nproc_per_node=1, rdzv_backend="etcd-v2",
+    agent = AgentOptions(min_nodes=2, max_nodes=2, nproc_per_node=1, rdzv_backend="etcd",
                          rdzv_endpoint=endpoint, rdzv_id=rdzv_id, max_restarts=0, local_addr="127.0.0.1",
                          timeouts=LOCAL_TIMEOUTS, tls=client_tls(endpoint))
     cmd = fabric_check_command(agent, check, python=sys.executable)

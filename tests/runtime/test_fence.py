@@ -26,7 +26,7 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
 from eks_ddp_runtime import fence
 from tests.support.etcd_server import ROOT, trainer_env
 
-INTERVAL, ATTEMPTS = 1, 4  # the cluster's keep_alive_interval and keep_alive_max_attempt (components/eks_ddp/core/torchrun.py)
+INTERVAL, ATTEMPTS = 1, 4  # the cluster's keep_alive_interval and keep_alive_max_attempt (components/eks_ddp/core/launch_command.py)
 ME, PEER = _NodeDesc("10.0.0.1", 100, 0), _NodeDesc("10.0.0.2", 200, 0)
 
 
@@ -139,3 +139,87 @@ def test_a_lease_file_others_can_write_is_not_trusted(tmp_path):
     os.chmod(lease.dir, 0o777)
     ok, out = _worker_check({fence.LEASE_FILE_ENV: lease.path, fence.ROUND_ENV: "3"})
     assert not ok and "private directory" in out, out
+
+
+def test_a_pause_between_the_clock_reads_cannot_extend_the_lease(tmp_path, monkeypatch):
+    """R4: one clock for both reads (the wall clock is the monotonic one plus a fixed offset), and a 5 s pause
+    right after the first read of either clock. The lease must end before the heartbeat is a drop window old."""
+    epoch = datetime(2026, 1, 1, tzinfo=timezone.utc)  # noqa: UP017
+    clock = {"t": 1000.0, "reads": 0}
+
+    def read() -> float:
+        value = clock["t"]
+        clock["reads"] += 1
+        if clock["reads"] == 1:
+            clock["t"] += 5.0  # the pause
+        return value
+
+    class Wall(datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return epoch + timedelta(seconds=read())
+
+    monkeypatch.setattr(fence.time, "monotonic", read)
+    monkeypatch.setattr(fence, "datetime", Wall)
+    lease = _lease(tmp_path)
+    written = 999.5  # the heartbeat, on the same clock: 0.5 s old at the first read
+    state = _state(3, 0.0)
+    state.last_heartbeats[ME] = epoch + timedelta(seconds=written)
+    lease.seen(ME, state)
+    assert clock["reads"] == 2
+    assert lease.valid_until <= written + INTERVAL * ATTEMPTS - INTERVAL, lease.valid_until
+    # Negative control: without the pause the same heartbeat gives the full lease (the rule is not just "shorter").
+    clock.update(t=1000.0, reads=-10)
+    lease2 = _lease(tmp_path)
+    lease2.seen(ME, state)
+    assert lease2.valid_until == pytest.approx(written + INTERVAL * ATTEMPTS - INTERVAL)
+
+
+_AGENT = """
+import sys, time
+from eks_ddp_runtime import fence
+lease = fence.Lease(root=sys.argv[1])
+lease.configure(4.0, 1.0)
+lease.round = 3
+lease._publish()
+print(lease.path, flush=True)
+time.sleep(120)
+"""
+_WAITER = """
+from eks_ddp_runtime import fence
+fence.wait_for_lease("final checkpoint", poll_s=0.2, timeout_s=60)
+print("gave up waiting", flush=True)
+"""
+
+
+def test_a_worker_whose_agent_died_exits_naming_the_cause(tmp_path):
+    """Issue 42: outside a pod nothing else ends a worker when its agent is SIGKILLed; it must not wait for a
+    lease only the dead agent could renew. Real processes: an agent that publishes a lease and a worker waiting on
+    it (as the final checkpoint does)."""
+    from eks_ddp_runtime.contract import AGENT_LOST
+
+    env = trainer_env()
+    agent = subprocess.Popen([sys.executable, "-c", _AGENT, str(tmp_path)], env=env, stdout=subprocess.PIPE, text=True)
+    worker = None
+    try:
+        path = agent.stdout.readline().strip()
+        assert path, "the agent published no lease"
+        worker_env = {**env, fence.LEASE_FILE_ENV: path, fence.ROUND_ENV: "3"}
+        worker = subprocess.Popen([sys.executable, "-c", _WAITER], env=worker_env, stderr=subprocess.PIPE, text=True)
+        # Negative control: while the agent lives the worker waits (the lease was never valid, it stays deferred).
+        with pytest.raises(subprocess.TimeoutExpired):
+            worker.wait(timeout=4)
+        agent.kill()
+        agent.wait(timeout=10)
+        killed = time.monotonic()
+        rc = worker.wait(timeout=30)
+        took = time.monotonic() - killed
+        err = worker.stderr.read()
+        assert rc == AGENT_LOST, (rc, err)
+        assert f"its agent (pid {agent.pid}) is gone" in err and "agent lost" in err, err
+        assert took < 10, took
+    finally:
+        for p in (agent, worker):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from eks_ddp.core.torchrun import CLUSTER_TIMEOUTS, AgentOptions, RdzvTls, script_command
-from eks_ddp_local.etcd import start_etcd
+from eks_ddp.core.launch_command import CLUSTER_TIMEOUTS, AgentOptions, RdzvTls, script_command
+from eks_ddp_local.etcd_server import start_etcd
 from eks_ddp_runtime.rendezvous import handler as rendezvous
 from tests.support.etcd_server import ROOT, client_tls, trainer_env
 
@@ -77,7 +77,7 @@ def test_certificate_files_are_checked_when_the_handler_is_built(etcd, tmp_path)
 
 def _agent_command(etcd: str, tls: RdzvTls, script: str, *args: str, max_nodes: int = 1,
                    rdzv_id: str | None = None) -> list[str]:
-    agent = AgentOptions(min_nodes=1, max_nodes=max_nodes, nproc_per_node=1, rdzv_backend="etcd-v2",
+    agent = AgentOptions(min_nodes=1, max_nodes=max_nodes, nproc_per_node=1, rdzv_backend="etcd",
                          rdzv_endpoint=etcd, rdzv_id=rdzv_id or f"contract-{time.time_ns()}", local_addr="127.0.0.1",
                          timeouts=CLUSTER_TIMEOUTS, tls=tls)
     return script_command(agent, script, list(args), python=sys.executable)
@@ -207,3 +207,56 @@ def test_a_spare_agent_exits_0_when_the_run_finishes_without_it(etcd, tmp_path):
 
 def test_the_fixture_scripts_exist():
     assert all((SCRIPTS / n).is_file() for n in ("exit_with.py", "wait_for.py")), list(Path(SCRIPTS).iterdir())
+
+
+def _expired_client_cert(good: RdzvTls, out: Path) -> str:
+    """A client certificate signed by the store's own CA (so only its dates are wrong), expired a day ago."""
+    import datetime as dt
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+
+    ca_key = serialization.load_pem_private_key(Path(good.ca_cert).with_suffix(".key").read_bytes(), None) \
+        if Path(good.ca_cert).with_suffix(".key").exists() else None
+    key = serialization.load_pem_private_key(Path(good.key).read_bytes(), None)
+    ca = x509.load_pem_x509_certificate(Path(good.ca_cert).read_bytes())
+    now = dt.datetime.now(dt.timezone.utc)  # noqa: UP017
+    cert = (x509.CertificateBuilder().subject_name(x509.Name.from_rfc4514_string("CN=agent"))
+            .issuer_name(ca.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(days=30)).not_valid_after(now - dt.timedelta(days=1))
+            .sign(ca_key or key, hashes.SHA256()))
+    path = out / "expired.crt"
+    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return str(path)
+
+
+@pytest.mark.slow
+def test_an_agent_with_an_expired_certificate_exits_2_at_once_naming_it(etcd, tmp_path):
+    """A real agent process with the Job's flags and a client certificate that expired yesterday: exit 2 at start,
+    one line naming the file and its expiry, instead of 600 s of retries."""
+    good = client_tls(etcd)
+    expired = _expired_client_cert(good, tmp_path)
+    tls = RdzvTls(ca_cert=good.ca_cert, cert=expired, key=good.key)
+    started = time.monotonic()
+    proc = subprocess.run(_agent_command(etcd, tls, str(SCRIPTS / "exit_with.py"), "0"), cwd=ROOT,
+                          env=trainer_env(), capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert f"rdzv-conf ssl_cert: got {expired!r}, a certificate that expired" in proc.stderr, proc.stderr[-3000:]
+    assert "[user]" not in proc.stdout and time.monotonic() - started < 100
+    # Negative control: the store's own certificate passes the check.
+    from eks_ddp_runtime.rendezvous.cert_check import certificate_problem
+
+    assert certificate_problem("ssl_cert", good.cert) is None
+
+
+def test_a_node_clock_3_s_off_is_refused_and_an_exact_one_is_not(etcd):
+    """R3: the clock check against the real store's Date header; a 3 s skew either way is named and refused."""
+    from eks_ddp_runtime.clock_check import ClockSkewError, check_clock
+    from eks_ddp_runtime.rendezvous.etcd_backend import client_settings
+
+    s = client_settings(_params(etcd, **_tls_conf(client_tls(etcd))))
+    kw = {"context": s["context"], "timeout_s": 5.0, "limit_s": 1.0}
+    for shift, says in ((-3.0, "behind"), (3.0, "ahead of")):
+        with pytest.raises(ClockSkewError, match=f"node clock: got .* s or more {says} the rendezvous store's"):
+            check_clock(s["host"], s["port"], clock=lambda shift=shift: time.time() + shift, **kw)
+    check_clock(s["host"], s["port"], **kw)  # negative control: this machine's own clock passes

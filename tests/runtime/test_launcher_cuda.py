@@ -4,7 +4,7 @@ torch's launcher asks ``torch.accelerator.is_available()`` in the agent before i
 initialises CUDA unless NVML answers, and a worker forked from such an agent dies in ``torch.cuda.set_device``
 ("Cannot re-initialize CUDA in forked subprocess"). The venv's torch is a CUDA build, so the poison shows on a
 machine without a GPU: torch's own bad-fork flag is set in the worker. Every agent here is
-``python -m eks_ddp_runtime.launch`` with the Job's flags from components/eks_ddp/core/torchrun.py and a real etcd.
+``python -m eks_ddp_runtime.launch`` with the Job's flags from components/eks_ddp/core/launch_command.py and a real etcd.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from eks_ddp.core.torchrun import (
+from eks_ddp.core.launch_command import (
     CLUSTER_TIMEOUTS,
     AgentOptions,
     FabricCheckOptions,
@@ -33,7 +33,7 @@ needs_cuda_build = pytest.mark.skipif(not torch.cuda._is_compiled(), reason="tor
 
 def _agent(endpoint: str, nproc: int = 2) -> AgentOptions:
     # The cluster's rendezvous timings and restart budget; one node, so the first round completes at once.
-    return AgentOptions(min_nodes=1, max_nodes=1, nproc_per_node=nproc, rdzv_backend="etcd-v2",
+    return AgentOptions(min_nodes=1, max_nodes=1, nproc_per_node=nproc, rdzv_backend="etcd",
                         rdzv_endpoint=endpoint, rdzv_id=f"cuda-{Path(endpoint).name}-{id(endpoint)}",
                         local_addr="127.0.0.1", timeouts=CLUSTER_TIMEOUTS,
                         tls=client_tls(endpoint))

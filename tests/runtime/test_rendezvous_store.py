@@ -24,9 +24,10 @@ from pathlib import Path
 
 import pytest
 
-from eks_ddp_local.etcd import make_tls, start_etcd
+from eks_ddp_local.etcd_server import make_tls, start_etcd
 from eks_ddp_runtime.rendezvous import handler as rendezvous
 from eks_ddp_runtime.rendezvous import state as rdzv_state
+from eks_ddp_runtime.rendezvous.etcd_backend import EPOCH
 from eks_ddp_runtime.rendezvous.etcd_client import EtcdV3Client, b64
 from tests.support.etcd_server import client_tls, etcd_endpoint  # noqa: F401  (pytest fixture)
 
@@ -129,7 +130,7 @@ def test_the_v3_gateway_needs_a_server_certificate_that_may_be_a_client(tmp_path
     server/embed/serve.go ``serveCtx.serve``: ``dtls := tlscfg.Clone()``; etcd-io/etcd#16590); with
     ``--client-cert-auth`` a server certificate without client authentication fails every /v3 call (HTTP 503, "tls:
     bad certificate"). The stores made here and by the stack (components/eks_ddp/workloads/etcd_tls.py) allow both."""
-    from eks_ddp_local.etcd import EtcdEndpoint
+    from eks_ddp_local.etcd_server import EtcdEndpoint
     from eks_ddp_runtime.rendezvous.etcd_client import EtcdAnswerError
     from tests.support.etcd_server import RestartableEtcd
 
@@ -256,11 +257,15 @@ def test_a_malformed_state_in_the_store_reads_as_a_wiped_store(etcd):
         client.put(_state_key(run_id), value)
         assert backend.get_state() is None
         assert client.get(_state_key(run_id)) is None
-    # A valid state written by another agent reads as that state.
+    # A valid state written by another agent reads as that state; heartbeat times come from the heartbeat keys, not
+    # the state (none exist here: every node reads as expired, EPOCH).
     state = _sample_state()
     client.put(_state_key(run_id), rdzv_state.to_json(state))
     bits, token = backend.get_state()
-    assert vars(pickle.loads(bits)) == vars(state) and isinstance(token, int)
+    read = vars(pickle.loads(bits))
+    assert {k: v for k, v in read.items() if k != "last_heartbeats"} == \
+        {k: v for k, v in vars(state).items() if k != "last_heartbeats"} and isinstance(token, int)
+    assert read["last_heartbeats"] == dict.fromkeys(state.last_heartbeats, EPOCH)
 
 
 # -- compare-and-set and retries (K7) ----------------------------------------------------------------------------
@@ -465,7 +470,7 @@ def test_one_connection_per_live_thread(etcd):
 
 
 def test_the_handler_is_built_and_waits_while_the_store_is_down(tmp_path):
-    from eks_ddp_local.etcd import EtcdEndpoint, free_port
+    from eks_ddp_local.etcd_server import EtcdEndpoint, free_port
 
     down = EtcdEndpoint(f"127.0.0.1:{free_port()}", make_tls(tmp_path / "tls"))
     handler = _handler(down, retry_s=2)  # K3: building it contacted the store and raised
@@ -482,7 +487,7 @@ def test_the_handler_is_built_and_waits_while_the_store_is_down(tmp_path):
 
 
 def test_the_cluster_rides_out_ten_minutes_of_store_outage():
-    from eks_ddp.core.torchrun import CLUSTER_TIMEOUTS, LOCAL_TIMEOUTS
+    from eks_ddp.core.launch_command import CLUSTER_TIMEOUTS, LOCAL_TIMEOUTS
 
     assert CLUSTER_TIMEOUTS.store_retry >= 600 and f"store_retry_timeout={CLUSTER_TIMEOUTS.store_retry}" in \
         CLUSTER_TIMEOUTS.conf()
@@ -544,3 +549,31 @@ print("round", info.rank, info.world_size, info.bootstrap_store_info.master_addr
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "round 0 1 127.0.0.1" in proc.stdout
+
+
+def test_a_waiting_get_ends_with_its_own_timeout_while_the_store_is_away(etcd):
+    """torch's non-zero ranks wait for MASTER_ADDR with ``store.get`` (RendezvousStoreInfo.build). Each poll went
+    through the Retrier, which retries a store that does not answer for store_retry_timeout (600 s on the cluster),
+    so a get with a timeout of 1 s could take 600 s. Now every request of the wait, its retries included, ends by the
+    wait's deadline (plus at most one read_timeout)."""
+    import datetime as dt
+
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
+
+    from eks_ddp_local.etcd_server import free_port
+    from eks_ddp_runtime.rendezvous.etcd_backend import EtcdV3Backend, EtcdV3Store, Retrier
+
+    tls = client_tls(etcd)
+    params = RendezvousParameters(backend=rendezvous.BACKEND, endpoint=f"127.0.0.1:{free_port()}", run_id="away",
+                                  min_nodes=1, max_nodes=2, protocol="https", ca_cert=tls.ca_cert,
+                                  ssl_cert=tls.cert, ssl_cert_key=tls.key, read_timeout="2")
+    retry = Retrier(params, 20.0)  # a store outage the other calls ride out
+    store = EtcdV3Store(retry, EtcdV3Backend(retry, "away", rendezvous.BACKEND), "away",
+                        timeout=dt.timedelta(seconds=1))
+    for call in (lambda: store.get("torch.rendezvous.away.0/MASTER_ADDR"),
+                 lambda: store.wait(["torch.rendezvous.away.0/MASTER_ADDR"], dt.timedelta(seconds=1))):
+        started = time.monotonic()
+        with pytest.raises((RendezvousConnectionError, LookupError)):
+            call()
+        assert time.monotonic() - started < 1 + 2 + 1.5  # the wait, one read_timeout, a retry's pause

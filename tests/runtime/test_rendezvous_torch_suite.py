@@ -37,7 +37,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.rendezvous import RendezvousInfo, RendezvousParameters
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousBackend, _RendezvousState
 
-from eks_ddp_local.etcd import start_etcd
+from eks_ddp_local.etcd_server import start_etcd
 from eks_ddp_runtime.rendezvous import handler as rendezvous
 from eks_ddp_runtime.rendezvous.etcd_backend import EtcdV3Backend, EtcdV3Store, Retrier
 from eks_ddp_runtime.rendezvous.etcd_client import EtcdV3Client
@@ -66,7 +66,7 @@ class _Etcd:
         cls._tmp.cleanup()
 
     def conf(self) -> dict[str, str]:
-        """The Job's rdzv-conf for this store (components/eks_ddp/core/torchrun.py: https and the three certificate files)."""
+        """The Job's rdzv-conf for this store (components/eks_ddp/core/launch_command.py: https and the three certificate files)."""
         tls = client_tls(self.etcd)
         return {"protocol": "https", "ca_cert": tls.ca_cert, "ssl_cert": tls.cert, "ssl_cert_key": tls.key,
                 "read_timeout": "5", "store_retry_timeout": "5"}

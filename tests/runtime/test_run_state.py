@@ -94,7 +94,7 @@ with open(os.environ["WORKER_LOG"], "a") as f:
 
 
 def _launch(tmp_path, run_dir, *worker_args: str) -> subprocess.CompletedProcess:
-    from eks_ddp_local.etcd import free_port
+    from eks_ddp_local.etcd_server import free_port
     from tests.support.etcd_server import trainer_env
 
     env = trainer_env({"EKS_DDP_RUN_DIR": str(run_dir), "WORKER_LOG": str(tmp_path / "worker.log"),

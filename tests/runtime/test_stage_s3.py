@@ -310,7 +310,7 @@ def _launch(tmp_path, data: Path, verify: str) -> tuple[subprocess.CompletedProc
     sentinel.unlink(missing_ok=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "SENTINEL": str(sentinel),
            dataset.VERIFY_ENV: verify, dataset.DATA_DIR_ENV: str(data), "EKS_DDP_FORK_WORKERS": "0"}
-    from eks_ddp_local.etcd import free_port
+    from eks_ddp_local.etcd_server import free_port
 
     proc = subprocess.run([sys.executable, "-m", "eks_ddp_runtime.launch", "--nnodes=1", "--nproc-per-node=1",
                            "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", str(script)], capture_output=True, text=True, timeout=120,

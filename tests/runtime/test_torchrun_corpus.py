@@ -6,7 +6,7 @@ a sibling module, ``if __name__ == "__main__"`` guards, ``sys.exit`` with 0, Non
 ``os._exit(0)``, an uncaught exception, a SIGTERM handler, and a real gloo all-reduce across 2 processes.
 
 Each case runs twice, with the same flags (one node of 2 workers, no restarts) and the Job's environment
-(components/eks_ddp/core/torchrun.py ``AGENT_ENV``): the venv's real ``torchrun`` (c10d rendezvous), and the Job's agent command
+(components/eks_ddp/core/launch_command.py ``AGENT_ENV``): the venv's real ``torchrun`` (c10d rendezvous), and the Job's agent command
 (``python -m eks_ddp_runtime.launch``, the eks-etcd rendezvous on a real etcd with client certificates, workers
 forked from the zygote as on the cluster). The lines the user's code prints must be the same, and the run must
 succeed or fail alike; the launcher's exit code follows its contract on top (exitcodes.py: 2 and 3-5 are passed
@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from eks_ddp.core.torchrun import CLUSTER_TIMEOUTS, AgentOptions, module_command, script_command
-from eks_ddp_local.etcd import free_port, start_etcd
+from eks_ddp.core.launch_command import CLUSTER_TIMEOUTS, AgentOptions, module_command, script_command
+from eks_ddp_local.etcd_server import free_port, start_etcd
 from tests.support.etcd_server import ROOT, TORCHRUN, client_tls, trainer_env
 
 CORPUS = ROOT / "tests" / "fixtures" / "corpus"
@@ -51,8 +51,12 @@ LONG = {
     "script_os_exit_0": (["scripts/train_script.py", "--end", "os_exit0"], 0),
     "script_raises": (["scripts/train_script.py", "--end", "raise"], 1),
     "script_missing": (["scripts/no_such_script.py"], 2),
-    "module_missing": (["-m", "userpkg.no_such_module"], 1),
+    "module_missing": (["-m", "userpkg.no_such_module"], 1, 2),
 }
+"""A case's third value: the launcher's code where it differs from the contract's for the worker's status. A module
+that cannot be found: the launcher's look-up before any worker starts (eks_ddp_runtime/modules.py) is turned off
+here, so that its workers fail as torchrun's do (the package imported, then "No module named"), and the same
+failure in every worker before its first step stops the run with 2 (eks_ddp_runtime/startfail.py)."""
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +73,7 @@ def _torchrun(entry: list[str]) -> list[str]:
 
 
 def _launcher(etcd: str, entry: list[str], *, max_restarts: int = 0) -> list[str]:
-    agent = AgentOptions(min_nodes=1, max_nodes=1, nproc_per_node=2, rdzv_backend="etcd-v2", rdzv_endpoint=etcd,
+    agent = AgentOptions(min_nodes=1, max_nodes=1, nproc_per_node=2, rdzv_backend="etcd", rdzv_endpoint=etcd,
                          rdzv_id=f"corpus-{os.getpid()}-{time.time_ns()}", max_restarts=max_restarts,
                          local_addr="127.0.0.1", timeouts=CLUSTER_TIMEOUTS, tls=client_tls(etcd))
     if entry[0] == "-m":
@@ -100,13 +104,13 @@ def _user_lines(out: str) -> list[str]:
 
 def run_both(etcd: str, entry: list[str], env: dict[str, str] | None = None):
     """(torchrun's code, its lines, stderr), (the launcher's code, its lines, stderr): both run at once."""
-    env = trainer_env(env)
+    env = trainer_env({"EKS_DDP_CHECK_MODULE": "0", **(env or {})})
     procs = [_start(_torchrun(entry), env), _start(_launcher(etcd, entry), env)]
     (tc, tout, terr), (lc, lout, lerr) = [_finish(p) for p in procs]
     return (tc, _user_lines(tout), terr), (lc, _user_lines(lout), lerr)
 
 
-def _check(etcd: str, entry: list[str], worker_status: int) -> None:
+def _check(etcd: str, entry: list[str], worker_status: int, launcher_code: int | None = None) -> None:
     (tc, tlines, terr), (lc, llines, lerr) = run_both(etcd, entry)
     both = f"torchrun rc={tc}\n{terr[-2500:]}\n----- launcher rc={lc}\n{lerr[-2500:]}"
     if "no_such" in " ".join(entry):  # nothing to print: Python's own message, on stderr, under both
@@ -116,7 +120,7 @@ def _check(etcd: str, entry: list[str], worker_status: int) -> None:
     assert llines == tlines, f"torchrun printed\n{chr(10).join(tlines)}\nthe launcher\n{chr(10).join(llines)}\n{both}"
     assert (tc == 0) == (worker_status == 0), both
     assert (lc == 0) == (tc == 0), both
-    assert lc == CONTRACT.get(worker_status, 1), both
+    assert lc == (CONTRACT.get(worker_status, 1) if launcher_code is None else launcher_code), both
     assert "workers are forked from a zygote" in lerr, lerr[-3000:]
 
 
@@ -171,7 +175,7 @@ def test_a_bad_fatal_code_setting_is_a_usage_error(etcd):
 
 
 def test_the_corpus_is_where_the_cases_point():
-    for entry, _ in (*FAST.values(), *LONG.values()):
+    for entry, *_ in (*FAST.values(), *LONG.values()):
         if entry[0] != "-m" and "no_such" not in entry[0]:
             assert (CORPUS / entry[0]).is_file(), entry
     assert (Path(CORPUS) / "userpkg" / "train.py").is_file()

@@ -1,6 +1,6 @@
 """A user's own training script (training/examples/ddp_minimal.py, not the bundled trainer) under the real launcher.
 
-Two agents run ``python -m eks_ddp_runtime.launch`` with the cluster's flags (components/eks_ddp/core/torchrun.py:
+Two agents run ``python -m eks_ddp_runtime.launch`` with the cluster's flags (components/eks_ddp/core/launch_command.py:
 CLUSTER_TIMEOUTS, DEFAULT_MAX_RESTARTS, AGENT_ENV) against a real etcd with client certificates, from a folder
 outside the repository; a worker is SIGKILLed mid-run, and the script resumes from its own checkpoint in
 ``EKS_DDP_RUN_DIR``, the agents exiting 0.
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from eks_ddp.core.torchrun import (
+from eks_ddp.core.launch_command import (
     AGENT_ENV,
     CLUSTER_TIMEOUTS,
     DEFAULT_MAX_RESTARTS,
@@ -93,7 +93,7 @@ def test_user_script_survives_a_worker_kill_and_resumes_from_its_own_checkpoint(
     run_dir = tmp_path / "runs" / "user-run"
     elsewhere = tmp_path / "user-project"  # not this repository: the script needs nothing of it but the runtime
     elsewhere.mkdir()
-    agent = AgentOptions(min_nodes=1, max_nodes=2, nproc_per_node=1, rdzv_backend="etcd-v2",
+    agent = AgentOptions(min_nodes=1, max_nodes=2, nproc_per_node=1, rdzv_backend="etcd",
                          rdzv_endpoint=etcd_endpoint, rdzv_id=f"user-{os.getpid()}-{time.time_ns()}",
                          max_restarts=DEFAULT_MAX_RESTARTS, local_addr="127.0.0.1", timeouts=CLUSTER_TIMEOUTS,
                          tls=client_tls(etcd_endpoint))

@@ -1,6 +1,6 @@
 """Real etcd and real torchrun agents for the trainer tests and the recovery benchmark.
 
-etcd start/stop lives in training/eks_ddp_local/etcd.py (shared with the local runner); this module
+etcd start/stop lives in training/eks_ddp_local/etcd_server.py (shared with the local runner); this module
 adds the pytest fixture and a small harness around torchrun agent processes: each agent
 runs in its own process group so a test can kill a whole "node", every wait is bounded,
 and everything started is killed at the end.
@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from eks_ddp.core.torchrun import (
+from eks_ddp.core.launch_command import (
     AGENT_ENV,
     LOCAL_TIMEOUTS,
     AgentOptions,
@@ -29,7 +29,7 @@ from eks_ddp.core.torchrun import (
     RdzvTls,
     job_command,
 )
-from eks_ddp_local.etcd import TlsFiles, start_etcd
+from eks_ddp_local.etcd_server import TlsFiles, start_etcd
 from eks_ddp_local.procs import worker_pids
 from eks_ddp_trainer.config import TrainerConfig
 
@@ -38,7 +38,7 @@ TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 
 
 def client_tls(endpoint: str) -> RdzvTls:
-    """The agents' TLS files for a store started here (``endpoint.tls``, from training/eks_ddp_local/etcd.py)."""
+    """The agents' TLS files for a store started here (``endpoint.tls``, from training/eks_ddp_local/etcd_server.py)."""
     tls: TlsFiles = endpoint.tls  # type: ignore[attr-defined]
     return RdzvTls.of(tls)
 
@@ -93,7 +93,7 @@ class Agent:
 
     ``held``: the process imports torch and the launcher at once but starts the agent only at :meth:`release`, so a
     test can have a replacement node arrive at a chosen moment rather than after seconds of imports. ``prefix``
-    goes in front of the command line (``ip netns exec NS``: tests/netns.py)."""
+    goes in front of the command line (``ip netns exec NS``: tests/support/netns.py)."""
 
     def __init__(self, name: str, cmd: list[str], log_path: Path, env: dict[str, str], cwd: Path = ROOT,
                  held: bool = False, prefix: list[str] | None = None) -> None:
@@ -164,7 +164,7 @@ class Job:
         self.tmp, self.trainer = tmp, trainer
         tmp.mkdir(parents=True, exist_ok=True)
         self.run_dir = Path(trainer.run_dir)
-        agent = AgentOptions(min_nodes=min_nodes, max_nodes=max_nodes, nproc_per_node=1, rdzv_backend="etcd-v2",
+        agent = AgentOptions(min_nodes=min_nodes, max_nodes=max_nodes, nproc_per_node=1, rdzv_backend="etcd",
                              rdzv_endpoint=endpoint, rdzv_id=rdzv_id or f"run-{os.getpid()}-{time.time_ns()}",
                              max_restarts=max_restarts, local_addr="127.0.0.1", timeouts=timeouts,
                              tls=client_tls(endpoint))
@@ -278,10 +278,12 @@ class RestartableEtcd:
     older checkout whose agents speak neither TLS nor v3)."""
 
     def __init__(self, data_dir: Path, *, host: str = "127.0.0.1", prefix: list[str] | None = None,
-                 plain: bool = False) -> None:
-        from eks_ddp_local.etcd import EtcdEndpoint, find_etcd, free_port, make_tls
+                 plain: bool = False, flags: list[str] | None = None) -> None:
+        from eks_ddp_local.etcd_server import EtcdEndpoint, find_etcd, free_port, make_tls
 
         self.data_dir, self.host, self.prefix, self.plain = data_dir, host, prefix or [], plain
+        self.flags = list(flags or [])
+        """More etcd flags (the store's quota and compaction as rendered: bench/store_soak.py)."""
         self.client, self.peer = free_port(), free_port()
         self.tls = make_tls(data_dir / "tls", [host])
         self.endpoint = f"{host}:{self.client}" if plain else EtcdEndpoint(f"{host}:{self.client}", self.tls)
@@ -290,7 +292,7 @@ class RestartableEtcd:
         data_dir.mkdir(parents=True, exist_ok=True)
 
     def start(self, timeout_s: float = 30.0) -> None:
-        from eks_ddp_local.etcd import healthy
+        from eks_ddp_local.etcd_server import healthy
 
         cmd = [*self.prefix, self.binary, "--name=local", f"--data-dir={self.data_dir / 'member'}",
                f"--listen-client-urls={self._scheme}://{self.endpoint}",
@@ -299,7 +301,7 @@ class RestartableEtcd:
                f"--initial-advertise-peer-urls=http://{self.host}:{self.peer}",
                f"--initial-cluster=local=http://{self.host}:{self.peer}",
                # plain: an older checkout's agents (bench/recovery.py --baseline), which spoke etcd's v2 API
-               *(["--enable-v2=true"] if self.plain else self.tls.server_flags())]
+               *(["--enable-v2=true"] if self.plain else self.tls.server_flags()), *self.flags]
         with open(self.data_dir / "etcd.log", "ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          start_new_session=True)
@@ -310,7 +312,7 @@ class RestartableEtcd:
             if self.prefix and subprocess.run([*self.prefix, sys.executable, "-c",
                                                "import sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]); "
                                                "from tests.support.etcd_server import _plain_healthy; "
-                                               "from eks_ddp_local.etcd import TlsFiles, healthy; "
+                                               "from eks_ddp_local.etcd_server import TlsFiles, healthy; "
                                                "raise SystemExit(0 if (_plain_healthy(sys.argv[2]) if sys.argv[3] == 'plain' "
                                                "else healthy(sys.argv[2], TlsFiles(*map(Path, sys.argv[4:])))) else 1)",
                                                str(ROOT), self.endpoint, "plain" if self.plain else "tls",

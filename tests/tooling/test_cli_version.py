@@ -52,7 +52,7 @@ def test_preflight_refuses_an_old_cli(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     raw = stack_config("dev")
     cfg = load_stack_config({k: v for k, v in raw.items() if k.startswith("eks-ddp:")}, region=raw["aws:region"])
-    monkeypatch.setattr(preflight, "check", lambda *a, **k: preflight.Report())
+    monkeypatch.setattr(preflight.checker, "check", lambda *a, **k: preflight.Report())
     import pulumi
 
     with pytest.raises(pulumi.RunError, match="Pulumi CLI 3.100.0"):

@@ -225,3 +225,22 @@ def test_container_logs_in_cloudwatch_are_priced_and_follow_the_key():
     assert any("Container Insights" in n for n in on.not_included)
     assert not any("Container Insights" in n for n in off.not_included)
     assert on.idle_per_hour <= 0.25  # still the dev stack's idle budget
+
+
+def test_a_custom_workload_has_no_per_run_figure_from_the_bundled_trainer():
+    """The bundled trainer's throughput says nothing of a user's workload: the estimate says the per-run figure is
+    unknown instead of printing one."""
+    from eks_ddp.config import load_stack_config
+    from eks_ddp.tooling.cost import estimate
+    from tests.support.util import BYO_OWN_ACCOUNT_IMAGE, stack_config
+
+    raw = {k: v for k, v in stack_config("dev").items() if k.startswith("eks-ddp:") and k != "eks-ddp:job"}
+    raw["eks-ddp:runs"] = [{"runId": "mine", "nodes": 1, "workload": {"image": BYO_OWN_ACCOUNT_IMAGE,
+                                                                          "module": "m.train"}}]
+    est = estimate(load_stack_config(raw, region="us-west-2", placeholders_ok=True))
+    assert est.as_dict()["per_run_known"] is False
+    assert "per run:        unknown" in est.render() and "images/s, estimated" not in est.render()
+    assert any("your own workload" in a for a in est.assumptions)
+    # Negative control: the bundled trainer's stack keeps its figure.
+    dev = {k: v for k, v in stack_config("dev").items() if k.startswith("eks-ddp:")}
+    assert estimate(load_stack_config(dev, region="us-west-2", placeholders_ok=True)).as_dict()["per_run_known"]

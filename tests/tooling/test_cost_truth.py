@@ -78,3 +78,14 @@ def test_the_fsx_backend_is_priced_by_capacity_and_throughput(tier, price):
     efs = cost.estimate(p4de())
     assert any(i.name.startswith("EFS Standard") for i in efs.items) and "IA" in next(
         i.note for i in efs.items if i.name.startswith("EFS Standard"))
+
+
+def test_the_kms_keys_counted_are_the_keys_the_plan_creates(dev_result, p4de_result):
+    """W8: every stack makes 3 keys (EKS secrets, the file system's, the results bucket's); 2 were counted."""
+    for raw, result in ((stack_config("dev"), dev_result), (stack_config("p4de"), p4de_result)):
+        [item] = [i for i in cost.estimate(config(raw)).items if i.name.startswith("KMS keys")]
+        assert item.idle_units == item.training_units == len(result.of_type("aws:kms/key:Key")) == 3, item
+    adopted = config(set_path(set_path(stack_config("dev"), "eks-ddp:storage.resultsBucket", "my-results-bucket"),
+                              "eks-ddp:storage.fileSystemId", "fs-0123456789abcdef0"))
+    [item] = [i for i in cost.estimate(adopted).items if i.name.startswith("KMS keys")]
+    assert (item.idle_units, item.name) == (1, "KMS keys (EKS secrets)")

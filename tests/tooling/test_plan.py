@@ -228,3 +228,18 @@ def test_out_naming_a_file_exits_2_and_leaves_it_alone(tmp_path):
         assert proc.returncode == 2, proc.stderr[-800:]
         assert str(notes) in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-800:]
     assert notes.read_text() == "notes: keep\n" and sorted(p.name for p in tmp_path.iterdir()) == ["my-notes.yaml"]
+
+
+def test_a_bad_args_error_points_at_the_users_line_not_the_librarys():
+    """The library installed inside the project (an editable install of this repository): the line reported is
+    the one that built the Args, never the check inside the library that raised."""
+    from eks_ddp import Size
+    from eks_ddp.tooling.plan import program_error
+    from tests.support.util import ROOT
+
+    try:
+        Size(nodes="four")  # the user's line
+    except ValueError as err:
+        line = program_error(err, ROOT)
+    assert "size.nodes: got 'four'" in line
+    assert "tests/tooling/test_plan.py" in line and 'Size(nodes="four")' in line, line

@@ -19,8 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from eks_ddp.tooling import runs as cli
-from eks_ddp.tooling.runs import cluster
+from eks_ddp.tooling.runs import cli, kubectl
 from eks_ddp.tooling.runs.status import local_status
 from eks_ddp_runtime import runlogs
 
@@ -180,7 +179,7 @@ def test_status_of_a_gone_cluster_run_reads_its_kept_logs_through_a_reader_pod(f
     pod = json.loads(next(a for a in run_call if a.startswith("--overrides="))[len("--overrides="):])
     assert calls[-3:] == [
         ["kubectl", "-n", "training", "wait", "--for=condition=Ready", f"pod/{name}", "--timeout=300s"],
-        ["kubectl", "-n", "training", "exec", name, "--", *cluster.tar_command("/shared/runs/run-1")],
+        ["kubectl", "-n", "training", "exec", name, "--", *kubectl.tar_command("/shared/runs/run-1")],
         ["kubectl", "-n", "training", "delete", "pod", name, "--wait=false", "--ignore-not-found"]]
     spec = pod["spec"]
     assert spec["volumes"] == [{"name": "run", "persistentVolumeClaim": {"claimName": "shared-run-run-1",
@@ -215,8 +214,8 @@ def _restricted_violations(pod: dict) -> list[str]:
 def test_the_reader_pod_passes_the_strict_schema_and_the_restricted_profile(fake):
     from kubernetes_validate import latest_version, validate
 
-    run = cluster.ClusterRun("run-1", fake.outputs["runs"]["run-1"])
-    pod = {"kind": "Pod", **cluster.reader_pod(run, "r"), "metadata": {"name": "r", "namespace": "training"}}
+    run = kubectl.ClusterRun("run-1", fake.outputs["runs"]["run-1"])
+    pod = {"kind": "Pod", **kubectl.reader_pod(run, "r"), "metadata": {"name": "r", "namespace": "training"}}
     pod["spec"] = {k: v for k, v in pod["spec"].items() if v is not None}
     validate(pod, latest_version(), strict=True)
     assert _restricted_violations(pod) == []

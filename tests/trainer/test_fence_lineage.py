@@ -172,3 +172,70 @@ def test_history_records_wait_while_commits_are_refused_and_keep_their_order(tmp
     allowed["now"] = True
     log.record("train", None, kind="step", step=4)
     assert steps() == [1, 2, 3, 4]
+
+
+def _save_while_live_writes(run: Path, live: dict, other, monkeypatch) -> Path | None:
+    """The live world's rank 0 saves ``live``; between its write+fsync and its rename (where a large checkpoint on
+    EFS spends seconds to minutes) ``other()`` runs: another writer's save on the same folder."""
+    real = ckpt.atomic_write_bytes
+
+    def write(path, data, *, before_replace=None, **kw):
+        def hook() -> None:
+            monkeypatch.setattr(ckpt, "atomic_write_bytes", real)  # the other writer's save is a plain one
+            other()
+            if before_replace is not None:
+                before_replace()
+        return real(path, data, before_replace=hook, **kw)
+
+    monkeypatch.setattr(ckpt, "atomic_write_bytes", write)
+    try:
+        return ckpt.save_checkpoint(run, live, keep=2)
+    finally:
+        monkeypatch.setattr(ckpt, "atomic_write_bytes", real)
+
+
+def test_a_replaced_worlds_refused_save_leaves_the_live_save_committed(tmp_path, monkeypatch):
+    """The review's stale-save reproduction: world 1 was replaced by world 2 and keeps trying to checkpoint while
+    world 2's rank 0 writes step 20; world 1's refused save must not touch world 2's temp file."""
+    run = tmp_path / "run"
+    ckpt.write_fence(run, None, 0)
+    ckpt.save_checkpoint(run, _state(10, 1), keep=2)
+    ckpt.write_fence(run, (1, 10), 1)
+    refused: list = []
+    saved = _save_while_live_writes(run, _state(20, 2), lambda: refused.append(
+        ckpt.save_checkpoint(run, _state(15, 1), keep=2)), monkeypatch)
+    assert refused == [None]
+    assert saved is not None and saved.name == "ckpt-000000020.pt"
+    assert [p.name for p in ckpt.list_checkpoints(run)] == ["ckpt-000000010.pt", "ckpt-000000020.pt"]
+    assert ckpt.on_lineage(ckpt.read_lineage(run), torch.load(saved, weights_only=False))
+
+
+def test_two_writers_with_one_pid_on_two_hosts_never_remove_each_others_files(tmp_path, monkeypatch):
+    """Two nodes' rank 0s (pid namespaces: the same pid on both) write into one folder at once; each may only
+    clean its own temp files. A writer's leftover from an earlier killed try is still cleaned by that writer."""
+    import socket
+
+    run = tmp_path / "run"
+    monkeypatch.setattr(ckpt.os, "getpid", lambda: 7)
+    monkeypatch.setattr(socket, "gethostname", lambda: "node-a")
+    d = ckpt.ckpt_dir(run)
+    d.mkdir(parents=True)
+    own_leftover = d / f".ckpt-000000003.pt.tmp-{ckpt.writer_tag(None)}"
+    own_leftover.write_bytes(b"killed before its rename")
+    seen: list[list[str]] = []
+
+    def node_b() -> None:
+        monkeypatch.setattr(socket, "gethostname", lambda: "node-b")
+        try:
+            seen.append(sorted(p.name for p in d.glob(".ckpt-*.tmp-*")))
+            assert ckpt.save_checkpoint(run, {**_state(4, 0), "fence": None}, keep=5) is not None
+        finally:
+            monkeypatch.setattr(socket, "gethostname", lambda: "node-a")
+
+    saved = _save_while_live_writes(run, {**_state(5, 0), "fence": None}, node_b, monkeypatch)
+    assert saved is not None and saved.exists()
+    assert seen == [[f".ckpt-000000005.pt.tmp-{ckpt.writer_tag(None)}"]]  # node-a's leftover cleaned, its live file kept
+    assert [p.name for p in ckpt.list_checkpoints(run)] == ["ckpt-000000004.pt", "ckpt-000000005.pt"]
+    assert not list(d.glob(".ckpt-*.tmp-*"))
+    # Negative control: the same names on both hosts (today's pid-only tag) would have let node-b's save take it.
+    assert ckpt.writer_tag(None) != ckpt.writer_tag(0) and "node-a" in ckpt.writer_tag(None)

@@ -8,7 +8,7 @@ import pulumi
 import pytest
 
 from eks_ddp.core import catalog
-from eks_ddp.core.torchrun import AGENT_ENV, CLUSTER_TIMEOUTS, CLUSTER_TLS
+from eks_ddp.core.launch_command import AGENT_ENV, CLUSTER_TIMEOUTS, CLUSTER_TLS
 from eks_ddp.core.workload import cifar10_workload
 from eks_ddp.tooling.mocks import ProgramResult, Recorded, run_program
 from eks_ddp.workloads.elastic_job import (
@@ -17,11 +17,12 @@ from eks_ddp.workloads.elastic_job import (
     GPU_RESOURCE,
     TRAINER_LABELS,
     ElasticJob,
-    ElasticJobArgs,
+    Placement,
     nccl_env,
     pod_resources,
 )
 from eks_ddp.workloads.etcd import DEFAULT_CLIENT_LABELS, store_selector
+from tests.support.job_args import job_args
 
 IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/eks-ddp-trainer@sha256:" + "ab" * 32
 GPU_NODES = {"eks-ddp/node-group": "gpu"}
@@ -36,7 +37,7 @@ def run_job(**overrides) -> ProgramResult:
         args = {"namespace": "training", "image": IMAGE, "pvc_name": "shared", "instance_type": "g4dn.xlarge",
                 "node_selector": GPU_NODES, "nodes": 2, "min_nodes": 1, "rdzv_endpoint": ETCD,
                 "rdzv_tls_secret": RDZV_TLS_SECRET, **overrides}
-        job = ElasticJob("training", ElasticJobArgs(**args))
+        job = ElasticJob("training", job_args(**args))
         pulumi.export("follow", job.follow_command)
         pulumi.export("evaluate", job.evaluate_command)
 
@@ -79,7 +80,7 @@ def test_agent_command_is_the_shared_torchrun_builder():
     f = flags(cmd)
     assert f["nnodes"] == "2:3"
     assert f["nproc-per-node"] == "1"  # g4dn.xlarge: one T4
-    # etcd-v2 as the agent runs it: the same rendezvous with etcd calls retried (training/runtime/eks_ddp_runtime/rendezvous/handler.py)
+    # etcd as the agent runs it: the same rendezvous with etcd calls retried (training/runtime/eks_ddp_runtime/rendezvous/handler.py)
     assert f["rdzv-backend"] == "eks-etcd" and f["rdzv-endpoint"] == ETCD
     assert f["rdzv-id"] == "$(JOB_UID)" and f["local-addr"] == "$(POD_IP)"
     assert f["rdzv-conf"] == f"{CLUSTER_TIMEOUTS.conf()},{CLUSTER_TLS.conf()}"
@@ -331,7 +332,7 @@ def test_every_egress_rule_names_its_destination(overrides):
 
 @pytest.mark.parametrize("labels", [{}, {"app.kubernetes.io/name": 1}, "etcd"])
 def test_store_labels_must_be_a_selector(labels):
-    with pytest.raises(ValueError, match=r"rdzv_server_labels: got .*; expected None"):
+    with pytest.raises(ValueError, match=r"rendezvous.server_labels: got .*; expected None"):
         run_job(rdzv_server_labels=labels)
 
 
@@ -371,19 +372,18 @@ def test_children_are_parented_to_the_component():
 
 
 @pytest.mark.parametrize("overrides, field", [
-    ({"rdzv_endpoint": None}, "rdzv_endpoint"),
-    ({"rdzv_tls_secret": None}, "rdzv_tls_secret"),
-    ({"rdzv_backend": "c10d"}, "rdzv_endpoint"),
-    ({"efa": True}, "efa"),
-    ({"instance_type": "t3.large"}, "instance_type"),
-    ({"instance_type": "x9.huge"}, "instance_type"),
-    ({"min_nodes": 3}, "min_nodes"),
+    ({"rdzv_endpoint": None}, "rendezvous.endpoint"),
+    ({"rdzv_tls_secret": None}, "rendezvous.tls_secret"),
+    ({"efa": True}, "placement.efa"),
+    ({"instance_type": "t3.large"}, "placement.instance_type"),
+    ({"instance_type": "x9.huge"}, "placement.instance_type"),
+    ({"min_nodes": 3}, "size.min_nodes"),
     ({"image": "trainer:latest"}, "image"),
     ({"run_id": "r" * 60}, "run_id"),
     ({"run_id": "Run_1"}, "run_id"),
-    ({"max_restarts": -1}, "max_restarts"),
-    ({"fault_budget": -1}, "fault_budget"),
-    ({"active_deadline_hours": 0}, "active_deadline_hours"),
+    ({"max_restarts": -1}, "size.max_restarts"),
+    ({"fault_budget": -1}, "size.fault_budget"),
+    ({"active_deadline_hours": 0}, "size.active_deadline_hours"),
 ])
 def test_rejects_bad_args(overrides, field):
     with pytest.raises(ValueError, match=f"^{field}:"):
@@ -478,7 +478,7 @@ def test_data_prep_runs_on_the_system_nodes_not_the_gpu_nodes():
 def test_component_default_fault_budget_fits_spot_capacity():
     """A program that imports ElasticJob without setting max_restarts gets the same >= 20-fault budget as
     the stack config, not torchrun's 3 (the 4th spot interruption would end the run)."""
-    from eks_ddp.core.torchrun import DEFAULT_MAX_RESTARTS
+    from eks_ddp.core.launch_command import DEFAULT_MAX_RESTARTS
 
     assert DEFAULT_MAX_RESTARTS >= 20
     assert flags(trainer(run_job())["command"])["max-restarts"] == str(DEFAULT_MAX_RESTARTS)
@@ -506,10 +506,13 @@ def _library_program(*jobs: dict, max_size: int = 2):
     def program() -> None:
         group = GpuNodeGroup("gpu", dataclasses.replace(BASE, max_size=max_size, desired_size=0))
         for i, overrides in enumerate(jobs):
-            ElasticJob(overrides.pop("name", f"job{i}"), ElasticJobArgs(**{
+            placement = Placement.on(group)
+            if overrides.pop("placement", None) == "mismatch":
+                placement = Placement(instance_type="g5.12xlarge", node_selector=group.node_labels)
+            ElasticJob(overrides.pop("name", f"job{i}"), dataclasses.replace(job_args(**{
                 "namespace": "training", "image": IMAGE, "pvc_name": "shared", "instance_type": "g4dn.xlarge",
-                "node_selector": group.node_labels, "nodes": 2, "rdzv_endpoint": ETCD,
-                "rdzv_tls_secret": RDZV_TLS_SECRET, **overrides}))
+                "nodes": 2, "rdzv_endpoint": ETCD, "rdzv_tls_secret": RDZV_TLS_SECRET, **overrides}),
+                placement=placement))
 
     return run_program({}, program=program)
 
@@ -517,9 +520,24 @@ def _library_program(*jobs: dict, max_size: int = 2):
 def test_nodes_above_the_node_groups_max_size_fail_naming_both():
     """U6: nodes=3 on a max-2 group rendered parallelism 3; the third pod would stay Pending (the autoscaler never
     grows a group past max_size) and the first round would wait for it."""
-    with pytest.raises(ValueError, match=r"^nodes: got 3; expected at most 2, the max_size of node group 'gpu'"):
+    with pytest.raises(ValueError, match=r"^size.nodes: got 3; expected at most 2, the max_size of node group 'gpu'"):
         _library_program({"nodes": 3})
     _library_program({"nodes": 4}, max_size=4)
+
+
+def test_an_instance_type_the_group_does_not_have_fails_naming_both():
+    """g5.12xlarge Args on a g4dn.xlarge group asked for 4 GPUs on 1-GPU nodes: Pending until the deadline."""
+    from tests.infra.test_gpu_nodegroup import BASE
+
+    labels = {"eks-ddp/node-group": "gpu", "eks-ddp/instance-type": BASE.instance_type}
+    with pytest.raises(ValueError, match=rf"^placement.instance_type: got 'g5.12xlarge', but placement.node_selector "
+                                         rf"selects nodes of '{BASE.instance_type}'"):
+        Placement(instance_type="g5.12xlarge", node_selector=labels)
+    # Stated once: from the group, or from its labels.
+    assert Placement(node_selector=labels).instance_type == BASE.instance_type
+    _library_program({"nodes": 2})
+    with pytest.raises(ValueError, match=r"placement.instance_type: got 'g5.12xlarge', but"):
+        _library_program({"placement": "mismatch"})
 
 
 def test_two_jobs_with_one_run_id_on_one_claim_fail_naming_both():

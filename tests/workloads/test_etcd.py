@@ -31,7 +31,7 @@ from eks_ddp.workloads.etcd import (
     EtcdRendezvousArgs,
     etcd_args,
 )
-from eks_ddp_local.etcd import find_etcd, free_port, make_tls
+from eks_ddp_local.etcd_server import find_etcd, free_port, make_tls
 
 SYSTEM = {"eks-ddp/pool": "system"}
 
@@ -417,3 +417,68 @@ def test_rotation_periods_change_at_their_boundaries_only():
     assert rotation_period(3, dt.date(2026, 7, 1)) == rotation_period(3, dt.date(2026, 9, 30)) == "2026-p7"
     assert rotation_period(3, dt.date(2026, 10, 1)) == "2026-p10" != rotation_period(3, dt.date(2026, 9, 30))
     assert rotation_period(2, dt.date(2027, 2, 28)) == "2027-p1" and rotation_period(2, dt.date(2027, 3, 1)) == "2027-p3"
+
+
+def _write_at_a_steady_rate(client, seconds: float) -> Exception | None:
+    """4 KB values at ~50 writes/s for ``seconds`` (~200 KB/s: the history a fleet's re-forms write, sped up); the
+    store's first refusal, or None."""
+    from eks_ddp_runtime.rendezvous.etcd_client import EtcdAnswerError
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            client.put(b"/torch/elastic/rendezvous/soak", b"x" * 4000)
+        except EtcdAnswerError as e:
+            return e
+        time.sleep(0.02)
+    return None
+
+
+@pytest.mark.slow
+def test_the_rendered_compaction_keeps_a_tiny_quota_from_filling_and_a_full_store_is_named(tmp_path, caplog):
+    # The rendered flags with the quota and the compaction period scaled down 256x (1 MiB, 1 s): 2 MB written
+    # over 10 s leave the store far from its quota. The same store without the compaction flags (the flags before
+    # this change: the negative control) fills within seconds, and an agent's call then logs one line naming the
+    # NOSPACE alarm and its fix.
+    import logging
+
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
+
+    from eks_ddp.core.rendezvous_store import store_size
+    from eks_ddp_runtime.rendezvous.etcd_backend import NO_SPACE_LINE, Retrier
+    from eks_ddp_runtime.rendezvous.etcd_client import NO_SPACE, EtcdV3Client
+
+    size = store_size(2).scaled(256)
+    tls = make_tls(tmp_path / "tls")
+    for compacted in (True, False):
+        args = etcd_args("rendezvous-etcd", "training", size)
+        assert {"--auto-compaction-mode=periodic", f"--auto-compaction-retention={size.compaction_retention}",
+                f"--quota-backend-bytes={1 << 20}"} <= set(args)
+        if not compacted:
+            args = [a for a in args if "auto-compaction" not in a]
+        run = tmp_path / f"compacted-{compacted}"
+        run.mkdir()
+        proc, endpoint = _run_member(args, run / "data", run / "etcd.log", tls.ca_cert.parent)
+        try:
+            assert proc.poll() is None, (run / "etcd.log").read_text()[-2000:]
+            host, port = endpoint.split(":")
+            client = EtcdV3Client(host, int(port), read_timeout=5, context=tls.client_context())
+            refused = _write_at_a_steady_rate(client, 10)
+            status = client.call("maintenance/status", {})
+            if compacted:
+                assert refused is None and int(status["dbSize"]) < (1 << 20) // 2, status
+                assert not client.call("maintenance/alarm", {"action": "GET"}).get("alarms")
+                continue
+            assert refused is not None and NO_SPACE in str(refused), refused
+            params = RendezvousParameters(backend="eks-etcd", endpoint=endpoint, run_id="full", min_nodes=1,
+                                          max_nodes=1, protocol="https", ca_cert=str(tls.ca_cert),
+                                          ssl_cert=str(tls.client_cert), ssl_cert_key=str(tls.client_key))
+            caplog.set_level(logging.ERROR, logger="training.rendezvous")
+            with pytest.raises(RendezvousConnectionError):
+                Retrier(params, 1.5)("set_state", lambda c: c.put(b"/torch/elastic/rendezvous/full", b"{}"))
+            lines = [r.getMessage() for r in caplog.records if "NOSPACE" in r.getMessage()]
+            assert lines == [NO_SPACE_LINE], lines
+        finally:
+            proc.kill()
+            proc.wait(timeout=10)

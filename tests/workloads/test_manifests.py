@@ -118,10 +118,10 @@ def test_training_command_is_valid_for_torchrun(name, manifests):
     gpus = catalog.lookup(cfg.job_group.instance_type).gpus
     assert args.nproc_per_node == str(gpus) == str(EXPECTED_GPUS[name])
     assert container["resources"]["limits"]["nvidia.com/gpu"] == str(gpus)
-    assert args.rdzv_backend == {"etcd-v2": "eks-etcd"}.get(cfg.job.rdzv_backend, cfg.job.rdzv_backend)
+    assert args.rdzv_backend == {"etcd": "eks-etcd"}.get(cfg.job.rdzv_backend, cfg.job.rdzv_backend)
     assert args.rdzv_id == "$(JOB_UID)" and args.local_addr == "$(POD_IP)"
     assert args.max_restarts == cfg.job.max_restarts
-    if cfg.job.rdzv_backend == "etcd-v2":
+    if cfg.job.rdzv_backend == "etcd":
         [etcd] = [m for m in docs if m["kind"] == "Service" and m["spec"].get("type") == "ClusterIP"
                   and any(p["port"] == 2379 for p in m["spec"]["ports"])]
         assert args.rdzv_endpoint.startswith(f"{etcd['metadata']['name']}.{cfg.job.namespace}.svc")

@@ -1,4 +1,4 @@
-"""Every etcd-v2 run of a stack has a rendezvous store of its own: its own CA and client certificate, Service and
+"""Every etcd run of a stack has a rendezvous store of its own: its own CA and client certificate, Service and
 NetworkPolicy. A run's pods mount only their store's client certificate and reach only their store, and a store
 admits only its run's pods, so code in one run (a custom workload included) can neither read nor write another
 run's rendezvous state, which that run's agents unpickle (torch ``dynamic_rendezvous.py`` ``_sync``)."""
@@ -109,7 +109,7 @@ def test_the_one_run_stacks_keep_their_store_names(dev_result, p4de_result):
 
 
 def test_a_later_runs_run_id_must_leave_room_for_its_stores_names():
-    def load(run_id: str, backend: str = "etcd-v2"):
+    def load(run_id: str, backend: str = "etcd"):
         raw = with_runs({"runId": "a", "nodes": 1}, {"runId": run_id, "nodes": 1, "rdzvBackend": backend})
         return load_stack_config({k: v if isinstance(v, str) else json.dumps(v)
                                   for k, v in raw.items() if k.startswith("eks-ddp:")},
@@ -126,7 +126,7 @@ def test_a_runs_store_refuses_another_runs_client_certificate(tmp_path):
     """Two stores from two CAs, as two runs get them: run B's certificate is refused by run A's store (real etcd
     with the Deployment's flags), run A's own is accepted."""
     from eks_ddp.workloads.etcd import etcd_args
-    from eks_ddp_local.etcd import make_tls
+    from eks_ddp_local.etcd_server import make_tls
     from tests.workloads.test_etcd import _kv, _run_member
 
     a, b = make_tls(tmp_path / "a"), make_tls(tmp_path / "b")

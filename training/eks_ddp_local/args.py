@@ -7,7 +7,7 @@ import json
 import re
 from pathlib import Path
 
-from eks_ddp.core.torchrun import DEFAULT_MAX_RESTARTS
+from eks_ddp.core.launch_command import DEFAULT_MAX_RESTARTS
 
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
@@ -75,6 +75,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"arguments after --: got {' '.join(user_args)!r}; expected them only with --module or --script")
     if args.module and not _MODULE.match(args.module):
         p.error(f"--module: got {args.module!r}; expected a dotted module name such as mypkg.train")
+    if args.module:  # found as python -m would find it in the workers, importing none of it (training/runtime/eks_ddp_runtime/modules.py)
+        from eks_ddp_runtime.modules import module_problem
+
+        problem = module_problem(args.module)
+        if problem:
+            p.error(f"--module: {problem}")
     if args.script and not Path(args.script).is_file():
         p.error(f"--script: got {args.script!r}; expected a Python file (no such file)")
     if (args.module or args.script) and args.kill_worker_at_step is not None:

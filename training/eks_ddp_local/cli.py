@@ -4,7 +4,7 @@
                              [--kill-worker-at-step N] [--resume RUN_DIR]
 
 The job is the one the EKS ElasticJob runs: the agents' command line comes from
-``eks_ddp.core.torchrun.job_command`` (the cluster's builder, here with LOCAL_TIMEOUTS and
+``eks_ddp.core.launch_command.job_command`` (the cluster's builder, here with LOCAL_TIMEOUTS and
 ``--local-addr=127.0.0.1``), the rendezvous is a real etcd (v3 API) on a free
 loopback port (started and stopped here; ``--rdzv c10d`` needs none) and the trainer is
 ``eks_ddp_trainer.train``. Uses CIFAR-10 from ``--data`` when present, else writes a small
@@ -90,11 +90,11 @@ def resolve_data(data: Path, *, explicit: bool) -> Path | None:
 @contextlib.contextmanager
 def rendezvous(kind: str, work: Path) -> Iterator[str]:
     if kind == "c10d":
-        from eks_ddp_local.etcd import free_port
+        from eks_ddp_local.etcd_server import free_port
 
         yield f"127.0.0.1:{free_port()}"
         return
-    from eks_ddp_local.etcd import find_etcd, start_etcd
+    from eks_ddp_local.etcd_server import find_etcd, start_etcd
 
     try:
         find_etcd()
@@ -122,7 +122,7 @@ TRAINER_EXTRA_MODULES = ("torch", "psutil", "rich")
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:  # the console script is installed with the library alone too (review U8)
+    try:  # the console script is installed with the library alone too
         for name in TRAINER_EXTRA_MODULES:
             __import__(name)
     except ImportError:
@@ -181,8 +181,8 @@ def run(o: argparse.Namespace, progress: Progress | None = None) -> RunResult:
             job._scan()
             command = job.agent_command(endpoint, data)
             progress.message(f"run {job.run_id}: {o.agents} agents x {o.nproc_per_node} worker(s), rendezvous "
-                             f"{'etcd-v2' if o.rdzv == 'etcd' else 'c10d'} at {endpoint}; full logs in {job.logs}")
-            progress.message("agent command (the cluster job's, from components/eks_ddp/core/torchrun.py): "
+                             f"{o.rdzv} at {endpoint}; full logs in {job.logs}")
+            progress.message("agent command (the cluster job's, from components/eks_ddp/core/launch_command.py): "
                              + shlex.join(command))
             progress.started = time.monotonic()
             try:
@@ -224,7 +224,8 @@ def run(o: argparse.Namespace, progress: Progress | None = None) -> RunResult:
         ok = job.stop_signal is None and not job.fatal and bool(codes) and all(c == 0 for c in codes)
     if not ok and job.stop_signal is None and job.cause is None:
         job.cause = job.first_error or f"agent exit statuses {codes}"
-    returncode = 0 if ok else 128 + job.stop_signal if job.stop_signal else next((c for c in codes if c and c > 0), 1)
+    returncode = (0 if ok else 128 + job.stop_signal if job.stop_signal else job.fatal_code
+                  or next((c for c in codes if c and c > 0), 1))
     result = RunResult(returncode=returncode, agent_returncodes=codes, reason=reason, run_dir=job.run_dir,
                        recovery_s=job.recovery_s, resumed_step=job.resumed_step, pids=job.pids())
     print(f"[local] {reason} after {format_duration(time.monotonic() - started)} (run dir {job.run_dir})")

@@ -14,7 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from eks_ddp_trainer.results import FILES, split_url
+from eks_ddp_trainer.upload import FILES, split_url
 
 
 def fetch(url: str, out: Path, *, client=None) -> list[Path]:

@@ -1,5 +1,5 @@
 """One local run of the elastic job (``python -m eks_ddp_local``): etcd, N torchrun agents, their logs, the
-optional worker or agent kill, and the cleanup. The agents' command line is the cluster's (components/eks_ddp/core/torchrun.py).
+optional worker or agent kill, and the cleanup. The agents' command line is the cluster's (components/eks_ddp/core/launch_command.py).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import threading
 import time
 from pathlib import Path
 
-from eks_ddp.core.torchrun import (
+from eks_ddp.core.launch_command import (
     AGENT_ENV,
     LOCAL_TIMEOUTS,
     AgentOptions,
@@ -37,14 +37,16 @@ from eks_ddp_local.procs import (
     stop_agents,
     worker_pids,
 )
-from eks_ddp_local.progress import History, Progress, Record, exception_line, root_cause
+from eks_ddp_local.progress import History, Progress, Record, exception_line, root_cause, start_failure
+from eks_ddp_runtime.contract import USAGE
+from eks_ddp_runtime.podfs import READ_ONLY_ENV
 from eks_ddp_runtime.runlogs import FIFO_DIR_ENV, LOG_DIR_ENV, LOG_NAME_ENV
 from eks_ddp_trainer.config import TrainerConfig
 from eks_ddp_trainer.runlog import HISTORY_FILE
 
 
 def _client_tls(endpoint: str) -> RdzvTls | None:
-    """The agents' client files for the local etcd (training/eks_ddp_local/etcd.py: TLS, client certificates required)."""
+    """The agents' client files for the local etcd (training/eks_ddp_local/etcd_server.py: TLS, client certificates required)."""
     tls = getattr(endpoint, "tls", None)
     return None if tls is None else RdzvTls.of(tls)
 
@@ -55,6 +57,8 @@ _WORKER_FAILED = re.compile(r"failed \(exitcode: (?P<code>-?\d+)\) local_rank: (
 _AGENT_LOG = re.compile(r"^(\[launch\] |[IWEF]\d{4} \d\d:\d\d:\d\d|\*{5}|<frozen )")
 """The launcher's and torch's own log lines (the rest of an agent's output is the user's code's)."""
 FINISH_GRACE_S = 60.0
+FATAL_GRACE_S = 10.0
+"""Seconds the agents get to exit on their own after one reported a start failure (each exits 2 within one)."""
 """Once one agent has exited, seconds the others get to exit on their own."""
 
 
@@ -76,6 +80,9 @@ class LocalJob:
         self.cause: str | None = None
         """One line: why the run failed (set by the first failure a retry cannot fix, or the first error)."""
         self.fatal = False
+        self.fatal_code: int | None = None
+        self._fatal_at = 0.0
+        """The exit status a fatal cause stands for, when the runner stops the agents before they exit with it."""
         self.start_step: int | None = None
         """The step the first workers started from (a checkpoint's when resumed)."""
         self.first_error: str | None = None
@@ -131,7 +138,7 @@ class LocalJob:
         agent = AgentOptions(
             min_nodes=self.o.min_agents or self.o.agents, max_nodes=self.o.agents,
             nproc_per_node=self.o.nproc_per_node,
-            rdzv_backend="etcd-v2" if self.o.rdzv == "etcd" else "c10d", rdzv_endpoint=endpoint,
+            rdzv_backend=self.o.rdzv, rdzv_endpoint=endpoint,
             rdzv_id=self.run_id, max_restarts=self.o.max_restarts, timeouts=LOCAL_TIMEOUTS, local_addr="127.0.0.1",
             tls=_client_tls(endpoint))
         if self.o.module:  # the user's own code: the cluster's command for a module or script workload
@@ -151,6 +158,11 @@ class LocalJob:
             env["EKS_DDP_RUN_DIR"] = str(self.run_dir)
             if data_dir is not None:
                 env["EKS_DDP_DATA_DIR"] = str(data_dir)
+            # The pod's read-only places (its working directory /app, the image's code, the data set): the
+            # workers may write only below the run's directory and the temp folder, as there.
+            read_only = [os.getcwd(), *([os.path.dirname(os.path.abspath(self.o.script))] if self.o.script else []),
+                         *([str(data_dir)] if data_dir is not None else [])]
+            env[READ_ONLY_ENV] = os.pathsep.join(dict.fromkeys(read_only))
         workers = self.o.agents * self.o.nproc_per_node
         # N agents x M workers share this machine's cores; torch's default (all cores each) oversubscribes.
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // workers))
@@ -215,6 +227,10 @@ class LocalJob:
         cause = root_cause(text)
         if cause is not None and self.cause is None:
             self.cause, self.fatal = cause, True  # supervise stops the run: a retry cannot fix it
+        cause = start_failure(text)
+        if cause is not None and self.cause is None:
+            self.cause, self.fatal, self.fatal_code = cause, True, USAGE  # the agent's own exit status
+            self._fatal_at = time.monotonic()  # the agents exit 2 on their own: supervise gives them a moment
         if self._show(i, text):
             self.progress.line(f"agent{i}", text)
 
@@ -291,7 +307,8 @@ class LocalJob:
         while True:
             if self.stop_signal is not None:
                 return f"stopped by {signal.Signals(self.stop_signal).name}"
-            if self.fatal:
+            if self.fatal and (self.fatal_code is None or all(a.poll() is not None for a in self.agents)
+                               or time.monotonic() > self._fatal_at + FATAL_GRACE_S):
                 return "failed: no retry can fix this"
             try:
                 i, text = self.lines.get(timeout=0.2)

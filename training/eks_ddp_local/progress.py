@@ -61,6 +61,7 @@ _EXCEPTION = re.compile(r"^(?:\[[^\]]*\]:?\s*)*((?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Er
                         r"(?::\s?(.*))?$")
 _TRAINER_USAGE = re.compile(r"eks_ddp_trainer\.train: error: (.*)$")
 _ENOSPC = ("No space left on device", "[Errno 28]")
+_START_FAILURE = "every worker failed before its first step with the same error:"
 
 
 def root_cause(line: str) -> str | None:
@@ -76,6 +77,15 @@ def root_cause(line: str) -> str | None:
     if any(s in line for s in _ENOSPC):
         return f"disk full (ENOSPC): {line.strip()[-300:]}"
     return None
+
+
+def start_failure(line: str) -> str | None:
+    """The cause, when ``line`` is the launcher's start failure (eks_ddp_runtime/startfail.py: every worker of an
+    agent failed the same way before its first step; the agent exits 2 without a restart); else None."""
+    if _START_FAILURE not in line:
+        return None
+    error = line.split(_START_FAILURE, 1)[1].split("; a restart would repeat it", 1)[0].strip()
+    return f"every worker failed before its first step with {error} (a restart would repeat it)"
 
 
 def exception_line(line: str) -> str | None:

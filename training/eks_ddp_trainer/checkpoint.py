@@ -96,10 +96,19 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: Path, data: bytes, *, before_replace=None) -> None:
-    """Write ``data`` to ``path`` so that readers see the old file or the new one, never a mix."""
+def writer_tag(generation: int | None = None) -> str:
+    """What makes a temp file's name this writer's alone: the world's generation, the host and the pid (pid
+    namespaces make equal pids on two nodes likely, so the pid alone is not enough). Only characters safe in a
+    file name are kept from the host name."""
+    host = re.sub(r"[^A-Za-z0-9.-]", "_", socket.gethostname()) or "host"
+    return f"g{-1 if generation is None else generation}-{host}-{os.getpid()}"
+
+
+def atomic_write_bytes(path: Path, data: bytes, *, before_replace=None, tag: str | None = None) -> None:
+    """Write ``data`` to ``path`` so that readers see the old file or the new one, never a mix. The temp file
+    (``.<name>.tmp-<tag>``, :func:`writer_tag` by default) is only ever removed by this writer."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
+    tmp = path.parent / f".{path.name}.tmp-{tag or writer_tag()}"
     try:
         with open(tmp, "wb") as f:
             f.write(data)
@@ -140,12 +149,20 @@ def save_checkpoint(run_dir: str | os.PathLike, state: dict[str, Any], *, keep: 
     torch.save({"format": FORMAT, **state}, buf)
     d = ckpt_dir(run_dir)
     d.mkdir(parents=True, exist_ok=True)
-    # Temp files of a writer that was killed before its replace; only rank 0 writes, and it is us.
-    for stale in d.glob(".ckpt-*.tmp-*"):
+    gate = commit_gate(run_dir, generation, f"checkpoint step {step}")
+    # The gate first: a world that may not commit touches nothing in the folder (another world's rank 0 may be
+    # writing its own temp file there right now).
+    try:
+        gate()
+    except CommitRefused:
+        return None
+    # This writer's own temp files only (left by an earlier try that was killed between write and rename):
+    # the tag holds the generation, the host and the pid, so no other writer on any node has the same names.
+    tag = writer_tag(generation)
+    for stale in d.glob(f".ckpt-*.tmp-{tag}"):
         stale.unlink(missing_ok=True)
     path = ckpt_path(run_dir, step)
     time.sleep(float(os.environ.get(SLOW_SAVE_ENV, "0")))
-    gate = commit_gate(run_dir, generation, f"checkpoint step {step}")
     pause = _pause_hook(step)
 
     def before_replace() -> None:
@@ -154,7 +171,7 @@ def save_checkpoint(run_dir: str | os.PathLike, state: dict[str, Any], *, keep: 
         gate()  # after any pause: right before the rename
 
     try:
-        atomic_write_bytes(path, buf.getvalue(), before_replace=before_replace)
+        atomic_write_bytes(path, buf.getvalue(), before_replace=before_replace, tag=tag)
     except CommitRefused:
         return None
     if generation is not None and superseded(run_dir, generation):

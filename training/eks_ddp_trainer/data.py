@@ -247,7 +247,7 @@ _NORM: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]]
 
 def _mean_std(device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     # Made once per device: torch.tensor(..., device=cuda) is a pageable host-to-device copy, which waits for
-    # every queued kernel (a host sync in every step, review 2026-11-24 F6).
+    # every queued kernel (a host sync in every step).
     key = (device, dtype)
     if key not in _NORM:
         _NORM[key] = (torch.tensor(MEAN, device=device, dtype=dtype).view(1, 3, 1, 1) * 255,

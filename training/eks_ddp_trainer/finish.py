@@ -15,9 +15,9 @@ from eks_ddp_trainer.config import TrainerConfig
 from eks_ddp_trainer.data import Batching, Cifar, normalize
 from eks_ddp_trainer.evaluate import MODEL_FILE, evaluate_model, format_table, write_metrics
 from eks_ddp_trainer.model import calibrate_bn
-from eks_ddp_trainer.results import upload_from_env
 from eks_ddp_trainer.resume import hold_until_leased
 from eks_ddp_trainer.runlog import RunLog
+from eks_ddp_trainer.upload import upload_from_env
 
 CALIBRATION_IMAGES = 4096
 """Training images that set the BatchNorm statistics before evaluation."""

@@ -24,7 +24,7 @@ MAX_WEIGHT_CHANGE = 8.0
 their norm within one --check-every window, at global batches up to 1,024 (weight_change_limit above).
 Measured on CPU: healthy runs move them by at most 0.78 at batch <= 32 (airnet at 2.6x its default LR on
 a tiny set; 0.01-0.4 at the defaults), and in the first windows at the default global batch 1,024 (the
-490-step schedule, a noisy 10,240-image synthetic set) by 1.39-1.61 (review 2026-11-24 F3) and 1.35-1.97
+490-step schedule, a noisy 10,240-image synthetic set) by 1.39-1.61 (bench/RESULTS.md) and 1.35-1.97
 at width 16 (tests/trainer/test_guard_calibration.py): 8 leaves >= 4x headroom. --lr 5000 moves them by
 128-1,900x in the first window, often into a dead network whose loss sits at ln(classes) and stays
 finite, so a finite loss alone does not show it. (It was 2.0: healthy runs at batch 1,024 came within

@@ -5,7 +5,7 @@ are set to the average; the average's decay rises over training (``decay_base**e
 so training moves fast early and averages strongly at the end. After the last step of training the
 weights are set to the average (airbench's final ``decay=1`` update). ``reset_each_epoch`` also does that
 at every epoch's end, which the trainer did before 2026-11-24 (it discards most of an epoch's last
-steps' updates, 11 of 490 at the defaults; review F8); off by default, as in airbench. Every rank holds the same replicas and does the same arithmetic, so the result
+steps' updates, 11 of 490 at the defaults); off by default, as in airbench. Every rank holds the same replicas and does the same arithmetic, so the result
 does not depend on the world size; the average is part of the checkpoint.
 """
 

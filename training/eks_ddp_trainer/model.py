@@ -229,9 +229,6 @@ class AirNet(nn.Module):
         filters = (evecs.T / torch.sqrt(evals.clamp_min(0) + eps)[:, None]).flip(0).reshape(-1, 3, k, k)
         self.whiten.weight.copy_(torch.cat([filters, -filters]).to(self.whiten.weight.dtype))
 
-    def bn_bias_params(self) -> list[nn.Parameter]:
-        return [m.bias for m in self.modules() if isinstance(m, StepBatchNorm)]
-
 
 # ---------------------------------------------------------------------------- other models
 

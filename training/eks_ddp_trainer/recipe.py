@@ -47,7 +47,7 @@ RECIPES = {
 REFERENCE_BATCH = 1024
 FP16_INIT_SCALE = 16.0
 """fp16 (T4): the GradScaler's first loss scale. The loss is summed over the global batch, so gradients are
-large already: at initialisation the largest is ~19 at 1,024 images (review 2026-11-24, F9), growing about
+large already: at initialisation the largest is ~19 at 1,024 images (measured 2026-11-24), growing about
 linearly with the batch. torch's default 65,536 overflows fp16 (max 65,504) and skips the first ~5 steps
 while it halves; 16 leaves >= 200x headroom at 1,024 images and still >= 6x at 32,768. The scaler only
 grows after 2,000 clean steps, more than a default run has."""

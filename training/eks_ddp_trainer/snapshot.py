@@ -7,7 +7,7 @@ the run directory and the rank), atomically. At most one write is in flight: a s
 still being written is skipped, the point being the newest available state, not every state. The worker
 that dies loses nothing its peers do not still have on their own nodes: all ranks hold the same state.
 
-Cost on a GPU (review 2026-11-24, F7). The copies go into pinned host buffers allocated once and reused
+Cost on a GPU (bench/snapshot_cost.py). The copies go into pinned host buffers allocated once and reused
 (the writer is idle whenever they are refilled), queued on the training stream, and the training thread
 never waits for them: the writer thread does (a CUDA event). They still take stream time, so a snapshot is
 taken only when the previous one's copies took at most SNAPSHOT_BUDGET of the wall time since it began:
@@ -16,7 +16,7 @@ a crash redoes at most a few steps and the copies cost <= 3% of step time. The f
 ``--max-steps``) is always snapshotted, after the previous write has finished.
 
 Every copy to the host (these snapshots and the durable checkpoints alike) is a HostCopy: its ``wait``
-returns once the device-to-host copies have landed, and nothing is serialised before that (F4).
+returns once the device-to-host copies have landed, and nothing is serialised before that.
 
 On (re)start every rank reads its own snapshot, the ranks agree on the newest step (all_reduce MAX), and
 the lowest rank that holds it broadcasts it to all; when no snapshot is newer than the durable checkpoint

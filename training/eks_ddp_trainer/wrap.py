@@ -21,7 +21,7 @@ convolutions (block 2's second and block 3's two are 2.36 MB each, block 2's fir
 step (``dynamic=False``: static shapes, the fastest kernels). :func:`full_share` is that share; a step of
 another shape (an epoch's short last step, a process without a sample in the step) runs the same module
 eagerly instead of compiling a second graph, so no process ever compiles in the middle of training while
-its peers wait in the all-reduce (review F12). Inductor's FX-graph and AOT-autograd caches are on (torch's
+its peers wait in the all-reduce. Inductor's FX-graph and AOT-autograd caches are on (torch's
 default) and kept in ``TORCHINDUCTOR_CACHE_DIR``: when that is not set, ``<run-dir>/compile-cache`` on the
 run's volume (/shared on the cluster), so a restarted worker, a rescheduled pod and every node of the run
 reuse the compiled artifacts instead of generating code again.

@@ -10,25 +10,28 @@ Keys are camelCase in YAML (``nodeGroups[0].instanceType``) and snake_case in Py
 for editors (``python -m eks_ddp.config`` prints the table, ``--write`` rewrites it there, ``--schema`` prints the
 schema).
 
-The pieces: ``schema.py`` (the pydantic models), ``reader.py`` (what each key accepts, and the messages),
-``checks.py`` (checks across keys), ``stack_file.py`` (the whole file), ``reference.py`` (the table).
+Reading runs in two steps: pydantic reads every key (every problem at once), then the checks across keys run on
+the assembled :class:`StackConfig`. The pieces: ``schema.py`` (the models), ``messages.py`` (pydantic's errors as
+``key: got X; expected Y``), ``checks.py`` (checks across keys), ``reference.py`` (the table and the JSON Schema).
 """
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 from collections.abc import Iterable
 from typing import Any
 
 from pydantic import ValidationError
 
-from eks_ddp.config.checks import duration_minutes, validate
-from eks_ddp.config.reader import decode, problems
-from eks_ddp.config.reference import reference_rows, reference_table
+from eks_ddp.config.checks import catalog_problems, duration_minutes, ignored_settings, validate
+from eks_ddp.config.messages import decode, null_problems, problems
+from eks_ddp.config.reference import reference_rows, reference_table, stack_file_schema
 from eks_ddp.config.schema import (
     DEFAULT_KUBERNETES_VERSION,
     OFFLINE_PLAN_ENV,
     PROJECT,
+    STACK_FILE,
     SUPPORTED_KUBERNETES_VERSIONS,
     TOP_LEVEL_KEYS,
     CatalogEntryConfig,
@@ -43,11 +46,12 @@ from eks_ddp.config.schema import (
     ObservabilityConfig,
     RunConfig,
     StackConfig,
+    StackFile,
     StorageConfig,
     WorkloadConfig,
     cluster_name_for,
 )
-from eks_ddp.config.stack_file import STACK_FILE, StackFile, stack_file_schema, unknown_top_level_key
+from eks_ddp.core import catalog
 
 __all__ = [
     "DEFAULT_KUBERNETES_VERSION", "OFFLINE_PLAN_ENV", "PROJECT", "SUPPORTED_KUBERNETES_VERSIONS", "TOP_LEVEL_KEYS",
@@ -65,14 +69,28 @@ def load_stack_config(raw: dict[str, Any], *, region: str | None, stack: str | N
     ``stack`` (the Pulumi stack name) is checked too: it becomes part of the EKS cluster's name.
     ``placeholders_ok`` accepts the example stacks' documentation-range CIDRs (offline plan only).
     ``today`` (default: the real date) decides which Kubernetes versions EKS still takes with the upgrade policy.
+    The stack's own instance types are registered in the catalog (taken back if the config is refused).
     """
-    data = {"aws:region": region, **decode(raw, TOP_LEVEL_KEYS)}
+    data = copy.deepcopy(decode(raw, TOP_LEVEL_KEYS))
+    if region:
+        data["aws:region"] = region
+    bad = null_problems(data)
     try:
-        file = STACK_FILE.validate_python(data, by_name=False, context={
-            "stack": stack, "placeholders_ok": placeholders_ok, "today": today})
+        file = STACK_FILE.validate_python(data, by_name=False)
     except ValidationError as err:
-        raise ConfigError(problems(err, StackFile, unknown_top_level_key)) from None
-    return file.stack_config()
+        raise ConfigError(bad + problems(err)) from None
+    if bad or (bad := catalog_problems(file.catalog)):
+        raise ConfigError(bad)
+    cfg = file.stack_config()
+    added = [t.name for t in cfg.catalog if t.name not in catalog.CATALOG]
+    for t in cfg.catalog:
+        catalog.register(t)
+    bad = validate(cfg, stack=stack, placeholders_ok=placeholders_ok, today=today) + ignored_settings(cfg, data)
+    if bad:
+        for name in added:
+            catalog.unregister(name)
+        raise ConfigError(bad)
+    return cfg
 
 
 def group_zone_problems(cfg: StackConfig, subnet_zones: Iterable[str]) -> list[str]:

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from eks_ddp.config.reference import DOC_PAGE, reference_table, write_reference
-from eks_ddp.config.stack_file import schema_text
+from eks_ddp.config.reference import DOC_PAGE, reference_table, schema_text, write_reference
 
 if sys.argv[1:] == ["--write"]:
     print(f"{DOC_PAGE}: {'rewritten' if write_reference() else 'up to date'}")

@@ -1,18 +1,21 @@
-"""The stack config reference table of ``docs/configuration.md``, generated from the models' fields.
+"""What is generated from the models: the reference table of ``docs/configuration.md`` and the stack file's JSON
+Schema (``docs/stack-config.schema.json``, for editors).
 
 ``python -m eks_ddp.config`` prints the table; ``--write`` rewrites it in the page, between the
-:data:`BEGIN` and :data:`END` markers.
+:data:`BEGIN` and :data:`END` markers; ``--schema`` prints the schema.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
-from eks_ddp.config.reader import PROJECT, core_type, fields_of, is_section
-from eks_ddp.config.schema import TOP_LEVEL_KEYS, JobConfig, RunConfig, WorkloadConfig
-from eks_ddp.config.stack_file import StackFile
+from pydantic.json_schema import GenerateJsonSchema
+
+from eks_ddp.config.messages import core_type, fields_of, is_section
+from eks_ddp.config.schema import PROJECT, STACK_FILE, TOP_LEVEL_KEYS, JobConfig, RunConfig, StackFile, WorkloadConfig
 
 Row = tuple[str, str, str, str]
 
@@ -117,3 +120,50 @@ def write_reference(root: Path | None = None) -> bool:
     head, rest = text.split(BEGIN, 1)
     page.write_text(f"{head}{BEGIN}\n{reference_table()}\n{END}{rest.split(END, 1)[1]}")
     return True
+
+
+SCHEMA_FILE = Path("docs") / "stack-config.schema.json"
+
+
+class _Schema(GenerateJsonSchema):
+    """Field titles repeat the keys ("Vpc Cidr"), so descriptions alone; a key set to null is refused (absent is
+    not null), so no null."""
+
+    def field_title_should_be_set(self, schema: Any) -> bool:
+        return False
+
+    def nullable_schema(self, schema: Any) -> Any:
+        return self.generate_inner(schema["schema"])
+
+
+def _tidy(node: Any) -> None:
+    if isinstance(node, dict):
+        if "default" in node and node["default"] is None:
+            del node["default"]
+        if isinstance(node.get("description"), str):
+            node["description"] = node["description"].replace("``", "`")
+        for value in node.values():
+            _tidy(value)
+    elif isinstance(node, list):
+        for value in node:
+            _tidy(value)
+
+
+def stack_file_schema() -> dict[str, Any]:
+    """The JSON Schema of ``Pulumi.<stack>.yaml``: its ``config:`` holds ``aws:region``, the ``eks-ddp:*`` keys
+    (unknown ones refused) and any other namespace's keys."""
+    body = STACK_FILE.json_schema(by_alias=True, schema_generator=_Schema)
+    defs = body.pop("$defs", {})
+    properties = {key if ":" in key else f"{PROJECT}:{key}": value for key, value in body["properties"].items()}
+    config = {"type": "object", "description": body.get("description", ""), "properties": properties,
+              "patternProperties": {rf"^(?!{PROJECT}:)[^:]+:": {}}, "additionalProperties": False}
+    schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": f"Pulumi.<stack>.yaml of {PROJECT}",
+              "description": "Generated from the stack config's models: python -m eks_ddp.config --schema.",
+              "type": "object", "properties": {"config": config}, "$defs": defs}
+    _tidy(schema)
+    return schema
+
+
+def schema_text() -> str:
+    """The checked-in file's text."""
+    return json.dumps(stack_file_schema(), indent=2) + "\n"

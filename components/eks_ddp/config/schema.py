@@ -1,61 +1,35 @@
-"""Stack configuration schema: the frozen, validated models a stack file becomes.
+"""Stack configuration schema: the frozen models a stack file becomes, and the model of the stack file itself.
 
 One model per top-level ``eks-ddp:*`` key: pydantic dataclasses whose fields are snake_case in Python and camelCase
 in YAML (``rootVolumeGiB`` where not plain camelCase), refuse unknown keys, and carry their documentation (the
-reference table of ``docs/configuration.md`` and the stack file's JSON Schema are generated from them, see
-``reference.py`` and ``stack_file.py``). What each key accepts, and the words of each refusal, are the field types
-of ``reader.py``; the checks across keys are ``checks.py``; ``stack_file.py`` reads a whole stack file into
-:class:`StackConfig`."""
+reference table of ``docs/configuration.md`` and the stack file's JSON Schema are generated from them:
+``reference.py``). pydantic reads the values in its lax mode: ``pulumi config set --path`` stores 20 as "20" and
+0.1 as "0.1", and those read as numbers. Three rules are the stack file's own: a boolean is not a number, an
+unquoted number is not a string (YAML reads 1.30 as 1.3) except a digit-only id (``runId: 2024``), and a key set
+to ``null`` is refused (``messages.null_problems``; absent is not null). The checks across keys are ``checks.py``;
+``messages.py`` words pydantic's errors."""
 
 from __future__ import annotations
 
 import datetime as dt
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass as std_dataclass
 from dataclasses import field as std_field
-from types import MappingProxyType, SimpleNamespace
-from typing import Annotated, Any, ClassVar
+from dataclasses import replace
+from types import MappingProxyType
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, StringConstraints, TypeAdapter, model_validator
 from pydantic.alias_generators import to_camel
 from pydantic.dataclasses import dataclass
 from pydantic.json_schema import SkipJsonSchema
-from pydantic_core import ArgsKwargs
+from pydantic.types import AllowInfNan
+from pydantic_core import PydanticCustomError
 
-from eks_ddp.config.reader import (
-    KEY,
-    NULL,
-    PROJECT,
-    Bool,
-    Env,
-    Float,
-    Int,
-    Str,
-    Strings,
-    UnknownKey,
-    fields_of,
-    given,
-    items_as_given,
-    one_of,
-    problem,
-    quoted_string,
-    refuse,
-    rule,
-    string_list,
-    unknown_key,
-)
 from eks_ddp.core import catalog, k8s_versions, rules
-from eks_ddp.core.types import (
-    CapacityType,
-    ModelName,
-    NatMode,
-    RdzvBackend,
-    RunState,
-    ScanSeverity,
-    UpgradePolicy,
-    WorkloadKind,
-)
+from eks_ddp.core.types import CapacityType, ModelName, NatMode, RunState, ScanSeverity, UpgradePolicy, WorkloadKind
+
+PROJECT = "eks-ddp"
 
 #: Set while the offline plan (``components/eks_ddp/tooling/plan.py``) runs the program: nothing is created then, so
 #: the example stacks' placeholder CIDRs are reported as a note instead of stopping the plan.
@@ -66,10 +40,11 @@ SUPPORTED_KUBERNETES_VERSIONS = k8s_versions.SUPPORTED_VERSIONS
 
 DNS_LABEL = rules.DNS_LABEL
 
-#: Every section: camelCase YAML keys, unknown keys refused, defaults held to the same rules; the stack file is read by key only
-#: (``by_name=False``), Python builds and ``dataclasses.replace`` pass field names.
+#: Every section: camelCase YAML keys, unknown keys refused, defaults held to the same rules; the stack file is read by
+#: key only (``by_name=False``), Python builds and ``dataclasses.replace`` pass field names.
 SECTION = ConfigDict(extra="forbid", alias_generator=to_camel, validate_by_alias=True, validate_by_name=True,
                      validate_default=True)
+
 
 class ConfigError(ValueError):
     """Bad stack config; ``problems`` holds one line per bad key."""
@@ -79,112 +54,99 @@ class ConfigError(ValueError):
         super().__init__("invalid stack config:\n" + "\n".join(f"  - {p}" for p in problems))
 
 
-NatChoice = Annotated[NatMode, one_of(NatMode)]
-CapacityChoice = Annotated[CapacityType, one_of(CapacityType)]
-UpgradeChoice = Annotated[UpgradePolicy, one_of(UpgradePolicy)]
-SeverityChoice = Annotated[ScanSeverity, one_of(ScanSeverity)]
-ModelChoice = Annotated[ModelName, one_of(ModelName)]
-RdzvChoice = Annotated[RdzvBackend, one_of(RdzvBackend)]
-StateChoice = Annotated[RunState, one_of(RunState)]
-KubernetesVersion = Annotated[str, quoted_string(
-    f', e.g. kubernetesVersion: "{SUPPORTED_KUBERNETES_VERSIONS[-1]}"; allowed: '
-    + ", ".join(SUPPORTED_KUBERNETES_VERSIONS))]
+def _not_a_bool(value: Any) -> Any:
+    if isinstance(value, bool):  # lax mode reads True as 1
+        raise PydanticCustomError("bool_is_not_a_number", "a boolean is not a number")
+    return value
 
 
-def read_object(cls: type, data: Any) -> Any:
-    """A section's YAML value: an object (``null`` or absent: ``{}``); anything else is refused, naming its keys."""
-    if isinstance(data, ArgsKwargs):  # built in Python, by field name
-        return data
-    if data is None or data is NULL:
-        return {}
-    if not isinstance(data, dict):
-        keys = fields_of(cls)
-        raise problem(f"{KEY}: got {data!r}; expected an object with keys {', '.join(keys)}",
-                      *(f"{KEY}.{k}: required; {f.description}" for k, f in keys.items() if f.is_required()))
-    return given(data)
+def _digits_as_text(value: Any) -> Any:
+    return str(value) if type(value) is int else value  # `runId: 2024` arrives as an int
 
 
-@dataclass(frozen=True, kw_only=True, config=SECTION)
-class Section:
-    """A YAML object of the stack file (the base of every section)."""
+def _number_as_text(value: Any) -> Any:
+    return str(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value  # env: {N: 4}
 
-    @model_validator(mode="before")
-    @classmethod
-    def _read_object(cls, data: Any) -> Any:
-        return read_object(cls, data)
+
+_NonEmpty = Annotated[str, StringConstraints(min_length=1)]
+_NUMBER_TEXT = r"^\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$"
+
+Int = Annotated[int, BeforeValidator(_not_a_bool, json_schema_input_type=int | Annotated[str, StringConstraints(
+    pattern=r"^\s*-?\d+\s*$")])]
+Float = Annotated[float, AllowInfNan(False), BeforeValidator(_not_a_bool, json_schema_input_type=float | Annotated[
+    str, StringConstraints(pattern=_NUMBER_TEXT)])]
+Bool = Annotated[bool, Field(strict=True)]
+Str = Annotated[_NonEmpty, BeforeValidator(_digits_as_text, json_schema_input_type=_NonEmpty | int)]
+Strings = tuple[_NonEmpty, ...]
+Env = Annotated[Mapping[str, Annotated[str, BeforeValidator(_number_as_text, json_schema_input_type=str | float)]],
+                AfterValidator(MappingProxyType)]
+KubernetesVersion = Literal[SUPPORTED_KUBERNETES_VERSIONS]  # type: ignore[valid-type]
+RdzvChoice = Literal["etcd", "c10d", "etcd-v2"]
+"""``etcd-v2``: the old name of ``etcd``, read as ``etcd`` with a warning for one release (the store speaks v3)."""
 
 
 @dataclass(frozen=True, kw_only=True, config=SECTION)
-class NetworkConfig(Section):
+class NetworkConfig:
     """``eks-ddp:network``: a new VPC, or an existing one."""
 
     vpc_cidr: Str = Field("10.0.0.0/16", description="CIDR of the new VPC (/16 to /24).")
     az_count: Int = Field(2, description="Availability zones the new VPC spans (2-6).")
-    availability_zones: Strings = Field((), description=(
-        "Explicit zones; default: the region's first azCount regular zones EKS accepts."))
-    nat_gateways: NatChoice = Field("single", description="'single' (cheaper) or 'perAz' (zone-failure tolerant).")
+    availability_zones: Strings = Field((), description=("Explicit zones; default: the region's first azCount regular "
+        "zones EKS accepts."))
+    nat_gateways: NatMode = Field("single", description="'single' (cheaper) or 'perAz' (zone-failure tolerant).")
     vpc_id: Str | None = Field(None, description="Existing VPC to use instead of creating one.")
     public_subnet_ids: Strings = Field((), description="Existing public subnets (with vpcId).")
     private_subnet_ids: Strings = Field((), description="Existing private subnets for nodes (with vpcId).")
-    s3_endpoint_extra_buckets: Strings = Field((), description=(
-        "Other accounts' S3 buckets (names) your workloads read themselves (a data lake, AWS Open Data): the new "
-        "VPC's S3 endpoint admits only this account's buckets, the runs' data.s3 prefixes and these (list, get); "
-        "preflight checks each exists."))
+    s3_endpoint_extra_buckets: Strings = Field((), description=("Other accounts' S3 buckets (names) your workloads "
+        "read themselves (a data lake, AWS Open Data): the new VPC's S3 endpoint admits only this account's buckets, "
+        "the runs' data.s3 prefixes and these (list, get); preflight checks each exists."))
 
     @property
     def bring_your_own(self) -> bool:
         return self.vpc_id is not None
 
 
-def _owner_id(value: str) -> str:
-    if not re.fullmatch(r"[A-Za-z0-9._-]{8,64}", value):
-        raise refuse(value, "8-64 letters, digits, '.', '_' or '-', unique to this stack (e.g. a uuid4 hex)")
-    return value
-
-
 @dataclass(frozen=True, kw_only=True, config=SECTION)
-class ClusterConfig(Section):
+class ClusterConfig:
     """``eks-ddp:cluster``: the EKS control plane and the CPU system node group."""
 
-    public_access_cidrs: Strings = Field((), description=(
-        "CIDRs allowed to reach the Kubernetes API endpoint (required while endpointPublicAccess is true), "
-        "e.g. your IP as a /32."))
-    endpoint_public_access: Bool = Field(True, description=(
-        "Serve the Kubernetes API on a public endpoint too, reachable only from publicAccessCidrs. false: the "
-        "private endpoint only (CIS EKS 5.4.2); then pulumi, kubectl and the Kubernetes provider must run from "
-        "the VPC or a network joined to it (VPN, Direct Connect, a bastion)."))
+    public_access_cidrs: Strings = Field((), description=("CIDRs allowed to reach the Kubernetes API endpoint "
+        "(required while endpointPublicAccess is true), e.g. your IP as a /32."))
+    endpoint_public_access: Bool = Field(True, description=("Serve the Kubernetes API on a public endpoint too, "
+        "reachable only from publicAccessCidrs. false: the private endpoint only (CIS EKS 5.4.2); then pulumi, kubectl "
+        "and the Kubernetes provider must run from the VPC or a network joined to it (VPN, Direct Connect, a "
+        "bastion)."))
     kubernetes_version: KubernetesVersion = Field(DEFAULT_KUBERNETES_VERSION, description="EKS Kubernetes version.")
-    upgrade_policy: UpgradeChoice = Field(k8s_versions.DEFAULT_SUPPORT_TYPE, description=(
-        "'STANDARD': EKS upgrades the cluster when standard support ends ($0.10/h); 'EXTENDED': keeps the "
-        "version and bills extended support ($0.60/h)."))
+    upgrade_policy: UpgradePolicy = Field(k8s_versions.DEFAULT_SUPPORT_TYPE, description=("'STANDARD': EKS upgrades "
+        "the cluster when standard support ends ($0.10/h); 'EXTENDED': keeps the version and bills extended support "
+        "($0.60/h)."))
     system_instance_type: Str = Field("t3.large", description="CPU instance type of the system node group.")
     system_node_count: Int = Field(2, description="Nodes in the system node group (etcd, CoreDNS, add-ons).")
     log_retention_days: Int = Field(30, description="CloudWatch retention of control-plane logs.")
-    admin_principal_arns: Strings = Field((), description=(
-        "IAM role/user ARNs given cluster-admin besides the creator of the cluster (a teammate, a CI role)."))
-    viewer_principal_arns: Strings = Field((), description=(
-        "IAM role/user ARNs that may only look (AmazonEKSViewPolicy: objects and pod logs, no Secrets, no "
-        "changes); each principal in one list only."))
-    scale_down_unneeded_time: Str = Field("10m", description=(
-        "How long a GPU node must sit unneeded before the cluster autoscaler removes it (e.g. 10m, 1h): "
-        "the idle tail after a run; longer keeps nodes warm between runs."))
-    name: Annotated[Str, rule(rules.cluster_name)] | None = Field(None, description=(
-        "EKS cluster name (and its log group /aws/eks/<name>/cluster); unset: eks-ddp-<stack>. Preflight refuses "
-        "a name another stack's cluster has in the account and region: set one unique there."))
-    owner_id: Annotated[Str, AfterValidator(_owner_id)] | None = Field(None, description=(
-        "A value unique to this stack (8-64 letters, digits, '.', '_', '-'), set once and kept: it makes the owner "
-        "tag (eks-ddp/stack) of the cluster and its log group unique on a self-managed backend (S3, GCS, Azure, "
-        "--local), where every organization is 'organization'. Required there (preflight says); e.g. "
-        "pulumi config set --path cluster.ownerId $(python3 -c 'import uuid; print(uuid.uuid4().hex)')."))
+    admin_principal_arns: Strings = Field((), description=("IAM role/user ARNs given cluster-admin besides the creator "
+        "of the cluster (a teammate, a CI role)."))
+    viewer_principal_arns: Strings = Field((), description=("IAM role/user ARNs that may only look "
+        "(AmazonEKSViewPolicy: objects and pod logs, no Secrets, no changes); each principal in one list only."))
+    scale_down_unneeded_time: Str = Field("10m", description=("How long a GPU node must sit unneeded before the "
+        "cluster autoscaler removes it (e.g. 10m, 1h): the idle tail after a run; longer keeps nodes warm between "
+        "runs."))
+    name: Str | None = Field(None, description=("EKS cluster name (and its log group /aws/eks/<name>/cluster); unset: "
+        "eks-ddp-<stack>. Preflight refuses a name another stack's cluster has in the account and region: set one "
+        "unique there."))
+    owner_id: Str | None = Field(None, description=("A value unique to this stack (8-64 letters, digits, '.', '_', "
+        "'-'), set once and kept: it makes the owner tag (eks-ddp/stack) of the cluster and its log group unique on a "
+        "self-managed backend (S3, GCS, Azure, --local), where every organization is 'organization'. Required there "
+        "(preflight says); e.g. pulumi config set --path cluster.ownerId $(python3 -c 'import uuid; "
+        "print(uuid.uuid4().hex)')."))
 
     # --- node AMI ---
-    ami_release_version: Str | None = Field(None, description=(
-        "EKS AMI release of every node group (e.g. 1.35.6-20260714): nodes launched later boot this release, not "
-        "a newer one. Default: the release pinned for kubernetesVersion (docs/capacity-and-cost.md says how to bump it)."))
+    ami_release_version: Str | None = Field(None, description=("EKS AMI release of every node group (e.g. "
+        "1.35.6-20260714): nodes launched later boot this release, not a newer one. Default: the release pinned for "
+        "kubernetesVersion (docs/capacity-and-cost.md says how to bump it)."))
 
 
 @dataclass(frozen=True, kw_only=True, config=SECTION)
-class NodeGroupConfig(Section):
+class NodeGroupConfig:
     """One entry of ``eks-ddp:nodeGroups``: a GPU managed node group."""
 
     name: Str = Field(description="Node group name (DNS label, unique).")
@@ -192,33 +154,30 @@ class NodeGroupConfig(Section):
     min_size: Int = Field(0, description="Minimum nodes; 0 lets the group scale to zero when idle.")
     desired_size: Int = Field(0, description="Nodes at creation; ignored afterwards (the autoscaler or you own it).")
     max_size: Int = Field(2, description="Maximum nodes.")
-    capacity_type: CapacityChoice = Field("onDemand", description="'onDemand', 'spot' or 'capacityBlock'.")
-    efa: Bool = Field(False, description=(
-        "Attach the type's EFA interfaces, keep one AZ; a new cluster placement group unless placementGroupName or a "
-        "reservation is given."))
-    capacity_reservation_id: Str | None = Field(None, description=(
-        "On-demand capacity reservation or capacity block (cr-...) to launch into."))
-    availability_zone: Str | None = Field(None, description=(
-        "Pin the group to one zone (required with capacityReservationId)."))
-    placement_group_name: Str | None = Field(None, description=(
-        "Existing placement group to launch into: the reservation's, if it was created in one (preflight "
-        "checks); not with capacityBlock."))
-    root_volume_gib: Int = Field(200, alias="rootVolumeGiB", description=(
-        "gp3 root volume size in GiB (images are multi-GB)."))
-    spot_instance_types: Strings = Field((), description=(
-        "More types a spot group may launch (fewer interruptions): catalog types with the same GPU count "
-        "and model as instanceType."))
+    capacity_type: CapacityType = Field("onDemand", description="'onDemand', 'spot' or 'capacityBlock'.")
+    efa: Bool = Field(False, description=("Attach the type's EFA interfaces, keep one AZ; a new cluster placement "
+        "group unless placementGroupName or a reservation is given."))
+    capacity_reservation_id: Str | None = Field(None, description=("On-demand capacity reservation or capacity block "
+        "(cr-...) to launch into."))
+    availability_zone: Str | None = Field(None, description=("Pin the group to one zone (required with "
+        "capacityReservationId)."))
+    placement_group_name: Str | None = Field(None, description=("Existing placement group to launch into: the "
+        "reservation's, if it was created in one (preflight checks); not with capacityBlock."))
+    root_volume_gib: Int = Field(200, alias="rootVolumeGiB", description=("gp3 root volume size in GiB (images are "
+        "multi-GB)."))
+    spot_instance_types: Strings = Field((), description=("More types a spot group may launch (fewer interruptions): "
+        "catalog types with the same GPU count and model as instanceType."))
 
     # --- node storage and capacity-block window ---
-    local_storage: Str = Field("RAID0", description=(
-        "'RAID0': the type's NVMe instance store (where it has one) as one RAID0 array under the kubelet and "
-        "containerd (images, emptyDir scratch); 'none': everything on the root volume."))
-    capacity_block_start: Str | None = Field(None, description=(
-        "With capacityType 'capacityBlock': the block's start, UTC (e.g. 2026-12-01T11:30:00Z). Until then no run "
-        "may ask for the group's nodes; preflight compares it with the block."))
-    capacity_block_end: Str | None = Field(None, description=(
-        "With capacityType 'capacityBlock': the block's end, UTC. A scheduled action scales the group to zero "
-        "an hour before it (EC2 reclaims the instances 30 minutes before the end)."))
+    local_storage: Str = Field("RAID0", description=("'RAID0': the type's NVMe instance store (where it has one) as "
+        "one RAID0 array under the kubelet and containerd (images, emptyDir scratch); 'none': everything on the root "
+        "volume."))
+    capacity_block_start: Str | None = Field(None, description=("With capacityType 'capacityBlock': the block's start, "
+        "UTC (e.g. 2026-12-01T11:30:00Z). Until then no run may ask for the group's nodes; preflight compares it with "
+        "the block."))
+    capacity_block_end: Str | None = Field(None, description=("With capacityType 'capacityBlock': the block's end, "
+        "UTC. A scheduled action scales the group to zero an hour before it (EC2 reclaims the instances 30 minutes "
+        "before the end)."))
 
     @property
     def instance(self) -> catalog.InstanceType:
@@ -234,36 +193,36 @@ class NodeGroupConfig(Section):
 
 
 @dataclass(frozen=True, kw_only=True, config=SECTION)
-class StorageConfig(Section):
+class StorageConfig:
     """``eks-ddp:storage``: the shared EFS volume."""
 
-    retain_on_destroy: Bool = Field(True, description=(
-        "Keep the EFS file system (checkpoints, data) on 'pulumi destroy'."))
-    file_system_id: Str | None = Field(None, description=(
-        "Existing EFS file system to use (e.g. one kept by an earlier 'pulumi destroy'): its checkpoints are "
-        "seen again; none is created."))
-    results_bucket: Str | None = Field(None, description=(
-        "Existing S3 bucket for run results (e.g. the one an earlier 'pulumi destroy' kept, as 'pulumi stack "
-        "output results' named it): uploads go there; none is created."))
-    results_kms_key_arn: Str | None = Field(None, description=(
-        "With resultsBucket: the KMS key (ARN) the bucket encrypts with by default (the earlier stack's results "
-        "kmsKeyArn output); the uploaders may use it. Preflight refuses an SSE-KMS bucket whose key differs."))
+    retain_on_destroy: Bool = Field(True, description=("Keep the data on 'pulumi destroy': efs keeps the file system; "
+        "fsxLustre deletes it after a final backup (restored by storage.fsxBackupId) and keeps its KMS key."))
+    file_system_id: Str | None = Field(None, description=("Existing EFS file system to use (e.g. one kept by an "
+        "earlier 'pulumi destroy'): its checkpoints are seen again; none is created."))
+    results_bucket: Str | None = Field(None, description=("Existing S3 bucket for run results (e.g. the one an earlier "
+        "'pulumi destroy' kept, as 'pulumi stack output results' named it): uploads go there; none is created."))
+    results_kms_key_arn: Str | None = Field(None, description=("With resultsBucket: the KMS key (ARN) the bucket "
+        "encrypts with by default (the earlier stack's results kmsKeyArn output); the uploaders may use it. Preflight "
+        "refuses an SSE-KMS bucket whose key differs."))
 
     # --- backend, FSx for Lustre, EFS lifecycle ---
-    backend: Str = Field("efs", description=(
-        "'efs' (elastic, pay per GB written; small stacks) or 'fsxLustre' (FSx for Lustre PERSISTENT_2 in the "
-        "nodes' zone, provisioned throughput; p4de-scale checkpoints). Pods see /shared/data and "
-        "/shared/runs/<runId> either way."))
-    fsx_storage_capacity_gib: Int = Field(1200, alias="fsxStorageCapacityGiB", description=(
-        "fsxLustre: capacity in GiB (1200, or a multiple of 2400); billed whether used or not."))
-    fsx_throughput_per_tib: Int = Field(250, alias="fsxThroughputPerTiB", description=(
-        "fsxLustre: MB/s per TiB of capacity (125, 250, 500 or 1000): 1200 GiB at 250 gives ~290 MB/s."))
-    efs_transition_to_ia: Str = Field("AFTER_30_DAYS", alias="efsTransitionToIA", description=(
-        "efs: files not read for this long move to Infrequent Access (AFTER_1_DAY ... AFTER_365_DAYS, or none)."))
-    efs_transition_to_archive: Str = Field("AFTER_90_DAYS", description=(
-        "efs: ... and to Archive (later than efsTransitionToIA, or none)."))
-    efs_transition_to_primary: Str = Field("AFTER_1_ACCESS", description=(
-        "efs: a file read from IA or Archive moves back to Standard: AFTER_1_ACCESS, or none."))
+    backend: Str = Field("efs", description=("'efs' (elastic, pay per GB written; small stacks) or 'fsxLustre' (FSx "
+        "for Lustre PERSISTENT_2 in the nodes' zone, provisioned throughput; p4de-scale checkpoints). Pods see "
+        "/shared/data and /shared/runs/<runId> either way."))
+    fsx_storage_capacity_gib: Int = Field(1200, alias="fsxStorageCapacityGiB", description=("fsxLustre: capacity in "
+        "GiB (1200, or a multiple of 2400); billed whether used or not."))
+    fsx_throughput_per_tib: Int = Field(250, alias="fsxThroughputPerTiB", description=("fsxLustre: MB/s per TiB of "
+        "capacity (125, 250, 500 or 1000): 1200 GiB at 250 gives ~290 MB/s."))
+    fsx_backup_id: Str | None = Field(None, alias="fsxBackupId", description=("fsxLustre: create the file system from "
+        "this backup (backup-...), e.g. the final backup an earlier 'pulumi destroy' took with retainOnDestroy: its "
+        "checkpoints and data come back. Read only at creation."))
+    efs_transition_to_ia: Str = Field("AFTER_30_DAYS", alias="efsTransitionToIA", description=("efs: files not read "
+        "for this long move to Infrequent Access (AFTER_1_DAY ... AFTER_365_DAYS, or none)."))
+    efs_transition_to_archive: Str = Field("AFTER_90_DAYS", description=("efs: ... and to Archive (later than "
+        "efsTransitionToIA, or none)."))
+    efs_transition_to_primary: Str = Field("AFTER_1_ACCESS", description=("efs: a file read from IA or Archive moves "
+        "back to Standard: AFTER_1_ACCESS, or none."))
 
     @property
     def efs_transitions(self) -> dict[str, str | None]:
@@ -274,51 +233,46 @@ class StorageConfig(Section):
 
 
 @dataclass(frozen=True, kw_only=True, config=SECTION)
-class ImageConfig(Section):
+class ImageConfig:
     """``eks-ddp:image``: the trainer image."""
 
     prebuilt: Str | None = Field(None, description="Use this image (repo@sha256:digest) instead of building one.")
     keep_images: Int = Field(10, description="Images the ECR lifecycle policy keeps.")
-    retain_repository: Bool = Field(False, description=(
-        "Keep the ECR repository and its images on 'pulumi destroy' (then delete it by hand); default: "
-        "destroy deletes them."))
-    scan_fail_severity: SeverityChoice = Field("CRITICAL", description=(
-        "Fail 'pulumi up' before any job runs the image if ECR's scan on push finds anything at or above this "
-        "severity; 'disabled' runs it unchecked. Gates every runs[i].workload.image in ECR too; images outside ECR "
-        "are not gated."))
-    registry_cache: Bool = Field(False, description=(
-        "Share the BuildKit layer cache through a second, mutable ECR repository (faster builds in CI); the "
-        "build trusts its layers, so anyone who can push to it can plant code in the image. Default: local "
-        "cache only."))
+    retain_repository: Bool = Field(False, description=("Keep the ECR repository and its images on 'pulumi destroy' "
+        "(then delete it by hand); default: destroy deletes them."))
+    scan_fail_severity: ScanSeverity = Field("CRITICAL", description=("Fail 'pulumi up' before any job runs the image "
+        "if ECR's scan on push finds anything at or above this severity; 'disabled' runs it unchecked. Gates every "
+        "runs[i].workload.image in ECR too; images outside ECR are not gated."))
+    registry_cache: Bool = Field(False, description=("Share the BuildKit layer cache through a second, mutable ECR "
+        "repository (faster builds in CI); the build trusts its layers, so anyone who can push to it can plant code in "
+        "the image. Default: local cache only."))
 
 
 @dataclass(frozen=True, kw_only=True, config=SECTION)
-class EtcdConfig(Section):
+class EtcdConfig:
     """``eks-ddp:etcd``: the rendezvous server."""
 
     replicas: Int = Field(1, description="etcd members: 1 (the rendezvous store is one member; docs/rendezvous.md).")
 
 
 @dataclass(frozen=True, kw_only=True, config=SECTION)
-class ObservabilityConfig(Section):
+class ObservabilityConfig:
     """``eks-ddp:observability``: where logs and GPU health go, and node auto repair."""
 
-    cloudwatch: Bool = Field(True, description=(
-        "Ship every container's output and the nodes' kubelet and kernel logs to CloudWatch Logs "
-        "(/aws/containerinsights/<cluster>/...) with the amazon-cloudwatch-observability add-on (Fluent Bit, "
-        "Container Insights): a run's logs outlive its pods and nodes. false: no add-on."))
-    log_retention_days: Int = Field(30, description=(
-        "CloudWatch retention of those log groups (kept on destroy until it expires)."))
-    gpu_metrics: Bool = Field(True, description=(
-        "NVIDIA's dcgm-exporter on the GPU nodes (utilization, memory, XID and ECC errors); docs/day-two.md says how "
-        "to read it."))
-    node_repair: Bool = Field(True, description=(
-        "EKS node auto repair on the GPU groups, with the eks-node-monitoring-agent add-on reporting GPU faults: a "
-        "node with a failing GPU is replaced (one at a time in a reservation or capacity block)."))
+    cloudwatch: Bool = Field(True, description=("Ship every container's output and the nodes' kubelet and kernel logs "
+        "to CloudWatch Logs (/aws/containerinsights/<cluster>/...) with the amazon-cloudwatch-observability add-on "
+        "(Fluent Bit, Container Insights): a run's logs outlive its pods and nodes. false: no add-on."))
+    log_retention_days: Int = Field(30, description=("CloudWatch retention of those log groups (kept on destroy until "
+        "it expires)."))
+    gpu_metrics: Bool = Field(True, description=("NVIDIA's dcgm-exporter on the GPU nodes (utilization, memory, XID "
+        "and ECC errors); docs/day-two.md says how to read it."))
+    node_repair: Bool = Field(True, description=("EKS node auto repair on the GPU groups, with the "
+        "eks-node-monitoring-agent add-on reporting GPU faults: a node with a failing GPU is replaced (one at a time "
+        "in a reservation or capacity block)."))
 
 
 @dataclass(frozen=True, kw_only=True, config=SECTION)
-class JobConfig(Section):
+class JobConfig:
     """``eks-ddp:job``: the elastic training job."""
 
     #: Keys that belong elsewhere, with where: said before "unknown key".
@@ -329,58 +283,50 @@ class JobConfig(Section):
     node_group: Str | None = Field(None, description="GPU node group the job runs on; default: the first.")
     nodes: Int = Field(2, description="Pods (torchrun agents, one per node) the job runs: the max of --nnodes.")
     min_nodes: Int = Field(1, description="Fewest nodes training continues with: the min of --nnodes.")
-    max_restarts: Int = Field(20, description=(
-        "Fault budget per agent (--max-restarts): each crash or lost node costs one restart, a joining node none; "
-        "a FATAL trainer exit code fails at once."))
-    fault_budget: Int = Field(20, description=(
-        "Pod failures the run absorbs before the Job fails (its backoffLimit); lost nodes, drains and preemptions "
-        "never count, trainer exit codes 2-5 fail at once."))
-    active_deadline_hours: Float = Field(48, description=(
-        "Hours the training Job may stay active, waiting for nodes included, before Kubernetes stops it."))
+    max_restarts: Int = Field(20, description=("Fault budget per agent (--max-restarts): each crash or lost node costs "
+        "one restart, a joining node none; a FATAL trainer exit code fails at once."))
+    fault_budget: Int = Field(20, description=("Pod failures the run absorbs before the Job fails (its backoffLimit); "
+        "lost nodes, drains and preemptions never count, trainer exit codes 2-5 fail at once."))
+    active_deadline_hours: Float = Field(48, description=("Hours the training Job may stay active, waiting for nodes "
+        "included, before Kubernetes stops it."))
     run_id: Str = Field("run-1", description="Run name: checkpoints under /shared/runs/<runId>; a new id starts fresh.")
     epochs: Int = Field(10, description="Training epochs.")
-    global_batch_size: Int = Field(1024, description=(
-        "Images per optimizer step over all GPUs (the trainer caps it on small data sets); a resize keeps it."))
-    model: ModelChoice = Field("airnet", description=(
-        "'airnet' (airbench94-class CIFAR net), 'resnet-small', 'resnet18' or 'workshop-cnn'."))
-    learning_rate: Float | None = Field(None, description=(
-        "Peak learning rate per 1,024 images; default: the model's recipe."))
-    rdzv_backend: RdzvChoice = Field("etcd-v2", description=(
-        "'etcd-v2' (EtcdRendezvous, client certificates) or 'c10d' (no etcd; an unauthenticated store whose state "
-        "every agent unpickles: trusted clusters only, docs/rendezvous.md)."))
+    global_batch_size: Int = Field(1024, description=("Images per optimizer step over all GPUs (the trainer caps it on "
+        "small data sets); a resize keeps it."))
+    model: ModelName = Field("airnet", description=("'airnet' (airbench94-class CIFAR net), 'resnet-small', 'resnet18' "
+        "or 'workshop-cnn'."))
+    learning_rate: Float | None = Field(None, description=("Peak learning rate per 1,024 images; default: the model's "
+        "recipe."))
+    rdzv_backend: RdzvChoice = Field("etcd", description=("'etcd' (EtcdRendezvous: an etcd v3 store, client "
+        "certificates) or 'c10d' (no etcd; an unauthenticated store whose state every agent unpickles: trusted "
+        "clusters only, docs/rendezvous.md). 'etcd-v2', its old name, still reads as 'etcd' with a warning, for one "
+        "release."))
     namespace: Str = Field("training", description="Kubernetes namespace of the training workloads.")
     compile: Bool = Field(False, description="Use torch.compile in the trainer.")
-    fabric_check: Bool | None = Field(None, description=(
-        "Run the fabric check (all-reduce sweep, EFA transport, bandwidth floor; writes fabric.json) on every "
-        "node before training starts; default: true when the job's group has efa."))
-    state: StateChoice = Field("run", description=(
-        "'run', or 'cancelled': the training Job is removed and never created again by a later pulumi up "
-        "(checkpoints stay; 'run' resumes from them). The cancel output sets it."))
-
-
-#: The stack key of each InstanceType field, for messages.
-_CATALOG_KEYS = {"gpu_model": "gpuModel", "gpu_memory_gib": "gpuMemoryGiB", "memory_gib": "memoryGiB",
-                 "efa_interfaces": "efaInterfaces", "price_per_hour": "priceUsdPerHour", "network_gbps": "networkGbps"}
+    fabric_check: Bool | None = Field(None, description=("Run the fabric check (all-reduce sweep, EFA transport, "
+        "bandwidth floor; writes fabric.json) on every node before training starts; default: true when the job's group "
+        "has efa."))
+    state: RunState = Field("run", description=("'run', or 'cancelled': the training Job is removed and never created "
+        "again by a later pulumi up (checkpoints stay; 'run' resumes from them). The cancel output sets it."))
 
 
 @dataclass(frozen=True, kw_only=True, config=SECTION)
-class CatalogEntryConfig(Section):
+class CatalogEntryConfig:
     """One entry of ``eks-ddp:catalog``: an instance type the built-in catalog does not list."""
 
-    name: Str = Field(description=(
-        "EC2 instance type (x86_64), e.g. g7e.12xlarge; then usable as instanceType, spotInstanceTypes or "
-        "systemInstanceType."))
+    name: Str = Field(description=("EC2 instance type (x86_64), e.g. g7e.12xlarge; then usable as instanceType, "
+        "spotInstanceTypes or systemInstanceType."))
     gpus: Int = Field(0, description="NVIDIA GPUs per instance (0: a CPU type, for the system group).")
-    gpu_model: Str | None = Field(None, description=(
-        "GPU model, e.g. L40S (the node label nvidia-<model>); required with gpus."))
+    gpu_model: Str | None = Field(None, description=("GPU model, e.g. L40S (the node label nvidia-<model>); required "
+        "with gpus."))
     gpu_memory_gib: Int = Field(0, alias="gpuMemoryGiB", description="Memory per GPU in GiB; required with gpus.")
     vcpus: Int = Field(description="vCPUs per instance (pod sizing, vCPU quotas).")
     memory_gib: Int = Field(alias="memoryGiB", description="Instance memory in GiB (pod sizing).")
     efa_interfaces: Int = Field(0, description="EFA-capable network cards; 0: no EFA.")
-    efa_only_secondary: Bool = Field(False, description=(
-        "Make the EFA interfaces on cards > 0 EFA-only (no IP address), as AWS recommends for p5-class types."))
-    network_gbps: Int | None = Field(None, description=(
-        "Per-node network bandwidth in Gbps (the fabric check's floor); required with efaInterfaces."))
+    efa_only_secondary: Bool = Field(False, description=("Make the EFA interfaces on cards > 0 EFA-only (no IP "
+        "address), as AWS recommends for p5-class types."))
+    network_gbps: Int | None = Field(None, description=("Per-node network bandwidth in Gbps (the fabric check's "
+        "floor); required with efaInterfaces."))
     price_usd_per_hour: Float = Field(alias="priceUsdPerHour", description="On-demand $/hour, for the cost estimate.")
     price_source: Str = Field("eks-ddp:catalog", description="Where the price comes from (shown with the estimate).")
 
@@ -393,96 +339,56 @@ class CatalogEntryConfig(Section):
     def instance_type(self) -> catalog.InstanceType:
         return catalog.InstanceType(**self._fields())
 
-    @model_validator(mode="after")
-    def _a_type_of_its_own(self) -> CatalogEntryConfig:
-        """Checked like a built-in row; not a built-in type, nor one registered with other values."""
-        bad = catalog.instance_type_problems(SimpleNamespace(**self._fields()), KEY, names=_CATALOG_KEYS)
-        if self.name in catalog.BUILTIN:
-            bad.append(f"{KEY}.name: got {self.name!r}, which the built-in catalog lists; expected a type it does "
-                       "not list (python: catalog.register(..., replace=True) corrects a built-in row)")
-        elif (known := catalog.CATALOG.get(self.name)) is not None and not bad and known != self.instance_type():
-            bad.append(f"{KEY}.name: got {self.name!r}, already registered with other values ({known}); expected "
-                       "one description per type")
-        if self.efa_interfaces and self.gpus and self.network_gbps is None:
-            bad.append(f"{KEY}.networkGbps: required with efaInterfaces ({self.efa_interfaces}); expected the type's "
-                       "network bandwidth in Gbps (the fabric check's floor is a quarter of it)")
-        if bad:
-            raise problem(*bad)
-        return self
-
 
 #: Keys of a run that only the bundled CIFAR-10 trainer reads: with your own workload they would do nothing.
 TRAINER_ONLY_KEYS = ("epochs", "globalBatchSize", "model", "learningRate", "compile")
 
 
 @dataclass(frozen=True, kw_only=True, config=SECTION)
-class DataConfig(Section):
+class DataConfig:
     """``runs[i].workload.data``: the run's data set, staged from S3."""
 
-    s3: Str = Field(description=(
-        "S3 prefix (s3://bucket/prefix/) staged once onto the shared volume, read-only, as $EKS_DDP_DATA_DIR; "
-        "default: no data stage."))
-    sha256: Str | None = Field(None, description=(
-        "The data set's pin: the sha256 of the manifest the S3 stage writes and logs; the stage and every "
-        "training pod then refuse other content (exit 5). Default: checked against the manifest alone."))
-
-    @model_validator(mode="before")
-    @classmethod
-    def _read_object(cls, data: Any) -> Any:
-        if not isinstance(data, ArgsKwargs) and (not isinstance(data, dict) or "s3" not in data
-                                                 or not set(data) <= {"s3", "sha256"}):
-            raise refuse(data, "an object with one key, s3, and optionally sha256: {s3: 's3://bucket/prefix/', "
-                               "sha256: <the data set's manifest sha256>}")
-        return read_object(cls, data)
-
-
-def _not_a_key(value: Any) -> Any:
-    if isinstance(value, UnknownKey):
-        raise unknown_key()
-    return value
+    s3: Str = Field(description=("S3 prefix (s3://bucket/prefix/) staged once onto the shared volume, read-only, as "
+        "$EKS_DDP_DATA_DIR; default: no data stage."))
+    sha256: Str | None = Field(None, description=("The data set's pin: the sha256 of the manifest the S3 stage writes "
+        "and logs; the stage and every training pod then refuse other content (exit 5). Default: checked against the "
+        "manifest alone."))
 
 
 @dataclass(frozen=True, kw_only=True, config=SECTION)
-class WorkloadConfig(Section):
+class WorkloadConfig:
     """``runs[i].workload``: what a run trains. Plain data; the program turns it into a ``Workload``.
 
     In YAML either the string ``cifar10`` (the bundled trainer, the default) or an object with the keys
     below (your own entrypoint), so ``kind`` has no key of its own."""
 
-    kind: SkipJsonSchema[Annotated[WorkloadKind, BeforeValidator(_not_a_key)]] = Field("cifar10", description=(
-        "'cifar10' (the bundled trainer) or 'custom' (an object)."))
-    image: Str | None = Field(None, description=(
-        "Image the run's pods run (repo@sha256:digest); default: the stack's image. In ECR the nodes get pull rights "
-        "on its repository, and it is scan-gated (image.scanFailSeverity)."))
-    module: Str | None = Field(None, description=(
-        "Python module the launcher runs (like python -m), e.g. mypkg.train; exactly one of module and script."))
-    script: Str | None = Field(None, description=(
-        "Script in the image the launcher runs, e.g. /app/train.py; exactly one of module and script."))
-    args: Annotated[tuple[str, ...], string_list("a list of strings (quote numbers: ['--lr', '0.1'])", empty=True)] \
-        = Field((), description="Arguments after the module or script.")
-    env: Env = Field(default_factory=lambda: MappingProxyType({}), description=(
-        "Environment variables of every worker (names like MY_VAR; not EKS_DDP_*, which the job sets)."))
+    #: What a refusal of this section's value says besides its keys (a string is a form of it too).
+    SHORT_FORM: ClassVar[str] = "'cifar10' (the bundled trainer)"
+
+    kind: SkipJsonSchema[WorkloadKind] = Field("cifar10", alias="(form)", description=("'cifar10' (the bundled "
+        "trainer) or 'custom' (an object): the value's form, never a key."))
+    image: Str | None = Field(None, description=("Image the run's pods run (repo@sha256:digest); default: the stack's "
+        "image. In ECR the nodes get pull rights on its repository, and it is scan-gated (image.scanFailSeverity)."))
+    module: Str | None = Field(None, description=("Python module the launcher runs (like python -m), e.g. mypkg.train; "
+        "exactly one of module and script."))
+    script: Str | None = Field(None, description=("Script in the image the launcher runs, e.g. /app/train.py; exactly "
+        "one of module and script."))
+    args: tuple[str, ...] = Field((), description="Arguments after the module or script (quote numbers: '0.1').")
+    env: Env = Field(default_factory=lambda: MappingProxyType({}), description=("Environment variables of every worker "
+        "(names like MY_VAR; not EKS_DDP_*, which the job sets)."))
     data: DataConfig | None = Field(None, description="The run's data set, staged from S3; default: none.")
-    egress: Annotated[tuple[str, ...], string_list("a list of strings ('https', 'internet:PORTS' or 'CIDR:PORTS')")] \
-        = Field((), description=(
-            "Where the training pods connect outside the cluster, each opened in their NetworkPolicy (nothing else "
-            "is): 'https' (public addresses on 443), 'internet:PORTS', or 'CIDR:PORTS' (e.g. '10.20.0.0/16:5432'; "
-            "'/udp' after the ports for UDP)."))
-    iam_statements: Annotated[tuple[Mapping[str, Any], ...], items_as_given(
-        "a list of IAM statements (objects with Effect, Action and Resource)")] = Field((), description=(
-            "IAM policy statements ({Effect, Action, Resource, Condition}) the training pods need, added to the "
-            "run's IRSA role (the results uploader's)."))
+    egress: Strings = Field((), description=("Where the training pods connect outside the cluster, each opened in "
+            "their NetworkPolicy (nothing else is): 'https' (public addresses on 443), 'internet:PORTS', or "
+            "'CIDR:PORTS' (e.g. '10.20.0.0/16:5432'; '/udp' after the ports for UDP)."))
+    iam_statements: tuple[Mapping[str, Any], ...] = Field((), description=("IAM policy statements ({Effect, Action, "
+            "Resource, Condition}) the training pods need, added to the run's IRSA role (the results uploader's)."))
 
     @model_validator(mode="before")
     @classmethod
-    def _read_object(cls, data: Any) -> Any:
-        if isinstance(data, ArgsKwargs):
-            return data
-        if isinstance(data, str) and data == "cifar10":
+    def _form(cls, data: Any) -> Any:
+        if data == "cifar10":
             return {}
-        if not isinstance(data, dict):
-            raise refuse(data, "'cifar10' (the bundled trainer) or an object with keys " + ", ".join(fields_of(cls)))
-        return {**given(data), "kind": UnknownKey(data["kind"]) if "kind" in data else "custom"}
+        return {**data, "(form)": "custom"} if isinstance(data, dict) else data
 
     @classmethod
     def __get_pydantic_json_schema__(cls, core_schema: Any, handler: Any) -> Any:
@@ -508,8 +414,8 @@ class RunConfig(JobConfig):
     """One run: the ``eks-ddp:job`` keys plus what it trains. ``job:`` is the one-run form (the CIFAR-10
     trainer); each entry of ``runs:`` is one of these."""
 
-    workload: WorkloadConfig = Field(default_factory=WorkloadConfig, description=(
-        "'cifar10' (the bundled trainer) or your own: an object with the workload keys below."))
+    workload: WorkloadConfig = Field(default_factory=WorkloadConfig, description=("'cifar10' (the bundled trainer) or "
+        "your own: an object with the workload keys below."))
 
 
 @std_dataclass(frozen=True, kw_only=True)
@@ -531,6 +437,8 @@ class StackConfig:
     """The stack's own instance types (``eks-ddp:catalog``), registered in the catalog when loaded."""
     preflight: bool = True
     observability: ObservabilityConfig = std_field(default_factory=ObservabilityConfig)
+    warnings: tuple[str, ...] = ()
+    """What still reads but is deprecated (``etcd-v2``): one line each, for the program to log."""
 
     def __post_init__(self) -> None:
         if not self.runs:
@@ -572,7 +480,7 @@ class StackConfig:
     @property
     def uses_etcd(self) -> bool:
         """Whether any run rendezvouses through etcd (then the stack deploys EtcdRendezvous)."""
-        return any(r.rdzv_backend == "etcd-v2" for r in self.runs)
+        return any(r.rdzv_backend == "etcd" for r in self.runs)
 
 
 # Top-level keys: YAML key (without the "eks-ddp:" prefix) -> its model. "job" and "runs" are alternatives.
@@ -596,3 +504,57 @@ def cluster_name_for(stack: str, cfg: StackConfig | None = None) -> str:
     if cfg is not None and cfg.cluster.name:
         return cfg.cluster.name
     return f"{PROJECT}-{stack}"
+
+
+@dataclass(frozen=True, kw_only=True, config=SECTION)
+class StackFile:
+    """The ``config:`` of ``Pulumi.<stack>.yaml``: the stack's region and its ``eks-ddp:*`` keys (here without
+    the ``eks-ddp:`` namespace)."""
+
+    region: _NonEmpty = Field(alias="aws:region", description=("AWS region of the stack: pulumi config set aws:region "
+        "us-west-2."))
+    network: NetworkConfig = Field(default_factory=NetworkConfig, description=NetworkConfig.__doc__)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig, description=ClusterConfig.__doc__)
+    node_groups: tuple[NodeGroupConfig, ...] = Field(min_length=1, description=("GPU managed node groups, each an "
+        "object with the keys below."))
+    storage: StorageConfig = Field(default_factory=StorageConfig, description=StorageConfig.__doc__)
+    image: ImageConfig = Field(default_factory=ImageConfig, description=ImageConfig.__doc__)
+    etcd: EtcdConfig = Field(default_factory=EtcdConfig, description=EtcdConfig.__doc__)
+    observability: ObservabilityConfig = Field(default_factory=ObservabilityConfig,
+                                               description=ObservabilityConfig.__doc__)
+    job: JobConfig | None = Field(None, description=JobConfig.__doc__)
+    runs: Annotated[tuple[RunConfig, ...], Field(min_length=1)] | None = Field(None, description=(
+        f"Several runs side by side instead of {PROJECT}:job (not both): each entry takes every job key (its own "
+        "runId) plus workload."))
+    catalog: tuple[CatalogEntryConfig, ...] = Field((), description=("Instance types the built-in catalog does not "
+        "list, each an object with the keys below."))
+    preflight: Bool = Field(True, description=("Check zone offerings, EFA, vCPU quotas and reservations before "
+        "creating anything."))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _job_or_runs(cls, data: Any) -> Any:
+        """``job`` and ``runs`` together are refused (checks.py says so): ``job`` is not read."""
+        return {k: v for k, v in data.items() if k != "job"} if isinstance(data, dict) and "runs" in data else data
+
+    def stack_config(self) -> StackConfig:
+        """The typed config: ``job:`` (or neither key) is one run, ``runs:`` one per entry; ``etcd-v2`` read as
+        ``etcd``, with a warning."""
+        if self.runs is not None:
+            runs = self.runs
+        else:
+            job = self.job or JobConfig()
+            runs = (RunConfig(**{name: getattr(job, name) for name in JobConfig.__pydantic_fields__}),)
+        keys = [f"runs[{i}]" if self.runs is not None else "job" for i in range(len(runs))]
+        warnings = tuple(f"{key}.rdzvBackend: got 'etcd-v2', the old name of 'etcd' (the store speaks etcd's v3 API); "
+                         f"expected 'etcd': read as 'etcd' until the next release"
+                         for key, run in zip(keys, runs, strict=True) if run.rdzv_backend == "etcd-v2")
+        runs = tuple(replace(r, rdzv_backend="etcd") if r.rdzv_backend == "etcd-v2" else r for r in runs)
+        return StackConfig(region=self.region, network=self.network, cluster=self.cluster,
+                           node_groups=self.node_groups, storage=self.storage, image=self.image, etcd=self.etcd,
+                           runs=runs, runs_listed=self.runs is not None,
+                           catalog=tuple(e.instance_type() for e in self.catalog), preflight=self.preflight,
+                           observability=self.observability, warnings=warnings)
+
+
+STACK_FILE = TypeAdapter(StackFile)

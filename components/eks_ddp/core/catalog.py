@@ -254,8 +254,8 @@ LOCAL_NVME_GB: dict[str, int] = {
     "g6e.16xlarge": 1900, "g6e.24xlarge": 3800, "g6e.48xlarge": 7600,
     "p4d.24xlarge": 8000, "p4de.24xlarge": 8000, "p5.48xlarge": 30400, "p5e.48xlarge": 30400, "p5en.48xlarge": 30400,
 }
-LOCAL_NVME_SOURCE = ("Karpenter instance type reference (karpenter.k8s.aws/instance-local-nvme, from EC2 "
-                     "DescribeInstanceTypes), 2026-08-21")
+# Source of LOCAL_NVME_GB: Karpenter's instance type reference (karpenter.k8s.aws/instance-local-nvme, from EC2
+# DescribeInstanceTypes), 2026-08-21.
 _TYPES = tuple(dataclasses.replace(t, local_nvme_gb=LOCAL_NVME_GB.get(t.name, 0)) for t in _TYPES)
 
 CATALOG: dict[str, InstanceType] = {t.name: t for t in _TYPES}

@@ -43,11 +43,6 @@ EPHEMERAL_FRACTION = 0.9
 MAX_PODS = 110  # the kubelet's default; the VPC CNI's per-type limit is higher on GPU types
 
 
-def discovery_tags(cluster_name: str) -> dict[str, str]:
-    """The tags the autoscaler's auto-discovery looks for; EKS puts both on every managed group's ASG."""
-    return {TAG_PREFIX + "enabled": "true", TAG_PREFIX + cluster_name: "owned"}
-
-
 def node_template_tags(*, labels: Mapping[str, str], taints: Sequence[tuple[str, str, str]],
                        instance_type: str, efa: bool, root_volume_gib: int) -> dict[str, str]:
     """ASG tags telling the autoscaler what a node of this GPU group will look like.

@@ -16,8 +16,8 @@ NatMode = Literal["single", "perAz"]
 """One NAT gateway for the new VPC, or one per zone."""
 LocalStorage = Literal["RAID0", "none"]
 """What a GPU node does with its NVMe instance store: stripe it as RAID0 for the pods, or leave it."""
-RdzvBackend = Literal["etcd-v2", "c10d"]
-"""The rendezvous a run's agents meet through."""
+RdzvBackend = Literal["etcd", "c10d"]
+"""The rendezvous a run's agents meet through: an etcd v3 store of the run's own, or c10d (no etcd)."""
 RunState = Literal["run", "cancelled"]
 """Whether a run's training Job exists."""
 ScanSeverity = Literal["CRITICAL", "HIGH", "MEDIUM", "LOW", "INFORMATIONAL", "disabled"]

@@ -20,7 +20,7 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from eks_ddp.core import rules
-from eks_ddp.core.torchrun import TRAIN_MODULE
+from eks_ddp.core.launch_command import TRAIN_MODULE
 from eks_ddp_runtime.contract import (  # noqa: F401 (API) the runtime's contract, defined once (stdlib only)
     DATA_DIR_ENV,
     DATA_VERIFY_ENV,
@@ -223,8 +223,8 @@ class Workload:
     their peers, the rendezvous store, and HTTPS to public addresses when they have an AWS role (S3, STS)."""
     iam_statements: tuple[Mapping[str, Any], ...] = ()
     """IAM policy statements (``{"Effect", "Action", "Resource"[, "Condition"]}``) the training pods need: attached
-    to their IRSA role (``ElasticJobArgs.results_role_arn``, the one role their ServiceAccount can carry), next to
-    the results upload's own permissions. Empty: the pods have that role's permissions only."""
+    to their IRSA role by ``eks_ddp.workload_policy`` (``Results.role_arn``: the one role their ServiceAccount can
+    carry), next to the results upload's own permissions. Empty: the pods have that role's permissions only."""
 
     def __post_init__(self) -> None:
         p: list[str | None | list[str]] = [rules.dns_label("name", self.name)]

@@ -30,8 +30,8 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
-from eks_ddp.core import rules
-from eks_ddp.infra.efs import irsa_trust_policy
+from eks_ddp.core import k8s_versions, rules
+from eks_ddp.infra.iam import irsa_trust_policy
 
 CHART = "cluster-autoscaler"
 CHART_REPO = "https://kubernetes.github.io/autoscaler"
@@ -148,12 +148,13 @@ class ClusterAutoscalerArgs:
     """EKS cluster name: the auto-discovery tag and the IAM condition name it."""
     region: str
     """AWS region of the cluster (the chart's ``awsRegion``)."""
-    kubernetes_version: str
-    """Cluster minor version, e.g. ``1.33``: picks the image tag."""
     oidc_provider_arn: pulumi.Input[str]
     oidc_provider_url: pulumi.Input[str]
     node_selector: Mapping[str, str]
     """Labels of the system nodes."""
+    kubernetes_version: str = k8s_versions.DEFAULT_VERSION
+    """Cluster minor version, e.g. ``1.33``: picks the image tag. Default: ``EksClusterArgs``' default, so the two
+    never drift when neither is set; pass ``EksCluster.kubernetes_version`` otherwise."""
     scale_down_unneeded_time: str = "10m"
     """How long a node must be unneeded before it is removed (Go duration)."""
 

@@ -313,6 +313,8 @@ class EksCluster(pulumi.ComponentResource):
         # No EC2_LINUX access entry for the node role: EKS creates (and owns) one for every managed node
         # group's role; a second owner would delete EKS's entry on destroy.
         self.system_node_labels = dict(SYSTEM_POOL_LABELS)
+        self.kubernetes_version = args.kubernetes_version
+        """The cluster's minor version: what the autoscaler, the add-ons and the node groups must follow."""
         self._create_system_node_group()
         self._create_coredns_addon()
 

@@ -16,7 +16,8 @@ run's checkpoints and metrics). EFS gives that without a storage operator:
   IAM role through IRSA. The add-on's ``service_account_role_arn`` annotates *both* of its service accounts,
   the controller's and the node DaemonSet's (AWS's EKS user guide, "Amazon EFS CSI driver" add-on page, widens
   the role's trust to ``efs-csi-*`` for that reason; its configuration schema has no separate node role:
-  aws/containers-roadmap#2820; the driver's own docs, ``docs/iam-policy-create.md``, give the node account a
+  aws/containers-roadmap#2820; the driver's own docs,
+  https://github.com/kubernetes-sigs/aws-efs-csi-driver/blob/master/docs/iam-policy-create.md, give the node account a
   role of its own, by Pod Identity or the IRSA annotation, which the add-on cannot set separately), so the
   role trusts exactly those two accounts,
   ``kube-system:efs-csi-controller-sa`` and ``kube-system:efs-csi-node-sa``, and nothing else. Its permissions
@@ -83,6 +84,7 @@ import pulumi_kubernetes as k8s
 from eks_ddp.core import k8s_versions, rules
 from eks_ddp.core import storage as storage_rules
 from eks_ddp.infra.addon_version import addon_version
+from eks_ddp.infra.iam import TRAINER_GID, TRAINER_UID, irsa_trust_policy
 
 _FS_ID = re.compile(r"^fs-[0-9a-f]{8,40}$")
 EFS_CSI_CONTROLLER_SA = "efs-csi-controller-sa"
@@ -137,8 +139,6 @@ def csi_node_policy(file_system_arn: str, access_point_arns: Sequence[str]) -> d
 
 
 NFS_PORT = 2049
-TRAINER_UID = 1000
-TRAINER_GID = 1000
 DIRECTORY_MODE = "700"
 EFS_CSI_DRIVER = "efs.csi.aws.com"
 CLAIM_SIZE = "100Gi"
@@ -230,23 +230,6 @@ def validate(args: EfsStoreArgs) -> None:
     if len({args.run_id, *args.more_run_ids}) != 1 + len(args.more_run_ids):
         raise ValueError(f"more_run_ids: got {args.more_run_ids!r} with run_id {args.run_id!r}; expected distinct "
                          "run ids")
-
-
-def irsa_trust_policy(oidc_provider_arn: str, issuer_url: str, namespace: str,
-                      service_account: str | Sequence[str]) -> str:
-    """Trust policy letting exactly the named Kubernetes service account(s) assume a role through the OIDC provider."""
-    issuer = issuer_url.removeprefix("https://")
-    names = [service_account] if isinstance(service_account, str) else list(service_account)
-    subjects = [f"system:serviceaccount:{namespace}:{n}" for n in names]
-    return json.dumps({"Version": "2012-10-17", "Statement": [{
-        "Effect": "Allow",
-        "Principal": {"Federated": oidc_provider_arn},
-        "Action": "sts:AssumeRoleWithWebIdentity",
-        "Condition": {"StringEquals": {
-            f"{issuer}:sub": subjects[0] if len(subjects) == 1 else subjects,
-            f"{issuer}:aud": "sts.amazonaws.com",
-        }},
-    }]})
 
 
 def file_system_policy(access_point_arns: Sequence[str], client_role_arn: str | None = None,

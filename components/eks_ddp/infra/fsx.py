@@ -7,10 +7,18 @@ it. The workloads see exactly what they see on EFS: the same claims (``<claim>-d
 
 * an ``aws.fsx.LustreFileSystem``, ``PERSISTENT_2`` SSD (``storage_capacity_gib``, ``throughput_per_tib``), Lustre
   2.15, LZ4 compression, encrypted with a KMS key of its own (rotation on), in one private subnet (the zone of the
-  GPU nodes that mount it), kept on ``pulumi destroy`` with its key (``retain_on_destroy``);
+  GPU nodes that mount it). ``pulumi destroy`` deletes it, because its network interfaces sit in the stack's
+  subnet and security group (EC2 refuses to delete a subnet or group an interface still uses, and an FSx file
+  system cannot move to another VPC): with ``retain_on_destroy`` the delete takes a final backup
+  (``skip_final_backup=False``, tagged ``eks-ddp/final-backup``) and the key stays, so a later ``up`` restores the
+  data with ``backup_id`` (``storage.fsxBackupId``). The destroy contract (``tooling.contracts.destroy``) checks
+  that nothing kept sits inside what destroy deletes;
 * a security group admitting TCP 988 and 1018-1023 (``core.storage.LUSTRE_PORTS``) from the cluster's node
   security group and from itself (the file servers talk to each other), nothing else inbound; outbound open, as
-  the EKS user guide's FSx page leaves it ("You can leave the outbound rules alone to allow All traffic");
+  the EKS user guide's FSx page leaves it ("You can leave the outbound rules alone to allow All traffic"); and the
+  client half of the FSx for Lustre user guide's table ("Lustre client VPC security group rules": the clients'
+  groups admit 988 and 1018-1023 from the file system's group, which opens connections back to the clients): two
+  ingress rules on the node security group;
 * the FSx CSI driver as the EKS add-on ``aws-fsx-csi-driver`` (build per Kubernetes version: ``k8s_versions``) with
   an IRSA role that only ``kube-system:fsx-csi-controller-sa`` may assume and that may only describe file systems:
   static volumes need no more (kubernetes-sigs/aws-fsx-csi-driver ``pkg/driver/controller.go``: only CreateVolume,
@@ -34,6 +42,7 @@ it. The workloads see exactly what they see on EFS: the same claims (``<claim>-d
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -44,7 +53,7 @@ import pulumi_kubernetes as k8s
 from eks_ddp.core import k8s_versions, rules
 from eks_ddp.core import storage as storage_rules
 from eks_ddp.infra.addon_version import addon_version
-from eks_ddp.infra.efs import TRAINER_GID, TRAINER_UID, irsa_trust_policy
+from eks_ddp.infra.iam import TRAINER_GID, TRAINER_UID, irsa_trust_policy
 
 FSX_CSI_DRIVER = "fsx.csi.aws.com"
 FSX_CSI_NAMESPACE = "kube-system"
@@ -53,6 +62,10 @@ FSX_CSI_CONTROLLER_SA = "fsx-csi-controller-sa"
 driver role trusts; the node plugin (``fsx-csi-node-sa``) makes no AWS call."""
 DRIVER_ACTIONS = ("fsx:DescribeFileSystems",)
 """All the controller needs for static volumes (``ValidateVolumeCapabilities``)."""
+BACKUP_ID = re.compile(r"^backup-[0-9a-f]{8,}$")
+"""FSx's backup id pattern (FSx API reference, ``Backup.BackupId``: ``^(backup-[0-9a-f]{8,})$``)."""
+FINAL_BACKUP_TAG = "eks-ddp/final-backup"
+"""Tag of the final backup destroy takes (its value: the stack's storage name); ``aws fsx describe-backups`` finds it."""
 LUSTRE_VERSION = "2.15"
 MOUNT_OPTIONS = ("flock",)
 """The driver's static-provisioning example mounts with ``flock`` (POSIX locks across nodes)."""
@@ -94,6 +107,9 @@ class FsxLustreStoreArgs:
     data_repositories: tuple[tuple[str, str], ...] = ()
     """(data set name, ``s3://bucket/prefix/``) of the runs' S3 data sets: each linked under ``data/<name>``."""
     retain_on_destroy: bool = True
+    """Take a final backup when destroy deletes the file system, and keep its KMS key (the backup's)."""
+    backup_id: str | None = None
+    """Create the file system from this FSx backup (an earlier destroy's final backup): its data comes back."""
     kubernetes_version: str = k8s_versions.DEFAULT_VERSION
     tags: dict[str, str] | None = None
 
@@ -114,6 +130,8 @@ def validate(args: FsxLustreStoreArgs) -> None:
     names = [n for n, _ in args.data_repositories]
     if len(set(names)) != len(names) or any(not n or "/" in n for n in names):
         raise ValueError(f"data_repositories: got names {names!r}; expected distinct directory names")
+    if args.backup_id is not None and not BACKUP_ID.match(args.backup_id):
+        raise ValueError(f"backup_id: got {args.backup_id!r}; expected an FSx backup id like backup-0123456789abcdef0")
 
 
 def driver_policy() -> dict:
@@ -150,7 +168,7 @@ class FsxLustreStore(pulumi.ComponentResource):
         validate(args)
         tags = {"eks-ddp/storage": name, **(args.tags or {})}
         child = pulumi.ResourceOptions(parent=self)
-        keep = pulumi.ResourceOptions(parent=self, retain_on_delete=args.retain_on_destroy)
+        keep = pulumi.ResourceOptions(parent=self, retain_on_delete=args.retain_on_destroy)  # the key: not in a VPC
 
         sg = aws.ec2.SecurityGroup(f"{name}-lustre", vpc_id=args.vpc_id,
                                    description="Lustre (TCP 988, 1018-1023) from cluster nodes and the file servers",
@@ -162,6 +180,11 @@ class FsxLustreStore(pulumi.ComponentResource):
                     ip_protocol="tcp", from_port=low, to_port=high,
                     description=f"Lustre {low}-{high} from the {'cluster nodes' if source == 'nodes' else 'servers'}",
                     opts=child)
+        for low, high in storage_rules.LUSTRE_PORTS:  # the client half: servers open connections back to clients
+            aws.vpc.SecurityGroupIngressRule(
+                f"{name}-lustre-client-{low}-from-servers", security_group_id=args.node_security_group_id,
+                referenced_security_group_id=sg.id, ip_protocol="tcp", from_port=low, to_port=high,
+                description=f"Lustre {low}-{high} from the FSx file servers", opts=child)
         aws.vpc.SecurityGroupEgressRule(f"{name}-lustre-egress", security_group_id=sg.id, cidr_ipv4="0.0.0.0/0",
                                         ip_protocol="-1", description="Outbound (replies, S3 data repository)",
                                         opts=child)
@@ -174,7 +197,11 @@ class FsxLustreStore(pulumi.ComponentResource):
             subnet_ids=args.subnet_id, security_group_ids=[sg.id], kms_key_id=key.arn,
             file_system_type_version=LUSTRE_VERSION, data_compression_type="LZ4",
             log_configuration=aws.fsx.LustreFileSystemLogConfigurationArgs(level="WARN_ERROR"),
-            tags={**tags, "Name": f"{name}-shared"}, opts=keep)
+            backup_id=args.backup_id, skip_final_backup=not args.retain_on_destroy,
+            final_backup_tags={**tags, FINAL_BACKUP_TAG: name} if args.retain_on_destroy else None,
+            tags={**tags, "Name": f"{name}-shared"},
+            # backupId matters only at creation: dropping the key after a restore must not replace the file system
+            opts=pulumi.ResourceOptions(parent=self, ignore_changes=["backupId"]))
 
         base = pulumi.Output.concat("eks-ddp/", args.namespace, f"/{args.claim_name}")
         associations = [aws.fsx.DataRepositoryAssociation(

@@ -52,10 +52,8 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
-import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import pulumi
 import pulumi_aws as aws
@@ -231,6 +229,11 @@ def efa_interface_type(it: catalog.InstanceType, card: int) -> str:
     return "efa-only" if card > 0 and it.efa_only_secondary else "efa"
 
 
+BLOCK_HOLD_CRON = "*/5 * * * *"
+"""How often the "hold" action re-closes a capacity block's group before the block starts (Auto Scaling recurring
+scheduled actions take a Unix cron expression, UTC)."""
+BLOCK_HOLD_LEAD = dt.timedelta(minutes=5)
+"""The hold ends this long before the block's start, so it never runs at the same time as "open"."""
 BLOCK_SCALE_DOWN_BEFORE_END = dt.timedelta(minutes=60)
 """How long before a capacity block's end the group is scaled to zero: EC2 starts terminating the instances 30
 minutes before the end and EKS scales the group down 40 minutes before it (EKS user guide, "Create a managed node
@@ -271,23 +274,6 @@ def node_repair_config(args: GpuNodeGroupArgs) -> aws.eks.NodeGroupNodeRepairCon
         max_parallel_nodes_repaired_count=RESERVED_PARALLEL_REPAIRS if args.capacity_reservation_id else None)
 
 
-_GROUPS: weakref.WeakKeyDictionary[Any, list[GpuNodeGroup]] = weakref.WeakKeyDictionary()
-
-
-def _program_groups() -> list[GpuNodeGroup]:
-    """The GPU node groups this Pulumi program has made so far (one list per program run: its root stack)."""
-    root = pulumi.runtime.get_root_resource()
-    return _GROUPS.setdefault(root, []) if root is not None else []
-
-
-def group_for(node_selector: Any) -> GpuNodeGroup | None:
-    """The group of this program whose node labels ``node_selector`` (a plain mapping) selects, or None."""
-    if not isinstance(node_selector, dict):
-        return None
-    return next((g for g in _program_groups()
-                 if g.node_labels.items() <= node_selector.items()), None)
-
-
 class GpuNodeGroup(pulumi.ComponentResource):
     """A tainted GPU managed node group with its own launch template (optionally EFA, reservation, spot)."""
 
@@ -298,6 +284,10 @@ class GpuNodeGroup(pulumi.ComponentResource):
     """The single zone of the group, or None when it spans every private subnet."""
     max_size: int
     """The most nodes the group (and so a job on it: one agent per node) can get."""
+    instance_type: str
+    """The group's GPU instance type (a job on it: ``Placement.on(group)``)."""
+    efa: bool
+    """The group's nodes attach EFA interfaces."""
 
     def __init__(self, name: str, args: GpuNodeGroupArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("eks-ddp:gpu_nodegroup:GpuNodeGroup", name, None, opts)
@@ -305,6 +295,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
         self._name, self._args = name, args
         self.group_name = args.group_name
         self.max_size = args.max_size
+        self.instance_type, self.efa = args.instance_type, args.efa
         self._tags = {"eks-ddp/node-group": args.group_name, **(args.tags or {})}
         child = pulumi.ResourceOptions(parent=self)
 
@@ -404,7 +395,6 @@ class GpuNodeGroup(pulumi.ComponentResource):
             labels=group_labels, taints=[(GPU_TAINT_KEY, "true", "NoSchedule")], instance_type=args.instance_type,
             efa=args.efa, root_volume_gib=args.root_volume_gib))
         self._schedule_capacity_block(group)
-        _program_groups().append(self)
         self.register_outputs({"node_group_name": self.node_group_name, "node_labels": self.node_labels})
 
     def _tag_node_template(self, group: aws.eks.NodeGroup, tags: Mapping[str, str]) -> None:
@@ -420,11 +410,14 @@ class GpuNodeGroup(pulumi.ComponentResource):
                                 opts=pulumi.ResourceOptions(parent=self))
 
     def _schedule_capacity_block(self, group: aws.eks.NodeGroup) -> None:
-        """A capacity block's window on the group's Auto Scaling group: open (max ``max_size``) at the start, closed
-        (min, max and desired 0) :data:`BLOCK_SCALE_DOWN_BEFORE_END` before the end, so the autoscaler neither
-        launches into the block before it starts nor after EC2 begins reclaiming it (30 minutes before the end;
-        EKS's own scale-down comes 40 minutes before it). An action already due is not created (Auto Scaling refuses
-        a time in the past)."""
+        """A capacity block's window on the group's Auto Scaling group: held closed until the start, open (max
+        ``max_size``) at the start, closed (min, max and desired 0) :data:`BLOCK_SCALE_DOWN_BEFORE_END` before the
+        end, so the autoscaler neither launches into the block before it starts nor after EC2 begins reclaiming it
+        (30 minutes before the end; EKS's own scale-down comes 40 minutes before it). EKS creates the group's Auto
+        Scaling group with max ``maxSize`` (and refuses a node group max of 0), so "open" alone changes nothing
+        before the start: a recurring "hold" action (every :data:`BLOCK_HOLD_CRON`, ending before "open") keeps
+        max at 0 until then, also after an ``up`` re-applies the node group's max. An action already due is not
+        created (Auto Scaling refuses a time in the past)."""
         window = self._args.capacity_block_window
         if window is None:
             return
@@ -432,6 +425,12 @@ class GpuNodeGroup(pulumi.ComponentResource):
         start, end = window
         now = dt.datetime.now(dt.UTC)
         cr = self._args.capacity_reservation_id
+        if start - BLOCK_HOLD_LEAD > now:
+            aws.autoscaling.Schedule(
+                f"{self._name}-{cr}-hold", scheduled_action_name=f"eks-ddp-{cr}-hold",
+                autoscaling_group_name=asg_name, recurrence=BLOCK_HOLD_CRON,
+                end_time=(start - BLOCK_HOLD_LEAD).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                min_size=0, max_size=0, desired_capacity=0, opts=pulumi.ResourceOptions(parent=self))
         for action, when, (low, high, desired) in (("open", start, (0, self._args.max_size, -1)),
                                                    ("close", end - BLOCK_SCALE_DOWN_BEFORE_END, (0, 0, 0))):
             if when <= now:
@@ -507,8 +506,3 @@ def node_config_user_data(*, efa: bool, raid0: bool) -> str | None:
             "Content-Type: application/node.eks.aws\n\napiVersion: node.eks.aws/v1alpha1\nkind: NodeConfig\n"
             f"spec:\n{spec}\n--EKSDDP--\n")
     return base64.b64encode(text.encode()).decode()
-
-
-def efa_user_data() -> str:
-    """Base64 launch-template user data giving EFA nodes' containers an unlimited memlock."""
-    return node_config_user_data(efa=True, raid0=False) or ""

@@ -1,9 +1,13 @@
 """Logs that outlive the nodes, GPU health metrics, and the node health agent that node auto repair acts on.
 
 * **Container logs in CloudWatch** (``cloudwatch``): the ``amazon-cloudwatch-observability`` EKS add-on (Fluent Bit
-  and the CloudWatch agent: Container Insights) ships every container's stdout and stderr, the kubelet's and
-  containerd's logs and the kernel's to ``/aws/containerinsights/<cluster>/{application,dataplane,host}``, so a
-  failed run's tracebacks stay readable after the autoscaler has removed its GPU nodes and PodGC its pods.
+  and the CloudWatch agent: Container Insights) ships every container's stdout and stderr to
+  ``/aws/containerinsights/<cluster>/application``, so a failed run's tracebacks stay readable after the autoscaler
+  has removed its GPU nodes and PodGC its pods. The ``dataplane`` and ``host`` groups (kubelet, containerd, kernel)
+  stay empty on these Amazon Linux 2023 nodes: "dataplane and host logs vended by Container Insights will not be
+  available by default due to the change in the system logging mechanism introduced in Amazon Linux 2023"
+  (CloudWatch user guide, "Quick start with the Amazon CloudWatch Observability EKS add-on"). Kernel XID events
+  reach the node conditions (node health, below) and dcgm-exporter's ``DCGM_FI_DEV_XID_ERRORS`` instead.
 
   - The log groups are created here first, with ``log_retention_days``: Fluent Bit's ``cloudwatch_logs`` output
     creates a missing group itself with no expiry (``auto_create_group true`` in the chart's Fluent Bit
@@ -18,7 +22,10 @@
     ``nvidia.com/gpu``, ship their logs too), turns off the add-on's own DCGM exporter (the GPU metrics come from
     NVIDIA's chart below: two DCGM host engines on a node contend for the driver's profiling lock, NVIDIA/DCGM
     issues #56 and #191) and its Neuron monitor (no Neuron devices here), and turns off Application Signals'
-    auto-monitoring, which would inject instrumentation into the stack's workloads.
+    auto-monitoring, which would inject instrumentation into the stack's workloads. The add-on's default agent
+    configuration still has Application Signals' traces pipeline; the role grants no X-Ray or
+    ``/aws/application-signals/*`` writes, so nothing is sent there (AccessDenied lines in the agent's log, not a
+    failure of the container logs).
 
 * **GPU metrics** (``gpu_metrics``): NVIDIA's ``dcgm-exporter`` chart (:data:`DCGM_EXPORTER_VERSION`, image by
   digest) on the GPU nodes only, in ``kube-system`` beside the device plugins (the chart always mounts the kubelet's
@@ -27,6 +34,10 @@
   capabilities: what that costs is written at :func:`dcgm_exporter_values`. A NetworkPolicy (:func:`dcgm_policy`)
   admits nothing to it but TCP 9400 from pods labelled ``eks-ddp/gpu-metrics-scraper=true`` in namespaces labelled
   the same, and lets it send nothing; ``kubectl port-forward`` reaches it inside its own network namespace.
+  It runs its own embedded DCGM host engine beside the node-monitoring agent's (below): the contention that made
+  the add-on's exporter go is over the profiling lock, and this exporter reads no ``DCGM_FI_PROF_*`` field, so the
+  two engines only both poll the device counters. Pointing it at the agent's engine (``-r <host>:5555``) would need
+  the agent's Service name and an egress rule from the exporter, neither of which the add-on documents.
 
 * **Node health** (``node_monitoring``): the ``eks-node-monitoring-agent`` EKS add-on. Its DaemonSet reports
   ``AcceleratedHardwareReady`` (NVIDIA XID codes, DCGM diagnostics), ``KernelReady``, ``NetworkingReady`` ... as
@@ -52,7 +63,7 @@ from eks_ddp.core import k8s_versions, rules
 from eks_ddp.core.ownership import STACK_TAG, legacy_owner
 from eks_ddp.infra.addon_version import addon_version
 from eks_ddp.infra.addons import GPU_TOLERATION, gpu_daemonset_values
-from eks_ddp.infra.efs import irsa_trust_policy
+from eks_ddp.infra.iam import irsa_trust_policy
 
 CLOUDWATCH_NAMESPACE = "amazon-cloudwatch"
 CLOUDWATCH_SERVICE_ACCOUNT = "cloudwatch-agent"
@@ -146,7 +157,7 @@ def agent_policy(cluster_name: str, region: str, account: str, partition: str = 
 AGENT_CPU_REQUEST = "100m"
 """The CloudWatch agent DaemonSet's CPU request (the chart asks 250m, limit 500m): with the chart's request the
 add-on's pods no longer fit beside the stack's own on the dev stack's one t3.medium system node
-(``scheduling.SYSTEM_ADDON_PODS`` counts them; tests/test_autoscaler.py). The limit stays 500m."""
+(``scheduling.SYSTEM_ADDON_PODS`` counts them; tests/infra/test_autoscaler.py). The limit stays 500m."""
 
 
 def cloudwatch_configuration() -> dict:

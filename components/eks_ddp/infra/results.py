@@ -1,7 +1,7 @@
 """ResultsBucket: where a cluster run's results leave the cluster (metrics, history, curve, model).
 
 After training, rank 0 uploads its run's ``metrics.json``, ``history.jsonl``, ``training-curve.png``
-and ``model.pt`` to ``s3://<bucket>/runs/<runId>/`` (``training/eks_ddp_trainer/results.py``); one command
+and ``model.pt`` to ``s3://<bucket>/runs/<runId>/`` (``training/eks_ddp_trainer/upload.py``); one command
 (``python -m eks_ddp_local.fetch_results``) brings them back and draws the curve and per-class table.
 
 - Encrypted with a KMS key of the stack (SSE-KMS, rotation on, S3 bucket key on so a run's upload
@@ -37,7 +37,7 @@ import pulumi
 import pulumi_aws as aws
 
 from eks_ddp.core import rules
-from eks_ddp.infra.efs import irsa_trust_policy
+from eks_ddp.infra.iam import irsa_trust_policy
 
 RUNS_PREFIX = "runs"
 ACCESS_LOG_PREFIX = "s3-access/"

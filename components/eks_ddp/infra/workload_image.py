@@ -93,21 +93,3 @@ def workload_image_name(image: str) -> str:
     repo, _, digest = image.partition("@")
     last = repo.rsplit("/", 1)[-1].split(":", 1)[0].lower()
     return f"{''.join(c if c.isalnum() or c == '-' else '-' for c in last)[:40]}-{digest.removeprefix('sha256:')[:8]}"
-
-
-def job_image(parent: pulumi.Resource, name: str, image: pulumi.Input[str], *,
-              node_role_name: pulumi.Input[str] | None, scan_fail_severity: str,
-              aws_profile: str | None) -> pulumi.Input[str]:
-    """An ElasticJob's ``workload.image``: an ECR image given as a string gets the nodes' pull grant and the scan
-    gate (a :class:`WorkloadImage` child of ``parent``); an Output (already gated by its maker) or an image
-    outside ECR is returned as it is."""
-    if not isinstance(image, str) or (arn := ecr_repository_arn(image)) is None:
-        return image
-    if node_role_name is None:
-        pulumi.log.warn(f"ElasticJobArgs.node_role_name: not set, so {arn} gets no pull grant from this job; unless "
-                        "the nodes' role may pull it already, its pods stay in ImagePullBackOff (pass "
-                        "EksCluster.node_role_name)", resource=parent)
-    return WorkloadImage(name, WorkloadImageArgs(
-        image=image, node_role_name=node_role_name, scan_fail_severity=scan_fail_severity,
-        scan_setting="ElasticJobArgs.image_scan_fail_severity", aws_profile=aws_profile),
-        opts=pulumi.ResourceOptions(parent=parent)).image_ref

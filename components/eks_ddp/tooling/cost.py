@@ -25,8 +25,7 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
-from eks_ddp.config.checks import duration_minutes
-from eks_ddp.config.schema import StackConfig
+from eks_ddp.config import StackConfig, duration_minutes
 from eks_ddp.core import catalog, k8s_versions
 
 PRICE_DATE = "2025-10-01"
@@ -56,6 +55,7 @@ PRICES: dict[str, tuple[float, str]] = {
     "efs_elastic_read_gb": (0.03, "EFS Elastic Throughput reads, per GB (aws.amazon.com/efs/pricing)"),
     "efs_elastic_write_gb": (0.06, "EFS Elastic Throughput writes, per GB (aws.amazon.com/efs/pricing)"),
     "ebs_gp3_gb_month": (0.08, "EBS gp3 storage, per GB-month, baseline IOPS/throughput (aws.amazon.com/ebs/pricing)"),
+    "fsx_backup_gb_month": (0.05, "FSx for Lustre backup storage, per GB-month (aws.amazon.com/fsx/lustre/pricing)"),
     "kms_key_month": (1.00, "KMS customer managed key, per month (aws.amazon.com/kms/pricing)"),
     "ecr_gb_month": (0.10, "ECR private repository storage, per GB-month (aws.amazon.com/ecr/pricing)"),
     "logs_ingest_gb": (0.50, "CloudWatch Logs ingestion, per GB (aws.amazon.com/cloudwatch/pricing)"),
@@ -68,7 +68,6 @@ LOGS_ASSUMED_GB_PER_DAY = 1.0  # control-plane logs, all five types; audit logs 
 # observability.cloudwatch: every pod's output plus the nodes' kubelet/containerd and kernel logs (Fluent Bit). The
 # trainer logs compact one-line records; the system pods (autoscaler, add-ons) log most of it while idle.
 CONTAINER_LOGS_ASSUMED_GB_PER_DAY = 0.5
-KMS_KEYS = 2  # EKS secrets encryption and the shared file system's encryption (EFS or FSx)
 RESULTS_ASSUMED_GB = 1  # the results bucket: models and metrics of a few dozen runs (kept after destroy)
 SYSTEM_ROOT_VOLUME_GIB = 50  # eks_ddp.infra.cluster.SYSTEM_ROOT_VOLUME_GIB (a test keeps them equal)
 
@@ -156,6 +155,8 @@ class Estimate:
     """Minutes from the end of a run until its GPU nodes are gone (the scale-down tail)."""
     assumptions: tuple[str, ...] = field(default=())
     not_included: tuple[str, ...] = field(default=())
+    per_run_known: bool = True
+    """False for a run of your own workload: its duration (and so its cost) is not the bundled trainer's."""
     after_destroy: tuple[LineItem, ...] = field(default=())
     """What keeps billing after ``pulumi destroy`` (kept file system and keys, results, reservations), $/hour in
     ``idle_units``; each item's note says how to stop it."""
@@ -200,6 +201,7 @@ class Estimate:
             "idle_per_hour": r(self.idle_per_hour),
             "idle_per_month": round(self.idle_per_hour * HOURS_PER_MONTH, 2),
             "per_run": r(self.per_run),
+            "per_run_known": self.per_run_known,
             "run_hours": r(self.run_hours),
             "run_timeline_minutes": {k: round(m, 1) for k, m in self.timeline},
             "back_to_idle_minutes": round(self.back_to_idle_minutes, 1),
@@ -275,8 +277,9 @@ def _items(cfg: StackConfig, day: dt.date) -> list[LineItem]:
     if cfg.image.prebuilt is None:
         items.append(LineItem(f"ECR image storage (assumed {ECR_ASSUMED_GB} GB)", "GB", _gb_month("ecr_gb_month"),
                               ECR_ASSUMED_GB, ECR_ASSUMED_GB))
-    items.append(LineItem(f"KMS keys (EKS secrets, {'FSx' if fsx(cfg) else 'EFS'})", "key", price("kms_key_month") / HOURS_PER_MONTH,
-                          KMS_KEYS, KMS_KEYS))
+    keys = kms_keys(cfg)
+    items.append(LineItem(f"KMS keys ({', '.join(keys)})", "key", price("kms_key_month") / HOURS_PER_MONTH,
+                          len(keys), len(keys)))
     logs_per_hour = LOGS_ASSUMED_GB_PER_DAY * price("logs_ingest_gb") / 24
     items.append(LineItem(f"CloudWatch Logs ingestion (assumed {LOGS_ASSUMED_GB_PER_DAY:g} GB/day)", "GB/day",
                           logs_per_hour / LOGS_ASSUMED_GB_PER_DAY, LOGS_ASSUMED_GB_PER_DAY, LOGS_ASSUMED_GB_PER_DAY))
@@ -334,15 +337,26 @@ def reservation_item(g: Any, busy: int) -> LineItem:
                                f"--capacity-reservation-id {g.capacity_reservation_id}"))
 
 
+def kms_keys(cfg: StackConfig) -> list[str]:
+    """The KMS keys the stack creates: EKS secrets, the shared file system's (none for an adopted EFS file system),
+    the results bucket's (none with ``storage.resultsBucket``)."""
+    st = cfg.storage
+    return ["EKS secrets", *(["FSx"] if fsx(cfg) else [] if st.file_system_id else ["EFS"]),
+            *([] if st.results_bucket else ["results"])]
+
+
 def after_destroy(cfg: StackConfig) -> list[LineItem]:
     """What ``pulumi destroy`` leaves billing: the kept file system and its key, the results bucket and its key, a kept
     image repository, every reservation (until cancelled) or block (until it ends)."""
     out: list[LineItem] = []
     st = cfg.storage
     if st.retain_on_destroy and fsx(cfg):
-        item = storage_item(cfg)
-        out.append(dataclasses.replace(item, name=f"kept {item.name}", training_units=0, note=(
-            "aws fsx delete-file-system --file-system-id <fsxId> (outputs are gone after the destroy: note it first)")))
+        # Destroy deletes the file system (its interfaces sit in the stack's subnet) after a final backup.
+        out.append(LineItem(f"kept FSx for Lustre final backup (at most {st.fsx_storage_capacity_gib} GB)", "GB",
+                            _gb_month("fsx_backup_gb_month"), 0, st.fsx_storage_capacity_gib,
+                            note="billed for the data stored, at most the capacity; restore with storage.fsxBackupId, "
+                                 "or aws fsx delete-backup --backup-id <backup-...> (aws fsx describe-backups "
+                                 "--filters Name=backup-type,Values=USER_INITIATED)"))
     elif st.retain_on_destroy and st.file_system_id is None:
         out.append(LineItem(f"kept EFS file system (assumed {EFS_ASSUMED_GB} GB, Standard)", "GB",
                             _gb_month("efs_standard_gb_month"), 0, EFS_ASSUMED_GB,
@@ -417,7 +431,9 @@ def estimate(cfg: StackConfig, *, day: dt.date | None = None) -> Estimate:
         f"training: group '{cfg.job_group.name}' at job.nodes ({cfg.job.nodes}), other GPU groups at desiredSize; "
         "idle: GPU groups at minSize (the cluster autoscaler removes the rest)",
         f"a run: {cfg.job.epochs} epochs x {CIFAR10_TRAIN_IMAGES:,} images = {images:,} images at ~{rate:,.0f} "
-        f"images/s ({how})",
+        f"images/s ({how})" if not cfg.job.workload.custom else
+        "a run of your own workload: its duration is yours to know, so no per-run figure (the bundled trainer's "
+        "throughput says nothing of it): multiply the $/hour while training by its hours",
         "a run's GPU-node time: " + ", ".join(f"{k} {m:.1f} min" for k, m in phases)
         + f" (the tail: cluster.scaleDownUnneededTime {cfg.cluster.scale_down_unneeded_time} plus ~"
         f"{SCALE_DOWN_TERMINATE_MINUTES} min to drain and terminate); data preparation runs on the system nodes",
@@ -447,7 +463,8 @@ def estimate(cfg: StackConfig, *, day: dt.date | None = None) -> Estimate:
         not_included.append("Container Insights metrics (billed per observation, aws.amazon.com/cloudwatch/pricing)")
     return Estimate(region=cfg.region, items=tuple(_items(cfg, day)), run_images=images, images_per_second=rate,
                     timeline=phases, back_to_idle_minutes=phases[-1][1], assumptions=tuple(assumptions),
-                    not_included=tuple(not_included), after_destroy=tuple(after_destroy(cfg)))
+                    not_included=tuple(not_included), after_destroy=tuple(after_destroy(cfg)),
+                    per_run_known=not cfg.job.workload.custom)
 
 
 def render(data: dict[str, Any]) -> str:
@@ -464,7 +481,9 @@ def render(data: dict[str, Any]) -> str:
           for i in data.get("after_destroy", [])),
         f"  per run:        ${data['per_run']:.2f} on top of idle (GPU nodes for {data['run_hours'] * 60:.0f} min: "
         + ", ".join(f"{k} {m:.1f}" for k, m in data["run_timeline_minutes"].items())
-        + f"; {int(data['run_images']):,} images at ~{data['images_per_second']:,.0f} images/s, estimated)",
+        + f"; {int(data['run_images']):,} images at ~{data['images_per_second']:,.0f} images/s, estimated)"
+        if data.get("per_run_known", True) else
+        "  per run:        unknown: your workload's duration (the $/hour while training times its hours)",
         "",
         f"  {'item':<58} {'$/h training':>12} {'$/h idle':>9}",
     ]

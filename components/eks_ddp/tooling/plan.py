@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from eks_ddp.config.schema import OFFLINE_PLAN_ENV, PROJECT
+from eks_ddp.config import OFFLINE_PLAN_ENV, PROJECT
 from eks_ddp.core import k8s_versions
 from eks_ddp.tooling.mocks import PROJECT_ROOT, ProgramResult, Recorded
 
@@ -263,12 +263,19 @@ def plan(stack: str, root: Path = PROJECT_ROOT, overrides: dict[str, Any] | None
             os.environ[OFFLINE_PLAN_ENV] = previous
 
 
+LIBRARY_DIRS = tuple(str(Path(str(m.__file__)).resolve().parent) + os.sep
+                     for m in map(sys.modules.get, ("eks_ddp", "pulumi")) if m is not None and m.__file__)
+"""The library's and Pulumi's own folders: a frame in them is never "your line", wherever they are installed
+(inside the project too, as with an editable install of this repository)."""
+
+
 def program_error(err: BaseException, project: Path) -> str:
-    """One line for a program that raised: the exception, and the deepest line of the project's own code."""
+    """One line for a program that raised: the exception, and the deepest line of the project's own code (never
+    a line of the library's: an Args' check raises there, but the line to fix is the one that built the Args)."""
     where = ""
     root = str(project.resolve())
     for frame in traceback.extract_tb(err.__traceback__):
-        if frame.filename.startswith(root):
+        if frame.filename.startswith(root) and not frame.filename.startswith(LIBRARY_DIRS):
             where = f" (at {frame.filename}:{frame.lineno}: {frame.line})"
     return f"the program failed: {type(err).__name__}: {err}{where}"
 

@@ -44,6 +44,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from eks_ddp.core import rules
+from eks_ddp.core.rendezvous_store import StoreSize, store_size
 from eks_ddp.workloads.etcd_tls import VALIDITY_HOURS, RendezvousTls, RendezvousTlsArgs
 from eks_ddp.workloads.namespace import priority_class_guard, restricted_container_security, restricted_pod_security
 
@@ -74,13 +75,20 @@ egress rule selects one store by :func:`store_selector`, never by these: see :fu
 PRIORITY = 1_000_000
 """Above every workload pod (0), below the system-*-critical classes (2,000,000,000+)."""
 
-_RESOURCES = k8s.core.v1.ResourceRequirementsArgs(
-    requests={"cpu": "100m", "memory": "128Mi"},
-    limits={"cpu": "1", "memory": "512Mi"},
-)
-_QUOTA_BYTES = 256 * 1024 * 1024
-"""Quota of the v3 backend (bbolt), where the rendezvous keeps its state and per-round keys (a few KiB per run;
-round keys are deleted as rounds advance and go with the state's lease)."""
+DEFAULT_AGENTS = 32
+"""Agents a store is sized for when its Args name none (eks_ddp.core.rendezvous_store: the smallest store serves up
+to 64); the program passes the largest GPU group's ``maxSize``."""
+
+
+def _cpu(millis: int) -> str:
+    return str(millis // 1000) if millis % 1000 == 0 else f"{millis}m"
+
+
+def _resources(size: StoreSize) -> k8s.core.v1.ResourceRequirementsArgs:
+    return k8s.core.v1.ResourceRequirementsArgs(
+        requests={"cpu": _cpu(size.cpu_request_m), "memory": f"{size.memory_request_mib}Mi"},
+        limits={"cpu": _cpu(size.cpu_limit_m), "memory": f"{size.memory_limit_mib}Mi"},
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,6 +110,9 @@ class EtcdRendezvousArgs:
     """etcd 3.5 image, pinned by digest."""
     tls_validity_hours: int = VALIDITY_HOURS
     """Lifetime of the store's CA and certificates (renewed on a ``pulumi up`` in their last 30 days)."""
+    max_agents: int = DEFAULT_AGENTS
+    """The most agents one run of this store can have (the largest GPU group's ``maxSize``): etcd's quota,
+    compaction, CPU and memory follow from it (eks_ddp.core.rendezvous_store.store_size)."""
 
     def __post_init__(self) -> None:
         _validate("EtcdRendezvousArgs", self)  # a bad value fails where the Args are built, naming the field
@@ -114,7 +125,7 @@ class EtcdRendezvous(pulumi.ComponentResource):
     endpoint: pulumi.Output[str]
     """``<service>.<namespace>.svc.cluster.local:2379``, resolved once the member is ready."""
     client_tls_secret: pulumi.Output[str]
-    """Name of the Secret (tls.crt, tls.key, ca.crt) the agents mount at eks_ddp.core.torchrun.RDZV_TLS_DIR."""
+    """Name of the Secret (tls.crt, tls.key, ca.crt) the agents mount at eks_ddp.core.launch_command.RDZV_TLS_DIR."""
     service_name: str
     pod_labels: dict[str, str]
     server_selector: dict[str, str]
@@ -159,7 +170,7 @@ class EtcdRendezvous(pulumi.ComponentResource):
         priority_class_guard(f"{name}-etcd", priority.metadata.name, args.namespace, args.replicas, child)
         member = self._create_member(name, sa, priority, certs, child)
         # A drain may always take it (the agents ride out its move, training/runtime/eks_ddp_runtime/rendezvous/handler.py); a budget of
-        # zero disruptions would fail every system node-group update (review K5).
+        # zero disruptions would fail every system node-group update.
         k8s.policy.v1.PodDisruptionBudget(
             f"{name}-etcd-pdb",
             metadata=self._meta(self.service_name),
@@ -172,6 +183,8 @@ class EtcdRendezvous(pulumi.ComponentResource):
         self.endpoint = pulumi.Output.all(client.metadata.name, member.metadata.name, args.namespace).apply(
             lambda v: f"{v[0]}.{v[2]}.svc.cluster.local:{CLIENT_PORT}")
         self.client_tls_secret = certs.client_secret
+        self.certificate_expiries = certs.expiries
+        """The store's certificates' ends and renewal windows (preflight warns near them)."""
         self.register_outputs({"endpoint": self.endpoint, "service_name": self.service_name,
                                "client_tls_secret": self.client_tls_secret})
 
@@ -202,13 +215,14 @@ class EtcdRendezvous(pulumi.ComponentResource):
                        certs: RendezvousTls, child: pulumi.ResourceOptions) -> k8s.apps.v1.StatefulSet:
         a = self._args
         v1 = k8s.core.v1
+        size = store_size(a.max_agents)
         probe = dict(port="metrics", scheme="HTTP")
         container = v1.ContainerArgs(
             name="etcd",
             image=a.image,
             image_pull_policy="IfNotPresent",
             command=["/usr/local/bin/etcd"],
-            args=pulumi.Output.from_input(a.namespace).apply(lambda ns: etcd_args(self.service_name, ns)),
+            args=pulumi.Output.from_input(a.namespace).apply(lambda ns: etcd_args(self.service_name, ns, size)),
             # The pod's UID names this incarnation (etcd_args: --initial-cluster-token), so each has its own cluster ID.
             env=[v1.EnvVarArgs(name="POD_UID", value_from=v1.EnvVarSourceArgs(
                 field_ref=v1.ObjectFieldSelectorArgs(field_path="metadata.uid")))],
@@ -220,7 +234,7 @@ class EtcdRendezvous(pulumi.ComponentResource):
             liveness_probe=v1.ProbeArgs(
                 http_get=v1.HTTPGetActionArgs(path="/health?serializable=true", **probe),
                 initial_delay_seconds=15, period_seconds=10, timeout_seconds=5, failure_threshold=6),
-            resources=_RESOURCES,
+            resources=_resources(size),
             security_context=restricted_container_security(ETCD_UID),
             volume_mounts=[v1.VolumeMountArgs(name="data", mount_path=DATA_DIR),
                            v1.VolumeMountArgs(name="tls", mount_path=TLS_DIR, read_only=True)],
@@ -239,7 +253,8 @@ class EtcdRendezvous(pulumi.ComponentResource):
             termination_grace_period_seconds=10,
             containers=[container],
             volumes=[
-                v1.VolumeArgs(name="data", empty_dir=v1.EmptyDirVolumeSourceArgs(size_limit="1Gi")),
+                v1.VolumeArgs(name="data", empty_dir=v1.EmptyDirVolumeSourceArgs(
+                    size_limit=f"{max(1024, size.data_dir_mib)}Mi")),
                 # 0440 with fsGroup = the etcd user: readable by etcd only.
                 v1.VolumeArgs(name="tls", secret=v1.SecretVolumeSourceArgs(secret_name=certs.server_secret,
                                                                            default_mode=0o440)),
@@ -264,8 +279,10 @@ class EtcdRendezvous(pulumi.ComponentResource):
             opts=child)
 
 
-def etcd_args(service: str, namespace: str) -> list[str]:
-    """etcd's flags: TLS with client certificates on the client port, peers on loopback, probes on metrics."""
+def etcd_args(service: str, namespace: str, size: StoreSize | None = None) -> list[str]:
+    """etcd's flags: TLS with client certificates on the client port, peers on loopback, probes on metrics; quota,
+    history compaction and snapshot count from ``size`` (default: :data:`DEFAULT_AGENTS`)."""
+    size = size or store_size(DEFAULT_AGENTS)
     return [
         "--name=etcd",
         f"--data-dir={DATA_DIR}/data",
@@ -286,9 +303,14 @@ def etcd_args(service: str, namespace: str) -> list[str]:
         f"--trusted-ca-file={TLS_DIR}/ca.crt",
         f"--cert-file={TLS_DIR}/tls.crt",
         f"--key-file={TLS_DIR}/tls.key",
-        f"--quota-backend-bytes={_QUOTA_BYTES}",
-        # Fewer entries between snapshots keeps memory and the WAL in the emptyDir small for a tiny key space.
-        "--snapshot-count=10000",
+        # The store never fills (eks_ddp.core.rendezvous_store): etcd compacts its own history every retention
+        # period, and the pages compaction frees are reused by later writes (bbolt's freelist), so no defragmentation
+        # is needed; the quota holds the model's worst history with room for fragmentation.
+        f"--quota-backend-bytes={size.quota_bytes}",
+        "--auto-compaction-mode=periodic",
+        f"--auto-compaction-retention={size.compaction_retention}",
+        # Entries kept in memory between snapshots: sized so the raft log stays ~64 MiB at the largest entry.
+        f"--snapshot-count={size.snapshot_count}",
         "--log-level=warn",
     ]
 
@@ -304,6 +326,8 @@ def _validate(name: str, a: EtcdRendezvousArgs) -> None:
     if any(not labels for labels in a.more_client_labels):
         raise ValueError(f"more_client_labels: got {list(a.more_client_labels)!r}; expected non-empty label sets "
                          "(an empty selector would admit every pod in the namespace)")
+    if type(a.max_agents) is not int or a.max_agents < 1:
+        raise ValueError(f"max_agents: got {a.max_agents!r}; expected the largest GPU group's maxSize, an integer >= 1")
     if "@sha256:" not in a.image:
         raise ValueError(f"image: got {a.image!r}; expected an image pinned by digest (repo:tag@sha256:...)")
     if len(f"{name}-etcd-tls-client-tls") > 63:

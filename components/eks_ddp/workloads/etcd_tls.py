@@ -1,6 +1,6 @@
 """RendezvousTls: the certificates that make the rendezvous store answer only the job's own pods.
 
-Whoever can write the rendezvous state steers every agent of the job (review 2026-11-24, S1; the agents no
+Whoever can write the rendezvous state steers every agent of the job (the agents no
 longer unpickle it: eks_ddp_runtime/rendezvous/state.py reads it as checked JSON). A NetworkPolicy does not
 hold against host-network processes on etcd's node or the first seconds after a reschedule; a client
 certificate does. The stack makes a CA of its own (pulumi-tls, so keys are created by the provider and
@@ -12,7 +12,7 @@ kept in the stack's state as secrets, never in the program's output) and signs:
   certificate (etcd server/embed/serve.go ``serveCtx.serve``: ``dtls := tlscfg.Clone()``; etcd-io/etcd#16590), and
   with ``--client-cert-auth`` etcd refuses it otherwise ("tls: bad certificate", HTTP 503 on every ``/v3/`` call);
 * one client certificate (``CN=eks-ddp-trainer``), mounted read-only into the training and fabric-check
-  pods at ``eks_ddp.core.torchrun.RDZV_TLS_DIR``.
+  pods at ``eks_ddp.core.launch_command.RDZV_TLS_DIR``.
 
 Both are Kubernetes Secrets of type ``kubernetes.io/tls`` with ``ca.crt``. The CA's private key never
 enters the cluster.
@@ -108,6 +108,11 @@ class RendezvousTls(pulumi.ComponentResource):
         self.server_fingerprint = pulumi.Output.all(server.cert_pem, ca.cert_pem).apply(
             lambda pems: hashlib.sha256("".join(pems).encode()).hexdigest())
         """sha256 of the server certificate and the CA: changes with every rotation (etcd's pod template carries it)."""
+        self.expiries = {f"{name}-ca": (ca.validity_end_time, CA_EARLY_RENEWAL_HOURS),
+                         f"{name}-server": (server.validity_end_time, args.validity_hours // 3),
+                         f"{name}-client": (client.validity_end_time, args.validity_hours * 2 // 3 // 3)}
+        """Each certificate's end (pulumi-tls ``validity_end_time``) and its ``early_renewal_hours``: preflight warns
+        near the end (eks_ddp.tooling.preflight.certificates)."""
         self.server_secret = self._secret(f"{name}-server", f"{name}-server-tls", server, server_key, ca, args, child)
         self.client_secret = self._secret(f"{name}-client", f"{name}-client-tls", client, client_key, ca, args, child)
         self.register_outputs({"server_secret": self.server_secret, "client_secret": self.client_secret})

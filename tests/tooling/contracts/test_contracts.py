@@ -1,6 +1,6 @@
 """Every platform contract over the plans the issue names: dev, p4de, and a stack with two runs of other images
 and an S3 data set in another account (``byo_result``). Each contract's negative controls (the broken case it
-must report) live in tests/test_contracts_<name>.py; here, the registry itself is checked not to be empty or
+must report) live in the test file named like its module (tests/tooling/contracts/test_s3.py for s3.py); here, the registry itself is checked not to be empty or
 short of a contract, so a contract module that stops registering cannot pass silently."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 
 from eks_ddp.tooling import contracts
 
-EXPECTED = {"network", "image-pull", "image-digest", "rendezvous", "s3", "storage", "fsx"}
+EXPECTED = {"network", "image-pull", "image-digest", "rendezvous", "s3", "storage", "fsx", "destroy"}
 
 
 def test_every_contract_is_registered():

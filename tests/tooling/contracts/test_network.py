@@ -13,6 +13,7 @@ from eks_ddp.tooling.contracts.netobjects import Ports
 from eks_ddp.tooling.contracts.network import check_manifests, vpc_cidrs_of
 from eks_ddp.tooling.contracts.vpc_cni import cluster_of
 from eks_ddp.workloads.etcd import SERVER_LABELS
+from tests.support.job_args import job_args
 
 NS = "training"
 
@@ -52,6 +53,23 @@ def test_the_store_selector_of_the_old_code_is_reported(dev_view):
     assert "getMatchingServiceClusterIPs" in found[0]
 
 
+def test_a_second_store_pod_mapping_client_to_another_port_is_reported(dev_view):
+    """The review's control for the named targetPort rule: the store Service's targetPort is the name ``client``; a
+    second backing pod where ``client`` is 2380 makes the controller skip the ClusterIP, so the agents lose the
+    store although the egress rule allows 2379."""
+    ms = manifests(dev_view)
+    sts = next(m for m in ms if m["kind"] == "StatefulSet" and m["metadata"]["name"] == "rendezvous-etcd")
+    twin = copy.deepcopy(sts)
+    twin["metadata"]["name"] = "rendezvous-etcd-twin"
+    for c in twin["spec"]["template"]["spec"]["containers"]:
+        for p in c.get("ports", []):
+            if p.get("name") == "client":
+                p["containerPort"] = 2380
+    assert run([*ms, sts], dev_view) == run(ms, dev_view) == []  # the same pod twice changes nothing
+    found = run([*ms, twin], dev_view)
+    assert any("needs TCP 2379 to training/StatefulSet/rendezvous-etcd for the store" in m for m in found), found
+
+
 @pytest.mark.parametrize("labels", [None, dict(SERVER_LABELS)])
 def test_the_components_with_the_old_default_store_labels_are_reported(labels):
     # ElasticJob and EtcdRendezvous as a program of your own builds them; SERVER_LABELS was the old default of
@@ -59,14 +77,14 @@ def test_the_components_with_the_old_default_store_labels_are_reported(labels):
     import pulumi
 
     from eks_ddp.tooling.mocks import run_program
-    from eks_ddp.workloads.elastic_job import ElasticJob, ElasticJobArgs
+    from eks_ddp.workloads.elastic_job import ElasticJob
     from eks_ddp.workloads.etcd import EtcdRendezvous, EtcdRendezvousArgs
     from eks_ddp.workloads.namespace import NamespaceBaseline
 
     def program() -> None:
         NamespaceBaseline("ns", NS)
         etcd = EtcdRendezvous("rendezvous", EtcdRendezvousArgs(namespace=NS))
-        job = ElasticJob("training", ElasticJobArgs(
+        job = ElasticJob("training", job_args(
             namespace=NS, image="r.example/t@sha256:" + "a" * 64, pvc_name="shared", instance_type="g4dn.xlarge",
             nodes=2, rdzv_endpoint=etcd.endpoint, rdzv_tls_secret=etcd.client_tls_secret, rdzv_server_labels=labels))
         pulumi.export("job", job.job_name)
@@ -194,6 +212,22 @@ def test_a_headless_service_is_reached_on_its_pods_ips():
     objs = [SERVER, CLIENT, OPEN_SERVER, netpol("client", {"app": "client"}, egress=egress)]
     assert not reach([*objs, service("db", {"app": "db"}, 8080)], "db")
     assert reach([*objs, service("db", {"app": "db"}, 8080, headless=True)], "db").has("TCP", 80)
+
+
+@pytest.mark.parametrize("other_api, rule_ports, admitted", [
+    (9090, [{"port": 8080}], False),                   # another backing pod maps 'api' to a port the rule refuses
+    (8080, [{"port": 8080}], True),                    # every backing pod maps it to the allowed port
+    (9090, [{"port": 8080, "endPort": 9090}], True),   # the rule's range allows both
+    (9090, [{"port": "api"}], True),                   # a named policy port is not checked for the bypass
+])
+def test_a_named_target_port_resolving_to_a_refused_port_on_any_backing_pod_skips_the_clusterip(
+        other_api, rule_ports, admitted):
+    """The controller's ``hasTargetPortBypass`` (amazon-network-policy-controller-k8s pkg/resolvers/endpoints.go)."""
+    second = pod("server-2", {"app": "db"}, [{"name": "api", "containerPort": other_api}])
+    egress = [{"to": [{"podSelector": {"matchLabels": {"app": "db"}}}], "ports": rule_ports}]
+    objs = [SERVER, second, CLIENT, OPEN_SERVER, netpol("client", {"app": "client"}, egress=egress),
+            service("db", {"app": "db"}, "api")]
+    assert bool(reach(objs, "db")) is admitted
 
 
 def test_named_ports_resolve_against_the_target_pod_and_never_in_an_ip_block():

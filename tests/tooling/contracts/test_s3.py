@@ -83,7 +83,7 @@ def test_a_data_set_in_another_accounts_bucket_passes_through_the_stacks_endpoin
 
 
 def test_result_files_mirror_the_uploader():
-    from eks_ddp_trainer.results import FILES
+    from eks_ddp_trainer.upload import FILES
 
     assert contract.RESULT_FILES == FILES
 

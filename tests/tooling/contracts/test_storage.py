@@ -13,7 +13,8 @@ import json
 
 import pytest
 
-from eks_ddp.infra.efs import file_system_policy, irsa_trust_policy
+from eks_ddp.infra.efs import file_system_policy
+from eks_ddp.infra.iam import irsa_trust_policy
 from eks_ddp.tooling.contracts import PlanView, check
 from eks_ddp.tooling.contracts import storage as contract
 

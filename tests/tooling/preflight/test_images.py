@@ -13,6 +13,7 @@ import pytest
 from moto import mock_aws
 
 from eks_ddp.tooling import preflight
+from eks_ddp.tooling.preflight import checker as preflight_checker
 from eks_ddp.tooling.preflight import images as preflight_images
 from tests.support.stub_quotas import StubQuotas, client_error
 from tests.support.util import BYO_OTHER_ACCOUNT_IMAGE, BYO_OWN_ACCOUNT_IMAGE, byo_stack_config, set_path, stack_config
@@ -47,7 +48,7 @@ def push(image: str) -> None:
 
 def check(raw: dict, ecr) -> preflight.Report:
     """The image checks alone (the rest of preflight has its own tests and costs seconds on moto's EC2)."""
-    c = preflight._Checker(config(raw), None, None)  # noqa: SLF001 - the checker's failure/warning plumbing
+    c = preflight_checker._Checker(config(raw), None, None)  # noqa: SLF001 - the checker's failure/warning plumbing
     preflight_images.check_images(c, ecr)
     return c.report
 

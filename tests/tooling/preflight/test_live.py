@@ -10,6 +10,7 @@ from moto import mock_aws
 
 from eks_ddp.config import choose_zones
 from eks_ddp.tooling import preflight
+from eks_ddp.tooling.preflight import checker as preflight_checker
 from eks_ddp.tooling.preflight import live as preflight_live
 from tests.support.stub_quotas import StubQuotas, add_reservations, reservation
 from tests.support.util import set_path, stack_config
@@ -142,7 +143,7 @@ def test_own_nodes_in_the_reservation_are_not_taken_slots(aws, monkeypatch):
     cfg = config(set_path(p4de_raw(), "eks-ddp:nodeGroups[0].capacityReservationId", CR))
     ec2 = aws(cfg)
     add_reservations(ec2, [reservation(CR, "p4de.24xlarge", "us-east-1b", total=2, available=0)])
-    checker = preflight._Checker  # noqa: SLF001 - moto cannot launch into a reservation: stand in its count
+    checker = preflight_checker._Checker  # noqa: SLF001 - moto cannot launch into a reservation: stand in its count
     monkeypatch.setattr(checker, "own_in_reservation", lambda self, cr: 2 if self.cluster_name == NAME else 0)
     report = check(cfg, ec2, None, quotas=StubQuotas({"L-417A185B": 0}))
     assert report.failures == [], report.failures
@@ -163,13 +164,13 @@ def test_checks_zones_main_uses(aws, monkeypatch):
     expected = choose_zones(cfg, zones)
     assert expected[0] == "us-west-2d" and expected != zones[: cfg.network.az_count]
     asked: list[list[str]] = []
-    real = preflight._Checker.check_offered  # noqa: SLF001
+    real = preflight_checker._Checker.check_offered  # noqa: SLF001
 
     def spy(self, key, instance_type, zones, fix):
         if key == "cluster.systemInstanceType":
             asked.append(list(zones))
         return real(self, key, instance_type, zones, fix)
-    monkeypatch.setattr(preflight._Checker, "check_offered", spy)  # noqa: SLF001
+    monkeypatch.setattr(preflight_checker._Checker, "check_offered", spy)  # noqa: SLF001
     preflight.check(cfg, ec2=ec2, quotas=StubQuotas())
     assert asked == [expected]
 

@@ -12,6 +12,9 @@ BAD_INPUT = 5
 """The data set or the checkpoints are unreadable (a named file is corrupt or missing)."""
 FABRIC_FAILED = 6
 """The fabric check found the network unfit (no EFA, TCP transport, low bandwidth); the fabric-check Job's only."""
+AGENT_LOST = 7
+"""A worker found its agent (the launcher process that holds its lease) gone: nothing can renew the lease, so the
+worker stops instead of waiting for ever. Not fatal: a new agent restarts the work."""
 FATAL = (CONFIG_ERROR, DIVERGED, BAD_INPUT)
 """The bundled trainer's codes no retry can fix: the pod failure policy fails the Job on them and the launcher does
 not restart the workers."""

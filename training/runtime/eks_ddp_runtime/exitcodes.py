@@ -18,6 +18,7 @@ import time
 from typing import NoReturn
 
 from .contract import (  # noqa: F401 (each code: API, as exitcodes.<NAME>)
+    AGENT_LOST,
     BAD_INPUT,
     CONFIG_ERROR,
     DIVERGED,

@@ -97,7 +97,11 @@ class Lease:
         self.seen(node, state)
 
     def seen(self, node, state) -> None:
-        """A rendezvous state just read from (or written to) the store: renew or withdraw the lease."""
+        """A rendezvous state just read from (or written to) the store: renew or withdraw the lease.
+
+        The monotonic clock is read first, before the lock and the wall clock: a pause anywhere after it (a GIL
+        switch, GC, SIGSTOP) only makes the heartbeat look older, so it can shorten the lease, never lengthen it."""
+        mono = time.monotonic()
         with self._lock:
             if self.round is None or not self.window_s:
                 return
@@ -112,7 +116,7 @@ class Lease:
             if ts == self._ts:
                 return  # the same heartbeat: the lease it gives is already published
             age = max(0.0, (datetime.now(timezone.utc) - ts).total_seconds())  # noqa: UP017 (Python 3.10)
-            until = time.monotonic() - age + self.window_s - self.margin_s
+            until = mono - age + self.window_s - self.margin_s
             self._ts = ts
             if until > self.valid_until:
                 self.valid_until = until
@@ -148,7 +152,9 @@ def under_lease() -> bool:
 
 def lease(now: float | None = None) -> tuple[bool, str]:
     """(valid, why) for this worker's lease at ``now`` (time.monotonic()); (True, "no lease") outside the
-    launcher. Read from the agent's file at every call (a few microseconds on tmpfs)."""
+    launcher. Read from the agent's file at every call (a few microseconds on tmpfs). When the agent the file
+    names is gone (killed outside a pod, where nothing else ends its workers) the worker ends at once with
+    :data:`contract.AGENT_LOST`: the lease it would wait for can never be renewed."""
     path = os.environ.get(LEASE_FILE_ENV)
     if not path:
         return True, "no lease (not under eks_ddp_runtime.launch)"
@@ -160,6 +166,8 @@ def lease(now: float | None = None) -> tuple[bool, str]:
         round_ = published["round"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         return False, f"the agent's lease {path} is unreadable ({e})"
+    if now is None and (gone := agent_gone(published.get("agent"))):
+        _agent_lost(path, gone)
     mine = os.environ.get(ROUND_ENV)
     if mine is not None and str(round_) != mine:
         return False, f"the agent is in rendezvous round {round_}, this worker was started for round {mine}"
@@ -169,6 +177,36 @@ def lease(now: float | None = None) -> tuple[bool, str]:
                        "rendezvous store: another world may form without it)" if valid_until else
                        "the agent holds no lease (it is not a participant of the current round)")
     return True, f"valid for {valid_until - now:.1f} s more"
+
+
+def agent_gone(pid: object) -> str | None:
+    """Why the agent process ``pid`` (the lease file's ``agent``) can no longer renew the lease, or None while it
+    lives. Gone: no such process, or a zombie (dead, not yet reaped). A pid another user owns is alive."""
+    if not isinstance(pid, int) or pid <= 0:
+        return None  # a file from before the agent was recorded: nothing to check
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return f"its agent (pid {pid}) is gone"
+    except PermissionError:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            if f.read().rsplit(")", 1)[-1].split()[0] in ("Z", "X"):
+                return f"its agent (pid {pid}) has died (a zombie)"
+    except OSError:
+        pass
+    return None
+
+
+def _agent_lost(path: str, why: str) -> None:
+    """End this worker with :data:`contract.AGENT_LOST`: only its agent could renew the lease it waits for."""
+    from .contract import AGENT_LOST
+    from .exitcodes import exit_process
+
+    print(f"[fence] the worker stops: {why}; nothing can renew the lease in {path} (exit {AGENT_LOST}, agent lost)",
+          file=sys.stderr, flush=True)
+    exit_process(AGENT_LOST, drain_s=2.0)
 
 
 def _check_private(directory: str) -> None:

@@ -134,6 +134,8 @@ class KeptLogs:
                 lines = self.workers.tail(local)
                 log_path = self.workers.path_of(local)
             message = getattr(f, "message", "") or ""
+            if isinstance(message, dict):  # torch's error-file format (ErrorHandler.record_exception): the text inside
+                message = str(message.get("message", ""))
             doc = {"time": now_iso(), "pod": self.directory.name, "rank": rank, "local_rank": local,
                    "exit_code": f.exitcode, "signal": signal_name(f.exitcode), "pid": f.pid, "restart": restart,
                    "restarting": restarting, "fatal": f.exitcode in fatal,

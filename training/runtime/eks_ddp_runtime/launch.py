@@ -9,6 +9,8 @@ see exitcodes.py and the Job's pod failure policy):
   error, FATAL's 3/4/5, and the workload's own ``EKS_DDP_FATAL_EXIT_CODES``): a retry cannot fix a bad
   argument, a config error, a divergence or unreadable input, so no worker restart is spent on it;
 * **2** for a bad launcher setting, the rendezvous store's client settings included (rendezvous/etcd_backend.py), at start;
+* **2** when, in this agent's first round, every local worker failed with the same error before its first step (a
+  module that cannot be imported, an exception at import): startfail.py; a retry would only repeat it;
 * **5** (BAD_INPUT) before any worker starts when the Job asks for its data set to be verified
   (``EKS_DDP_DATA_VERIFY``, dataset.py) and a file no longer matches the stage's manifest or pin;
 * **1** when the fault budget (``--max-restarts``) is spent. The rendezvous stays open: only a finished
@@ -42,13 +44,14 @@ from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 from torch.distributed.elastic.rendezvous.api import RendezvousClosedError
 from torch.distributed.launcher import api as launcher_api
 
-from . import dataset, fence, runlogs
+from . import dataset, fence, modules, runlogs, startfail
+from .clock_check import ClockSkewError, check_clock
 from .contract import RUN_DIR_ENV
 from .exitcodes import BAD_INPUT, fatal_codes
 from .keptlogs import KeptLogs, RunLogsSpecs, open_kept_logs
 from .rendezvous import handler as rendezvous
-from .rendezvous.etcd_backend import RendezvousConfigError
-from .workers import FORK_ENV, all_exited_zero, settle, warm_workers
+from .rendezvous.etcd_backend import RendezvousConfigError, client_settings
+from .workers import FORK_ENV, all_exited_zero, parse_entrypoint, settle, warm_workers
 
 log = logging.getLogger("training.launch")
 FAILED = 1
@@ -105,6 +108,10 @@ class Agent(LocalElasticAgent):
     as a success, as torchrun does for fresh processes (workers.py ``all_exited_zero``)."""
 
     fatal_code: int | None = None
+    fatal_cause: str | None = None
+    """The error every local worker failed with before its first step (startfail.py), when that ended the run."""
+    starts: int = 0
+    """Worker starts of this agent: a start failure counts in the first only."""
     fatal_codes: frozenset[int] = fatal_codes({})
     _remaining_restarts: int  # torch's SimpleElasticAgent sets it (compat.require checks it exists)
     kept: KeptLogs | None = None
@@ -112,6 +119,7 @@ class Agent(LocalElasticAgent):
 
     def _start_workers(self, worker_group: WorkerGroup):
         settle(self)  # the first start waits for the zygote's probe (workers.py)
+        self.starts += 1
         specs = getattr(self, "_logs_specs", None)
         if isinstance(specs, RunLogsSpecs):  # fresh processes get their FIFOs from torch, forked ones by env
             specs.forked = not isinstance(worker_group.spec.entrypoint, str)
@@ -135,10 +143,17 @@ class Agent(LocalElasticAgent):
         if result.is_failed():
             restart = worker_group.spec.max_restarts - self._remaining_restarts
             fatal = sorted({f.exitcode for f in result.failures.values() if f.exitcode in self.fatal_codes})
+            cause = None if fatal or self.starts != 1 else startfail.start_failure(
+                getattr(self._pcontext, "error_files", None) or {}, {f.local_rank for f in result.failures.values()})
             if fatal:
                 self.fatal_code = fatal[0]
                 self._remaining_restarts = 0  # _invoke_run then stops the workers and returns the failure
                 log.error("worker exited with fatal code %s (eks_ddp_runtime/exitcodes.py): not restarting", fatal[0])
+            elif cause is not None:
+                self.fatal_code, self.fatal_cause = USAGE, cause
+                self._remaining_restarts = 0
+                log.error("every worker failed before its first step with the same error: %s; a restart would repeat "
+                          "it: not restarting, exit %s (eks_ddp_runtime/startfail.py)", cause, USAGE)
             if self.kept is not None:
                 self.kept.record_failures(result.failures, restart, restarting=self._remaining_restarts > 0,
                                           fatal=set(self.fatal_codes))
@@ -154,6 +169,10 @@ def make_agent(spec: WorkerSpec, config: launcher_api.LaunchConfig) -> Agent:
     return agent
 
 
+CLOCK_LIMIT_S = 1.0
+"""How far this node's clock may provably be from the store's (the lease's margin, one keep_alive_interval)."""
+
+
 def launch(config: launcher_api.LaunchConfig, entrypoint, args: list[str], kept: KeptLogs | None = None,
            why: list[str] | None = None, command: list[str] | None = None) -> int:
     """Run one agent until the run ends; returns the process exit code (and appends why to ``why``).
@@ -164,6 +183,13 @@ def launch(config: launcher_api.LaunchConfig, entrypoint, args: list[str], kept:
     params = RendezvousParameters(backend=config.rdzv_backend, endpoint=config.rdzv_endpoint,
                                   run_id=config.run_id, min_nodes=config.min_nodes, max_nodes=config.max_nodes,
                                   local_addr=config.local_addr, **config.rdzv_configs)
+    if config.rdzv_backend == rendezvous.BACKEND:  # a node clock off by more than the lease's margin refuses to start
+        settings = client_settings(params)
+        try:
+            check_clock(settings["host"], settings["port"], context=settings["context"],
+                        timeout_s=min(2.0, settings["read_timeout"]), limit_s=CLOCK_LIMIT_S)
+        except ClockSkewError as e:
+            raise RendezvousConfigError(str(e)) from e
     master_addr, master_port = compat.addr_and_port(params)
     spec = WorkerSpec(
         role=config.role, local_world_size=config.nproc_per_node, entrypoint=entrypoint, args=tuple(args),
@@ -210,6 +236,9 @@ def launch(config: launcher_api.LaunchConfig, entrypoint, args: list[str], kept:
         return 0
     for rank, failure in sorted(result.failures.items()):
         log.error("worker rank %s (local %s) failed: exitcode %s", rank, failure.local_rank, failure.exitcode)
+    if agent.fatal_cause is not None:
+        why.append(f"every worker failed before its first step with {agent.fatal_cause}: not restarted")
+        return agent.fatal_code or USAGE
     if agent.fatal_code is not None:
         why.append(f"a worker exited with fatal code {agent.fatal_code}: not restarted")
         return agent.fatal_code
@@ -305,6 +334,18 @@ def main(argv: list[str] | None = None) -> int:
             kept.close(code, "; ".join(why) or "unknown")
 
 
+def module_problem_of(entrypoint, cmd_args: list[str]) -> str | None:
+    """For ``-m MODULE``: why the workers' ``python -m`` would not find it (one line naming it, with a did-you-mean),
+    found without importing any of it in the agent (modules.py); None when it would, for a script, and with
+    ``EKS_DDP_CHECK_MODULE=0``."""
+    ep = parse_entrypoint(entrypoint, cmd_args)
+    if ep is None or ep.kind != "module" or os.environ.get(modules.CHECK_ENV, "1") == "0":
+        return None
+    problem = modules.module_problem(ep.target)
+    return None if problem is None else f"-m {ep.target}: {problem} (run in {os.getcwd()}; the workers' python -m " \
+        f"would fail on every start)"
+
+
 def _run(args, kept: KeptLogs | None, why: list[str]) -> int:
     standalone(args)
     config, entrypoint, cmd_args = torchrun.config_from_args(args)
@@ -316,6 +357,11 @@ def _run(args, kept: KeptLogs | None, why: list[str]) -> int:
                  os.environ.get(RUN_DIR_ENV), FINAL_MARKER)
         why.append(f"{FINAL_MARKER}: the run already finished with this command")
         return 0
+    problem = module_problem_of(entrypoint, cmd_args)
+    if problem is not None:
+        log.error("%s", problem)
+        why.append(f"usage: {problem}")
+        return USAGE
     try:
         # Before any worker reads it: the staged data set against its manifest and pin (dataset.py), when the
         # Job asks for it (EKS_DDP_DATA_VERIFY).

@@ -41,6 +41,7 @@ import types
 from dataclasses import dataclass
 from typing import NoReturn
 
+from . import podfs, startfail
 from .runlogs import redirect_worker
 
 log = logging.getLogger("training.launch")
@@ -336,6 +337,8 @@ def run_worker(kind: str, target: str, *argv: str) -> NoReturn:
     redirect_worker()
     _unbuffered()
     multiprocessing.current_process().name = "MainProcess"
+    startfail.watch()  # whether it fails before its first step (startfail.py)
+    podfs.install()  # eks-ddp-local: the pod's read-only working directory (podfs.py)
     status = 0
     try:
         if kind == "module":
@@ -346,11 +349,14 @@ def run_worker(kind: str, target: str, *argv: str) -> NoReturn:
             raise ValueError(f"kind: got {kind!r}; expected module or script")
     except SystemExit as e:
         status = exit_status(e.code)
+        if e.code is not None and not isinstance(e.code, int):  # sys.exit("message"): python -m's missing module
+            startfail.record(e, str(e.code))
         if getattr(e, "final", False):  # exitcodes.exit_process: the code is final, no thread join, no atexit
             _flush()
             os._exit(status)
-    except BaseException:  # noqa: BLE001  (an uncaught exception: the traceback and 1, as python prints it)
+    except BaseException as e:  # noqa: BLE001  (an uncaught exception: the traceback and 1, as python prints it)
         sys.excepthook(*sys.exc_info())
+        startfail.record(e)
         status = 1
     try:
         _join_non_daemon_threads()

@@ -4,7 +4,7 @@ Each contract implements one rule that belongs to someone else (the EKS VPC CNI 
 evaluation of identity, bucket and VPC-endpoint policies, EFS's file-system policy as the CSI driver mounts)
 and cites the upstream source it implements in its docstring. A contract is a function
 ``(PlanView) -> list[Violation]``; ``check(result)`` runs them all. ``make test`` runs every contract over the
-dev and p4de plans and over stacks built to break each one (the negative controls, tests/test_contracts_*.py).
+dev and p4de plans and over stacks built to break each one (the negative controls, one test file per contract module in tests/tooling/contracts/).
 
 The contracts read the plan as ``pulumi up`` would send it: Kubernetes objects as rendered manifests
 (``plan.render_manifests``) and AWS resources by their recorded inputs, so what they check is what the

@@ -11,10 +11,17 @@ The rules implemented, each from its source:
   below it (a Lustre fileset mount).
 * **Who reaches it** (FSx for Lustre user guide, "File system access control with Amazon VPC": Lustre uses TCP 988 and
   1018-1023; the file system's security group must admit them from its clients and from itself;
-  aws-fsx-csi-driver ``docs/troubleshooting.md``: "FSx for Lustre rejects packets where the source port is neither
+  https://github.com/kubernetes-sigs/aws-fsx-csi-driver/blob/master/docs/troubleshooting.md: "FSx for Lustre rejects packets where the source port is neither
   988 nor in the range 1018–1023"): a security group rule admits a node when it references a security group the
   node's launch template gives it (its interfaces' groups with EFA). Every node launch template of the plan (the
   pods that mount run on the GPU and the system nodes) must reach every Lustre port, and the file servers each other.
+* **Both halves of the table, both directions** (the same page, "Amazon VPC security group rules" for the file
+  system and "Lustre client VPC security group rules" for the clients: "Add the following inbound rules to the
+  security groups applied to your Lustre clients", TCP 988 and 1018-1023 from "the security groups associated with
+  your FSx for Lustre file systems" and from the clients' own groups, and the matching outbound rules for both): the
+  file servers open connections to the clients too (reconnects, failover, lock callbacks), so every node's groups
+  must admit every Lustre port from the file system's groups and from the nodes, and the outbound rules of both
+  sides must let the connections leave (an open egress rule, ``0.0.0.0/0`` on all protocols, does).
 * **Nothing else**: no ingress rule of the file system's groups admits an address range, another group, another
   protocol or another port.
 * **The driver's role** (``pkg/driver/controller.go``: only CreateVolume, DeleteVolume and ControllerExpandVolume
@@ -43,6 +50,7 @@ LUSTRE_PORTS = (988, *range(1018, 1024))
 """Every port Lustre uses (FSx for Lustre user guide; the driver's troubleshooting page)."""
 FS = "aws:fsx/lustreFileSystem:LustreFileSystem"
 INGRESS = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
+EGRESS = "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule"
 LAUNCH_TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
 
 
@@ -84,6 +92,7 @@ def check_network(view: PlanView, fs: Any) -> Iterable[Violation]:
     if closed:
         yield Violation(NAME, subject, f"its file servers cannot reach each other on TCP {closed}: the file system's "
                                        "security group must admit itself")
+    yield from _client_half(view, subject, fs_groups, nodes)
     allowed = fs_groups.union(*nodes.values()) if nodes else fs_groups
     for r in rules:
         ports = set(range(int(float(r.get("fromPort", 0))), int(float(r.get("toPort", 65535))) + 1))
@@ -92,6 +101,45 @@ def check_network(view: PlanView, fs: Any) -> Iterable[Violation]:
                 or str(r.get("referencedSecurityGroupId")) not in allowed:
             yield Violation(NAME, subject, f"ingress rule {json.dumps(r, sort_keys=True, default=str)} admits more "
                                            "than the cluster's nodes and the file servers on Lustre's ports")
+
+
+def _egress_admits(rule: dict[str, Any], port: int, groups: set[str]) -> bool:
+    proto = str(rule.get("ipProtocol", "")).lower()
+    if proto not in ("tcp", "6", "-1"):
+        return False
+    if proto != "-1" and not int(float(rule.get("fromPort", -1))) <= port <= int(float(rule.get("toPort", -1))):
+        return False
+    return rule.get("cidrIpv4") == "0.0.0.0/0" or str(rule.get("referencedSecurityGroupId")) in groups
+
+
+def _client_half(view: PlanView, subject: str, fs_groups: set[str],
+                 nodes: dict[str, set[str]]) -> Iterable[Violation]:
+    """The clients' inbound rules, and both sides' outbound rules (see the module docstring)."""
+    ingress = [r.inputs for r in view.aws(INGRESS)]
+    egress = [r.inputs for r in view.aws(EGRESS)]
+
+    def on(rules: list[dict[str, Any]], groups: set[str]) -> list[dict[str, Any]]:
+        return [r for r in rules if str(r.get("securityGroupId")) in groups]
+
+    for lt, groups in sorted(nodes.items()):
+        for source, label in ((fs_groups, "the file system's security group"), (groups, "the other nodes")):
+            closed = [p for p in LUSTRE_PORTS if not any(_admits(r, p, source) for r in on(ingress, groups))]
+            if closed:
+                yield Violation(NAME, subject, (
+                    f"the nodes of launch template {lt} (groups {sorted(groups)}) do not admit TCP {closed} from "
+                    f"{label}: connections the file servers open to a client are dropped (evictions, hung I/O); "
+                    "the user guide's Lustre client rules need 988 and 1018-1023"))
+        closed = [p for p in LUSTRE_PORTS if not any(_egress_admits(r, p, fs_groups) for r in on(egress, groups))]
+        if closed:
+            yield Violation(NAME, subject, f"the nodes of launch template {lt} may not send to the file system's "
+                                           f"security group on TCP {closed}")
+        closed = [p for p in LUSTRE_PORTS if not any(_egress_admits(r, p, groups) for r in on(egress, fs_groups))]
+        if closed:
+            yield Violation(NAME, subject, f"its file servers may not send to the nodes of launch template {lt} on "
+                                           f"TCP {closed}")
+    closed = [p for p in LUSTRE_PORTS if not any(_egress_admits(r, p, fs_groups) for r in on(egress, fs_groups))]
+    if closed:
+        yield Violation(NAME, subject, f"its file servers may not send to each other on TCP {closed}")
 
 
 def check_volume(view: PlanView, pv: dict[str, Any]) -> Iterable[Violation]:

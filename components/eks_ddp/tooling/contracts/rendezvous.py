@@ -18,7 +18,7 @@ uploader role and run directory. Which pods may write is decided by two rules th
 A pod's run is the run directory it mounts (``/shared/runs/<runId>``), else its ``app.kubernetes.io/instance``.
 
 A store must also **never exist twice**: two live members of one store behind one Service let two groups of agents
-form two worlds of one job (E3 of the 2026-11-25 elastic review). Which controllers can run two pods of one store
+form two worlds of one job. Which controllers can run two pods of one store
 at once is Kubernetes' rule, not ours:
 
 * a **StatefulSet** creates the pod of an ordinal only after the previous pod of that ordinal is gone from the API

@@ -5,7 +5,7 @@ The requests are derived from the rendered Jobs and CronJobs, as the pods would 
 - the S3 data stage (``python -m eks_ddp_runtime.stage_s3 s3://bucket/prefix/ DEST``): ``s3:ListBucket`` on the
   bucket with ``s3:prefix`` = the prefix (``ListObjectsV2``), ``s3:GetObject`` under the prefix (``HeadObject``
   and ``GetObject`` are both authorised as ``s3:GetObject``), checked at one representative key under it;
-- the results upload (``EKS_DDP_RESULTS_URL`` = ``s3://bucket/runs/<id>/``, ``training/eks_ddp_trainer/results.py``):
+- the results upload (``EKS_DDP_RESULTS_URL`` = ``s3://bucket/runs/<id>/``, ``training/eks_ddp_trainer/upload.py``):
   ``s3:PutObject`` of each result file, naming SSE-KMS and ``EKS_DDP_RESULTS_KMS_KEY`` when the Job sets it, and the
   multipart parts of the model, which carry no encryption header (``UploadPart`` is authorised as ``s3:PutObject``);
   under SSE-KMS, ``kms:GenerateDataKey`` and ``kms:Decrypt`` (completing a multipart upload) on the key, which S3
@@ -55,7 +55,7 @@ from .iam_policy import ALLOW, DENY, UNKNOWN, Decision, Request, evaluate, evalu
 NAME = "s3"
 IRSA_ANNOTATION = "eks.amazonaws.com/role-arn"
 RESULT_FILES = ("metrics.json", "history.jsonl", "training-curve.png", "model.pt")
-"""training/results.FILES (the library never imports the trainer; tests/tooling/contracts/test_s3.py keeps them equal)."""
+"""eks_ddp_trainer.upload.FILES (the library never imports the trainer; tests/tooling/contracts/test_s3.py keeps them equal)."""
 MULTIPART_FILES = ("model.pt",)
 """Results large enough for boto3's multipart upload (8 MiB threshold): their parts carry no SSE header."""
 SAMPLE_KEY = "eks-ddp-contract-sample"

@@ -13,7 +13,9 @@ A model of two upstream programs, for the network contract (network.py); it regi
   **the rule's podSelector matches the Service's spec.selector as a label set**
   (``svcSelector.Matches(labels.Set(svc.Spec.Selector))``), its ports mapped to the Service's listen ports by
   ``getMatchingServicePort`` (``pkg/k8s/service_utils.go`` ``LookupServiceListenPort``, else the first backing
-  pod's ``LookupListenPortFromPodSpec``).
+  pod's ``LookupListenPortFromPodSpec``), and a numeric policy port skipped when the Service port's *named*
+  targetPort resolves on any backing pod to a port the rule does not allow (``hasTargetPortBypass``,
+  ``isNumericPortAllowed``; read at ecc7e6a).
 * **The VPC CNI node agent** (aws/aws-network-policy-agent) enforces egress with eBPF on the pod's veth before
   kube-proxy's DNAT (the comment on ``getMatchingServiceClusterIPs``), so a connection to a ClusterIP is judged
   by the ClusterIP, and ingress at the destination pod after it. A pod selected by no policy of a direction
@@ -117,6 +119,25 @@ class Cluster:
                         return sp["port"]
         return None
 
+    def _target_port_bypass(self, svc: Service, listen: int, protocol: str, ports: list[dict[str, Any]]) -> bool:
+        """``hasTargetPortBypass`` (commit 7134cca, "fix: NamedTarget Port bypass issue (#223)"): for a numeric
+        policy port, a Service port with a *named* targetPort whose name resolves, on any pod the Service selects
+        (``firstNamedPort``: the first container port of that name and protocol), to a port the rule's ports do not
+        allow (``isNumericPortAllowed``: a port-less entry allows all; a numeric one its ``endPort`` range; named
+        ones are skipped) makes the controller skip that ClusterIP port."""
+        name = next((sp["targetPort"] for sp in svc.ports if sp["port"] == listen and sp["protocol"] == protocol
+                     and isinstance(sp["targetPort"], str)), None)
+        if name is None:
+            return False
+        for pod in self._pods({"matchLabels": svc.selector or {}}, svc.namespace):
+            found = pod.lookup_port(name, protocol)
+            if found is not None and not any(
+                    q["protocol"] == protocol and (q["port"] is None or (
+                        isinstance(q["port"], int) and q["port"] <= found[0] <= (q.get("endPort") or q["port"])))
+                    for q in ports):
+                return True
+        return False
+
     def _cluster_ips(self, peer: Mapping[str, Any], policy_ns: str, ports: list[dict[str, Any]]) -> list[dict]:
         """``resolveServiceClusterIPs`` → ``getMatchingServiceClusterIPs`` (egress only)."""
         out = []
@@ -131,6 +152,8 @@ class Cluster:
                     if q["port"] is None:
                         resolved.append(q)
                     elif (listen := self._service_port(svc, q["port"], q["protocol"])) is not None:
+                        if isinstance(q["port"], int) and self._target_port_bypass(svc, listen, q["protocol"], ports):
+                            continue
                         resolved.append({**q, "port": listen})
                 if ports and not resolved:
                     continue

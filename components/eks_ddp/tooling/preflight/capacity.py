@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import ClientError
 
-from eks_ddp.config.schema import NodeGroupConfig
+from eks_ddp.config import NodeGroupConfig
 from eks_ddp.tooling.preflight import live as preflight_live
 
 
 class CapacityChecks:
-    """Reservation and placement-group checks of :class:`eks_ddp.tooling.preflight._Checker`."""
+    """Reservation and placement-group checks of :class:`eks_ddp.tooling.preflight.checker._Checker`."""
 
     cfg: Any
     ec2: Any

@@ -25,7 +25,7 @@ from botocore.exceptions import ClientError
 from eks_ddp.infra.scan_gate import scan_target
 
 if TYPE_CHECKING:
-    from eks_ddp.config.schema import StackConfig
+    from eks_ddp.config import StackConfig
 
 NOT_THERE = ("RepositoryNotFoundException", "ImageNotFoundException")
 

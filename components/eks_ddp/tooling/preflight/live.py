@@ -3,21 +3,21 @@
 :mod:`eks_ddp.tooling.preflight` checks the stack's config against the region; these checks read the live state that
 config meets on a later ``pulumi up``:
 
-- **the cluster name** (A8): a cluster of that name that belongs to another stack (its ``eks-ddp/stack`` tag)
+- **the cluster name**: a cluster of that name that belongs to another stack (its ``eks-ddp/stack`` tag)
   fails preflight before anything bills; without the tag (made before the tag existed, or by hand) it is a warning;
-- **the version step** (A3): EKS upgrades one minor at a time and never downgrades; a stack asking for more than
+- **the version step**: EKS upgrades one minor at a time and never downgrades; a stack asking for more than
   the next minor, or for an older one (EKS may have upgraded a STANDARD cluster itself), is told the exact step;
-- **a resize** (A2): a GPU group's desired size belongs to the autoscaler; a ``minSize`` above it would be refused
+- **a resize**: a GPU group's desired size belongs to the autoscaler; a ``minSize`` above it would be refused
   by EKS, and a ``maxSize`` below it would scale in running (training) nodes: both fail with the
   ``aws eks update-nodegroup-config`` to run first;
-- **the owner id** (B6): on a self-managed backend ``pulumi.get_organization()`` is the constant
+- **the owner id**: on a self-managed backend ``pulumi.get_organization()`` is the constant
   ``"organization"`` (pulumi/pulumi ``pkg/backend/diy/backend.go``: "DIY backend always uses "organization" as
   the fixed organization name"), so ``<organization>/<project>/<stack>`` is the same for two teams' ``dev``
   stacks; there the owner id takes ``cluster.ownerId``, a value the stack keeps in its config, and preflight
   refuses to go on without one (:func:`owner_id`, :func:`check_owner_id`);
-- **the log group** (B6): ``/aws/eks/<cluster>/cluster`` whose owner tag names another stack is never adopted
+- **the log group**: ``/aws/eks/<cluster>/cluster`` whose owner tag names another stack is never adopted
   (``components/eks_ddp/infra/cluster.py`` imports an existing group only when its tag is absent or this stack's);
-- **own nodes** (A5): instances tagged ``eks:cluster-name=<cluster>`` (EKS tags every managed node group instance)
+- **own nodes**: instances tagged ``eks:cluster-name=<cluster>`` (EKS tags every managed node group instance)
   are this stack's demand already counted at ``maxSize``, not extra load on the quota or the reservation;
 - **the API endpoint from here**: this machine's public IP within the live cluster's ``publicAccessCidrs`` and the
   caller's principal holding an access entry, else the Kubernetes provider cannot reach the cluster
@@ -37,7 +37,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from eks_ddp.config.schema import StackConfig
+from eks_ddp.config import StackConfig
 from eks_ddp.core import k8s_versions
 from eks_ddp.core.ownership import DIY_ORGANIZATION, STACK_TAG, legacy_owner, owner_id  # noqa: F401 (API)
 

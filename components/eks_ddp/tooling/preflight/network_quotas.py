@@ -9,7 +9,7 @@ VPCs, would fail minutes into ``pulumi up``. The quota codes: Service Quotas ``v
 stack's own VPC and Elastic IPs (their ``Name`` tags, ``<cluster>-vpc`` and ``<cluster>-nat-<zone>``) are already
 there on a later ``pulumi up`` and are not counted again. A brought VPC (``network.vpcId``) needs neither.
 
-A mixin of :class:`eks_ddp.tooling.preflight._Checker` (``cfg``, ``ec2``, ``quotas``, ``cluster_name``, ``attempt``,
+A mixin of :class:`eks_ddp.tooling.preflight.checker._Checker` (``cfg``, ``ec2``, ``quotas``, ``cluster_name``, ``attempt``,
 ``fail``). IAM actions (read-only): ec2:DescribeVpcs, ec2:DescribeAddresses, servicequotas:GetServiceQuota,
 servicequotas:GetAWSDefaultServiceQuota.
 """
@@ -40,7 +40,7 @@ def _name(resource: dict[str, Any]) -> str:
 
 
 class NetworkQuotaChecks:
-    """VPC and Elastic IP quota checks of :class:`eks_ddp.tooling.preflight._Checker`."""
+    """VPC and Elastic IP quota checks of :class:`eks_ddp.tooling.preflight.checker._Checker`."""
 
     cfg: Any
     ec2: Any

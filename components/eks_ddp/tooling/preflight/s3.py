@@ -9,7 +9,7 @@
   (SSE-KMS)"), which the uploaders get only for ``storage.resultsKmsKeyArn``; a bucket key that is not given, or
   differs, fails here naming the key. An alias or a bare key id is resolved with ``kms:DescribeKey``.
 
-A mixin of :class:`eks_ddp.tooling.preflight._Checker` (which supplies ``cfg``, ``attempt``, ``fail`` and ``warn``).
+A mixin of :class:`eks_ddp.tooling.preflight.checker._Checker` (which supplies ``cfg``, ``attempt``, ``fail`` and ``warn``).
 API errors other than the answers above become warnings, as everywhere in preflight.
 
 IAM actions used (read-only): sts:GetCallerIdentity, s3:ListBucket (HeadBucket), s3:GetEncryptionConfiguration,
@@ -46,7 +46,7 @@ def _code(err: ClientError) -> str:
 
 
 class S3Checks:
-    """Bucket and results-key checks of :class:`eks_ddp.tooling.preflight._Checker`."""
+    """Bucket and results-key checks of :class:`eks_ddp.tooling.preflight.checker._Checker`."""
 
     cfg: Any
 

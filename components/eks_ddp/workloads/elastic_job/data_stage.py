@@ -5,103 +5,36 @@ in the workload's image (boto3 must be in it): every object copied once and veri
 manifest written once; a rerun re-verifies every file against it (and the pin, ``EKS_DDP_DATA_VERIFY``) and
 downloads nothing (training/runtime/eks_ddp_runtime/stage_s3.py, dataset.py). Pulumi awaits it; the training Job depends on it, so training never starts on a
 half-staged dataset. Its pods run as a ServiceAccount of their own whose IAM role (IRSA,
-:func:`data_stage_role`) may list exactly that prefix and read objects under it, nothing else; they reach only
+:func:`eks_ddp.infra.iam.data_stage_role`) may list exactly that prefix and read objects under it, nothing else; they reach only
 DNS and HTTPS outside the VPC's private ranges (S3, STS).
 """
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING
 
 import pulumi
-import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
 from eks_ddp.core.workload import DATA_VERIFY_ENV, S3Data
-from eks_ddp.infra.efs import irsa_trust_policy
+from eks_ddp.infra.iam import stage_service_account
 from eks_ddp.workloads.elastic_job.pods import DATA_DIR, EGRESS_EXCEPT, PART_OF
 from eks_ddp.workloads.namespace import dns_egress
 
 if TYPE_CHECKING:
-    from eks_ddp.workloads.elastic_job.view import JobView
+    from eks_ddp.workloads.elastic_job.info import JobInfo
 
 STAGE_LABELS = {"app.kubernetes.io/name": "eks-ddp-stage-data", **PART_OF}
 STAGE_MODULE = "eks_ddp_runtime.stage_s3"
 
 
-def read_prefix_policy(data: S3Data, partition: str = "aws") -> str:
-    """List exactly the prefix, read objects under it: the stage's only permissions."""
-    bucket_arn = f"arn:{partition}:s3:::{data.bucket}"
-    listing: dict = {"Sid": "ListThePrefixOnly", "Effect": "Allow", "Action": "s3:ListBucket",
-                     "Resource": bucket_arn}
-    if data.prefix:
-        listing["Condition"] = {"StringEquals": {"s3:prefix": data.prefix}}
-    return json.dumps({"Version": "2012-10-17", "Statement": [
-        listing,
-        {"Sid": "ReadUnderThePrefixOnly", "Effect": "Allow", "Action": "s3:GetObject",
-         "Resource": f"{bucket_arn}/{data.prefix}*"},
-    ]})
-
-
-def stage_service_account(job_component_name: str) -> str:
-    """The stage pods' ServiceAccount: the only one the data role trusts."""
-    return f"{job_component_name}-stage"
-
-
-_TRUSTS = "_eks_ddp_stage_trust"
-"""Attribute of the role ARN Output :func:`data_stage_role` returns: the (namespace, ServiceAccount) it trusts."""
-
-
-def data_stage_role(name: str, data: S3Data, *, oidc_provider_arn: pulumi.Input[str],
-                    oidc_provider_url: pulumi.Input[str], namespace: pulumi.Input[str], job_name: str | None = None,
-                    service_account: str | None = None, partition: str = "aws",
-                    opts: pulumi.ResourceOptions | None = None) -> pulumi.Output[str]:
-    """An IRSA role (its ARN) that may only list and read ``data``'s prefix: pass it as
-    ``ElasticJobArgs.data_role_arn`` of the ElasticJob named ``job_name`` (the component name), whose stage pods
-    run as ``stage_service_account(job_name)``, the one ServiceAccount the role trusts. (``service_account``
-    instead names that ServiceAccount itself; the ElasticJob refuses a role that trusts another one.)"""
-    if (job_name is None) == (service_account is None):
-        raise ValueError(f"job_name/service_account: got job_name={job_name!r}, service_account={service_account!r}; "
-                         "expected exactly one: the ElasticJob's name (preferred), or its stage ServiceAccount "
-                         "(stage_service_account(<ElasticJob name>))")
-    trusted = service_account if service_account is not None else stage_service_account(str(job_name))
-    role = aws.iam.Role(
-        name, description=f"S3 data stage (IRSA): reads {data.uri} only",
-        assume_role_policy=pulumi.Output.all(oidc_provider_arn, oidc_provider_url, namespace).apply(
-            lambda a: irsa_trust_policy(a[0], a[1], a[2], trusted)),
-        opts=opts)
-    aws.iam.RolePolicy(name, role=role.id, policy=read_prefix_policy(data, partition), opts=opts)
-    arn = role.arn
-    setattr(arn, _TRUSTS, (namespace, trusted))
-    return arn
-
-
-def trust_problem(job_component_name: str, namespace: pulumi.Input[str], role_arn: object) -> str | None:
-    """Why ``role_arn`` (from :func:`data_stage_role`) cannot be assumed by ElasticJob ``job_component_name``'s stage
-    pods, or None (also for a role from elsewhere, whose trust the program cannot see)."""
-    trust = vars(role_arn).get(_TRUSTS) if hasattr(role_arn, "__dict__") else None
-    if trust is None:
-        return None
-    role_ns, trusted = trust
-    expected = stage_service_account(job_component_name)
-    if trusted != expected:
-        return (f"data_role_arn: the role trusts ServiceAccount {trusted!r}, but ElasticJob {job_component_name!r} "
-                f"runs its S3 stage as {expected!r} (IRSA would refuse AssumeRoleWithWebIdentity); expected "
-                f"data_stage_role(..., job_name={job_component_name!r})")
-    if isinstance(role_ns, str) and isinstance(namespace, str) and role_ns != namespace:
-        return (f"data_role_arn: the role trusts namespace {role_ns!r}, but the job runs in {namespace!r}; expected "
-                "data_stage_role(..., namespace=<the job's namespace>)")
-    return None
-
-
-def create_s3_stage(job: JobView, name: str, child: pulumi.ResourceOptions) -> k8s.batch.v1.Job:
+def create_s3_stage(job: JobInfo, name: str, child: pulumi.ResourceOptions) -> k8s.batch.v1.Job:
     """The stage's ServiceAccount, NetworkPolicy and Job (awaited); returns the Job the training Job waits on."""
-    a = job.args
+    a = job.spec
     data, role_arn = a.workload.data, a.data_role_arn
     assert isinstance(data, S3Data) and role_arn is not None  # ElasticJobArgs requires the role with S3 data
     sa = k8s.core.v1.ServiceAccount(
-        f"{name}-stage-sa", metadata=job.pods.meta(stage_service_account(name), PART_OF,
+        f"{name}-stage-sa", metadata=job.meta(stage_service_account(name), PART_OF,
                                                    {"eks.amazonaws.com/role-arn": role_arn}),
         automount_service_account_token=False, opts=child)
     net = k8s.networking.v1
@@ -109,7 +42,7 @@ def create_s3_stage(job: JobView, name: str, child: pulumi.ResourceOptions) -> k
         to=[net.NetworkPolicyPeerArgs(ip_block=net.IPBlockArgs(cidr="0.0.0.0/0", except_=list(EGRESS_EXCEPT)))],
         ports=[net.NetworkPolicyPortArgs(port=443, protocol="TCP")])
     net.NetworkPolicy(
-        f"{name}-stage-data-netpol", metadata=job.pods.meta(f"{name}-stage-data", STAGE_LABELS),
+        f"{name}-stage-data-netpol", metadata=job.meta(f"{name}-stage-data", STAGE_LABELS),
         spec=net.NetworkPolicySpecArgs(
             pod_selector=k8s.meta.v1.LabelSelectorArgs(match_labels=dict(STAGE_LABELS)),
             policy_types=["Ingress", "Egress"], ingress=[], egress=[dns_egress(), https]),
@@ -118,7 +51,7 @@ def create_s3_stage(job: JobView, name: str, child: pulumi.ResourceOptions) -> k
         STAGE_LABELS, "stage-data", ["python", "-m", STAGE_MODULE, data.uri, f"{DATA_DIR}/{data.name}"],
         k8s.core.v1.ResourceRequirementsArgs(requests={"cpu": "500m", "memory": "1Gi"},
                                              limits={"cpu": "2", "memory": "4Gi"}),
-        env={DATA_VERIFY_ENV: data.verify}, on_gpu_nodes=False, writes_data=True, image=job.image,
+        env={DATA_VERIFY_ENV: data.verify}, on_gpu_nodes=False, writes_data=True, image=job.agent_image,
         service_account=sa.metadata.name)
     # Exit codes 3 (boto3 missing, a bad URI) and 5 (a corrupt object, an escaping key) fail the Job, and so
     # `pulumi up`, at once; anything else (network, throttling) is retried in a new pod.
@@ -133,7 +66,7 @@ def create_s3_stage(job: JobView, name: str, child: pulumi.ResourceOptions) -> k
     # `up` would stage (and await) the data set again.
     return k8s.batch.v1.Job(
         f"{name}-stage-data",
-        metadata=job.pods.meta(f"{name}-stage-data", STAGE_LABELS, {"pulumi.com/replaceUnready": "true"}),
+        metadata=job.meta(f"{name}-stage-data", STAGE_LABELS, {"pulumi.com/replaceUnready": "true"}),
         spec=k8s.batch.v1.JobSpecArgs(backoff_limit=3, active_deadline_seconds=6 * 3600, pod_failure_policy=fatal,
                                       template=template),
         opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(

@@ -3,20 +3,26 @@
 Part of ElasticJob, kept in a module of its own; both build their pods with components/eks_ddp/workloads/elastic_job/pods.py.
 One agent per node of the job, shaped like a training pod (all GPUs, the EFA devices, the same NCCL/EFA
 environment), runs ``python -m eks_ddp_runtime.fabric_check`` under the training agent's torchrun flags (the
-shared builder in torchrun.py) with every node required and no restarts. The check fails on missing EFA
+shared builder in launch_command.py) with every node required and no restarts. The check fails on missing EFA
 devices, a non-EFA transport or a bus bandwidth below the catalog's floor; a failed check fails the Job,
 and so ``pulumi up``, before the training Job exists (it depends on this one).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import pulumi
 import pulumi_kubernetes as k8s
 
 from eks_ddp.core import catalog
-from eks_ddp.core.torchrun import AGENT_ENV, CLUSTER_TIMEOUTS, AgentOptions, FabricCheckOptions, fabric_check_command
+from eks_ddp.core.launch_command import (
+    AGENT_ENV,
+    AgentOptions,
+    FabricCheckOptions,
+    cluster_timeouts,
+    fabric_check_command,
+)
+from eks_ddp.workloads.elastic_job.args import C10d
+from eks_ddp.workloads.elastic_job.info import FIELD_ENV, JobInfo
 from eks_ddp.workloads.elastic_job.pods import (
     C10D_PORT,
     EFA_RESOURCE,
@@ -30,41 +36,40 @@ from eks_ddp.workloads.elastic_job.pods import (
 )
 from eks_ddp.workloads.namespace import dns_egress
 
-if TYPE_CHECKING:
-    from eks_ddp.workloads.elastic_job.view import JobView
 
-
-def fabric_check_name(job: JobView) -> str:
+def fabric_check_name(job: JobInfo) -> str:
     """The gate Job's name (also its pods' ``app.kubernetes.io/instance``)."""
     return f"{job.job_name}-fabric"
 
 
-def fabric_check_command_of(job: JobView, endpoint: str) -> list[str]:
+def fabric_check_command_of(job: JobInfo, endpoint: str) -> list[str]:
     """The check's agent command: the training agent's flags (one builder), every node required, no restarts."""
-    a = job.args
+    a, place = job.spec, job.spec.placement
     agent = AgentOptions(
-        min_nodes=a.nodes, max_nodes=a.nodes, nproc_per_node=job.instance.gpus, rdzv_backend=a.rdzv_backend,
+        min_nodes=a.size.nodes, max_nodes=a.size.nodes, nproc_per_node=job.instance.gpus,
+        rdzv_backend=a.rendezvous.backend,
         rdzv_endpoint=endpoint, rdzv_id="$(JOB_UID)", local_addr="$(POD_IP)", max_restarts=0,
-        timeouts=CLUSTER_TIMEOUTS)
-    check = FabricCheckOptions(run_dir=job.run_dir, require_efa=a.efa, instance_type=a.instance_type,
-                               min_busbw_gbs=catalog.fabric_floor_gbs(a.instance_type) if a.efa else None)
+        timeouts=cluster_timeouts(a.size.nodes))
+    check = FabricCheckOptions(run_dir=job.run_dir, require_efa=place.efa, instance_type=job.instance.name,
+                               min_busbw_gbs=catalog.fabric_floor_gbs(job.instance.name) if place.efa else None)
     return fabric_check_command(agent, check)
 
 
-def create_fabric_check(job: JobView, name: str, child: pulumi.ResourceOptions) -> list[pulumi.Resource]:
+def create_fabric_check(job: JobInfo, name: str, child: pulumi.ResourceOptions) -> list[pulumi.Resource]:
     """An Indexed Job, one agent per node, that Pulumi awaits (plus its NetworkPolicy, and its rendezvous
     Service with c10d); returns what the training Job waits on."""
-    a, it, gate = job.args, job.instance, fabric_check_name(job)
-    if len(f"{gate}-{a.nodes}") > 63:
+    a, it, gate = job.spec, job.instance, fabric_check_name(job)
+    efa, nodes = a.placement.efa, a.size.nodes
+    if len(f"{gate}-{nodes}") > 63:
         raise ValueError(f"run_id: got {a.run_id!r}; '{gate}-<index>' exceeds 63 characters (the fabric "
                          "check's pod names): use a shorter run_id, or fabric_check=False")
-    c10d = a.rdzv_backend == "c10d"
+    c10d = isinstance(a.rendezvous, C10d)
     labels = {**TRAINER_LABELS, "app.kubernetes.io/instance": gate, "app.kubernetes.io/component": "fabric-check"}
     made: list[pulumi.Resource] = []
-    endpoint: pulumi.Input[str] = a.rdzv_endpoint  # type: ignore[assignment]
+    endpoint: pulumi.Input[str] = "" if isinstance(a.rendezvous, C10d) else a.rendezvous.endpoint
     if c10d:
         svc = k8s.core.v1.Service(
-            f"{name}-fabric-rdzv", metadata=job.pods.meta(gate, labels),
+            f"{name}-fabric-rdzv", metadata=job.meta(gate, labels),
             spec=k8s.core.v1.ServiceSpecArgs(
                 cluster_ip="None", publish_not_ready_addresses=True,
                 selector={"app.kubernetes.io/instance": gate},
@@ -82,30 +87,29 @@ def create_fabric_check(job: JobView, name: str, child: pulumi.ResourceOptions) 
     if not c10d:
         egress.append(job.store_egress())
     made.append(net.NetworkPolicy(
-        f"{name}-fabric-netpol", metadata=job.pods.meta(gate, labels),
+        f"{name}-fabric-netpol", metadata=job.meta(gate, labels),
         spec=net.NetworkPolicySpecArgs(
             pod_selector=k8s.meta.v1.LabelSelectorArgs(match_labels={"app.kubernetes.io/instance": gate}),
             policy_types=["Ingress", "Egress"], ingress=[net.NetworkPolicyIngressRuleArgs(from_=peers, ports=tcp)],
             egress=egress),
         opts=child))
     cpu, memory, shm = pod_resources(it)
-    devices = {GPU_RESOURCE: it.gpus, **({EFA_RESOURCE: it.efa_interfaces} if a.efa else {})}
+    devices = {GPU_RESOURCE: it.gpus, **({EFA_RESOURCE: it.efa_interfaces} if efa else {})}
     affinity = one_per_node(gate)
     template = job.pods.pod(
         labels, "fabric-check", pulumi.Output.from_input(endpoint).apply(lambda e: fabric_check_command_of(job, e)),
-        resources(str(cpu), f"{memory}Gi", devices), env={**AGENT_ENV, **nccl_env(it, a.efa)},
-        field_env={"POD_IP": "status.podIP", "JOB_UID": "metadata.labels['batch.kubernetes.io/controller-uid']"},
+        resources(str(cpu), f"{memory}Gi", devices), env={**AGENT_ENV, **nccl_env(it, efa)}, field_env=FIELD_ENV,
         shm_gib=shm, affinity=affinity, subdomain=gate if c10d else None, rdzv_tls=True,
-        image=job.image,
+        image=job.agent_image,
         ports=[k8s.core.v1.ContainerPortArgs(name="rdzv", container_port=C10D_PORT)] if c10d else None)
     # No retries: a failed check is a finding (fabric.json says which), not a flake. A node lost under
     # the check (DisruptionTarget) is not counted. replaceUnready: the next `pulumi up` re-runs a failed
     # check instead of failing on the old Job.
     gate_job = k8s.batch.v1.Job(
         f"{name}-fabric-check",
-        metadata=job.pods.meta(gate, labels, {"pulumi.com/replaceUnready": "true"}),
+        metadata=job.meta(gate, labels, {"pulumi.com/replaceUnready": "true"}),
         spec=k8s.batch.v1.JobSpecArgs(
-            completion_mode="Indexed", completions=a.nodes, parallelism=a.nodes, backoff_limit=0,
+            completion_mode="Indexed", completions=nodes, parallelism=nodes, backoff_limit=0,
             active_deadline_seconds=1800, pod_replacement_policy="Failed",
             pod_failure_policy=k8s.batch.v1.PodFailurePolicyArgs(rules=[
                 k8s.batch.v1.PodFailurePolicyRuleArgs(action="Ignore", on_pod_conditions=[

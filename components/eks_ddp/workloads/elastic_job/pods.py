@@ -15,8 +15,9 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from eks_ddp.core import catalog
-from eks_ddp.core.torchrun import DATA_SUBDIR, RDZV_TLS_DIR, SHARED_ROOT
+from eks_ddp.core.launch_command import DATA_SUBDIR, RDZV_TLS_DIR, SHARED_ROOT
 from eks_ddp.core.workload import INTERNET_EXCEPT
+from eks_ddp.workloads.elastic_job.args import EtcdStore, Placement, Rendezvous, Storage, WholeVolume
 from eks_ddp.workloads.etcd import DEFAULT_CLIENT_LABELS
 from eks_ddp.workloads.namespace import restricted_container_security, restricted_pod_security
 
@@ -109,17 +110,10 @@ class PodFactory:
     namespace: pulumi.Input[str]
     image: pulumi.Input[str]
     """The stack's image (a pod may run another: ``pod(image=...)``)."""
-    efa: bool
-    node_selector: pulumi.Input[Mapping[str, str]] | None
-    system_node_selector: pulumi.Input[Mapping[str, str]] | None
-    pvc_name: pulumi.Input[str] | None
-    data_claim: pulumi.Input[str] | None
-    run_claim: pulumi.Input[str] | None
+    placement: Placement
+    storage: Storage
     run_dir: str
-    data_read_only_claim: pulumi.Input[str] | None = None
-    """The dataset's read-only claim: mounted instead of ``data_claim`` by every pod that does not write data."""
-    rdzv_backend: str
-    rdzv_tls_secret: pulumi.Input[str] | None
+    rendezvous: Rendezvous
     trainer_sa: pulumi.Input[str]
     """The ServiceAccount with the uploader role (training pods only)."""
     worker_sa: pulumi.Input[str]
@@ -155,9 +149,10 @@ class PodFactory:
                            v1.VolumeMountArgs(name="dshm", mount_path="/dev/shm"),
                            *self.rdzv_tls_mounts(rdzv_tls)],
             security_context=restricted_container_security(TRAINER_UID))
+        place = self.placement
         tolerations = [v1.TolerationArgs(key=key, operator="Exists", effect="NoSchedule")
-                       for key in (GPU_RESOURCE, *([EFA_RESOURCE] if self.efa else []))] if on_gpu_nodes else None
-        node_selector = self.node_selector if on_gpu_nodes else self.system_node_selector
+                       for key in (GPU_RESOURCE, *([EFA_RESOURCE] if place.efa else []))] if on_gpu_nodes else None
+        node_selector = place.node_selector if on_gpu_nodes else place.system_node_selector
         return v1.PodTemplateSpecArgs(
             metadata=k8s.meta.v1.ObjectMetaArgs(labels=dict(labels)),
             spec=v1.PodSpecArgs(
@@ -180,33 +175,33 @@ class PodFactory:
                 ]))
 
     def shared_volumes(self, writes_data: bool) -> tuple[list, list]:
-        """The shared volume's mounts and volumes: per workload (``data_claim``/``run_claim``: the dataset
+        """The shared volume's mounts and volumes: per workload (``PerRunClaims``: the dataset
         read-only unless ``writes_data``, this run's directory unless ``writes_data``) or the whole claim."""
-        v1, a = k8s.core.v1, self
-        if a.pvc_name is not None:
+        v1, st = k8s.core.v1, self.storage
+        if isinstance(st, WholeVolume):
             return ([v1.VolumeMountArgs(name="shared", mount_path=SHARED_ROOT)],
                     [v1.VolumeArgs(name="shared", persistent_volume_claim=v1.PersistentVolumeClaimVolumeSourceArgs(
-                        claim_name=a.pvc_name))])
+                        claim_name=st.claim))])
         # readOnly on the claim too: the EFS CSI driver then mounts the access point "ro".
-        data = a.data_claim if writes_data or a.data_read_only_claim is None else a.data_read_only_claim
+        data = st.data if writes_data or st.data_read_only is None else st.data_read_only
         mounts = [v1.VolumeMountArgs(name="data", mount_path=DATA_DIR, read_only=not writes_data)]
         volumes = [v1.VolumeArgs(name="data", persistent_volume_claim=v1.PersistentVolumeClaimVolumeSourceArgs(
             claim_name=data, read_only=not writes_data))]
         if not writes_data:
             mounts.append(v1.VolumeMountArgs(name="run", mount_path=self.run_dir))
             volumes.append(v1.VolumeArgs(name="run", persistent_volume_claim=v1.PersistentVolumeClaimVolumeSourceArgs(
-                claim_name=a.run_claim)))
+                claim_name=st.run)))
         return mounts, volumes
 
     def rdzv_tls_mounts(self, wanted: bool) -> list[k8s.core.v1.VolumeMountArgs]:
-        if not wanted or self.rdzv_backend != "etcd-v2":
+        if not wanted or not isinstance(self.rendezvous, EtcdStore):
             return []
         return [k8s.core.v1.VolumeMountArgs(name="rdzv-tls", mount_path=RDZV_TLS_DIR, read_only=True)]
 
     def rdzv_tls_volumes(self, wanted: bool) -> list[k8s.core.v1.VolumeArgs]:
-        if not wanted or self.rdzv_backend != "etcd-v2":
+        if not wanted or not isinstance(self.rendezvous, EtcdStore):
             return []
         # 0440 with fsGroup = the trainer's uid: readable by the agent only.
         return [k8s.core.v1.VolumeArgs(name="rdzv-tls", secret=k8s.core.v1.SecretVolumeSourceArgs(
-            secret_name=self.rdzv_tls_secret, default_mode=0o440))]
+            secret_name=self.rendezvous.tls_secret, default_mode=0o440))]
 

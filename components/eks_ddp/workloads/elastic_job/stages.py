@@ -21,16 +21,16 @@ from eks_ddp_runtime.contract import CIFAR10_PIN as DATA_PIN  # the loaders acce
 from eks_ddp_runtime.contract import DATA_PIN_ENV
 
 if TYPE_CHECKING:
-    from eks_ddp.workloads.elastic_job.view import JobView
+    from eks_ddp.workloads.elastic_job.info import JobInfo
 
 PREPARE_LABELS = {"app.kubernetes.io/name": "eks-ddp-prepare-data", **PART_OF}
 EVALUATE_LABELS = {"app.kubernetes.io/name": "eks-ddp-evaluate", **PART_OF}
 EVAL_RUN_DIR_ENV = "RUN_DIR"
 """The evaluation pod's run directory (default: this stack's run); override it per Job to evaluate another run
-(only with a whole-volume ``pvc_name``: with ``run_claim`` the pod mounts this run's directory alone)."""
+(only with ``WholeVolume``: with ``PerRunClaims`` the pod mounts this run's directory alone)."""
 
 
-def create_prepare_job(job: JobView, name: str, child: pulumi.ResourceOptions) -> k8s.batch.v1.Job:
+def create_prepare_job(job: JobInfo, name: str, child: pulumi.ResourceOptions) -> k8s.batch.v1.Job:
     template = job.pods.pod(
         PREPARE_LABELS, "prepare-data", ["python", "-m", "eks_ddp_trainer.prepare_data", f"--data-dir={DATA_DIR}"],
         k8s.core.v1.ResourceRequirementsArgs(requests={"cpu": "500m", "memory": "1Gi"},
@@ -43,18 +43,18 @@ def create_prepare_job(job: JobView, name: str, child: pulumi.ResourceOptions) -
         f"{name}-prepare-data",
         # replaceUnready: a prep Job that failed (download host down, deadline passed) is replaced on the next
         # `pulumi up` instead of being awaited again and failing it at once.
-        metadata=job.pods.meta(job.prepare_name, PREPARE_LABELS, {"pulumi.com/replaceUnready": "true"}),
+        metadata=job.meta(job.prepare_name, PREPARE_LABELS, {"pulumi.com/replaceUnready": "true"}),
         # No TTL: a Job gone from the cluster is dropped from state by the refresh before every `up`, and the next
         # `up` would create and await it again; a Complete Job holds no pods.
         spec=k8s.batch.v1.JobSpecArgs(backoff_limit=3, active_deadline_seconds=1800, template=template),
         # Awaited (no skipAwait): the training Job depends on it, so it starts only on a verified dataset.
         opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
             delete_before_replace=True,
-            custom_timeouts=pulumi.CustomTimeouts(create=job.args.data_prep_timeout,
-                                                  update=job.args.data_prep_timeout))))
+            custom_timeouts=pulumi.CustomTimeouts(create=job.spec.data_prep_timeout,
+                                                  update=job.spec.data_prep_timeout))))
 
 
-def create_evaluate_cronjob(job: JobView, name: str, child: pulumi.ResourceOptions) -> None:
+def create_evaluate_cronjob(job: JobInfo, name: str, child: pulumi.ResourceOptions) -> None:
     it = job.instance
     cpu = min(4, pod_resources(it)[0])
     # $(RUN_DIR) is expanded by the kubelet from the pod's env: this run by default; another run's directory
@@ -66,7 +66,7 @@ def create_evaluate_cronjob(job: JobView, name: str, child: pulumi.ResourceOptio
         env={EVAL_RUN_DIR_ENV: job.run_dir, DATA_PIN_ENV: DATA_PIN})
     k8s.batch.v1.CronJob(
         f"{name}-evaluate",
-        metadata=job.pods.meta(job.evaluate_name, EVALUATE_LABELS),
+        metadata=job.meta(job.evaluate_name, EVALUATE_LABELS),
         spec=k8s.batch.v1.CronJobSpecArgs(
             # Suspended: never fires on its own; the schedule is required by the API only.
             suspend=True, schedule="0 0 1 1 *", concurrency_policy="Forbid",

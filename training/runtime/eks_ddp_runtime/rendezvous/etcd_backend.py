@@ -5,16 +5,23 @@
   ``ca_cert``, ``ssl_cert``, ``ssl_cert_key``, ``read_timeout``). It contacts nobody when built (review K3), and
   one call is one request that waits at most ``read_timeout`` (no retries underneath, E5).
 * :class:`Retrier` retries only connection failures (refused, reset, timed out, TLS handshake cut, etcd's
-  "unavailable") on a fresh client, for up to ``store_retry_timeout`` seconds, or once when called ``impatient``
-  (the heartbeat thread and the monitor loop, which must never block the agent on a dead store). etcd's answers
-  (compare failed, key or lease not found) are never retried (review K7 a).
+  "unavailable", the NOSPACE alarm, which an operator can clear: one line names it and the fix) on a fresh client,
+  for up to ``store_retry_timeout`` seconds (or a caller's own deadline, a waiting ``get``), or once when called
+  ``impatient`` (the heartbeat thread and the monitor loop, which must never block the agent on a dead store).
+  etcd's answers (compare failed, key or lease not found) are never retried (review K7 a).
 * :class:`EtcdV3Backend` is torch's ``RendezvousBackend`` over one key per run
-  (``/torch/elastic/rendezvous/<run-id>``): ``set_state`` is a transaction comparing the key's ``mod_revision``
-  with the token (``create_revision == 0`` to create it), so at most one of several writers of one state wins.
-  The key holds the state as JSON (rendezvous/state.py) and ``get_state`` hands torch a pickle built here from checked
-  fields, never bytes from the store; a value that does not check out is deleted and reads as no state, like a
-  store that came back empty (the agents then re-form, rendezvous/handler.py). The key lives on a lease of torch's TTL
-  (2 h, ``etcd_rendezvous_backend._DEFAULT_TTL``), renewed while agents write it.
+  (``/torch/elastic/rendezvous/<run-id>``) and one heartbeat key per node
+  (``/torch/elastic/rendezvous-heartbeat/<run-id>/<node>``) on that node's own etcd lease, whose TTL is torch's drop
+  window. The state key holds the *core*: the state with every heartbeat time at :data:`EPOCH`, so a heartbeat does
+  not change it. ``set_state`` of a new core is a transaction comparing the key's ``mod_revision`` with the token
+  (``create_revision == 0`` to create it), so at most one of several writers of one state wins, and requiring the
+  heartbeat key of every node it drops to be gone; ``set_state`` of a newer heartbeat renews the node's lease (no
+  write). ``get_state`` fills the heartbeat times in (a live key: now; a gone one: the epoch) and is one read-only
+  transaction that returns a count while nothing changed. The per-agent requests are :data:`REQUEST_PATTERN`. The
+  core is JSON (rendezvous/state.py) and ``get_state`` hands torch a pickle built here from checked fields, never
+  bytes from the store; a value that does not check out is deleted and reads as no state, like a store that came
+  back empty (the agents then re-form, rendezvous/handler.py). The state key lives on a lease of torch's TTL (2 h,
+  ``etcd_rendezvous_backend._DEFAULT_TTL``), renewed every 5 minutes while agents beat.
 * :class:`EtcdV3Store` is the c10d ``Store`` the handler gives the agents (rank assignment, master address, exit
   barrier). Its keys live under ``/torch/elastic/store/<run-id>/<incarnation>/<round>/``, where the incarnation
   is the state key's ``create_revision``, and on the state key's lease: they go when the state goes (expiry, wipe,
@@ -30,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
+import math
 import os
 import pickle
 import random
@@ -49,6 +57,7 @@ from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
 from . import etcd_client
 from . import state as rdzv_state
+from .cert_check import certificate_problem
 from .etcd_client import EtcdAnswerError, EtcdConnectionError, EtcdV3Client, compare, op_delete, op_put, op_range
 
 KEY_PREFIX = "/torch/elastic/rendezvous"
@@ -65,6 +74,38 @@ COUNTER_MARK = "eks-ddp-counter:"
 """Prefix of a counter value written by :meth:`EtcdV3Store.add` (``<mark><n>;<id>=<result>,...``)."""
 COUNTER_IDS_KEPT = 256
 """Add ids a counter remembers: more than the agents of any job, each of which adds once per barrier."""
+HEARTBEAT_SUFFIX = "-heartbeat"
+"""Heartbeat keys live under ``<key prefix>-heartbeat/<run-id>/<addr>|<pid>|<local id>``."""
+DEFAULT_HEARTBEAT_TTL_S = 15.0
+"""A heartbeat lease's TTL when the handler does not set it: torch's default drop window (5 s x 3)."""
+EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)  # noqa: UP017  (Python 3.10: make test-compat)
+"""The heartbeat time of a node whose key is gone (torch's ``_sanitize`` drops it), and every time in the core."""
+CAS_JITTER_S = 0.05
+"""After a lost compare-and-set an agent waits up to this long (uniformly) before torch's holder tries again."""
+REQUEST_PATTERN = """
+What one agent sends to etcd (the bench's 128- and 1,000-agent simulation follows this table; k = keep_alive_interval,
+N = agents, S = the core's size, ~85 bytes per node + ~140 (eks_ddp.core.rendezvous_store.core_bytes); every request
+one HTTP POST to etcd's JSON gateway). Keys: the core at ``/torch/elastic/rendezvous/<run-id>``; each agent's
+heartbeat at ``/torch/elastic/rendezvous-heartbeat/<run-id>/<addr>|<pid>|<local id>`` (empty value) on its own lease,
+TTL ceil(k x keep_alive_max_attempt) (4 s on the cluster). tests/runtime/test_rendezvous_fleet.py pins the steady
+state: 3 requests per heartbeat, ~630 bytes sent each, no revision, the same at 4 and 12 agents.
+
+| when | request | etcd's WAL | bytes written |
+|---|---|---|---|
+| every k (torch's keep-alive timer), steady state | ``txn`` compare core mod_revision; ranges of the heartbeat prefix: ``count_only``, and keys created since the last read (``limit`` 1); read-only | none | 0 |
+| every k, right after | ``lease/keepalive`` of the agent's heartbeat lease, then the same read-only ``txn`` | none (a renewal is not a raft entry in etcd 3.5) | 0 |
+| every ~0.5 s (the monitor loop, ``num_nodes_waiting``; state cache 0.25 s) | the same read-only ``txn`` | none | 0 |
+| every 300 s | ``lease/keepalive`` of the state key's lease | none | 0 |
+| a heartbeat lease found expired | ``lease/grant`` + ``txn`` put own heartbeat key, read core and heartbeat keys | 2 entries | ~100 |
+| a membership change (join, leave, drop, complete; ~3 per agent per re-form) | ``txn`` compare-and-set of the core (+ ``lease/grant`` on a first join) | 1 entry (also when it loses) | S |
+| a lost compare-and-set | the reply carries the core and heartbeat keys; wait U(0, 50 ms), retry | | |
+| the core or the heartbeat set changed since the last read | one more read: core + heartbeat keys (keys only) | none | 0 (reads S + N x ~60) |
+| per round (c10d store: rank 0's MASTER_ADDR/PORT, ranks, barriers) | 3-5 small puts/txns on the state's lease | 3-5 entries | < 1 KiB |
+
+Steady state: ~5 requests/s per agent (k = 1 s), none of them a write; the store's writes grow only with
+re-forms (each costs O(N) compare-and-sets of O(N) bytes). A dead agent's key goes when its lease expires
+(k x keep_alive_max_attempt after its last renewal): one WAL entry.
+"""
 POLL_FIRST_S, POLL_MAX_S = 0.01, 0.1
 """A store read that waits for keys polls after 10 ms, then twice as long each time, up to every 100 ms."""
 
@@ -104,6 +145,8 @@ def client_settings(params: RendezvousParameters) -> dict[str, Any]:
             if not os.path.isfile(path) or not os.access(path, os.R_OK):
                 raise RendezvousConfigError(f"rdzv-conf {key}: got {path!r}; expected a readable file (is the "
                                             "rendezvous TLS Secret mounted?)")
+        if problem := certificate_problem("ssl_cert", files["ssl_cert"]):
+            raise RendezvousConfigError(problem)
         try:
             ctx = ssl.create_default_context(cafile=files["ca_cert"])
             ctx.load_cert_chain(files["ssl_cert"], files["ssl_cert_key"])
@@ -142,6 +185,23 @@ def is_retryable(exc: BaseException) -> bool:
     return False
 
 
+NO_SPACE_LINE = (
+    "the rendezvous store is full: etcd raised its NOSPACE alarm (\"mvcc: database space exceeded\", "
+    "--quota-backend-bytes reached), so no rendezvous write lands (joins, drops, the c10d store) until space is "
+    "freed; heartbeats and training go on and the workers' commits stay fenced by the lease. Fix: restart the store "
+    "pod (kubectl -n <namespace> delete pod <store>-0: an empty store, which the agents rebuild), or compact, "
+    "defragment and disarm it (etcdctl compact <revision>; etcdctl defrag; etcdctl alarm disarm); then raise the "
+    "store's quota (docs/rendezvous.md \"Store\")")
+"""The one line an agent logs when its store calls start failing on etcd's NOSPACE alarm."""
+NO_SPACE_LOG_EVERY_S = 600.0
+"""...and at most once per this many seconds while the alarm lasts."""
+
+
+def no_space(exc: BaseException) -> bool:
+    """Whether ``exc`` is etcd's answer while its NOSPACE alarm is raised."""
+    return any(isinstance(e, EtcdAnswerError) and etcd_client.NO_SPACE in e.message for e in _chain(exc))
+
+
 class Retrier:
     """Calls ``fn(client)`` until it succeeds, building a fresh client after each connection failure."""
 
@@ -155,6 +215,7 @@ class Retrier:
         """Monotonic time of the first failure of the current outage; None while the store answers."""
         self.last_failure = -1e18
         """Monotonic time of the last failed call."""
+        self.no_space_logged = -1e18
 
     def client(self) -> EtcdV3Client:
         """The current client; a fresh one reads the certificate files again (a rotated Secret is picked up on the
@@ -196,8 +257,11 @@ class Retrier:
         """Seconds the store has been failing continuously (0 while it answers)."""
         return 0.0 if self.failing_since is None else time.monotonic() - self.failing_since
 
-    def __call__(self, what: str, fn: Callable[[EtcdV3Client], T]) -> T:
-        deadline = time.monotonic() + self.timeout_s
+    def __call__(self, what: str, fn: Callable[[EtcdV3Client], T], *, deadline: float | None = None) -> T:
+        """``fn(client)``, retried on connection failures for ``store_retry_timeout`` or until ``deadline``
+        (time.monotonic()) if that comes first: a caller with a wait of its own (a store ``get``) ends with it."""
+        own = time.monotonic() + self.timeout_s
+        deadline = own if deadline is None else min(own, deadline)
         impatient = getattr(self._local, "impatient", False)
         delay, attempt = 0.1, 0
         while True:
@@ -212,6 +276,9 @@ class Retrier:
                 now = self.last_failure = time.monotonic()
                 if self.failing_since is None:
                     self.failing_since = now
+                if no_space(e) and now - self.no_space_logged > NO_SPACE_LOG_EVERY_S:
+                    self.no_space_logged = now
+                    log.error(NO_SPACE_LINE)
                 self._drop(client)
                 if impatient or now + delay > deadline:
                     raise RendezvousConnectionError(f"etcd {what}: the store did not answer ({e})") from e
@@ -223,82 +290,229 @@ class Retrier:
                 delay = min(delay * 2, 1.0)
 
 
+class _Beat:
+    """A heartbeat key this backend keeps alive: its etcd lease and the wall time of the last renewal sent."""
+
+    __slots__ = ("lease", "sent")
+
+    def __init__(self, lease: int, sent: datetime.datetime) -> None:
+        self.lease, self.sent = lease, sent
+
+
+def node_id(node: Any) -> str:
+    """The name of a node's heartbeat key: ``<addr>|<pid>|<local_id>`` (a torch ``_NodeDesc``)."""
+    return f"{node.addr}|{node.pid}|{node.local_id}"
+
+
 class EtcdV3Backend(RendezvousBackend):
-    """torch's rendezvous state in one etcd v3 key per run, as checked JSON, written by compare-and-set on the key's
-    ``mod_revision`` (the token); every call through :class:`Retrier`."""
+    """torch's rendezvous state over etcd v3: the *core* in one key written by compare-and-set on its
+    ``mod_revision`` (the token), each node's heartbeat a key of its own on an etcd lease; every call through
+    :class:`Retrier`. See :data:`REQUEST_PATTERN` for what each agent sends."""
 
     def __init__(self, retry: Retrier, run_id: str, name: str, *, key_prefix: str = KEY_PREFIX,
-                 ttl_s: int = STATE_TTL_S) -> None:
+                 ttl_s: int = STATE_TTL_S, heartbeat_ttl_s: float = DEFAULT_HEARTBEAT_TTL_S) -> None:
         if not run_id:
             raise ValueError("run_id: got ''; expected the rendezvous id")
         self._retry, self._name, self._ttl_s = retry, name, int(ttl_s)
         self.key = f"{key_prefix}/{run_id}".encode()
+        self.heartbeats = f"{key_prefix}{HEARTBEAT_SUFFIX}/{run_id}/".encode()
+        self.heartbeat_ttl_s = heartbeat_ttl_s
         self.incarnation: tuple[int, int] | None = None
         """``(create_revision, lease)`` of the state key as last read or written; (0, 0) when it was absent."""
         self._renewed: tuple[int, float] = (0, -1e18)
+        self._lock = threading.RLock()
+        self._core: bytes | None = None
+        """The core (the state with every heartbeat time at :data:`EPOCH`) as last read or written."""
+        self._rev = 0
+        """Its ``mod_revision`` (0: none known)."""
+        self.live: set[str] = set()
+        """Node ids whose heartbeat key existed at the last read."""
+        self._live_max_create = 0
+        self._mine: dict[str, _Beat] = {}
+        self._reported: dict[Any, datetime.datetime] = {}
+        self.core_writes = 0
+        """Compare-and-sets sent on the core (the bench counts them)."""
 
     @property
     def name(self) -> str:
         return self._name
 
+    @property
+    def heartbeat_ttl(self) -> int:
+        """Whole seconds of a heartbeat lease (etcd's TTLs are integers): never shorter than the drop window."""
+        return max(2, math.ceil(self.heartbeat_ttl_s))
+
     def get_state(self) -> tuple[bytes, Token] | None:
-        return self._retry("get_state", lambda c: self._decoded(c, c.get(self.key)))
+        with self._lock:
+            return self._retry("get_state", self._get)
+
+    def _get(self, c: EtcdV3Client) -> tuple[bytes, Token] | None:
+        if self._core is not None and self._rev:
+            # One read-only transaction: nothing but a count comes back while the core and the set of heartbeat
+            # keys are what this backend last saw (steady state: O(1) bytes, no WAL entry). Same count and no key
+            # created since the last read: the same set (keys only vanish or appear).
+            ok, responses = c.txn([compare(self.key, "MOD", self._rev)],
+                                  [op_range(self.heartbeats, prefix=True, count_only=True),
+                                   op_range(self.heartbeats, prefix=True, keys_only=True, limit=1,
+                                            min_create_revision=self._live_max_create + 1)],
+                                  [op_range(self.key), op_range(self.heartbeats, prefix=True, keys_only=True)])
+            if ok:
+                total = etcd_client.as_int(responses[0].get("count"))
+                created = len(etcd_client.kvs_of(responses[1]))
+                if total == len(self.live) and created == 0:
+                    return self._view(), self._rev
+                _, responses = c.txn([], [op_range(self.key), op_range(self.heartbeats, prefix=True, keys_only=True)])
+        else:
+            _, responses = c.txn([], [op_range(self.key), op_range(self.heartbeats, prefix=True, keys_only=True)])
+        return self._absorb(c, responses[0], responses[1])
+
+    def _absorb(self, c: EtcdV3Client, core_response: dict[str, Any], beats_response: dict[str, Any]
+                ) -> tuple[bytes, Token] | None:
+        """Take a read of the core and of the heartbeat keys (one revision) as what the store holds now."""
+        kvs = etcd_client.kvs_of(core_response)
+        kv = kvs[0] if kvs else None
+        beats = etcd_client.kvs_of(beats_response)
+        self.live = {b.key[len(self.heartbeats):].decode(errors="replace") for b in beats}
+        self._live_max_create = max((b.create_revision for b in beats), default=0)
+        if kv is None:
+            self._core, self._rev, self.incarnation = None, 0, (0, 0)
+            return None
+        try:
+            rdzv_state.from_json(kv.value)
+        except rdzv_state.StateError as e:
+            self._core, self._rev = None, 0
+            self._heal(c, kv, e)
+            return None
+        self._core, self._rev = kv.value, kv.mod_revision
+        self.incarnation = (kv.create_revision, kv.lease)
+        return self._view(), self._rev
+
+    def _view(self) -> bytes:
+        """The state torch's holder reads: the core with each node's heartbeat time filled in (its own nodes:
+        when their last renewal was sent; others: now when their key exists, :data:`EPOCH` when it is gone, so
+        torch's ``_sanitize`` drops exactly the nodes whose lease expired)."""
+        assert self._core is not None
+        state = rdzv_state.from_json(self._core)
+        now = datetime.datetime.now(datetime.timezone.utc)  # noqa: UP017  (Python 3.10: make test-compat)
+        for node in list(state.last_heartbeats):
+            nid = node_id(node)
+            mine = self._mine.get(nid)
+            state.last_heartbeats[node] = mine.sent if mine is not None else now if nid in self.live else EPOCH
+        self._reported = dict(state.last_heartbeats)
+        return pickle.dumps(state)
 
     def set_state(self, state: bytes, token: Token | None = None) -> tuple[bytes, Token, bool] | None:
-        value, bits = rdzv_state.encode(rdzv_state.state_from_pickle(state))
-        # A compare-and-set whose reply was lost is retried with the same token: it then fails the comparison and
-        # returns the current state, which the handler re-reads; no update is applied twice.
-        result = self._retry("set_state", lambda c: self._set(c, value, bits, token))
+        new = rdzv_state.state_from_pickle(state)
+        with self._lock:
+            # A compare-and-set whose reply was lost is retried with the same token: it then fails the comparison
+            # and returns the current state, which the handler re-reads; no update is applied twice.
+            result = self._retry("set_state", lambda c: self._set(c, new, token))
         if result is not None and result[2]:
             self._renew()
         return result
 
-    def _set(self, c: EtcdV3Client, value: bytes, bits: bytes, token: Token | None):
-        if token is None or token == ABSENT:
-            lease = c.lease_grant(self._ttl_s)
-            ok, responses = c.txn([compare(self.key, "CREATE", 0)], [op_put(self.key, value, lease=lease),
-                                                                     op_range(self.key)], [op_range(self.key)])
-            if not ok:
-                with contextlib.suppress(etcd_client.EtcdError):
-                    c.lease_revoke(lease)
-        else:
-            revision = token if type(token) is int and token > 0 else None
-            if revision is None:  # not a token of this backend: not current
-                return self._current(c, c.get(self.key))
-            # The key keeps its lease (ignore_lease); the compare fails if it vanished meanwhile.
-            ok, responses = c.txn([compare(self.key, "MOD", revision)],
-                                  [op_put(self.key, value, ignore_lease=True), op_range(self.key)],
-                                  [op_range(self.key)])
-        kvs = etcd_client.kvs_of(responses[-1]) if responses else []
-        kv = kvs[0] if kvs else None
-        if not ok:
-            return self._current(c, kv)
-        if kv is None:  # the put applied and the key is gone within the same transaction: impossible
-            raise etcd_client.EtcdError("etcd txn: the state key written is not there")
-        self.incarnation = (kv.create_revision, kv.lease)
-        return bits, kv.mod_revision, True
+    def _set(self, c: EtcdV3Client, new: Any, token: Token | None):
+        times = dict(new.last_heartbeats)
+        # A heartbeat is this backend's to write when its time grew since the last read and the node is one of its
+        # own, or new to the state (torch adds only its own node). A peer's time from an older read (a holder that
+        # synced before the peer's key went) is never taken for a heartbeat: that would bring the peer back.
+        known = {node_id(n) for n in rdzv_state.from_json(self._core).last_heartbeats} if self._core else set()
+        beats = [n for n, t in times.items() if (n not in self._reported or t > self._reported[n])
+                 and (node_id(n) in self._mine or node_id(n) not in known)]
+        for node in new.last_heartbeats:
+            new.last_heartbeats[node] = EPOCH
+        core = rdzv_state.to_json(new)
+        current = type(token) is int and token > 0 and token == self._rev and self._core is not None
+        if current and core == self._core:
+            # Only heartbeats changed: renew their leases (no write to the core, no WAL entry in etcd).
+            for node in beats:
+                self._beat(c, node)
+            got = self._get(c)  # the read-only check: the core may have moved or vanished meanwhile
+            if got is None:
+                return self._current()
+            return got[0], got[1], got[1] == token
+        return self._cas(c, new, core, token, beats)
 
-    def _current(self, c: EtcdV3Client, kv: etcd_client.KeyValue | None):
+    def _beat(self, c: EtcdV3Client, node: Any) -> None:
+        nid = node_id(node)
+        sent = datetime.datetime.now(datetime.timezone.utc)  # noqa: UP017
+        mine = self._mine.get(nid)
+        if mine is not None:
+            try:
+                alive = c.lease_keepalive(mine.lease) > 0
+            except EtcdAnswerError as e:
+                if e.code != 5:  # NOT_FOUND: expired; anything else is an answer to pass on
+                    raise
+                alive = False
+            if alive:
+                mine.sent = sent  # the lease never lapsed: the key stayed, so no peer can have dropped this node
+                return
+            del self._mine[nid]
+        # No live lease (first beat, or it expired while this agent could not reach the store): a new one, with
+        # the core read in the same transaction, so what this agent learns of its membership postdates the key.
+        lease = c.lease_grant(self.heartbeat_ttl)
+        _, responses = c.txn([], [op_put(self.heartbeats + nid.encode(), b"", lease=lease), op_range(self.key),
+                                  op_range(self.heartbeats, prefix=True, keys_only=True)])
+        self._mine[nid] = _Beat(lease, sent)
+        self._absorb(c, responses[1], responses[2])
+
+    def _cas(self, c: EtcdV3Client, new: Any, core: bytes, token: Token | None, beats: list[Any]):
+        revision = token if type(token) is int and token > 0 else None
+        if token is not None and token != ABSENT and revision is None:  # not a token of this backend: not current
+            self._get(c)
+            return self._current()
+        nids = {node_id(n) for n in new.last_heartbeats}
+        old = rdzv_state.from_json(self._core) if self._core is not None and revision == self._rev else None
+        beat_ids = {node_id(n) for n in beats}
+        # A node dropped by another agent is dropped only while its heartbeat key is still gone: a node that
+        # renewed meanwhile (its key is back) fails the transaction and stays (docs/rendezvous.md).
+        dropped = [] if old is None else sorted({node_id(n) for n in old.last_heartbeats} - nids - beat_ids
+                                                - set(self._mine))
+        compares = [compare(self.heartbeats + d.encode(), "CREATE", 0) for d in dropped]
+        fresh = {nid: c.lease_grant(self.heartbeat_ttl) for nid in sorted(beat_ids) if nid not in self._mine}
+        sent = datetime.datetime.now(datetime.timezone.utc)  # noqa: UP017
+        puts = [op_put(self.heartbeats + nid.encode(), b"", lease=lease) for nid, lease in fresh.items()]
+        reads = [op_range(self.key), op_range(self.heartbeats, prefix=True, keys_only=True)]
+        state_lease = 0
+        if revision is None:
+            state_lease = c.lease_grant(self._ttl_s)
+            compares.insert(0, compare(self.key, "CREATE", 0))
+            put = op_put(self.key, core, lease=state_lease)
+        else:
+            # The key keeps its lease (ignore_lease); the compare fails if it vanished meanwhile.
+            compares.insert(0, compare(self.key, "MOD", revision))
+            put = op_put(self.key, core, ignore_lease=True)
+        self.core_writes += 1
+        ok, responses = c.txn(compares, [put, *puts, *reads], reads)
+        if not ok:
+            for lease in [*fresh.values(), state_lease]:
+                if lease:
+                    with contextlib.suppress(etcd_client.EtcdError):
+                        c.lease_revoke(lease)
+            self._absorb(c, responses[0], responses[1])
+            # Back off a moment when many agents race for the one key (a re-forming fleet): each failed attempt
+            # costs every agent a read, and the store a WAL entry.
+            time.sleep(random.uniform(0, CAS_JITTER_S))
+            return self._current()
+        for nid, lease in fresh.items():
+            self._mine[nid] = _Beat(lease, sent)
+        kvs = etcd_client.kvs_of(responses[-2])
+        if not kvs:  # the put applied and the key is gone within the same transaction: impossible
+            raise etcd_client.EtcdError("etcd txn: the state key written is not there")
+        self._absorb(c, responses[-2], responses[-1])
+        for node in beats:
+            if node_id(node) not in fresh:
+                self._beat(c, node)
+        return self._view(), self._rev, True
+
+    def _current(self):
         """Not set: the state the store holds now. No key (it vanished under the compare-and-set: the store came back
         empty, or a bad value was deleted) is answered as the empty state with the token :data:`ABSENT`, not None:
         on None torch's holder keeps its own state (dynamic_rendezvous.py ``sync``) and its next write would create
         the key with that stale world."""
-        found = self._decoded(c, kv)
-        if found is None:
+        if self._core is None:
             return pickle.dumps(_RendezvousState()), ABSENT, False
-        return (*found, False)
-
-    def _decoded(self, c: EtcdV3Client, kv: etcd_client.KeyValue | None) -> tuple[bytes, Token] | None:
-        if kv is None:
-            self.incarnation = (0, 0)
-            return None
-        try:
-            bits = rdzv_state.decode(kv.value)
-        except rdzv_state.StateError as e:
-            self._heal(c, kv, e)
-            return None
-        self.incarnation = (kv.create_revision, kv.lease)
-        return bits, kv.mod_revision
+        return self._view(), self._rev, False
 
     def _heal(self, c: EtcdV3Client, kv: etcd_client.KeyValue, why: Exception) -> None:
         """A value that is not a state this backend writes: delete it (if nobody changed it meanwhile) and its
@@ -311,7 +525,7 @@ class EtcdV3Backend(RendezvousBackend):
         self.incarnation = (0, 0)
 
     def _renew(self) -> None:
-        """Renew the state's lease when due (best effort: one try; the next write tries again)."""
+        """Renew the state's lease when due (best effort: one try; the next write or heartbeat tries again)."""
         if self.incarnation is None or not self.incarnation[1]:
             return
         lease = self.incarnation[1]
@@ -325,12 +539,12 @@ class EtcdV3Backend(RendezvousBackend):
         except (RendezvousConnectionError, etcd_client.EtcdError) as e:
             log.debug("renewing the rendezvous state's lease failed (%s); the next write tries again", e)
 
-    def refresh_incarnation(self) -> tuple[int, int]:
+    def refresh_incarnation(self, deadline: float | None = None) -> tuple[int, int]:
         """Read the state key's ``(create_revision, lease)`` now (the store's keys live under and on them)."""
         def read(c: EtcdV3Client) -> tuple[int, int]:
             kv = c.get(self.key)
             return (0, 0) if kv is None else (kv.create_revision, kv.lease)
-        self.incarnation = self._retry("get_state", read)
+        self.incarnation = self._retry("get_state", read, deadline=deadline)
         return self.incarnation
 
 
@@ -370,8 +584,8 @@ class EtcdV3Store(Store):
 
     # -- keys ---------------------------------------------------------------------------------------------------
 
-    def _incarnation(self) -> tuple[int, int]:
-        return self._backend.incarnation or self._backend.refresh_incarnation()
+    def _incarnation(self, deadline: float | None = None) -> tuple[int, int]:
+        return self._backend.incarnation or self._backend.refresh_incarnation(deadline)
 
     def _path(self, key: str, incarnation: int) -> tuple[bytes, int | None]:
         """The etcd key of a store key, and its round (None: not a round's key)."""
@@ -446,8 +660,11 @@ class EtcdV3Store(Store):
         deadline = time.monotonic() + wait_s
         delay = POLL_FIRST_S
         while True:
-            paths = [self.key_of(k) for k in keys]
-            kvs = self._retry("store.get", lambda c, paths=paths: c.get_many(paths))  # type: ignore[misc]
+            # Every request of the wait, retries of connection failures included, ends by the wait's deadline
+            # (plus one read_timeout): a get never outlasts its timeout by store_retry_timeout.
+            paths = [self._path(k, self._incarnation(deadline)[0])[0] for k in keys]
+            kvs = self._retry("store.get", lambda c, paths=paths: c.get_many(paths),  # type: ignore[misc]
+                              deadline=deadline)
             found = [kv for kv in kvs if kv is not None]
             if len(found) == len(kvs):
                 return [self._value(kv.value) for kv in found]

@@ -17,7 +17,7 @@ is the caller's job (rendezvous/etcd_backend.py ``Retrier``).
 TLS: the caller passes an ``ssl.SSLContext`` holding the store's CA and the client certificate. With
 ``--client-cert-auth`` etcd's gateway dials etcd's own gRPC port with the *server* certificate as its client
 certificate (etcd server/embed/serve.go, ``serveCtx.serve``: ``dtls := tlscfg.Clone()``; etcd-io/etcd#16590), so
-the server certificate must allow client authentication too (components/eks_ddp/workloads/etcd_tls.py, training/eks_ddp_local/etcd.py).
+the server certificate must allow client authentication too (components/eks_ddp/workloads/etcd_tls.py, training/eks_ddp_local/etcd_server.py).
 """
 
 from __future__ import annotations
@@ -32,9 +32,13 @@ from typing import Any
 
 MAX_RESPONSE_BYTES = 16 << 20
 """A response larger than this is refused (etcd's own request limit is 1.5 MiB by default)."""
-RETRYABLE_CODES = frozenset({4, 14})
-"""gRPC codes that mean "the store could not answer now": DEADLINE_EXCEEDED, UNAVAILABLE (no leader, leader
-changed, request timed out: etcd-io/etcd api/v3rpc/rpctypes ``ErrGRPCNoLeader``, ``ErrGRPCTimeout``...)."""
+RETRYABLE_CODES = frozenset({4, 8, 14})
+"""gRPC codes that mean "the store could not answer now": DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED (the NOSPACE
+alarm, ``ErrGRPCNoSpace`` "etcdserver: mvcc: database space exceeded": writes are refused until an operator frees
+space and disarms it, after which a retry succeeds), UNAVAILABLE (no leader, leader changed, request timed out:
+etcd-io/etcd api/v3rpc/rpctypes ``ErrGRPCNoLeader``, ``ErrGRPCTimeout``...)."""
+NO_SPACE = "database space exceeded"
+"""etcd's answer while its NOSPACE alarm is raised (api/v3rpc/rpctypes ``ErrGRPCNoSpace``)."""
 LEASE_NOT_FOUND = "requested lease not found"
 
 
@@ -117,12 +121,22 @@ def kvs_of(response: dict[str, Any]) -> list[KeyValue]:
     return [KeyValue(kv) for kv in raw]
 
 
-def op_range(key: bytes, *, prefix: bool = False, keys_only: bool = False) -> dict[str, Any]:
+def op_range(key: bytes, *, prefix: bool = False, keys_only: bool = False, count_only: bool = False,
+             min_create_revision: int = 0, limit: int = 0) -> dict[str, Any]:
+    """A ``RangeRequest``; ``count_only`` answers ``count`` alone (no keys; filters do not change the count),
+    ``min_create_revision`` keeps only keys created at or after that revision, applied before ``limit`` (rpc.proto
+    ``RangeRequest``; etcd server/etcdserver/txn ``executeRange`` fetches the whole range when a filter is set)."""
     body: dict[str, Any] = {"key": b64(key)}
     if prefix:
         body["range_end"] = b64(prefix_end(key))
     if keys_only:
         body["keys_only"] = True
+    if count_only:
+        body["count_only"] = True
+    if min_create_revision:
+        body["min_create_revision"] = str(int(min_create_revision))
+    if limit:
+        body["limit"] = str(int(limit))
     return {"request_range": body}
 
 

@@ -36,6 +36,15 @@ itself included. Two rules fix this:
    long first-round wait (``first_round_timeout``, for image pulls) applies only to an agent that never
    completed a round, so survivors re-form with the short ``last_call_timeout``.
 
+**Heartbeats cost the store no write** (etcd_backend.py, its ``REQUEST_PATTERN`` table). torch writes every
+agent's heartbeat into the one state every ``keep_alive_interval``: N writes per second of a value that holds N
+agents, O(N^2) bytes for the store and compare-and-set contention on one key. Here each agent's heartbeat is a key
+of its own on an etcd lease whose TTL is the drop window (``keep_alive_interval * keep_alive_max_attempt``); a
+heartbeat renews the lease (no raft entry, nothing written), and the state key holds only the *core* (the state
+with its heartbeat times at the epoch), written on membership changes only. torch's holder sees each node's time
+as: its own, when its last renewal was sent; a peer's, now while its key exists and the epoch once it is gone, so
+torch's ``_sanitize`` drops exactly the nodes whose lease expired.
+
 **Why no interleaving leaves two worlds training.** A world exists only while its round is the
 ``complete`` round in the one state key; every change goes through compare-and-set on that key, so
 all agents see one sequence of rounds. Workers of an agent run only for the round it joined. Take any
@@ -49,12 +58,19 @@ round with C (torch's own scale-up path). The one case left to torch is a node c
 but not from its peers for longer than the expiry window: the others drop it (as torch does), and it
 rejoins the moment it reaches the store again. Meanwhile its workers may go on training, a second world,
 but they commit nothing: every state synced here renews or withdraws the agent's lease (fence.py), which
-ends before any peer can drop the node, and the workers check it before each commit.
+ends before any peer can drop the node, and the workers check it before each commit. A peer drops a node only by a
+compare-and-set that also requires the node's heartbeat key to be absent, and that key lives at least the drop
+window after the node's last successful renewal was sent (etcd 3.5 refuses to renew a lease that expired:
+``lessor.Renew`` answers "lease not found" once it is revoked), so the lease the agent gives its workers, that
+send time plus the window less one interval, ends before any drop can land, whatever the node clocks say.
 
 **The store is authenticated, and what it holds is data.** The client speaks HTTPS with a client certificate,
-and the server (components/eks_ddp/workloads/etcd.py, training/eks_ddp_local/etcd.py) requires one (``--client-cert-auth``). The state is
+and the server (components/eks_ddp/workloads/etcd.py, training/eks_ddp_local/etcd_server.py) requires one (``--client-cert-auth``). The state is
 stored as JSON and checked field by field before torch's state holder sees it (rendezvous/state.py): torch unpickles
 only bytes this agent pickled, so a writer of the key can disturb the rendezvous but never run code in an agent.
+
+**Re-forming converges** (``_ConvergingOpExecutor``): every arrival after ``min_nodes`` re-opens the last call, so
+agents arriving within ``last_call_timeout`` of one another form one round instead of a small world and a restart.
 
 **Rounds form in a fraction of a second.** torch's op executor reads the state once a second while a round
 forms (``_delay(seconds=1)`` on ``SYNC``, behind a 1 s state cache), so every restart waited up to a second
@@ -70,7 +86,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from torch.distributed.elastic.rendezvous import RendezvousParameters
@@ -81,6 +97,7 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     DynamicRendezvousHandler,
     RendezvousTimeout,
     _BackendRendezvousStateHolder,
+    _DistributedRendezvousOpExecutor,
     create_handler,
 )
 
@@ -127,6 +144,29 @@ class _HealingStateHolder(_BackendRendezvousStateHolder):
         super()._sanitize()
 
 
+class _ConvergingOpExecutor(_DistributedRendezvousOpExecutor):
+    """torch's op executor whose last call re-opens at each arrival (outside the first round).
+
+    torch sets a forming round's deadline once, ``last_call_timeout`` after ``min_nodes`` have joined: with a low
+    minimum, a round closes with whoever arrived within that time, and every straggler then restarts the group
+    into the next round (seen: 236 s of worlds of 3-5 agents for one lost agent of 12 on a loaded machine). Here
+    every arrival after the minimum moves the deadline to ``last_call_timeout`` after it, so agents that arrive
+    within ``last_call_timeout`` of one another form one round. The wait is bounded: at most
+    ``(max_nodes - min_nodes) * last_call_timeout`` beyond torch's, and a round with ``max_nodes`` completes at once.
+    The first round keeps torch's rule (it waits ``first_round_timeout`` for all ``max_nodes``).
+    """
+
+    converge = False
+    """Set by the handler for every round but a first one."""
+
+    def _add_to_participants(self) -> None:
+        super()._add_to_participants()
+        state, s = self._state, self._settings
+        if self.converge and not state.complete and state.deadline is not None and \
+                len(state.participants) > s.min_nodes:
+            state.deadline = max(state.deadline, datetime.now(timezone.utc) + s.timeout.last_call)  # noqa: UP017
+
+
 class ElasticHandler(DynamicRendezvousHandler):
     """DynamicRendezvousHandler that heals after store loss, rides out outages and keeps the run open."""
 
@@ -143,10 +183,12 @@ class ElasticHandler(DynamicRendezvousHandler):
             state = self._state_holder.state
         executor = self._op_executor
         short = executor._settings
-        if not self.joined and state.round == 0 and not state.complete and not state.closed:
+        first = not self.joined and state.round == 0 and not state.complete and not state.closed
+        if first:
             t = short.timeout
             long = RendezvousTimeout(t.join, timedelta(seconds=self.first_round_s), t.close, t.heartbeat)
             executor._settings = dataclasses.replace(short, timeout=long)
+        executor.converge = not first  # a _ConvergingOpExecutor (_create)
         lease = self._state_holder.lease
         if lease is not None:
             lease.leaving()  # this node's workers are stopped: nothing of the last round commits any more
@@ -211,17 +253,21 @@ def _create(params: RendezvousParameters, *, key_prefix: str = KEY_PREFIX, store
     compat.require(handler, "_state_holder", "_op_executor", "_heartbeat_lock", "_this_node", "_stop_heartbeats",
                    "_keep_alive", "_settings")
     compat.require(handler._state_holder, "_sanitize", "_settings", "_dead_nodes", "_cache_duration")
-    compat.require(handler._op_executor, "_settings")
+    compat.require(handler._op_executor, "_settings", "_add_to_participants")
     # Same object layouts; only the overridden methods differ.
     handler.__class__ = ElasticHandler
     handler._state_holder.__class__ = _HealingStateHolder
     handler._state_holder.retry = retry
+    handler._op_executor.__class__ = _ConvergingOpExecutor
     lease = fence.agent_lease()
     if lease is not None:  # the launcher publishes a lease to its workers: valid for the drop window less one beat
         s = handler._settings
         lease.configure((s.keep_alive_interval * s.keep_alive_max_attempt).total_seconds(),
                         s.keep_alive_interval.total_seconds())
         handler._state_holder.lease, handler._state_holder.node = lease, handler._this_node
+    s = handler._settings
+    # A node's heartbeat key lives as long as torch's drop window after its last renewal (etcd_backend.py).
+    backend.heartbeat_ttl_s = (s.keep_alive_interval * s.keep_alive_max_attempt).total_seconds()
     handler.retry = retry
     handler.first_round_s = first_round_s
     handler._state_holder._cache_duration = SYNC_POLL_S

@@ -8,6 +8,7 @@ exit-code contract, an etcd rendezvous that survives etcd restarting). Pure Pyth
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from eks_ddp_runtime.contract import DATA_SUBDIR, RUNS_SUBDIR, SHARED_ROOT  # noqa: F401 (API: the shared volume's paths)
@@ -17,7 +18,11 @@ LAUNCHER_MODULE = "eks_ddp_runtime.launch"
 """The agent: torchrun with the Job's exit-code contract and the store-tolerant rendezvous (training/runtime/eks_ddp_runtime/launch.py,
 installed as ``eks_ddp_runtime``)."""
 ETCD_BACKEND = "eks-etcd"
-"""``etcd-v2`` as agents run it: torch's etcd-v2 rendezvous with retries (training/runtime/eks_ddp_runtime/rendezvous/handler.py)."""
+"""The launcher's name of the etcd rendezvous: torch's dynamic rendezvous on an etcd v3 store, registered by
+training/runtime/eks_ddp_runtime/rendezvous/handler.py (``BACKEND``)."""
+LAUNCHER_BACKENDS = {"etcd": ETCD_BACKEND, "etcd-v2": ETCD_BACKEND, ETCD_BACKEND: ETCD_BACKEND, "c10d": "c10d"}
+"""A run's ``rdzvBackend`` as the launcher's ``--rdzv-backend``: ``etcd`` is the v3 store (``etcd-v2``, its old
+name, for one release); torch's own ``etcd``/``etcd-v2`` backends are never rendered."""
 TRAIN_MODULE = "eks_ddp_trainer.train"
 """The trainer, run by torchrun as ``-m eks_ddp_trainer.train`` from the image's WORKDIR."""
 
@@ -58,7 +63,7 @@ class RdzvTimeouts:
 
 @dataclass(frozen=True, kw_only=True)
 class RdzvTls:
-    """Files of the agents' rendezvous client over HTTPS: etcd requires a client certificate (review S1)."""
+    """Files of the agents' rendezvous client over HTTPS: etcd requires a client certificate."""
 
     ca_cert: str
     """PEM of the CA that signed the store's server certificate (and the client's)."""
@@ -76,7 +81,7 @@ class RdzvTls:
     @classmethod
     def of(cls, files: object) -> RdzvTls:
         """A local store's client files: anything with ``ca_cert``, ``client_cert`` and ``client_key`` paths
-        (``training/eks_ddp_local/etcd.py``'s ``TlsFiles``, which the local runner, the tests and the GPU check use)."""
+        (``training/eks_ddp_local/etcd_server.py``'s ``TlsFiles``, which the local runner, the tests and the GPU check use)."""
         return cls(ca_cert=str(files.ca_cert), cert=str(files.client_cert),  # type: ignore[attr-defined]
                    key=str(files.client_key))  # type: ignore[attr-defined]
 
@@ -90,7 +95,23 @@ RDZV_TLS_DIR = "/etc/eks-ddp/rdzv-tls"
 CLUSTER_TLS = RdzvTls.under(RDZV_TLS_DIR)
 
 CLUSTER_TIMEOUTS = RdzvTimeouts()
-"""What the EKS training Job runs, and what tests/runtime/test_resilience.py and bench/recovery.py measure."""
+"""What the EKS training Job runs at up to 8 nodes, and what tests/runtime/test_resilience.py and bench/recovery.py
+measure."""
+
+
+def cluster_timeouts(nodes: int) -> RdzvTimeouts:
+    """The Job's rendezvous timing for ``nodes`` agents: :data:`CLUSTER_TIMEOUTS` with a last call that grows with
+    the fleet (1 s up to 8 nodes, 2 s up to 32, 3 s beyond).
+
+    Every arrival re-opens the last call (training/runtime/eks_ddp_runtime/rendezvous/handler.py), so agents that
+    arrive within ``last_call`` of one another form one round; what must fit is the largest gap between consecutive
+    arrivals, not the whole spread. More pods restarting on more nodes (different teardown and start times, a slow
+    node's CUDA context) widen the largest gap; a longer last call costs only a lost node's re-form, once (a worker
+    crash brings every agent back at once, and a round of ``max_nodes`` completes at once). Detection
+    (keep-alive 1 s x 4) stays: a heartbeat is a lease renewal, which costs the store no write at any N."""
+    if nodes < 1:
+        raise ValueError(f"nodes: got {nodes}; expected >= 1")
+    return CLUSTER_TIMEOUTS if nodes <= 8 else dataclasses.replace(CLUSTER_TIMEOUTS, last_call=2 if nodes <= 32 else 3)
 LOCAL_TIMEOUTS = RdzvTimeouts(join=120, last_call=1, first_round=30, close=10)
 """The local runner: the cluster's detection timings, shorter waits for agents that never come."""
 
@@ -116,7 +137,7 @@ class AgentOptions:
     timeouts: RdzvTimeouts = CLUSTER_TIMEOUTS
     monitor_interval: float = 0.5
     tls: RdzvTls | None = CLUSTER_TLS
-    """Client files for the etcd rendezvous (required with etcd-v2; unused by c10d)."""
+    """Client files for the etcd rendezvous (required with etcd; unused by c10d)."""
 
 
 def torchrun_args(a: AgentOptions) -> list[str]:
@@ -125,7 +146,10 @@ def torchrun_args(a: AgentOptions) -> list[str]:
         raise ValueError(f"nnodes: got {a.min_nodes}:{a.max_nodes}; expected 1 <= min <= max")
     if a.nproc_per_node < 1:
         raise ValueError(f"nproc_per_node: got {a.nproc_per_node}; expected >= 1")
-    etcd = a.rdzv_backend in ("etcd-v2", ETCD_BACKEND)
+    if a.rdzv_backend not in LAUNCHER_BACKENDS:
+        raise ValueError(f"rdzv_backend: got {a.rdzv_backend!r}; expected 'etcd' or 'c10d'")
+    backend = LAUNCHER_BACKENDS[a.rdzv_backend]
+    etcd = backend == ETCD_BACKEND
     if etcd and a.tls is None:
         raise ValueError("tls: got None; expected the rendezvous client's RdzvTls (the etcd store requires a "
                          "client certificate)")
@@ -136,7 +160,7 @@ def torchrun_args(a: AgentOptions) -> list[str]:
     out = [
         f"--nnodes={a.min_nodes}:{a.max_nodes}",
         f"--nproc-per-node={a.nproc_per_node}",
-        f"--rdzv-backend={ETCD_BACKEND if a.rdzv_backend == 'etcd-v2' else a.rdzv_backend}",
+        f"--rdzv-backend={backend}",
         f"--rdzv-endpoint={a.rdzv_endpoint}",
         f"--rdzv-id={a.rdzv_id}",
         f"--rdzv-conf={conf}",

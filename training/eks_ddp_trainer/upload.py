@@ -9,7 +9,7 @@ installed; ``eks_ddp_local.fetch_results`` draws it anyway) and ``model.pt``.
 A failed upload never fails a finished run (the results are still on the shared volume): it is
 logged loudly, one line per file, with the fix, and written to ``<run dir>/results-upload-failed``
 (the shared volume outlives the pods and their logs); a later complete upload removes that file.
-``python -m eks_ddp_trainer.results [RUN_DIR]`` uploads again from any pod that mounts the run's directory
+``python -m eks_ddp_trainer.upload [RUN_DIR]`` uploads again from any pod that mounts the run's directory
 with the trainer's environment, and exits 1 while anything failed to upload.
 """
 
@@ -108,7 +108,7 @@ def _mark(run_dir: Path, url: str, failures: list[str]) -> None:
                        + "".join(f"{f}\n" for f in failures)
                        + "fix: the trainer role's s3:PutObject on the prefix and, for an SSE-KMS bucket, "
                          "kms:GenerateDataKey on its key (storage.resultsKmsKeyArn); then "
-                         "python -m eks_ddp_trainer.results <run dir> uploads again\n")
+                         "python -m eks_ddp_trainer.upload <run dir> uploads again\n")
         os.replace(tmp, marker)
         print(f"[results] wrote {marker}", file=sys.stderr, flush=True)
     except OSError as err:
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     when nothing failed, 1 when an upload failed (``results-upload-failed`` says what), 2 on usage errors."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m eks_ddp_trainer.results", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m eks_ddp_trainer.upload", description=main.__doc__)
     parser.add_argument("run_dir", nargs="?", default=os.environ.get("EKS_DDP_RUN_DIR"),
                         help="the run's directory (default: $EKS_DDP_RUN_DIR)")
     args = parser.parse_args(argv)

@@ -1,0 +1,253 @@
+"""The rendezvous backend at fleet size, pinned small: per-agent store writes that do not grow with N, heartbeats as
+keys on leases, and a drop that only lands while the dropped node's key is gone (docs/rendezvous.md "Why two worlds
+never both commit"). Large N and timings go to the bench (bench/), not here."""
+
+from __future__ import annotations
+
+import pickle
+import time
+import uuid
+from datetime import datetime, timezone
+
+import pytest
+from torch.distributed.elastic.rendezvous import RendezvousParameters
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc, _RendezvousState
+
+from eks_ddp_runtime.rendezvous import handler as handler_module
+from eks_ddp_runtime.rendezvous import handler as rendezvous
+from eks_ddp_runtime.rendezvous.etcd_backend import EPOCH, EtcdV3Backend, Retrier, node_id
+from eks_ddp_runtime.rendezvous.etcd_client import EtcdV3Client
+from tests.support.etcd_server import client_tls, etcd_endpoint  # noqa: F401  (pytest fixture)
+
+pytestmark = pytest.mark.slow
+
+WRITES = ("kv/put", "kv/deleterange", "lease/grant", "lease/revoke")
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)  # noqa: UP017  (Python 3.10: make test-compat)
+
+
+def _backend(etcd, run_id: str, ttl_s: float = 30.0) -> EtcdV3Backend:
+    tls = client_tls(etcd)
+    params = RendezvousParameters(backend=rendezvous.BACKEND, endpoint=str(etcd), run_id=run_id, min_nodes=1,
+                                  max_nodes=64, protocol="https", ca_cert=tls.ca_cert, ssl_cert=tls.cert,
+                                  ssl_cert_key=tls.key, read_timeout="5")
+    return EtcdV3Backend(Retrier(params, 10.0), run_id, rendezvous.BACKEND, heartbeat_ttl_s=ttl_s)
+
+
+def _client(etcd) -> EtcdV3Client:
+    host, port = str(etcd).split(":")
+    return EtcdV3Client(host, int(port), read_timeout=5, context=etcd.tls.client_context())
+
+
+def _revision(etcd) -> int:
+    return int(_client(etcd).call("kv/range", {"key": "AA=="})["header"]["revision"])
+
+
+def _update(backend: EtcdV3Backend, change) -> _RendezvousState:
+    """What torch's state holder does: read, change, compare-and-set, again until it lands."""
+    for _ in range(100):
+        got = backend.get_state()
+        state, token = (pickle.loads(got[0]), got[1]) if got else (_RendezvousState(), None)
+        change(state)
+        bits, _, ok = backend.set_state(pickle.dumps(state), token)
+        if ok:
+            return pickle.loads(bits)
+    raise AssertionError("no compare-and-set landed in 100 tries")
+
+
+def _world(etcd, n: int) -> tuple[list[EtcdV3Backend], list[_NodeDesc]]:
+    """``n`` agents (one backend each, as on n nodes) that joined one round and completed it."""
+    run_id = f"fleet-{uuid.uuid4().hex[:10]}"
+    backends = [_backend(etcd, run_id) for _ in range(n)]
+    nodes = [_NodeDesc(f"10.0.{i // 250}.{i % 250 + 1}", 1000 + i, 0) for i in range(n)]
+
+    def join(node):
+        def change(s):
+            s.participants[node] = 0
+            s.last_heartbeats[node] = _now()
+            if len(s.participants) == n:
+                s.complete = True
+                for rank, p in enumerate(sorted(s.participants)):
+                    s.participants[p] = rank
+        return change
+
+    for backend, node in zip(backends, nodes, strict=True):
+        _update(backend, join(node))
+    return backends, nodes
+
+
+class _Recorder:
+    """Every request one agent's client sends: (path, body bytes)."""
+
+    def __init__(self, monkeypatch, backend: EtcdV3Backend) -> None:
+        self.calls: list[tuple[str, int, bool]] = []
+        client = backend._retry.client()
+        real = client.call
+
+        def call(path, body):
+            import json
+
+            size = len(json.dumps(body))
+            writes = path in WRITES or (path == "kv/txn" and any(
+                "request_put" in op or "request_delete_range" in op
+                for op in [*body.get("success", []), *body.get("failure", [])]))
+            self.calls.append((path, size, writes))
+            return real(path, body)
+        monkeypatch.setattr(client, "call", call)
+
+
+def _beats(backend: EtcdV3Backend, node: _NodeDesc, count: int) -> None:
+    """torch's keep-alive op, ``count`` times: sync, set this node's heartbeat, write."""
+    for _ in range(count):
+        got = backend.get_state()
+        assert got is not None
+        state = pickle.loads(got[0])
+        assert state.last_heartbeats[node] > EPOCH
+        state.last_heartbeats[node] = _now()
+        _, _, ok = backend.set_state(pickle.dumps(state), got[1])
+        assert ok
+
+
+def test_an_agents_store_writes_per_heartbeat_do_not_grow_with_the_number_of_agents(etcd_endpoint, monkeypatch):  # noqa: F811
+    """Each heartbeat rewrote the shared state, which holds every agent: one etcd revision and O(N) bytes per agent
+    per second, O(N^2) for the store (issue: WAL bytes x4 for x2 agents). Now a heartbeat renews the agent's lease:
+    no revision at all, and the same requests of the same size at N=4 and N=12."""
+    per_n = {}
+    for n in (4, 12):
+        backends, nodes = _world(etcd_endpoint, n)
+        _beats(backends[0], nodes[0], 1)  # the first beat after joining (its lease is the join's)
+        recorder = _Recorder(monkeypatch, backends[0])
+        before = _revision(etcd_endpoint)
+        _beats(backends[0], nodes[0], 5)
+        after = _revision(etcd_endpoint)
+        monkeypatch.undo()
+        written = sum(size for _, size, w in recorder.calls if w)
+        per_n[n] = (after - before, written, len(recorder.calls), sum(size for _, size, _ in recorder.calls))
+    (revs4, written4, requests4, bytes4), (revs12, written12, requests12, bytes12) = per_n[4], per_n[12]
+    assert revs4 == revs12 == 0, per_n  # no write reached etcd's keyspace (before: one revision per beat)
+    assert written4 == written12 == 0, per_n
+    assert requests12 <= 1.5 * requests4 and bytes12 <= 1.5 * bytes4, per_n
+
+
+def test_a_dead_agent_reads_as_expired_once_its_lease_lapses_and_only_then(etcd_endpoint):  # noqa: F811
+    backends, nodes = _world(etcd_endpoint, 3)
+    seen = pickle.loads(backends[0].get_state()[0])
+    assert all(seen.last_heartbeats[n] > EPOCH for n in nodes)
+    # Agent 2 dies: its lease is gone (revoked here; expiry after the drop window on a real loss).
+    _client(etcd_endpoint).lease_revoke(backends[2]._mine[node_id(nodes[2])].lease)
+    seen = pickle.loads(backends[0].get_state()[0])
+    assert seen.last_heartbeats[nodes[2]] == EPOCH  # torch's _sanitize drops it
+    assert seen.last_heartbeats[nodes[1]] > EPOCH
+
+
+def test_a_drop_lands_only_while_the_dropped_agents_key_is_gone(etcd_endpoint):  # noqa: F811
+    """The lease argument: a peer removes an agent from the state only by a compare-and-set that also requires the
+    agent's heartbeat key to be absent. An agent that renewed in between (its key is back) stays."""
+    backends, nodes = _world(etcd_endpoint, 3)
+    victim, peer = nodes[2], backends[0]
+    _client(etcd_endpoint).lease_revoke(backends[2]._mine[node_id(victim)].lease)
+    got = peer.get_state()
+    state = pickle.loads(got[0])
+    assert state.last_heartbeats[victim] == EPOCH
+    # The victim comes back (its next heartbeat finds its lease gone and makes a new key) before the peer writes.
+    _beats(backends[2], victim, 1)
+    del state.participants[victim], state.last_heartbeats[victim]
+    bits, _, ok = peer.set_state(pickle.dumps(state), got[1])
+    assert not ok and victim in pickle.loads(bits).participants
+    assert pickle.loads(bits).last_heartbeats[victim] > EPOCH
+    # Negative control: with the key gone at the write, the same drop lands.
+    _client(etcd_endpoint).lease_revoke(backends[2]._mine[node_id(victim)].lease)
+    got = peer.get_state()
+    state = pickle.loads(got[0])
+    del state.participants[victim], state.last_heartbeats[victim]
+    bits, _, ok = peer.set_state(pickle.dumps(state), got[1])
+    assert ok and victim not in pickle.loads(bits).participants
+
+
+def test_a_heartbeat_lease_lives_the_drop_window_after_the_last_renewal(etcd_endpoint):  # noqa: F811
+    backends, nodes = _world(etcd_endpoint, 2)
+    lease = backends[1]._mine[node_id(nodes[1])].lease
+    ttl = int(_client(etcd_endpoint).call("lease/timetolive", {"ID": str(lease)})["grantedTTL"])
+    assert ttl == backends[1].heartbeat_ttl == 30
+
+
+def _agents(etcd, run_id: str, n: int, join_s: int):
+    tls = client_tls(etcd)
+    params = {"protocol": "https", "ca_cert": tls.ca_cert, "ssl_cert": tls.cert, "ssl_cert_key": tls.key,
+              "read_timeout": "5", "store_retry_timeout": "10", "keep_alive_interval": "1",
+              "keep_alive_max_attempt": "4", "last_call_timeout": "1", "join_timeout": str(join_s)}
+    handlers = []
+    for _ in range(n):
+        h = rendezvous._create(RendezvousParameters(backend=rendezvous.BACKEND, endpoint=str(etcd), run_id=run_id,
+                                                    min_nodes=1, max_nodes=n + 2, local_addr="127.0.0.1", **params))
+        h.joined = True  # survivors re-forming (after a wipe: the round is open, nobody is in it yet)
+        handlers.append(h)
+    return handlers
+
+
+def _spread_join(handlers, gap_s: float) -> list:
+    """Each agent calls next_rendezvous ``gap_s`` after the one before; their world sizes (or the errors)."""
+    import threading
+
+    out: list = [None] * len(handlers)
+
+    def join(i):
+        time.sleep(i * gap_s)
+        try:
+            out[i] = handlers[i].next_rendezvous().world_size
+        except Exception as e:  # noqa: BLE001  (a straggler left out times out: the control's outcome)
+            out[i] = type(e).__name__
+        finally:
+            handlers[i]._stop_heartbeats()
+
+    threads = [threading.Thread(target=join, args=(i,), daemon=True) for i in range(len(handlers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    return out
+
+
+def test_agents_arriving_spread_within_the_last_call_of_one_another_form_one_round(etcd_endpoint, monkeypatch):  # noqa: F811
+    """Four survivors arrive 0.6 s apart (1.8 s in all; last_call_timeout 1 s, min_nodes 1): one round of 4. torch's
+    rule (the deadline set once, when the minimum joined) closes the round 1 s after the first arrival, and the
+    stragglers wait for the next one (the control)."""
+    monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    worlds = _spread_join(_agents(etcd_endpoint, f"spread-{uuid.uuid4().hex[:8]}", 4, 30), 0.6)
+    assert worlds == [4, 4, 4, 4], worlds
+
+    monkeypatch.setattr(rendezvous.ElasticHandler, "next_rendezvous", _without_converge, raising=True)
+    worlds = _spread_join(_agents(etcd_endpoint, f"spread-{uuid.uuid4().hex[:8]}", 4, 4), 0.6)
+    assert worlds != [4, 4, 4, 4], worlds  # torch's rule: a first world of 1-2, the rest later
+
+
+_original_next = rendezvous.ElasticHandler.next_rendezvous
+
+
+class _TorchExecutor(handler_module._ConvergingOpExecutor):
+    """torch's own last call: the deadline set once (the control)."""
+
+    converge = property(lambda self: False, lambda self, value: None)  # type: ignore[assignment]
+
+
+def _without_converge(self):
+    self._op_executor.__class__ = _TorchExecutor
+    return _original_next(self)
+
+
+def test_a_peers_time_from_an_older_read_never_brings_it_back(etcd_endpoint):  # noqa: F811
+    """A holder that read the state while a peer was alive and writes after the peer's key went must not renew the
+    peer: only an agent's own heartbeats (or a node new to the state) make keys."""
+    backends, nodes = _world(etcd_endpoint, 3)
+    me, peer = backends[0], nodes[2]
+    got = me.get_state()
+    stale = pickle.loads(got[0])
+    assert stale.last_heartbeats[peer] > EPOCH
+    _client(etcd_endpoint).lease_revoke(backends[2]._mine[node_id(peer)].lease)
+    assert pickle.loads(me.get_state()[0]).last_heartbeats[peer] == EPOCH
+    stale.last_heartbeats[nodes[0]] = _now()  # this agent's own beat, on the older read
+    bits, _, _ = me.set_state(pickle.dumps(stale), got[1])
+    assert pickle.loads(bits).last_heartbeats[peer] == EPOCH
+    assert not _client(etcd_endpoint).get_prefix(me.heartbeats + node_id(peer).encode())
