@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from . import podfs, startfail
+from .deathsig import AGENT_PID_ENV, tie_to_parent
 from .runlogs import redirect_worker
 
 log = logging.getLogger("training.launch")
@@ -51,6 +52,8 @@ FORK_ENV = "EKS_DDP_FORK_WORKERS"
 from the zygote while a probe fork of it is clean for CUDA and single-threaded."""
 PRELOAD_ENV = "EKS_DDP_PRELOAD"
 """Comma-separated modules the zygote imports besides torch and the runtime (never the agent)."""
+ZYGOTE_GUARD = "eks_ddp_runtime.zygote_guard"
+"""Imported first by the zygote, before the preload: it ties the zygote's life to the agent's."""
 ZYGOTE_PRELOAD = ("torch", "torch.distributed", "torch.distributed.run", "torch.distributed.elastic.multiprocessing.api",
                   "torch.distributed.elastic.agent.server.local_elastic_agent", "torch._dynamo", "torch.optim",
                   "torch.nn.parallel", "eks_ddp_runtime.rendezvous", "eks_ddp_runtime.workers",
@@ -218,7 +221,9 @@ def warm_workers(config, entrypoint, args: list[str]):
         # _args_from_interpreter_flags): a filter that matches no warning puts the run id into the command line of
         # the zygote and of every worker forked from it, as in the agent's, for whoever finds a run's processes by it.
         sys.warnoptions.append(f"ignore:eks-ddp-rdzv-id={run_id}")
-    _pending = _Pending(Zygote(preload), entrypoint, list(args), f"{ep.kind} {ep.target}")
+    # The zygote dies with this agent (zygote_guard, imported first there), each worker with the zygote (run_worker).
+    os.environ[AGENT_PID_ENV] = str(os.getpid())
+    _pending = _Pending(Zygote([ZYGOTE_GUARD, *preload]), entrypoint, list(args), f"{ep.kind} {ep.target}")
     config.start_method = "forkserver"
     return run_worker, [ep.kind, ep.target, *ep.argv]
 
@@ -334,6 +339,8 @@ def run_worker(kind: str, target: str, *argv: str) -> NoReturn:
     return to torch's worker wrapper, which would wait for the agent to collect a return value (and a worker
     whose SIGTERM handler exits 0 would sit there until the agent's shutdown timeout). The agent counts workers
     that all exited 0 as a success (:func:`all_exited_zero`)."""
+    if FORKED_FROM is not None:  # forked from the zygote: die with it, as a fresh child of the agent would not outlive it
+        tie_to_parent(FORKED_FROM["pid"])
     redirect_worker()
     _unbuffered()
     multiprocessing.current_process().name = "MainProcess"
