@@ -181,7 +181,23 @@ def save_checkpoint(run_dir: str | os.PathLike, state: dict[str, Any], *, keep: 
     older = [p for p in list_checkpoints(run_dir) if _step_of(p) < step]
     for old in older[:max(0, len(older) - (keep - 1))]:
         old.unlink(missing_ok=True)
+    if generation is not None:
+        _remove_replaced_worlds_temps(d, int(generation))
     return path
+
+
+_TEMP_GENERATION = re.compile(r"^\.ckpt-.*\.tmp-g(-?\d+)-")
+
+
+def _remove_replaced_worlds_temps(d: Path, generation: int) -> None:
+    """After this world's commit, the temp files of the worlds it replaced (a lower generation in the name: a rank 0
+    killed between write and rename, or a cut-off world refused at its gate). Those worlds can never commit again,
+    so their temps are litter, never a save in flight that could still land; a temp of this generation or a newer one
+    is left alone."""
+    for tmp in d.glob(".ckpt-*.tmp-g*"):
+        m = _TEMP_GENERATION.match(tmp.name)
+        if m and int(m.group(1)) < generation:
+            tmp.unlink(missing_ok=True)
 
 
 # ---------------------------------------------------------------------------------------------- fences
