@@ -54,14 +54,21 @@ def test_a_whole_volume_claim_is_still_accepted_for_library_users():
     assert _shared(t["train"]) == {"/shared": ("shared", False, False)}
 
 
-@pytest.mark.parametrize("overrides", [
-    {"pvc_name": None},
-    {"data_claim": "d", "run_claim": "r"},  # with pvc_name: two ways at once
-    {"pvc_name": None, "data_claim": "d"},
-])
-def test_claims_must_be_per_workload_or_whole(overrides):
-    with pytest.raises(ValueError, match="^pvc_name/data_claim/run_claim: got .*expected data_claim and run_claim"):
-        run_job(**overrides)
+@pytest.mark.parametrize("storage", ["shared", None, {"data": "d", "run": "r"}])
+def test_storage_is_per_run_claims_or_the_whole_volume(storage):
+    """The two ways are the union's two parts, so "both at once" and "neither" cannot be written; anything else in
+    the field is refused naming it and both parts."""
+    import dataclasses
+
+    from tests.support.job_args import job_args
+    from tests.workloads.test_elastic_job import ETCD, GPU_NODES, IMAGE, RDZV_TLS_SECRET
+
+    good = job_args(namespace="training", image=IMAGE, pvc_name="shared", instance_type="g4dn.xlarge",
+                    node_selector=GPU_NODES, nodes=2, min_nodes=1, rdzv_endpoint=ETCD, rdzv_tls_secret=RDZV_TLS_SECRET)
+    with pytest.raises(ValueError, match=r"storage: got .*; expected PerRunClaims\(data=\.\.\., run=\.\.\.\) or "
+                                         r"WholeVolume\(claim=\.\.\.\)"):
+        dataclasses.replace(good, storage=storage)
+    assert dataclasses.replace(good, storage=good.storage).storage == good.storage  # control: a part is accepted
 
 
 def test_the_stack_locks_its_file_system_to_tls_and_its_access_points(dev_result):
