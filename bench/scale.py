@@ -4,7 +4,7 @@ flags, on this machine.
     .venv/bin/python bench/scale.py [--nodes 4,8,12,16] [--soak-s 200] [--label before] [--out FILE]
 
 Each agent runs ``python -m eks_ddp_runtime.launch <flags> training/examples/ddp_minimal.py`` with the flags
-``components/eks_ddp/core/launch_command.py`` renders into the EKS Job (``script_command`` with ``CLUSTER_TIMEOUTS``,
+``components/eks_ddp/core/launch_command.py`` renders into the EKS Job (``script_command`` with ``cluster_timeouts(N)``,
 ``DEFAULT_MAX_RESTARTS``, ``minNodes`` 1 (the stack's default) and the agent environment ``AGENT_ENV``), one gloo
 worker each (a user's own script: a tiny model, a step every 0.5 s, no checkpoint during the bench). The store is
 etcd 3.5 started with ``etcd_args`` as rendered for the store's pod (bench/store.py; TLS with client certificates).
@@ -49,7 +49,13 @@ from typing import Any
 from common import ROOT, machine
 from store import RenderedEtcd, rates
 
-from eks_ddp.core.launch_command import AGENT_ENV, CLUSTER_TIMEOUTS, DEFAULT_MAX_RESTARTS, AgentOptions, script_command
+from eks_ddp.core.launch_command import (
+    AGENT_ENV,
+    DEFAULT_MAX_RESTARTS,
+    AgentOptions,
+    cluster_timeouts,
+    script_command,
+)
 from tests.support.etcd_server import Agent, client_tls, trainer_env
 
 SCRIPT = ROOT / "training" / "examples" / "ddp_minimal.py"
@@ -69,7 +75,7 @@ class Fleet:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         agent = AgentOptions(min_nodes=1, max_nodes=nodes, nproc_per_node=1, rdzv_backend="etcd",
                              rdzv_endpoint=etcd.endpoint, rdzv_id=f"scale-{uuid.uuid4().hex[:8]}",
-                             max_restarts=DEFAULT_MAX_RESTARTS, local_addr="127.0.0.1", timeouts=CLUSTER_TIMEOUTS,
+                             max_restarts=DEFAULT_MAX_RESTARTS, local_addr="127.0.0.1", timeouts=cluster_timeouts(nodes),
                              tls=client_tls(etcd.endpoint))
         self.cmd = script_command(agent, str(SCRIPT), ["--steps=1000000", f"--step-time={step_time}",
                                                        "--checkpoint-every=1000000"], python=sys.executable)
@@ -279,7 +285,7 @@ def main() -> int:
     os.chdir(ROOT)
     tmp = Path(tempfile.mkdtemp(prefix="bench-scale-"))
     res: dict[str, Any] = {"label": a.label, "date": time.strftime("%Y-%m-%d %H:%M %Z"), "machine": machine(),
-                           "rdzv_conf": CLUSTER_TIMEOUTS.conf(), "store_flags": RenderedEtcd(tmp / "flags").flags,
+                           "rdzv_conf": {n: cluster_timeouts(int(n)).conf() for n in a.nodes.split(",") if n}, "store_flags": RenderedEtcd(tmp / "flags").flags,
                            "sizes": []}
     for n in [int(x) for x in a.nodes.split(",") if x]:
         res["sizes"].append(one_size(n, tmp / f"n{n}", a.window_s, a.spread_s, a.timeout_s))
