@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterable, Sequence
 
 import psutil
 
+from eks_ddp_runtime import deathsig
+
 
 def proc_table() -> dict[int, int]:
     """pid -> parent pid for every live (non-zombie) process."""
@@ -138,23 +140,18 @@ def kill_tagged(token: str, *, spare: Iterable[int] = ()) -> None:
             send(pid, signal.SIGKILL)
 
 
-PR_SET_PDEATHSIG = 1
-
-
 def die_with_parent(sig: int = signal.SIGKILL) -> Callable[[], None] | None:
     """A ``preexec_fn`` making the kernel send ``sig`` to the child when the runner dies, whatever kills it
-    (SIGKILL included). Linux only (prctl); elsewhere None and the reaper alone cleans up."""
+    (SIGKILL included): the runtime's :func:`~eks_ddp_runtime.deathsig.tie_to_parent` against this process, with
+    the C library loaded here, before the fork, so the child only calls it. Linux only (prctl); elsewhere None and
+    the reaper alone cleans up."""
     if not sys.platform.startswith("linux"):
         return None
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)  # loaded before the fork: the child only calls it
+    deathsig.libc()
     parent = os.getpid()
 
     def preexec() -> None:
-        libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
-        if os.getppid() != parent:  # the runner died before prctl took effect
-            os.kill(os.getpid(), sig)
+        deathsig.tie_to_parent(parent, sig)
 
     return preexec
 

@@ -19,6 +19,8 @@ Elsewhere than Linux :func:`tie_to_parent` does nothing and says so.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
 import signal
 import sys
@@ -29,15 +31,19 @@ AGENT_PID_ENV = "EKS_DDP_AGENT_PID"
 """Set by the agent for the zygote it starts: the pid the zygote must find as its parent."""
 
 
+@functools.cache
+def libc() -> ctypes.CDLL:
+    """The C library, loaded once: call it before a fork whose child calls :func:`tie_to_parent` between fork and
+    exec (a ``preexec_fn``), so the child only calls into it."""
+    return ctypes.CDLL(None, use_errno=True)
+
+
 def tie_to_parent(expected_parent: int, sig: int = signal.SIGKILL) -> bool:
     """Have the kernel send ``sig`` to this process when its parent thread exits; if the parent is already not
     ``expected_parent`` (it died before this call), send it now. False where the platform has no such call."""
     if not sys.platform.startswith("linux"):
         return False
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+    if libc().prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
         return False
     if os.getppid() != expected_parent:
         os.kill(os.getpid(), sig)
