@@ -25,7 +25,7 @@ from eks_ddp_local.etcd_server import start_etcd
 from eks_ddp_runtime import fence_store
 from eks_ddp_trainer import checkpoint as ckpt
 from tests.support.etcd_server import RestartableEtcd
-from tests.support.fence_store import closed_stores, use_store  # noqa: F401  (fixture)
+from tests.support.fence_store import closed_stores, use_store, wipe_keys  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.usefixtures("closed_stores")
 A_STEPS = (5, 10, 15)
@@ -153,9 +153,10 @@ def _play(run: Path, order: list[bool], stale: StaleFenceDir, stalled: bool, mon
 def test_no_order_loads_a_replaced_worlds_commit_on_a_stale_client_with_the_store(tmp_path, monkeypatch, no_fsync,
                                                                                   etcd, stalled):
     stale = StaleFenceDir(monkeypatch)
+    use_store(monkeypatch, etcd)
     checked = 0
     for i, order in enumerate(_orders(len(A_STEPS), 4)):
-        use_store(monkeypatch, etcd)
+        wipe_keys()  # each order on its own run directory and an empty store
         stale.thaw()
         bad = _play(tmp_path / f"run-{i}", order, stale, stalled, monkeypatch)
         assert not bad, bad
@@ -264,9 +265,9 @@ def test_a_wiped_store_is_reseeded_above_every_fence_on_a_stale_client(tmp_path,
 
 
 def test_a_store_outage_defers_commits_and_fences_until_it_answers(tmp_path, monkeypatch, restartable):
-    use_store(monkeypatch, restartable.endpoint, read_timeout=0.5)
-    monkeypatch.setattr(ckpt, "STORE_WAIT_S", 1.0)
-    monkeypatch.setattr(ckpt, "FENCE_WAIT_S", 1.0)
+    use_store(monkeypatch, restartable.endpoint, read_timeout=0.3)
+    monkeypatch.setattr(ckpt, "STORE_WAIT_S", 0.5)
+    monkeypatch.setattr(ckpt, "FENCE_WAIT_S", 0.5)
     run = tmp_path / "run"
     a = ckpt.write_fence(run, None, 0)
     restartable.pause()  # a hung store: connections open, nothing answers
@@ -287,3 +288,17 @@ def test_a_store_outage_defers_commits_and_fences_until_it_answers(tmp_path, mon
         restartable.start()
     assert ckpt.save_checkpoint(run, _state(5, a), keep=2) is not None
     assert [p.name for p in ckpt.list_checkpoints(run)] == ["ckpt-000000005.pt"]
+
+
+@pytest.mark.parametrize(("value", "names"), [
+    ("{not json", "expected a JSON object"),
+    ('{"run_id": "r"}', "endpoint: got None; expected 'host:port'"),
+    ('{"endpoint": "h:1", "run_id": "a/b"}', "run_id: got 'a/b'"),
+    ('{"endpoint": "h:1", "run_id": "r", "protocol": "ftp"}', "protocol: got 'ftp'"),
+    ('{"endpoint": "h:1", "run_id": "r"}', "ca_cert/ssl_cert/ssl_cert_key: got [None, None, None]"),
+])
+def test_a_bad_store_setting_is_refused_naming_it(value, names):
+    with pytest.raises(fence_store.FenceStoreConfigError, match=f"{fence_store.FENCE_STORE_ENV}.*") as e:
+        fence_store.from_env({fence_store.FENCE_STORE_ENV: value})
+    assert names in str(e.value)
+    assert fence_store.from_env({}) is None  # not under the etcd launcher: the files alone

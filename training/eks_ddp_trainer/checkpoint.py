@@ -308,7 +308,7 @@ def _superseded_why(run_dir: str | os.PathLike, generation: int) -> str | None:
     try:
         if superseded(run_dir, generation):
             return f"a newer world than {generation} has fenced {run_dir}; this world was replaced and commits nothing more"
-    except fence_store.StoreUnavailable as e:
+    except (fence_store.StoreUnavailable, ValueError) as e:  # ValueError: a newest record that does not parse
         return f"{e}: a commit needs that check"
     return None
 
