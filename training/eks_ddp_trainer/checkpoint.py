@@ -428,9 +428,11 @@ def _record(generation: int, base: tuple[int, int] | None, round_: int | None, l
 
 def _link_record(run_dir: str | os.PathLike, record: dict[str, Any]) -> bool:
     """Create ``fences/<generation>.json`` holding ``record`` with link(2): False when the name exists. The answer
-    is the file server's: a create never trusts a cached negative entry (Linux fs/nfs/dir.c
-    ``nfs_neg_need_reval`` returns 0 for ``LOOKUP_CREATE``, so the LINK goes to the server, which refuses an
-    existing name), and a cached positive entry is never stale here (fences are never removed)."""
+    is the file server's: the new name is looked up with ``LOOKUP_CREATE | LOOKUP_EXCL`` (Linux fs/namei.c
+    ``filename_create``); a cached negative entry is then kept without asking the server (fs/nfs/dir.c
+    ``nfs_neg_need_reval`` returns 0 for ``LOOKUP_CREATE``), so the LINK itself goes to the server, which refuses an
+    existing name; a cached positive entry answers EEXIST at once, and is never stale here (fences are never
+    removed)."""
     d = fence_dir(run_dir)
     d.mkdir(parents=True, exist_ok=True)
     tmp = d / f".{record['generation']:09d}.tmp-{writer_tag(record['generation'])}"
