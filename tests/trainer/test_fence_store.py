@@ -292,7 +292,7 @@ def test_a_store_outage_defers_commits_and_fences_until_it_answers(tmp_path, mon
 
 @pytest.mark.parametrize(("value", "names"), [
     ("{not json", "expected a JSON object"),
-    ('{"run_id": "r"}', "endpoint: got None; expected 'host:port'"),
+    ('{"run_id": "r"}', "endpoint: got None; expected 'host[:port]'"),
     ('{"endpoint": "h:1", "run_id": "a/b"}', "run_id: got 'a/b'"),
     ('{"endpoint": "h:1", "run_id": "r", "protocol": "ftp"}', "protocol: got 'ftp'"),
     ('{"endpoint": "h:1", "run_id": "r"}', "ca_cert/ssl_cert/ssl_cert_key: got [None, None, None]"),
@@ -302,3 +302,11 @@ def test_a_bad_store_setting_is_refused_naming_it(value, names):
         fence_store.from_env({fence_store.FENCE_STORE_ENV: value})
     assert names in str(e.value)
     assert fence_store.from_env({}) is None  # not under the etcd launcher: the files alone
+
+
+def test_an_endpoint_without_a_port_uses_etcds():
+    for endpoint, want in (("store.ns.svc", ("store.ns.svc", 2379)), ("10.0.0.1:12379", ("10.0.0.1", 12379)),
+                           ("[::1]:2380", ("::1", 2380))):
+        conf = fence_store.config_for(endpoint, "r", {"protocol": "http"}, 600)
+        store = fence_store.from_env({fence_store.FENCE_STORE_ENV: conf})
+        assert store is not None and (store.host, store.port) == want

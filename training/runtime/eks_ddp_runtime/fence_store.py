@@ -51,6 +51,7 @@ FENCE_STORE_ENV = "EKS_DDP_FENCE_STORE"
 """Set by the launcher (``eks-etcd`` rendezvous) for its workers: JSON ``{endpoint, protocol, ca_cert, ssl_cert,
 ssl_cert_key, read_timeout, retry_timeout_s, run_id}``. Absent: no store, the fences are files only."""
 KEY_PREFIX = "/eks-ddp/fence"
+DEFAULT_PORT = 2379
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -84,11 +85,13 @@ def from_env(environ: dict[str, str] | None = None) -> FenceStore | None:
     except ValueError as e:
         raise FenceStoreConfigError(f"{FENCE_STORE_ENV}: got {raw[:80]!r} ({e}); expected a JSON object") from e
     endpoint, run_id = conf.get("endpoint"), conf.get("run_id")
-    if not isinstance(endpoint, str) or ":" not in endpoint:
-        raise FenceStoreConfigError(f"{FENCE_STORE_ENV} endpoint: got {endpoint!r}; expected 'host:port'")
+    if not isinstance(endpoint, str) or not endpoint.strip():
+        raise FenceStoreConfigError(f"{FENCE_STORE_ENV} endpoint: got {endpoint!r}; expected 'host[:port]'")
     if not isinstance(run_id, str) or not run_id or "/" in run_id:
         raise FenceStoreConfigError(f"{FENCE_STORE_ENV} run_id: got {run_id!r}; expected the rendezvous id (no '/')")
-    host, _, port = endpoint.rpartition(":")
+    host, _, port = endpoint.strip().rpartition(":")
+    if not host or not port.isdigit() or host.count(":") and not host.endswith("]"):
+        host, port = endpoint.strip(), str(DEFAULT_PORT)  # no port: etcd's (torch's parse_rendezvous_endpoint too)
     protocol = str(conf.get("protocol", "https")).lower()
     if protocol not in ("http", "https"):
         raise FenceStoreConfigError(f"{FENCE_STORE_ENV} protocol: got {protocol!r}; expected 'https' or 'http'")
