@@ -310,3 +310,18 @@ def test_an_endpoint_without_a_port_uses_etcds():
         conf = fence_store.config_for(endpoint, "r", {"protocol": "http"}, 600)
         store = fence_store.from_env({fence_store.FENCE_STORE_ENV: conf})
         assert store is not None and (store.host, store.port) == want
+
+
+def test_a_run_directory_fenced_without_a_store_seeds_it_with_its_lineage(tmp_path, monkeypatch, etcd):
+    # Fences written by the file-only design (records without a lineage): the first store seeds above them, the
+    # chain of bases followed by opening each base's file by name.
+    run = tmp_path / "run"
+    monkeypatch.delenv(fence_store.FENCE_STORE_ENV, raising=False)
+    assert ckpt.write_fence(run, (0, 40), 0) == 1
+    assert ckpt.write_fence(run, (1, 55), 1) == 2
+    assert "lineage" not in ckpt.read_fences(run)[2]
+    use_store(monkeypatch, etcd)
+    assert ckpt.read_lineage(run) == {3: None, 2: None, 1: 55, 0: 40}
+    assert ckpt.superseded(run, 2)  # the world of fence 2 ran before the store held the fence: replaced
+    assert ckpt.write_fence(run, (2, 60), 2) == 4
+    assert ckpt.read_lineage(run) == {4: None, 2: 60, 1: 55, 0: 40}
