@@ -156,7 +156,8 @@ def store_wiped_then_worker_kill(etcd: RestartableEtcd, make_job: MakeJob) -> di
 def stale_commits(run_dir) -> list[str]:
     """Checkpoints a world committed after a newer world had fenced the run directory (training/eks_ddp_trainer/checkpoint.py:
     each world's rank 0 writes a fence before training; each checkpoint names its world's fence). The commit time
-    is the file's ctime (a rename sets it), the fence's its file's ctime: one clock, the shared filesystem's.
+    is the file's ctime (a rename sets it), the fence's its file's ctime: one clock, the shared filesystem's. (With
+    the run's store a world's fence takes effect at its store transaction, right after its file is linked.)
     An empty list when there is none; a run directory without any fence record is itself one."""
     from pathlib import Path
 
@@ -164,7 +165,8 @@ def stale_commits(run_dir) -> list[str]:
 
     if not hasattr(ckpt, "read_fences"):  # an older checkout's trainer (bench/recovery.py --baseline)
         return [f"{run_dir}: this trainer writes no fence records"]
-    fences = ckpt.read_fences(Path(run_dir))
+    # A seed (the run's store re-seeded after it came back empty) is no world: nothing trains under it.
+    fences = {e: r for e, r in ckpt.read_fences(Path(run_dir)).items() if not r.get("seed")}
     if not fences:
         return [f"{run_dir}: no fence record (each world's rank 0 writes one before training)"]
     created = {e: (ckpt.fence_path(run_dir, e)).stat().st_ctime for e in fences}

@@ -21,6 +21,7 @@ from eks_ddp_trainer import snapshot
 from eks_ddp_trainer.config import TrainerConfig
 from eks_ddp_trainer.data import write_synthetic_cifar
 from tests.support.etcd_server import Job, etcd_endpoint, jobs  # noqa: F401  (pytest fixtures)
+from tests.support.fence_store import store_records
 
 pytestmark = pytest.mark.slow
 
@@ -64,6 +65,12 @@ def test_two_agents_complete_and_loss_falls(tmp_path, etcd_endpoint, jobs, data_
     assert steps[-1]["loss"] < steps[0]["loss"] - 0.3, [r["loss"] for r in steps]
     _assert_finished(job)
     assert "[eval] acc=" in job.logs()
+    # The launcher passed its store to the workers: each world's fence is a record in the run's own keys there.
+    rdzv_id = next(a.split("=", 1)[1] for a in job.cmd if a.startswith("--rdzv-id="))
+    records = store_records(etcd_endpoint, rdzv_id)
+    worlds = {r["fence"] for r in job.history() if r.get("kind") == "start"}
+    assert worlds and worlds <= {g for g, r in records.items() if not r["seed"]}, (worlds, records)
+    assert sorted(int(p.stem) for p in ckpt.fence_dir(job.run_dir).glob("*.json")) == sorted(records)
 
 
 def test_worker_sigkill_resumes_from_a_snapshot_with_one_restart(tmp_path, etcd_endpoint, jobs, data_dir):  # noqa: F811

@@ -18,6 +18,7 @@ import torch
 
 from eks_ddp_trainer import checkpoint as ckpt
 from eks_ddp_trainer.snapshot import Snapshots
+from tests.support.fence_store import closed_stores, use_store, wipe_keys  # noqa: F401  (fixture)
 
 A_STEPS = (5, 10, 15)
 
@@ -36,7 +37,8 @@ def _orders(a: int, c: int):
 def _run(run: Path, order: list[bool], keep: int, fenced_loader: bool, monkeypatch) -> list[str]:
     """Play one order; returns the violations (a loader after C's fence that returned a stale A commit)."""
     real_superseded = ckpt.superseded
-    assert ckpt.write_fence(run, None, 0) == 1  # world A
+    a_gen = ckpt.write_fence(run, None, 0)  # world A: 1 (with the run's store: 2, above the seed the store starts at)
+    assert a_gen in (1, 2)
     a_steps, c_events = list(A_STEPS), ["load", "fence", "commit", "commit"]
     c_base = c_gen = None
     c_step = 0
@@ -54,9 +56,9 @@ def _run(run: Path, order: list[bool], keep: int, fenced_loader: bool, monkeypat
             step = a_steps.pop(0)
             with monkeypatch.context() as m:  # a stalled writer: its checks passed before the newer fence existed
                 m.setattr(ckpt, "superseded", lambda *_: False)
-                assert ckpt.save_checkpoint(run, _state(step, 1), keep=keep) is not None
+                assert ckpt.save_checkpoint(run, _state(step, a_gen), keep=keep) is not None
             if c_gen is not None:
-                stale.add((1, step))
+                stale.add((a_gen, step))
         else:
             event = c_events.pop(0)
             if event == "load":
@@ -65,7 +67,7 @@ def _run(run: Path, order: list[bool], keep: int, fenced_loader: bool, monkeypat
                 c_step = c_base[1] if c_base else 0
             elif event == "fence":
                 c_gen = ckpt.write_fence(run, c_base, 1)
-                assert c_gen == 2
+                assert c_gen == a_gen + 1
             else:
                 c_step += 5  # C commits the steps A also commits: same names, files replaced both ways
                 assert real_superseded(run, c_gen) is False
@@ -83,10 +85,26 @@ def no_fsync(monkeypatch):
     monkeypatch.setattr(os, "fsync", lambda _fd: None)
 
 
-@pytest.mark.parametrize("keep", [1000, 2])
-def test_no_order_of_events_loads_a_replaced_worlds_commit(tmp_path, monkeypatch, no_fsync, keep):
+@pytest.fixture(scope="module")
+def etcd(tmp_path_factory):
+    """One real store for the module; each order uses its own rendezvous id (its own fence keys)."""
+    from eks_ddp_local.etcd_server import start_etcd
+
+    with start_etcd(tmp_path_factory.mktemp("etcd")) as endpoint:
+        yield endpoint
+
+
+@pytest.mark.parametrize(("keep", "fences"), [(1000, "files"), (2, "files"), (2, "store")])
+@pytest.mark.usefixtures("closed_stores")
+def test_no_order_of_events_loads_a_replaced_worlds_commit(tmp_path, monkeypatch, no_fsync, keep, fences, request):
+    """With the files alone (the c10d backend) and with the run's store as the fence's source of truth (the etcd
+    rendezvous: tests/trainer/test_fence_store.py adds a client that answers from a stale cache)."""
+    if fences == "store":
+        use_store(monkeypatch, request.getfixturevalue("etcd"))
     checked = 0
     for i, order in enumerate(_orders(len(A_STEPS), 4)):
+        if fences == "store":
+            wipe_keys()  # each order on its own run directory and an empty store
         bad = _run(tmp_path / f"run-{i}", order, keep, True, monkeypatch)
         assert not bad, bad
         checked += 1

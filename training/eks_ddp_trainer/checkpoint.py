@@ -9,21 +9,20 @@ checkpoints exist and none loads, the resume fails (:class:`CheckpointError`) ra
 silently training from scratch. Retention only ever deletes files older than the one just
 written, so the newest valid checkpoint is never deleted.
 
-**Fences.** Every world (one rendezvous round's workers) is numbered by the fence its rank 0 writes before
-it trains: ``checkpoints/fences/<generation>.json``, created with ``link(2)`` (fails if the name exists), so generations
-are unique and increase in creation order; it names the state the world restored (its *base*: the generation and
-step of that checkpoint or snapshot, or none). Each checkpoint and snapshot records its world's generation. The
-states a loader may use are the *lineage* of the newest fence: that world's own states, and each base's
-world's states up to the base's step, back along the chain (:func:`lineage_of`). A commit is refused right
-before its rename while the agent holds no lease (eks_ddp_runtime.fence) or a newer fence exists.
+**Fences.** Every world (one rendezvous round's workers) is numbered by a *generation* its rank 0 takes before it
+trains, and records in ``checkpoints/fences/<generation>.json`` (created with ``link(2)``: fails if the name exists)
+the state it restored (its *base*: the generation and step of that checkpoint or snapshot, or none) and its
+*lineage*. Each checkpoint and snapshot records its world's generation. The states a loader may use are the lineage
+of the newest world: that world's own states, and each base's world's states up to the base's step, back along the
+chain (:func:`lineage_of`). A commit is refused right before its rename while the agent holds no lease
+(eks_ddp_runtime.fence) or this world is no longer the newest.
 
-Why no interleaving lets a stale world's commit be loaded: say world ``w`` commits state ``(w, s)`` after a
-newer world ``k > w`` wrote its fence. Steps only grow within a world, and every base on the chain that reaches
-``w`` was chosen by a loader before that loader's world wrote its fence, from commits that existed then; a
-loader running after fence ``k`` sees a newest fence ``>= k``, whose chain reaches ``w`` only through bases
-chosen before ``(w, s)`` existed, i.e. with steps below ``s``. So ``(w, s)`` is on no lineage any later loader
-computes. (Assumes the run directory shows a loader every fence created before it lists them: close-to-open
-consistency, which local filesystems and NFSv4/EFS give. docs/rendezvous.md has the whole argument.)
+With the etcd rendezvous the run's store decides (eks_ddp_runtime/fence_store.py: the generation by a
+compare-and-set, the newest by a linearizable read; an empty store re-seeded above every fence file by exclusive
+creates): no decision rests on a lookup or a listing a shared file system's client may answer from its cache.
+Without a store (the c10d backend) the files decide: the newest fence is found by name, which needs negative lookups
+answered by the file server. docs/rendezvous.md "Why two worlds never both commit" has the argument and its
+assumptions, as tested.
 """
 
 from __future__ import annotations
@@ -35,13 +34,14 @@ import os
 import re
 import socket
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from eks_ddp_runtime import fence
+from eks_ddp_runtime import fence, fence_store
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,10 @@ PAUSE_STEP_ENV = "EKS_DDP_TEST_PAUSE_SAVE_STEP"
 PAUSE_MARKER_ENV = "EKS_DDP_TEST_PAUSE_MARKER"
 # Test hook: every checkpoint write takes this many seconds longer (a slow shared volume).
 SLOW_SAVE_ENV = "EKS_DDP_TEST_SLOW_SAVE_S"
+
+
+_FROM_FENCES: Any = object()
+"""The default lineage: the run's own (read from its store or its fence files)."""
 
 
 class CheckpointError(Exception):
@@ -174,8 +178,8 @@ def save_checkpoint(run_dir: str | os.PathLike, state: dict[str, Any], *, keep: 
         atomic_write_bytes(path, buf.getvalue(), before_replace=before_replace, tag=tag)
     except CommitRefused:
         return None
-    if generation is not None and superseded(run_dir, generation):
-        return path  # a newer world owns the folder now: its files are not ours to delete
+    if generation is not None and _superseded_why(run_dir, generation) is not None:
+        return path  # a newer world may own the folder now: its files are not ours to delete
     # Only files older than the one just written (a valid one) are candidates: a file with a higher
     # step is not ours to judge, and the newest valid checkpoint is never among those deleted.
     older = [p for p in list_checkpoints(run_dir) if _step_of(p) < step]
@@ -210,11 +214,25 @@ def fence_path(run_dir: str | os.PathLike, generation: int) -> Path:
     return fence_dir(run_dir) / f"{generation:09d}.json"
 
 
-def _fence_generations(run_dir: str | os.PathLike) -> list[int]:
+def _listed_generations(run_dir: str | os.PathLike) -> list[int]:
+    """The fences a listing of ``fences/`` shows: never one that does not exist (fences are never removed), but on
+    a shared file system's client possibly not the newest (a cached directory)."""
     d = fence_dir(run_dir)
     if not d.is_dir():
         return []
     return sorted(int(m.group(1)) for p in d.iterdir() if (m := _FENCE_NAME.match(p.name)))
+
+
+def _fence_generations(run_dir: str | os.PathLike) -> list[int]:
+    """The listing, then each next name looked up until one is absent: generations are allocated one after the
+    other, so the newest fence is found by lookups by name even when the listing is stale. (Without a store these
+    negative lookups must be answered by the file server: docs/rendezvous.md "The c10d backend".)"""
+    found = _listed_generations(run_dir)
+    top = max(found, default=0)
+    while fence_path(run_dir, top + 1).exists():
+        top += 1
+        found.append(top)
+    return found
 
 
 def read_fences(run_dir: str | os.PathLike) -> dict[int, dict[str, Any]]:
@@ -248,7 +266,14 @@ def lineage_of(fences: dict[int, dict[str, Any]]) -> Lineage | None:
 
 
 def read_lineage(run_dir: str | os.PathLike) -> Lineage | None:
-    return lineage_of(read_fences(run_dir))
+    """The lineage of the run's newest world: from the run's store when the launcher passed one (a linearizable
+    read; an empty store is seeded first from the fence files, :func:`_seed`), else from the fence files.
+    ``fence_store.StoreUnavailable`` when the store did not answer for :data:`FENCE_WAIT_S`."""
+    store = _store()
+    if store is None:
+        return lineage_of(read_fences(run_dir))
+    record, _ = _store_newest(store, run_dir)
+    return _decode_lineage(record.get("lineage"))
 
 
 def generation_of(state: dict[str, Any]) -> int:
@@ -267,22 +292,39 @@ def on_lineage(lineage: Lineage | None, state: dict[str, Any]) -> bool:
 
 
 def superseded(run_dir: str | os.PathLike, generation: int) -> bool:
-    """A newer world has fenced the run directory (epochs are allocated one after the other)."""
-    return fence_path(run_dir, generation + 1).exists()
+    """A newer world has fenced the run directory. With the run's store: its newest world is not ``generation``
+    (a linearizable read; an empty store, wiped since this world fenced, counts as superseded: the wipe restarts
+    every world); ``fence_store.StoreUnavailable`` when it did not answer for :data:`STORE_WAIT_S`. Without: fence
+    ``generation + 1`` exists (generations are allocated one after the other)."""
+    store = _store()
+    if store is None:
+        return fence_path(run_dir, generation + 1).exists()
+    record, _ = store.newest(STORE_WAIT_S)
+    return record is None or int(record["generation"]) != generation
 
 
-_stale_said: set[int] = set()
+def _superseded_why(run_dir: str | os.PathLike, generation: int) -> str | None:
+    """Why world ``generation`` may not commit (a newer world, or a store that did not answer), or None."""
+    try:
+        if superseded(run_dir, generation):
+            return f"a newer world than {generation} has fenced {run_dir}; this world was replaced and commits nothing more"
+    except (fence_store.StoreUnavailable, ValueError) as e:  # ValueError: a newest record that does not parse
+        return f"{e}: a commit needs that check"
+    return None
+
+
+_stale_said: set[tuple[int, str]] = set()
 
 
 def commit_gate(run_dir: str | os.PathLike, generation: int | None, what: str) -> Callable[[], None]:
     """A check for right before a rename: raises CommitRefused when the agent's lease does not allow ``what``
     (eks_ddp_runtime.fence.commit_allowed) or a newer world than ``generation`` has fenced ``run_dir``."""
     def gate() -> None:
-        if generation is not None and superseded(run_dir, generation):
-            if generation not in _stale_said:
-                _stale_said.add(generation)
-                print(f"[fence] {what}: commit deferred: world {generation + 1} has fenced {run_dir}; this world "
-                      f"({generation}) was replaced and commits nothing more", flush=True)
+        why = None if generation is None else _superseded_why(run_dir, generation)
+        if generation is not None and why is not None:
+            if (generation, why[:20]) not in _stale_said:
+                _stale_said.add((generation, why[:20]))
+                print(f"[fence] {what}: commit deferred: {why}", flush=True)
             raise CommitRefused(what)
         if not fence.commit_allowed(what):
             raise CommitRefused(what)
@@ -305,9 +347,17 @@ def commit_bytes(path: Path, data: bytes, *, run_dir: str | os.PathLike, generat
     until_allowed(lambda: atomic_write_bytes(path, data, before_replace=gate))
 
 
-def write_fence(run_dir: str | os.PathLike, base: tuple[int, int] | None, round_: int | None) -> int | None:
-    """Fence ``run_dir`` for a new world that restored ``base`` ((generation, step), or None for a fresh start):
-    returns its generation, the first free one after every fence seen, or None when the lease refused it."""
+def write_fence(run_dir: str | os.PathLike, base: tuple[int, int] | None, round_: int | None,
+                lineage: Any = _FROM_FENCES) -> int | None:
+    """Fence ``run_dir`` for a new world that restored ``base`` ((generation, step), or None for a fresh start)
+    chosen from ``lineage`` (what its loader used; default: the run's current one): returns its generation, or None
+    when the lease refused it or the run's store did not answer (the caller tries again).
+
+    With the run's store (:func:`_store_fence`) the store allocates the generation; without, the first free file
+    name after every fence seen."""
+    store = _store()
+    if store is not None:
+        return _store_fence(store, run_dir, base, round_, lineage)
     d = fence_dir(run_dir)
     d.mkdir(parents=True, exist_ok=True)
     generation = max(_fence_generations(run_dir), default=0) + 1
@@ -329,6 +379,191 @@ def write_fence(run_dir: str | os.PathLike, base: tuple[int, int] | None, round_
         return generation
 
 
+# ---------------------------------------------------------------------------------------------- the run's store
+
+STORE_WAIT_S = 5.0
+"""A commit's check waits at most this long for the run's store (the launcher's retries: connection failures only,
+100 ms doubling to 1 s), then the commit is deferred: the lease lapses in less during such an outage anyway."""
+FENCE_WAIT_S = 10.0
+"""A world's fence or loader waits at most this long per try for the store; its caller tries again every second, in
+short collectives (training/eks_ddp_trainer/resume.py), until the agent stops it."""
+REREAD_WAIT_S = 90.0
+"""How long a fence file that the file server says exists (link(2) answered EEXIST) may stay unopenable on this
+client (a cached negative lookup lasts at most the directory's attribute cache time, acdirmax, 60 s on EFS's
+defaults) before re-seeding an empty store refuses (FenceError)."""
+
+_stores: dict[str, fence_store.FenceStore | None] = {}
+
+
+class FenceError(Exception):
+    """The run's fences cannot be read back consistently (the message names the file and why)."""
+
+
+def _store() -> fence_store.FenceStore | None:
+    """The run's store, when the launcher passed one (eks_ddp_runtime.fence_store.FENCE_STORE_ENV)."""
+    raw = os.environ.get(fence_store.FENCE_STORE_ENV)
+    if not raw:
+        return None
+    if raw not in _stores:
+        _stores[raw] = fence_store.from_env()
+    return _stores[raw]
+
+
+def _encode_lineage(lineage: Lineage | None) -> list[list[int | None]] | None:
+    return None if lineage is None else [[g, limit] for g, limit in sorted(lineage.items(), reverse=True)]
+
+
+def _decode_lineage(raw: Any) -> Lineage | None:
+    if raw is None:
+        return None
+    return {int(g): (None if limit is None else int(limit)) for g, limit in raw}
+
+
+def _record(generation: int, base: tuple[int, int] | None, round_: int | None, lineage: Lineage | None,
+            seed: bool = False) -> dict[str, Any]:
+    return {"generation": generation, "base": list(base) if base is not None else None, "round": round_,
+            "lineage": _encode_lineage(lineage), "seed": seed, "host": socket.gethostname(), "pid": os.getpid(),
+            "nonce": uuid.uuid4().hex, "created": time.time()}
+
+
+def _link_record(run_dir: str | os.PathLike, record: dict[str, Any]) -> bool:
+    """Create ``fences/<generation>.json`` holding ``record`` with link(2): False when the name exists. The answer
+    is the file server's: the new name is looked up with ``LOOKUP_CREATE | LOOKUP_EXCL`` (Linux fs/namei.c
+    ``filename_create``); a cached negative entry is then kept without asking the server (fs/nfs/dir.c
+    ``nfs_neg_need_reval`` returns 0 for ``LOOKUP_CREATE``), so the LINK itself goes to the server, which refuses an
+    existing name; a cached positive entry answers EEXIST at once, and is never stale here (fences are never
+    removed)."""
+    d = fence_dir(run_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = d / f".{record['generation']:09d}.tmp-{writer_tag(record['generation'])}"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(record, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.link(tmp, fence_path(run_dir, record["generation"]))
+    except FileExistsError:
+        return False
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync_dir(d)
+    return True
+
+
+def _file_record(run_dir: str | os.PathLike, generation: int) -> dict[str, Any]:
+    """The record in fence file ``generation``, which the file server said exists: opened by name (close-to-open:
+    the data is the server's). A cached negative entry can still hide the name for up to the directory's attribute
+    cache time: retried for :data:`REREAD_WAIT_S`, then FenceError."""
+    path = fence_path(run_dir, generation)
+    deadline = time.monotonic() + REREAD_WAIT_S
+    while True:
+        try:
+            with open(path, encoding="utf-8") as f:
+                record = json.load(f)
+            if not isinstance(record, dict):
+                raise ValueError("not an object")
+            return record
+        except FileNotFoundError:
+            if time.monotonic() >= deadline:
+                raise FenceError(f"{path}: the file server answered that it exists (link(2): EEXIST) but this client "
+                                 f"could not open it for {REREAD_WAIT_S:.0f} s; the run's store, found empty, is "
+                                 "not re-seeded from a fence it cannot read") from None
+            time.sleep(min(1.0, REREAD_WAIT_S / 10))
+        except (OSError, ValueError) as e:
+            raise FenceError(f"{path}: got an unreadable fence record ({e}); expected the JSON a world wrote with "
+                             "link(2); the run's store is not re-seeded past it") from e
+
+
+def _file_lineage(run_dir: str | os.PathLike, generation: int, record: dict[str, Any]) -> Lineage | None:
+    """The lineage of the world of fence file ``generation``: the record's own (written with the store), or for
+    a record written without one, its chain of bases followed by opening each base's file by name."""
+    if "lineage" in record:
+        return _decode_lineage(record["lineage"])
+    out: Lineage = {generation: None}
+    while record.get("base"):
+        base_gen, base_step = (int(v) for v in record["base"])
+        if base_gen >= generation or base_gen in out:
+            break
+        out[base_gen] = base_step
+        if base_gen == 0:
+            break
+        generation, record = base_gen, _file_record(run_dir, base_gen)
+    return out
+
+
+def _seed(store: fence_store.FenceStore, run_dir: str | os.PathLike) -> None:
+    """The run's store holds no fence: a new run, or a store that came back empty (a wiped or recreated member).
+    Its fence must not go backwards, so it is seeded from the files without trusting a listing or a negative
+    lookup: every generation the store ever held has its file (a world creates its file before its store
+    transaction) and the file names are gapless from 1 (each is created by probing upward from a file that exists,
+    and none is ever removed). So creating names upward with link(2) from any existing one (the listing's newest,
+    a lower bound) until one succeeds takes the first free name ``g``, above every generation ever allocated: each
+    EEXIST on the way is the server's answer. ``g`` becomes a *seed*: no world trains under it; its lineage is the
+    one of fence ``g - 1`` (read by name), so loaders keep using what the newest world committed."""
+    generation = max(_listed_generations(run_dir), default=0) + 1
+    while True:
+        lineage: Lineage | None = None
+        if generation > 1:
+            below = _file_record(run_dir, generation - 1)
+            prior = _file_lineage(run_dir, generation - 1, below)
+            lineage = None if prior is None else {generation: None, **prior}
+        record = _record(generation, None, None, lineage, seed=True)
+        if _link_record(run_dir, record):
+            break
+        generation += 1
+    if store.claim(record, None, FENCE_WAIT_S):
+        log.warning("the run's store held no fence (a new run, or a store that came back empty): seeded it at "
+                    "generation %s, above the run directory's fences 1..%s", generation, generation - 1)
+
+
+def _store_newest(store: fence_store.FenceStore, run_dir: str | os.PathLike) -> tuple[dict[str, Any], bytes]:
+    """The store's newest record (seeded first when the store is empty) and its value as stored."""
+    for _ in range(3):
+        record, raw = store.newest(FENCE_WAIT_S)
+        if record is not None and raw is not None:
+            return record, raw
+        _seed(store, run_dir)
+    raise fence_store.StoreUnavailable(f"{store!r}: empty after seeding it three times")
+
+
+def _store_fence(store: fence_store.FenceStore, run_dir: str | os.PathLike, base: tuple[int, int] | None,
+                 round_: int | None, lineage: Any) -> int | None:
+    """The store allocates the world's generation: the file ``fences/<g>.json`` first (link(2), probing upward from
+    the store's newest + 1: the record stays in the run directory), then one transaction that makes it the newest
+    if the newest is still the one read. A lost transaction leaves the file as the record of a world that never
+    started and tries again above the new newest."""
+    if not fence.commit_allowed("fence of a new world"):
+        return None
+    try:
+        newest, raw = _store_newest(store, run_dir)
+        loader = _decode_lineage(newest.get("lineage")) if lineage is _FROM_FENCES else lineage
+        chain: Lineage = {}
+        if base is not None:
+            chain = {base[0]: base[1], **{g: v for g, v in (loader or {}).items() if g < base[0]}}
+        generation = int(newest["generation"]) + 1
+        for _ in range(1000):
+            record = _record(generation, base, round_, {generation: None, **chain})
+            if not _link_record(run_dir, record):
+                generation += 1
+                continue
+            while True:
+                if store.claim(record, raw, FENCE_WAIT_S):
+                    return generation
+                now, raw_now = store.newest(FENCE_WAIT_S)
+                if now is not None and now.get("nonce") == record["nonce"]:
+                    return generation  # the reply was lost, the transaction had landed
+                if now is None or raw_now is None:
+                    return None  # wiped meanwhile: the next try seeds it again
+                raw = raw_now
+                if int(now["generation"]) >= generation:
+                    break  # another world took a newer generation: this file stays as a record, try above it
+            generation = int(now["generation"]) + 1
+        raise FenceError(f"{fence_dir(run_dir)}: no free fence name in 1000 tries")
+    except fence_store.StoreUnavailable as e:
+        print(f"[fence] fence of a new world deferred: {e}", flush=True)
+        return None
+
+
 def same_run(saved: dict[str, Any], now: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
     """What differs between a checkpoint's run identity and this run's, as {key: (saved, now)}; {} when the
     checkpoint belongs to this run. Keys the checkpoint has and this run no longer counts (``epochs``, which
@@ -348,9 +583,6 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
     if state["format"] != FORMAT:
         raise ValueError(f"{path}: checkpoint format {state['format']}; expected {FORMAT}")
     return state
-
-
-_FROM_FENCES: Any = object()
 
 
 def load_latest(run_dir: str | os.PathLike, map_location: str | torch.device = "cpu", *, set_aside: bool = False,

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from eks_ddp_runtime import exitcodes, fence
+from eks_ddp_runtime import exitcodes, fence, fence_store
 from eks_ddp_runtime.dist import DistEnv
 from eks_ddp_trainer import checkpoint as ckpt
 from eks_ddp_trainer.guards import TrainerError
@@ -26,16 +26,23 @@ def choose_checkpoint(env: DistEnv, run_dir: Path, start_over: bool) -> tuple[di
     Unreadable checkpoints are set aside (renamed, never deleted) with a warning naming them. If
     checkpoints exist and none is readable, the run fails with BAD_INPUT unless ``start_over``.
     """
-    chosen: list[Any] = [None, None, None]
-    if env.is_main:
-        try:
-            lineage = chosen[2] = ckpt.read_lineage(run_dir)
-            found = ckpt.load_latest(run_dir, set_aside=True, allow_none_valid=start_over, lineage=lineage)
-            chosen[0] = str(found[1]) if found else None
-        except ckpt.CheckpointError as e:
-            chosen[1] = str(e)
-    if env.distributed:
-        dist.broadcast_object_list(chosen, src=0)
+    while True:
+        chosen: list[Any] = [None, None, None, False]
+        if env.is_main:
+            try:
+                lineage = chosen[2] = ckpt.read_lineage(run_dir)
+                found = ckpt.load_latest(run_dir, set_aside=True, allow_none_valid=start_over, lineage=lineage)
+                chosen[0] = str(found[1]) if found else None
+            except ckpt.CheckpointError as e:
+                chosen[1] = str(e)
+            except fence_store.StoreUnavailable as e:  # the run's store: tried again, in short collectives
+                print(f"[fence] choosing the checkpoint waits for the run's store: {e}", flush=True)
+                chosen[3] = True
+        if env.distributed:
+            dist.broadcast_object_list(chosen, src=0)
+        if not chosen[3]:
+            break
+        time.sleep(1.0)
     if chosen[1]:
         raise TrainerError(exitcodes.BAD_INPUT, f"{chosen[1]} (--start-over trains from scratch instead)")
     if not chosen[0]:
@@ -46,17 +53,19 @@ def choose_checkpoint(env: DistEnv, run_dir: Path, start_over: bool) -> tuple[di
         raise TrainerError(exitcodes.BAD_INPUT, f"{chosen[0]}: unreadable on rank {env.rank}: {e}") from e
 
 
-def fence_world(env: DistEnv, run_dir: Path, restored: dict[str, Any] | None) -> tuple[int, int | None]:
+def fence_world(env: DistEnv, run_dir: Path, restored: dict[str, Any] | None,
+                lineage: Any = ckpt._FROM_FENCES) -> tuple[int, int | None]:
     """Rank 0 fences ``run_dir`` for this world before it trains (checkpoint.write_fence: the next generation, naming
-    the state every rank ``restored``), waiting while its agent holds no lease; returns (generation, rendezvous
-    round) on every rank. Each wait is a short collective, so no rank times out in a long one."""
+    the state every rank ``restored``, chosen from ``lineage``), waiting while its agent holds no lease or the run's
+    store does not answer; returns (generation, rendezvous round) on every rank. Each wait is a short collective, so
+    no rank times out in a long one."""
     round_env = os.environ.get(fence.ROUND_ENV)
     round_ = int(round_env) if round_env else None
     base = (ckpt.generation_of(restored), int(restored["step"])) if restored is not None else None
     while True:
         box = torch.tensor([-1], dtype=torch.int64, device=env.device)
         if env.is_main:
-            generation = ckpt.write_fence(run_dir, base, round_)
+            generation = ckpt.write_fence(run_dir, base, round_, lineage)
             box[0] = -1 if generation is None else generation
         if env.distributed:
             dist.broadcast(box, src=0)
@@ -71,7 +80,7 @@ def hold_until_leased(env: DistEnv, run_dir: Path, generation: int, what: str) -
     while True:
         ok = torch.ones(1, dtype=torch.int64, device=env.device)
         if env.is_main:
-            ok[0] = int(not ckpt.superseded(run_dir, generation) and fence.commit_allowed(what))
+            ok[0] = int(ckpt._superseded_why(run_dir, generation) is None and fence.commit_allowed(what))
         if env.distributed:
             dist.broadcast(ok, src=0)
         if int(ok.item()):

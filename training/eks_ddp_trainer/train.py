@@ -150,6 +150,7 @@ class Training:
         """The newest state of this run (a node-local snapshot or the durable checkpoint), or a fresh start."""
         args, env, opt = self.args, self.env, self.opt
         state, lineage = choose_checkpoint(env, self.run_dir, args.start_over)
+        self.lineage = lineage  # what this world's base is chosen from: its fence records it
         # A node-local snapshot newer than the durable checkpoint (any rank's: the states are replicas) wins, unless
         # a world that was replaced wrote it (off the lineage: checkpoint.py).
         self.snaps = snapshot.Snapshots(self.run_dir, env.rank)
@@ -207,7 +208,7 @@ class Training:
             dist.all_reduce(restarts, op=dist.ReduceOp.MAX)
         # This world's fence (checkpoint.py), before anything it trains is recorded or committed: from here on a
         # world that another one replaces commits nothing the run directory's loaders would use.
-        self.world_gen, rdzv_round = fence_world(env, self.run_dir, self.state)
+        self.world_gen, rdzv_round = fence_world(env, self.run_dir, self.state, self.lineage)
         self.world_fence = {"generation": self.world_gen, "round": rdzv_round}
         self.log.gate = ckpt.commit_gate(self.run_dir, self.world_gen, "history record")
         self.log.record("train", f"start world={world} resumed_step={pos['step']} run_dir={self.run_dir}",

@@ -25,8 +25,8 @@ again. Under any other launcher (torchrun, a plain ``python``) there is no lease
 allowed, so users' own training code can call it unconditionally.
 
 A stall between the check and the rename (a paused process) can still put a commit after the lease's end;
-the trainer's run-directory fences (training/eks_ddp_trainer/checkpoint.py) make such a late commit unloadable. The argument
-for both, and its assumptions, is in docs/rendezvous.md "Why two worlds never both commit".
+the trainer's fences (kept in the run's store, fence_store.py; training/eks_ddp_trainer/checkpoint.py) make such a
+late commit unloadable. The argument for both, and its assumptions, is in docs/rendezvous.md "Why two worlds never both commit".
 """
 
 from __future__ import annotations

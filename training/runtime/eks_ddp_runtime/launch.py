@@ -44,13 +44,14 @@ from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 from torch.distributed.elastic.rendezvous.api import RendezvousClosedError
 from torch.distributed.launcher import api as launcher_api
 
-from . import dataset, fence, modules, runlogs, startfail
+from . import dataset, fence, fence_store, modules, runlogs, startfail
 from .clock_check import ClockSkewError, check_clock
 from .contract import RUN_DIR_ENV
 from .exitcodes import BAD_INPUT, fatal_codes
 from .keptlogs import KeptLogs, RunLogsSpecs, open_kept_logs
 from .rendezvous import handler as rendezvous
 from .rendezvous.etcd_backend import RendezvousConfigError, client_settings
+from .rendezvous.handler import DEFAULT_STORE_RETRY_S
 from .workers import FORK_ENV, all_exited_zero, parse_entrypoint, settle, warm_workers
 
 log = logging.getLogger("training.launch")
@@ -247,6 +248,19 @@ def launch(config: launcher_api.LaunchConfig, entrypoint, args: list[str], kept:
     return FAILED
 
 
+@contextlib.contextmanager
+def fence_store_published(config: launcher_api.LaunchConfig):
+    """:data:`fence_store.FENCE_STORE_ENV` for every worker started from here on: this agent's store endpoint, its
+    TLS client files (paths, as the agent was given them), the rendezvous id and ``store_retry_timeout``."""
+    conf = dict(config.rdzv_configs)
+    os.environ[fence_store.FENCE_STORE_ENV] = fence_store.config_for(
+        config.rdzv_endpoint, config.run_id, conf, float(conf.get("store_retry_timeout", DEFAULT_STORE_RETRY_S)))
+    try:
+        yield
+    finally:
+        os.environ.pop(fence_store.FENCE_STORE_ENV, None)
+
+
 FINAL_MARKER = runlogs.FINAL_MARKER
 """Written into ``$EKS_DDP_RUN_DIR`` by an agent whose run finished (exit 0), with the workers' command. A later
 agent of the same run with the same command exits 0 at once: a Job created again for a finished run (deleted by
@@ -373,8 +387,10 @@ def _run(args, kept: KeptLogs | None, why: list[str]) -> int:
     preload_failure_logging()
     with contextlib.ExitStack() as stack:
         if config.rdzv_backend == rendezvous.BACKEND:
-            # Before the zygote starts: every worker finds the agent's lease through its environment (fence.py).
+            # Before the zygote starts: every worker finds the agent's lease through its environment (fence.py),
+            # and the run's store, where rank 0 keeps the run's fence (fence_store.py).
             stack.enter_context(fence.published())
+            stack.enter_context(fence_store_published(config))
         try:
             Agent.fatal_codes = fatal_codes()
             entrypoint, cmd_args = warm_workers(config, entrypoint, cmd_args)
