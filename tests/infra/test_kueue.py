@@ -8,7 +8,10 @@ as the network contract sees them; each property has a negative control."""
 from __future__ import annotations
 
 import copy
+import json
+import subprocess
 from ipaddress import IPv4Network as Net
+from pathlib import Path
 
 import pulumi_kubernetes as k8s
 import pytest
@@ -24,8 +27,9 @@ from eks_ddp.tooling.contracts.charts import rendered_by_charts
 from eks_ddp.tooling.contracts.identity import DIGEST
 from eks_ddp.tooling.contracts.network import check_manifests
 from eks_ddp.tooling.mocks import ProgramResult, run_program
-from eks_ddp.tooling.plan import render_manifests
+from eks_ddp.tooling.plan import render_manifests, write_manifests
 from eks_ddp.workloads.namespace import POD_SECURITY_LABELS
+from tests.support.util import ROOT
 
 RELEASE = "kubernetes:helm.sh/v3:Release"
 VPC = "10.0.0.0/16"
@@ -171,6 +175,12 @@ def test_the_manager_config_manages_labelled_jobs_of_the_training_namespace_only
                for h in hooks)
 
 
+def test_pods_ready_timeout_evicts_unready_admissions_but_never_a_shrunk_run():
+    config = kueue.manager_config(args(pods_ready_timeout="30m"))
+    assert config["waitForPodsReady"] == {"timeout": "30m", "blockAdmission": False, "recoveryTimeout": "0s"}
+    assert "waitForPodsReady" not in kueue.manager_config(args())  # off unless asked
+
+
 def test_every_object_passes_the_strict_schema():
     result = build(provreq=True)
     docs = [*render_manifests(result), *rendered_by_charts(result)]
@@ -272,6 +282,7 @@ def test_the_policies_exist_before_the_release(result):
     ("vpc_cidrs", ["10.0.0.0/33"], "vpc_cidrs: got '10.0.0.0/33'"),
     ("service_cidrs", ["x"], "service_cidrs: got 'x'"),
     ("tolerations", [{"key": "a", "operator": "Maybe"}], "tolerations: got"),
+    ("pods_ready_timeout", "30", "pods_ready_timeout: got '30'"),
 ])
 def test_each_bad_field_is_named(field, value, message):
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
@@ -281,3 +292,32 @@ def test_each_bad_field_is_named(field, value, message):
 def test_the_component_is_exported():
     assert eks_ddp.Kueue is kueue.Kueue and eks_ddp.KueueArgs is kueue.KueueArgs
     assert isinstance(kueue.policies(args())["default-deny"], k8s.networking.v1.NetworkPolicySpecArgs)
+
+
+CHECKOV_ACCEPTED = {"CKV_K8S_38": "the controller is an API client (it watches Jobs, Workloads, queues and writes "
+                                  "their status): its service-account token is needed"}
+
+
+def test_checkov_finds_only_the_needed_api_token(tmp_path: Path):
+    """checkov over Kueue's objects: the plan's (namespace, policies, CRD, RBAC) and the chart's Deployment as the
+    model renders it. Negative control, in the same scan: the Deployment without the image's high uid fails
+    CKV_K8S_40."""
+    result = build(provreq=True)
+    chart = [d for d in rendered_by_charts(result) if d["kind"] == "Deployment"]
+    low = copy.deepcopy(chart[0])
+    low["metadata"]["name"] = "low-uid"
+    for sc in (low["spec"]["template"]["spec"]["securityContext"],
+               low["spec"]["template"]["spec"]["containers"][0]["securityContext"]):
+        sc.pop("runAsUser", None)
+    write_manifests([*render_manifests(result), *chart, low], tmp_path / "kueue")
+    checkov = ROOT / ".venv-scan" / "bin" / "checkov"
+    assert checkov.exists(), f"{checkov} missing: run `make install` (checkov lives in its own environment)"
+    proc = subprocess.run([str(checkov), "-d", str(tmp_path), "--framework", "kubernetes", "--skip-download",
+                           "--output", "json"], capture_output=True, text=True, timeout=300, check=False)
+    reports = json.loads(proc.stdout)
+    reports = reports if isinstance(reports, list) else [reports]
+    failed = {(c["check_id"], c["resource"]) for r in reports for c in r["results"]["failed_checks"]}
+    ours = {f for f in failed if "low-uid" not in f[1]}
+    assert ours == {("CKV_K8S_38", "Deployment.kueue-system.kueue-controller-manager")}, ours
+    assert ("CKV_K8S_40", "Deployment.kueue-system.low-uid") in failed
+    assert all(len(why.split()) >= 10 for why in CHECKOV_ACCEPTED.values())

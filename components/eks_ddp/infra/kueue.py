@@ -12,7 +12,9 @@
 * Its own namespace :data:`NAMESPACE`, created here with Pod Security 'restricted' enforced. The chart's pod already
   satisfies it (``values.yaml`` ``controllerManager.manager.podSecurityContext``: runAsNonRoot, seccomp
   RuntimeDefault; ``containerSecurityContext``: no privilege escalation, drop ALL, read-only root), and
-  :func:`helm_values` sets the same explicitly so a chart default that changes cannot loosen it.
+  :func:`helm_values` sets the same explicitly (with the image's own uid 65532) so a chart default that changes
+  cannot loosen it. Scanned with checkov, the chart's Deployment fails only CKV_K8S_38 (service-account token
+  mounted): the controller is an API client and needs it.
 * The manager configuration (:func:`manager_config`, the chart's ``managerConfig.controllerManagerConfigYaml``):
   only the ``batch/job`` integration; ``manageJobsWithoutQueueName: false`` (a Job without the queue label is never
   touched); ``managedJobsNamespaceSelector`` naming the managed namespaces, which the chart also copies into its
@@ -78,6 +80,8 @@ POD_SECURITY_LABELS = {
 EKS_SERVICE_CIDRS = ("10.100.0.0/16", "172.20.0.0/16")
 """Where EKS puts ClusterIPs (the ``kubernetes`` Service's among them) when the cluster names no service CIDR."""
 KUBE_DNS_LABELS = {"k8s-app": "kube-dns"}
+KUEUE_UID = 65532
+"""The image's own user (kueue ``Dockerfile``: ``USER 65532:65532``), set explicitly: a high uid (checkov CKV_K8S_40)."""
 PROVREQ_ANNOTATION = "eks-ddp/provisioning-request-crd"
 """Pod annotation naming the ProvisioningRequest CRD Kueue started with: it changes when the CRD comes or goes, so the
 controller restarts and (re)decides whether to run its provisioning admission check."""
@@ -109,6 +113,15 @@ class KueueArgs:
     ProvisioningRequest admission check controller runs. None: no all-or-nothing admission check."""
     depends_on: Sequence[pulumi.Resource] = ()
     """Anything else the release must wait for (the system node group)."""
+    pods_ready_timeout: str | None = None
+    """Kueue's ``waitForPodsReady.timeout`` (Go duration), or None (off). On AWS the ProvisioningRequest check is
+    all-or-nothing only towards the group's max size (module docstring of ``infra/autoscaler.py``): the request is
+    Provisioned, and the run admitted, once the Auto Scaling group's desired size is raised, and instances EC2 cannot
+    supply never come. With a timeout, an admitted workload whose pods are not all Ready by then is evicted and
+    requeued (its pods deleted, so the nodes that did come are scaled down), which makes "holds none" hold for EC2
+    shortfalls too. Pick it above the autoscaler's ``max-node-provision-time`` (25m) plus image pull. Recovery
+    checking is off (``recoveryTimeout: 0s``): a running elastic run that loses a node shrinks instead of being
+    suspended."""
 
 
 def _cidr_problem(field: str, value: object) -> str | None:
@@ -129,6 +142,8 @@ def validate(args: KueueArgs) -> None:
                                     "webhooks from there)",
         *[_cidr_problem("vpc_cidrs", c) for c in args.vpc_cidrs],
         *[_cidr_problem("service_cidrs", c) for c in args.service_cidrs],
+        None if args.pods_ready_timeout is None else rules.scale_down_time("pods_ready_timeout",
+                                                                           args.pods_ready_timeout),
         *[None if isinstance(t, Mapping) and t.get("operator", "Equal") in ("Equal", "Exists") else
           f"tolerations: got {t!r}; expected a mapping with key/operator (Equal|Exists)/value/effect"
           for t in args.tolerations],
@@ -154,6 +169,8 @@ def manager_config(args: KueueArgs) -> dict:
         "managedJobsNamespaceSelector": {"matchExpressions": [
             {"key": "kubernetes.io/metadata.name", "operator": "In", "values": sorted(args.managed_namespaces)}]},
         "integrations": {"frameworks": list(FRAMEWORKS)},
+        **({"waitForPodsReady": {"timeout": args.pods_ready_timeout, "blockAdmission": False,
+                                 "recoveryTimeout": "0s"}} if args.pods_ready_timeout else {}),
     }
 
 
@@ -170,8 +187,10 @@ def helm_values(args: KueueArgs, crd_name: str | None = None) -> dict:
                 "image": {"repository": IMAGE_REPOSITORY, "tag": IMAGE_TAG, "pullPolicy": "IfNotPresent"},
                 "resources": RESOURCES,
                 "podAnnotations": {PROVREQ_ANNOTATION: crd_name or "none"},
-                "podSecurityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
-                "containerSecurityContext": {"readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False,
+                "podSecurityContext": {"runAsNonRoot": True, "runAsUser": KUEUE_UID, "runAsGroup": KUEUE_UID,
+                                       "seccompProfile": {"type": "RuntimeDefault"}},
+                "containerSecurityContext": {"runAsNonRoot": True, "runAsUser": KUEUE_UID,
+                                             "readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False,
                                              "capabilities": {"drop": ["ALL"]}},
             },
             "nodeSelector": dict(args.node_selector),

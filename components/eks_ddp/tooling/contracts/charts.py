@@ -119,6 +119,17 @@ _KUEUE_DEFAULTS: dict[str, Any] = {
 _JOB_WEBHOOKS = (("mjob.kb.io", "/mutate-batch-v1-job"), ("vjob.kb.io", "/validate-batch-v1-job"))
 
 
+def _whole(value: Any) -> Any:
+    """Numbers as Helm renders them: the engine carries every number as a float, ``toYaml`` writes 65532.0 as 65532."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _whole(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_whole(v) for v in value]
+    return value
+
+
 def _chart_of(release: Recorded) -> str:
     chart = str(release.inputs.get("chart") or "")
     return chart.removeprefix(KUEUE_CHART_PREFIX) if chart.startswith(KUEUE_CHART_PREFIX) else chart
@@ -127,7 +138,7 @@ def _chart_of(release: Recorded) -> str:
 def kueue(release: Recorded) -> list[dict[str, Any]]:
     """The Deployment, ServiceAccount, Services, webhook configurations and APIServices the kueue chart renders for
     ``release`` (the objects the network contract and the pod checks need; RBAC and CRDs left out)."""
-    v = _merged(_KUEUE_DEFAULTS, release.inputs.get("values") or {})
+    v = _merged(_KUEUE_DEFAULTS, _whole(release.inputs.get("values") or {}))
     name = str(release.inputs.get("name") or release.name)
     chart = v["nameOverride"] or KUEUE
     full = (v["fullnameOverride"] or (name if chart in name else f"{name}-{chart}"))[:63].rstrip("-")
