@@ -227,6 +227,9 @@ class Kueue(pulumi.ComponentResource):
 
     namespace: str
     """The namespace Kueue runs in."""
+    release: k8s.helm.v3.Release
+    """The Helm release: it installs Kueue's CRDs and waits for the controller (webhooks serving), so the queue
+    objects and queued Jobs depend on it (and ``pulumi destroy`` removes them before Kueue)."""
 
     def __init__(self, name: str, args: KueueArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("eks-ddp:kueue:Kueue", name, None, opts)
@@ -242,7 +245,7 @@ class Kueue(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, depends_on=[ns])) for policy, spec in policies(args).items()]
         crd = args.provisioning_request_crd
         crd_name = "provisioningrequests.autoscaling.x-k8s.io" if crd is not None else None
-        k8s.helm.v3.Release(
+        self.release = k8s.helm.v3.Release(
             f"{name}-release", name=RELEASE, chart=CHART, version=CHART_VERSION, namespace=NAMESPACE,
             values=helm_values(args, crd_name), atomic=True,
             # The policies first: the controller never runs unisolated; the CRD first: see the module docstring.
