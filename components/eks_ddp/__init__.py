@@ -10,6 +10,7 @@ components from here::
     from eks_ddp import Workload, S3Data, Cifar10Data, Egress, cifar10_workload   # what an ElasticJob trains
     from eks_ddp import WorkloadImage   # your image: the nodes' pull grant and the ECR scan gate
     from eks_ddp import Observability   # container logs in CloudWatch, GPU metrics, the node monitoring agent
+    from eks_ddp import Kueue   # the job queueing controller (queued runs, all-or-nothing GPU admission)
 
 The names are plain imports (type checkers and IDEs see every class; the package ships ``py.typed``).
 Importing ``eks_ddp`` loads Pulumi and its AWS/EKS/Kubernetes SDKs, never torch: the trainer is the
@@ -26,6 +27,7 @@ from eks_ddp.infra.efs import EfsStore, EfsStoreArgs
 from eks_ddp.infra.gpu_nodegroup import GpuNodeGroup, GpuNodeGroupArgs
 from eks_ddp.infra.iam import data_stage_role, workload_policy
 from eks_ddp.infra.image import TrainerImage, TrainerImageArgs
+from eks_ddp.infra.kueue import Kueue, KueueArgs
 from eks_ddp.infra.network import Network, NetworkArgs
 from eks_ddp.infra.observability import Observability, ObservabilityArgs
 from eks_ddp.infra.results import ResultsBucket, ResultsBucketArgs
@@ -49,7 +51,7 @@ __all__ = [
     "EksCluster", "EksClusterArgs", "ElasticJob", "ElasticJobArgs", "EtcdRendezvous", "EtcdRendezvousArgs",
     "GpuNodeGroup", "GpuNodeGroupArgs", "Network", "NetworkArgs", "ResultsBucket", "ResultsBucketArgs",
     "TrainerImage", "TrainerImageArgs", "Workload", "S3Data", "Cifar10Data", "cifar10_workload", "Egress",
-    "WorkloadImage", "WorkloadImageArgs", "Observability", "ObservabilityArgs",
+    "WorkloadImage", "WorkloadImageArgs", "Observability", "ObservabilityArgs", "Kueue", "KueueArgs",
     "Placement", "Size", "PerRunClaims", "WholeVolume", "EtcdStore", "C10d", "Results",
     "data_stage_role", "workload_policy", "training_namespace",
 ]

@@ -9,7 +9,11 @@ users, the scheduler framework's volume plugins, ``config/flags/flags.go``):
 * from 1.35: ``--enable-dynamic-resource-allocation`` is locked to true, and ``main.go`` blocks on
   ``WaitForCacheSync`` of the ``resource.k8s.io`` ResourceClaims/ResourceSlices/DeviceClasses informers
   before the first loop (in 1.32-1.34 the flag defaults to false and eks-ddp does not set it);
-* PodTemplates (1.36) only with ``--enable-provisioning-requests`` (off here), so not needed.
+* with ``--enable-provisioning-requests`` (``ClusterAutoscalerArgs.provisioning_requests``, for Kueue's
+  all-or-nothing admission check), at every pinned minor: ``provreqclient.NewProvisioningRequestClient`` waits for
+  the ProvisioningRequest and PodTemplate informers' caches (``newPRsLister``/``newPodTemplatesLister``) before the
+  first loop, then writes the requests' status and deletes old requests. Only chart 9.59.0 grants these; the
+  component adds its own ClusterRole (``autoscaler.provisioning_request_rules``), checked here against every pin.
 
 A forbidden list/watch blocks the start forever while /health-check stays green (monitoring starts after
 the build): the autoscaler never scales, silently. Hence this test.
@@ -40,6 +44,10 @@ CORE_NEEDS = frozenset({
 })
 DRA_NEEDS = frozenset({("resource.k8s.io", "resourceslices"), ("resource.k8s.io", "deviceclasses"),
                        ("resource.k8s.io", "resourceclaims")})
+PROVREQ_NEEDS = frozenset({("autoscaling.x-k8s.io", "provisioningrequests"), ("", "podtemplates")})
+PROVREQ_WRITES = {("autoscaling.x-k8s.io", "provisioningrequests/status"): {"update", "patch"},
+                  ("autoscaling.x-k8s.io", "provisioningrequests"): {"delete"}}
+"""UpdateStatus (1.32-1.33), server-side apply of the status (ApplyProvisioningRequest, from 1.34), DeleteOldProvReqs."""
 
 
 def minor(v: str) -> tuple[int, int]:
@@ -47,9 +55,10 @@ def minor(v: str) -> tuple[int, int]:
     return int(major), int(mnr)
 
 
-def needs(image_tag: str) -> frozenset[tuple[str, str]]:
+def needs(image_tag: str, provisioning_requests: bool = False) -> frozenset[tuple[str, str]]:
     """(apiGroup, resource) pairs the image lists and watches before its first loop."""
-    return CORE_NEEDS | (DRA_NEEDS if minor(image_tag) >= (1, 35) else frozenset())
+    return (CORE_NEEDS | (DRA_NEEDS if minor(image_tag) >= (1, 35) else frozenset())
+            | (PROVREQ_NEEDS if provisioning_requests else frozenset()))
 
 
 @cache
@@ -72,8 +81,17 @@ def granted(rules: list[dict]) -> set[tuple[str, str]]:
     return out
 
 
-def missing(chart_version: str, image_tag: str) -> set[tuple[str, str]]:
-    return set(needs(image_tag)) - granted(chart_rules(chart_version))
+def missing(chart_version: str, image_tag: str, provisioning_requests: bool = False,
+            extra: list[dict] | None = None) -> set[tuple[str, str]]:
+    return set(needs(image_tag, provisioning_requests)) - granted([*chart_rules(chart_version), *(extra or [])])
+
+
+def unwritable(rules: list[dict]) -> set[tuple[str, str, str]]:
+    """(apiGroup, resource, verb) of :data:`PROVREQ_WRITES` that no rule grants on every object."""
+    have = {(g, res, v) for r in rules if not r.get("resourceNames") for g in r["apiGroups"] for res in r["resources"]
+            for v in r["verbs"]}
+    return {(g, res, v) for (g, res), verbs in PROVREQ_WRITES.items() for v in verbs
+            if (g, res, v) not in have and (g, res, "*") not in have}
 
 
 @pytest.mark.parametrize("version", sorted(autoscaler.PINS))
@@ -117,3 +135,43 @@ def test_a_stuck_loop_turns_health_red():
         return int(d[:-1]) * {"s": 1, "m": 60, "h": 3600}[d[-1]]
     assert 60 <= seconds(args["max-inactivity"]) < 10 * 60
     assert seconds(args["max-inactivity"]) <= seconds(args["max-failing-time"]) < 15 * 60
+
+
+@pytest.mark.parametrize("version", sorted(autoscaler.PINS))
+def test_provisioning_requests_are_granted_with_every_pin(version):
+    """With ``provisioning_requests`` the image also lists/watches ProvisioningRequests and PodTemplates and writes
+    the requests' status: the chart's ClusterRole plus the component's own covers it at every pin."""
+    p = autoscaler.PINS[version]
+    extra = autoscaler.provisioning_request_rules()
+    assert not missing(p.chart_version, p.image_tag, True, extra), (version, p)
+    assert not unwritable(extra)
+
+
+def test_the_check_sees_charts_without_provisioning_request_rbac():
+    """Negative control: the charts pinned for 1.32-1.35 alone lack exactly the ProvisioningRequest informers (the
+    image would block its start); 9.59.0 has them; rules without delete or status writes are caught."""
+    for version in ("1.32", "1.33", "1.34", "1.35"):
+        p = autoscaler.PINS[version]
+        assert missing(p.chart_version, p.image_tag, True) == set(PROVREQ_NEEDS), version
+    assert not missing("9.59.0", "v1.36.1", True)
+    assert unwritable([{"apiGroups": ["autoscaling.x-k8s.io"], "resources": ["provisioningrequests"],
+                        "verbs": ["get", "list", "watch"]}]) == {
+        ("autoscaling.x-k8s.io", "provisioningrequests/status", "update"),
+        ("autoscaling.x-k8s.io", "provisioningrequests/status", "patch"),
+        ("autoscaling.x-k8s.io", "provisioningrequests", "delete")}
+
+
+def test_the_provisioning_request_rules_are_bound_to_the_autoscaler_s_account():
+    from eks_ddp.tooling.mocks import run_program
+
+    def program() -> None:
+        autoscaler.ClusterAutoscaler("autoscaler", autoscaler.ClusterAutoscalerArgs(
+            cluster_name="c", region="us-west-2", oidc_provider_arn="a", oidc_provider_url="u", node_selector={},
+            provisioning_requests=True))
+    result = run_program({}, program=program)
+    role = result.one("kubernetes:rbac.authorization.k8s.io/v1:ClusterRole").inputs
+    binding = result.one("kubernetes:rbac.authorization.k8s.io/v1:ClusterRoleBinding").inputs
+    assert role["rules"] == autoscaler.provisioning_request_rules()
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": autoscaler.SERVICE_ACCOUNT,
+                                    "namespace": autoscaler.NAMESPACE}]

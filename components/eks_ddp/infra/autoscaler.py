@@ -13,6 +13,20 @@
   take no resource ARNs), and the two mutating calls only on Auto Scaling groups tagged
   ``k8s.io/cluster-autoscaler/<cluster>: owned``, i.e. this cluster's managed node groups.
 * ``scale-down-unneeded-time`` from config: how long a GPU node sits empty before it is removed.
+* ProvisioningRequests (``provisioning_requests``, for Kueue's all-or-nothing admission check,
+  ``components/eks_ddp/infra/kueue.py``): ``--enable-provisioning-requests=true`` (``config/flags/flags.go`` from 1.33,
+  ``main.go`` in 1.32; every pinned image has it and handles both classes, ``check-capacity.autoscaling.x-k8s.io``
+  and ``best-effort-atomic-scale-up.autoscaling.x-k8s.io``, ``provisioningrequest/supported_classes.go``), the
+  ProvisioningRequest CRD (autoscaling.x-k8s.io, vendored in ``infra/crds``: :data:`PROVREQ_CRD_FILE`), and a
+  ClusterRole of its own (:func:`provisioning_request_rules`): the charts pinned for 1.32-1.35 grant neither
+  ``provisioningrequests`` nor ``podtemplates``, and the image blocks its start on both informers' cache sync
+  (``provisioningrequest/provreqclient/client.go`` ``newPRsLister``/``newPodTemplatesLister``).
+  On AWS "best-effort atomic" is atomic in the simulation only: the scale-up is asked for only if one node group
+  can take every pod of the request within its max size and the cluster limits (``core/scaleup/orchestrator``
+  ``allOrNothing``), but ``AwsNodeGroup.AtomicIncreaseSize`` is ``ErrNotImplemented``, so the executor falls back
+  to a plain ``SetDesiredCapacity`` (``executor.go`` ``increaseSize``) and the request is marked Provisioned as soon
+  as the desired size is raised, before EC2 has launched anything: instances EC2 cannot supply are not rolled back
+  as a unit.
 
 Reserved and capacity-block groups work the same way: the autoscaler raises their desired size
 when pods are Pending, and the instances launch into the reservation/block; it removes them when
@@ -25,10 +39,12 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
+import yaml
 
 from eks_ddp.core import k8s_versions, rules
 from eks_ddp.infra.iam import irsa_trust_policy
@@ -99,6 +115,38 @@ NODEGROUP_ACTION = "eks:DescribeNodegroup"
 """Read of a managed group's labels and taints (scale from zero); it takes a node group ARN, so it is scoped."""
 MUTATING_ACTIONS = ("autoscaling:SetDesiredCapacity", "autoscaling:TerminateInstanceInAutoScalingGroup")
 
+PROVREQ_FLAG = "enable-provisioning-requests"
+"""The autoscaler's switch for ProvisioningRequests (default false in every pinned image)."""
+PROVREQ_CRD_FILE = Path(__file__).parent / "crds" / "autoscaling.x-k8s.io_provisioningrequests.yaml"
+"""The ProvisioningRequest CRD, vendored from kubernetes/autoscaler ``cluster-autoscaler-1.36.1``
+``cluster-autoscaler/apis/config/crd/autoscaling.x-k8s.io_provisioningrequests.yaml`` (v1 served and stored,
+v1beta1 served; the v1 schema is the same at every pinned tag)."""
+PROVREQ_CRD_NAME = "provisioningrequests.autoscaling.x-k8s.io"
+
+
+def provisioning_request_crd() -> dict:
+    """The vendored CRD manifest."""
+    doc = yaml.safe_load(PROVREQ_CRD_FILE.read_text())
+    if doc["metadata"]["name"] != PROVREQ_CRD_NAME:
+        raise ValueError(f"{PROVREQ_CRD_FILE.name}: got CRD {doc['metadata']['name']!r}; expected {PROVREQ_CRD_NAME}")
+    return dict(doc)
+
+
+def provisioning_request_rules() -> list[dict]:
+    """What the image does with ProvisioningRequests, read from its source at the pinned tags: it lists and
+    watches ProvisioningRequests and PodTemplates (``provreqclient.NewProvisioningRequestClient``, which waits for
+    both caches before the first loop), writes the requests' status (``UpdateStatus`` in 1.32, server-side apply
+    of the status from 1.34: ``ApplyProvisioningRequest``) and deletes requests a week after they end
+    (``processors/provreq`` ``DeleteOldProvReqs``). Nothing else: no create, and no write on PodTemplates (Kueue
+    creates them)."""
+    return [
+        {"apiGroups": ["autoscaling.x-k8s.io"], "resources": ["provisioningrequests"],
+         "verbs": ["get", "list", "watch", "delete"]},
+        {"apiGroups": ["autoscaling.x-k8s.io"], "resources": ["provisioningrequests/status"],
+         "verbs": ["get", "update", "patch"]},
+        {"apiGroups": [""], "resources": ["podtemplates"], "verbs": ["get", "list", "watch"]},
+    ]
+
 
 def pin(kubernetes_version: str) -> AutoscalerPin:
     """The autoscaler chart and image for a cluster's Kubernetes minor version."""
@@ -157,6 +205,10 @@ class ClusterAutoscalerArgs:
     never drift when neither is set; pass ``EksCluster.kubernetes_version`` otherwise."""
     scale_down_unneeded_time: str = "10m"
     """How long a node must be unneeded before it is removed (Go duration)."""
+    provisioning_requests: bool = False
+    """Handle ProvisioningRequests (Kueue's all-or-nothing GPU admission check): the flag, the CRD and the RBAC.
+    The CRD is :attr:`ClusterAutoscaler.provisioning_request_crd`; give it to ``KueueArgs`` so Kueue starts after
+    it (its ProvisioningRequest controller starts only if the API exists when Kueue starts)."""
 
 
 def validate(args: ClusterAutoscalerArgs) -> None:
@@ -172,7 +224,9 @@ def validate(args: ClusterAutoscalerArgs) -> None:
             "versions the cluster autoscaler is pinned for)"),
         rules.known("scale_down_unneeded_time", args.scale_down_unneeded_time, "a duration", "it goes into the "
                     "chart values") or rules.scale_down_time("scale_down_unneeded_time", args.scale_down_unneeded_time),
-        rules.known("node_selector", args.node_selector, "a mapping of labels", "it goes into the chart values"))
+        rules.known("node_selector", args.node_selector, "a mapping of labels", "it goes into the chart values"),
+        None if isinstance(args.provisioning_requests, bool) else
+        f"provisioning_requests: got {args.provisioning_requests!r}; expected true or false")
 
 
 def helm_values(args: ClusterAutoscalerArgs, role_arn: pulumi.Input[str]) -> dict:
@@ -201,6 +255,7 @@ def helm_values(args: ClusterAutoscalerArgs, role_arn: pulumi.Input[str]) -> dic
             # the loop (informer sync blocked by missing RBAC): PINS keeps the chart's RBAC matching the image.
             "max-inactivity": MAX_INACTIVITY,
             "max-failing-time": MAX_FAILING_TIME,
+            **({PROVREQ_FLAG: "true"} if args.provisioning_requests else {}),
         },
         "securityContext": {"runAsNonRoot": True, "runAsUser": 65534, "runAsGroup": 65534,
                             "seccompProfile": {"type": "RuntimeDefault"}},
@@ -213,6 +268,8 @@ class ClusterAutoscaler(pulumi.ComponentResource):
     """The cluster autoscaler Helm release with its IRSA role."""
 
     role_arn: pulumi.Output[str]
+    provisioning_request_crd: k8s.apiextensions.v1.CustomResourceDefinition | None
+    """The ProvisioningRequest CRD (None without ``provisioning_requests``)."""
 
     def __init__(self, name: str, args: ClusterAutoscalerArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("eks-ddp:autoscaler:ClusterAutoscaler", name, None, opts)
@@ -226,10 +283,31 @@ class ClusterAutoscaler(pulumi.ComponentResource):
             opts=child)
         policy = aws.iam.RolePolicy(f"{name}-policy", role=role.id, policy=json.dumps(iam_policy(args.cluster_name, args.region)),
                                     opts=child)
+        before: list[pulumi.Resource] = [policy]
+        self.provisioning_request_crd = None
+        if args.provisioning_requests:
+            before += self._create_provisioning_requests(name)
         k8s.helm.v3.Release(
             f"{name}-release", name="cluster-autoscaler", chart=CHART, version=chart_version(args.kubernetes_version),
             repository_opts=k8s.helm.v3.RepositoryOptsArgs(repo=CHART_REPO), namespace=NAMESPACE,
             values=helm_values(args, role.arn), atomic=True,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[policy]))
+            # The CRD and the grant first: the image waits for the ProvisioningRequest informer before its first loop.
+            opts=pulumi.ResourceOptions(parent=self, depends_on=before))
         self.role_arn = role.arn
         self.register_outputs({"role_arn": self.role_arn})
+
+    def _create_provisioning_requests(self, name: str) -> list[pulumi.Resource]:
+        crd = provisioning_request_crd()
+        child = pulumi.ResourceOptions(parent=self)
+        self.provisioning_request_crd = k8s.apiextensions.v1.CustomResourceDefinition(
+            f"{name}-provisioning-requests-crd", metadata={"name": crd["metadata"]["name"],
+                                                         "annotations": crd["metadata"].get("annotations") or {}},
+            spec=crd["spec"], opts=child)
+        role = k8s.rbac.v1.ClusterRole(
+            f"{name}-provisioning-requests", metadata={"name": "eks-ddp-cluster-autoscaler-provisioning-requests"},
+            rules=provisioning_request_rules(), opts=child)
+        binding = k8s.rbac.v1.ClusterRoleBinding(
+            f"{name}-provisioning-requests", metadata={"name": "eks-ddp-cluster-autoscaler-provisioning-requests"},
+            role_ref={"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role.metadata.name},
+            subjects=[{"kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": NAMESPACE}], opts=child)
+        return [self.provisioning_request_crd, binding]

@@ -248,6 +248,35 @@ def test_egress_and_ingress_must_both_allow():
     assert c.egress(client, server) and not c.ingress(server, client)
 
 
+def test_two_ip_blocks_that_split_the_service_ranges_reach_the_api_server_for_sure():
+    """EKS puts the ClusterIP in 10.100.0.0/16 or 172.20.0.0/16: one ipBlock for each covers it whichever it is.
+    Negative control: either block alone does not."""
+    from eks_ddp.tooling.contracts.netobjects import API_SERVER
+
+    def api(blocks: list[str]) -> Ports:
+        egress = [{"to": [{"ipBlock": {"cidr": b}} for b in blocks], "ports": [{"port": 443, "protocol": "TCP"}]}]
+        c = cluster_of([CLIENT, netpol("client", {"app": "client"}, egress=egress)])
+        client = next(p for p in c.pods if p.name == "Pod/client")
+        svc = next(s for s in c.services if s.name == API_SERVER["metadata"]["name"])
+        return c.egress(client, svc)
+
+    assert api(["10.100.0.0/16", "172.20.0.0/16"]) == Ports.of(("TCP", 443, 443))
+    assert not api(["10.100.0.0/16"]) and not api(["172.20.0.0/16"])
+
+
+def test_api_server_egress_through_the_service_cidr_is_not_extra_in_a_smaller_vpc():
+    """The ClusterIP lies in the service CIDR, outside a 10.0.0.0/16 VPC: egress there for the API server is needed,
+    not extra. Negative control: the same block on port 80 is extra."""
+    def found(port: int) -> list[str]:
+        egress = [{"to": [{"ipBlock": {"cidr": c}} for c in ("10.100.0.0/16", "172.20.0.0/16")],
+                   "ports": [{"port": port, "protocol": "TCP"}]}]
+        objs = [pod("client", {"app": "client"}), netpol("client", {"app": "client"}, egress=egress, ingress=[])]
+        return [str(v) for v in check_manifests(objs, vpc_cidrs=(Net("10.0.0.0/16"),))
+                if "Pod/client: egress to" in str(v)]
+    assert found(443) == []
+    assert any("egress to 10.100.0.0/16" in f and "TCP 80" in f for f in found(80)), found(80)
+
+
 # --- a stack with a workload of its own: declared egress, an S3 data set --------------------------------------
 BERT = "123456789012.dkr.ecr.us-west-2.amazonaws.com/bert@sha256:" + "a" * 64
 

@@ -32,6 +32,12 @@ isolates with its own NetworkPolicy, dcgm-exporter, are rebuilt from its release
 * **API server**: a pod that mounts a service-account token (``automountServiceAccountToken`` not false on the pod,
   else on its ServiceAccount; Kubernetes "Configure Service Accounts for Pods") needs TCP 443 to the ``kubernetes``
   Service; no other pod may reach it (its ClusterIP, or the control plane's ENIs in the VPC).
+* **the control plane's calls**: a Service of the plan that a MutatingWebhookConfiguration or
+  ValidatingWebhookConfiguration (``webhooks[].clientConfig.service``, port 443 unless given) or an APIService
+  (``spec.service``) names is called by the API server, which on EKS reaches the backing pods from its ENIs in the
+  cluster's subnets (an address somewhere in the VPC): each backing pod must admit the whole VPC on the Service
+  port's target port (Kubernetes "Dynamic Admission Control"; "Configure the Aggregation Layer"). An ingress ipBlock
+  is justified by nothing else: one that admits more ports, or addresses outside the VPC, is extra.
 
 "Nothing else": no pod of the plan, and no pod outside it (a stranger in another namespace, or one without our
 labels in ours), reaches a pod or Service of the plan beyond those needs (DNS to kube-dns is always tolerated);
@@ -165,7 +171,7 @@ def needs(c: Cluster) -> tuple[list[Need], list[Violation]]:
             named = True
         if _mounts_token(pod, sa):
             out.append(Need(pod, api, HTTPS, "the API server (it mounts a service-account token)",
-                            may=tuple(c.vpc_cidrs)))
+                            may=(*c.vpc_cidrs, *c.service_cidrs)))
             named = True
         if named:
             out.append(Need(pod, dns, DNS, "DNS (it dials names)"))
@@ -317,9 +323,72 @@ def _extra_cidrs(c: Cluster, src: Pod, own: list[Need]) -> list[Violation]:
     return out
 
 
-def check_cluster(c: Cluster) -> list[Violation]:
+CONTROL_PLANE = Pod(name="control-plane", namespace="", labels={}, spec={})
+"""The API server as a caller: no pod of the cluster, an address in the VPC (its ENIs)."""
+
+
+def control_plane_needs(c: Cluster, manifests: list[dict[str, Any]]) -> tuple[dict[int, Ports], list[Violation]]:
+    """Per backing pod (by id), the ports the control plane must reach it on; violations where it cannot."""
+    wanted: list[tuple[str, str, int, str]] = []
+    for m in manifests:
+        if m.get("kind") in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+            for hook in m.get("webhooks") or ():
+                ref = (hook.get("clientConfig") or {}).get("service")
+                if ref:
+                    wanted.append((ref.get("namespace", "default"), ref["name"], int(ref.get("port", 443)),
+                                   f"{m['kind']} {m['metadata']['name']} webhook {hook.get('name')}"))
+        elif m.get("kind") == "APIService" and (ref := (m.get("spec") or {}).get("service")):
+            wanted.append((ref.get("namespace", "default"), ref["name"], int(ref.get("port", 443)),
+                           f"APIService {m['metadata']['name']}"))
+    svc_by = {(s.namespace, s.name): s for s in c.services}
+    justified: dict[int, Ports] = {}
+    bad: list[Violation] = []
+    for ns, name, port, why in wanted:
+        svc = svc_by.get((ns, name))
+        if svc is None:
+            bad.append(Violation(NAME, why, f"calls Service {ns}/{name}, which the plan does not have"))
+            continue
+        for sp in (p for p in svc.ports if p["port"] == port):
+            for pod in c.backing(svc):
+                tp = c.target_port(pod, sp)
+                if tp is None:
+                    continue
+                need = Ports.of((sp["protocol"], tp, tp))
+                justified[id(pod)] = justified.get(id(pod), Ports()).union(need)
+                if missing := need.minus(c.ingress(pod, CONTROL_PLANE)):
+                    bad.append(Violation(NAME, repr(pod), f"needs {missing} from the control plane (its ENIs in "
+                                                          f"the VPC: {_fmt_nets(c.vpc_cidrs)}) for {why}, which the "
+                                                          "policies as EKS enforces them do not allow"))
+    return justified, bad
+
+
+def _extra_ingress_cidrs(c: Cluster, pod: Pod, justified: Ports) -> list[Violation]:
+    """Every ingress ipBlock of ``pod`` must be the VPC (the control plane) on ports the control plane needs."""
+    out: list[Violation] = []
+    if not c.isolated(pod, "ingress"):
+        return out
+    for policy in c._selecting(pod, "ingress"):
+        for e in c.endpoints(policy, "ingress"):
+            if "cidr" not in e:
+                continue
+            nets, ports = subtract([e["cidr"]], e.get("except", ())), ports_of(e["ports"])
+            beyond = subtract(nets, c.vpc_cidrs)
+            if extra := ports.minus(justified):
+                out.append(Violation(NAME, repr(pod), f"ingress from {_fmt_nets(nets)} on {extra} "
+                                                      f"({policy['metadata']['name']}), which nothing calling it needs"))
+            if beyond and ports.intersect(justified):
+                out.append(Violation(NAME, repr(pod), f"ingress from {_fmt_nets(beyond)} "
+                                                      f"({policy['metadata']['name']}): outside the VPC, where "
+                                                      "the control plane's ENIs are"))
+    return out
+
+
+def check_cluster(c: Cluster, manifests: list[dict[str, Any]] | None = None) -> list[Violation]:
     all_needs, bad = needs(c)
-    return bad + check_needs(c, all_needs) + check_extra(c, all_needs)
+    justified, cp_bad = control_plane_needs(c, manifests or [])
+    extra_in = [v for p in c.pods if not _platform(p) and p.name != STRANGER
+                for v in _extra_ingress_cidrs(c, p, justified.get(id(p), Ports()))]
+    return bad + cp_bad + check_needs(c, all_needs) + check_extra(c, all_needs) + extra_in
 
 
 def check_manifests(manifests: list[dict[str, Any]], *, vpc_cidrs: tuple[Net, ...] = PRIVATE_RANGES,
@@ -328,7 +397,7 @@ def check_manifests(manifests: list[dict[str, Any]], *, vpc_cidrs: tuple[Net, ..
     namespaces = {m["metadata"].get("namespace") for m in manifests if m.get("metadata", {}).get("namespace")}
     strangers = [{"kind": "Pod", "metadata": {"name": "stranger", "namespace": ns}, "spec": {}}
                  for ns in sorted({ELSEWHERE, *namespaces})]
-    return check_cluster(cluster_of([*manifests, *strangers], vpc_cidrs=vpc_cidrs, mode=mode))
+    return check_cluster(cluster_of([*manifests, *strangers], vpc_cidrs=vpc_cidrs, mode=mode), manifests)
 
 
 def vpc_cidrs_of(view: PlanView) -> tuple[Net, ...]:
@@ -339,6 +408,6 @@ def vpc_cidrs_of(view: PlanView) -> tuple[Net, ...]:
 @contract(NAME)
 def network(view: PlanView) -> list[Violation]:
     """Our NetworkPolicies as EKS's VPC CNI enforces them: every needed flow allowed, nothing else. The pods of the
-    charts the stack isolates itself (:mod:`.charts`: dcgm-exporter) are the plan's pods too."""
+    charts the stack isolates itself (:mod:`.charts`: dcgm-exporter, kueue) are the plan's pods too."""
     return check_manifests([*view.manifests, *rendered_by_charts(view.result)], vpc_cidrs=vpc_cidrs_of(view))
 

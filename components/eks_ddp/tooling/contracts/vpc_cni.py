@@ -225,18 +225,31 @@ class Cluster:
         if not self.isolated(src, "egress"):
             return Ports.all()
         out = Ports()
+        ranges = (self.vpc_cidrs if isinstance(dst, Pod) else self.service_cidrs
+                  if isinstance(dst, Service) else (dst,))
+        # For sure: the address lies in one of the ranges, so a port passes if, for every range, some ipBlock covers
+        # that whole range on it (two blocks may split the ranges between them).
+        per_range: dict[Net, Ports] = {r: Ports() for r in ranges}
         for policy in self._selecting(src, "egress"):
             for e in self.endpoints(policy, "egress"):
                 if "cidr" in e:
                     if not cidrs:
                         continue
-                    ranges = (self.vpc_cidrs if isinstance(dst, Pod) else self.service_cidrs
-                              if isinstance(dst, Service) else (dst,))
+                    if definite:
+                        for r in ranges:
+                            if self._in_range(e, (r,), True):
+                                per_range[r] = per_range[r].union(ports_of(e["ports"]))
+                        continue
                     hit = self._in_range(e, ranges, definite)
                 else:
                     hit = e.get("pod") is dst or e.get("svc") is dst
                 if hit:
                     out = out.union(ports_of(e["ports"]))
+        if cidrs and definite and per_range:
+            sure = None
+            for got in per_range.values():
+                sure = got if sure is None else sure.intersect(got)
+            out = out.union(sure or Ports())
         return out
 
     def ingress(self, dst: Pod, src: Pod, *, definite: bool = True, cidrs: bool = True) -> Ports:
