@@ -1,7 +1,7 @@
 """``eks-ddp status RUN`` for a queued run: queued / waiting for capacity / admitted / preempted / evicted / cancelled
 / rejected, and why, from the run's Kueue Workload (components/eks_ddp/tooling/runs/status.py ``queue_state``).
 
-The Workloads are fixtures (tests/fixtures/kueue/workload-*.json) built to the v1beta2 Workload CRD of Kueue v0.16.4
+The Workloads are fixtures (the workload JSON files in tests/fixtures/kueue/) built to the v1beta2 Workload CRD of Kueue v0.16.4
 (its schema, spec without the pod templates and status whole, is tests/fixtures/kueue/workload-v1beta2.schema.json,
 cut from config/components/crd/bases/kueue.x-k8s.io_workloads.yaml), with the condition reasons and messages of
 Kueue's source (scheduler.go, workload.go, admissionchecks.go, the provisioning admission check) and the cluster

@@ -1,5 +1,5 @@
 """NEEDS THE RUN-QUEUE MERGE: the queue contract over the real byo plan (the stack renders the Kueue objects and the
-queued Jobs; components/eks_ddp/workloads/queue.py and the queued ElasticJob). Until those land, these tests fail
+queued Jobs: the RunQueue component, eks_ddp.RunQueue, and the queued ElasticJob). Until those land, these tests fail
 on purpose: the objects they read are absent, and nothing is skipped.
 
 The byo stack: one GPU group ``gpu`` (g4dn.xlarge, 1 GPU, maxSize 2) and three runs (cifar-a of 1 node, bert-1
