@@ -458,6 +458,11 @@ class Queue:
         usage = {(flavors[r], r): v for r, v in requests.items() if r in flavors}
         return _Assignment(worst, flavors, usage, reasons, count)
 
+    def short(self, usage: Mapping[tuple[str, str], int]) -> set[tuple[str, str]]:
+        """``flavorResourcesNeedPreemption``: the flavor/resources the assignment does not fit in unused quota."""
+        used = self.used()
+        return {fr for fr, v in usage.items() if used.get(fr, 0) + v > self.cq.nominal(*fr)}
+
     def checks_for(self, flavors: Iterable[str]) -> tuple[str, ...]:
         used = set(flavors)
         return tuple(name for name, on in self.cq.checks if not on or used & set(on))
@@ -469,8 +474,7 @@ class Queue:
         if full.mode == FIT:
             return full, []
         if full.mode in (PREEMPT, NO_CANDIDATES):
-            need = {(f, r) for r, f in full.flavors.items()}
-            targets = self.targets(wl, full.usage, need)
+            targets = self.targets(wl, full.usage, self.short(full.usage))
             if targets:
                 return full, targets
         if wl.partial:
@@ -480,7 +484,7 @@ class Queue:
 
             def fits(i: int) -> bool:
                 a = self.assign(wl, wl.count - i)
-                t = [] if a.mode == FIT else self.targets(wl, a.usage, {(f, r) for r, f in a.flavors.items()}) \
+                t = [] if a.mode == FIT else self.targets(wl, a.usage, self.short(a.usage)) \
                     if a.mode in (PREEMPT, NO_CANDIDATES) else []
                 if a.mode == FIT or t:
                     last.append((i, (a, t)))
