@@ -93,6 +93,10 @@ def test_two_runs_over_quota_one_admitted_one_queued_with_kueues_reason():
         "insufficient unused quota for nvidia.com/gpu in flavor gpu-gpu, 1 more needed")
     assert q.never_admitted(manifests) == []
     assert "run-b: pending: couldn't assign" in q.render(out)
+    assert q.report(manifests) == q.render(out)
+    assert "run-a: admitted, 2 pod(s) on gpu-gpu; then waits for admission check(s) gpu-capacity" in q.render(out)
+    assert q.report([m for m in manifests if m["kind"] != "ClusterQueue"]) is None
+    assert q.report(plan(job("run-a", 5))).splitlines()[-1].startswith("ERROR [queue] Job/run-a: can never be")
 
 
 def test_quota_one_gpu_short_is_caught_and_exact_quota_admits_both():

@@ -59,6 +59,7 @@ def test_the_byo_plans_runs_over_quota_some_admitted_the_rest_queued_with_kueues
         assert o.message.startswith("couldn't assign flavors to pod set main: insufficient unused quota for "), o
         assert f"nvidia.com/gpu in flavor gpu-{GPU_GROUP}" in o.message, o
     assert q.never_admitted(manifests) == []
+    assert "pending: couldn't assign flavors" in (q.report(manifests) or "")
 
 
 def test_the_byo_plan_meets_the_queue_contract(byo_result):

@@ -667,3 +667,13 @@ def render(outcomes: Mapping[str, Outcome]) -> str:
         else:
             lines.append(f"{name}: {o.state}: {o.message}")
     return "\n".join(lines)
+
+
+def report(manifests: Sequence[Mapping[str, Any]]) -> str | None:
+    """The queue's report for a plan with queued Jobs: each one's admission when they all arrive together, and the
+    plan errors; None for a plan without a ClusterQueue."""
+    if not any(m.get("kind") == "ClusterQueue" for m in manifests):
+        return None
+    lines = [render(admission(manifests))]
+    lines += [f"ERROR {v}" for v in never_admitted(manifests)]
+    return "\n".join(x for x in lines if x)
