@@ -244,3 +244,59 @@ def test_a_custom_workload_has_no_per_run_figure_from_the_bundled_trainer():
     # Negative control: the bundled trainer's stack keeps its figure.
     dev = {k: v for k, v in stack_config("dev").items() if k.startswith("eks-ddp:")}
     assert estimate(load_stack_config(dev, region="us-west-2", placeholders_ok=True)).as_dict()["per_run_known"]
+
+
+# --- the queue (Kueue) ----------------------------------------------------------------------------------------
+def _system_pods(stack: str) -> dict[str, dict[str, float]]:
+    """The stack's own pods on the system nodes, from its rendered plan (as tests/infra/test_autoscaler.py does)."""
+    from eks_ddp.core import scheduling
+    from tests.infra.test_autoscaler import pods
+
+    return {n: scheduling.pod_requests(spec) for n, spec in pods(stack).items()
+            if spec.get("nodeSelector") == {"eks-ddp/pool": "system"}}
+
+
+class _QueueOff:
+    """A config with ``queue.enabled: false`` before the config package has the key (read through getattr)."""
+
+    def __init__(self, cfg):
+        self._cfg = cfg
+
+    def __getattr__(self, key):
+        return type("Queue", (), {"enabled": False}) if key == "queue" else getattr(self._cfg, key)
+
+
+def _kueue(est: cost.Estimate) -> list[cost.LineItem]:
+    return [i for i in est.items if i.name.startswith("Kueue controller")]
+
+
+def test_the_queue_controllers_share_is_computed_from_the_charts_requests():
+    """Kueue chart 0.16.4 values.yaml: 500m CPU, 512Mi. On dev's t3.medium (1.93 allocatable cores) that is 26 %."""
+    from eks_ddp.core import scheduling
+
+    est = cost.estimate(dev())
+    [item] = _kueue(est)
+    room = scheduling.eks_allocatable("t3.medium")
+    share = max(0.5 / room["cpu"], 512 * 2**20 / room["memory"])
+    assert f"{share:.0%} of one t3.medium's allocatable" in item.note and f"{share:.0%}" == "26%"
+    assert item.idle_per_hour == 0  # from the config alone nothing is added; the plan settles it (below)
+    assert any(a.startswith("a queued run costs nothing until Kueue admits it") for a in est.assumptions)
+    off = cost.estimate(_QueueOff(dev()))
+    assert _kueue(off) == [] and not any("queued run" in a for a in off.assumptions)
+
+
+def test_the_queue_controller_on_p4de_fits_the_system_nodes_and_on_dev_adds_one():
+    """Computed over the rendered plans: p4de's two m6i.large hold the controller beside everything else (no extra
+    node); dev's single t3.medium does not (CPU 2.33 of 1.93 cores with it, and its 17th pod of 17): the estimate
+    adds one t3.medium, idle and training."""
+    p4de = config(stack_config("p4de"))
+    [item] = _kueue(cost.estimate(p4de, system_pods=_system_pods("p4de")))
+    assert item.idle_per_hour == 0 and "hold it: no extra node" in item.note
+    assert cost.system_nodes_needed(p4de, _system_pods("p4de")) == p4de.cluster.system_node_count
+    cfg = dev()
+    pods = _system_pods("dev")
+    assert cost.system_nodes_needed(_QueueOff(cfg), pods) == cfg.cluster.system_node_count == 1  # fits without
+    [item] = _kueue(cost.estimate(cfg, system_pods=pods))
+    t3m = catalog.CATALOG["t3.medium"].price_per_hour
+    assert (item.idle_units, item.idle_per_hour) == (1, pytest.approx(t3m))
+    assert "1 system node(s) cannot hold it beside the rest: 1 more t3.medium" in item.note

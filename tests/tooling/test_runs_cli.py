@@ -39,6 +39,8 @@ if args[:2] == ["get", "job"]:
     if scenario.get("job") is None:
         sys.exit(sys.stderr.write('Error from server (NotFound): jobs.batch "%s" not found\n' % args[2]) and 1)
     print(json.dumps(scenario["job"]))
+elif args[:2] == ["get", "workloads.kueue.x-k8s.io"]:
+    print(json.dumps({"apiVersion": "v1", "kind": "List", "items": scenario.get("workloads", [])}))
 elif args[:2] == ["get", "pods"]:
     print(" ".join(scenario.get("running", [])))
 elif args[:1] == ["exec"]:

@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from eks_ddp.config import StackConfig, duration_minutes
-from eks_ddp.core import catalog, k8s_versions
+from eks_ddp.core import catalog, k8s_versions, scheduling
 
 PRICE_DATE = "2025-10-01"
 PRICE_REGION = "us-east-1"
@@ -114,6 +115,78 @@ RUN_OVERHEAD_MINUTES = 3
 # After the last pod ends: the node sits unneeded for cluster.scaleDownUnneededTime, then the autoscaler
 # drains it and EC2 terminates it (shutting-down is still billed): about a minute more.
 SCALE_DOWN_TERMINATE_MINUTES = 1
+
+
+KUEUE_CONTROLLER_REQUESTS = {"cpu": "500m", "memory": "512Mi"}
+"""The Kueue controller's requests: kueue chart 0.16.4 ``values.yaml`` ``controllerManager.manager.resources.requests``
+(limits cpu 2, memory 512Mi), one replica (``controllerManager.replicas: 1``); KueueViz is off by default."""
+
+
+def queue_enabled(cfg: StackConfig) -> bool:
+    """``queue.enabled`` (default true: Kueue installed, every run queued). Read defensively: a config without the
+    ``queue`` key (before the key exists) is the default."""
+    queue = getattr(cfg, "queue", None)
+    return True if queue is None else bool(getattr(queue, "enabled", True))
+
+
+def queue_controller_share(cfg: StackConfig) -> float:
+    """The controller's requests as a share of one system node's allocatable CPU or memory, whichever is larger."""
+    room = scheduling.eks_allocatable(cfg.cluster.system_instance_type)
+    return max(scheduling.quantity(KUEUE_CONTROLLER_REQUESTS[k]) / room[k] for k in ("cpu", "memory"))
+
+
+def system_nodes_needed(cfg: StackConfig, system_pods: Mapping[str, Mapping[str, float]]) -> int:
+    """System nodes that hold the add-ons, the cluster autoscaler, ``system_pods`` (the stack's own pods there, name
+    -> requests in cores/bytes, from the rendered plan) and, with the queue on, the Kueue controller: the largest of
+    CPU, memory and pods over one node's allocatable (scheduling.eks_allocatable), at least systemNodeCount."""
+    from eks_ddp.infra import autoscaler
+
+    pods = {**system_pods, "cluster-autoscaler": {k: scheduling.quantity(v)
+                                                  for k, v in autoscaler.RESOURCES["requests"].items()}}
+    if queue_enabled(cfg):
+        pods["kueue-controller-manager"] = {k: scheduling.quantity(v) for k, v in KUEUE_CONTROLLER_REQUESTS.items()}
+    room = scheduling.eks_allocatable(cfg.cluster.system_instance_type)
+    n = cfg.cluster.system_node_count
+    while n < 64:
+        load = scheduling.system_load(pods, n)  # DaemonSets count once per node
+        if all(load[k] <= room[k] * n for k in ("cpu", "memory", "pods")):
+            return n
+        n += 1
+    return n
+
+
+def queue_item(cfg: StackConfig, system_pods: Mapping[str, Mapping[str, float]] | None = None) -> LineItem | None:
+    """The queue's controller on the system nodes. With ``system_pods`` (the plan's own system pods) its cost is
+    computed: $0 when the system nodes hold it beside everything else, else the system nodes it adds; without, the
+    share of one system node it takes, which the plan check settles (tests/tooling/test_cost.py)."""
+    if not queue_enabled(cfg):
+        return None
+    system = catalog.lookup(cfg.cluster.system_instance_type)
+    share = queue_controller_share(cfg)
+    r = KUEUE_CONTROLLER_REQUESTS
+    name = f"Kueue controller ({r['cpu']} CPU, {r['memory']} requested, on the system nodes)"
+    what = f"{share:.0%} of one {system.name}'s allocatable (${share * system.price_per_hour:.4f}/h as a share)"
+    if system_pods is None:
+        return LineItem(name, "node", system.price_per_hour, 0, 0, note=what + "; whether the system nodes hold it "
+                        "is checked over the plan")
+    without = system_nodes_needed(_queue_off(cfg), system_pods)
+    extra = system_nodes_needed(cfg, system_pods) - without
+    if extra == 0:
+        return LineItem(name, "node", system.price_per_hour, 0, 0,
+                        note=what + "; the system nodes priced above hold it: no extra node")
+    return LineItem(name, "node", system.price_per_hour, extra, extra,
+                    note=what + f"; {cfg.cluster.system_node_count} system node(s) cannot hold it beside the rest: "
+                         f"{extra} more {system.name} (cluster.systemNodeCount or systemInstanceType)")
+
+
+def _queue_off(cfg: StackConfig) -> StackConfig:
+    class _Off:
+        enabled = False
+
+    class _Cfg:
+        def __getattr__(self, key: str) -> Any:
+            return _Off if key == "queue" else getattr(cfg, key)
+    return _Cfg()  # type: ignore[return-value]
 
 
 def price(key: str) -> float:
@@ -244,7 +317,8 @@ def control_plane(cfg: StackConfig, day: dt.date) -> LineItem:
     return LineItem("EKS control plane (standard support)", "cluster", price("eks_cluster_hour"), 1, 1, note=note)
 
 
-def _items(cfg: StackConfig, day: dt.date) -> list[LineItem]:
+def _items(cfg: StackConfig, day: dt.date, system_pods: Mapping[str, Mapping[str, float]] | None = None
+           ) -> list[LineItem]:
     items = [control_plane(cfg, day)]
     net = cfg.network
     zones = len(net.availability_zones) or net.az_count
@@ -284,6 +358,9 @@ def _items(cfg: StackConfig, day: dt.date) -> list[LineItem]:
     items.append(LineItem(f"CloudWatch Logs ingestion (assumed {LOGS_ASSUMED_GB_PER_DAY:g} GB/day)", "GB/day",
                           logs_per_hour / LOGS_ASSUMED_GB_PER_DAY, LOGS_ASSUMED_GB_PER_DAY, LOGS_ASSUMED_GB_PER_DAY))
     items += _observability_items(cfg)
+    queue = queue_item(cfg, system_pods)
+    if queue is not None:
+        items.append(queue)
     return items
 
 
@@ -417,9 +494,11 @@ def timeline(cfg: StackConfig, rate: float) -> tuple[tuple[str, float], ...]:
     )
 
 
-def estimate(cfg: StackConfig, *, day: dt.date | None = None) -> Estimate:
+def estimate(cfg: StackConfig, *, day: dt.date | None = None,
+             system_pods: Mapping[str, Mapping[str, float]] | None = None) -> Estimate:
     """The stack's cost estimate from the catalog and :data:`PRICES`, with the control plane priced for its
-    support phase on ``day`` (default: today)."""
+    support phase on ``day`` (default: today); with ``system_pods`` (the plan's own pods on the system nodes, name
+    -> requests) the queue controller's share is settled: no extra node, or the system nodes it adds."""
     day = day or dt.date.today()
     rate, how = throughput(cfg)
     images = cfg.job.epochs * CIFAR10_TRAIN_IMAGES
@@ -442,6 +521,9 @@ def estimate(cfg: StackConfig, *, day: dt.date | None = None) -> Estimate:
         + (f", container logs {CONTAINER_LOGS_ASSUMED_GB_PER_DAY:g} GB/day" if cfg.observability.cloudwatch else "")
         + f"; {HOURS_PER_MONTH} hours per month",
     ]
+    if queue_enabled(cfg):
+        assumptions.append("a queued run costs nothing until Kueue admits it: its Job stays suspended, so it has no "
+                           "pod and brings up no GPU node; a run's time above starts at its admission")
     used = [cfg.cluster.system_instance_type] + [g.instance_type for g in cfg.node_groups]
     for name in dict.fromkeys(used):
         it = catalog.lookup(name)
@@ -461,7 +543,7 @@ def estimate(cfg: StackConfig, *, day: dt.date | None = None) -> Estimate:
     ]
     if cfg.observability.cloudwatch:
         not_included.append("Container Insights metrics (billed per observation, aws.amazon.com/cloudwatch/pricing)")
-    return Estimate(region=cfg.region, items=tuple(_items(cfg, day)), run_images=images, images_per_second=rate,
+    return Estimate(region=cfg.region, items=tuple(_items(cfg, day, system_pods)), run_images=images, images_per_second=rate,
                     timeline=phases, back_to_idle_minutes=phases[-1][1], assumptions=tuple(assumptions),
                     not_included=tuple(not_included), after_destroy=tuple(after_destroy(cfg)),
                     per_run_known=not cfg.job.workload.custom)

@@ -9,7 +9,8 @@ import pytest
 
 from eks_ddp.tooling import contracts
 
-EXPECTED = {"network", "image-pull", "image-digest", "rendezvous", "s3", "storage", "fsx", "destroy", "provisioning"}
+EXPECTED = {"network", "image-pull", "image-digest", "rendezvous", "s3", "storage", "fsx", "destroy", "provisioning",
+            "queue"}
 
 
 def test_every_contract_is_registered():

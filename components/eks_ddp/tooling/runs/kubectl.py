@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from eks_ddp.tooling.runs.status import JOB_UID_LABEL, QUEUE_NAME_LABEL, queue_state
 from eks_ddp_runtime.contract import LOGS_SUBDIR
 from eks_ddp_runtime.runlogs import FINAL_MARKER
 
@@ -125,11 +126,25 @@ def job_state(run: ClusterRun) -> tuple[str, str] | None:
             c = conditions[kind]
             why = ": ".join(x for x in (c.get("reason"), c.get("message")) if x)
             return state, f"Job {run.job} {kind}" + (f" ({why})" if why else "")
+    labels = (job.get("metadata") or {}).get("labels") or {}
+    if QUEUE_NAME_LABEL in labels and (job.get("spec", {}).get("suspend") or not job.get("status", {}).get("active")):
+        return queue_state(workload_of(run, str((job.get("metadata") or {}).get("uid", ""))), run.job)
     if job.get("spec", {}).get("suspend"):
         return "cancelled", f"Job {run.job} is suspended (eks-ddp cancel)"
     s = job.get("status", {})
     return "running", (f"Job {run.job}: {s.get('active', 0)} pod(s) active, {s.get('ready', 0)} ready, "
                        f"{s.get('failed', 0)} failed")
+
+
+def workload_of(run: ClusterRun, job_uid: str) -> dict | None:
+    """The Kueue Workload of the run's Job: the one labelled with the Job's UID (status.JOB_UID_LABEL); the newest
+    when a requeue left more than one."""
+    proc = run_cmd(run.kubectl("get", "workloads.kueue.x-k8s.io", "-l", f"{JOB_UID_LABEL}={job_uid}", "-o", "json"))
+    if proc.returncode != 0:
+        raise CliError(f"kubectl get workloads -l {JOB_UID_LABEL}={job_uid}: {_last_line(proc.stderr)}")
+    items = json.loads(proc.stdout).get("items") or []
+    items.sort(key=lambda w: str((w.get("metadata") or {}).get("creationTimestamp", "")))
+    return items[-1] if items else None
 
 
 def running_pod(run: ClusterRun) -> str | None:

@@ -27,6 +27,11 @@ from eks_ddp_runtime.runlogs import (
     tail_file,
 )
 
+QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"
+"""A Job Kueue queues carries it (the stack's queued training Job)."""
+JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+"""Kueue labels the Workload it makes for a Job with the Job's UID (v0.16.4 pkg/controller/jobframework/reconciler.go,
+``wl.Labels[JobUIDLabel] = string(object.GetUID())``; constants.JobUIDLabel)."""
 RESULT_FILE = "result.json"
 """The local runner's verdict (eks_ddp_local/cli.py)."""
 PIDS_FILE = "pids.json"
@@ -124,6 +129,65 @@ class Status:
         if self.logs and not self.logs_missing:
             out.append(f"logs: {self.logs}")
         return "\n".join(out)
+
+
+def _conditions(workload: dict) -> dict[str, dict]:
+    return {c.get("type"): c for c in (workload.get("status") or {}).get("conditions") or []}
+
+
+def _said(c: dict | None) -> str:
+    return ": ".join(x for x in ((c or {}).get("reason"), (c or {}).get("message")) if x)
+
+
+def queue_state(workload: dict | None, job: str) -> tuple[str, str]:
+    """(state, why) of a queued Job from its Kueue Workload (``kueue.x-k8s.io/v1beta2``, v0.16.4
+    apis/kueue/v1beta2/workload_types.go): ``queued`` (no quota reserved: the QuotaReserved condition's message is the
+    scheduler's reason, e.g. "couldn't assign flavors to pod set main: insufficient unused quota for nvidia.com/gpu
+    ..."), ``waiting for capacity`` (quota reserved, an admission check such as ``gpu-capacity``, the
+    ProvisioningRequest the cluster autoscaler fulfils for the whole run, still Pending or Retry: its message),
+    ``admitted`` (Admitted True: Kueue unsuspends the Job), ``preempted`` / ``evicted`` (Evicted True, its reason
+    Preempted or another: PodsReadyTimeout, AdmissionCheck, ClusterQueueStopped ...; Requeued says when it queues
+    again), ``cancelled`` (``spec.active: false``, Deactivated) and ``rejected`` (an admission check Rejected)."""
+    if workload is None:
+        return "queued", (f"Job {job} is suspended and has no Kueue Workload yet (Kueue makes one when it sees the "
+                          "Job: is its controller running? kubectl -n kueue-system get pods)")
+    name = (workload.get("metadata") or {}).get("name", "?")
+    conds = _conditions(workload)
+    true = {t for t, c in conds.items() if c.get("status") == "True"}
+    checks = (workload.get("status") or {}).get("admissionChecks") or []
+    where = f"Workload {name}"
+    if (workload.get("spec") or {}).get("active") is False:
+        return "cancelled", f"{where} is deactivated (spec.active: false)" + (
+            f"; {_said(conds.get('Evicted'))}" if "Evicted" in true else "")
+    if "Evicted" in true:
+        ev = conds["Evicted"]
+        kind = "preempted" if ev.get("reason") == "Preempted" or "Preempted" in true else "evicted"
+        why = f"{where} {kind} ({_said(ev)})"
+        requeued = conds.get("Requeued")
+        if requeued is not None:
+            why += ("; requeued: it waits in the queue again" if requeued.get("status") == "True" else
+                    f"; not requeued yet ({_said(requeued)})")
+        return kind, why
+    rejected = [c for c in checks if c.get("state") == "Rejected"]
+    if rejected:
+        return "rejected", "; ".join(f"admission check {c.get('name')} Rejected: {c.get('message', '')}"
+                                     for c in rejected)
+    if "Admitted" in true:
+        admission = (workload.get("status") or {}).get("admission") or {}
+        counts = ", ".join(f"{a.get('count', '?')} pod(s) on {', '.join(sorted(set((a.get('flavors') or {}).values())))}"
+                           for a in admission.get("podSetAssignments") or [])
+        return "admitted", f"{where} admitted by ClusterQueue {admission.get('clusterQueue', '?')}" + (
+            f": {counts}" if counts else "")
+    if "QuotaReserved" in true:
+        waiting = [c for c in checks if c.get("state") in ("Pending", "Retry")]
+        if waiting:
+            return "waiting for capacity", f"{where}: {conds['QuotaReserved'].get('message', 'quota reserved')}; " + \
+                "; ".join(f"admission check {c.get('name')} {c.get('state')}" +
+                          (f": {c['message']}" if c.get("message") else "") for c in waiting)
+        return "waiting for capacity", f"{where}: {_said(conds['QuotaReserved'])}; {_said(conds.get('Admitted'))}"
+    reserved = conds.get("QuotaReserved")
+    return "queued", f"{where} waits in its queue" + (f" ({_said(reserved)})" if reserved else
+                                                      " (not yet tried by the scheduler)")
 
 
 def is_run_dir(path: Path) -> bool:

@@ -1,0 +1,152 @@
+"""``eks-ddp status RUN`` for a queued run: queued / waiting for capacity / admitted / preempted / evicted / cancelled
+/ rejected, and why, from the run's Kueue Workload (components/eks_ddp/tooling/runs/status.py ``queue_state``).
+
+The Workloads are fixtures (the workload JSON files in tests/fixtures/kueue/) built to the v1beta2 Workload CRD of Kueue v0.16.4
+(its schema, spec without the pod templates and status whole, is tests/fixtures/kueue/workload-v1beta2.schema.json,
+cut from config/components/crd/bases/kueue.x-k8s.io_workloads.yaml), with the condition reasons and messages of
+Kueue's source (scheduler.go, workload.go, admissionchecks.go, the provisioning admission check) and the cluster
+autoscaler's ProvisioningRequest message (provisioningrequest/besteffortatomic/provisioning_class.go).
+The command runs against the fake kubectl of tests/tooling/test_runs_cli.py.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from eks_ddp.tooling.contracts.queue import workload_name
+from eks_ddp.tooling.runs import cli
+from eks_ddp.tooling.runs.status import JOB_UID_LABEL, QUEUE_NAME_LABEL, queue_state
+from tests.tooling.test_runs_cli import fake  # noqa: F401  (the fake kubectl/pulumi fixture)
+
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "kueue"
+SCHEMA = json.loads((FIXTURES / "workload-v1beta2.schema.json").read_text())
+STATES = ("queued", "waiting-for-capacity", "admitted", "preempted", "evicted", "rejected", "deactivated")
+JOB_UID = "6f1c9a52-2b1e-4f7e-9d38-0c2d4e5f6a7b"
+
+
+def workload(state: str) -> dict:
+    return json.loads((FIXTURES / f"workload-{state}.json").read_text())
+
+
+def unknown_fields(doc, schema, path="") -> list[str]:
+    """Fields the structural schema does not declare (the API server would prune them: the fixture would lie)."""
+    out: list[str] = []
+    if isinstance(doc, dict) and "properties" in schema:
+        for k, v in doc.items():
+            if k not in schema["properties"]:
+                out.append(f"{path}.{k}")
+            else:
+                out += unknown_fields(v, schema["properties"][k], f"{path}.{k}")
+    elif isinstance(doc, list) and "items" in schema:
+        for i, v in enumerate(doc):
+            out += unknown_fields(v, schema["items"], f"{path}[{i}]")
+    return out
+
+
+@pytest.mark.parametrize("state", STATES)
+def test_the_fixtures_are_v1beta2_workloads_of_the_runs_job(state):
+    doc = workload(state)
+    jsonschema.validate(doc, SCHEMA)
+    assert unknown_fields(doc, SCHEMA) == []
+    assert doc["metadata"]["labels"][JOB_UID_LABEL] == JOB_UID
+    assert doc["metadata"]["name"] == workload_name("training-run-1", JOB_UID)
+
+
+def test_the_schema_check_refuses_a_misspelt_or_mistyped_field():
+    """Negative control of the fixture check."""
+    bad = workload("waiting-for-capacity")
+    bad["status"]["admissionCheck"] = bad["status"].pop("admissionChecks")
+    assert unknown_fields(bad, SCHEMA) == [".status.admissionCheck"]
+    bad = workload("waiting-for-capacity")
+    bad["status"]["admissionChecks"][0]["state"] = "Waiting"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, SCHEMA)
+
+
+@pytest.mark.parametrize(("state", "expected", "says"), [
+    ("queued", "queued", "couldn't assign flavors to pod set main: insufficient unused quota for nvidia.com/gpu in "
+                         "flavor gpu-gpu, 1 more needed"),
+    ("waiting-for-capacity", "waiting for capacity", "Quota reserved in ClusterQueue eks-ddp; admission check "
+                                                     "gpu-capacity Pending: Capacity is not found, CA will try to "
+                                                     "find it later."),
+    ("admitted", "admitted", "admitted by ClusterQueue eks-ddp: 2 pod(s) on gpu-gpu"),
+    ("preempted", "preempted", "preempted (Preempted: Preempted to accommodate a workload (UID: 0d9e, JobUID: 5c2a) "
+                               "due to prioritization in the ClusterQueue"),
+    ("evicted", "evicted", "evicted (PodsReadyTimeout: Exceeded the PodsReady timeout"),
+    ("rejected", "rejected", "admission check gpu-capacity Rejected: Capacity is not found"),
+    ("deactivated", "cancelled", "is deactivated (spec.active: false); Deactivated: The workload is deactivated"),
+])
+def test_each_workload_state_is_said_with_kueues_reason(state, expected, says):
+    got, why = queue_state(workload(state), "training-run-1")
+    assert got == expected and says in why, why
+
+
+def test_the_state_follows_the_conditions_not_the_fixture_name():
+    """Negative controls: a reservation with the check still pending is not admitted; a reservation withdrawn is
+    queued again; an eviction for another reason is not a preemption; the requeue is said."""
+    wl = workload("admitted")
+    wl["status"]["conditions"] = [c for c in wl["status"]["conditions"] if c["type"] != "Admitted"]
+    wl["status"]["admissionChecks"][0]["state"] = "Pending"
+    assert queue_state(wl, "j")[0] == "waiting for capacity"
+    wl = workload("waiting-for-capacity")
+    wl["status"]["conditions"][0].update(status="False", reason="Pending", message="no quota")
+    assert queue_state(wl, "j") == ("queued", f"Workload {wl['metadata']['name']} waits in its queue (Pending: no quota)")
+    wl = workload("preempted")
+    for c in wl["status"]["conditions"]:
+        if c["type"] == "Evicted":
+            c["reason"] = "ClusterQueueStopped"
+    wl["status"]["conditions"] = [c for c in wl["status"]["conditions"] if c["type"] != "Preempted"]
+    state, why = queue_state(wl, "j")
+    assert state == "evicted" and "requeued: it waits in the queue again" in why
+    assert queue_state(workload("evicted"), "j")[1].endswith(
+        "not requeued yet (PodsReadyTimeout: Exceeded the PodsReady timeout training/job-training-run-1-dff5c)")
+    assert queue_state(None, "training-run-1")[0] == "queued"
+
+
+def _queued_job(suspend: bool = True, active: int = 0) -> dict:
+    return {"metadata": {"name": "training-run-1", "uid": JOB_UID, "labels": {QUEUE_NAME_LABEL: "training"}},
+            "spec": {"suspend": suspend}, "status": {"active": active} if active else {}}
+
+
+def test_status_of_a_queued_cluster_run_reads_its_workload(fake, tmp_path, capsys):  # noqa: F811
+    fake.volume = tmp_path / "empty"
+    fake.volume.mkdir()
+    fake.scenario(job=_queued_job(), running=[], workloads=[workload("waiting-for-capacity")])
+    assert cli.main(["status", "run-1"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("run run-1: waiting for capacity (Workload job-training-run-1-dff5c: Quota reserved in "
+                          "ClusterQueue eks-ddp; admission check gpu-capacity Pending: Capacity is not found, CA "
+                          "will try to find it later.)")
+    assert ["kubectl", "-n", "training", "get", "workloads.kueue.x-k8s.io", "-l",
+            f"{JOB_UID_LABEL}={JOB_UID}", "-o", "json"] in fake.calls()
+
+
+def test_a_suspended_job_outside_the_queue_is_still_cancelled_and_a_running_one_running(fake, tmp_path, capsys):  # noqa: F811
+    """Controls: without the queue label a suspended Job is a cancelled run (no Workload asked for); a queued Job
+    whose pods run is running."""
+    fake.volume = tmp_path / "empty"
+    fake.volume.mkdir()
+    job = _queued_job()
+    job["metadata"]["labels"] = {}
+    fake.scenario(job=job, running=[], workloads=[workload("queued")])
+    cli.main(["status", "run-1"])
+    assert capsys.readouterr().out.startswith("run run-1: cancelled (Job training-run-1 is suspended")
+    assert not [c for c in fake.calls() if "workloads.kueue.x-k8s.io" in c]
+    fake.scenario(job=_queued_job(suspend=False, active=2), running=[], workloads=[workload("admitted")])
+    cli.main(["status", "run-1"])
+    assert capsys.readouterr().out.startswith("run run-1: running (Job training-run-1: 2 pod(s) active")
+
+
+def test_the_newest_workload_of_the_job_is_read(fake, tmp_path, capsys):  # noqa: F811
+    fake.volume = tmp_path / "empty"
+    fake.volume.mkdir()
+    old, new = workload("preempted"), copy.deepcopy(workload("admitted"))
+    new["metadata"]["creationTimestamp"] = "2026-11-29T03:10:00Z"
+    fake.scenario(job=_queued_job(), running=[], workloads=[new, old])
+    cli.main(["status", "run-1"])
+    assert capsys.readouterr().out.startswith("run run-1: admitted")
