@@ -58,7 +58,10 @@ def queued_job(queue: Queued | None, nodes: int, min_nodes: int) -> tuple[dict[s
     Job takes partial admission (``job-min-parallelism``; the webhook, job_webhook.go validatePartialAdmissionCreate,
     wants 0 < min < pods): Kueue sets ``spec.parallelism`` to the count it admits (job_controller.go
     RunWithPodSetsInfo) and its webhook refuses any other change of it while the Job runs
-    (validatePartialAdmissionUpdate), so an ``up`` must leave it too."""
+    (validatePartialAdmissionUpdate), so an ``up`` must leave it too. The price: Pulumi's engine gives an ignored
+    property its old input on a replacement too (pkg/resource/deploy/step_generator.go, processIgnoreChanges), so a
+    ``nodes`` change of a queued elastic run keeps the old parallelism; cancel the run and run it again instead (a
+    cancelled run's Job leaves the state, and the next one is created afresh)."""
     if queue is None:
         return {}, {}, []
     partial = min_nodes < nodes
