@@ -11,6 +11,9 @@
 3. with ``workload.evaluate`` (the bundled trainer), a suspended CronJob that re-runs the test-set evaluation
    on demand (the ``evaluate_command`` output).
 
+With ``queue`` (``RunQueue.queued(priority)``) the training and fabric-check Jobs are created suspended in a Kueue
+LocalQueue and start when Kueue admits them (pods.py ``queued_job`` says what Kueue then owns).
+
 Its inputs are a few typed parts (args.py: Placement, Size, PerRunClaims | WholeVolume, EtcdStore | C10d,
 Results); the builders take the values computed from them once (info.py ``JobInfo``), and it builds Kubernetes
 objects only: images, roles and policies come from ``eks_ddp.infra``. Every pod is built by pods.py (the image by digest as uid 1000, read-only root filesystem, the shared volume,
