@@ -299,3 +299,24 @@ def test_run_queue_is_usable_as_a_library_component():
     assert result.outputs["queued"] == "eks-ddp-high"
     assert result.outputs["quotas"]["gpu-b"]["nvidia.com/gpu"] == "32"
     assert all(kueue_schema.problems(body(r)) == [] for r in kueue_objects(result))
+
+
+def test_every_queued_pod_asks_only_for_covered_resources_and_a_full_group_fits_the_quota(two_runs, p4de_result):
+    """Kueue admits nothing that requests a resource the ClusterQueue does not cover; a run of maxSize pods fits
+    its flavor's quota exactly in GPUs (and within it in everything else)."""
+    for result in (two_runs, p4de_result):
+        [cq] = the(result, "ClusterQueue")
+        [rg] = cq["spec"]["resourceGroups"]
+        quota = {f["name"]: {r["name"]: r["nominalQuota"] for r in f["resources"]} for f in rg["flavors"]}
+        queued = [j for j in result.of_type(JOB) if "kueue.x-k8s.io/queue-name" in j.inputs["metadata"]["labels"]]
+        assert len(queued) == 2  # two_runs: two trainings; p4de: its training and its fabric check
+        for j in queued:
+            pod = j.inputs["spec"]["template"]["spec"]
+            flavor = f"gpu-{pod['nodeSelector']['eks-ddp/node-group']}"
+            requests = pod["containers"][0]["resources"]["requests"]
+            assert set(requests) <= set(rg["coveredResources"]), (j.name, requests)
+            gpus = int(requests["nvidia.com/gpu"])
+            full = int(quota[flavor]["nvidia.com/gpu"]) // gpus  # the group's maxSize
+            assert int(quota[flavor]["cpu"]) >= full * int(requests["cpu"])
+            assert int(quota[flavor]["memory"].removesuffix("Gi")) >= full * int(requests["memory"].removesuffix("Gi"))
+            assert j.inputs["spec"]["parallelism"] <= full
