@@ -47,14 +47,12 @@ except ConfigError as err:
     raise pulumi.RunError(str(err)) from None
 for warning in cfg.warnings:  # deprecated spellings that still read
     pulumi.log.warn(warning)
-cluster_name = cluster_name_for(stack, cfg)
-# Unique per stack on every backend: a self-managed backend's organization is always "organization".
+cluster_name = cluster_name_for(stack, cfg)  # stack_id: unique on every backend (a self-managed one's org: "organization")
 stack_id = owner_id(pulumi.get_organization(), pulumi.get_project(), stack, cfg.cluster.owner_id)
 if cfg.preflight:  # same account as the provider: a stack that sets aws:profile is checked with that profile
     preflight.run_or_raise(cfg, profile=profile, cluster_name=cluster_name, stack_id=stack_id,
                            organization=pulumi.get_organization())
-# Regular zones where EKS accepts subnets: never a Local Zone, never an unsupported zone ID.
-zones = choose_zones(cfg, [] if cfg.network.availability_zones else standard_zones())
+zones = choose_zones(cfg, [] if cfg.network.availability_zones else standard_zones())  # never a Local Zone
 k8s_version, c = cfg.cluster.kubernetes_version, cfg.cluster
 
 # --- AWS infrastructure ------------------------------------------------------------------------
@@ -96,16 +94,14 @@ gpu_groups = {g.name: eks_ddp.GpuNodeGroup(f"gpu-{g.name}", eks_ddp.GpuNodeGroup
 
 # skip_update_unreachable: a cluster this machine cannot reach leaves the Kubernetes resources as they are instead
 # of failing every `up`'s refresh (and the update fixing it); preflight names the fix (tooling/preflight/live.py).
-k8s_provider = k8s.Provider("k8s", kubeconfig=cluster.kubeconfig, enable_server_side_apply=True,
-                            skip_update_unreachable=True)
+k8s_provider = k8s.Provider("k8s", kubeconfig=cluster.kubeconfig, enable_server_side_apply=True, skip_update_unreachable=True)
 k8s_opts = pulumi.ResourceOptions(provider=k8s_provider)
 on_cluster = pulumi.ResourceOptions(providers={"kubernetes": k8s_provider}, depends_on=[cluster])
 
 addons = eks_ddp.ClusterAddons("addons", eks_ddp.ClusterAddonsArgs(
     cluster_name=cluster.cluster_name, efa=cfg.uses_efa, kubernetes_version=k8s_version,
     gpu_node_groups=list(gpu_groups.values())), opts=on_cluster)
-# Logs that outlive the nodes (CloudWatch), GPU metrics and the node health agent node repair acts on.
-o = cfg.observability
+o = cfg.observability  # logs that outlive the nodes (CloudWatch), GPU metrics, the health agent node repair acts on
 observability = eks_ddp.Observability("observability", eks_ddp.ObservabilityArgs(
     cluster_name=cluster_name, region=cfg.region, **irsa, kubernetes_version=k8s_version, cloudwatch=o.cloudwatch,
     log_retention_days=o.log_retention_days, gpu_metrics=o.gpu_metrics, node_monitoring=o.node_repair,
@@ -117,6 +113,12 @@ eks_ddp.ClusterAutoscaler("autoscaler", eks_ddp.ClusterAutoscalerArgs(
 
 namespace = eks_ddp.training_namespace(cfg.job.namespace, opts=k8s_opts)
 label_cluster_namespaces("pod-security", opts=k8s_opts)
+# Kueue: every run waits, suspended, until the GPU groups' quota (and with allOrNothing, every node) admits it.
+# >>> eks_ddp.Kueue(KueueArgs) (infra/kueue.py) is created here, and the queue depends on it: depends_on=[addons, kueue]
+run_queue = eks_ddp.RunQueue("queue", eks_ddp.RunQueueArgs(
+    namespace=namespace.metadata.name, groups=list(gpu_groups.values()), preemption=cfg.queue.preemption,
+    all_or_nothing=cfg.queue.all_or_nothing), opts=pulumi.ResourceOptions(provider=k8s_provider, depends_on=[addons])
+) if cfg.queue.enabled else None
 
 # --- images: the bundled trainer's only when a run uses the stack's image (else no Docker build) ---------------
 image = eks_ddp.TrainerImage("trainer-image", eks_ddp.TrainerImageArgs(
@@ -128,8 +130,7 @@ run_images = {img: eks_ddp.WorkloadImage(f"run-image-{workload_image_name(img)}"
     image=img, node_role_name=cluster.node_role_name, scan_fail_severity=cfg.image.scan_fail_severity,
     scan_setting=STACK_SETTING, aws_profile=profile)).image_ref
     for img in dict.fromkeys(r.workload.image for r in cfg.runs if r.workload.custom and r.workload.image)}
-# An image with a shell for the stack's own helper pods (the FSx layout Job, the logs reader).
-helper_image = image.image_ref if image is not None else next(iter(run_images.values()))
+helper_image = image.image_ref if image is not None else next(iter(run_images.values()))  # has a shell: FSx layout, logs
 
 
 # --- storage: EFS or FSx for Lustre, one claim for the data and one per run ------------------------------------
@@ -165,8 +166,7 @@ results = eks_ddp.ResultsBucket("results", eks_ddp.ResultsBucketArgs(
     service_account=trainer_service_account(job_name_of(0, cfg.job)),  # the first run's training pods
     run_id=cfg.job.run_id, existing_bucket=cfg.storage.results_bucket,
     existing_kms_key_arn=cfg.storage.results_kms_key_arn,  # its uploaders may use it
-    partition=partition(cfg.region),
-))
+    partition=partition(cfg.region)))
 
 
 def run_url(run_id: str) -> pulumi.Output[str]:
@@ -212,11 +212,11 @@ def run_job(i: int) -> eks_ddp.ElasticJob:
         rendezvous=rendezvous,
         results=eks_ddp.Results(url=run_url(run.run_id), role_arn=role_arn, kms_key_arn=results.kms_key_arn),
         run_id=run.run_id, state=run.state, data_role_arn=data_role_arn, fabric_check=cfg.fabric_check_of(run),
-    ), opts=pulumi.ResourceOptions(provider=k8s_provider, depends_on=[addons, *gpu_groups.values()]))
+        queue=run_queue.queued(run.priority) if run_queue else None,  # its Jobs wait in the queue at its priority
+    ), opts=pulumi.ResourceOptions(provider=k8s_provider, depends_on=[addons, *gpu_groups.values(), *filter(None, [run_queue])]))
 
 
 jobs = [run_job(i) for i in range(len(cfg.runs))]
-
 
 # --- outputs ------------------------------------------------------------------------------------
 job, results_url = jobs[0], run_url(cfg.job.run_id)

@@ -5,7 +5,8 @@ components from here::
 
     from eks_ddp import Network, EksCluster, GpuNodeGroup, EfsStore, ClusterAddons, ClusterAutoscaler
     from eks_ddp import TrainerImage, EtcdRendezvous, ElasticJob, ResultsBucket
-    from eks_ddp import Placement, Size, PerRunClaims, WholeVolume, EtcdStore, C10d, Results   # ElasticJob's parts
+    from eks_ddp import Placement, Size, PerRunClaims, WholeVolume, EtcdStore, C10d, Results, Queued   # its parts
+    from eks_ddp import RunQueue   # Kueue's queue for the runs: flavors and quotas from the GPU groups, priorities
     from eks_ddp import training_namespace, data_stage_role, workload_policy   # its namespace, roles, policies
     from eks_ddp import Workload, S3Data, Cifar10Data, Egress, cifar10_workload   # what an ElasticJob trains
     from eks_ddp import WorkloadImage   # your image: the nodes' pull grant and the ECR scan gate
@@ -39,12 +40,14 @@ from eks_ddp.workloads.elastic_job import (
     EtcdStore,
     PerRunClaims,
     Placement,
+    Queued,
     Results,
     Size,
     WholeVolume,
 )
 from eks_ddp.workloads.etcd import EtcdRendezvous, EtcdRendezvousArgs
 from eks_ddp.workloads.namespace import training_namespace
+from eks_ddp.workloads.queue import RunQueue, RunQueueArgs
 
 __all__ = [
     "ClusterAddons", "ClusterAddonsArgs", "ClusterAutoscaler", "ClusterAutoscalerArgs", "EfsStore", "EfsStoreArgs",
@@ -52,6 +55,7 @@ __all__ = [
     "GpuNodeGroup", "GpuNodeGroupArgs", "Network", "NetworkArgs", "ResultsBucket", "ResultsBucketArgs",
     "TrainerImage", "TrainerImageArgs", "Workload", "S3Data", "Cifar10Data", "cifar10_workload", "Egress",
     "WorkloadImage", "WorkloadImageArgs", "Observability", "ObservabilityArgs", "Kueue", "KueueArgs",
-    "Placement", "Size", "PerRunClaims", "WholeVolume", "EtcdStore", "C10d", "Results",
+    "Placement", "Size", "PerRunClaims", "WholeVolume", "EtcdStore", "C10d", "Results", "Queued", "RunQueue",
+    "RunQueueArgs",
     "data_stage_role", "workload_policy", "training_namespace",
 ]

@@ -5,8 +5,9 @@ finished run stays finished.
   next `pulumi up` creates it again (pulumi ``step.go`` RefreshStep: a resource Read returns without an ID is
   deleted from state), which restarts a finished run or an awaited stage. A Complete Job holds no pods.
 - ``state: cancelled`` (``job.state`` / ``runs[i].state``) renders no training Job, so nothing re-creates it; the
-  ``cancel`` output suspends the live Job at once and sets the key, and the Job ignores ``spec.suspend`` so an
-  ``up`` in between never resumes it.
+  ``cancel`` output stops the live Job at once and sets the key: an unqueued Job is suspended (the program never
+  sets ``spec.suspend``, and the provider diffs the live object pruned to the inputs' shape, so no ``up`` resumes
+  it); a queued one is deleted (Kueue unsuspends a suspended Job whose Workload is admitted).
 - The launcher exits 0 at once in a run directory whose final marker names its command.
 """
 
@@ -22,7 +23,7 @@ import time
 import pytest
 
 from tests.config.test_runs import with_runs
-from tests.support.util import run, stack_config
+from tests.support.util import run, set_path, stack_config
 
 JOB = "kubernetes:batch/v1:Job"
 
@@ -48,10 +49,15 @@ def test_an_s3_stage_job_has_no_ttl():
     assert "ttlSecondsAfterFinished" not in stage.inputs["spec"]
 
 
-def test_the_training_job_ignores_suspend_so_a_kubectl_cancel_survives_an_up(dev_result):
-    train = dev_result.one(JOB, "training-train")
-    assert train.ignore_changes == ["spec.suspend"]
-    assert "suspend" not in train.inputs["spec"]  # the program never sets it; kubectl patch does
+def test_an_unqueued_training_job_never_sets_suspend_so_a_kubectl_cancel_survives_an_up():
+    """Nothing ignored either: Pulumi would carry an ignored input's old value (a queued Job's suspend: true) into
+    a replacement, leaving a Job that left the queue suspended for good (tests/workloads/test_queue.py)."""
+    result = run(set_path(stack_config("dev"), "eks-ddp:queue", {"enabled": False}))
+    train = result.one(JOB, "training-train")
+    assert "suspend" not in train.inputs["spec"] and train.ignore_changes == []  # kubectl patch owns it
+    # Control: queued, the Job is created suspended and Kueue owns the field.
+    queued = run(stack_config("dev")).one(JOB, "training-train")
+    assert queued.inputs["spec"]["suspend"] is True and "spec.suspend" in queued.ignore_changes
 
 
 def test_a_cancelled_run_renders_no_training_job_and_the_others_keep_theirs():
@@ -60,9 +66,8 @@ def test_a_cancelled_run_renders_no_training_job_and_the_others_keep_theirs():
     names = {j.inputs["metadata"]["name"] for j in _managed_jobs(result) if j.name.endswith("-train")}
     assert names == {"training-a"}
     runs = result.outputs["runs"]
-    assert runs["b"]["cancel"] == ("kubectl -n training patch job training-b-b --type=merge "
-                                   "-p '{\"spec\":{\"suspend\":true}}' && "
-                                   "pulumi config set --path 'runs[1].state' cancelled")
+    assert runs["b"]["cancel"] == ("kubectl -n training delete job training-b-b --ignore-not-found && "
+                                   "pulumi config set --path 'runs[1].state' cancelled")  # queued (the default)
     # Control: the same stack with b running renders b's Job.
     again = run(with_runs({"runId": "a", "nodes": 1}, {"runId": "b", "nodes": 1}))
     assert {j.inputs["metadata"]["name"] for j in _managed_jobs(again) if j.name.endswith("-train")} == \
@@ -72,7 +77,7 @@ def test_a_cancelled_run_renders_no_training_job_and_the_others_keep_theirs():
 def test_the_job_form_cancel_line_names_job_state(dev_result):
     cancel = dev_result.outputs["runs"]["run-1"]["cancel"]
     assert cancel.endswith("&& pulumi config set --path 'job.state' cancelled")
-    assert cancel.startswith("kubectl -n training patch job training-run-1 --type=merge ")
+    assert cancel.startswith("kubectl -n training delete job training-run-1 ")
 
 
 def test_a_bad_state_names_the_key_and_the_choices():

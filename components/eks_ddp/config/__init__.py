@@ -44,6 +44,7 @@ from eks_ddp.config.schema import (
     NetworkConfig,
     NodeGroupConfig,
     ObservabilityConfig,
+    QueueConfig,
     RunConfig,
     StackConfig,
     StackFile,
@@ -56,7 +57,8 @@ from eks_ddp.core import catalog
 __all__ = [
     "DEFAULT_KUBERNETES_VERSION", "OFFLINE_PLAN_ENV", "PROJECT", "SUPPORTED_KUBERNETES_VERSIONS", "TOP_LEVEL_KEYS",
     "CatalogEntryConfig", "ClusterConfig", "ConfigError", "DataConfig", "EtcdConfig", "ImageConfig", "JobConfig",
-    "NetworkConfig", "NodeGroupConfig", "ObservabilityConfig", "RunConfig", "StackConfig", "StackFile", "StorageConfig",
+    "NetworkConfig", "NodeGroupConfig", "ObservabilityConfig", "QueueConfig", "RunConfig", "StackConfig", "StackFile",
+    "StorageConfig",
     "WorkloadConfig", "choose_zones", "cluster_name_for", "duration_minutes", "group_zone_problems", "load_stack_config",
     "reference_rows", "reference_table", "stack_file_schema", "validate",
 ]

@@ -27,6 +27,7 @@ from pydantic.types import AllowInfNan
 from pydantic_core import PydanticCustomError
 
 from eks_ddp.core import catalog, k8s_versions, rules
+from eks_ddp.core import types as choices
 from eks_ddp.core.types import CapacityType, ModelName, NatMode, RunState, ScanSeverity, UpgradePolicy, WorkloadKind
 
 PROJECT = "eks-ddp"
@@ -272,6 +273,19 @@ class ObservabilityConfig:
 
 
 @dataclass(frozen=True, kw_only=True, config=SECTION)
+class QueueConfig:
+    """``eks-ddp:queue``: every run through Kueue (quotas from the GPU groups, priorities, all-or-nothing nodes)."""
+
+    enabled: Bool = Field(True, description=("Install Kueue and queue every run: a run's Jobs are created suspended and "
+        "start when the GPU groups' quota admits them. false: no Kueue; Jobs start at once."))
+    preemption: choices.QueuePreemption = Field("never", description=("'never', or 'lowerPriority': a queued run may evict "
+        "a running run of lower priority (it resumes from its checkpoint when admitted again)."))
+    all_or_nothing: Bool = Field(True, description=("GPU admission waits until the cluster autoscaler has every node "
+        "of the run (a ProvisioningRequest, best-effort-atomic-scale-up): a run whose nodes cannot all be had holds "
+        "none."))
+
+
+@dataclass(frozen=True, kw_only=True, config=SECTION)
 class JobConfig:
     """``eks-ddp:job``: the elastic training job."""
 
@@ -308,6 +322,9 @@ class JobConfig:
         "has efa."))
     state: RunState = Field("run", description=("'run', or 'cancelled': the training Job is removed and never created "
         "again by a later pulumi up (checkpoints stay; 'run' resumes from them). The cancel output sets it."))
+    priority: choices.Priority = Field("normal", description=("With the queue: 'low', 'normal' or 'high' (Kueue's "
+        "WorkloadPriorityClass eks-ddp-<priority>): the higher is admitted first, and may evict a lower one with "
+        "queue.preemption 'lowerPriority'."))
 
 
 @dataclass(frozen=True, kw_only=True, config=SECTION)
@@ -437,6 +454,7 @@ class StackConfig:
     """The stack's own instance types (``eks-ddp:catalog``), registered in the catalog when loaded."""
     preflight: bool = True
     observability: ObservabilityConfig = std_field(default_factory=ObservabilityConfig)
+    queue: QueueConfig = std_field(default_factory=QueueConfig)
     warnings: tuple[str, ...] = ()
     """What still reads but is deprecated (``etcd-v2``): one line each, for the program to log."""
 
@@ -495,6 +513,7 @@ TOP_LEVEL_KEYS = {
     "runs": RunConfig,
     "catalog": CatalogEntryConfig,
     "observability": ObservabilityConfig,
+    "queue": QueueConfig,
     "preflight": bool,
 }
 
@@ -522,6 +541,7 @@ class StackFile:
     etcd: EtcdConfig = Field(default_factory=EtcdConfig, description=EtcdConfig.__doc__)
     observability: ObservabilityConfig = Field(default_factory=ObservabilityConfig,
                                                description=ObservabilityConfig.__doc__)
+    queue: QueueConfig = Field(default_factory=QueueConfig, description=QueueConfig.__doc__)
     job: JobConfig | None = Field(None, description=JobConfig.__doc__)
     runs: Annotated[tuple[RunConfig, ...], Field(min_length=1)] | None = Field(None, description=(
         f"Several runs side by side instead of {PROJECT}:job (not both): each entry takes every job key (its own "
@@ -554,7 +574,7 @@ class StackFile:
                            node_groups=self.node_groups, storage=self.storage, image=self.image, etcd=self.etcd,
                            runs=runs, runs_listed=self.runs is not None,
                            catalog=tuple(e.instance_type() for e in self.catalog), preflight=self.preflight,
-                           observability=self.observability, warnings=warnings)
+                           observability=self.observability, queue=self.queue, warnings=warnings)
 
 
 STACK_FILE = TypeAdapter(StackFile)

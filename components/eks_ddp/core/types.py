@@ -18,6 +18,10 @@ LocalStorage = Literal["RAID0", "none"]
 """What a GPU node does with its NVMe instance store: stripe it as RAID0 for the pods, or leave it."""
 RdzvBackend = Literal["etcd", "c10d"]
 """The rendezvous a run's agents meet through: an etcd v3 store of the run's own, or c10d (no etcd)."""
+Priority = Literal["low", "normal", "high"]
+"""A run's place in the queue: its Kueue WorkloadPriorityClass ``eks-ddp-<priority>``."""
+QueuePreemption = Literal["never", "lowerPriority"]
+"""Whether a queued run may evict a running run of lower priority (the ClusterQueue's withinClusterQueue)."""
 RunState = Literal["run", "cancelled"]
 """Whether a run's training Job exists."""
 ScanSeverity = Literal["CRITICAL", "HIGH", "MEDIUM", "LOW", "INFORMATIONAL", "disabled"]

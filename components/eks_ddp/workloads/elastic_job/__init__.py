@@ -11,6 +11,9 @@
 3. with ``workload.evaluate`` (the bundled trainer), a suspended CronJob that re-runs the test-set evaluation
    on demand (the ``evaluate_command`` output).
 
+With ``queue`` (``RunQueue.queued(priority)``) the training and fabric-check Jobs are created suspended in a Kueue
+LocalQueue and start when Kueue admits them (pods.py ``queued_job`` says what Kueue then owns).
+
 Its inputs are a few typed parts (args.py: Placement, Size, PerRunClaims | WholeVolume, EtcdStore | C10d,
 Results); the builders take the values computed from them once (info.py ``JobInfo``), and it builds Kubernetes
 objects only: images, roles and policies come from ``eks_ddp.infra``. Every pod is built by pods.py (the image by digest as uid 1000, read-only root filesystem, the shared volume,
@@ -43,6 +46,7 @@ from eks_ddp.workloads.elastic_job.args import (  # noqa: F401 (API)
     EtcdStore,
     PerRunClaims,
     Placement,
+    Queued,
     Results,
     Size,
     WholeVolume,
@@ -61,12 +65,14 @@ from eks_ddp.workloads.elastic_job.pods import (  # noqa: F401 (TRAINER_UID, GPU
     JOB_IMMUTABLE_FIELDS,
     NCCL_NET_PLUGIN,
     PART_OF,
+    QUEUE_REPLACE,
     TRAINER_LABELS,
     TRAINER_UID,
     meta,
     nccl_env,
     one_per_node,
     pod_resources,
+    queued_job,
     resources,
 )
 from eks_ddp.workloads.elastic_job.stages import (  # noqa: F401 (EVAL_RUN_DIR_ENV: API)
@@ -197,15 +203,19 @@ class ElasticJob(pulumi.ComponentResource):
         that makes the cancel final), fetch its results; where its logs are kept after the pods are gone
         (``eks-ddp status|logs|cancel|fetch <runId>`` reads this entry of the stack's ``runs`` output)."""
         flag, job, run_id = f" --profile {profile}" if profile else "", self.job_name, self.args.run_id
+        # Stops the pods at once (no `up` needed); the key makes it final: the next `up` removes the Job. Checkpoints
+        # stay. Unqueued: suspend (the program never sets spec.suspend, so no `up` resumes it). Queued: Kueue
+        # unsuspends a suspended Job whose Workload is admitted (jobframework/reconciler.go, "Job admitted,
+        # unsuspending"), so the Job is deleted; its Workload, owned by the Job, goes with it.
+        stop = "delete job {job} --ignore-not-found" if self.args.queue is not None else \
+            "patch job {job} --type=merge -p '{{\"spec\":{{\"suspend\":true}}}}'"
         return pulumi.Output.all(self.follow_command, self.args.namespace, results_url, self.logs_location).apply(
             lambda v: {
                 "follow": v[0],
                 "logs": v[3],
                 "status": f"kubectl -n {v[1]} get job {job} -o wide",
-                # Suspending stops the pods at once (no `up` needed) and the Job ignores spec.suspend, so no `up`
-                # resumes it; the key makes it final: the next `up` removes the Job. Checkpoints stay.
-                "cancel": f"kubectl -n {v[1]} patch job {job} --type=merge -p '{{\"spec\":{{\"suspend\":true}}}}' "
-                          f"&& pulumi config set --path '{state_key}' cancelled",
+                "cancel": f"kubectl -n {v[1]} {stop.format(job=job)} && pulumi config set --path '{state_key}' "
+                          "cancelled",
                 "fetchResults": f"eks-ddp-fetch-results {v[2]} --region {region} --out results/{run_id}{flag}",
             })
 
@@ -298,20 +308,22 @@ def create_train_job(info: JobInfo, endpoint: pulumi.Input[str], after: list[pul
     }
     if a.workload.egress:  # what the workload declared, beside the rules rendered from it (the network contract)
         annotations[EGRESS_ANNOTATION] = json.dumps([e.record() for e in a.workload.egress])
+    queue_labels, queue_annotations, kueue_owns = queued_job(a.queue, size.nodes, size.min_nodes)
     return k8s.batch.v1.Job(
         f"{name}-train",
-        metadata=info.meta(info.job_name, info.train_labels, annotations),
+        metadata=info.meta(info.job_name, {**info.train_labels, **queue_labels}, {**annotations, **queue_annotations}),
         spec=k8s.batch.v1.JobSpecArgs(
+            suspend=True if a.queue is not None else None,
             completion_mode="Indexed", completions=size.nodes, parallelism=size.nodes,
             backoff_limit=size.fault_budget, success_policy=success_policy, active_deadline_seconds=deadline,
             pod_failure_policy=failure_policy, pod_replacement_policy="Failed",
             ttl_seconds_after_finished=size.ttl_seconds_after_finished, template=template),
         opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
             depends_on=after, delete_before_replace=True,
-            # `kubectl patch job ... suspend: true` (the cancel output) is never undone by an `up`; with
-            # server-side apply the provider leaves a field another manager owns to it (ignoreChanges).
-            ignore_changes=["spec.suspend"],
-            replace_on_changes=list(JOB_IMMUTABLE_FIELDS))))
+            # Queued: spec.suspend (and with partial admission spec.parallelism) are Kueue's (queued_job). Never
+            # ignored unqueued: Pulumi carries an ignored input's old value into a replacement (the engine's
+            # processIgnoreChanges), which would leave a Job that left the queue suspended for good.
+            ignore_changes=kueue_owns, replace_on_changes=[*JOB_IMMUTABLE_FIELDS, QUEUE_REPLACE])))
 
 
 def create_network_policies(info: JobInfo, child: pulumi.ResourceOptions) -> None:

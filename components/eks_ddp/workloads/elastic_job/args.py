@@ -9,6 +9,7 @@ it is built (a bad value fails on your line, naming ``<part>.<field>``, the valu
 - the rendezvous: :class:`EtcdStore` (an ``EtcdRendezvous`` or a store of your own) or :class:`C10d` (the agent of
   index 0 hosts the store).
 - :class:`Results` or None: where rank 0 uploads the run's results, and the role it does so with.
+- :class:`Queued` or None: the Kueue queue the run's GPU Jobs wait in (``RunQueue.queued(priority)``).
 
 Images, roles and policies are infra's (``eks_ddp.infra``): the job takes their references and builds only
 Kubernetes objects.
@@ -224,6 +225,21 @@ class Results:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Queued:
+    """The run's GPU Jobs (training, fabric check) wait in a Kueue LocalQueue (:class:`~eks_ddp.workloads.queue.
+    RunQueue`): created suspended, started by Kueue once the ClusterQueue's quota (and its capacity check) admits them."""
+
+    local_queue: str
+    """The LocalQueue (``RunQueue.local_queue``): the Jobs' ``kueue.x-k8s.io/queue-name`` label."""
+    priority_class: str
+    """The WorkloadPriorityClass (``eks-ddp-<priority>``): the Jobs' ``kueue.x-k8s.io/priority-class`` label."""
+
+    def __post_init__(self) -> None:
+        rules.require(rules.dns_label("queue.local_queue", self.local_queue),
+                      rules.dns_label("queue.priority_class", self.priority_class))
+
+
+@dataclass(frozen=True, kw_only=True)
 class ElasticJobArgs:
     """Inputs of :class:`ElasticJob`."""
 
@@ -260,7 +276,10 @@ class ElasticJobArgs:
     """How long ``pulumi up`` waits for data preparation (fresh nodes pull a multi-GB image first); longer
     than the Job's own 30-minute deadline, so a stuck download surfaces as the Job's failure."""
     fabric_check_timeout: str = "40m"
-    """How long ``pulumi up`` waits for the fabric check (nodes may be launching and pulling the image)."""
+    """How long ``pulumi up`` waits for the fabric check (nodes may be launching and pulling the image, and with a
+    queue, the check waiting for admission)."""
+    queue: Queued | None = None
+    """``RunQueue.queued(priority)``: the training and fabric-check Jobs go through Kueue; None: they start at once."""
 
     def __post_init__(self) -> None:
         check_rules(self)  # a bad value fails where the Args are built, naming the field
@@ -289,6 +308,7 @@ def check_rules(a: ElasticJobArgs) -> None:
         _typed("rendezvous", a.rendezvous, (EtcdStore, C10d), "EtcdStore.of(EtcdRendezvous(...)) or C10d()"),
         None if a.results is None else _typed("results", a.results, (Results,), "Results(url=..., role_arn=...) "
                                               "or None"),
+        None if a.queue is None else _typed("queue", a.queue, (Queued,), "RunQueue.queued(priority) or None"),
         rules.namespace("namespace", a.namespace) if isinstance(a.namespace, str) else None,
         rules.image_by_digest("image", a.image) if isinstance(a.image, str) else None,
         None if a.state in ("run", "cancelled") else f"state: got {a.state!r}; expected 'run' or 'cancelled'",

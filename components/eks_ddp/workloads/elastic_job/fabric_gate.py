@@ -28,10 +28,12 @@ from eks_ddp.workloads.elastic_job.pods import (
     EFA_RESOURCE,
     GPU_RESOURCE,
     JOB_IMMUTABLE_FIELDS,
+    QUEUE_REPLACE,
     TRAINER_LABELS,
     nccl_env,
     one_per_node,
     pod_resources,
+    queued_job,
     resources,
 )
 from eks_ddp.workloads.namespace import dns_egress
@@ -105,11 +107,13 @@ def create_fabric_check(job: JobInfo, name: str, child: pulumi.ResourceOptions) 
     # No retries: a failed check is a finding (fabric.json says which), not a flake. A node lost under
     # the check (DisruptionTarget) is not counted. replaceUnready: the next `pulumi up` re-runs a failed
     # check instead of failing on the old Job.
+    # Through the run's queue too (it holds every GPU node of the run), admitted whole: no partial admission.
+    queue_labels, _, kueue_owns = queued_job(a.queue, nodes, nodes)
     gate_job = k8s.batch.v1.Job(
         f"{name}-fabric-check",
-        metadata=job.meta(gate, labels, {"pulumi.com/replaceUnready": "true"}),
+        metadata=job.meta(gate, {**labels, **queue_labels}, {"pulumi.com/replaceUnready": "true"}),
         spec=k8s.batch.v1.JobSpecArgs(
-            completion_mode="Indexed", completions=nodes, parallelism=nodes, backoff_limit=0,
+            suspend=True if a.queue is not None else None, completion_mode="Indexed", completions=nodes, parallelism=nodes, backoff_limit=0,
             active_deadline_seconds=1800, pod_replacement_policy="Failed",
             pod_failure_policy=k8s.batch.v1.PodFailurePolicyArgs(rules=[
                 k8s.batch.v1.PodFailurePolicyRuleArgs(action="Ignore", on_pod_conditions=[
@@ -118,7 +122,8 @@ def create_fabric_check(job: JobInfo, name: str, child: pulumi.ResourceOptions) 
             template=template),
         # Awaited (no skipAwait) until Complete; the training Job depends on it.
         opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
-            depends_on=made, delete_before_replace=True, replace_on_changes=list(JOB_IMMUTABLE_FIELDS),
+            depends_on=made, delete_before_replace=True, ignore_changes=kueue_owns,
+            replace_on_changes=[*JOB_IMMUTABLE_FIELDS, QUEUE_REPLACE],
             custom_timeouts=pulumi.CustomTimeouts(create=a.fabric_check_timeout,
                                                   update=a.fabric_check_timeout))))
     return [gate_job]

@@ -17,7 +17,7 @@ import pulumi_kubernetes as k8s
 from eks_ddp.core import catalog
 from eks_ddp.core.launch_command import DATA_SUBDIR, RDZV_TLS_DIR, SHARED_ROOT
 from eks_ddp.core.workload import INTERNET_EXCEPT
-from eks_ddp.workloads.elastic_job.args import EtcdStore, Placement, Rendezvous, Storage, WholeVolume
+from eks_ddp.workloads.elastic_job.args import EtcdStore, Placement, Queued, Rendezvous, Storage, WholeVolume
 from eks_ddp.workloads.etcd import DEFAULT_CLIENT_LABELS
 from eks_ddp.workloads.namespace import restricted_container_security, restricted_pod_security
 
@@ -40,6 +40,36 @@ JOB_IMMUTABLE_FIELDS = ("spec.completionMode", "spec.podFailurePolicy", "spec.su
                         "spec.backoffLimitPerIndex", "spec.managedBy")
 """Job fields Kubernetes refuses to change (ValidateJobSpecUpdate, 422 "field is immutable") that the provider does
 not already replace the Job for: a change to one of them replaces the Job instead of failing `pulumi up`."""
+QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"
+PRIORITY_CLASS_LABEL = "kueue.x-k8s.io/priority-class"
+MIN_PARALLELISM_ANNOTATION = "kueue.x-k8s.io/job-min-parallelism"
+"""Kueue v0.16.4's names (pkg/controller/constants, pkg/controller/jobs/job/job_controller.go)."""
+QUEUE_REPLACE = f'metadata.labels["{QUEUE_NAME_LABEL}"]'
+"""Joining or leaving a queue replaces a Job: Kueue's webhook refuses a queue-name change on a running Job and the
+removal of a priority class at any time (pkg/controller/jobframework/validation.go: validateUpdateForQueueName,
+ValidateUpdateForWorkloadPriorityClassName)."""
+
+
+def queued_job(queue: Queued | None, nodes: int, min_nodes: int) -> tuple[dict[str, str], dict[str, str], list[str]]:
+    """(labels, annotations, ignore_changes) of a GPU Job of ``nodes`` pods through ``queue`` (None: nothing).
+
+    Kueue (pkg/controller/jobframework/reconciler.go) unsuspends the Job when its Workload is admitted and suspends
+    it again on eviction or preemption: ``spec.suspend`` is Kueue's once created. With ``min_nodes < nodes`` the
+    Job takes partial admission (``job-min-parallelism``; the webhook, job_webhook.go validatePartialAdmissionCreate,
+    wants 0 < min < pods): Kueue sets ``spec.parallelism`` to the count it admits (job_controller.go
+    RunWithPodSetsInfo) and its webhook refuses any other change of it while the Job runs
+    (validatePartialAdmissionUpdate), so an ``up`` must leave it too. The price: Pulumi's engine gives an ignored
+    property its old input on a replacement too (pkg/resource/deploy/step_generator.go, processIgnoreChanges), so a
+    ``nodes`` change of a queued elastic run keeps the old parallelism; cancel the run and run it again instead (a
+    cancelled run's Job leaves the state, and the next one is created afresh)."""
+    if queue is None:
+        return {}, {}, []
+    partial = min_nodes < nodes
+    labels = {QUEUE_NAME_LABEL: queue.local_queue, PRIORITY_CLASS_LABEL: queue.priority_class}
+    return labels, {MIN_PARALLELISM_ANNOTATION: str(min_nodes)} if partial else {}, \
+        ["spec.suspend", *(["spec.parallelism"] if partial else [])]
+
+
 # Writable paths on the read-only root filesystem; the image sets the same.
 CACHE_ENV = {"HOME": "/tmp", "XDG_CACHE_HOME": "/tmp/.cache", "TORCH_HOME": "/tmp/torch",
              "TORCHINDUCTOR_CACHE_DIR": "/tmp/torchinductor", "TRITON_CACHE_DIR": "/tmp/triton",
