@@ -146,7 +146,7 @@ def problems(err: ValidationError) -> list[str]:
                 out.append(f"{key}: {hint}")
             out.append(f"{key}: got {got!r}; expected one of the known keys: {', '.join(known)}" + suggest(name, known))
         elif e["type"] == "missing":
-            out.append(f"{key}: required; {field.description}")
+            out.append(f"{key}: required; expected {words(tp)}")
         elif e["type"] in ("too_short", "string_too_short"):
             out.append(f"{key}: got {got!r}; expected a non-empty {'string' if tp is str else 'list'}")
         else:
