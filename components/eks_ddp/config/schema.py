@@ -26,8 +26,8 @@ from pydantic.json_schema import SkipJsonSchema
 from pydantic.types import AllowInfNan
 from pydantic_core import PydanticCustomError
 
-from eks_ddp.core import catalog, k8s_versions, rules
-from eks_ddp.core.types import CapacityType, ModelName, NatMode, RunState, ScanSeverity, UpgradePolicy, WorkloadKind
+from eks_ddp.core import catalog, k8s_versions
+from eks_ddp.core import types as choices
 
 PROJECT = "eks-ddp"
 
@@ -37,8 +37,6 @@ OFFLINE_PLAN_ENV = "EKS_DDP_OFFLINE_PLAN"
 
 DEFAULT_KUBERNETES_VERSION = k8s_versions.DEFAULT_VERSION
 SUPPORTED_KUBERNETES_VERSIONS = k8s_versions.SUPPORTED_VERSIONS
-
-DNS_LABEL = rules.DNS_LABEL
 
 
 
@@ -100,7 +98,7 @@ class NetworkConfig:
     vpc_cidr: Str = "10.0.0.0/16"
     az_count: Int = 2
     availability_zones: Strings = ()
-    nat_gateways: NatMode = "single"
+    nat_gateways: choices.NatMode = "single"
     vpc_id: Str | None = None
     public_subnet_ids: Strings = ()
     private_subnet_ids: Strings = ()
@@ -118,7 +116,7 @@ class ClusterConfig:
     public_access_cidrs: Strings = ()
     endpoint_public_access: Bool = True
     kubernetes_version: KubernetesVersion = DEFAULT_KUBERNETES_VERSION
-    upgrade_policy: UpgradePolicy = k8s_versions.DEFAULT_SUPPORT_TYPE
+    upgrade_policy: choices.UpgradePolicy = k8s_versions.DEFAULT_SUPPORT_TYPE
     system_instance_type: Str = "t3.large"
     system_node_count: Int = 2
     log_retention_days: Int = 30
@@ -141,7 +139,7 @@ class NodeGroupConfig:
     min_size: Int = 0
     desired_size: Int = 0
     max_size: Int = 2
-    capacity_type: CapacityType = "onDemand"
+    capacity_type: choices.CapacityType = "onDemand"
     efa: Bool = False
     capacity_reservation_id: Str | None = None
     availability_zone: Str | None = None
@@ -150,7 +148,7 @@ class NodeGroupConfig:
     spot_instance_types: Strings = ()
 
     # --- node storage and capacity-block window ---
-    local_storage: Str = "RAID0"
+    local_storage: choices.LocalStorage = "RAID0"
     capacity_block_start: Str | None = None
     capacity_block_end: Str | None = None
 
@@ -177,7 +175,7 @@ class StorageConfig:
     results_kms_key_arn: Str | None = None
 
     # --- backend, FSx for Lustre, EFS lifecycle ---
-    backend: Str = "efs"
+    backend: choices.StorageBackend = "efs"
     fsx_storage_capacity_gib: Int = 1200
     fsx_throughput_per_tib: Int = 250
     fsx_backup_id: Str | None = None
@@ -200,7 +198,7 @@ class ImageConfig:
     prebuilt: Str | None = None
     keep_images: Int = 10
     retain_repository: Bool = False
-    scan_fail_severity: ScanSeverity = "CRITICAL"
+    scan_fail_severity: choices.ScanSeverity = "CRITICAL"
     registry_cache: Bool = False
 
 
@@ -239,13 +237,13 @@ class JobConfig:
     run_id: Str = "run-1"
     epochs: Int = 10
     global_batch_size: Int = 1024
-    model: ModelName = "airnet"
+    model: choices.ModelName = "airnet"
     learning_rate: Float | None = None
     rdzv_backend: RdzvChoice = "etcd"
     namespace: Str = "training"
     compile: Bool = False
     fabric_check: Bool | None = None
-    state: RunState = "run"
+    state: choices.RunState = "run"
 
 
 @dataclass(frozen=True, kw_only=True, config=SECTION)
@@ -296,7 +294,7 @@ class WorkloadConfig:
     #: What a refusal of this section's value says besides its keys (a string is a form of it too).
     SHORT_FORM: ClassVar[str] = "'cifar10' (the bundled trainer)"
 
-    kind: SkipJsonSchema[WorkloadKind] = Field("cifar10", alias="(form)")
+    kind: SkipJsonSchema[choices.WorkloadKind] = Field("cifar10", alias="(form)")
     image: Str | None = None
     module: Str | None = None
     script: Str | None = None
