@@ -34,8 +34,6 @@ _FSX_BACKUP_ID = re.compile(r"^backup-[0-9a-f]{8,}$")  # FSx API reference, Back
 _KMS_KEY_ARN = re.compile(r"^arn:aws[a-z-]*:kms:[a-z0-9-]+:\d{12}:key/[0-9a-f-]{36}$")
 _PLACEMENT_GROUP = re.compile(r"^[\x21-\x7e]{1,255}$")
 
-duration_minutes = rules.duration_minutes
-
 
 def _found(*problems: object) -> list[str]:
     """The messages among checks' results (``None``, ``False`` or empty: no problem)."""

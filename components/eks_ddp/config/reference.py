@@ -18,7 +18,7 @@ from typing import Any, Literal, get_args, get_origin
 from pydantic.json_schema import GenerateJsonSchema
 
 from eks_ddp.config.messages import core_type, fields_of, is_section
-from eks_ddp.config.schema import PROJECT, STACK_FILE, TOP_LEVEL_KEYS, JobConfig, RunConfig, StackFile, WorkloadConfig
+from eks_ddp.config.schema import PROJECT, STACK_FILE, JobConfig, RunConfig, StackFile, WorkloadConfig
 
 Row = tuple[str, str, str, str]
 DOC_PAGE = Path("docs") / "configuration.md"
@@ -60,17 +60,17 @@ def _keys(prefix: str, cls: type, names: Any = None, *, optional: bool = False) 
 
 
 def _all_keys() -> Iterator[tuple[str, type, Any]]:
-    """Every documented key in the page's order: a section's keys under its name, a list's under ``name[i]``, a
-    run's job keys once, under ``job``."""
-    top = fields_of(StackFile)
-    yield "aws:region", StackFile, (top["aws:region"], False)
-    for key, cls in TOP_LEVEL_KEYS.items():
-        listed = get_origin(core_type(top[key].annotation)) is tuple
-        if listed or not is_section(cls):
-            yield f"{PROJECT}:{key}", StackFile, (top[key], False)
-        if is_section(cls):
-            names = [k for k in fields_of(cls) if k not in fields_of(JobConfig)] if cls is RunConfig else None
-            yield from _keys(f"{PROJECT}:{key}" + "[i]" * listed, cls, names)
+    """Every documented key in the stack file's order: a section's keys under its name, a list's under ``name[i]``,
+    a run's job keys once, under ``job``."""
+    for key, f in fields_of(StackFile).items():
+        tp, name = core_type(f.annotation), key if ":" in key else f"{PROJECT}:{key}"
+        listed = get_origin(tp) is tuple
+        model = core_type(get_args(tp)[0]) if listed else tp
+        if listed or not is_section(model):
+            yield name, StackFile, (f, False)
+        if is_section(model):
+            names = [k for k in fields_of(model) if k not in fields_of(JobConfig)] if model is RunConfig else None
+            yield from _keys(name + "[i]" * listed, model, names)
 
 
 def meanings(root: Path | None = None) -> dict[str, str]:

@@ -403,22 +403,6 @@ class StackConfig:
         return any(r.rdzv_backend == "etcd" for r in self.runs)
 
 
-# Top-level keys: YAML key (without the "eks-ddp:" prefix) -> its model. "job" and "runs" are alternatives.
-TOP_LEVEL_KEYS = {
-    "network": NetworkConfig,
-    "cluster": ClusterConfig,
-    "nodeGroups": NodeGroupConfig,
-    "storage": StorageConfig,
-    "image": ImageConfig,
-    "etcd": EtcdConfig,
-    "job": JobConfig,
-    "runs": RunConfig,
-    "catalog": CatalogEntryConfig,
-    "observability": ObservabilityConfig,
-    "preflight": bool,
-}
-
-
 def cluster_name_for(stack: str, cfg: StackConfig | None = None) -> str:
     """The EKS cluster's name for a stack: ``cluster.name`` when set, else ``eks-ddp-<stack>``."""
     if cfg is not None and cfg.cluster.name:
@@ -471,3 +455,5 @@ class StackFile:
 
 
 STACK_FILE = TypeAdapter(StackFile)
+#: The ``eks-ddp:*`` keys (without the namespace), in the stack file's order; ``job`` and ``runs`` are alternatives.
+TOP_LEVEL_KEYS = tuple(f.alias for f in StackFile.__pydantic_fields__.values() if f.alias != "aws:region")
