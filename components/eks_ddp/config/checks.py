@@ -220,7 +220,7 @@ def _check_runs(cfg: StackConfig) -> list[str]:
 
 def _check_run(cfg: StackConfig, j: RunConfig, key: str) -> list[str]:
     names = [g.name for g in cfg.node_groups]
-    g = cfg.node_group(j.node_group or names[0]) if j.node_group is None or j.node_group in names else None
+    g = cfg.group_of(j) if j.node_group in (None, *names) else None
     return _found(
         j.node_group is not None and j.node_group not in names
         and f"{key}.nodeGroup: got {j.node_group!r}; expected one of {', '.join(names)}",
@@ -250,7 +250,7 @@ def _check_workload(w: WorkloadConfig, key: str) -> list[str]:
                w.script and rules.script_path(f"{key}.script", w.script),
                *rules.env_names(f"{key}.env", w.env),
                w.s3_uri and rules.s3_prefix(f"{key}.data.s3", w.s3_uri),
-               rules.manifest_sha256(f"{key}.data.sha256", w.s3_sha256))
+               w.data and rules.manifest_sha256(f"{key}.data.sha256", w.data.sha256))
     for i, text in enumerate(w.egress):
         try:
             Egress.parse(f"{key}.egress[{i}]", text)

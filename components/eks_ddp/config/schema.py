@@ -324,11 +324,6 @@ class WorkloadConfig:
         """``data.s3``: the S3 prefix staged as the run's data set, or None."""
         return self.data.s3 if self.data else None
 
-    @property
-    def s3_sha256(self) -> str | None:
-        """``data.sha256``: the data set's pin, or None."""
-        return self.data.sha256 if self.data else None
-
 
 @dataclass(frozen=True, kw_only=True, config=SECTION)
 class RunConfig(JobConfig):
@@ -373,12 +368,9 @@ class StackConfig:
         """The YAML key of run ``index`` for messages: ``job`` or ``runs[<index>]``."""
         return f"runs[{index}]" if self.runs_listed else "job"
 
-    def node_group(self, name: str) -> NodeGroupConfig:
-        return next(g for g in self.node_groups if g.name == name)
-
     def group_of(self, run: JobConfig) -> NodeGroupConfig:
         """The GPU node group a run runs on (its nodeGroup, default the first)."""
-        return self.node_group(run.node_group or self.node_groups[0].name)
+        return next(g for g in self.node_groups if g.name == (run.node_group or self.node_groups[0].name))
 
     @property
     def job_group(self) -> NodeGroupConfig:
