@@ -381,11 +381,6 @@ class StackConfig:
         return run.fabric_check if run.fabric_check is not None else self.group_of(run).efa
 
     @property
-    def fabric_check(self) -> bool:
-        """``job.fabricCheck``, defaulting to the job group's ``efa``."""
-        return self.fabric_check_of(self.job)
-
-    @property
     def uses_efa(self) -> bool:
         return any(g.efa for g in self.node_groups)
 
