@@ -164,6 +164,29 @@ def test_config_reference_page_holds_the_schemas_table():
     assert ref.table_in_page(page) == ref.reference_table(), "regenerate the table: python -m eks_ddp.config --write"
 
 
+def test_every_key_has_its_meaning_written_once_on_the_page():
+    """The page's meaning column is the one source of the keys' documentation: none empty, and it is what the JSON
+    Schema describes each key with (a run's job keys by their job.* row)."""
+    rows = ref.reference_rows()
+    assert [key for key, _, _, meaning in rows if not meaning] == []
+    assert len({key for key, *_ in rows}) == len(rows)
+    schema, meaning = ref.stack_file_schema(), {key: m for key, _, _, m in rows}
+    assert schema["$defs"]["RunConfig"]["properties"]["nodes"]["description"] == meaning["eks-ddp:job.nodes"]
+    assert schema["properties"]["config"]["properties"]["eks-ddp:runs"]["description"] == meaning["eks-ddp:runs"]
+
+
+def test_a_new_key_gets_a_row_to_write_its_meaning_in(tmp_path):
+    """--write adds a row for a key the page lacks, with an empty meaning (which the test above refuses), and keeps
+    every other row's meaning."""
+    (tmp_path / "docs").mkdir()
+    page = (ROOT / ref.DOC_PAGE).read_text()
+    row = next(line for line in page.splitlines() if line.startswith("| `eks-ddp:job.epochs` |"))
+    (tmp_path / ref.DOC_PAGE).write_text(page.replace(row + "\n", ""))
+    assert ref.write_reference(tmp_path) is True
+    assert "| `eks-ddp:job.epochs` | integer | `10` |  |" in (tmp_path / ref.DOC_PAGE).read_text()
+    assert [k for k, *_, m in ref.reference_rows(tmp_path) if not m] == ["eks-ddp:job.epochs"]
+
+
 def test_the_generator_rewrites_a_stale_table_and_only_the_table(tmp_path):
     (tmp_path / "docs").mkdir()
     stale = ref.reference_table().replace("| `aws:region` | string |", "| `aws:region` | number |")

@@ -105,3 +105,12 @@ def test_a_top_level_section_left_empty_reads_as_its_defaults(dev):
     assert cfg.observability.cloudwatch is True
     rejects(set_path(dev, "eks-ddp:observability.cloudwatch", None), "observability.cloudwatch: got None",
             "expected true or false")
+
+
+def test_a_required_key_left_out_says_what_it_takes(dev):
+    """A missing key reads like every other refusal (``key: required; expected Y``): what the key takes, not its
+    documentation (the page's meaning column)."""
+    rejects(set_path(dev, "eks-ddp:nodeGroups", [{"name": "gpu"}]),
+            "nodeGroups[0].instanceType: required; expected a string")
+    rejects({k: v for k, v in dev.items() if k != "eks-ddp:nodeGroups"},
+            "nodeGroups: required; expected a list of objects with keys name, instanceType, minSize")

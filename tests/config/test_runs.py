@@ -192,7 +192,7 @@ def test_stack_config_always_has_a_run():
 
 def test_fabric_check_per_run_defaults_to_its_groups_efa():
     cfg = load(stack_config("p4de"))
-    assert cfg.fabric_check_of(cfg.job) is True and cfg.fabric_check is True
+    assert cfg.fabric_check_of(cfg.job) is True
     off = dataclasses.replace(cfg.job, fabric_check=False)
     assert cfg.fabric_check_of(off) is False
 

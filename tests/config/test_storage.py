@@ -97,7 +97,7 @@ def test_local_storage_key():
     assert load(edit(stack_config("dev"), **{"nodeGroups[0].localStorage": "none"})).node_groups[0].local_storage == \
         "none"
     assert problems(edit(stack_config("dev"), **{"nodeGroups[0].localStorage": "RAID10"})) == [
-        "nodeGroups[0].localStorage: got 'RAID10'; expected 'RAID0' or 'none'"]
+        "nodeGroups[0].localStorage: got 'RAID10'; expected one of 'RAID0', 'none'"]
 
 
 def test_ami_release_version_pins_every_group_and_is_checked_against_the_kubernetes_version():

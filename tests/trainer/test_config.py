@@ -51,7 +51,7 @@ def test_the_library_renders_the_runs_shape_always_and_other_flags_only_off_thei
 
 def test_model_names_are_declared_once():
     assert rules.MODELS is config.MODELS
-    assert schema.ModelName is config.ModelName
+    assert schema.JobConfig.__pydantic_fields__["model"].annotation is config.ModelName  # job.model's type
     assert config.MODELS == typing.get_args(typing.get_type_hints(TrainerConfig)["model"])
 
 

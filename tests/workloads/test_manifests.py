@@ -137,7 +137,7 @@ def test_training_command_is_valid_for_torchrun(name, manifests):
 
 def test_p4de_fabric_check_job_runs_the_check_with_torchrun_on_every_node(manifests):
     cfg = stack("p4de")
-    assert cfg.fabric_check  # default with efa
+    assert cfg.fabric_check_of(cfg.job)  # default with efa
     [gate] = [m for m in manifests["p4de"] if m["kind"] == "Job"
               and m["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/component") == "fabric-check"]
     assert "pulumi.com/skipAwait" not in (gate["metadata"].get("annotations") or {})

@@ -5,14 +5,10 @@ JSON) to :func:`load_stack_config`, which returns a frozen, validated :class:`St
 :class:`ConfigError` naming every bad key, its value and what is allowed. Nothing here touches Pulumi, so it is
 importable and testable on its own.
 
-Keys are camelCase in YAML (``nodeGroups[0].instanceType``) and snake_case in Python. The reference table in
-``docs/configuration.md`` documents every key, and ``docs/stack-config.schema.json`` is the stack file's JSON Schema
-for editors (``python -m eks_ddp.config`` prints the table, ``--write`` rewrites it there, ``--schema`` prints the
-schema).
-
-Reading runs in two steps: pydantic reads every key (every problem at once), then the checks across keys run on
-the assembled :class:`StackConfig`. The pieces: ``schema.py`` (the models), ``messages.py`` (pydantic's errors as
-``key: got X; expected Y``), ``checks.py`` (checks across keys), ``reference.py`` (the table and the JSON Schema).
+Reading runs in two steps: pydantic reads every key into the models of ``schema.py`` (every problem at once, worded
+by ``messages.py`` as ``key: got X; expected Y``), then the checks across keys (``checks.py``, ``run_rules.py``) run
+on the assembled :class:`StackConfig`. ``reference.py`` generates the reference table of ``docs/configuration.md`` and
+the stack file's JSON Schema (``python -m eks_ddp.config --write``, ``--schema``).
 """
 
 from __future__ import annotations
@@ -24,9 +20,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from eks_ddp.config.checks import catalog_problems, duration_minutes, ignored_settings, validate
+from eks_ddp.config.checks import catalog_problems, ignored_settings, validate
 from eks_ddp.config.messages import decode, null_problems, problems
-from eks_ddp.config.reference import reference_rows, reference_table, stack_file_schema
 from eks_ddp.config.schema import (
     DEFAULT_KUBERNETES_VERSION,
     OFFLINE_PLAN_ENV,
@@ -34,34 +29,18 @@ from eks_ddp.config.schema import (
     STACK_FILE,
     SUPPORTED_KUBERNETES_VERSIONS,
     TOP_LEVEL_KEYS,
-    CatalogEntryConfig,
-    ClusterConfig,
     ConfigError,
-    DataConfig,
-    EtcdConfig,
-    ImageConfig,
-    JobConfig,
-    NetworkConfig,
     NodeGroupConfig,
-    ObservabilityConfig,
-    QueueConfig,
     RunConfig,
     StackConfig,
-    StackFile,
-    StorageConfig,
     WorkloadConfig,
     cluster_name_for,
 )
 from eks_ddp.core import catalog
 
-__all__ = [
-    "DEFAULT_KUBERNETES_VERSION", "OFFLINE_PLAN_ENV", "PROJECT", "SUPPORTED_KUBERNETES_VERSIONS", "TOP_LEVEL_KEYS",
-    "CatalogEntryConfig", "ClusterConfig", "ConfigError", "DataConfig", "EtcdConfig", "ImageConfig", "JobConfig",
-    "NetworkConfig", "NodeGroupConfig", "ObservabilityConfig", "QueueConfig", "RunConfig", "StackConfig", "StackFile",
-    "StorageConfig",
-    "WorkloadConfig", "choose_zones", "cluster_name_for", "duration_minutes", "group_zone_problems", "load_stack_config",
-    "reference_rows", "reference_table", "stack_file_schema", "validate",
-]
+__all__ = ["DEFAULT_KUBERNETES_VERSION", "OFFLINE_PLAN_ENV", "PROJECT", "SUPPORTED_KUBERNETES_VERSIONS", "TOP_LEVEL_KEYS",
+           "ConfigError", "NodeGroupConfig", "RunConfig", "StackConfig", "WorkloadConfig", "choose_zones",
+           "cluster_name_for", "group_zone_problems", "load_stack_config"]
 
 
 def load_stack_config(raw: dict[str, Any], *, region: str | None, stack: str | None = None,

@@ -12,7 +12,6 @@ from typing import Any
 
 from eks_ddp.config import run_rules
 from eks_ddp.config.schema import (
-    DNS_LABEL,
     PROJECT,
     TRAINER_ONLY_KEYS,
     CatalogEntryConfig,
@@ -34,24 +33,11 @@ _EFS_ID = re.compile(r"^fs-[0-9a-f]{8,40}$")
 _FSX_BACKUP_ID = re.compile(r"^backup-[0-9a-f]{8,}$")  # FSx API reference, Backup.BackupId
 _KMS_KEY_ARN = re.compile(r"^arn:aws[a-z-]*:kms:[a-z0-9-]+:\d{12}:key/[0-9a-f-]{36}$")
 _PLACEMENT_GROUP = re.compile(r"^[\x21-\x7e]{1,255}$")
-_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
-LOCAL_STORAGE = ("RAID0", "none")
-
-duration_minutes = rules.duration_minutes
 
 
 def _found(*problems: object) -> list[str]:
     """The messages among checks' results (``None``, ``False`` or empty: no problem)."""
     return [p for p in problems if isinstance(p, str) and p]
-
-
-def _at_least(key: str, value: int, minimum: int = 1) -> str | None:
-    return None if value >= minimum else f"{key}: got {value!r}; expected a whole number >= {minimum}"
-
-
-def _zone(key: str, az: str | None, region: str) -> str | None:
-    ok = az is None or (rules.AZ.match(az) and (not region or az.startswith(region)))
-    return None if ok else f"{key}: got {az!r}; expected a zone of region {region!r}"
 
 
 def validate(cfg: StackConfig, *, stack: str | None = None, placeholders_ok: bool = False,
@@ -73,16 +59,14 @@ def validate(cfg: StackConfig, *, stack: str | None = None, placeholders_ok: boo
         k8s_versions.policy_problem(c.kubernetes_version, c.upgrade_policy, today or dt.date.today()),
         rules.retention_days("observability.logRetentionDays", cfg.observability.log_retention_days),
         cfg.image.prebuilt and rules.image_by_digest("image.prebuilt", cfg.image.prebuilt),
-        bucket is not None and not _BUCKET.match(bucket)
-        and f"storage.resultsBucket: got {bucket!r}; expected an S3 bucket name (3-63 lowercase letters, digits, '.' "
-            "and '-')",
+        bucket is not None and rules.s3_bucket("storage.resultsBucket", bucket),
         key_arn is not None and (bucket is None or not _KMS_KEY_ARN.match(key_arn))
         and f"storage.resultsKmsKeyArn: got {key_arn!r}; expected the ARN of a KMS key "
             "(arn:aws:kms:<region>:<account>:key/<id>), and only with storage.resultsBucket",
         *(rules.s3_bucket(f"network.s3EndpointExtraBuckets[{i}]", b) for i, b in enumerate(net.s3_endpoint_extra_buckets)),
         fs_id is not None and not _EFS_ID.match(fs_id)
         and f"storage.fileSystemId: got {fs_id!r}; expected an EFS file system id like fs-0123456789abcdef0",
-        _at_least("image.keepImages", cfg.image.keep_images),
+        rules.whole("image.keepImages", cfg.image.keep_images),
         k8s_versions.ami_release_problem("cluster.amiReleaseVersion", c.ami_release_version, c.kubernetes_version),
         cfg.etcd.replicas != 1
         and f"etcd.replicas: got {cfg.etcd.replicas!r}; expected 1 (a quorum of etcd members on emptyDir cannot take "
@@ -111,7 +95,7 @@ def _check_network(n: NetworkConfig, region: str) -> list[str]:
     p = _found(rules.vpc_cidr("network.vpcCidr", n.vpc_cidr),
                not 2 <= n.az_count <= 6
                and f"network.azCount: got {n.az_count!r}; expected 2 to 6 (EKS needs subnets in 2 zones)",
-               *(_zone(f"network.availabilityZones[{i}]", az, region) for i, az in enumerate(azs)),
+               *(rules.zone(f"network.availabilityZones[{i}]", az, region) for i, az in enumerate(azs)),
                *(f"network.availabilityZones[{i}]: got {az!r} twice; expected distinct zones"
                  for i, az in enumerate(azs) if az in azs[:i]),
                azs and len(azs) != n.az_count
@@ -141,9 +125,8 @@ def _check_cluster(c: ClusterConfig, placeholders_ok: bool = False) -> list[str]
     seen: set[str] = set()
     for key, arns in (("adminPrincipalArns", c.admin_principal_arns), ("viewerPrincipalArns", c.viewer_principal_arns)):
         for i, arn in enumerate(arns):
-            if not rules.IAM_PRINCIPAL.match(arn):
-                p.append(f"cluster.{key}[{i}]: got {arn!r}; expected an IAM role or user ARN such as "
-                         "arn:aws:iam::123456789012:role/ci-deployer")
+            if bad := rules.iam_principal(f"cluster.{key}[{i}]", arn):
+                p.append(bad)
             elif arn in seen:
                 p.append(f"cluster.{key}[{i}]: got {arn!r} a second time; expected each principal once, in "
                          "cluster.adminPrincipalArns or cluster.viewerPrincipalArns (one EKS access entry each)")
@@ -152,7 +135,7 @@ def _check_cluster(c: ClusterConfig, placeholders_ok: bool = False) -> list[str]
         p.append(f"cluster.systemInstanceType: got {c.system_instance_type!r}; expected one of "
                  + ", ".join(catalog.cpu_types()) + "; or describe it under eks-ddp:catalog (an x86_64 type with "
                  "gpus 0, its vcpus, memoryGiB and priceUsdPerHour)")
-    return p + _found(_at_least("cluster.systemNodeCount", c.system_node_count),
+    return p + _found(rules.whole("cluster.systemNodeCount", c.system_node_count),
                       rules.retention_days("cluster.logRetentionDays", c.log_retention_days),
                       rules.scale_down_time("cluster.scaleDownUnneededTime", c.scale_down_unneeded_time))
 
@@ -161,8 +144,7 @@ def _check_group(g: NodeGroupConfig, key: str, region: str) -> list[str]:
     it = catalog.CATALOG.get(g.instance_type)
     cr, pg = g.capacity_reservation_id, g.placement_group_name
     p = _found(
-        (not DNS_LABEL.match(g.name) or len(g.name) > 40)
-        and f"{key}.name: got {g.name!r}; expected lowercase letters, digits and '-' (max 40)",
+        rules.dns_label(f"{key}.name", g.name, 40),
         g.spot_instance_types and g.capacity_type != "spot"
         and f"{key}.spotInstanceTypes: got {list(g.spot_instance_types)!r} with capacityType {g.capacity_type!r}; "
             "expected capacityType 'spot', or no spotInstanceTypes",
@@ -172,8 +154,8 @@ def _check_group(g: NodeGroupConfig, key: str, region: str) -> list[str]:
         and f"{key}.instanceType: got {g.instance_type!r}; expected a GPU type from the catalog: "
             + ", ".join(catalog.gpu_types()) + "; or describe it under eks-ddp:catalog (gpus, gpuModel, "
             "gpuMemoryGiB, vcpus, memoryGiB, efaInterfaces, priceUsdPerHour)",
-        _at_least(f"{key}.minSize", g.min_size, 0),
-        _at_least(f"{key}.maxSize", g.max_size, 1),
+        rules.whole(f"{key}.minSize", g.min_size, 0),
+        rules.whole(f"{key}.maxSize", g.max_size),
         rules.root_volume_gib(f"{key}.rootVolumeGiB", g.root_volume_gib),
         g.min_size > g.max_size and f"{key}.minSize: got {g.min_size}; expected <= maxSize ({g.max_size})",
         not g.min_size <= g.desired_size <= g.max_size
@@ -182,8 +164,7 @@ def _check_group(g: NodeGroupConfig, key: str, region: str) -> list[str]:
         g.efa and it is not None and not it.has_efa
         and f"{key}.efa: got true for {g.instance_type!r}, which has no EFA; expected false, or an EFA type: "
             + ", ".join(n for n in catalog.gpu_types() if catalog.CATALOG[n].has_efa),
-        cr is not None and not rules.ODCR.match(cr)
-        and f"{key}.capacityReservationId: got {cr!r}; expected an id like cr-0123456789abcdef0",
+        cr is not None and rules.capacity_reservation_id(f"{key}.capacityReservationId", cr),
         cr is not None and g.availability_zone is None
         and f"{key}.availabilityZone: required with capacityReservationId ({cr}); expected the reservation's zone, "
             f"e.g. {region or 'us-west-2'}a",
@@ -198,9 +179,7 @@ def _check_group(g: NodeGroupConfig, key: str, region: str) -> list[str]:
         pg is not None and not _PLACEMENT_GROUP.match(pg)
         and f"{key}.placementGroupName: got {pg!r}; expected a placement group name (1-255 printable ASCII "
             "characters, no spaces)",
-        _zone(f"{key}.availabilityZone", g.availability_zone, region),
-        g.local_storage not in LOCAL_STORAGE
-        and f"{key}.localStorage: got {g.local_storage!r}; expected 'RAID0' or 'none'")
+        g.availability_zone and rules.zone(f"{key}.availabilityZone", g.availability_zone, region))
     return p
 
 
@@ -241,17 +220,14 @@ def _check_runs(cfg: StackConfig) -> list[str]:
 
 def _check_run(cfg: StackConfig, j: RunConfig, key: str) -> list[str]:
     names = [g.name for g in cfg.node_groups]
-    g = cfg.node_group(j.node_group or names[0]) if j.node_group is None or j.node_group in names else None
+    g = cfg.group_of(j) if j.node_group in (None, *names) else None
     return _found(
         j.node_group is not None and j.node_group not in names
         and f"{key}.nodeGroup: got {j.node_group!r}; expected one of {', '.join(names)}",
-        _at_least(f"{key}.nodes", j.nodes),
-        _at_least(f"{key}.minNodes", j.min_nodes),
-        _at_least(f"{key}.maxRestarts", j.max_restarts, 0),
-        _at_least(f"{key}.faultBudget", j.fault_budget, 0),
+        *(rules.whole(f"{key}.{k}", v, m) for k, v, m in (("nodes", j.nodes, 1), ("minNodes", j.min_nodes, 1),
+          ("maxRestarts", j.max_restarts, 0), ("faultBudget", j.fault_budget, 0), ("epochs", j.epochs, 1))),
         not 0 < j.active_deadline_hours <= 24 * 365
         and f"{key}.activeDeadlineHours: got {j.active_deadline_hours!r}; expected a number of hours in (0, 8760]",
-        _at_least(f"{key}.epochs", j.epochs),
         rules.global_batch(f"{key}.globalBatchSize", j.global_batch_size),
         j.min_nodes > j.nodes and f"{key}.minNodes: got {j.min_nodes}; expected <= {key}.nodes ({j.nodes})",
         rules.learning_rate(f"{key}.learningRate", j.learning_rate),
@@ -274,7 +250,7 @@ def _check_workload(w: WorkloadConfig, key: str) -> list[str]:
                w.script and rules.script_path(f"{key}.script", w.script),
                *rules.env_names(f"{key}.env", w.env),
                w.s3_uri and rules.s3_prefix(f"{key}.data.s3", w.s3_uri),
-               rules.manifest_sha256(f"{key}.data.sha256", w.s3_sha256))
+               w.data and rules.manifest_sha256(f"{key}.data.sha256", w.data.sha256))
     for i, text in enumerate(w.egress):
         try:
             Egress.parse(f"{key}.egress[{i}]", text)
@@ -287,9 +263,7 @@ def _check_workload(w: WorkloadConfig, key: str) -> list[str]:
 
 def _check_storage_backend(cfg: StackConfig) -> list[str]:
     st, p = cfg.storage, []
-    if st.backend not in storage.BACKENDS:
-        p.append(f"storage.backend: got {st.backend!r}; expected one of {', '.join(map(repr, storage.BACKENDS))}")
-    elif st.backend == "fsxLustre":
+    if st.backend == "fsxLustre":
         p += [b for b in (storage.fsx_capacity_problem("storage.fsxStorageCapacityGiB", st.fsx_storage_capacity_gib),
                           storage.fsx_throughput_problem("storage.fsxThroughputPerTiB", st.fsx_throughput_per_tib))
               if b]

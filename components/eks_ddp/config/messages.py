@@ -80,21 +80,20 @@ def words(tp: Any) -> str:
         tp, "a value")
 
 
-def walk(loc: Iterable[Any], root: type = StackFile) -> tuple[str, Any, Any]:
-    """The YAML key of ``loc`` (``nodeGroups[0].instanceType``), its field (if a section's) and its type."""
-    key, tp, field = "", root, None
+def walk(loc: Iterable[Any], root: type = StackFile) -> tuple[str, Any]:
+    """The YAML key of ``loc`` (``nodeGroups[0].instanceType``) and its type."""
+    key, tp = "", root
     for part in loc:
-        tp, field = core_type(tp), None
+        tp = core_type(tp)
         if is_section(tp):
-            field = next((f for f in tp.__pydantic_fields__.values() if f.alias == part), None)
-            tp = field.annotation if field else None
+            tp = getattr(fields_of(tp).get(part), "annotation", None)
         elif get_origin(tp) is tuple and isinstance(part, int):
             key, tp = f"{key}[{part}]", get_args(tp)[0]
             continue
         else:  # a mapping's key
             tp = get_args(tp)[1] if get_origin(tp) is Mapping else None
         key = f"{key}.{part}" if key else str(part)
-    return key, field, core_type(tp)
+    return key, core_type(tp)
 
 
 def unknown_top_level_key(key: str, value: Any) -> str:
@@ -115,7 +114,7 @@ def null_problems(data: Any, loc: tuple[Any, ...] = ()) -> list[str]:
     items = list(data.items()) if isinstance(data, dict) else list(enumerate(data)) if isinstance(data, list) else []
     for k, v in items:
         if v is None:
-            key, _, tp = walk((*loc, k))
+            key, tp = walk((*loc, k))
             if not (loc == () and is_section(tp)):  # `eks-ddp:network:` with every key commented out: its defaults
                 out.append(f"{key}: got None; expected {words(tp)} (leave the key out for its default)")
         else:
@@ -133,10 +132,10 @@ def problems(err: ValidationError) -> list[str]:
     for e in errors:
         if e["type"] == "too_short" and any(o is not e and o["loc"][:len(e["loc"])] == e["loc"] for o in errors):
             continue  # a list whose items were refused: said per item
-        key, field, tp = walk(e["loc"])
+        key, tp = walk(e["loc"])
         got = e["input"]
         if e["type"] == "unexpected_keyword_argument":
-            parent, _, owner = walk(e["loc"][:-1])
+            parent, owner = walk(e["loc"][:-1])
             name = e["loc"][-1]
             if owner is StackFile:
                 out.append(unknown_top_level_key(name, got))
@@ -146,7 +145,7 @@ def problems(err: ValidationError) -> list[str]:
                 out.append(f"{key}: {hint}")
             out.append(f"{key}: got {got!r}; expected one of the known keys: {', '.join(known)}" + suggest(name, known))
         elif e["type"] == "missing":
-            out.append(f"{key}: required; {field.description}")
+            out.append(f"{key}: required; expected {words(tp)}")
         elif e["type"] in ("too_short", "string_too_short"):
             out.append(f"{key}: got {got!r}; expected a non-empty {'string' if tp is str else 'list'}")
         else:

@@ -1,23 +1,30 @@
-"""What is generated from the models: the reference table of ``docs/configuration.md`` and the stack file's JSON
-Schema (``docs/stack-config.schema.json``, for editors).
+"""The stack config's reference: the table of ``docs/configuration.md`` and the stack file's JSON Schema
+(``docs/stack-config.schema.json``, whose descriptions editors show as hints on ``Pulumi.<stack>.yaml``).
 
-``python -m eks_ddp.config`` prints the table; ``--write`` rewrites it in the page, between the
-:data:`BEGIN` and :data:`END` markers; ``--schema`` prints the schema.
+Each key's meaning is written once, for its readers, in the page's table (the "meaning" column); the models give the
+rest of its row (key, type, default). ``python -m eks_ddp.config --write`` rewrites the table between :data:`BEGIN`
+and :data:`END` from the models, keeping each key's meaning (a new key's is empty: write it there); ``--schema``
+prints the JSON Schema with the page's meanings as its descriptions.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import re
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 from pydantic.json_schema import GenerateJsonSchema
 
 from eks_ddp.config.messages import core_type, fields_of, is_section
-from eks_ddp.config.schema import PROJECT, STACK_FILE, TOP_LEVEL_KEYS, JobConfig, RunConfig, StackFile, WorkloadConfig
+from eks_ddp.config.schema import PROJECT, STACK_FILE, JobConfig, RunConfig, StackFile, WorkloadConfig
 
 Row = tuple[str, str, str, str]
+DOC_PAGE = Path("docs") / "configuration.md"
+SCHEMA_FILE = Path("docs") / "stack-config.schema.json"
+BEGIN = "<!-- BEGIN generated: python -m eks_ddp.config --write -->"
+END = "<!-- END generated -->"
 
 
 def _type_name(annotation: Any) -> str:
@@ -27,71 +34,61 @@ def _type_name(annotation: Any) -> str:
     if tp is WorkloadConfig:
         return "`cifar10` \\| object"
     if get_origin(tp) is tuple:
-        return "list of " + ("object" if get_origin(core_type(get_args(tp)[0])) is Mapping else "string")
-    if get_origin(tp) is Mapping:
-        return "object of string"
-    names = {str: "string", int: "integer", float: "number", bool: "boolean"}
-    return names.get(tp, "object")
+        return "list of " + ("string" if core_type(get_args(tp)[0]) is str else "object")
+    names = {str: "string", int: "integer", float: "number", bool: "boolean", Mapping: "object of string"}
+    return names.get(get_origin(tp) or tp, "object")
 
 
 def _default(f: Any, *, optional: bool = False) -> str:
     """``optional``: the key sits in an object that is itself optional (``workload.data``): no default of its own."""
     if f.default_factory is not None:  # an empty mapping, or the bundled workload
         return "`cifar10`" if f.default_factory is WorkloadConfig else "`{}`"
-    if f.is_required() or (f.validate_default and f.default is None):
+    if f.is_required():
         return "—" if optional else "(required)"
     if f.default is None:
         return "—"
-    if isinstance(f.default, bool):
-        return f"`{str(f.default).lower()}`"
-    if f.default == ():
-        return "`[]`"
-    return f"`{f.default}`"
+    return "`[]`" if f.default == () else f"`{json.dumps(f.default) if isinstance(f.default, bool) else f.default}`"
 
 
-def _rows(prefix: str, cls: type, names: Any = None, *, optional: bool = False) -> list[Row]:
-    """A row per key of ``cls`` (of ``names`` only, if given); an object-valued key's own keys follow it."""
-    rows: list[Row] = []
+def _keys(prefix: str, cls: type, names: Any = None, *, optional: bool = False) -> Iterator[tuple[str, type, Any]]:
+    """(key, owning model, (field, optional)) per key of ``cls`` (of ``names``, if given); an object's keys follow it."""
     for key, f in fields_of(cls).items():
-        if names is not None and f.alias not in names:
-            continue
-        section = core_type(f.annotation)
-        if is_section(section):
-            if _type_name(section) != "object":  # the workload's "cifar10" form: a row of its own too
-                rows.append((f"{prefix}.{key}", _type_name(section), _default(f), f.description))
-            rows += _rows(f"{prefix}.{key}", section, optional=f.default is None)
-        else:
-            rows.append((f"{prefix}.{key}", _type_name(f.annotation), _default(f, optional=optional), f.description))
-    return rows
+        if names is None or key in names:
+            yield f"{prefix}.{key}", cls, (f, optional)
+            if is_section(section := core_type(f.annotation)):
+                yield from _keys(f"{prefix}.{key}", section, optional=f.default is None)
 
 
-def reference_rows() -> list[Row]:
+def _all_keys() -> Iterator[tuple[str, type, Any]]:
+    """Every documented key in the stack file's order: a section's keys under its name, a list's under ``name[i]``,
+    a run's job keys once, under ``job``."""
+    for key, f in fields_of(StackFile).items():
+        tp, name = core_type(f.annotation), key if ":" in key else f"{PROJECT}:{key}"
+        listed = get_origin(tp) is tuple
+        model = core_type(get_args(tp)[0]) if listed else tp
+        if listed or not is_section(model):
+            yield name, StackFile, (f, False)
+        if is_section(model):
+            names = [k for k in fields_of(model) if k not in fields_of(JobConfig)] if model is RunConfig else None
+            yield from _keys(name + "[i]" * listed, model, names)
+
+
+def meanings(root: Path | None = None) -> dict[str, str]:
+    """Each key's meaning, as the page's table gives it."""
+    rows = table_in_page(((root or repo_root()) / DOC_PAGE).read_text()).splitlines()[2:]
+    return {m[1]: m[2] for m in (re.match(r"\| `([^`]+)` \|.*\| ([^|]*) \|$", r) for r in rows) if m}
+
+
+def reference_rows(root: Path | None = None) -> list[Row]:
     """(key, type, default, meaning) for every stack config key, in the documented order."""
-    top = fields_of(StackFile)
-    rows: list[Row] = [("aws:region", _type_name(top["aws:region"].annotation), _default(top["aws:region"]),
-                        top["aws:region"].description)]
-    for key, cls in TOP_LEVEL_KEYS.items():
-        f = top[key]
-        if not is_section(cls):
-            rows.append((f"{PROJECT}:{key}", _type_name(f.annotation), _default(f), f.description))
-        elif cls is RunConfig:  # every job key (documented once, under job) plus the workload
-            rows.append((f"{PROJECT}:{key}", "list of object", "—", f.description))
-            job_keys = set(fields_of(JobConfig))
-            rows += _rows(f"{PROJECT}:{key}[i]", cls, [k for k in fields_of(cls) if k not in job_keys])
-        else:
-            rows += _rows(f"{PROJECT}:{key}[i]" if key in ("nodeGroups", "catalog") else f"{PROJECT}:{key}", cls)
-    return rows
+    meaning = meanings(root)
+    return [(key, _type_name(f.annotation), _default(f, optional=optional), meaning.get(key, ""))
+            for key, _, (f, optional) in _all_keys()]
 
 
-def reference_table() -> str:
+def reference_table(root: Path | None = None) -> str:
     lines = ["| key | type | default | meaning |", "|---|---|---|---|"]
-    lines += [f"| `{k}` | {t} | {d} | {m} |" for k, t, d, m in reference_rows()]
-    return "\n".join(lines)
-
-
-DOC_PAGE = Path("docs") / "configuration.md"
-BEGIN = "<!-- BEGIN generated: python -m eks_ddp.config --write -->"
-END = "<!-- END generated -->"
+    return "\n".join(lines + [f"| `{k}` | {t} | {d} | {m} |" for k, t, d, m in reference_rows(root)])
 
 
 def table_in_page(text: str) -> str:
@@ -113,16 +110,12 @@ def repo_root() -> Path:
 def write_reference(root: Path | None = None) -> bool:
     """Rewrite the table in ``<root>/docs/configuration.md`` (root: this checkout); True when the page changed."""
     page = (root or repo_root()) / DOC_PAGE
-    text = page.read_text()
-    current = table_in_page(text)
-    if current == reference_table():
+    text, table = page.read_text(), reference_table(root)
+    if table_in_page(text) == table:
         return False
     head, rest = text.split(BEGIN, 1)
-    page.write_text(f"{head}{BEGIN}\n{reference_table()}\n{END}{rest.split(END, 1)[1]}")
+    page.write_text(f"{head}{BEGIN}\n{table}\n{END}{rest.split(END, 1)[1]}")
     return True
-
-
-SCHEMA_FILE = Path("docs") / "stack-config.schema.json"
 
 
 class _Schema(GenerateJsonSchema):
@@ -149,12 +142,27 @@ def _tidy(node: Any) -> None:
             _tidy(value)
 
 
+def _described(node: dict[str, Any], text: str) -> dict[str, Any]:
+    return dict(sorted({**node, "description": text}.items()))  # keys in pydantic's order
+
+
 def stack_file_schema() -> dict[str, Any]:
     """The JSON Schema of ``Pulumi.<stack>.yaml``: its ``config:`` holds ``aws:region``, the ``eks-ddp:*`` keys
-    (unknown ones refused) and any other namespace's keys."""
+    (unknown ones refused) and any other namespace's keys; each key's description is its meaning on the page."""
     body = STACK_FILE.json_schema(by_alias=True, schema_generator=_Schema)
-    defs = body.pop("$defs", {})
+    defs, meaning = body.pop("$defs", {}), meanings()
     properties = {key if ":" in key else f"{PROJECT}:{key}": value for key, value in body["properties"].items()}
+    for key, value in properties.items():  # a section's: its model's docstring
+        properties[key] = _described(value, meaning[key]) if key in meaning else value
+    prefix = {cls: key.rsplit(".", 1)[0] for key, cls, _ in _all_keys() if cls is not StackFile}
+    models = {cls.__name__: cls for cls in prefix}
+    for name, model in defs.items():
+        props = next(m["properties"] for m in [model, *model.get("anyOf", [])] if "properties" in m)
+        for key, value in props.items():  # a run's job keys: their job.* meaning
+            known = [f"{prefix[c]}.{key}" for c in models[name].__mro__ if meaning.get(f"{prefix.get(c)}.{key}")]
+            if not known:
+                raise LookupError(f"{DOC_PAGE}: no meaning for {prefix[models[name]]}.{key}; expected one in its row")
+            props[key] = _described(value, meaning[known[0]])
     config = {"type": "object", "description": body.get("description", ""), "properties": properties,
               "patternProperties": {rf"^(?!{PROJECT}:)[^:]+:": {}}, "additionalProperties": False}
     schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": f"Pulumi.<stack>.yaml of {PROJECT}",

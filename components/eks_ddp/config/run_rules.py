@@ -26,7 +26,7 @@ def workload_of(run: RunConfig, images: Mapping[str, Any]) -> Workload:
     if not w.custom:
         return cifar10_workload(epochs=run.epochs, global_batch_size=run.global_batch_size, model=run.model,
                                 learning_rate=run.learning_rate, compile=run.compile)
-    data = S3Data(uri=w.s3_uri, name=dataset_name(w.s3_uri), sha256=w.s3_sha256) if w.s3_uri else None
+    data = S3Data(uri=w.data.s3, name=dataset_name(w.data.s3), sha256=w.data.sha256) if w.data else None
     return Workload(name=run.run_id, image=images.get(w.image, w.image) if w.image else None, module=w.module,
                     script=w.script, args=w.args, env=w.env, data=data,
                     egress=tuple(Egress.parse("workload.egress", e) for e in w.egress),  # checked in config

@@ -1,12 +1,9 @@
-"""Storage rules shared by the stack config and the components: backends, FSx for Lustre sizes, EFS lifecycle.
+"""Storage rules shared by the stack config and the components: FSx for Lustre sizes, EFS lifecycle.
 
 Pure module: no Pulumi, no AWS. Each rule names its source.
 """
 
 from __future__ import annotations
-
-BACKENDS = ("efs", "fsxLustre")
-"""``storage.backend``: EFS (elastic, the default) or FSx for Lustre (provisioned, for large checkpoints)."""
 
 FSX_THROUGHPUTS = (125, 250, 500, 1000)
 """PERSISTENT_2 SSD's MB/s per TiB of capacity (pulumi-aws ``LustreFileSystem.per_unit_storage_throughput``:

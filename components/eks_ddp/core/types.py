@@ -16,6 +16,8 @@ NatMode = Literal["single", "perAz"]
 """One NAT gateway for the new VPC, or one per zone."""
 LocalStorage = Literal["RAID0", "none"]
 """What a GPU node does with its NVMe instance store: stripe it as RAID0 for the pods, or leave it."""
+StorageBackend = Literal["efs", "fsxLustre"]
+"""The shared volume: EFS (elastic), or FSx for Lustre (provisioned throughput)."""
 RdzvBackend = Literal["etcd", "c10d"]
 """The rendezvous a run's agents meet through: an etcd v3 store of the run's own, or c10d (no etcd)."""
 Priority = Literal["low", "normal", "high"]

@@ -26,8 +26,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from eks_ddp.config import StackConfig, duration_minutes
-from eks_ddp.core import catalog, k8s_versions, scheduling
+from eks_ddp.config import StackConfig
+from eks_ddp.core import catalog, k8s_versions, rules, scheduling
 
 PRICE_DATE = "2025-10-01"
 PRICE_REGION = "us-east-1"
@@ -478,7 +478,7 @@ def throughput(cfg: StackConfig) -> tuple[float, str]:
 
 def scale_down_minutes(cfg: StackConfig) -> float:
     """Minutes a GPU node sits empty before the autoscaler removes it (``cluster.scaleDownUnneededTime``)."""
-    return duration_minutes(cfg.cluster.scale_down_unneeded_time)
+    return rules.duration_minutes(cfg.cluster.scale_down_unneeded_time)
 
 
 def timeline(cfg: StackConfig, rate: float) -> tuple[tuple[str, float], ...]:
