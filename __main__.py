@@ -92,8 +92,7 @@ gpu_groups = {g.name: eks_ddp.GpuNodeGroup(f"gpu-{g.name}", eks_ddp.GpuNodeGroup
     local_storage=g.local_storage, capacity_block_window=g.capacity_block_window,
 ), opts=pulumi.ResourceOptions(depends_on=[cluster])) for g in cfg.node_groups}
 
-# skip_update_unreachable: a cluster this machine cannot reach leaves the Kubernetes resources as they are instead
-# of failing every `up`'s refresh (and the update fixing it); preflight names the fix (tooling/preflight/live.py).
+# skip_update_unreachable: a cluster out of reach keeps its objects, never failing `up` (tooling/preflight/live.py)
 k8s_provider = k8s.Provider("k8s", kubeconfig=cluster.kubeconfig, enable_server_side_apply=True, skip_update_unreachable=True)
 k8s_opts = pulumi.ResourceOptions(provider=k8s_provider)
 on_cluster = pulumi.ResourceOptions(providers={"kubernetes": k8s_provider}, depends_on=[cluster])
@@ -107,18 +106,21 @@ observability = eks_ddp.Observability("observability", eks_ddp.ObservabilityArgs
     log_retention_days=o.log_retention_days, gpu_metrics=o.gpu_metrics, node_monitoring=o.node_repair,
     gpu_node_groups=list(gpu_groups.values()), stack_id=stack_id), opts=on_cluster)
 # GPU groups idle at zero nodes; the autoscaler brings them up for Pending training pods and removes them after.
-eks_ddp.ClusterAutoscaler("autoscaler", eks_ddp.ClusterAutoscalerArgs(
+autoscaler = eks_ddp.ClusterAutoscaler("autoscaler", eks_ddp.ClusterAutoscalerArgs(
     cluster_name=cluster_name, region=cfg.region, kubernetes_version=k8s_version, **irsa,
-    node_selector=cluster.system_node_labels, scale_down_unneeded_time=c.scale_down_unneeded_time), opts=on_cluster)
+    node_selector=cluster.system_node_labels, scale_down_unneeded_time=c.scale_down_unneeded_time,
+    provisioning_requests=cfg.queue.provisioning_requests), opts=on_cluster)  # Kueue's all-or-nothing nodes
 
 namespace = eks_ddp.training_namespace(cfg.job.namespace, opts=k8s_opts)
 label_cluster_namespaces("pod-security", opts=k8s_opts)
-# Kueue: every run waits, suspended, until the GPU groups' quota (and with allOrNothing, every node) admits it.
-# >>> eks_ddp.Kueue(KueueArgs) (infra/kueue.py) is created here, and the queue depends on it: depends_on=[addons, kueue]
+# Kueue (system nodes, after the ProvisioningRequest API): every run waits, suspended, until the groups' quota admits it.
+kueue = eks_ddp.Kueue("kueue", eks_ddp.KueueArgs(node_selector=cluster.system_node_labels, vpc_cidrs=network.vpc_cidrs,
+    managed_namespaces=[cfg.job.namespace], provisioning_request_crd=autoscaler.provisioning_request_crd),
+    opts=on_cluster) if cfg.queue.enabled else None
 run_queue = eks_ddp.RunQueue("queue", eks_ddp.RunQueueArgs(
     namespace=namespace.metadata.name, groups=list(gpu_groups.values()), preemption=cfg.queue.preemption,
-    all_or_nothing=cfg.queue.all_or_nothing), opts=pulumi.ResourceOptions(provider=k8s_provider, depends_on=[addons])
-) if cfg.queue.enabled else None
+    all_or_nothing=cfg.queue.all_or_nothing), opts=pulumi.ResourceOptions(provider=k8s_provider, depends_on=[addons, kueue])
+) if kueue else None
 
 # --- images: the bundled trainer's only when a run uses the stack's image (else no Docker build) ---------------
 image = eks_ddp.TrainerImage("trainer-image", eks_ddp.TrainerImageArgs(
@@ -201,9 +203,7 @@ def run_job(i: int) -> eks_ddp.ElasticJob:
         preflight_certificates.warn_near_expiry(store.certificate_expiries)  # during up: under 30 days left
         rendezvous = eks_ddp.EtcdStore.of(store)
     return eks_ddp.ElasticJob(name, eks_ddp.ElasticJobArgs(
-        namespace=namespace.metadata.name,
-        image=image.image_ref if image is not None else None,
-        workload=workload,
+        namespace=namespace.metadata.name, image=image.image_ref if image is not None else None, workload=workload,
         placement=eks_ddp.Placement.on(gpu_groups[cfg.group_of(run).name], system_node_selector=cluster.system_node_labels),
         size=eks_ddp.Size(nodes=run.nodes, min_nodes=run.min_nodes, max_restarts=run.max_restarts,
                   fault_budget=run.fault_budget, active_deadline_hours=run.active_deadline_hours),

@@ -36,6 +36,9 @@ import pulumi_aws as aws
 from eks_ddp.core import cidr, rules
 from eks_ddp.core.types import NatMode
 
+ANY_VPC_CIDRS = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10")
+"""Where any VPC's IPv4 blocks lie (AWS allows RFC 1918 and 100.64.0.0/10 for VPC CIDRs, beside public ranges
+that are not advised): :attr:`Network.vpc_cidrs` of a brought VPC whose id is only known later."""
 FLOW_LOG_RETENTION_DAYS = 90
 """How long VPC flow logs are kept (CloudWatch Logs retention)."""
 FLOW_LOG_AGGREGATION_SECONDS = 600
@@ -190,6 +193,10 @@ class Network(pulumi.ComponentResource):
     """Private subnet ids, in zone order."""
     private_subnet_by_az: dict[str, pulumi.Input[str]]
     """Zone -> the private subnet in it (the first one, when several share a zone)."""
+    vpc_cidrs: list[str]
+    """The VPC's IPv4 CIDR blocks, known while the program runs: the control plane's ENIs have addresses there (a
+    NetworkPolicy admitting the API server's calls names them). A brought VPC's are looked up (every associated
+    block); a ``vpc_id`` that is an Output gives the RFC 1918 ranges and 100.64.0.0/10, which hold any VPC's."""
 
     def __init__(self, name: str, args: NetworkArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("eks-ddp:network:Network", name, None, opts)
@@ -221,6 +228,12 @@ class Network(pulumi.ComponentResource):
             zone = aws.ec2.get_subnet(id=subnet_id, opts=invoke_opts).availability_zone
             by_az.setdefault(zone, subnet_id)
         self.private_subnet_by_az = by_az
+        if isinstance(vpc_id, str):  # a plain invoke, like the subnets': the CIDRs go into rendered policies
+            vpc = aws.ec2.get_vpc(id=vpc_id, opts=invoke_opts)
+            self.vpc_cidrs = [a.cidr_block for a in vpc.cidr_block_associations or []
+                              if a.state in (None, "associated")] or [vpc.cidr_block]
+        else:
+            self.vpc_cidrs = list(ANY_VPC_CIDRS)
 
     # -- a new VPC -------------------------------------------------------------------------------
     def _create(self) -> None:
@@ -230,6 +243,7 @@ class Network(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
         cluster_tag = {f"kubernetes.io/cluster/{args.cluster_name}": "shared"}
 
+        self.vpc_cidrs = [args.vpc_cidr]
         vpc = aws.ec2.Vpc(f"{name}-vpc", cidr_block=args.vpc_cidr, enable_dns_hostnames=True,
                           enable_dns_support=True, tags={"Name": f"{args.cluster_name}-vpc"}, opts=child)
         igw = aws.ec2.InternetGateway(f"{name}-igw", vpc_id=vpc.id,

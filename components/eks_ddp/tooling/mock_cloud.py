@@ -237,6 +237,11 @@ _INVOKES = {
         "id": rules.partition(m.region)},
     "aws:iam/getPolicyDocument:getPolicyDocument": _policy_document,
     "aws:ec2/getSubnet:getSubnet": _subnet,
+    # An existing VPC: a primary block and a secondary one, as a VPC that grew looks.
+    "aws:ec2/getVpc:getVpc": lambda m, a: {
+        "id": a.get("id"), "cidrBlock": "10.0.0.0/16", "cidrBlockAssociations": [
+            {"associationId": "vpc-cidr-assoc-1", "cidrBlock": "10.0.0.0/16", "state": "associated"},
+            {"associationId": "vpc-cidr-assoc-2", "cidrBlock": "100.64.0.0/16", "state": "associated"}]},
     "eks:index:Cluster/getKubeconfig": lambda m, a: {"result": json.dumps(_profile_kubeconfig(a))},
     "aws:cloudwatch/getLogGroup:getLogGroup": lambda m, a: {
         "name": a["name"], "id": a["name"], "tags": m.log_group_tags.get(a["name"], {}),
