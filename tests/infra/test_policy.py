@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from eks_ddp.infra import kueue
 from eks_ddp.tooling.mocks import ProgramResult
 from tests.support.util import parent_chain
 
@@ -161,7 +162,7 @@ def test_infrastructure_children_name_their_component(result):
         assert all(r.parent_type == parent for r in found), typ
     releases = result.of_type("kubernetes:helm.sh/v3:Release")
     owner = {"cluster-autoscaler": "eks-ddp:autoscaler:ClusterAutoscaler",
-             "dcgm-exporter": "eks-ddp:observability:Observability"}
+             "dcgm-exporter": "eks-ddp:observability:Observability", kueue.CHART: "eks-ddp:kueue:Kueue"}
     assert releases and all(r.parent_type == owner.get(r.inputs["chart"], "eks-ddp:addons:ClusterAddons")
                             for r in releases)
     for ng in result.of_type(NG):
@@ -193,7 +194,8 @@ def test_p4de_group_has_4_efa_interfaces_the_reservations_placement_and_one_zone
     assert lt.inputs["capacityReservationSpecification"]["capacityReservationTarget"]["capacityReservationId"] \
         == "cr-0123456789abcdef0"
     releases = {r.inputs["chart"] for r in p4de_result.of_type("kubernetes:helm.sh/v3:Release")}
-    assert releases == {"nvidia-device-plugin", "aws-efa-k8s-device-plugin", "cluster-autoscaler", "dcgm-exporter"}
+    assert releases == {"nvidia-device-plugin", "aws-efa-k8s-device-plugin", "cluster-autoscaler", "dcgm-exporter",
+                        kueue.CHART}
 
 
 def test_dev_g4dn_group_has_no_efa_and_spans_zones(dev_result):

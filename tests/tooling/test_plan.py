@@ -125,19 +125,23 @@ def test_p4de_stack_can_skip_the_fabric_check_by_config():
 # --- --out never deletes or overwrites what it did not write (review U5) ------------------------------------
 
 
+# A manifest the dev plan writes (the data volume, after the cluster-scoped objects that sort before it).
+PLAN_FILE = "03-persistentvolume-cluster-training-shared-data.yaml"
+
+
 def test_out_into_a_project_folder_keeps_every_file_it_did_not_write(tmp_path):
     """The review ran `eks-ddp-plan --out <project>`: Pulumi.yaml, the stack file and my-notes.yaml were deleted."""
     mine = {"Pulumi.yaml": "name: mine\nruntime: python\n", "Pulumi.dev.yaml": "config:\n  mine:secret: x\n",
-            "my-notes.yaml": "notes: keep\n", "00-persistentvolume-cluster-training-shared-data.yaml": "kind: PersistentVolume  # a team's own manifest\n"}
+            "my-notes.yaml": "notes: keep\n", PLAN_FILE: "kind: PersistentVolume  # a team's own manifest\n"}
     for name, text in mine.items():
         (tmp_path / name).write_text(text)
     first = _plan("--stack", "dev", "--out", str(tmp_path))
     # A file of the plan's own name that it did not write: refused, nothing written, nothing deleted.
-    assert first.returncode == 2 and "00-persistentvolume-cluster-training-shared-data.yaml" not in first.stdout, first.stdout[-500:]
-    assert "did not write" in first.stderr and "00-persistentvolume-cluster-training-shared-data.yaml" in first.stderr, first.stderr
+    assert first.returncode == 2 and PLAN_FILE not in first.stdout, first.stdout[-500:]
+    assert "did not write" in first.stderr and PLAN_FILE in first.stderr, first.stderr
     assert {p.name: p.read_text() for p in tmp_path.iterdir()} == mine
-    (tmp_path / "00-persistentvolume-cluster-training-shared-data.yaml").unlink()
-    del mine["00-persistentvolume-cluster-training-shared-data.yaml"]
+    (tmp_path / PLAN_FILE).unlink()
+    del mine[PLAN_FILE]
     for _ in range(2):
         proc = _plan("--stack", "dev", "--out", str(tmp_path))
         assert proc.returncode == 0, proc.stderr

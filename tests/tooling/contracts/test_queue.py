@@ -64,8 +64,8 @@ def job(name: str, nodes: int, *, min_nodes: int | None = None, priority: str = 
 
 
 def plan(*jobs: dict[str, Any], cq: dict[str, Any] | None = None, flavors: tuple[str, ...] = ("gpu",)) -> list[dict]:
-    return [{"apiVersion": "v1", "kind": "Namespace", "metadata": {
-                "name": NS, "labels": {"kubernetes.io/metadata.name": NS}}},
+    # As rendered: the API server adds kubernetes.io/metadata.name itself, so the plan's Namespace does not carry it.
+    return [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS, "labels": {}}},
             *(flavor(g) for g in flavors), cq or cluster_queue(),
             {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
              "metadata": {"name": "training", "namespace": NS}, "spec": {"clusterQueue": "eks-ddp"}},
@@ -147,7 +147,8 @@ def test_queue_wiring_errors_are_reported():
     running["spec"]["suspend"] = False
     assert ["not created with spec.suspend: true" in v.message for v in q.never_admitted(plan(running))] == [True]
     other_ns = plan(job("run-a", 1))
-    other_ns[0]["metadata"]["labels"] = {"kubernetes.io/metadata.name": "elsewhere"}
+    next(m for m in other_ns if m["kind"] == "ClusterQueue")["spec"]["namespaceSelector"] = {
+        "matchLabels": {"kubernetes.io/metadata.name": "elsewhere"}}
     [v] = q.never_admitted(other_ns)
     assert v.message.endswith("Workload namespace doesn't match ClusterQueue selector")
 

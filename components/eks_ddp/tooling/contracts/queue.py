@@ -571,7 +571,11 @@ def read_plan(manifests: Sequence[Mapping[str, Any]]) -> PlanQueues:
         local_queues={((m["metadata"].get("namespace") or "default"), m["metadata"]["name"]):
                       (m.get("spec") or {}).get("clusterQueue", "") for m in kind("LocalQueue")},
         priorities={m["metadata"]["name"]: int(m.get("value", 0)) for m in kind("WorkloadPriorityClass")},
-        namespaces={m["metadata"]["name"]: dict(m["metadata"].get("labels") or {}) for m in kind("Namespace")},
+        # The API server sets kubernetes.io/metadata.name on every namespace (the NamespaceDefaultLabelName feature,
+        # GA in Kubernetes 1.22: pkg/registry/core/namespace/strategy.go), so selectors may name it.
+        namespaces={m["metadata"]["name"]: {**(m["metadata"].get("labels") or {}),
+                                            "kubernetes.io/metadata.name": m["metadata"]["name"]}
+                    for m in kind("Namespace")},
         jobs=tuple(kind("Job")))
 
 
