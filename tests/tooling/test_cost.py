@@ -270,33 +270,41 @@ def _kueue(est: cost.Estimate) -> list[cost.LineItem]:
     return [i for i in est.items if i.name.startswith("Kueue controller")]
 
 
-def test_the_queue_controllers_share_is_computed_from_the_charts_requests():
-    """Kueue chart 0.16.4 values.yaml: 500m CPU, 512Mi. On dev's t3.medium (1.93 allocatable cores) that is 26 %."""
+def test_the_queue_controllers_share_is_computed_from_its_requests():
+    """The stack's requests for the controller (infra/kueue.py RESOURCES: 100m, 256Mi): 8 % of dev's t3.medium."""
     from eks_ddp.core import scheduling
 
     est = cost.estimate(dev())
     [item] = _kueue(est)
     room = scheduling.eks_allocatable("t3.medium")
-    share = max(0.5 / room["cpu"], 512 * 2**20 / room["memory"])
-    assert f"{share:.0%} of one t3.medium's allocatable" in item.note and f"{share:.0%}" == "26%"
+    share = max(0.1 / room["cpu"], 256 * 2**20 / room["memory"])
+    assert f"{share:.0%} of one t3.medium's allocatable" in item.note and f"{share:.0%}" == "8%"
     assert item.idle_per_hour == 0  # from the config alone nothing is added; the plan settles it (below)
     assert any(a.startswith("a queued run costs nothing until Kueue admits it") for a in est.assumptions)
     off = cost.estimate(_QueueOff(dev()))
     assert _kueue(off) == [] and not any("queued run" in a for a in off.assumptions)
 
 
-def test_the_queue_controller_on_p4de_fits_the_system_nodes_and_on_dev_adds_one():
-    """Computed over the rendered plans: p4de's two m6i.large hold the controller beside everything else (no extra
-    node); dev's single t3.medium does not (CPU 2.33 of 1.93 cores with it, and its 17th pod of 17): the estimate
-    adds one t3.medium, idle and training."""
+def test_the_queue_controller_fits_the_system_nodes_of_p4de_and_dev_and_the_charts_requests_would_not():
+    """Computed over the rendered plans: p4de's two m6i.large and dev's single t3.medium hold the controller beside
+    everything else (no extra node). The control: at the chart's own requests (500m, 512Mi) dev's t3.medium does not
+    (CPU 2.33 of 1.93 cores), and the estimate adds one t3.medium, idle and training."""
+    from eks_ddp.infra import kueue
+
     p4de = config(stack_config("p4de"))
     [item] = _kueue(cost.estimate(p4de, system_pods=_system_pods("p4de")))
     assert item.idle_per_hour == 0 and "hold it: no extra node" in item.note
     assert cost.system_nodes_needed(p4de, _system_pods("p4de")) == p4de.cluster.system_node_count
     cfg = dev()
     pods = _system_pods("dev")
-    assert cost.system_nodes_needed(_QueueOff(cfg), pods) == cfg.cluster.system_node_count == 1  # fits without
+    assert cost.system_nodes_needed(cfg, pods) == cfg.cluster.system_node_count == 1
     [item] = _kueue(cost.estimate(cfg, system_pods=pods))
+    assert item.idle_per_hour == 0 and "hold it: no extra node" in item.note
+    chart = {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"cpu": "2", "memory": "512Mi"}}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(kueue, "RESOURCES", chart)
+        assert cost.system_nodes_needed(_QueueOff(cfg), pods) == 1  # fits without the queue
+        [item] = _kueue(cost.estimate(cfg, system_pods=pods))
     t3m = catalog.CATALOG["t3.medium"].price_per_hour
     assert (item.idle_units, item.idle_per_hour) == (1, pytest.approx(t3m))
     assert "1 system node(s) cannot hold it beside the rest: 1 more t3.medium" in item.note

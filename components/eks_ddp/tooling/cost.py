@@ -117,9 +117,12 @@ RUN_OVERHEAD_MINUTES = 3
 SCALE_DOWN_TERMINATE_MINUTES = 1
 
 
-KUEUE_CONTROLLER_REQUESTS = {"cpu": "500m", "memory": "512Mi"}
-"""The Kueue controller's requests: kueue chart 0.16.4 ``values.yaml`` ``controllerManager.manager.resources.requests``
-(limits cpu 2, memory 512Mi), one replica (``controllerManager.replicas: 1``); KueueViz is off by default."""
+def kueue_controller_requests() -> dict[str, str]:
+    """The Kueue controller's requests as the stack sets them (infra/kueue.py ``RESOURCES``), one replica
+    (``controllerManager.replicas: 1``); KueueViz is off."""
+    from eks_ddp.infra import kueue
+
+    return dict(kueue.RESOURCES["requests"])
 
 
 def queue_enabled(cfg: StackConfig) -> bool:
@@ -132,7 +135,7 @@ def queue_enabled(cfg: StackConfig) -> bool:
 def queue_controller_share(cfg: StackConfig) -> float:
     """The controller's requests as a share of one system node's allocatable CPU or memory, whichever is larger."""
     room = scheduling.eks_allocatable(cfg.cluster.system_instance_type)
-    return max(scheduling.quantity(KUEUE_CONTROLLER_REQUESTS[k]) / room[k] for k in ("cpu", "memory"))
+    return max(scheduling.quantity(kueue_controller_requests()[k]) / room[k] for k in ("cpu", "memory"))
 
 
 def system_nodes_needed(cfg: StackConfig, system_pods: Mapping[str, Mapping[str, float]]) -> int:
@@ -144,7 +147,7 @@ def system_nodes_needed(cfg: StackConfig, system_pods: Mapping[str, Mapping[str,
     pods = {**system_pods, "cluster-autoscaler": {k: scheduling.quantity(v)
                                                   for k, v in autoscaler.RESOURCES["requests"].items()}}
     if queue_enabled(cfg):
-        pods["kueue-controller-manager"] = {k: scheduling.quantity(v) for k, v in KUEUE_CONTROLLER_REQUESTS.items()}
+        pods["kueue-controller-manager"] = {k: scheduling.quantity(v) for k, v in kueue_controller_requests().items()}
     room = scheduling.eks_allocatable(cfg.cluster.system_instance_type)
     n = cfg.cluster.system_node_count
     while n < 64:
@@ -163,7 +166,7 @@ def queue_item(cfg: StackConfig, system_pods: Mapping[str, Mapping[str, float]] 
         return None
     system = catalog.lookup(cfg.cluster.system_instance_type)
     share = queue_controller_share(cfg)
-    r = KUEUE_CONTROLLER_REQUESTS
+    r = kueue_controller_requests()
     name = f"Kueue controller ({r['cpu']} CPU, {r['memory']} requested, on the system nodes)"
     what = f"{share:.0%} of one {system.name}'s allocatable (${share * system.price_per_hour:.4f}/h as a share)"
     if system_pods is None:
