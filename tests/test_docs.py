@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 
 from eks_ddp.config import TOP_LEVEL_KEYS
-from eks_ddp.config import reference as ref
+from eks_ddp.tooling import config_docs as ref
 from tests.support.util import ROOT
 
 README_MAX_LINES = 250
@@ -161,7 +161,7 @@ def test_readme_is_the_short_front_door():
 
 def test_config_reference_page_holds_the_schemas_table():
     page = (ROOT / ref.DOC_PAGE).read_text()
-    assert ref.table_in_page(page) == ref.reference_table(), "regenerate the table: python -m eks_ddp.config --write"
+    assert ref.table_in_page(page) == ref.reference_table(), "regenerate the table: python -m eks_ddp.tooling.config_docs --write"
 
 
 def test_every_key_has_its_meaning_written_once_on_the_page():
@@ -207,7 +207,7 @@ def test_config_reference_python_m_write_leaves_a_current_page_unchanged(tmp_pat
     (tmp_path / "docs").mkdir()
     shutil.copy(ROOT / ref.DOC_PAGE, tmp_path / ref.DOC_PAGE)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
-    out = subprocess.run([sys.executable, "-m", "eks_ddp.config", "--write"], cwd=tmp_path, capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "eks_ddp.tooling.config_docs", "--write"], cwd=tmp_path, capture_output=True,
                          text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == f"{ref.DOC_PAGE}: up to date"

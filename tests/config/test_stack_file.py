@@ -10,7 +10,7 @@ import pytest
 import yaml
 from jsonschema import Draft202012Validator
 
-from eks_ddp.config.reference import SCHEMA_FILE, schema_text, stack_file_schema
+from eks_ddp.tooling.config_docs import SCHEMA_FILE, schema_text, stack_file_schema
 from tests.support.util import ROOT
 
 MODELINE = f"# yaml-language-server: $schema={SCHEMA_FILE.as_posix()}"
@@ -33,7 +33,7 @@ def errors(validator: Draft202012Validator, document: dict) -> list[str]:
 
 def test_checked_in_schema_is_what_the_models_generate():
     assert (ROOT / SCHEMA_FILE).read_text() == schema_text(), (
-        "regenerate it: python -m eks_ddp.config --schema > docs/stack-config.schema.json")
+        "regenerate it: python -m eks_ddp.tooling.config_docs --schema > docs/stack-config.schema.json")
 
 
 @pytest.mark.parametrize("name", ["dev", "p4de"])

@@ -302,3 +302,24 @@ def test_lifecycle_is_configurable_and_checked():
     with pytest.raises(ValueError, match="transition_to_archive: got .AFTER_30_DAYS. with lifecycle.transition_to_ia"):
         _run(dataclasses.replace(ARGS, lifecycle=EfsLifecycle(transition_to_ia="AFTER_30_DAYS",
                                                               transition_to_archive="AFTER_30_DAYS")))
+
+
+def test_lookupcache_positive_mounts_every_volume_so_a_name_another_node_made_is_seen():
+    """The c10d backend's fences are the files alone: its runs need the NFS client to ask the server before saying
+    "no such file" (docs/rendezvous.md). The default mount (above: ["iam"]) is the control."""
+    result = _run(dataclasses.replace(ARGS, lookupcache_positive=True))
+    pvs = result.of_type("kubernetes:core/v1:PersistentVolume")
+    assert len(pvs) == 3 and all(pv.inputs["spec"]["mountOptions"] == ["iam", "lookupcache=positive"] for pv in pvs)
+
+
+def test_the_stack_mounts_with_lookupcache_positive_exactly_when_a_run_uses_c10d():
+    from tests.support.util import run, stack_config
+
+    def options(cfg):
+        return {tuple(pv.inputs["spec"]["mountOptions"]) for pv in run(cfg).of_type("kubernetes:core/v1:PersistentVolume")}
+
+    cfg = stack_config("dev")
+    c10d = {k: v for k, v in cfg.items() if k != "eks-ddp:etcd"}  # a c10d stack deploys no etcd
+    c10d["eks-ddp:job"] = {**cfg["eks-ddp:job"], "rdzvBackend": "c10d"}
+    assert options(c10d) == {("iam", "lookupcache=positive")}
+    assert options(cfg) == {("iam",)}  # etcd: the fences' truth is the store

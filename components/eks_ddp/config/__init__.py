@@ -7,8 +7,8 @@ importable and testable on its own.
 
 Reading runs in two steps: pydantic reads every key into the models of ``schema.py`` (every problem at once, worded
 by ``messages.py`` as ``key: got X; expected Y``), then the checks across keys (``checks.py``, ``run_rules.py``) run
-on the assembled :class:`StackConfig`. ``reference.py`` generates the reference table of ``docs/configuration.md`` and
-the stack file's JSON Schema (``python -m eks_ddp.config --write``, ``--schema``).
+on the assembled :class:`StackConfig`. ``eks_ddp.tooling.config_docs`` generates the table of ``docs/configuration.md`` and
+the stack file's JSON Schema (``python -m eks_ddp.tooling.config_docs --write``, ``--schema``).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 One model per top-level ``eks-ddp:*`` key: pydantic dataclasses whose fields are snake_case in Python and camelCase
 in YAML (:func:`yaml_key`), refuse unknown keys, and hold each key's type, default and constraints; each key's
 meaning is written in ``docs/configuration.md``, whose table and the stack file's JSON Schema are generated from these
-models (``reference.py``). pydantic reads the values in its lax mode: ``pulumi config set --path`` stores 20 as "20"
+models (``eks_ddp.tooling.config_docs``). pydantic reads the values in its lax mode: ``pulumi config set --path`` stores 20 as "20"
 and 0.1 as "0.1", and those read as numbers. Three rules are the stack file's own: a boolean is not a number, an
 unquoted number is not a string (YAML reads 1.30 as 1.3) except a digit-only id (``runId: 2024``), and a key set
 to ``null`` is refused (``messages.null_problems``; absent is not null). The checks across keys are ``checks.py``;
@@ -404,6 +404,11 @@ class StackConfig:
     def uses_etcd(self) -> bool:
         """Whether any run rendezvouses through etcd (then the stack deploys EtcdRendezvous)."""
         return any(r.rdzv_backend == "etcd" for r in self.runs)
+
+    @property
+    def uses_c10d(self) -> bool:
+        """Whether any run rendezvouses without a store (its fences are the files alone: docs/rendezvous.md)."""
+        return any(r.rdzv_backend == "c10d" for r in self.runs)
 
 
 def cluster_name_for(stack: str, cfg: StackConfig | None = None) -> str:

@@ -213,6 +213,13 @@ class EfsStoreArgs:
     lifecycle: EfsLifecycle = EfsLifecycle()
     """When files move to Infrequent Access and Archive, and back (not applied to an adopted ``file_system_id``:
     its owner sets it)."""
+    lookupcache_positive: bool = False
+    """Mount with ``lookupcache=positive``: the NFS client never answers "no such file" from its cache (Linux
+    ``fs/nfs/dir.c`` ``nfs_neg_need_reval`` with ``NFS_MOUNT_LOOKUP_CACHE_NONEG``), so a name another node created is
+    seen by the next lookup. Runs without a rendezvous store (c10d) need it: their fences are the files alone
+    (docs/rendezvous.md, "The c10d backend"). efs-utils hands every option but its own to ``mount.nfs4``
+    (aws/efs-utils ``src/mount_efs/__init__.py`` ``get_nfs_mount_options``: all but ``EFS_ONLY_OPTIONS``). A mounted
+    volume keeps its options until its pods mount it again."""
 
 
 def validate(args: EfsStoreArgs) -> None:
@@ -402,7 +409,7 @@ class EfsStore(pulumi.ComponentResource):
                     # <fs-id>:<subpath>:<access point>: the driver mounts an access point with TLS (efs-utils).
                     volume_handle=pulumi.Output.concat(fs_id, "::", ap.id),
                     volume_attributes={"encryptInTransit": "true"}),
-                mount_options=list(MOUNT_OPTIONS)),
+                mount_options=[*MOUNT_OPTIONS, *(["lookupcache=positive"] if args.lookupcache_positive else [])]),
             opts=pulumi.ResourceOptions(parent=self, depends_on=after))
         pvc = k8s.core.v1.PersistentVolumeClaim(
             name,

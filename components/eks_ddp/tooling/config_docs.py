@@ -2,7 +2,7 @@
 (``docs/stack-config.schema.json``, whose descriptions editors show as hints on ``Pulumi.<stack>.yaml``).
 
 Each key's meaning is written once, for its readers, in the page's table (the "meaning" column); the models give the
-rest of its row (key, type, default). ``python -m eks_ddp.config --write`` rewrites the table between :data:`BEGIN`
+rest of its row (key, type, default). ``python -m eks_ddp.tooling.config_docs --write`` rewrites the table between :data:`BEGIN`
 and :data:`END` from the models, keeping each key's meaning (a new key's is empty: write it there); ``--schema``
 prints the JSON Schema with the page's meanings as its descriptions.
 """
@@ -23,7 +23,7 @@ from eks_ddp.config.schema import PROJECT, STACK_FILE, JobConfig, RunConfig, Sta
 Row = tuple[str, str, str, str]
 DOC_PAGE = Path("docs") / "configuration.md"
 SCHEMA_FILE = Path("docs") / "stack-config.schema.json"
-BEGIN = "<!-- BEGIN generated: python -m eks_ddp.config --write -->"
+BEGIN = "<!-- BEGIN generated: python -m eks_ddp.tooling.config_docs --write -->"
 END = "<!-- END generated -->"
 
 
@@ -166,7 +166,7 @@ def stack_file_schema() -> dict[str, Any]:
     config = {"type": "object", "description": body.get("description", ""), "properties": properties,
               "patternProperties": {rf"^(?!{PROJECT}:)[^:]+:": {}}, "additionalProperties": False}
     schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": f"Pulumi.<stack>.yaml of {PROJECT}",
-              "description": "Generated from the stack config's models: python -m eks_ddp.config --schema.",
+              "description": "Generated from the stack config's models: python -m eks_ddp.tooling.config_docs --schema.",
               "type": "object", "properties": {"config": config}, "$defs": defs}
     _tidy(schema)
     return schema
@@ -175,3 +175,23 @@ def stack_file_schema() -> dict[str, Any]:
 def schema_text() -> str:
     """The checked-in file's text."""
     return json.dumps(stack_file_schema(), indent=2) + "\n"
+
+
+def main(argv: list[str]) -> None:
+    """``python -m eks_ddp.tooling.config_docs``: print the table; ``--write``: rewrite it in the page; ``--schema``:
+    print the JSON Schema."""
+    if argv == ["--write"]:
+        print(f"{DOC_PAGE}: {'rewritten' if write_reference() else 'up to date'}")
+    elif argv == ["--schema"]:
+        print(schema_text(), end="")
+    elif argv:
+        raise SystemExit(f"python -m eks_ddp.tooling.config_docs: got {' '.join(argv)!r}; expected no argument, "
+                         "--write or --schema")
+    else:
+        print(reference_table())
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1:])
