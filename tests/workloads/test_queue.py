@@ -321,3 +321,23 @@ def test_every_queued_pod_asks_only_for_covered_resources_and_a_full_group_fits_
             assert int(quota[flavor]["cpu"]) >= full * int(requests["cpu"])
             assert int(quota[flavor]["memory"].removesuffix("Gi")) >= full * int(requests["memory"].removesuffix("Gi"))
             assert j.inputs["spec"]["parallelism"] <= full
+
+
+@pytest.mark.parametrize("stack", ["dev", "p4de", "two-runs"])
+def test_every_training_job_is_queued_and_every_groups_gpus_are_its_flavors_quota(stack, request):
+    """The Done-when of the queues on the three stacks: each training Job suspended with the queue's name, and each
+    GPU group's flavor quota = maxSize x its GPUs per node (from the stack's own config, not the renderer's)."""
+    result = request.getfixturevalue({"dev": "dev_result", "p4de": "p4de_result", "two-runs": "two_runs"}[stack])
+    cfg = {"dev": lambda: stack_config("dev"), "p4de": lambda: stack_config("p4de"),
+           "two-runs": two_groups_two_runs}[stack]()
+    jobs = trains(result)
+    assert jobs and all(j.inputs["spec"]["suspend"] is True
+                        and j.inputs["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "training" for j in jobs)
+    [cq] = the(result, "ClusterQueue")
+    quota = {f["name"]: {r["name"]: r["nominalQuota"] for r in f["resources"]}
+             for f in cq["spec"]["resourceGroups"][0]["flavors"]}
+    groups = cfg["eks-ddp:nodeGroups"]
+    assert set(quota) == {f"gpu-{g['name']}" for g in groups}
+    for g in groups:
+        gpus = catalog.lookup(g["instanceType"]).gpus
+        assert quota[f"gpu-{g['name']}"]["nvidia.com/gpu"] == str(int(g["maxSize"]) * gpus), g["name"]
