@@ -341,3 +341,22 @@ def test_every_training_job_is_queued_and_every_groups_gpus_are_its_flavors_quot
     for g in groups:
         gpus = catalog.lookup(g["instanceType"]).gpus
         assert quota[f"gpu-{g['name']}"]["nvidia.com/gpu"] == str(int(g["maxSize"]) * gpus), g["name"]
+
+
+def test_the_pinned_pulumi_kubernetes_previews_kinds_a_helm_release_brings():
+    """The queue's kinds come from Kueue's Helm release in the same `up`: the pin (constraints.txt, pyproject.toml)
+    and what is installed are at least the release that reads a release's CRDs at preview."""
+    import re
+    from importlib.metadata import version
+
+    from eks_ddp.workloads.queue import MIN_PULUMI_KUBERNETES
+    from tests.support.util import ROOT
+
+    def parse(v: str) -> tuple[int, ...]:
+        return tuple(int(x) for x in v.split(".")[:3])
+
+    pins = re.findall(r"pulumi[-_]kubernetes==([\d.]+)", (ROOT / "constraints.txt").read_text()
+                      + (ROOT / "pyproject.toml").read_text())
+    assert pins and all(parse(p) >= MIN_PULUMI_KUBERNETES for p in pins), pins
+    assert parse(version("pulumi_kubernetes")) >= MIN_PULUMI_KUBERNETES
+    assert parse("4.31.9") < MIN_PULUMI_KUBERNETES  # control: the release before the fix is refused

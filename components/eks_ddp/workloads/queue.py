@@ -7,7 +7,9 @@ Built from the stack's GPU node groups (any object with ``NodeGroupLike``'s fiel
                      opts=pulumi.ResourceOptions(provider=k8s_provider, depends_on=[kueue]))
     ElasticJobArgs(..., placement=Placement.on(gpu_a), queue=queue.queued("high"))
 
-It renders, as ``CustomResource`` objects (their CRDs come with Kueue itself, ``eks_ddp.Kueue``):
+It renders, as ``CustomResource`` objects (their CRDs come with Kueue itself, ``eks_ddp.Kueue``, a Helm release:
+pulumi-kubernetes reads a release's CRDs at preview from 4.32.0 on, pulumi/pulumi-kubernetes#4417; before, a first
+preview could not tell whether such a kind is namespaced. :data:`MIN_PULUMI_KUBERNETES` is checked in the tests):
 
 - a ``ResourceFlavor`` ``gpu-<group>`` per group: the group's node label and taint. Kueue assigns a flavor only to a
   pod set that tolerates its ``nodeTaints`` (pkg/scheduler/flavorassigner/flavorassigner.go, checkFlavorForPodSets:
@@ -39,6 +41,9 @@ from eks_ddp.core import catalog, rules
 from eks_ddp.core.types import Priority, QueuePreemption
 from eks_ddp.workloads.elastic_job.args import NodeGroupLike, Queued
 from eks_ddp.workloads.elastic_job.pods import EFA_RESOURCE, GPU_RESOURCE, pod_resources
+
+MIN_PULUMI_KUBERNETES = (4, 32, 0)
+"""The first pulumi-kubernetes whose preview resolves the scope of a kind a Helm release's CRDs bring."""
 
 API_VERSION = "kueue.x-k8s.io/v1beta2"
 """Served and stored by every CRD of Kueue v0.16.4 this renders (config/components/crd/bases)."""
