@@ -13,19 +13,18 @@ control).
 
 from __future__ import annotations
 
-import itertools
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 
 from eks_ddp_local.etcd_server import start_etcd
 from eks_ddp_runtime import fence_store
 from eks_ddp_trainer import checkpoint as ckpt
 from tests.support.etcd_server import RestartableEtcd
 from tests.support.fence_store import closed_stores, use_store, wipe_keys  # noqa: F401  (fixture)
+from tests.trainer.test_fence_lineage import _orders, _state
 
 pytestmark = pytest.mark.usefixtures("closed_stores")
 A_STEPS = (5, 10, 15)
@@ -95,16 +94,6 @@ class StaleFenceDir:
 
     def thaw(self) -> None:
         self.snap.clear()
-
-
-def _state(step: int, generation: int) -> dict:
-    return {"model": {"w": torch.tensor([float(step)])}, "optimizer": {}, "step": step, "epoch": 0,
-            "sample_in_epoch": step, "config": {"identity": {}}, "fence": {"generation": generation, "round": 0}}
-
-
-def _orders(a: int, c: int):
-    for slots in itertools.combinations(range(a + c), a):
-        yield [i in slots for i in range(a + c)]
 
 
 def _play(run: Path, order: list[bool], stale: StaleFenceDir, stalled: bool, monkeypatch) -> list[str]:
