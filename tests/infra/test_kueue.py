@@ -321,3 +321,21 @@ def test_checkov_finds_only_the_needed_api_token(tmp_path: Path):
     assert ours == {("CKV_K8S_38", "Deployment.kueue-system.kueue-controller-manager")}, ours
     assert ("CKV_K8S_40", "Deployment.kueue-system.low-uid") in failed
     assert all(len(why.split()) >= 10 for why in CHECKOV_ACCEPTED.values())
+
+
+def test_a_brought_vpc_admits_the_webhook_calls_from_each_of_its_blocks():
+    """The control plane's ENIs sit in the VPC's subnets: a brought VPC's every associated block is looked up
+    (the mock VPC has a primary 10.0.0.0/16 and a secondary 100.64.0.0/16) and admitted; a new VPC's own block is
+    the control."""
+    from tests.support.util import run, set_path, stack_config
+
+    def sources(config: dict) -> set[str]:
+        [policy] = [p for p in run(config).of_type("kubernetes:networking.k8s.io/v1:NetworkPolicy")
+                    if p.inputs["metadata"]["namespace"] == kueue.NAMESPACE and p.inputs["spec"].get("ingress")]
+        return {f["ipBlock"]["cidr"] for f in policy.inputs["spec"]["ingress"][0]["from"]}
+
+    byo = set_path(stack_config("dev"), "eks-ddp:network", {
+        "vpcId": "vpc-0123456789abcdef0", "privateSubnetIds": ["subnet-a", "subnet-b"]})
+    assert sources(byo) == {"10.0.0.0/16", "100.64.0.0/16"}
+    new = stack_config("dev")
+    assert sources(new) == {new["eks-ddp:network"]["vpcCidr"]}
