@@ -172,8 +172,11 @@ def stale_commits(run_dir) -> list[str]:
     created = {e: (ckpt.fence_path(run_dir, e)).stat().st_ctime for e in fences}
     out = []
     for path in ckpt.list_checkpoints(run_dir):
-        generation = ckpt.load_checkpoint(path).get("fence", {}).get("generation")
-        committed = path.stat().st_ctime
+        try:  # the run may still be training: a checkpoint rotated away meanwhile can no longer be loaded by anyone
+            committed = path.stat().st_ctime
+            generation = ckpt.load_checkpoint(path).get("fence", {}).get("generation")
+        except FileNotFoundError:
+            continue
         newer = [e for e in fences if generation is None or e > generation]
         late = [e for e in newer if created[e] < committed]
         if generation is None or late:
