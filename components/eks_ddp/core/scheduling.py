@@ -20,11 +20,13 @@ template built from them. Pure module: no Pulumi, no AWS.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar, overload
 
 from eks_ddp.core import catalog
+
+N = TypeVar("N", int, float)
 
 TAG_PREFIX = "k8s.io/cluster-autoscaler/"
 LABEL_TAG = TAG_PREFIX + "node-template/label/"
@@ -114,39 +116,57 @@ class Decision:
         return self.fits
 
 
-def pod_requests(spec: Mapping[str, Any]) -> dict[str, float]:
-    """Effective requests of a pod: the sum over containers, at least the largest init container's;
-    a resource with only a limit requests its limit (the API server defaults it so)."""
-    def one(container: Mapping[str, Any]) -> dict[str, float]:
+@overload
+def pod_requests(spec: Mapping[str, Any]) -> dict[str, float]: ...
+@overload
+def pod_requests(spec: Mapping[str, Any], value: Callable[[str, Any], N]) -> dict[str, N]: ...
+
+
+def pod_requests(spec: Mapping[str, Any], value: Callable[[str, Any], Any] | None = None) -> dict[str, Any]:
+    """Effective requests of a pod (k8s component-helpers ``PodRequests``): the sum over containers, at least the
+    largest init container's, plus the pod's ``overhead``; a resource with only a limit requests its limit (the API
+    server defaults it so). ``value(name, quantity)`` turns an amount into a number: a float by default, Kueue's
+    integer units for the queue contract (tooling/contracts/queue.py ``resource_value``)."""
+    amount_of = value or (lambda _name, v: quantity(v))
+
+    def one(container: Mapping[str, Any]) -> dict[str, Any]:
         res = container.get("resources") or {}
         merged = {**(res.get("limits") or {}), **(res.get("requests") or {})}
-        return {k: quantity(v) for k, v in merged.items()}
+        return {k: amount_of(k, v) for k, v in merged.items()}
 
-    total: dict[str, float] = {}
+    total: dict[str, Any] = {}
     for c in spec.get("containers") or []:
         for k, v in one(c).items():
-            total[k] = total.get(k, 0.0) + v
+            total[k] = total[k] + v if k in total else v
     for c in spec.get("initContainers") or []:
         for k, v in one(c).items():
-            total[k] = max(total.get(k, 0.0), v)
+            total[k] = max(total[k], v) if k in total else v
+    for k, v in (spec.get("overhead") or {}).items():
+        amount = amount_of(k, v)
+        total[k] = total[k] + amount if k in total else amount
     return total
 
 
+def toleration_matches(toleration: Mapping[str, Any], key: str, value: str, effect: str) -> bool:
+    """``v1.Toleration.ToleratesTaint``: effect (empty: all), key (empty: all), then ``Exists``, or ``Equal`` (the
+    default) comparing the values."""
+    if toleration.get("effect") and toleration["effect"] != effect:
+        return False
+    if toleration.get("key") and toleration["key"] != key:
+        return False
+    op = toleration.get("operator") or "Equal"
+    return op == "Exists" or (op == "Equal" and str(toleration.get("value") or "") == (value or ""))
+
+
 def tolerates(tolerations: Sequence[Mapping[str, Any]], taint: tuple[str, str, str]) -> bool:
-    key, value, effect = taint
-    for t in tolerations or []:
-        if t.get("effect") and t["effect"] != effect:
-            continue
-        if t.get("operator", "Equal") == "Exists":
-            if not t.get("key") or t["key"] == key:
-                return True
-        elif t.get("key") == key and str(t.get("value", "")) == value:
-            return True
-    return False
+    return any(toleration_matches(t, *taint) for t in tolerations or [])
 
 
-def _expression_matches(expr: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
-    key, op, values = expr["key"], expr["operator"], [str(v) for v in expr.get("values") or []]
+def expression_matches(expr: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    """A node selector requirement against a node's labels (k8s ``labels.Requirement.Matches``): ``Gt``/``Lt`` need
+    an integer label value (anything else does not match); an operator the API does not know matches nothing (the
+    selector fails to build: ``NodeSelectorRequirementsAsSelector``)."""
+    key, op, values = str(expr.get("key")), expr.get("operator"), [str(v) for v in expr.get("values") or []]
     present = key in labels
     if op == "In":
         return present and labels[key] in values
@@ -156,12 +176,13 @@ def _expression_matches(expr: Mapping[str, Any], labels: Mapping[str, str]) -> b
         return present
     if op == "DoesNotExist":
         return not present
-    if op in ("Gt", "Lt"):
-        if not present:
+    if op in ("Gt", "Lt") and present and values:
+        try:
+            have, want = int(labels[key]), int(values[0])
+        except ValueError:
             return False
-        have, want = int(labels[key]), int(values[0])
         return have > want if op == "Gt" else have < want
-    raise ValueError(f"unknown node selector operator {op!r}")
+    return False
 
 
 def _required_terms(spec: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -190,7 +211,7 @@ def would_scale_up(spec: Mapping[str, Any], node: TemplateNode) -> Decision:
         if node.labels.get(k) != v:
             reasons.append(f"nodeSelector {k}={v}: the template has {node.labels.get(k)!r}")
     terms = _required_terms(spec)
-    if terms and not any(all(_expression_matches(e, node.labels) for e in t.get("matchExpressions") or [])
+    if terms and not any(all(expression_matches(e, node.labels) for e in t.get("matchExpressions") or [])
                          for t in terms):
         reasons.append("no required node affinity term matches the template's labels")
     return Decision(fits=not reasons, reasons=tuple(reasons))

@@ -60,6 +60,8 @@ from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Any
 
+from eks_ddp.core import scheduling
+
 from . import PlanView, Violation, contract
 
 QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"
@@ -214,24 +216,6 @@ class Workload:
         return self.min_count is not None and self.count > self.min_count
 
 
-def pod_requests(pod_spec: Mapping[str, Any]) -> dict[str, int]:
-    """Per-pod requests (component-helpers ``PodRequests``: containers summed, at least each init container)."""
-    def of(c: Mapping[str, Any]) -> dict[str, int]:
-        res = c.get("resources") or {}
-        amounts = {**(res.get("limits") or {}), **(res.get("requests") or {})}
-        return {k: resource_value(k, v) for k, v in amounts.items()}
-    total: dict[str, int] = {}
-    for c in pod_spec.get("containers") or []:
-        for k, v in of(c).items():
-            total[k] = total.get(k, 0) + v
-    for c in pod_spec.get("initContainers") or []:
-        for k, v in of(c).items():
-            total[k] = max(total.get(k, 0), v)
-    for k, v in (pod_spec.get("overhead") or {}).items():
-        total[k] = total.get(k, 0) + resource_value(k, v)
-    return total
-
-
 def workload_of(job: Mapping[str, Any], order: int, priorities: Mapping[str, int]) -> Workload:
     meta, spec = job.get("metadata") or {}, job.get("spec") or {}
     labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
@@ -244,7 +228,7 @@ def workload_of(job: Mapping[str, Any], order: int, priorities: Mapping[str, int
     pclass = labels.get(PRIORITY_CLASS_LABEL)
     return Workload(name=meta.get("name", "?"), namespace=meta.get("namespace", "default"),
                     queue=labels.get(QUEUE_NAME_LABEL), priority=int(priorities.get(pclass, 0)) if pclass else 0,
-                    priority_class=pclass, count=count, min_count=min_count, pod_requests=pod_requests(pod_spec),
+                    priority_class=pclass, count=count, min_count=min_count, pod_requests=scheduling.pod_requests(pod_spec, resource_value),
                     pod_spec=pod_spec, order=order, annotations=dict(annotations))
 
 
@@ -258,43 +242,14 @@ def workload_name(job_name: str, job_uid: str) -> str:
 
 
 # --- node matching (k8s component-helpers: taints/tolerations, nodeaffinity) ------------------------------------
-def tolerates(toleration: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:
-    """``v1.Toleration.ToleratesTaint``: effect (empty = all), key (empty with Exists = all), Exists or Equal."""
-    if toleration.get("effect") and toleration["effect"] != taint.get("effect"):
-        return False
-    if toleration.get("key") and toleration["key"] != taint.get("key"):
-        return False
-    op = toleration.get("operator") or "Equal"
-    if op == "Exists":
-        return True
-    return op == "Equal" and (toleration.get("value") or "") == (taint.get("value") or "")
-
-
 def untolerated_taint(flavor: Flavor, pod_spec: Mapping[str, Any]) -> Mapping[str, Any] | None:
     tolerations = [*(pod_spec.get("tolerations") or []), *flavor.tolerations]
     for taint in flavor.node_taints:
-        if taint.get("effect") in ("NoSchedule", "NoExecute") and not any(tolerates(t, taint) for t in tolerations):
+        if taint.get("effect") in ("NoSchedule", "NoExecute") and not any(
+                scheduling.toleration_matches(t, taint.get("key", ""), taint.get("value", ""), taint["effect"])
+                for t in tolerations):
             return taint
     return None
-
-
-def _requirement(expr: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
-    key, op, values = str(expr.get("key")), expr.get("operator"), [str(v) for v in expr.get("values") or []]
-    if op == "In":
-        return key in labels and labels[key] in values
-    if op == "NotIn":
-        return key not in labels or labels[key] not in values
-    if op == "Exists":
-        return key in labels
-    if op == "DoesNotExist":
-        return key not in labels
-    if op in ("Gt", "Lt") and key in labels and values:
-        try:
-            have, want = int(labels[key]), int(values[0])
-        except ValueError:
-            return False
-        return have > want if op == "Gt" else have < want
-    return False
 
 
 def matches_node_affinity(pod_spec: Mapping[str, Any], labels: Mapping[str, str], keys: set[str]) -> bool:
@@ -311,7 +266,7 @@ def matches_node_affinity(pod_spec: Mapping[str, Any], labels: Mapping[str, str]
         if not exprs:
             return True
         terms.append(exprs)
-    return not terms or any(all(_requirement(e, labels) for e in exprs) for exprs in terms)
+    return not terms or any(all(scheduling.expression_matches(e, labels) for e in exprs) for exprs in terms)
 
 
 # --- the scheduler ---------------------------------------------------------------------------------------------
