@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -256,14 +257,9 @@ def _system_pods(stack: str) -> dict[str, dict[str, float]]:
             if spec.get("nodeSelector") == {"eks-ddp/pool": "system"}}
 
 
-class _QueueOff:
-    """A config with ``queue.enabled: false`` before the config package has the key (read through getattr)."""
-
-    def __init__(self, cfg):
-        self._cfg = cfg
-
-    def __getattr__(self, key):
-        return type("Queue", (), {"enabled": False}) if key == "queue" else getattr(self._cfg, key)
+def _queue_off(cfg):
+    """The same config with ``queue.enabled: false``."""
+    return dataclasses.replace(cfg, queue=dataclasses.replace(cfg.queue, enabled=False))
 
 
 def _kueue(est: cost.Estimate) -> list[cost.LineItem]:
@@ -281,7 +277,7 @@ def test_the_queue_controllers_share_is_computed_from_its_requests():
     assert f"{share:.0%} of one t3.medium's allocatable" in item.note and f"{share:.0%}" == "8%"
     assert item.idle_per_hour == 0  # from the config alone nothing is added; the plan settles it (below)
     assert any(a.startswith("a queued run costs nothing until Kueue admits it") for a in est.assumptions)
-    off = cost.estimate(_QueueOff(dev()))
+    off = cost.estimate(_queue_off(dev()))
     assert _kueue(off) == [] and not any("queued run" in a for a in off.assumptions)
 
 
@@ -303,7 +299,7 @@ def test_the_queue_controller_fits_the_system_nodes_of_p4de_and_dev_and_the_char
     chart = {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"cpu": "2", "memory": "512Mi"}}
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(kueue, "RESOURCES", chart)
-        assert cost.system_nodes_needed(_QueueOff(cfg), pods) == 1  # fits without the queue
+        assert cost.system_nodes_needed(_queue_off(cfg), pods) == 1  # fits without the queue
         [item] = _kueue(cost.estimate(cfg, system_pods=pods))
     t3m = catalog.CATALOG["t3.medium"].price_per_hour
     assert (item.idle_units, item.idle_per_hour) == (1, pytest.approx(t3m))

@@ -125,13 +125,6 @@ def kueue_controller_requests() -> dict[str, str]:
     return dict(kueue.RESOURCES["requests"])
 
 
-def queue_enabled(cfg: StackConfig) -> bool:
-    """``queue.enabled`` (default true: Kueue installed, every run queued). Read defensively: a config without the
-    ``queue`` key (before the key exists) is the default."""
-    queue = getattr(cfg, "queue", None)
-    return True if queue is None else bool(getattr(queue, "enabled", True))
-
-
 def queue_controller_share(cfg: StackConfig) -> float:
     """The controller's requests as a share of one system node's allocatable CPU or memory, whichever is larger."""
     room = scheduling.eks_allocatable(cfg.cluster.system_instance_type)
@@ -146,7 +139,7 @@ def system_nodes_needed(cfg: StackConfig, system_pods: Mapping[str, Mapping[str,
 
     pods = {**system_pods, "cluster-autoscaler": {k: scheduling.quantity(v)
                                                   for k, v in autoscaler.RESOURCES["requests"].items()}}
-    if queue_enabled(cfg):
+    if cfg.queue.enabled:
         pods["kueue-controller-manager"] = {k: scheduling.quantity(v) for k, v in kueue_controller_requests().items()}
     room = scheduling.eks_allocatable(cfg.cluster.system_instance_type)
     n = cfg.cluster.system_node_count
@@ -162,7 +155,7 @@ def queue_item(cfg: StackConfig, system_pods: Mapping[str, Mapping[str, float]] 
     """The queue's controller on the system nodes. With ``system_pods`` (the plan's own system pods) its cost is
     computed: $0 when the system nodes hold it beside everything else, else the system nodes it adds; without, the
     share of one system node it takes, which the plan check settles (tests/tooling/test_cost.py)."""
-    if not queue_enabled(cfg):
+    if not cfg.queue.enabled:
         return None
     system = catalog.lookup(cfg.cluster.system_instance_type)
     share = queue_controller_share(cfg)
@@ -172,7 +165,8 @@ def queue_item(cfg: StackConfig, system_pods: Mapping[str, Mapping[str, float]] 
     if system_pods is None:
         return LineItem(name, "node", system.price_per_hour, 0, 0, note=what + "; whether the system nodes hold it "
                         "is checked over the plan")
-    without = system_nodes_needed(_queue_off(cfg), system_pods)
+    without = system_nodes_needed(dataclasses.replace(cfg, queue=dataclasses.replace(cfg.queue, enabled=False)),
+                                  system_pods)
     extra = system_nodes_needed(cfg, system_pods) - without
     if extra == 0:
         return LineItem(name, "node", system.price_per_hour, 0, 0,
@@ -180,16 +174,6 @@ def queue_item(cfg: StackConfig, system_pods: Mapping[str, Mapping[str, float]] 
     return LineItem(name, "node", system.price_per_hour, extra, extra,
                     note=what + f"; {cfg.cluster.system_node_count} system node(s) cannot hold it beside the rest: "
                          f"{extra} more {system.name} (cluster.systemNodeCount or systemInstanceType)")
-
-
-def _queue_off(cfg: StackConfig) -> StackConfig:
-    class _Off:
-        enabled = False
-
-    class _Cfg:
-        def __getattr__(self, key: str) -> Any:
-            return _Off if key == "queue" else getattr(cfg, key)
-    return _Cfg()  # type: ignore[return-value]
 
 
 def price(key: str) -> float:
@@ -524,7 +508,7 @@ def estimate(cfg: StackConfig, *, day: dt.date | None = None,
         + (f", container logs {CONTAINER_LOGS_ASSUMED_GB_PER_DAY:g} GB/day" if cfg.observability.cloudwatch else "")
         + f"; {HOURS_PER_MONTH} hours per month",
     ]
-    if queue_enabled(cfg):
+    if cfg.queue.enabled:
         assumptions.append("a queued run costs nothing until Kueue admits it: its Job stays suspended, so it has no "
                            "pod and brings up no GPU node; a run's time above starts at its admission")
     used = [cfg.cluster.system_instance_type] + [g.instance_type for g in cfg.node_groups]
