@@ -280,6 +280,7 @@ def test_the_policies_exist_before_the_release(result):
     ("managed_namespaces", [], "managed_namespaces: got []"),
     ("vpc_cidrs", [], "vpc_cidrs: got none"),
     ("vpc_cidrs", ["10.0.0.0/33"], "vpc_cidrs: got '10.0.0.0/33'"),
+    ("vpc_cidrs", ["0.0.0.0/0"], "vpc_cidrs: got '0.0.0.0/0'; expected a CIDR narrower than /0"),
     ("service_cidrs", ["x"], "service_cidrs: got 'x'"),
     ("tolerations", [{"key": "a", "operator": "Maybe"}], "tolerations: got"),
     ("pods_ready_timeout", "30", "pods_ready_timeout: got '30'"),

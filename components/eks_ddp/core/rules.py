@@ -343,6 +343,12 @@ def public_access_cidrs(key: str, values: Iterable[Any], *, placeholders_ok: boo
     return problems
 
 
+def ipv4_cidr(key: str, value: Any) -> str | None:
+    """What is wrong with ``value`` as a strict IPv4 CIDR narrower than /0 (:func:`_cidr`), or None."""
+    net = _cidr(key, value)
+    return net if isinstance(net, str) else None
+
+
 def vpc_cidr(key: str, value: Any) -> str | None:
     net = _cidr(key, value)
     if isinstance(net, str):

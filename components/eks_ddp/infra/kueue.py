@@ -44,7 +44,6 @@ The Kubernetes provider comes from ``opts``.
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -53,6 +52,7 @@ import pulumi_kubernetes as k8s
 import yaml
 
 from eks_ddp.core import rules
+from eks_ddp.infra.autoscaler import PROVREQ_CRD_NAME
 
 CHART = "oci://registry.k8s.io/kueue/charts/kueue"
 """Where Kueue publishes its chart (``charts/kueue/README.md``: ``helm install kueue oci://registry.k8s.io/kueue/charts/kueue``)."""
@@ -127,14 +127,6 @@ class KueueArgs:
     suspended."""
 
 
-def _cidr_problem(field: str, value: object) -> str | None:
-    try:
-        ipaddress.ip_network(str(value))
-        return None
-    except ValueError:
-        return f"{field}: got {value!r}; expected an IPv4 CIDR such as 10.0.0.0/16"
-
-
 def validate(args: KueueArgs) -> None:
     """Raise ValueError naming the bad field."""
     problems: list[str | None] = [
@@ -143,8 +135,8 @@ def validate(args: KueueArgs) -> None:
         f"managed_namespaces: got {args.managed_namespaces!r}; expected at least one namespace name",
         None if args.vpc_cidrs else "vpc_cidrs: got none; expected the VPC's CIDRs (the control plane calls the "
                                     "webhooks from there)",
-        *[_cidr_problem("vpc_cidrs", c) for c in args.vpc_cidrs],
-        *[_cidr_problem("service_cidrs", c) for c in args.service_cidrs],
+        *[rules.ipv4_cidr("vpc_cidrs", c) for c in args.vpc_cidrs],
+        *[rules.ipv4_cidr("service_cidrs", c) for c in args.service_cidrs],
         None if args.pods_ready_timeout is None else rules.scale_down_time("pods_ready_timeout",
                                                                            args.pods_ready_timeout),
         *[None if isinstance(t, Mapping) and t.get("operator", "Equal") in ("Equal", "Exists") else
@@ -247,7 +239,7 @@ class Kueue(pulumi.ComponentResource):
             f"{name}-{policy}", metadata=k8s.meta.v1.ObjectMetaArgs(name=policy, namespace=NAMESPACE), spec=spec,
             opts=pulumi.ResourceOptions(parent=self, depends_on=[ns])) for policy, spec in policies(args).items()]
         crd = args.provisioning_request_crd
-        crd_name = "provisioningrequests.autoscaling.x-k8s.io" if crd is not None else None
+        crd_name = PROVREQ_CRD_NAME if crd is not None else None
         self.release = k8s.helm.v3.Release(
             f"{name}-release", name=RELEASE, chart=CHART, version=CHART_VERSION, namespace=NAMESPACE,
             values=helm_values(args, crd_name), atomic=True,
