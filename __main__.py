@@ -156,7 +156,7 @@ def shared_storage() -> eks_ddp.EfsStore | FsxLustreStore:
     # EFS allows one mount target per zone; a brought VPC may have several private subnets in one.
     return eks_ddp.EfsStore("storage", eks_ddp.EfsStoreArgs(
         **common, subnet_ids=list(network.private_subnet_by_az.values()), file_system_id=s.file_system_id,
-        lifecycle=EfsLifecycle(**s.efs_transitions), lookupcache_positive=cfg.uses_c10d), opts=on_cluster)
+        lifecycle=EfsLifecycle(**s.efs_transitions)), opts=on_cluster)
 
 
 storage = shared_storage()

@@ -114,7 +114,7 @@ def test_claims_are_static_volumes_on_the_access_points_over_tls_with_iam(result
         assert pv["spec"]["csi"] == {"driver": "efs.csi.aws.com",
                                      "volumeHandle": f"{fs_id}::{aps[kind].outputs['id']}",
                                      "volumeAttributes": {"encryptInTransit": "true"}}
-        assert pv["spec"]["mountOptions"] == ["iam"]
+        assert pv["spec"]["mountOptions"] == ["iam", "lookupcache=positive"]
         assert pv["spec"]["persistentVolumeReclaimPolicy"] == "Retain"
         assert pv["spec"]["claimRef"] == {"namespace": "training", "name": claim}
         assert pv["metadata"]["name"] == f"training-{claim}"
@@ -305,14 +305,18 @@ def test_lifecycle_is_configurable_and_checked():
 
 
 def test_lookupcache_positive_mounts_every_volume_so_a_name_another_node_made_is_seen():
-    """The c10d backend's fences are the files alone: its runs need the NFS client to ask the server before saying
-    "no such file" (docs/rendezvous.md). The default mount (above: ["iam"]) is the control."""
-    result = _run(dataclasses.replace(ARGS, lookupcache_positive=True))
-    pvs = result.of_type("kubernetes:core/v1:PersistentVolume")
+    """Every run's commit check looks up the next fence file by name (docs/rendezvous.md): the NFS client must ask the
+    server before saying "no such file". Turning it off (a volume no run writes to) is the control."""
+    pvs = _run(ARGS).of_type("kubernetes:core/v1:PersistentVolume")
     assert len(pvs) == 3 and all(pv.inputs["spec"]["mountOptions"] == ["iam", "lookupcache=positive"] for pv in pvs)
+    off = _run(dataclasses.replace(ARGS, lookupcache_positive=False)).of_type("kubernetes:core/v1:PersistentVolume")
+    assert [pv.inputs["spec"]["mountOptions"] for pv in off] == [["iam"]] * 3
 
 
-def test_the_stack_mounts_with_lookupcache_positive_exactly_when_a_run_uses_c10d():
+def test_the_stack_mounts_with_lookupcache_positive_for_etcd_and_c10d_runs():
+    """c10d runs' fences are the files alone; etcd runs' commit checks read the store and the next fence file, which
+    is what the worlds of two live stores share (a second store's world is seen only there). Before, an etcd stack
+    mounted with ["iam"] alone and a client could miss such a fence for up to acdirmax (60 s)."""
     from tests.support.util import run, stack_config
 
     def options(cfg):
@@ -322,4 +326,4 @@ def test_the_stack_mounts_with_lookupcache_positive_exactly_when_a_run_uses_c10d
     c10d = {k: v for k, v in cfg.items() if k != "eks-ddp:etcd"}  # a c10d stack deploys no etcd
     c10d["eks-ddp:job"] = {**cfg["eks-ddp:job"], "rdzvBackend": "c10d"}
     assert options(c10d) == {("iam", "lookupcache=positive")}
-    assert options(cfg) == {("iam",)}  # etcd: the fences' truth is the store
+    assert options(cfg) == {("iam", "lookupcache=positive")}

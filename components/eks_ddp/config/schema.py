@@ -405,11 +405,6 @@ class StackConfig:
         """Whether any run rendezvouses through etcd (then the stack deploys EtcdRendezvous)."""
         return any(r.rdzv_backend == "etcd" for r in self.runs)
 
-    @property
-    def uses_c10d(self) -> bool:
-        """Whether any run rendezvouses without a store (its fences are the files alone: docs/rendezvous.md)."""
-        return any(r.rdzv_backend == "c10d" for r in self.runs)
-
 
 def cluster_name_for(stack: str, cfg: StackConfig | None = None) -> str:
     """The EKS cluster's name for a stack: ``cluster.name`` when set, else ``eks-ddp-<stack>``."""

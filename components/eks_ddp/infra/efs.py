@@ -213,13 +213,14 @@ class EfsStoreArgs:
     lifecycle: EfsLifecycle = EfsLifecycle()
     """When files move to Infrequent Access and Archive, and back (not applied to an adopted ``file_system_id``:
     its owner sets it)."""
-    lookupcache_positive: bool = False
+    lookupcache_positive: bool = True
     """Mount with ``lookupcache=positive``: the NFS client never answers "no such file" from its cache (Linux
     ``fs/nfs/dir.c`` ``nfs_neg_need_reval`` with ``NFS_MOUNT_LOOKUP_CACHE_NONEG``), so a name another node created is
-    seen by the next lookup. Runs without a rendezvous store (c10d) need it: their fences are the files alone
-    (docs/rendezvous.md, "The c10d backend"). efs-utils hands every option but its own to ``mount.nfs4``
-    (aws/efs-utils ``src/mount_efs/__init__.py`` ``get_nfs_mount_options``: all but ``EFS_ONLY_OPTIONS``). A mounted
-    volume keeps its options until its pods mount it again."""
+    seen by the next lookup. Every run's commit check looks up the next fence file by name (docs/rendezvous.md: the
+    c10d backend's fences are the files alone, and with a store the files are what two live stores' worlds share), so
+    the stack always mounts with it; False only for a volume no eks-ddp run writes to. efs-utils hands every option
+    but its own to ``mount.nfs4`` (aws/efs-utils ``src/mount_efs/__init__.py`` ``get_nfs_mount_options``: all but
+    ``EFS_ONLY_OPTIONS``). A mounted volume keeps its options until its pods mount it again."""
 
 
 def validate(args: EfsStoreArgs) -> None:
