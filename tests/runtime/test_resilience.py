@@ -208,6 +208,47 @@ def test_asymmetric_partition_never_lets_two_worlds_commit(tmp_path, data_dir):
                 a.stop()
             etcd.kill()
 
+@pytest.mark.parametrize("timeouts", [ONE_AGENT_FIRST, pytest.param(CLUSTER_TIMEOUTS, marks=pytest.mark.long)],
+                         ids=["first-round-2s", "cluster-first-round"])
+def test_two_live_stores_over_one_run_directory_never_let_two_worlds_commit(tmp_path, etcd_endpoint, jobs, data_dir,  # noqa: F811
+                                                                            timeouts):
+    """Two live stores of one run (a store pod force-deleted while its node still serves it, one recreated by hand or
+    restored, a second stack on the same volume): agent A trains on store 1; agent B, which reaches only store 2, forms
+    a world of its own there once the first-round wait has passed. Each world is the newest in its own store, so only
+    the run directory's fences tell them apart: A commits nothing after B's fence, its worker and agent exit with
+    SUPERSEDED (A's agent does not restart into store 1, which would fence B out), B trains on from A's state, and
+    the records read as one world at a time. (On the code before, whose commit check asked only the world's own
+    store, both committed: 23 stale checkpoints in 15 s and interleaved records.) The lone agents' first-round wait is
+    2 s; `make test-long` runs the cluster's (300 s), held past it as on the cluster."""
+    from eks_ddp_local.etcd_server import start_etcd
+    from tests.support import store_faults
+
+    run = tmp_path / "run"
+    trainer = dataclasses.replace(_trainer(data_dir, run, epochs=300), keep_checkpoints=1000)
+    rdzv_id = f"split-{os.getpid()}-{time.time_ns()}"
+    with start_etcd(tmp_path / "etcd-2") as second:
+        a = _job(tmp_path / "a", etcd_endpoint, trainer, nodes=1, rdzv_id=rdzv_id, timeouts=timeouts)
+        jobs.append(a)
+        first_round = timeouts.first_round + 120
+        a.wait_for(lambda: [r for r in store_faults.steps(a) if r["step"] >= 6], first_round, "world A training")
+        a.wait_for(lambda: ckpt.list_checkpoints(run), 60, "world A's first checkpoint")
+        split = time.time()
+        b = _job(tmp_path / "b", second, trainer, nodes=1, rdzv_id=rdzv_id, timeouts=timeouts)
+        jobs.append(b)
+        start = b.wait_for(lambda: [r for r in b.history() if r.get("kind") == "start" and r["time"] > split], first_round,
+                           "world B on the second store")[0]
+        b.wait_for(lambda: [r for r in store_faults.steps(b) if r["time"] > start["time"]
+                            and r["step"] >= start["resumed_step"] + 11], 120, "world B training")
+        code = a.agents[0].wait(60)
+        history = b.history()
+        assert code == exitcodes.SUPERSEDED, a.logs()
+        assert "two live stores" in a.agents[0].log(), a.logs()
+        assert start["resumed_step"] >= 5, start  # B resumed from A's committed state, not from scratch
+        assert store_faults.stale_commits(run) == [], (store_faults.stale_commits(run), a.logs())
+        assert store_faults.one_world_at_a_time(history) is None, store_faults.one_world_at_a_time(history)
+        assert b.agents[0].proc.poll() is None, b.logs()
+
+
 def _next_step_after(job: Job, t: float, timeout_s: float = 60) -> tuple[dict, dict]:
     start = job.wait_for(lambda: [r for r in _starts(job) if r["time"] > t], timeout_s, "restarted workers")[0]
     step = job.wait_for(lambda: [r for r in job.history() if r.get("kind") == "step" and r["time"] > start["time"]],

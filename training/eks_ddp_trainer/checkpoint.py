@@ -41,7 +41,8 @@ from typing import Any
 
 import torch
 
-from eks_ddp_runtime import fence, fence_store
+from eks_ddp_runtime import exitcodes, fence, fence_store
+from eks_ddp_trainer.guards import TrainerError
 
 log = logging.getLogger(__name__)
 
@@ -292,21 +293,91 @@ def on_lineage(lineage: Lineage | None, state: dict[str, Any]) -> bool:
 
 
 def superseded(run_dir: str | os.PathLike, generation: int) -> bool:
-    """A newer world has fenced the run directory. With the run's store: its newest world is not ``generation``
-    (a linearizable read; an empty store, wiped since this world fenced, counts as superseded: the wipe restarts
-    every world); ``fence_store.StoreUnavailable`` when it did not answer for :data:`STORE_WAIT_S`. Without: fence
-    ``generation + 1`` exists (generations are allocated one after the other)."""
+    """A newer world has fenced the run directory, in the run's store **or** on the shared volume.
+
+    With the run's store: its newest world is not ``generation`` (a linearizable read, which no client cache can
+    hide; an empty store, wiped since this world fenced, counts as superseded: the wipe restarts every world), or fence
+    file ``generation + 1`` exists. The file is what every store's world shares: a second live store (a store pod
+    force-deleted while its node still serves it, one recreated by hand or restored, a second stack on the same
+    volume) has its own newest, but its worlds create their fence files in the same folder, above this one's
+    (generations are allocated one after the other there, by exclusive link(2)). The lookup by name is the file
+    server's answer when negative lookups are not cached (the stack mounts EFS with ``lookupcache=positive``:
+    docs/rendezvous.md "Two live stores"). ``fence_store.StoreUnavailable`` when the store did not answer for
+    :data:`STORE_WAIT_S`. Without a store: the file alone."""
     store = _store()
-    if store is None:
-        return fence_path(run_dir, generation + 1).exists()
-    record, _ = store.newest(STORE_WAIT_S)
-    return record is None or int(record["generation"]) != generation
+    if store is not None:
+        record, _ = store.newest(STORE_WAIT_S)
+        if record is None or int(record["generation"]) != generation:
+            return True
+    return fence_path(run_dir, generation + 1).exists()
+
+
+class ReplacedElsewhere(TrainerError):
+    """This world's own store still names it the newest, but a newer world that another live store holds has fenced
+    the run directory (:func:`replaced_elsewhere`). Nothing can restart this world into that store, and a restart
+    into its own would fence the live world out: the worker exits with ``SUPERSEDED`` (contract.py), and so does its
+    agent (launch.py), which does not restart it."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(exitcodes.SUPERSEDED, message)
+
+
+SPLIT_GRACE_S = 60.0
+"""How long a fence file above this world may stand while the world's own store still names it the newest before
+the world counts as replaced elsewhere even when no record says which store made the file (records from a store
+seeded before records named their store, a store restored from a backup of this one). A contender of the same
+store claims its generation within one fence try (:data:`FENCE_WAIT_S`) or finds the store away, which this
+check then finds too."""
+_newer_file_seen: dict[tuple[str, int], float] = {}
+
+
+def replaced_elsewhere(run_dir: str | os.PathLike, generation: int, store_id: str | None) -> str | None:
+    """Why world ``generation``, which its own store (identity ``store_id``) still names the newest, was replaced by
+    another store's world, or None while it may be a contender of its own store claiming its generation.
+
+    The fence files above ``generation`` are read by name, upward while they exist (gapless). A world's file (not a
+    seed) that names another store than ``store_id`` was linked by a world whose store is not this one and read
+    after this store was seeded (a seed is above every file of its time): another live store. A seed's file is not
+    enough (two rank 0s that both found an empty store both link a seed; one claim loses). Without such a record,
+    a newer file that stands for :data:`SPLIT_GRACE_S` counts too."""
+    found = []
+    top = generation
+    while top < generation + 1000 and fence_path(run_dir, top + 1).exists():
+        top += 1
+        try:
+            record = _file_record(run_dir, top)
+        except FenceError:
+            continue
+        other = record.get("store")
+        if not record.get("seed") and other is not None and store_id is not None and other != store_id:
+            found.append(f"fence {top} (host {record.get('host')}, store {other[:8]})")
+    if found:
+        return (f"world {generation} was replaced by {', '.join(found)} on {run_dir}, which this world's rendezvous "
+                f"store (identity {store_id[:8] if store_id else None}) does not hold: two live stores")
+    if top == generation:
+        _newer_file_seen.pop((str(run_dir), generation), None)
+        return None
+    first = _newer_file_seen.setdefault((str(run_dir), generation), time.monotonic())
+    if time.monotonic() - first >= SPLIT_GRACE_S:
+        return (f"fence file {generation + 1} on {run_dir} has stood for {SPLIT_GRACE_S:.0f} s while this world's "
+                f"rendezvous store still names world {generation} the newest: a world of another store")
+    return None
 
 
 def _superseded_why(run_dir: str | os.PathLike, generation: int) -> str | None:
-    """Why world ``generation`` may not commit (a newer world, or a store that did not answer), or None."""
+    """Why world ``generation`` may not commit (a newer world, or a store that did not answer), or None. Raises
+    :class:`ReplacedElsewhere` when the newer world is another live store's (every caller is a commit of this world's
+    rank 0: the history, a checkpoint on its side thread, whose error reaches the training thread, the final wait)."""
     try:
         if superseded(run_dir, generation):
+            store = _store()
+            if store is not None:
+                record, _ = store.newest(STORE_WAIT_S)
+                if record is not None and int(record["generation"]) == generation:
+                    why = replaced_elsewhere(run_dir, generation, record.get("store"))
+                    if why is not None:
+                        raise ReplacedElsewhere(f"{why}; this world commits nothing more and stops (exit "
+                                                f"{exitcodes.SUPERSEDED}); see docs/rendezvous.md \"Two live stores\"")
             return f"a newer world than {generation} has fenced {run_dir}; this world was replaced and commits nothing more"
     except (fence_store.StoreUnavailable, ValueError) as e:  # ValueError: a newest record that does not parse
         return f"{e}: a commit needs that check"
@@ -420,10 +491,13 @@ def _decode_lineage(raw: Any) -> Lineage | None:
 
 
 def _record(generation: int, base: tuple[int, int] | None, round_: int | None, lineage: Lineage | None,
-            seed: bool = False) -> dict[str, Any]:
+            seed: bool = False, store_id: str | None = None) -> dict[str, Any]:
+    """A fence record. ``store``: the identity of the store it is claimed in, the nonce of that store's seed (a store
+    seeded anew, after a wipe or as a second live store, has a new one); a seed's is its own nonce."""
+    nonce = uuid.uuid4().hex
     return {"generation": generation, "base": list(base) if base is not None else None, "round": round_,
             "lineage": _encode_lineage(lineage), "seed": seed, "host": socket.gethostname(), "pid": os.getpid(),
-            "nonce": uuid.uuid4().hex, "created": time.time()}
+            "nonce": nonce, "store": nonce if seed else store_id, "created": time.time()}
 
 
 def _link_record(run_dir: str | os.PathLike, record: dict[str, Any]) -> bool:
@@ -542,8 +616,9 @@ def _store_fence(store: fence_store.FenceStore, run_dir: str | os.PathLike, base
             chain = {base[0]: base[1], **{g: v for g, v in (loader or {}).items() if g < base[0]}}
         generation = int(newest["generation"]) + 1
         for _ in range(1000):
-            record = _record(generation, base, round_, {generation: None, **chain})
+            record = _record(generation, base, round_, {generation: None, **chain}, store_id=newest.get("store"))
             if not _link_record(run_dir, record):
+                _refuse_above_another_store(run_dir, generation, newest)
                 generation += 1
                 continue
             while True:
@@ -554,7 +629,7 @@ def _store_fence(store: fence_store.FenceStore, run_dir: str | os.PathLike, base
                     return generation  # the reply was lost, the transaction had landed
                 if now is None or raw_now is None:
                     return None  # wiped meanwhile: the next try seeds it again
-                raw = raw_now
+                raw, newest = raw_now, now
                 if int(now["generation"]) >= generation:
                     break  # another world took a newer generation: this file stays as a record, try above it
             generation = int(now["generation"]) + 1
@@ -562,6 +637,21 @@ def _store_fence(store: fence_store.FenceStore, run_dir: str | os.PathLike, base
     except fence_store.StoreUnavailable as e:
         print(f"[fence] fence of a new world deferred: {e}", flush=True)
         return None
+
+
+def _refuse_above_another_store(run_dir: str | os.PathLike, generation: int, newest: dict[str, Any]) -> None:
+    """Fence file ``generation`` exists above this store's newest (``newest``): a contender of this store, or a world
+    that another live store holds. Raises :class:`ReplacedElsewhere` for the latter (its record names another store
+    and is no seed: :func:`replaced_elsewhere`): a world fenced here, above it, would take the run directory from the
+    live world, which would then take it back, each restart losing the other's progress."""
+    record = _file_record(run_dir, generation)
+    other, mine = record.get("store"), newest.get("store")
+    if not record.get("seed") and other is not None and mine is not None and other != mine:
+        raise ReplacedElsewhere(
+            f"fence {generation} on {run_dir} is a world of another rendezvous store (identity {other[:8]}, host "
+            f"{record.get('host')}) that this store (identity {mine[:8]}, newest {newest['generation']}) does not hold: "
+            "two live stores; this world does not fence above it and stops (exit "
+            f"{exitcodes.SUPERSEDED}); see docs/rendezvous.md \"Two live stores\"")
 
 
 def same_run(saved: dict[str, Any], now: dict[str, Any]) -> dict[str, tuple[Any, Any]]:

@@ -62,16 +62,27 @@ def fence_world(env: DistEnv, run_dir: Path, restored: dict[str, Any] | None,
     round_env = os.environ.get(fence.ROUND_ENV)
     round_ = int(round_env) if round_env else None
     base = (ckpt.generation_of(restored), int(restored["step"])) if restored is not None else None
+    elsewhere: ckpt.ReplacedElsewhere | None = None
     while True:
         box = torch.tensor([-1], dtype=torch.int64, device=env.device)
         if env.is_main:
-            generation = ckpt.write_fence(run_dir, base, round_, lineage)
-            box[0] = -1 if generation is None else generation
+            try:
+                generation = ckpt.write_fence(run_dir, base, round_, lineage)
+                box[0] = -1 if generation is None else generation
+            except ckpt.ReplacedElsewhere as e:
+                elsewhere, box[0] = e, REPLACED_ELSEWHERE
         if env.distributed:
             dist.broadcast(box, src=0)
+        if int(box.item()) == REPLACED_ELSEWHERE:  # every rank stops with the same code, not only rank 0
+            raise elsewhere or ckpt.ReplacedElsewhere(f"rank 0 found {run_dir} fenced by another rendezvous store's "
+                                                      "world")
         if int(box.item()) >= 0:
             return int(box.item()), round_
         time.sleep(1.0)
+
+
+REPLACED_ELSEWHERE = -2
+"""What rank 0 broadcasts from :func:`fence_world` when another live store's world holds the run directory."""
 
 
 def hold_until_leased(env: DistEnv, run_dir: Path, generation: int, what: str) -> None:

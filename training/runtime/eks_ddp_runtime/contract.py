@@ -15,6 +15,11 @@ FABRIC_FAILED = 6
 AGENT_LOST = 7
 """A worker found its agent (the launcher process that holds its lease) gone: nothing can renew the lease, so the
 worker stops instead of waiting for ever. Not fatal: a new agent restarts the work."""
+SUPERSEDED = 8
+"""A worker found its world replaced by a newer world that another rendezvous store holds (two live stores over one
+run directory: the fence files on the shared volume say so, its own store does not). The worker stops; its agent does
+not restart it into its own store (that world would fence the live one out) and exits with this code. Not fatal: the
+Job retries the pod, and a new pod reaches the store the Service names."""
 FATAL = (CONFIG_ERROR, DIVERGED, BAD_INPUT)
 """The bundled trainer's codes no retry can fix: the pod failure policy fails the Job on them and the launcher does
 not restart the workers."""

@@ -25,6 +25,7 @@ from .contract import (  # noqa: F401 (each code: API, as exitcodes.<NAME>)
     FABRIC_FAILED,
     FATAL,
     FATAL_CODES_ENV,
+    SUPERSEDED,
     USAGE,
 )
 

@@ -13,6 +13,9 @@ see exitcodes.py and the Job's pod failure policy):
   module that cannot be imported, an exception at import): startfail.py; a retry would only repeat it;
 * **5** (BAD_INPUT) before any worker starts when the Job asks for its data set to be verified
   (``EKS_DDP_DATA_VERIFY``, dataset.py) and a file no longer matches the stage's manifest or pin;
+* **8** (SUPERSEDED) when a worker found its world replaced by a newer world that another rendezvous store holds
+  (two live stores over one run directory: the trainer's fences, training/eks_ddp_trainer/checkpoint.py): restarting
+  into this agent's store would fence the live world out, so it stops; the Job retries the pod;
 * **1** when the fault budget (``--max-restarts``) is spent. The rendezvous stays open: only a finished
   run closes it (rendezvous/handler.py), so a retried pod or the surviving agents carry on.
 
@@ -47,7 +50,7 @@ from torch.distributed.launcher import api as launcher_api
 from . import dataset, fence, fence_store, modules, runlogs, startfail
 from .clock_check import ClockSkewError, check_clock
 from .contract import RUN_DIR_ENV
-from .exitcodes import BAD_INPUT, fatal_codes
+from .exitcodes import BAD_INPUT, SUPERSEDED, fatal_codes
 from .keptlogs import KeptLogs, RunLogsSpecs, open_kept_logs
 from .rendezvous import handler as rendezvous
 from .rendezvous.etcd_backend import RendezvousConfigError, client_settings
@@ -111,6 +114,8 @@ class Agent(LocalElasticAgent):
     fatal_code: int | None = None
     fatal_cause: str | None = None
     """The error every local worker failed with before its first step (startfail.py), when that ended the run."""
+    superseded: bool = False
+    """A worker exited with SUPERSEDED: another store's world holds the run directory (checkpoint.py's fences)."""
     starts: int = 0
     """Worker starts of this agent: a start failure counts in the first only."""
     fatal_codes: frozenset[int] = fatal_codes({})
@@ -146,7 +151,13 @@ class Agent(LocalElasticAgent):
             fatal = sorted({f.exitcode for f in result.failures.values() if f.exitcode in self.fatal_codes})
             cause = None if fatal or self.starts != 1 else startfail.start_failure(
                 getattr(self._pcontext, "error_files", None) or {}, {f.local_rank for f in result.failures.values()})
-            if fatal:
+            if not fatal and any(f.exitcode == SUPERSEDED for f in result.failures.values()):
+                self.superseded = True
+                self._remaining_restarts = 0
+                log.error("a worker found its world replaced by a newer one that another rendezvous store holds "
+                          "(exit %s): not restarting it into this store, which would fence the live world out",
+                          SUPERSEDED)
+            elif fatal:
                 self.fatal_code = fatal[0]
                 self._remaining_restarts = 0  # _invoke_run then stops the workers and returns the failure
                 log.error("worker exited with fatal code %s (eks_ddp_runtime/exitcodes.py): not restarting", fatal[0])
@@ -243,6 +254,10 @@ def launch(config: launcher_api.LaunchConfig, entrypoint, args: list[str], kept:
     if agent.fatal_code is not None:
         why.append(f"a worker exited with fatal code {agent.fatal_code}: not restarted")
         return agent.fatal_code
+    if agent.superseded:
+        why.append(f"this world was replaced by one that another rendezvous store holds (exit {SUPERSEDED}): not "
+                   "restarted; a new pod joins through the store the Service names")
+        return SUPERSEDED
     log.error("fault budget spent (--max-restarts=%s); the rendezvous stays open for a retry", config.max_restarts)
     why.append(f"fault budget spent (--max-restarts={config.max_restarts})")
     return FAILED
