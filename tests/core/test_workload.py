@@ -50,6 +50,7 @@ def custom(**over) -> Workload:
     ({"image": "repo:latest"}, "image: got 'repo:latest'"),
     ({"data": "s3://b/p/"}, "data: got 's3://b/p/'"),
     ({"fatal_exit_codes": (0,)}, "fatal_exit_codes: got (0,)"),
+    ({"fatal_exit_codes": (3, 8)}, "fatal_exit_codes: got (3, 8); [8] are the runtime's own retryable codes"),
     ({"name": "Bert"}, "name: got 'Bert'"),
     ({"egress": "https"}, "egress: got 'https'; expected a tuple of Egress"),
     ({"egress": ("10.0.0.0/8:443",)}, "egress[0]: got '10.0.0.0/8:443'; expected Egress"),
@@ -154,7 +155,7 @@ def _pod(result, name="training-train") -> dict:
 def test_a_custom_workload_gets_the_same_pods_with_its_own_command_image_env_and_codes():
     base = dict(instance_type="p4de.24xlarge", efa=True, fabric_check=True)
     bundled = run_job(**base)
-    mine = run_job(**base, workload=custom(image=OTHER_IMAGE, fatal_exit_codes=(7,), data=S3Data(
+    mine = run_job(**base, workload=custom(image=OTHER_IMAGE, fatal_exit_codes=(9,), data=S3Data(
         uri="s3://my-data/wiki/", name="wiki")), data_role_arn=DATA_ROLE)
     [c] = _pod(mine)["containers"]
     cmd = c["command"]
@@ -176,8 +177,8 @@ def test_a_custom_workload_gets_the_same_pods_with_its_own_command_image_env_and
     # 2 and the runtime's 3/4/5 stay fatal (the launcher exits with them whatever the workload; 5 is also its
     # verdict on S3 data that fails its manifest), and the launcher gets the same set, so it stops at once where
     # the pod failure policy fails the Job.
-    assert policy[0]["onExitCodes"]["values"] == [2, 3, 4, 5, 7]
-    assert env["EKS_DDP_FATAL_EXIT_CODES"]["value"] == "2,3,4,5,7"
+    assert policy[0]["onExitCodes"]["values"] == [2, 3, 4, 5, 9]
+    assert env["EKS_DDP_FATAL_EXIT_CODES"]["value"] == "2,3,4,5,9"
     from eks_ddp_runtime import exitcodes
 
     assert exitcodes.fatal_codes({exitcodes.FATAL_CODES_ENV: env["EKS_DDP_FATAL_EXIT_CODES"]["value"]}) == \

@@ -22,10 +22,12 @@ from typing import Any, Literal
 from eks_ddp.core import rules
 from eks_ddp.core.launch_command import TRAIN_MODULE
 from eks_ddp_runtime.contract import (  # noqa: F401 (API) the runtime's contract, defined once (stdlib only)
+    AGENT_LOST,
     DATA_DIR_ENV,
     DATA_VERIFY_ENV,
     FATAL_CODES_ENV,
     RUN_DIR_ENV,
+    SUPERSEDED,
 )
 from eks_ddp_runtime.contract import FATAL as FATAL_EXIT_CODES
 from eks_ddp_trainer.config import ModelName, TrainerConfig
@@ -250,6 +252,12 @@ class Workload:
         if not self.fatal_exit_codes or not all(
                 isinstance(c, int) and not isinstance(c, bool) and 1 <= c <= 255 for c in self.fatal_exit_codes):
             p.append(f"fatal_exit_codes: got {self.fatal_exit_codes!r}; expected exit codes between 1 and 255")
+        elif reserved := sorted(set(self.fatal_exit_codes) & {AGENT_LOST, SUPERSEDED}):
+            # The Job fails on a fatal code, which would end the live world too: these say only that this pod's
+            # world is over (its agent is gone, or another store's world replaced it), and a retried pod rejoins.
+            p.append(f"fatal_exit_codes: got {self.fatal_exit_codes!r}; {reserved} are the runtime's own retryable "
+                     f"codes ({AGENT_LOST} agent lost, {SUPERSEDED} world replaced elsewhere); expected other codes "
+                     "between 1 and 255")
         if isinstance(self.egress, (str, bytes, Egress)) or not isinstance(self.egress, (tuple, list)):
             p.append(f"egress: got {self.egress!r}; expected a tuple of Egress (e.g. (Egress.internet(443),))")
         else:
