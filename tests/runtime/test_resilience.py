@@ -208,7 +208,7 @@ def test_asymmetric_partition_never_lets_two_worlds_commit(tmp_path, data_dir):
                 a.stop()
             etcd.kill()
 
-@pytest.mark.parametrize("timeouts", [ONE_AGENT_FIRST, pytest.param(CLUSTER_TIMEOUTS, marks=pytest.mark.long)],
+@pytest.mark.parametrize("timeouts", [ONE_AGENT_FIRST, pytest.param(CLUSTER_TIMEOUTS, marks=[pytest.mark.long, pytest.mark.timeout(1200)])],
                          ids=["first-round-2s", "cluster-first-round"])
 def test_two_live_stores_over_one_run_directory_never_let_two_worlds_commit(tmp_path, etcd_endpoint, jobs, data_dir,  # noqa: F811
                                                                             timeouts):
