@@ -251,3 +251,83 @@ def test_a_peers_time_from_an_older_read_never_brings_it_back(etcd_endpoint):  #
     bits, _, _ = me.set_state(pickle.dumps(stale), got[1])
     assert pickle.loads(bits).last_heartbeats[peer] == EPOCH
     assert not _client(etcd_endpoint).get_prefix(me.heartbeats + node_id(peer).encode())
+
+
+_SERIALIZE = r"""
+import json, sys
+from datetime import datetime, timezone
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc, _RendezvousState
+from eks_ddp_runtime.rendezvous import state as rdzv_state
+s = _RendezvousState()
+s.round, s.complete = 3, True
+t = datetime(2026, 12, 7, tzinfo=timezone.utc)
+nodes = [_NodeDesc(f"10.0.0.{i}", 100 + i, 0) for i in range(8)]
+for n in (nodes[:4] if sys.argv[1] == "a" else reversed(nodes[:4])):
+    s.participants[n] = nodes.index(n)
+    s.last_heartbeats[n] = t
+s.wait_list = set(nodes[4:6])
+s.redundancy_list = set(nodes[6:])
+print(json.dumps([rdzv_state.to_json(s).decode(), [n.pid for n in s.wait_list] + [n.pid for n in s.redundancy_list]]))
+"""
+
+
+def test_two_agents_with_other_hash_seeds_write_the_same_bytes_for_one_state():
+    """The backend recognises a heartbeat-only change by comparing the core it would write with the bytes it read;
+    sets iterate in per-process hash order and dicts in insertion order. Three processes with other hash seeds (as
+    the launcher runs them), two waiters and two spares, participants added in two orders: one value. The raw set
+    order those processes see is the negative control: it differs, which before made every keep-alive a
+    compare-and-set of the whole core (2.6 writes/s with two spares among six agents)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.support.etcd_server import ROOT
+
+    out = []
+    for seed, order in (("1", "a"), ("2", "b"), ("3", "a")):
+        env = {**os.environ, "PYTHONHASHSEED": seed,
+               "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT / "training" / "runtime"), os.environ.get("PYTHONPATH")) if p)}
+        proc = subprocess.run([sys.executable, "-c", _SERIALIZE, order], capture_output=True, text=True, env=env,
+                              timeout=120, check=True)
+        out.append(json.loads(proc.stdout))
+    assert len({value for value, _ in out}) == 1, out
+    assert len({tuple(raw) for _, raw in out}) > 1, out  # the sets' own orders differ across the processes
+
+
+def test_a_keepalive_that_loses_its_compare_and_set_still_renews_its_lease(etcd_endpoint, monkeypatch):  # noqa: F811
+    """Under contention a keep-alive's write may lose; its lease must be renewed all the same, or a waiting agent's
+    key lapses and it is dropped (11 of 31 leases expired during one re-form at N=32)."""
+    backends, nodes = _world(etcd_endpoint, 2)
+    got = backends[0].get_state()
+    state = pickle.loads(got[0])
+    _update(backends[1], lambda s: s.wait_list.add(_NodeDesc("10.0.9.9", 9, 0)))  # the core moves on: got is stale
+    state.last_heartbeats[nodes[0]] = _now()
+    state.wait_list.add(_NodeDesc("10.0.9.8", 8, 0))  # a change of the core: a compare-and-set, which loses
+    recorder = _Recorder(monkeypatch, backends[0])
+    _, _, ok = backends[0].set_state(pickle.dumps(state), got[1])
+    monkeypatch.undo()
+    assert not ok
+    assert [p for p, _, _ in recorder.calls].count("lease/keepalive") == 1, recorder.calls
+
+
+def test_a_joining_agent_grants_one_lease_for_many_lost_attempts_and_revokes_none(etcd_endpoint, monkeypatch):  # noqa: F811
+    """Each lost attempt of a joining agent granted a lease for its new heartbeat key and revoked it: two more
+    writes to the store per attempt while the fleet re-forms. Now the lease is kept for the next attempt."""
+    backends, _ = _world(etcd_endpoint, 2)
+    joiner = _backend(etcd_endpoint, backends[0].key.decode().rsplit("/", 1)[1])
+    node = _NodeDesc("10.0.8.1", 801, 0)
+    recorder = _Recorder(monkeypatch, joiner)
+    for _ in range(3):
+        got = joiner.get_state()
+        state = pickle.loads(got[0])
+        _update(backends[1], lambda s: s.wait_list.add(_NodeDesc("10.0.9.9", len(s.wait_list) + 1, 0)))
+        state.wait_list.add(node)
+        state.last_heartbeats[node] = _now()
+        _, _, ok = joiner.set_state(pickle.dumps(state), got[1])
+        assert not ok
+    calls = [p for p, _, _ in recorder.calls]
+    assert calls.count("lease/grant") == 1 and calls.count("lease/revoke") == 0, calls
+    _update(joiner, lambda s: (s.wait_list.add(node), s.last_heartbeats.__setitem__(node, _now())))
+    monkeypatch.undo()
+    assert node_id(node) in joiner._mine and node_id(node) in joiner.live

@@ -329,6 +329,8 @@ class EtcdV3Backend(RendezvousBackend):
         """Node ids whose heartbeat key existed at the last read."""
         self._live_max_create = 0
         self._mine: dict[str, _Beat] = {}
+        self._unused: dict[str, tuple[int, datetime.datetime, float]] = {}
+        """Leases granted for a node's new heartbeat key by an attempt that lost: (lease, sent, monotonic grant)."""
         self._reported: dict[Any, datetime.datetime] = {}
         self.core_writes = 0
         """Compare-and-sets sent on the core (the bench counts them)."""
@@ -469,9 +471,10 @@ class EtcdV3Backend(RendezvousBackend):
         dropped = [] if old is None else sorted({node_id(n) for n in old.last_heartbeats} - nids - beat_ids
                                                 - set(self._mine))
         compares = [compare(self.heartbeats + d.encode(), "CREATE", 0) for d in dropped]
-        fresh = {nid: c.lease_grant(self.heartbeat_ttl) for nid in sorted(beat_ids) if nid not in self._mine}
-        sent = datetime.datetime.now(datetime.timezone.utc)  # noqa: UP017
-        puts = [op_put(self.heartbeats + nid.encode(), b"", lease=lease) for nid, lease in fresh.items()]
+        # The send time before the grants: etcd counts a lease's TTL from its grant, so a time taken after it would
+        # make the lease look younger than it is (the lease in fence.py must never outlast the key).
+        fresh = {nid: self._unused_lease(c, nid) for nid in sorted(beat_ids) if nid not in self._mine}
+        puts = [op_put(self.heartbeats + nid.encode(), b"", lease=lease) for nid, (lease, _) in fresh.items()]
         reads = [op_range(self.key), op_range(self.heartbeats, prefix=True, keys_only=True)]
         state_lease = 0
         if revision is None:
@@ -483,19 +486,32 @@ class EtcdV3Backend(RendezvousBackend):
             compares.insert(0, compare(self.key, "MOD", revision))
             put = op_put(self.key, core, ignore_lease=True)
         self.core_writes += 1
-        ok, responses = c.txn(compares, [put, *puts, *reads], reads)
+        try:
+            ok, responses = c.txn(compares, [put, *puts, *reads], reads)
+        except EtcdAnswerError as e:
+            if e.code != 5 or not fresh:  # NOT_FOUND: a kept lease is gone (the store came back empty meanwhile)
+                raise
+            self._unused.clear()
+            self._get(c)
+            return self._current()
         if not ok:
-            for lease in [*fresh.values(), state_lease]:
-                if lease:
-                    with contextlib.suppress(etcd_client.EtcdError):
-                        c.lease_revoke(lease)
+            # The joining nodes' leases are kept for the next attempt (_unused_lease): a lost attempt neither
+            # grants nor revokes one. Only the state key's own lease, granted for a create that did not land, goes.
+            if state_lease:
+                with contextlib.suppress(etcd_client.EtcdError):
+                    c.lease_revoke(state_lease)
             self._absorb(c, responses[0], responses[1])
+            # A keep-alive renews this agent's own leases whatever its compare-and-set did: under contention (a
+            # re-forming fleet) a lost write must not also let its heartbeat key lapse, which would drop it.
+            for node in beats:
+                self._renew_only(c, node_id(node))
             # Back off a moment when many agents race for the one key (a re-forming fleet): each failed attempt
             # costs every agent a read, and the store a WAL entry.
             time.sleep(random.uniform(0, CAS_JITTER_S))
             return self._current()
-        for nid, lease in fresh.items():
+        for nid, (lease, sent) in fresh.items():
             self._mine[nid] = _Beat(lease, sent)
+            self._unused.pop(nid, None)
         kvs = etcd_client.kvs_of(responses[-2])
         if not kvs:  # the put applied and the key is gone within the same transaction: impossible
             raise etcd_client.EtcdError("etcd txn: the state key written is not there")
@@ -504,6 +520,35 @@ class EtcdV3Backend(RendezvousBackend):
             if node_id(node) not in fresh:
                 self._beat(c, node)
         return self._view(), self._rev, True
+
+    def _unused_lease(self, c: EtcdV3Client, nid: str) -> tuple[int, datetime.datetime]:
+        """A lease for node ``nid``'s new heartbeat key, with the wall time sent before it was granted (the key's
+        life counts from the grant, so that is the time its lease is judged by). One granted for an attempt that
+        lost its compare-and-set is used again while it has at least half its TTL left, so a node that joins a
+        contended store grants about one lease per half TTL, not one per attempt, and revokes none."""
+        unused = self._unused.get(nid)
+        if unused is not None and time.monotonic() - unused[2] < self.heartbeat_ttl / 2:
+            return unused[0], unused[1]
+        sent = datetime.datetime.now(datetime.timezone.utc)  # noqa: UP017
+        granted = time.monotonic()
+        lease = c.lease_grant(self.heartbeat_ttl)
+        self._unused[nid] = (lease, sent, granted)
+        return lease, sent
+
+    def _renew_only(self, c: EtcdV3Client, nid: str) -> None:
+        """Renew node ``nid``'s heartbeat lease if this backend holds a live one; nothing else (no grant, no write)."""
+        mine = self._mine.get(nid)
+        if mine is None:
+            return
+        sent = datetime.datetime.now(datetime.timezone.utc)  # noqa: UP017
+        try:
+            if c.lease_keepalive(mine.lease) > 0:
+                mine.sent = sent
+                return
+        except EtcdAnswerError as e:
+            if e.code != 5:  # NOT_FOUND: expired; anything else is an answer to pass on
+                raise
+        del self._mine[nid]  # expired: the next write that carries this node's heartbeat makes a new key
 
     def _current(self):
         """Not set: the state the store holds now. No key (it vanished under the compare-and-set: the store came back

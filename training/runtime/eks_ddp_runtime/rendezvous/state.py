@@ -87,10 +87,14 @@ def to_json(state: Any) -> bytes:
         "complete": _bool(state.complete, "complete"),
         "deadline": None if state.deadline is None else _time_out(state.deadline, "deadline"),
         "closed": _bool(state.closed, "closed"),
-        "participants": [[*_node_out(n), _int(rank, "rank")] for n, rank in state.participants.items()],
-        "wait_list": [_node_out(n) for n in state.wait_list],
-        "redundancy_list": [_node_out(n) for n in state.redundancy_list],
-        "last_heartbeats": [[*_node_out(n), _time_out(t, "heartbeat")] for n, t in state.last_heartbeats.items()],
+        # Every list in one canonical order (by address, pid, local id): a set iterates in its process's hash order
+        # (string hashes are randomized per process) and a dict in its insertion order, so two agents holding the
+        # same state would write different bytes, and the backend's "only heartbeats changed" test, a byte
+        # comparison with the core it read, would turn every keep-alive into a compare-and-set of the whole core.
+        "participants": sorted([*_node_out(n), _int(rank, "rank")] for n, rank in state.participants.items()),
+        "wait_list": sorted(_node_out(n) for n in state.wait_list),
+        "redundancy_list": sorted(_node_out(n) for n in state.redundancy_list),
+        "last_heartbeats": sorted([*_node_out(n), _time_out(t, "heartbeat")] for n, t in state.last_heartbeats.items()),
     }
     return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
 
