@@ -182,14 +182,62 @@ def test_history_records_wait_while_commits_are_refused_and_keep_their_order(tmp
     log = RunLog(tmp_path, enabled=True, tensorboard=False)
     log.gate = gate
     log.record("train", None, kind="step", step=1)
+    log.flush(wait=False)  # what its writer thread does; here, to look at the file at a known moment
     allowed["now"] = False  # the lease lapsed (a store outage): nothing is appended, nothing is lost
     log.record("train", None, kind="step", step=2)
     log.record("train", None, kind="step", step=3)
+    log.flush(wait=False)
     steps = lambda: [json.loads(line)["step"] for line in (tmp_path / "history.jsonl").read_text().splitlines()]  # noqa: E731
     assert steps() == [1]
     allowed["now"] = True
     log.record("train", None, kind="step", step=4)
+    log.flush(wait=False)
     assert steps() == [1, 2, 3, 4]
+    log.close()
+    assert steps() == [1, 2, 3, 4]
+
+
+def test_a_commit_check_that_hangs_never_holds_up_a_record(tmp_path):
+    """The history's check reads the run's store: a store that hangs held each step's record for the check's wait
+    (5 s), and a 5-minute hang stopped training. The check runs on the log's own thread now: here it blocks until
+    the test releases it, which the test can only do once record() has returned (a record that waited for the check
+    would find it unreleased after its 30 s timeout, the negative case)."""
+    import json
+    import threading
+
+    from eks_ddp_trainer.runlog import RunLog
+
+    released, outcomes = threading.Event(), []
+
+    def hanging_gate() -> None:
+        outcomes.append(released.wait(30))
+
+    log = RunLog(tmp_path, enabled=True, tensorboard=False)
+    log.gate = hanging_gate
+    for step in range(3):
+        log.record("train", None, kind="step", step=step)
+    released.set()
+    log.close()
+    assert outcomes and outcomes[0] is True, outcomes
+    lines = (tmp_path / "history.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [0, 1, 2]
+
+
+def test_an_error_of_the_history_check_reaches_the_training_thread(tmp_path):
+    """ReplacedElsewhere raised by the check on the log's thread stops the trainer at its next record (or close)."""
+    from eks_ddp_trainer.runlog import RunLog
+
+    def replaced() -> None:
+        raise ckpt.ReplacedElsewhere("another store's world")
+
+    log = RunLog(tmp_path, enabled=True, tensorboard=False)
+    log.gate = replaced
+    log.record("train", None, kind="step", step=1)
+    with pytest.raises(ckpt.ReplacedElsewhere):
+        for step in range(2, 2000):  # the writer thread's first try lands within one of these
+            log.record("train", None, kind="step", step=step)
+            log._writer.join(0.01)
+    assert not (tmp_path / "history.jsonl").exists()
 
 
 def _save_while_live_writes(run: Path, live: dict, other, monkeypatch) -> Path | None:

@@ -4,12 +4,20 @@ The history is a result: a record is appended only while this world may commit (
 agent holds the lease and no newer world has fenced the run directory). Records made meanwhile wait in memory,
 in order and with their own times, and are appended once commits are allowed again; a replaced world's are
 never written.
+
+The check reads the run's store (up to ``checkpoint.STORE_WAIT_S`` while it does not answer), so it runs on a
+thread of its own, never on the training path: a store that hangs for minutes costs no step, only the records'
+delay. An error the check raises there (``checkpoint.ReplacedElsewhere``: another store's world replaced this one)
+is raised in the training thread at its next record.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
+import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,7 +36,15 @@ class RunLog:
     def __init__(self, run_dir: Path, enabled: bool, tensorboard: bool) -> None:
         self.enabled = enabled
         self.path = run_dir / HISTORY_FILE
-        self._pending: list[str] = []
+        self._pending: deque[tuple[int, str]] = deque(maxlen=PENDING_MAX)
+        """(sequence number, line): the oldest are dropped beyond PENDING_MAX, whichever thread is appending."""
+        self._seq = itertools.count()
+        self._lock = threading.Lock()
+        """Held while records are appended to the file (by the writer thread, or by :meth:`flush`)."""
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+        self._writer: threading.Thread | None = None
         self.tb = None
         if enabled and tensorboard:
             try:
@@ -41,33 +57,58 @@ class RunLog:
     def record(self, event: str, line: str | None, **fields: Any) -> None:
         if not self.enabled:
             return
+        if self._error is not None:
+            e, self._error = self._error, None
+            raise e
         if line is not None:
             print(f"[{event}] {line}", flush=True)
-        self._pending.append(json.dumps({"event": event, "time": time.time(), **fields}) + "\n")
-        del self._pending[:-PENDING_MAX]
-        self.flush(wait=False)
+        self._pending.append((next(self._seq), json.dumps({"event": event, "time": time.time(), **fields}) + "\n"))
+        if self._writer is None:
+            self._writer = threading.Thread(target=self._write_loop, name="history-writer", daemon=True)
+            self._writer.start()
+        self._wake.set()
         if self.tb is not None and event == "train" and fields.get("kind") == "step":
             for k in ("loss", "acc", "lr", "img_s"):
                 self.tb.add_scalar(f"train/{k}", fields[k], fields["step"])
+
+    def _write_loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(0.5)  # also every half second: records refused earlier are retried
+            self._wake.clear()
+            try:
+                self.flush(wait=False)
+            except BaseException as e:  # handed to the training thread at its next record
+                self._error = e
+                return
 
     def flush(self, wait: bool) -> None:
         """Append the records made so far, when this world may (with ``wait``: once it may)."""
         from .checkpoint import CommitRefused
 
-        while self._pending:
-            try:
-                if self.gate is not None:
-                    self.gate()
-            except CommitRefused:
-                if not wait:
-                    return
-                time.sleep(0.5)
-                continue
-            with open(self.path, "a") as f:
-                f.write("".join(self._pending))
-            self._pending.clear()
+        with self._lock:
+            while self._pending:
+                try:
+                    if self.gate is not None:
+                        self.gate()
+                except CommitRefused:
+                    if not wait:
+                        return
+                    time.sleep(0.5)
+                    continue
+                batch = list(self._pending)
+                with open(self.path, "a") as f:
+                    f.write("".join(line for _, line in batch))
+                while self._pending and self._pending[0][0] <= batch[-1][0]:
+                    self._pending.popleft()
 
     def close(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._writer is not None:
+            self._writer.join()
+        if self._error is not None:
+            e, self._error = self._error, None
+            raise e
         if self.enabled:
             self.flush(wait=True)
         if self.tb is not None:
