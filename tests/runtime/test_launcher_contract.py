@@ -249,6 +249,23 @@ def test_an_agent_with_an_expired_certificate_exits_2_at_once_naming_it(etcd, tm
     assert certificate_problem("ssl_cert", good.cert) is None
 
 
+def test_a_certificate_about_to_expire_is_named_once_not_at_every_reconnect(etcd, caplog):
+    """The check runs whenever the store's client is set up again; with a certificate near its end every agent
+    logged the warning every 5 s. Once per certificate now; a second certificate is named too (the control)."""
+    import ssl
+
+    from eks_ddp_runtime.rendezvous import cert_check
+
+    good = client_tls(etcd)
+    not_after = ssl.cert_time_to_seconds(ssl._ssl._test_decode_cert(good.cert)["notAfter"])  # type: ignore[attr-defined]
+    with caplog.at_level("WARNING", logger=cert_check.__name__):
+        for _ in range(3):
+            assert cert_check.certificate_problem("ssl_cert", good.cert, now=not_after - 3600) is None
+        assert cert_check.certificate_problem("ca_cert", good.ca_cert, now=not_after - 3600) is None
+    said = [r.getMessage() for r in caplog.records if "expires" in r.getMessage()]
+    assert len(said) == 2 and "ssl_cert" in said[0] and "ca_cert" in said[1], said
+
+
 def test_a_node_clock_3_s_off_is_refused_and_an_exact_one_is_not(etcd):
     """R3: the clock check against the real store's Date header; a 3 s skew either way is named and refused."""
     from eks_ddp_runtime.clock_check import ClockSkewError, check_clock

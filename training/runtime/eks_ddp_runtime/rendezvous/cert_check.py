@@ -21,6 +21,7 @@ SOON_S = 7 * 24 * 3600.0
 """A certificate that ends within a week is logged at start (a ``pulumi up`` renews it)."""
 
 log = logging.getLogger(__name__)
+_warned: set[tuple[str, str, str]] = set()
 
 
 def certificate_problem(key: str, path: str, now: float | None = None) -> str | None:
@@ -43,7 +44,9 @@ def certificate_problem(key: str, path: str, now: float | None = None) -> str | 
     if now < not_before:
         return (f"rdzv-conf {key}: got {path!r}, a certificate not valid before {cert['notBefore']}; expected one "
                 "valid now (is this node's clock right?)")
-    if not_after - now < SOON_S:
+    if not_after - now < SOON_S and (key, path, cert["notAfter"]) not in _warned:
+        # Once per certificate: the check runs whenever the client is set up again (every reconnect).
+        _warned.add((key, path, cert["notAfter"]))
         log.warning("rdzv-conf %s: %s expires %s (in %.1f h): renew it (docs/day-two.md, \"The store's "
                     "certificates\")", key, path, cert["notAfter"], (not_after - now) / 3600)
     return None
