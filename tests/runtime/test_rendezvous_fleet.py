@@ -57,10 +57,10 @@ def _update(backend: EtcdV3Backend, change) -> _RendezvousState:
     raise AssertionError("no compare-and-set landed in 100 tries")
 
 
-def _world(etcd, n: int) -> tuple[list[EtcdV3Backend], list[_NodeDesc]]:
+def _world(etcd, n: int, ttl_s: float = 30.0) -> tuple[list[EtcdV3Backend], list[_NodeDesc]]:
     """``n`` agents (one backend each, as on n nodes) that joined one round and completed it."""
     run_id = f"fleet-{uuid.uuid4().hex[:10]}"
-    backends = [_backend(etcd, run_id) for _ in range(n)]
+    backends = [_backend(etcd, run_id, ttl_s) for _ in range(n)]
     nodes = [_NodeDesc(f"10.0.{i // 250}.{i % 250 + 1}", 1000 + i, 0) for i in range(n)]
 
     def join(node):
@@ -331,3 +331,90 @@ def test_a_joining_agent_grants_one_lease_for_many_lost_attempts_and_revokes_non
     _update(joiner, lambda s: (s.wait_list.add(node), s.last_heartbeats.__setitem__(node, _now())))
     monkeypatch.undo()
     assert node_id(node) in joiner._mine and node_id(node) in joiner.live
+
+
+def test_a_store_answering_3_s_late_lets_no_renewed_lease_lapse(etcd_endpoint, monkeypatch):  # noqa: F811
+    """Every request of both agents answered 3 s late (an fsync stall, a throttled store pod) for 9 s, more than
+    twice the 4 s TTL. Agent 0 renews from its own timer every TTL/3, renewals overlapping: its lease never
+    lapses, and it judges itself alive by etcd's answers. Agent 1 renews as torch's keep-alive op did, one
+    request after another (read, renewal, read): its lease lapses (the negative control; before, every agent was
+    agent 1, and at 1.2 s per request all four of a world dropped themselves)."""
+    import threading
+
+    backends, nodes = _world(etcd_endpoint, 2, ttl_s=4.0)
+    for backend, node in zip(backends, nodes, strict=True):
+        _beats(backend, node, 1)
+    leases = [b._mine[node_id(n)].lease for b, n in zip(backends, nodes, strict=True)]
+    backends[0].start_renewing()
+    checker = _client(etcd_endpoint)
+    for backend in backends:
+        client = backend._retry.client()
+        real = client.call
+
+        def late(path, body, real=real):
+            time.sleep(3.0)
+            return real(path, body)
+        monkeypatch.setattr(client, "call", late)
+    end = time.monotonic() + 9.0
+    stop = threading.Event()
+
+    def torch_keepalive() -> None:
+        while not stop.is_set():
+            try:
+                _beats(backends[1], nodes[1], 1)
+            except Exception:  # noqa: BLE001  (a re-made key, a lost write: the lapse is what is looked at)
+                pass
+            stop.wait(1.0)
+
+    sequential = threading.Thread(target=torch_keepalive, daemon=True)
+    sequential.start()
+    lapsed = [False, False]
+    try:
+        while time.monotonic() < end:
+            for i, lease in enumerate(leases):
+                # -1: gone (a live lease's last second reads as 0, which the gateway's JSON leaves out)
+                if int(checker.call("lease/timetolive", {"ID": str(lease)}).get("TTL", 0)) < 0:
+                    lapsed[i] = True
+            time.sleep(0.25)
+        assert backends[0].alive(nodes[0]), lapsed  # by etcd's answers, which came 3 s late
+    finally:
+        stop.set()
+        backends[0].stop_renewing()
+        monkeypatch.undo()
+        sequential.join(30)
+    assert lapsed == [False, True], lapsed
+    assert backends[0]._mine[node_id(nodes[0])].lease == leases[0]
+
+
+def test_an_agent_judges_itself_by_its_leases_answers_not_by_the_age_of_its_last_renewal(etcd_endpoint):  # noqa: F811
+    """torch's sanitize drops every node whose heartbeat time is older than the window, the agent itself included:
+    with a slow store its own last renewal's send time looks old while its key is there. The holder keeps it while
+    etcd's answers say its lease is alive, and gives the fence's lease the conservative time back; once the answers
+    say the lease is gone it is dropped (the control)."""
+    from datetime import timedelta
+
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
+        RendezvousSettings,
+        RendezvousTimeout,
+        _BackendRendezvousStateHolder,
+    )
+
+    backends, nodes = _world(etcd_endpoint, 1, ttl_s=4.0)
+    backend, node = backends[0], nodes[0]
+    settings = RendezvousSettings("r", 1, 2, RendezvousTimeout(), timedelta(seconds=1), 4)
+    holder = _BackendRendezvousStateHolder(backend, settings, 0.25)
+    holder.__class__ = handler_module._HealingStateHolder
+    holder.retry, holder.node = backend._retry, node
+    old = _now() - timedelta(seconds=10)
+
+    def sanitized() -> _RendezvousState:
+        holder._state = _RendezvousState()
+        holder._state.participants[node] = 0
+        holder._state.last_heartbeats[node] = old
+        holder._sanitize()
+        return holder._state
+
+    state = sanitized()
+    assert node in state.participants and state.last_heartbeats[node] == old
+    backend._mine[node_id(node)].expired = True  # a renewal answered: lease not found
+    assert node not in sanitized().participants

@@ -88,12 +88,14 @@ N = agents, S = the core's size, ~85 bytes per node + ~140 (eks_ddp.core.rendezv
 one HTTP POST to etcd's JSON gateway). Keys: the core at ``/torch/elastic/rendezvous/<run-id>``; each agent's
 heartbeat at ``/torch/elastic/rendezvous-heartbeat/<run-id>/<addr>|<pid>|<local id>`` (empty value) on its own lease,
 TTL ceil(k x keep_alive_max_attempt) (4 s on the cluster). tests/runtime/test_rendezvous_fleet.py pins the steady
-state: 3 requests per heartbeat, ~630 bytes sent each, no revision, the same at 4 and 12 agents.
+state: 3 requests per heartbeat (the backend without its renewer, as those tests build it), ~630 bytes sent each, no
+revision, the same at 4 and 12 agents.
 
 | when | request | etcd's WAL | bytes written |
 |---|---|---|---|
 | every k (torch's keep-alive timer), steady state | ``txn`` compare core mod_revision; ranges of the heartbeat prefix: ``count_only``, and keys created since the last read (``limit`` 1); read-only | none | 0 |
-| every k, right after | ``lease/keepalive`` of the agent's heartbeat lease, then the same read-only ``txn`` | none (a renewal is not a raft entry in etcd 3.5) | 0 |
+| every k, right after | the same read-only ``txn`` (with the renewer running, the op renews nothing itself) | none | 0 |
+| every 0.5 s (``RENEW_EVERY_S``, the renewer's own timer; overlapping while the store answers late) | ``lease/keepalive`` of the agent's heartbeat lease | none (a renewal is not a raft entry in etcd 3.5) | 0 |
 | every ~0.5 s (the monitor loop, ``num_nodes_waiting``; state cache 0.25 s) | the same read-only ``txn`` | none | 0 |
 | every 300 s | ``lease/keepalive`` of the state key's lease | none | 0 |
 | a heartbeat lease found expired | ``lease/grant`` + ``txn`` put own heartbeat key, read core and heartbeat keys | 2 entries | ~100 |
@@ -291,12 +293,89 @@ class Retrier:
 
 
 class _Beat:
-    """A heartbeat key this backend keeps alive: its etcd lease and the wall time of the last renewal sent."""
+    """A heartbeat key this backend keeps alive: its etcd lease, the wall time of the last renewal sent that etcd
+    answered, when an answer last came (monotonic) and whether etcd said the lease is gone."""
 
-    __slots__ = ("lease", "sent")
+    __slots__ = ("answered", "expired", "lease", "sent")
 
     def __init__(self, lease: int, sent: datetime.datetime) -> None:
         self.lease, self.sent = lease, sent
+        self.answered = time.monotonic()
+        self.expired = False
+
+    def renewed(self, sent: datetime.datetime) -> None:
+        self.sent = max(self.sent, sent)
+        self.answered = time.monotonic()
+
+
+RENEW_EVERY_S = 0.5
+"""How often a heartbeat lease is renewed (at most TTL/3). A renewal that reaches etcd late extends the lease from
+then, so when a store turns slow the gap between two renewals that land is this interval plus the new latency: at
+0.5 s a store that starts answering 3 s late leaves a 4 s lease 0.5 s to spare (etcd's own client renews at TTL/3,
+1.3 s here, which would leave none)."""
+
+
+class _Renewer:
+    """Renews a backend's own heartbeat leases from a timer of its own, as etcd's own client does (etcd-io/etcd
+    ``client/v3/lease.go`` ``recvKeepAlive``: the next keep-alive one third of the answered TTL after the answer), every
+    :meth:`interval` (:data:`RENEW_EVERY_S`, at most TTL/3), independent of torch's keep-alive op, its lock and the
+    reads. A renewal never waits for the one before: on a store that answers slowly (an fsync stall, a throttled pod)
+    they overlap, up to one TTL's worth, and each that lands extends the lease. A renewal that fails, or whose answer
+    takes longer than TTL/3, counts as a store failure for the handler's outage grace (``Retrier.last_failure``)."""
+
+    def __init__(self, backend: EtcdV3Backend) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.backend = backend
+        self.most = math.ceil(backend.heartbeat_ttl / self.interval())
+        """Renewals of one lease in flight at most: those sent within one TTL (later ones could not save it)."""
+        self.pool = ThreadPoolExecutor(max_workers=self.most, thread_name_prefix="rdzv-renew")
+        self.inflight: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._tick, name="rdzv-renew-timer", daemon=True)
+        self.thread.start()
+
+    def _tick(self) -> None:
+        while True:
+            for nid, mine in list(self.backend._mine.items()):
+                with self._lock:
+                    if mine.expired or self.inflight.get(nid, 0) >= self.most:
+                        continue
+                    self.inflight[nid] = self.inflight.get(nid, 0) + 1
+                self.pool.submit(self._renew, nid, mine)
+            if self.stop.wait(self.interval()):
+                return
+
+    def interval(self) -> float:
+        return min(RENEW_EVERY_S, self.backend.heartbeat_ttl / 3)
+
+    def _renew(self, nid: str, mine: _Beat) -> None:
+        retry = self.backend._retry
+        sent = datetime.datetime.now(datetime.timezone.utc)  # noqa: UP017
+        started = time.monotonic()
+        try:
+            ttl = retry.client().lease_keepalive(mine.lease)
+            if ttl > 0:
+                mine.renewed(sent)
+            else:
+                mine.expired = True
+        except EtcdAnswerError as e:
+            if e.code == 5:  # NOT_FOUND: expired
+                mine.expired = True
+            else:
+                retry.last_failure = time.monotonic()
+        except Exception:  # noqa: BLE001  (no answer: an outage, which the handler's own calls ride out)
+            retry.last_failure = time.monotonic()
+        finally:
+            if time.monotonic() - started > self.backend.heartbeat_ttl / 3:
+                retry.last_failure = time.monotonic()  # slow: the outage grace covers it as it covers a failure
+            with self._lock:
+                self.inflight[nid] = max(0, self.inflight.get(nid, 1) - 1)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.pool.shutdown(wait=False)
 
 
 def node_id(node: Any) -> str:
@@ -330,6 +409,7 @@ class EtcdV3Backend(RendezvousBackend):
         self._live_max_create = 0
         self._mine: dict[str, _Beat] = {}
         self._unused: dict[str, tuple[int, datetime.datetime, float]] = {}
+        self._renewer: _Renewer | None = None
         """Leases granted for a node's new heartbeat key by an attempt that lost: (lease, sent, monotonic grant)."""
         self._reported: dict[Any, datetime.datetime] = {}
         self.core_writes = 0
@@ -338,6 +418,25 @@ class EtcdV3Backend(RendezvousBackend):
     @property
     def name(self) -> str:
         return self._name
+
+    def start_renewing(self) -> None:
+        """Renew this backend's own heartbeat leases from a timer of their own (:class:`_Renewer`); torch's
+        keep-alive op then only creates keys, never renews them. Idempotent."""
+        if self._renewer is None:
+            self._renewer = _Renewer(self)
+
+    def stop_renewing(self) -> None:
+        if self._renewer is not None:
+            self._renewer.close()
+            self._renewer = None
+
+    def alive(self, node: Any) -> bool:
+        """Whether ``node`` is this backend's and, by etcd's last answers, its heartbeat lease is alive: the last
+        renewal answered found it, and an answer came within its TTL. An agent judges itself by this, not by the age
+        of its last renewal's send time, which a slow store makes look old while the key is there."""
+        mine = self._mine.get(node_id(node))
+        return (mine is not None and not mine.expired
+                and time.monotonic() - mine.answered < self.heartbeat_ttl)
 
     @property
     def heartbeat_ttl(self) -> int:
@@ -426,9 +525,13 @@ class EtcdV3Backend(RendezvousBackend):
         core = rdzv_state.to_json(new)
         current = type(token) is int and token > 0 and token == self._rev and self._core is not None
         if current and core == self._core:
-            # Only heartbeats changed: renew their leases (no write to the core, no WAL entry in etcd).
+            # Only heartbeats changed: renew their leases (no write to the core, no WAL entry in etcd). With the
+            # renewer running, a live lease of this backend's is its business: only a missing or expired one is
+            # made here.
             for node in beats:
-                self._beat(c, node)
+                mine = self._mine.get(node_id(node))
+                if self._renewer is None or mine is None or mine.expired:
+                    self._beat(c, node)
             got = self._get(c)  # the read-only check: the core may have moved or vanished meanwhile
             if got is None:
                 return self._current()
@@ -447,7 +550,7 @@ class EtcdV3Backend(RendezvousBackend):
                     raise
                 alive = False
             if alive:
-                mine.sent = sent  # the lease never lapsed: the key stayed, so no peer can have dropped this node
+                mine.renewed(sent)  # the lease never lapsed: the key stayed, so no peer can have dropped this node
                 return
             del self._mine[nid]
         # No live lease (first beat, or it expired while this agent could not reach the store): a new one, with
@@ -543,7 +646,7 @@ class EtcdV3Backend(RendezvousBackend):
         sent = datetime.datetime.now(datetime.timezone.utc)  # noqa: UP017
         try:
             if c.lease_keepalive(mine.lease) > 0:
-                mine.sent = sent
+                mine.renewed(sent)
                 return
         except EtcdAnswerError as e:
             if e.code != 5:  # NOT_FOUND: expired; anything else is an answer to pass on

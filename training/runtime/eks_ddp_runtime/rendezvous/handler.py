@@ -141,6 +141,21 @@ class _HealingStateHolder(_BackendRendezvousStateHolder):
         if time.monotonic() - self.retry.last_failure < grace:
             self._dead_nodes: list[Any] = []
             return
+        # This agent judges itself by etcd's answers to its lease renewals (EtcdV3Backend.alive), not by the age of
+        # its last renewal's send time, which a store that answers slowly makes look older than the window while the
+        # key is there: torch would drop it from the state, and it would restart its workers. The time torch keeps
+        # for it (what the fence's lease is computed from) is put back after torch's pass.
+        heartbeats = self._state.last_heartbeats
+        own = heartbeats.get(self.node) if self.node is not None else None
+        backend = self._backend
+        if own is not None and isinstance(backend, EtcdV3Backend) and backend.alive(self.node):
+            heartbeats[self.node] = datetime.now(timezone.utc)  # noqa: UP017
+            try:
+                super()._sanitize()
+            finally:
+                if self.node in heartbeats:
+                    heartbeats[self.node] = own
+            return
         super()._sanitize()
 
 
@@ -228,6 +243,9 @@ class ElasticHandler(DynamicRendezvousHandler):
             super()._keep_alive()
 
     def shutdown(self) -> bool:
+        backend = self._state_holder._backend
+        if isinstance(backend, EtcdV3Backend):
+            backend.stop_renewing()  # from here on this node's key lapses within its TTL, as the run expects
         if not ElasticHandler.close_allowed:
             # Stop heart-beating only: peers drop this node after the keep-alive window and carry on.
             self._stop_heartbeats()
@@ -252,25 +270,28 @@ def _create(params: RendezvousParameters, *, key_prefix: str = KEY_PREFIX, store
     handler = create_handler(store, backend, params)
     compat.require(handler, "_state_holder", "_op_executor", "_heartbeat_lock", "_this_node", "_stop_heartbeats",
                    "_keep_alive", "_settings")
-    compat.require(handler._state_holder, "_sanitize", "_settings", "_dead_nodes", "_cache_duration")
+    compat.require(handler._state_holder, "_sanitize", "_settings", "_dead_nodes", "_cache_duration", "_backend",
+                   "_state")
     compat.require(handler._op_executor, "_settings", "_add_to_participants")
     # Same object layouts; only the overridden methods differ.
     handler.__class__ = ElasticHandler
     handler._state_holder.__class__ = _HealingStateHolder
     handler._state_holder.retry = retry
+    handler._state_holder.node = handler._this_node
     handler._op_executor.__class__ = _ConvergingOpExecutor
     lease = fence.agent_lease()
     if lease is not None:  # the launcher publishes a lease to its workers: valid for the drop window less one beat
         s = handler._settings
         lease.configure((s.keep_alive_interval * s.keep_alive_max_attempt).total_seconds(),
                         s.keep_alive_interval.total_seconds())
-        handler._state_holder.lease, handler._state_holder.node = lease, handler._this_node
+        handler._state_holder.lease = lease
     s = handler._settings
     # A node's heartbeat key lives as long as torch's drop window after its last renewal (etcd_backend.py).
     backend.heartbeat_ttl_s = (s.keep_alive_interval * s.keep_alive_max_attempt).total_seconds()
     handler.retry = retry
     handler.first_round_s = first_round_s
     handler._state_holder._cache_duration = SYNC_POLL_S
+    backend.start_renewing()
     return handler
 
 
