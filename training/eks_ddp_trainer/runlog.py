@@ -45,6 +45,9 @@ class RunLog:
         self._stop = threading.Event()
         self._error: BaseException | None = None
         self._writer: threading.Thread | None = None
+        self._writing = False
+        """Whether a writer thread runs (changed under ``_state`` only, with the check of what is pending)."""
+        self._state = threading.Lock()
         self.tb = None
         if enabled and tensorboard:
             try:
@@ -63,23 +66,33 @@ class RunLog:
         if line is not None:
             print(f"[{event}] {line}", flush=True)
         self._pending.append((next(self._seq), json.dumps({"event": event, "time": time.time(), **fields}) + "\n"))
-        if self._writer is None:
-            self._writer = threading.Thread(target=self._write_loop, name="history-writer", daemon=True)
-            self._writer.start()
+        with self._state:
+            if not self._writing and not self._stop.is_set():
+                self._writing = True
+                self._writer = threading.Thread(target=self._write_loop, name="history-writer", daemon=True)
+                self._writer.start()
         self._wake.set()
         if self.tb is not None and event == "train" and fields.get("kind") == "step":
             for k in ("loss", "acc", "lr", "img_s"):
                 self.tb.add_scalar(f"train/{k}", fields[k], fields["step"])
 
     def _write_loop(self) -> None:
-        while not self._stop.is_set():
+        """Runs while records wait, then ends (the next record starts another): a trainer that exits on an error
+        (exitcodes.exit_process drains its side threads) never waits for an idle writer."""
+        while True:
             self._wake.wait(0.5)  # also every half second: records refused earlier are retried
             self._wake.clear()
             try:
                 self.flush(wait=False)
             except BaseException as e:  # handed to the training thread at its next record
                 self._error = e
+                with self._state:
+                    self._writing = False
                 return
+            with self._state:
+                if not self._pending or self._stop.is_set():
+                    self._writing = False
+                    return
 
     def flush(self, wait: bool) -> None:
         """Append the records made so far, when this world may (with ``wait``: once it may)."""
