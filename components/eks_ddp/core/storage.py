@@ -12,6 +12,9 @@ FSX_THROUGHPUTS = (125, 250, 500, 1000)
 LUSTRE_PORTS = ((988, 988), (1018, 1023))
 """TCP ports Lustre clients and the file servers use (FSx for Lustre user guide, "File system access control with
 Amazon VPC": inbound 988 and 1018-1023 from the clients and from the file system's own security group)."""
+LUSTRE_VERSION = "2.15"
+"""Lustre version of the stack's FSx file system (``file_system_type_version``) and of the client the nodes install
+(``infra.node_user_data.lustre_client_script``): declared once, so the two cannot drift."""
 
 EFS_TRANSITION_DAYS = ("AFTER_1_DAY", "AFTER_7_DAYS", "AFTER_14_DAYS", "AFTER_30_DAYS", "AFTER_60_DAYS",
                        "AFTER_90_DAYS", "AFTER_180_DAYS", "AFTER_270_DAYS", "AFTER_365_DAYS")

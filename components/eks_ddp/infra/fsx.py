@@ -66,7 +66,7 @@ BACKUP_ID = re.compile(r"^backup-[0-9a-f]{8,}$")
 """FSx's backup id pattern (FSx API reference, ``Backup.BackupId``: ``^(backup-[0-9a-f]{8,})$``)."""
 FINAL_BACKUP_TAG = "eks-ddp/final-backup"
 """Tag of the final backup destroy takes (its value: the stack's storage name); ``aws fsx describe-backups`` finds it."""
-LUSTRE_VERSION = "2.15"
+LUSTRE_VERSION = storage_rules.LUSTRE_VERSION
 MOUNT_OPTIONS = ("flock",)
 """The driver's static-provisioning example mounts with ``flock`` (POSIX locks across nodes)."""
 LAYOUT_ROOT = "/fsx"

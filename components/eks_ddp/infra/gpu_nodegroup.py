@@ -44,6 +44,8 @@ Every property is set here, where it can be read and tested:
   NotReady or that the ``eks-node-monitoring-agent`` add-on reports unhealthy
   (``AcceleratedHardwareReady`` for GPU XID/ECC/NVLink faults). In a reservation or
   capacity block at most one node is repaired at a time (:func:`node_repair_config`).
+* The Lustre client (``lustre_client``, stacks on FSx for Lustre): installed by the node's own user data
+  (:mod:`eks_ddp.infra.node_user_data`).
 * Single-zone groups (EFA, a reservation, or an explicit ``availability_zone``)
   use only the private subnet of that zone; others use every private subnet.
 """
@@ -59,7 +61,7 @@ import pulumi_aws as aws
 
 from eks_ddp.core import catalog, k8s_versions, rules, scheduling
 from eks_ddp.core.types import CapacityType, LocalStorage
-from eks_ddp.infra.node_user_data import MEMLOCK_BYTES, node_config_user_data  # noqa: F401 (MEMLOCK_BYTES: as before)
+from eks_ddp.infra.node_user_data import MEMLOCK_BYTES, node_config_user_data, node_user_data  # noqa: F401 (as before)
 
 GPU_AMI_TYPE = "AL2023_x86_64_NVIDIA"
 GPU_TAINT_KEY = "nvidia.com/gpu"
@@ -135,6 +137,9 @@ class GpuNodeGroupArgs:
     local_storage: LocalStorage = "RAID0"
     """``RAID0``: the type's NVMe instance store (catalog ``local_nvme_gb``) as one RAID0 array for images and
     scratch (nodeadm ``localStorage``); ``none``: everything on the root volume. No effect on a type without one."""
+    lustre_client: bool = False
+    """Install the Lustre client at boot (``infra.node_user_data.lustre_client_script``): the stack's shared storage is
+    FSx for Lustre, which the nodes mount (the AL2023 NVIDIA AMI has no Lustre client)."""
 
 
 def validate(args: GpuNodeGroupArgs) -> catalog.InstanceType:
@@ -361,7 +366,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
             instance_type=args.instance_type if capacity_block else None,
             tag_specifications=[aws.ec2.LaunchTemplateTagSpecificationArgs(
                 resource_type="instance", tags={**self._tags, "Name": f"{name}"})],
-            user_data=node_config_user_data(efa=args.efa, raid0=uses_raid0(args, it)),
+            user_data=node_user_data(efa=args.efa, raid0=uses_raid0(args, it), lustre_client=args.lustre_client),
             update_default_version=True,
             tags=self._tags,
             opts=child)
