@@ -11,8 +11,9 @@ it. The workloads see exactly what they see on EFS: the same claims (``<claim>-d
   subnet and security group (EC2 refuses to delete a subnet or group an interface still uses, and an FSx file
   system cannot move to another VPC): with ``retain_on_destroy`` the delete takes a final backup
   (``skip_final_backup=False``, tagged ``eks-ddp/final-backup``) and the key stays, so a later ``up`` restores the
-  data with ``backup_id`` (``storage.fsxBackupId``). The destroy contract (``tooling.contracts.destroy``) checks
-  that nothing kept sits inside what destroy deletes;
+  data with ``backup_id`` (``storage.fsxBackupId``). Create, update and delete wait as long as a backup of the
+  capacity takes (``core.storage.fsx_timeouts``: hours, where the provider's default is 30 minutes). The destroy
+  contract (``tooling.contracts.destroy``) checks that nothing kept sits inside what destroy deletes;
 * a security group admitting TCP 988 and 1018-1023 (``core.storage.LUSTRE_PORTS``) from the cluster's node
   security group and from itself (the file servers talk to each other), nothing else inbound; outbound open, as
   the EKS user guide's FSx page leaves it ("You can leave the outbound rules alone to allow All traffic"); and the
@@ -201,7 +202,8 @@ class FsxLustreStore(pulumi.ComponentResource):
             final_backup_tags={**tags, FINAL_BACKUP_TAG: name} if args.retain_on_destroy else None,
             tags={**tags, "Name": f"{name}-shared"},
             # backupId matters only at creation: dropping the key after a restore must not replace the file system
-            opts=pulumi.ResourceOptions(parent=self, ignore_changes=["backupId"]))
+            opts=pulumi.ResourceOptions(parent=self, ignore_changes=["backupId"], custom_timeouts=pulumi.CustomTimeouts(
+                **storage_rules.fsx_timeouts(args.storage_capacity_gib, restoring=args.backup_id is not None))))
 
         base = pulumi.Output.concat("eks-ddp/", args.namespace, f"/{args.claim_name}")
         associations = [aws.fsx.DataRepositoryAssociation(
