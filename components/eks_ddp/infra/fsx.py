@@ -68,6 +68,15 @@ BACKUP_ID = re.compile(r"^backup-[0-9a-f]{8,}$")
 FINAL_BACKUP_TAG = "eks-ddp/final-backup"
 """Tag of the final backup destroy takes (its value: the stack's storage name); ``aws fsx describe-backups`` finds it."""
 LUSTRE_VERSION = storage_rules.LUSTRE_VERSION
+DEPLOYMENT_TYPE = "PERSISTENT_2"
+STORAGE_TYPE = "SSD"
+LUSTRE_SG_DESCRIPTION = "Lustre (TCP 988, 1018-1023) from cluster nodes and the file servers"
+"""The file system's security group's description: ForceNew on ``aws_security_group``, and the group's id is ForceNew
+on the file system, so preflight compares the live group's with it (``tooling.preflight.fsx``)."""
+RESTORED_FROM_TAG = "eks-ddp/restored-from"
+"""Tag of a file system created from a backup (its value: the backup id): FSx does not report a file system's source
+backup, and preflight needs it to tell ``storage.fsxBackupId`` left in place after a restore (fine) from one set on a
+file system that already exists (ignored by the provider: refused)."""
 MOUNT_OPTIONS = ("flock",)
 """The driver's static-provisioning example mounts with ``flock`` (POSIX locks across nodes)."""
 LAYOUT_ROOT = "/fsx"
@@ -172,7 +181,7 @@ class FsxLustreStore(pulumi.ComponentResource):
         keep = pulumi.ResourceOptions(parent=self, retain_on_delete=args.retain_on_destroy)  # the key: not in a VPC
 
         sg = aws.ec2.SecurityGroup(f"{name}-lustre", vpc_id=args.vpc_id,
-                                   description="Lustre (TCP 988, 1018-1023) from cluster nodes and the file servers",
+                                   description=LUSTRE_SG_DESCRIPTION,
                                    tags={**tags, "Name": f"{name}-lustre"}, opts=child)
         for source, ref in (("nodes", args.node_security_group_id), ("self", sg.id)):
             for low, high in storage_rules.LUSTRE_PORTS:
@@ -193,14 +202,14 @@ class FsxLustreStore(pulumi.ComponentResource):
         key = aws.kms.Key(f"{name}-fsx", description=f"FSx for Lustre encryption for {name}", enable_key_rotation=True,
                           deletion_window_in_days=30, tags=tags, opts=keep)
         fs = aws.fsx.LustreFileSystem(
-            f"{name}-fsx", deployment_type="PERSISTENT_2", storage_type="SSD",
+            f"{name}-fsx", deployment_type=DEPLOYMENT_TYPE, storage_type=STORAGE_TYPE,
             storage_capacity=args.storage_capacity_gib, per_unit_storage_throughput=args.throughput_per_tib,
             subnet_ids=args.subnet_id, security_group_ids=[sg.id], kms_key_id=key.arn,
             file_system_type_version=LUSTRE_VERSION, data_compression_type="LZ4",
             log_configuration=aws.fsx.LustreFileSystemLogConfigurationArgs(level="WARN_ERROR"),
             backup_id=args.backup_id, skip_final_backup=not args.retain_on_destroy,
             final_backup_tags={**tags, FINAL_BACKUP_TAG: name} if args.retain_on_destroy else None,
-            tags={**tags, "Name": f"{name}-shared"},
+            tags={**tags, "Name": f"{name}-shared", **({RESTORED_FROM_TAG: args.backup_id} if args.backup_id else {})},
             # backupId matters only at creation: dropping the key after a restore must not replace the file system
             opts=pulumi.ResourceOptions(parent=self, ignore_changes=["backupId"], custom_timeouts=pulumi.CustomTimeouts(
                 **storage_rules.fsx_timeouts(args.storage_capacity_gib, restoring=args.backup_id is not None))))

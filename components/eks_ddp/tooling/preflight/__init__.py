@@ -30,6 +30,10 @@ With an EKS client and the cluster name it also checks what the stack already ru
 (:mod:`eks_ddp.tooling.preflight.live`): the cluster name's owner, the version step, resizes
 against live desired sizes, and this cluster's own nodes (not counted twice).
 
+On an FSx for Lustre stack it also checks the backup ``storage.fsxBackupId`` restores, and refuses a change that
+would replace the live file system with an empty one unless ``storage.fsxReplace`` names it
+(:mod:`eks_ddp.tooling.preflight.fsx`).
+
 With ECR clients it also checks that every ECR image the stack names (``image.prebuilt``,
 ``runs[i].workload.image``) exists by its digest (:mod:`eks_ddp.tooling.preflight.images`).
 
@@ -39,7 +43,9 @@ ec2:DescribeInstanceTypeOfferings, ec2:DescribeInstanceTypes, ec2:DescribeInstan
 ec2:DescribeCapacityReservations, ec2:DescribePlacementGroups, ec2:DescribeVpcs, ec2:DescribeAddresses,
 servicequotas:GetServiceQuota,
 servicequotas:GetAWSDefaultServiceQuota; for stacks that name buckets (components/eks_ddp/tooling/preflight/s3.py) also
-sts:GetCallerIdentity, s3:ListBucket (HeadBucket), s3:GetEncryptionConfiguration, kms:DescribeKey.
+sts:GetCallerIdentity, s3:ListBucket (HeadBucket), s3:GetEncryptionConfiguration, kms:DescribeKey; for FSx for Lustre
+stacks (components/eks_ddp/tooling/preflight/fsx.py) also fsx:DescribeBackups, fsx:DescribeFileSystems,
+ec2:DescribeSecurityGroups.
 """
 
 

@@ -15,11 +15,12 @@ from eks_ddp.config import StackConfig, choose_zones
 from eks_ddp.core import catalog, k8s_versions
 from eks_ddp.infra.network import EKS_UNSUPPORTED_ZONE_IDS
 from eks_ddp.tooling import cli_version
+from eks_ddp.tooling.preflight import fsx as preflight_fsx
 from eks_ddp.tooling.preflight import images as preflight_images
 from eks_ddp.tooling.preflight import live as preflight_live
 from eks_ddp.tooling.preflight import s3 as preflight_s3
 from eks_ddp.tooling.preflight.capacity import CapacityChecks
-from eks_ddp.tooling.preflight.clients import clients, clients_sts, ecr_clients, logs_client
+from eks_ddp.tooling.preflight.clients import clients, clients_sts, ecr_clients, fsx_client, logs_client
 from eks_ddp.tooling.preflight.network_quotas import NetworkQuotaChecks
 from eks_ddp.tooling.preflight.s3 import S3Checks
 
@@ -310,14 +311,16 @@ class _Checker(CapacityChecks, NetworkQuotaChecks, S3Checks):
 def check(cfg: StackConfig, *, ec2: Any, quotas: Any, today: dt.date | None = None, eks: Any = None,
           cluster_name: str | None = None, stack_id: str | None = None, logs: Any = None,
           organization: str | None = None, ecr: Callable[[str], Any] | None = None, s3: Any = None, kms: Any = None,
-          sts: Any = None, caller_sts: Any = None, egress_ip: Callable[[], str | None] | None = None) -> Report:
+          sts: Any = None, caller_sts: Any = None, egress_ip: Callable[[], str | None] | None = None,
+          fsx: Any = None) -> Report:
     """Run every preflight check with the given boto3 ``ec2`` and ``service-quotas`` clients; with ``eks`` and
     ``cluster_name`` also the checks against what this stack already runs (:mod:`eks_ddp.tooling.preflight.live`);
     with ``s3`` (and ``kms``, ``sts``) the buckets the stack names (:mod:`eks_ddp.tooling.preflight.s3`).
     ``stack_id`` (``<organization>/<project>/<stack>``) is the cluster's owner tag. ``ecr(region)`` gives an
     ECR client of a region: with it, every ECR image the stack names must exist (:mod:`eks_ddp.tooling.preflight.images`).
     ``caller_sts`` (who runs this update) and ``egress_ip`` (this machine's public IP) check that this machine
-    reaches a live cluster's API endpoint."""
+    reaches a live cluster's API endpoint. With ``fsx`` (an FSx client) on an FSx for Lustre stack: the backup a
+    restore names, and what this ``up`` would do to the live file system (:mod:`eks_ddp.tooling.preflight.fsx`)."""
     c = _Checker(cfg, ec2, quotas, cluster_name)
     # Extended support bills the control plane $0.60/h instead of $0.10/h: say so before anything is created.
     notice = k8s_versions.support_notice(cfg.cluster.kubernetes_version, cfg.cluster.upgrade_policy,
@@ -338,7 +341,24 @@ def check(cfg: StackConfig, *, ec2: Any, quotas: Any, today: dt.date | None = No
         preflight_images.check_images(c, ecr)
     if s3 is not None:
         c.check_s3(s3, kms, sts)
+    if fsx is not None and preflight_fsx.needed(cfg):
+        preflight_fsx.check_backup(c, fsx)
+        vpc_id = _own_cluster_vpc(c, eks, cluster_name, stack_id) if eks is not None and cluster_name else None
+        if vpc_id:
+            preflight_fsx.check_live_file_system(c, fsx, ec2, vpc_id, zones)
     return c.report
+
+
+def _own_cluster_vpc(c: _Checker, eks: Any, cluster_name: str, stack_id: str | None) -> str | None:
+    """The VPC of this stack's live cluster (None: no cluster yet, or another stack's)."""
+    found = c.attempt("eks", "DescribeCluster", f"whether cluster {cluster_name} exists",
+                      lambda: preflight_live.describe_cluster(eks, cluster_name))
+    if not found:
+        return None
+    owner = (found.get("tags") or {}).get(preflight_live.STACK_TAG)
+    if owner is not None and stack_id is not None and owner not in (stack_id, preflight_live.legacy_owner(stack_id)):
+        return None
+    return (found.get("resourcesVpcConfig") or {}).get("vpcId")
 
 
 
@@ -365,6 +385,12 @@ def run_or_raise(cfg: StackConfig, *, profile: str | None = None, ec2: Any = Non
         ecr = ecr or ecr_clients(profile)
         logs = logs or logs_client(cfg.region, profile)
         egress_ip = preflight_live.checkip
+    fsx = None
+    if preflight_fsx.needed(cfg):
+        try:
+            fsx = fsx_client(cfg.region, profile)
+        except BotoCoreError as err:
+            pulumi.log.warn(f"preflight: could not create an FSx client ({err}); the file system was not checked")
     s3 = kms = sts = None
     if preflight_s3.needed(cfg):  # buckets named in the stack: data sets, extra buckets, the results bucket
         try:
@@ -373,7 +399,7 @@ def run_or_raise(cfg: StackConfig, *, profile: str | None = None, ec2: Any = Non
             pulumi.log.warn(f"preflight: could not create S3 clients ({err}); the buckets were not checked")
     report = check(cfg, ec2=ec2, quotas=quotas, eks=eks, cluster_name=cluster_name, stack_id=stack_id, logs=logs,
                    organization=organization, ecr=ecr, s3=s3, kms=kms, sts=sts, caller_sts=caller_sts,
-                   egress_ip=egress_ip)
+                   egress_ip=egress_ip, fsx=fsx)
     if too_old := cli_version.problem():
         report.failures.append(too_old)
     for message in report.warnings:
