@@ -331,3 +331,13 @@ def test_the_file_system_waits_as_long_as_a_backup_of_its_capacity_takes(fsx_res
                for gib in (1200, 2400, 4800))
     other = fsx_result.one("aws:ec2/securityGroup:SecurityGroup", "storage-lustre")
     assert other.custom_timeouts == {}  # the mocks record only what a resource sets
+
+
+def test_a_restored_file_system_names_its_backup_in_a_tag(fsx_result, dev_result):
+    """Preflight tells fsxBackupId left in place after a restore from one set on a file system that already exists by
+    this tag (FSx does not report a file system's source backup); a file system not restored carries none."""
+    from eks_ddp.infra.fsx import RESTORED_FROM_TAG
+
+    assert fsx_result.one(FS).inputs["tags"][RESTORED_FROM_TAG] == BACKUP
+    fresh = run(set_path(stack_config("dev"), "eks-ddp:storage", {"backend": "fsxLustre"}))
+    assert RESTORED_FROM_TAG not in fresh.one(FS).inputs["tags"]
