@@ -9,7 +9,9 @@ For the stack's region it asks EC2 and Service Quotas whether
 - the type supports EFA where the group asks for it;
 - running + requested vCPUs fit the on-demand or spot vCPU quota of the type's
   class (G and VT, P, Standard), counting every group at ``maxSize`` (this
-  cluster's own running nodes are part of that, not on top of it);
+  cluster's own running nodes are part of that, not on top of it) and, for
+  on-demand, the unused slots of every active capacity reservation in the region
+  (reserved capacity counts against the quota even while unused);
 - a named capacity reservation exists, is active, matches the group's type and
   zone, and has at least ``desiredSize`` instances free; a capacity block's window
   (``capacityBlockStart``/``End``) is the block's own;

@@ -246,6 +246,9 @@ class _Checker(CapacityChecks, NetworkQuotaChecks, S3Checks):
         if not demand:
             return
         running = self.attempt("ec2", "DescribeInstances", "the vCPUs of running instances", self._running_vcpus)
+        # A reservation's unused slots count against the On-Demand quota from its creation, whosever it is.
+        reserved = self.attempt("ec2", "DescribeCapacityReservations",
+                                "the unused capacity of the account's capacity reservations", self._reserved_free_vcpus)
         for (qclass, market), parts in demand.items():
             if (qclass, market) not in QUOTAS:
                 continue
@@ -255,12 +258,16 @@ class _Checker(CapacityChecks, NetworkQuotaChecks, S3Checks):
             if limit is None:
                 continue
             requested = sum(n * v for _, _, n, v in parts)
-            in_use = (running or {}).get((qclass, market), 0)
+            running_now = (running or {}).get((qclass, market), 0)
+            held = (reserved or {}).get((qclass, market), 0)
+            in_use = running_now + held
             if in_use + requested <= limit:
                 continue
             keys = " and ".join(k for k, _, _, _ in parts)
             breakdown = " + ".join(f"{n} x {t} ({v} vCPUs)" for _, t, n, v in parts)
-            also = f" on top of {in_use} vCPUs already running" if in_use else ""
+            also = (f" on top of {running_now} vCPUs already running" if running_now else "") + (
+                f"{' and' if running_now else ' on top of'} {held} vCPUs reserved but unused (capacity "
+                "reservations count against the quota from their creation)" if held else "")
             self.fail(f"{keys}: {requested} vCPUs of '{name}' ({code}) needed for {breakdown}{also}, but the quota "
                       f"in {self.cfg.region} is {limit:g}; lower {keys}, or request an increase: aws service-quotas "
                       f"request-service-quota-increase --region {self.cfg.region} --service-code ec2 "
@@ -295,6 +302,26 @@ class _Checker(CapacityChecks, NetworkQuotaChecks, S3Checks):
                         continue
                     market = "spot" if lifecycle == "spot" else "onDemand"
                     totals[(qclass, market)] = totals.get((qclass, market), 0) + self._vcpus_of(inst)
+        return totals
+
+    def _reserved_free_vcpus(self) -> dict[tuple[str, str], int]:
+        """vCPUs of the unused slots of every active On-Demand Capacity Reservation in the region, per (quota class,
+        "onDemand"). EC2 user guide, "On-Demand Capacity Reservations": reserved capacity counts against the
+        On-Demand Instance quota even while unused; running instances are counted by :meth:`_running_vcpus`, so only
+        the free slots (``AvailableInstanceCount``) are added here. Capacity Blocks are left out, as in
+        :func:`_market` (they draw on no On-Demand quota)."""
+        totals: dict[tuple[str, str], int] = {}
+        pages = self.ec2.get_paginator("describe_capacity_reservations").paginate(
+            Filters=[{"Name": "state", "Values": ["active"]}])
+        for page in pages:
+            for r in page.get("CapacityReservations", []):
+                qclass = quota_class(r["InstanceType"])
+                free = int(r.get("AvailableInstanceCount", 0))
+                if (qclass is None or r.get("State") != "active" or r.get("ReservationType") == "capacity-block"
+                        or not free):
+                    continue
+                vcpus = self._vcpus_of({"InstanceType": r["InstanceType"]})
+                totals[(qclass, "onDemand")] = totals.get((qclass, "onDemand"), 0) + free * vcpus
         return totals
 
     def _vcpus_of(self, inst: dict[str, Any]) -> int:
