@@ -90,13 +90,13 @@ def fsx_raw(**storage) -> dict:
 
 
 def live(ec2, fsx, *, zone: str = "us-west-2a", capacity: int = 2400, description: str = LUSTRE_SG_DESCRIPTION,
-         deployment: str = "PERSISTENT_2", tags: dict | None = None) -> tuple[str, str]:
+         deployment: str = "PERSISTENT_2", storage_type: str = "SSD", tags: dict | None = None) -> tuple[str, str]:
     """The stack's live network and file system as an earlier ``up`` left them; (vpc id, file system id)."""
     vpc = ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
     subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.0.0.0/20", AvailabilityZone=zone)["Subnet"]["SubnetId"]
     sg = ec2.create_security_group(GroupName="storage-lustre", Description=description, VpcId=vpc)["GroupId"]
     fs = fsx.create_file_system(
-        FileSystemType="LUSTRE", StorageCapacity=capacity, StorageType="SSD", SubnetIds=[subnet],
+        FileSystemType="LUSTRE", StorageCapacity=capacity, StorageType=storage_type, SubnetIds=[subnet],
         SecurityGroupIds=[sg], LustreConfiguration={"DeploymentType": deployment, "PerUnitStorageThroughput": 250},
         Tags=[{"Key": k, "Value": v} for k, v in {"eks-ddp/storage": "storage", **(tags or {})}.items()])
     GROUPS[fs["FileSystem"]["FileSystemId"]] = [sg]
@@ -190,15 +190,18 @@ def test_the_unchanged_stack_passes_against_its_live_file_system(aws):
     ("capacity", "storage.fsxStorageCapacityGiB: got 2400, below the live 4800"),
     ("version", f"storage.backend: the Lustre version is '2.12' live and '{LUSTRE_VERSION}'"),
     ("deployment", "storage.backend: the deployment type is 'PERSISTENT_1' live and 'PERSISTENT_2'"),
+    ("storage type", "storage.backend: the storage type is 'HDD' live and 'SSD'"),
     ("security group", "the file system's security group"),
 ])
 def test_each_replace_forcing_change_is_refused_before_up(aws, change, expect):
     """One per replace-forcing field the stack can change: subnet (zone), storage_capacity decrease,
-    file_system_type_version, deployment_type, security_group_ids (through the group's description)."""
+    file_system_type_version, deployment_type, storage_type, security_group_ids (through the group's description);
+    backup_id is the fsxBackupId test above; kms_key_id is the stack's own key, which no stack key changes."""
     ec2, client = aws
     vpc, fs_id = live(ec2, client, zone="us-west-2b" if change == "zone" else "us-west-2a",
                       capacity=4800 if change == "capacity" else 2400,
                       deployment="PERSISTENT_1" if change == "deployment" else "PERSISTENT_2",
+                      storage_type="HDD" if change == "storage type" else "SSD",
                       description="an older description" if change == "security group" else LUSTRE_SG_DESCRIPTION)
     fsx = Fsx(client, ec2, version="2.12" if change == "version" else LUSTRE_VERSION)
     [msg] = fsx_failures(run_check(fsx_raw(), ec2, fsx, vpc))
