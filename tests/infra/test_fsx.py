@@ -341,3 +341,9 @@ def test_a_restored_file_system_names_its_backup_in_a_tag(fsx_result, dev_result
     assert fsx_result.one(FS).inputs["tags"][RESTORED_FROM_TAG] == BACKUP
     fresh = run(set_path(stack_config("dev"), "eks-ddp:storage", {"backend": "fsxLustre"}))
     assert RESTORED_FROM_TAG not in fresh.one(FS).inputs["tags"]
+
+
+def test_the_s3_data_repository_waits_longer_than_the_providers_ten_minutes(fsx_result):
+    """Its creation imports the prefix's metadata, its deletion precedes the file system's on destroy."""
+    dra = fsx_result.one("aws:fsx/dataRepositoryAssociation:DataRepositoryAssociation")
+    assert dra.custom_timeouts == {"create": "2h", "update": "1h", "delete": "1h"}

@@ -55,6 +55,14 @@ def fsx_timeouts(capacity_gib: int, *, restoring: bool) -> dict[str, str]:
     return {"create": budget if restoring else f"{FSX_TIMEOUT_BASE_HOURS}h", "update": budget, "delete": budget}
 
 
+
+DATA_REPOSITORY_TIMEOUTS = {"create": "2h", "update": "1h", "delete": "1h"}
+"""An S3 data repository association's ``customTimeouts``. The provider waits 10 minutes for each by default
+(terraform-provider-aws ``internal/service/fsx/data_repository_association.go``, ``Timeouts``), while creating one with
+``batch_import_meta_data_on_create`` imports the metadata of every object under the prefix first (FSx for Lustre user
+guide, "Linking your file system to an Amazon S3 bucket"), and deleting one on destroy, before the file system's final
+backup, takes minutes of its own: a destroy that gave up there would stop with the file system and network standing."""
+
 def fsx_capacity_problem(key: str, gib: object) -> str | None:
     """PERSISTENT_2 SSD capacity: 1.2 TiB, 2.4 TiB or a multiple of 2.4 TiB (FSx API reference, CreateFileSystem,
     StorageCapacity: "For SSD storage ... PERSISTENT_2 ... set StorageCapacity to 1200 GiB, 2400 GiB, or increments

@@ -222,7 +222,8 @@ class FsxLustreStore(pulumi.ComponentResource):
             s3=aws.fsx.DataRepositoryAssociationS3Args(
                 auto_import_policy=aws.fsx.DataRepositoryAssociationS3AutoImportPolicyArgs(
                     events=list(DATA_IMPORT_EVENTS))),
-            tags=tags, opts=child) for data_name, uri in args.data_repositories]
+            tags=tags, opts=pulumi.ResourceOptions(parent=self, custom_timeouts=pulumi.CustomTimeouts(
+                **storage_rules.DATA_REPOSITORY_TIMEOUTS))) for data_name, uri in args.data_repositories]
 
         role = aws.iam.Role(
             f"{name}-fsx-csi", description="FSx CSI driver controller (IRSA): describes file systems only",
