@@ -108,3 +108,19 @@ def test_the_command_reads_a_saved_state_and_exits_1_when_something_blocks(aws, 
     saved.write_text(json.dumps({"deployment": {"resources": []}}))
     assert main(["destroy-check", "--state", str(saved)]) == 2
     assert "give --vpc-id and --region" in capsys.readouterr().err
+
+
+def test_without_a_saved_state_the_command_asks_pulumi_stack_export(aws, tmp_path, monkeypatch, capsys):
+    """The default path: ``pulumi stack export [--stack S]`` (a stand-in pulumi on PATH prints the state)."""
+    import os
+
+    ec2, _ = aws
+    state, ids = stack(ec2)
+    (tmp_path / "state.json").write_text(json.dumps(state))
+    fake = tmp_path / "pulumi"
+    fake.write_text(f'#!/bin/bash\necho "$@" > {tmp_path}/argv\ncat {tmp_path}/state.json\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    assert main(["destroy-check", "--stack", "org/dev"]) == 1
+    assert (tmp_path / "argv").read_text().split() == ["stack", "export", "--stack", "org/dev"]
+    assert ids["leaked"] in capsys.readouterr().out

@@ -13,7 +13,11 @@ it. The workloads see exactly what they see on EFS: the same claims (``<claim>-d
   (``skip_final_backup=False``, tagged ``eks-ddp/final-backup``) and the key stays, so a later ``up`` restores the
   data with ``backup_id`` (``storage.fsxBackupId``). Create, update and delete wait as long as a backup of the
   capacity takes (``core.storage.fsx_timeouts``: hours, where the provider's default is 30 minutes). The destroy
-  contract (``tooling.contracts.destroy``) checks that nothing kept sits inside what destroy deletes;
+  contract (``tooling.contracts.destroy``) checks that nothing kept sits inside what destroy deletes. A restored file
+  system carries the backup's id in ``eks-ddp/restored-from``. No ``protect``: it would block ``pulumi destroy`` too;
+  instead preflight (``tooling.preflight.fsx``) refuses a change that would replace the file system with an empty one
+  unless ``storage.fsxReplace`` names it. The nodes that mount it install the Lustre client of ``LUSTRE_VERSION``
+  from their own user data (``infra.node_user_data``);
 * a security group admitting TCP 988 and 1018-1023 (``core.storage.LUSTRE_PORTS``) from the cluster's node
   security group and from itself (the file servers talk to each other), nothing else inbound; outbound open, as
   the EKS user guide's FSx page leaves it ("You can leave the outbound rules alone to allow All traffic"); and the
