@@ -239,3 +239,17 @@ def test_fsx_replace_must_look_like_a_file_system_id_and_needs_the_fsx_backend()
     with pytest.raises(ConfigError, match=r"storage\.fsxReplace: got 'fs-0123456789abcdef0' with storage\.backend "
                                           r"'efs'; expected none"):
         config(set_path(stack_config("dev"), "eks-ddp:storage", {"fsxReplace": "fs-0123456789abcdef0"}))
+
+
+def test_run_or_raise_asks_fsx_on_an_fsx_stack_only(monkeypatch):
+    """What ``__main__.py`` calls: an FSx client is made for an FSx stack and handed to the checks."""
+    from eks_ddp.tooling.preflight import checker
+
+    seen = {}
+    monkeypatch.setattr(checker, "fsx_client", lambda region, profile=None: f"fsx:{region}")
+    monkeypatch.setattr(checker, "check", lambda cfg, **kw: seen.update(kw) or preflight.Report())
+    monkeypatch.setattr(checker.cli_version, "problem", lambda: None)
+    checker.run_or_raise(config(fsx_raw()), ec2=object(), quotas=StubQuotas())
+    assert seen["fsx"] == f"fsx:{REGION}"
+    checker.run_or_raise(config(stack_config("dev")), ec2=object(), quotas=StubQuotas())
+    assert seen["fsx"] is None
