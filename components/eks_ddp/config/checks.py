@@ -31,6 +31,7 @@ RDZV_RUN_ID_MAX = 44 - len("rendezvous-")
 
 _EFS_ID = re.compile(r"^fs-[0-9a-f]{8,40}$")
 _FSX_BACKUP_ID = re.compile(r"^backup-[0-9a-f]{8,}$")  # FSx API reference, Backup.BackupId
+_FSX_FILE_SYSTEM_ID = re.compile(r"^fs-[0-9a-f]{8,}$")  # FSx API reference, FileSystem.FileSystemId
 _KMS_KEY_ARN = re.compile(r"^arn:aws[a-z-]*:kms:[a-z0-9-]+:\d{12}:key/[0-9a-f-]{36}$")
 _PLACEMENT_GROUP = re.compile(r"^[\x21-\x7e]{1,255}$")
 
@@ -273,7 +274,13 @@ def _check_storage_backend(cfg: StackConfig) -> list[str]:
         if st.fsx_backup_id is not None and not _FSX_BACKUP_ID.match(st.fsx_backup_id):
             p.append(f"storage.fsxBackupId: got {st.fsx_backup_id!r}; expected an FSx backup id like "
                      "backup-0123456789abcdef0 (aws fsx describe-backups)")
-    elif st.fsx_backup_id is not None:
+        if st.fsx_replace is not None and not _FSX_FILE_SYSTEM_ID.match(st.fsx_replace):
+            p.append(f"storage.fsxReplace: got {st.fsx_replace!r}; expected the id of the stack's file system that "
+                     "this up may replace, like fs-0123456789abcdef0 (pulumi stack output fsxId)")
+    elif st.fsx_replace is not None:
+        p.append(f"storage.fsxReplace: got {st.fsx_replace!r} with storage.backend {st.backend!r}; expected none "
+                 "(it lets an up replace the stack's FSx for Lustre file system)")
+    if st.backend != "fsxLustre" and st.fsx_backup_id is not None:
         p.append(f"storage.fsxBackupId: got {st.fsx_backup_id!r} with storage.backend {st.backend!r}; expected none "
                  "(it restores an FSx for Lustre backup; an EFS file system is adopted with storage.fileSystemId)")
     t = st.efs_transitions

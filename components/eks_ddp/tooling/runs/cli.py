@@ -200,6 +200,45 @@ def cmd_fetch(o: argparse.Namespace) -> int:
     return code or (1 if missing else 0)
 
 
+def cmd_destroy_check(o: argparse.Namespace) -> int:
+    """What in the stack's VPC the state does not hold (eks_ddp.tooling.destroy_check); 1 when any of it blocks."""
+    from eks_ddp.tooling import destroy_check
+
+    if o.state is not None:
+        try:
+            state = json.loads(o.state.read_text())
+        except (OSError, ValueError) as e:
+            raise CliError(f"--state: got {str(o.state)!r} ({e}); expected the JSON of `pulumi stack export`", 2) from None
+    else:
+        argv = ["pulumi", "stack", "export", *(["--stack", o.stack] if o.stack else [])]
+        proc = kubectl.run_cmd(argv)
+        if proc.returncode != 0:
+            raise CliError(f"{' '.join(argv)}: {proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else ''}")
+        try:
+            state = json.loads(proc.stdout)
+        except ValueError:
+            raise CliError(f"{' '.join(argv)}: not JSON") from None
+    vpc, region = destroy_check.state_vpc_and_region(state)
+    vpc, region = o.vpc_id or vpc, o.region or region
+    if not vpc or not region:
+        raise CliError("the state names no VPC or no AWS region (a destroyed stack?); give --vpc-id and --region", 2)
+    ec2, elbv2 = _aws_clients(region, o.profile)
+    findings = destroy_check.find(ec2, elbv2, vpc, destroy_check.held_ids(state), region)
+    print(destroy_check.as_json(findings) if o.json else f"VPC {vpc} ({region}):\n"
+          + destroy_check.report(findings, show_all=o.all))
+    return 1 if any(f.blocks for f in findings) else 0
+
+
+def _aws_clients(region: str, profile: str | None):
+    import boto3
+    from botocore.config import Config
+
+    config = Config(region_name=region, connect_timeout=5, read_timeout=30, retries={"max_attempts": 3,
+                                                                                      "mode": "standard"})
+    session = boto3.Session(profile_name=profile) if profile else boto3.Session()
+    return session.client("ec2", config=config), session.client("elbv2", config=config)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="eks-ddp", description=__doc__.split("\n\n")[0])
     common = argparse.ArgumentParser(add_help=False)
@@ -224,6 +263,16 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("fetch", parents=[common], help="a cluster run's results (S3) and kept logs")
     s.add_argument("--out", type=Path, help="local folder (default results/<runId>)")
     s.set_defaults(func=cmd_fetch)
+    s = sub.add_parser("destroy-check", help="before pulumi destroy: what in the stack's VPC the state does not hold "
+                       "(ENIs, VPC endpoints, security groups, load balancers) and would block the delete")
+    s.add_argument("--stack", help="the Pulumi stack (default: the selected one)")
+    s.add_argument("--state", type=Path, help="a saved `pulumi stack export` instead of asking pulumi")
+    s.add_argument("--vpc-id", help="the VPC (default: the state's)")
+    s.add_argument("--region", help="the AWS region (default: the state's AWS provider's)")
+    s.add_argument("--profile", help="the AWS profile (the stack's aws:profile)")
+    s.add_argument("--all", action="store_true", help="also what goes with its owner")
+    s.add_argument("--json", action="store_true", help="the findings as JSON")
+    s.set_defaults(func=cmd_destroy_check)
     return p
 
 
