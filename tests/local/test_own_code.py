@@ -11,13 +11,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from eks_ddp_local.args import parse_args
+from eks_ddp_local.procs import alive
 from tests.support.etcd_server import trainer_env
 from tests.support.util import ROOT
 
@@ -127,3 +130,63 @@ def test_your_script_writing_below_its_folder_fails_as_in_the_pod(tmp_path):
     assert sorted(p.name for p in run.glob("ok-*.txt")) == ["ok-0.txt"]  # the run directory is writable
     result = json.loads((run / "result.json").read_text())
     assert result["agent_returncodes"] == [2], result  # the agent's own exit, not the runner stopping it
+
+
+def _eks_ddp(*args: str) -> list[str]:
+    """``eks-ddp ARGS`` as a process: the console script's module (run with trainer_env's PYTHONPATH)."""
+    return [sys.executable, "-m", "eks_ddp.tooling.runs", *args]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_runner_ends_only_what_it_started_and_cancel_and_follow_exit_0(tmp_path):
+    """A user's process that names the run's folder (a TensorBoard, a plotting script), ``eks-ddp logs --follow``
+    and ``eks-ddp cancel`` are the user's, not the run's: the runner, stopping, ends only the processes it started
+    (procs.Owned), so each outlives the run or exits with its own status, and the run reads ``cancelled``. (The
+    runner used to SIGKILL every python process whose command line held the run id: exit 137 for all three.)"""
+    project = tmp_path / "project"
+    shutil.copytree(CORPUS, project)
+    flags = tmp_path / "flags"
+    flags.mkdir()
+    env = trainer_env()
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    out = tmp_path / "out"
+    with open(tmp_path / "runner.log", "w") as log:
+        runner = subprocess.Popen([sys.executable, "-m", "eks_ddp_local", "--out", str(out), "--timeout", "200",
+                                   "--agents", "1", "--script", "scripts/wait_for.py", "--", str(flags)],
+                                  cwd=project, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    mine: list[subprocess.Popen] = []
+    try:
+        deadline = time.monotonic() + 150
+        while not (flags / "started").exists():  # the worker runs the script: the run is under way
+            assert runner.poll() is None and time.monotonic() < deadline, (tmp_path / "runner.log").read_text()[-3000:]
+            time.sleep(0.2)
+        [run] = out.iterdir()
+        follow = subprocess.Popen(_eks_ddp("logs", str(run), "--follow"), env=env, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+        bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", str(run / "my-notes")],
+                                     stdin=subprocess.DEVNULL)
+        mine += [follow, bystander]
+        cancel = subprocess.run(_eks_ddp("cancel", str(run)), env=env, capture_output=True, text=True,
+                                timeout=90, stdin=subprocess.DEVNULL)
+        assert cancel.returncode == 0, (cancel.returncode, cancel.stdout, cancel.stderr)
+        assert f"run {run.name}: cancelled" in cancel.stdout, cancel.stdout
+        assert runner.wait(timeout=60) == 128 + signal.SIGTERM
+        assert follow.wait(timeout=30) == 0, follow.stderr.read() if follow.stderr else ""
+        assert bystander.poll() is None, bystander.returncode  # alive after the run: not the run's to end
+        pids = json.loads((run / "pids.json").read_text())
+        started = pids["etcd"] + pids["agents"] + pids["workers"]
+        deadline = time.monotonic() + 10
+        while any(alive(p) for p in started) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [p for p in started if alive(p)] == [], pids  # and what it started is gone
+        status = subprocess.run(_eks_ddp("status", str(run)), env=env, capture_output=True, text=True,
+                                timeout=60, stdin=subprocess.DEVNULL)
+        assert status.returncode == 0, status.stderr
+        assert status.stdout.startswith(f"run {run.name}: cancelled (result.json: exit status 143, stopped by "
+                                        "SIGTERM"), status.stdout
+    finally:
+        for p in [runner, *mine]:
+            if p.poll() is None:
+                p.kill()
+            p.wait(timeout=30)

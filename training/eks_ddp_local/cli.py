@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(o: argparse.Namespace, progress: Progress | None = None) -> RunResult:
     from eks_ddp_local.job import LocalJob
-    from eks_ddp_local.procs import kill_tagged, send, start_reaper
+    from eks_ddp_local.procs import become_subreaper, kill_owned, send, start_reaper
     from eks_ddp_local.progress import Progress, format_duration
     from eks_ddp_trainer.plot import summarize
 
@@ -173,7 +173,9 @@ def run(o: argparse.Namespace, progress: Progress | None = None) -> RunResult:
     previous = {s: signal.signal(s, job.on_signal) for s in handled}
     reason, started = "not started", time.monotonic()
     etcd_dir = Path(tempfile.mkdtemp(prefix=f"eks-ddp-etcd-{job.run_id}-"))
-    reaper = start_reaper(job.run_id, [str(etcd_dir)])
+    become_subreaper()  # a worker orphaned by its agent's death stays in the runner's tree, where it is found
+    reaper = start_reaper([str(etcd_dir)])
+    job.reaper = reaper.pid
     try:
         with rendezvous(o.rdzv, etcd_dir) as endpoint:
             job.endpoint = endpoint
@@ -207,7 +209,8 @@ def run(o: argparse.Namespace, progress: Progress | None = None) -> RunResult:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-        kill_tagged(job.run_id, spare=[reaper.pid])  # etcd too, should stopping it have failed
+        job._scan()
+        kill_owned(job.owned, spare=[reaper.pid])  # etcd too, should stopping it have failed: only what it started
         shutil.rmtree(etcd_dir, ignore_errors=True)
         send(reaper.pid, signal.SIGKILL)
         reaper.wait()
@@ -254,6 +257,7 @@ def run(o: argparse.Namespace, progress: Progress | None = None) -> RunResult:
               f"[local] resume it with: {resume_command(job.run_dir)}", flush=True)
     job._write_json("result.json", {
         "returncode": result.returncode, "agent_returncodes": codes, "reason": reason, "cause": job.cause,
+        "stopped_by": signal.Signals(job.stop_signal).name if job.stop_signal else None,
         "run_dir": job.run_dir, "kill_step": job.kill_step, "recovery_s": job.recovery_s,
         "resumed_step": job.resumed_step, "start_step": job.start_step, "metrics": result.metrics, "plot": result.plot})
     return result

@@ -27,11 +27,12 @@ from eks_ddp.core.launch_command import (
     script_command,
 )
 from eks_ddp_local.procs import (
+    Owned,
     alive,
     descendants,
     die_with_parent,
     executable_name,
-    kill_tagged,
+    kill_owned,
     proc_table,
     send,
     stop_agents,
@@ -95,6 +96,10 @@ class LocalJob:
         self.lines: queue.Queue[tuple[int, str | None]] = queue.Queue()
         self.started: dict[str, list[int]] = {"etcd": [], "agents": [], "workers": []}
         """pids of every process this run started, by role: written to pids.json as they appear."""
+        self.owned = Owned()
+        """Every process this run started or that descends from one (pid and start time): all the runner ends."""
+        self.reaper: int | None = None
+        """The reaper's pid (procs.start_reaper): the runner's child, but not the run's to end."""
         self.endpoint: str | None = None
         self.scratch: Path | None = None
         """The run's temporary folder (the runner's; its reaper removes it): the agents' FIFOs go there."""
@@ -116,6 +121,7 @@ class LocalJob:
 
     def _record(self, role: str, pids: list[int]) -> None:
         new = [p for p in pids if p not in self.started[role]]
+        self.owned.add(new)
         if new:
             self.started[role].extend(new)
             self._write_json("pids.json", self.pids())
@@ -130,9 +136,11 @@ class LocalJob:
         agent_pids = {a.pid for a in self.agents}
         workers = [p for a in self.agents for p in descendants(a.pid, table)]
         self._record("workers", workers)
-        etcd = [p for p in descendants(os.getpid(), table)
-                if p not in agent_pids and p not in workers and executable_name(p) == "etcd"]
+        mine = [p for p in descendants(os.getpid(), table) if p != self.reaper]
+        etcd = [p for p in mine if p not in agent_pids and p not in workers and executable_name(p) == "etcd"]
         self._record("etcd", etcd)
+        # Anything else below the runner (it is the subreaper of its tree: a worker whose agent died is here too).
+        self.owned.add(mine)
 
     def agent_command(self, endpoint: str, data_dir: Path | None) -> list[str]:
         agent = AgentOptions(
@@ -347,10 +355,12 @@ class LocalJob:
         return self.started["workers"]
 
     def stop_all(self) -> None:
-        """Stop agents and workers (a second Ctrl-C cuts the grace period short), then anything else that
-        carries this run's id, such as a worker whose agent died before it was seen."""
+        """Stop agents and workers (a second Ctrl-C cuts the grace period short), then anything else this run
+        started (etcd aside: its context manager stops it), such as a worker whose agent died. Only what the run
+        started: a process of the user's that names the run's folder is not the run's (procs.Owned)."""
         seen = self.signals_seen
-        stop_agents(self.agents, self._workers, self.run_id, grace_s=GRACE_S, hurry=lambda: self.signals_seen > seen)
-        kill_tagged(self.run_id, spare=self.started["etcd"])
+        stop_agents(self.agents, self._workers, self.owned, grace_s=GRACE_S, hurry=lambda: self.signals_seen > seen)
+        self._scan()
+        kill_owned(self.owned, spare=[*self.started["etcd"], *([self.reaper] if self.reaper else [])])
 
 

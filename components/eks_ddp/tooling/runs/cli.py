@@ -143,6 +143,9 @@ def cmd_logs(o: argparse.Namespace) -> int:
     else:
         run_dir = run
     logs = run_dir / "logs"
+    if o.follow and isinstance(run, Path):  # just started: its agents' logs appear once they run
+        while not pods(logs) and runner_alive(run_dir) is not None:
+            time.sleep(FOLLOW_POLL_S)
     if not pods(logs):
         raise CliError(f"run {run_dir.name}: the kept logs are missing ({logs}: no agent's folder)")
     files = log_files(logs, o.rank)
