@@ -190,3 +190,25 @@ def test_the_runner_ends_only_what_it_started_and_cancel_and_follow_exit_0(tmp_p
             if p.poll() is None:
                 p.kill()
             p.wait(timeout=30)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_your_script_failing_the_same_way_after_init_stops_in_three_rounds_without_a_resume_hint(tmp_path):
+    """The review's R1: ./checkpoints created after init_process_group, on the pod's read-only root. Each round fails
+    the same way at the same line before any step; the launcher stops after startfail.REPEATS rounds with exit 2
+    (it used to restart 20 times), the FAILED line names the error, the place and the fix, and no --resume is offered
+    (it would fail the same way)."""
+    state = tmp_path / "state"
+    state.mkdir()
+    proc = _local(tmp_path, "--agents", "1", "--script", "scripts/fails_after_init.py", "--", str(state))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out[-4000:]
+    assert (state / "rounds").read_text().count("round\n") == 3, out[-4000:]
+    [failed] = [x for x in proc.stderr.splitlines() if x.startswith("[local] FAILED:")]
+    assert "[Errno 30] Read-only file system" in failed and "'checkpoints'" in failed, failed
+    assert "fails_after_init.py:37, the same in 3 rounds in a row before any step completed" in failed, failed
+    assert "fix it there and start the run again" in failed, failed
+    assert "resume it with" not in out and "[local] not retried: a retry cannot fix this" in out, out[-3000:]
+    [run] = (tmp_path / "out").iterdir()
+    assert json.loads((run / "result.json").read_text())["agent_returncodes"] == [2]
