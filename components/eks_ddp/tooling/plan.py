@@ -336,6 +336,9 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(shown, (dict, list)):
             shown = json.dumps(shown, indent=2)
         print(f"{key}: {shown}")
+    if (queue_text := queue_report(result)) is not None:
+        print("\n## Queue: who is admitted, who waits (Kueue's rules, simulated offline)")
+        print(queue_text)
     if ours:
         _eks_ddp_notes(result, args.stack, args.project_dir)
     if args.out:
@@ -346,6 +349,14 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(f"\nwrote {len(paths)} Kubernetes manifests to {args.out}/")
     return 0
+
+
+def queue_report(result: ProgramResult) -> str | None:
+    """For a program with a Kueue queue (the stack's, or a library program's RunQueue): which run is admitted, which
+    waits and why, which would be preempted, at what size (tooling/contracts/queue.py ``explain``); else None."""
+    from eks_ddp.tooling.contracts import queue
+
+    return queue.explain(render_manifests(result))
 
 
 def _eks_ddp_notes(result: ProgramResult, stack: str, root: Path) -> None:
