@@ -80,6 +80,9 @@ def test_arguments_for_your_code_follow_the_double_dash(tmp_path, monkeypatch):
     (["--script", "/no/such/train.py"], "--script: got '/no/such/train.py'; expected a Python file"),
     (["--module", "pkg.train", "--script", "x.py"], "not allowed with argument"),
     (["--module", "userpkg.train", "--kill-worker-at-step", "3"], "with your own code use --kill-worker-after"),
+    (["--module", "userpkg.train", "--kill-agent-at-step", "3"], "--kill-agent-at-step: the step comes from the "
+                                                                 "bundled trainer's records; with your own code use "
+                                                                 "--kill-agent-after SECONDS"),
     (["--module", "userpkg.trian"], "--module: got 'userpkg.trian'; expected a module of package 'userpkg' (no "
                                     "'trian' in {corpus}/userpkg); did you mean 'userpkg.train'?"),
     (["--module", "usrpkg.train"], "--module: got 'usrpkg.train'; expected a module importable from {corpus} or the "
@@ -212,3 +215,68 @@ def test_your_script_failing_the_same_way_after_init_stops_in_three_rounds_witho
     assert "resume it with" not in out and "[local] not retried: a retry cannot fix this" in out, out[-3000:]
     [run] = (tmp_path / "out").iterdir()
     assert json.loads((run / "result.json").read_text())["agent_returncodes"] == [2]
+
+
+def test_the_stacks_run_dir_reference_in_your_arguments_becomes_the_runs_folder(tmp_path, monkeypatch):
+    """`--ckpt-dir=$(EKS_DDP_RUN_DIR)` is the stack's syntax (Workload.rendered_args); the local run renders it the
+    same way, so one set of arguments rehearses here (it used to reach the script as a literal '$(EKS_DDP_RUN_DIR)')."""
+    import io
+
+    from eks_ddp.core.workload import Workload
+    from eks_ddp_local.job import LocalJob
+    from eks_ddp_local.progress import Progress
+
+    monkeypatch.chdir(CORPUS)
+    args = ["--ckpt-dir=$(EKS_DDP_RUN_DIR)/ckpt", "--data", "$(EKS_DDP_DATA_DIR)", "$$(EKS_DDP_RUN_DIR)"]
+    o = parse_args(["--script", "scripts/train_script.py", "--out", str(tmp_path), "--rdzv", "c10d", "--", *args])
+    job = LocalJob(o, Progress(stream=io.StringIO()))
+    command = job.agent_command("127.0.0.1:1", tmp_path / "data")
+    expected = Workload(name="x", script="scripts/train_script.py", args=args).rendered_args(
+        run_dir=str(job.run_dir), data_dir=str(tmp_path / "data"))
+    assert command[-len(args):] == expected
+    assert command[-4] == f"--ckpt-dir={job.run_dir}/ckpt" and command[-2] == str(tmp_path / "data")
+    without_data = job.agent_command("127.0.0.1:1", None)  # no --data: no EKS_DDP_DATA_DIR, the reference stays
+    assert without_data[-2] == "$(EKS_DDP_DATA_DIR)"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_your_code_survives_a_lost_agent_and_the_run_succeeds(tmp_path):
+    """`--kill-agent-after S` with your own code (the review's by-hand kill -9 of an agent): with --min-agents 1 the
+    other agent finishes; the runner says so and exits 0, as `eks-ddp status` says succeeded (it used to say FAILED,
+    exit 1, blaming the error the survivor had recovered from)."""
+    project = tmp_path / "project"
+    shutil.copytree(CORPUS, project)
+    flags = tmp_path / "flags"
+    flags.mkdir()
+    env = trainer_env()
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    out = tmp_path / "out"
+    with open(tmp_path / "runner.log", "w") as log:
+        runner = subprocess.Popen([sys.executable, "-m", "eks_ddp_local", "--out", str(out), "--timeout", "200",
+                                   "--agents", "2", "--min-agents", "1", "--kill-agent-after", "1", "--script",
+                                   "scripts/wait_for.py", "--", str(flags)],
+                                  cwd=project, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 150
+        while "SIGKILL agent1" not in (tmp_path / "runner.log").read_text():
+            assert runner.poll() is None and time.monotonic() < deadline, (tmp_path / "runner.log").read_text()[-3000:]
+            time.sleep(0.2)
+        while not (flags / "started").exists():  # the survivor's worker runs
+            assert runner.poll() is None and time.monotonic() < deadline, (tmp_path / "runner.log").read_text()[-3000:]
+            time.sleep(0.2)
+        (flags / "finish").touch()
+        rc = runner.wait(timeout=120)
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+        runner.wait(timeout=30)
+    text = (tmp_path / "runner.log").read_text()
+    assert rc == 0, text[-4000:]
+    assert "[local] FAILED" not in text and "the job finished with the agents left" in text, text[-3000:]
+    assert "agent1 was killed 1 s after the start; the others finished the job" in text, text[-3000:]
+    [run] = out.iterdir()
+    result = json.loads((run / "result.json").read_text())
+    assert result["returncode"] == 0 and result["agent_returncodes"][0] == 0 and result["agent_returncodes"][1] != 0
+    status = subprocess.run(_eks_ddp("status", str(run)), env=env, capture_output=True, text=True, timeout=60)
+    assert status.stdout.startswith(f"run {run.name}: succeeded"), status.stdout

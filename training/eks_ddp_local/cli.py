@@ -223,8 +223,13 @@ def run(o: argparse.Namespace, progress: Progress | None = None) -> RunResult:
     # after losing some (an elastic job with --min-agents below --agents).
     ok = (job.stop_signal is None and not job.fatal and bool(codes)
           and (all(c == 0 for c in codes) or (finished and any(c == 0 for c in codes))))
-    if own:  # no metrics.json to look for: the agents' exit statuses are the verdict
-        ok = job.stop_signal is None and not job.fatal and bool(codes) and all(c == 0 for c in codes)
+    if own:  # no metrics.json: the agents' exit statuses, and the launcher's final marker after losing some
+        from eks_ddp_runtime.runlogs import FINAL_MARKER
+
+        marker = job.run_dir / FINAL_MARKER  # written by an agent whose run finished (eks_ddp_runtime/launch.py)
+        finished = marker.exists() and marker.stat().st_mtime >= time.time() - (time.monotonic() - started)
+        ok = (job.stop_signal is None and not job.fatal and bool(codes)
+              and (all(c == 0 for c in codes) or (finished and any(c == 0 for c in codes))))
     if not ok and job.stop_signal is None and job.cause is None:
         job.cause = job.first_error or f"agent exit statuses {codes}"
     returncode = (0 if ok else 128 + job.stop_signal if job.stop_signal else job.fatal_code
@@ -243,6 +248,10 @@ def run(o: argparse.Namespace, progress: Progress | None = None) -> RunResult:
     if o.kill_worker_after is not None:
         print("[local] recovery: " + ("no worker killed (the job ended first)" if job.killed_at is None else
                                       f"a worker was killed {o.kill_worker_after:g} s after the start"))
+    if o.kill_agent_after is not None:
+        print("[local] recovery: " + ("no agent killed (the job ended first)" if job.killed_at is None else
+                                      f"agent{len(job.agents) - 1} was killed {o.kill_agent_after:g} s after the start"
+                                      + ("; the others finished the job" if ok else "")))
     if not own:
         result.metrics, result.plot = summarize(job.run_dir, job.out / "training-curve.png",
                                                 kill_step=job.kill_step, title=f"eks-ddp local run {job.run_id}")

@@ -26,6 +26,7 @@ from eks_ddp.core.launch_command import (
     module_command,
     script_command,
 )
+from eks_ddp.core.workload import DATA_DIR_REF, RUN_DIR_REF
 from eks_ddp_local.procs import (
     Owned,
     alive,
@@ -149,10 +150,15 @@ class LocalJob:
             rdzv_backend=self.o.rdzv, rdzv_endpoint=endpoint,
             rdzv_id=self.run_id, max_restarts=self.o.max_restarts, timeouts=LOCAL_TIMEOUTS, local_addr="127.0.0.1",
             tls=_client_tls(endpoint))
+        # $(EKS_DDP_RUN_DIR) and $(EKS_DDP_DATA_DIR) in your arguments become the paths, as the stack renders them
+        # (Workload.rendered_args), so the same args rehearse here.
+        user_args = [a.replace(RUN_DIR_REF, str(self.run_dir)) for a in self.o.user_args]
+        if data_dir is not None:
+            user_args = [a.replace(DATA_DIR_REF, str(data_dir)) for a in user_args]
         if self.o.module:  # the user's own code: the cluster's command for a module or script workload
-            return module_command(agent, self.o.module, list(self.o.user_args), python=sys.executable)
+            return module_command(agent, self.o.module, user_args, python=sys.executable)
         if self.o.script:
-            return script_command(agent, self.o.script, list(self.o.user_args), python=sys.executable)
+            return script_command(agent, self.o.script, user_args, python=sys.executable)
         trainer = TrainerConfig(
             data_dir=str(data_dir), run_dir=str(self.run_dir), epochs=self.o.epochs,
             global_batch_size=self.o.global_batch_size, bn_group=self.o.bn_group,
@@ -293,7 +299,7 @@ class LocalJob:
                               "to show recovery (the errors that follow are its peers noticing)")
         self.progress.note = "worker killed, recovering"
 
-    def _kill_agent(self, step: int) -> None:
+    def _kill_agent(self, step: int | None) -> None:
         """Lose a node: SIGKILL the last agent and its workers (the others re-form the rendezvous)."""
         target = self.agents[-1]
         workers = descendants(target.pid)
@@ -302,8 +308,8 @@ class LocalJob:
         for pid in workers:
             send(pid, signal.SIGKILL, group=True)
         self.killed_at, self.kill_step = time.monotonic(), step
-        self.progress.message(f"step {step}: SIGKILL agent{len(self.agents) - 1} (pid {target.pid}) and its "
-                              "workers: a lost node; the other agents continue without it")
+        self.progress.message(f"{'' if step is None else f'step {step}: '}SIGKILL agent{len(self.agents) - 1} "
+                              f"(pid {target.pid}) and its workers: a lost node; the other agents continue without it")
         self.progress.note = "agent lost, recovering"
 
     def supervise(self) -> str:
@@ -331,6 +337,9 @@ class LocalJob:
             after = self.o.kill_worker_after
             if after is not None and self.killed_at is None and now - self.agents_started >= after:
                 self._kill_worker(None)
+            after = self.o.kill_agent_after
+            if after is not None and self.killed_at is None and now - self.agents_started >= after:
+                self._kill_agent(None)
             if now >= next_scan:
                 self._scan()
                 etcd_gone = [p for p in self.started["etcd"] if not alive(p)]
