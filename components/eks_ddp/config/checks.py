@@ -381,3 +381,30 @@ def catalog_problems(entries: tuple[CatalogEntryConfig, ...]) -> list[str]:
             bad.append(f"{key}.name: got {e.name!r} twice; expected each type once")
         p += bad
     return p
+
+
+def advice(cfg: StackConfig) -> list[str]:
+    """What a valid stack may not mean (``pulumi up`` and the plan print each as a warning): a multi-node run on an
+    EFA type with ``efa`` off, and, with FSx for Lustre, a run whose group is pinned to another zone than the file
+    system's."""
+    out = []
+    keys = [cfg.run_key(i) for i in range(len(cfg.runs))]
+    for key, run in zip(keys, cfg.runs, strict=True):
+        g = cfg.group_of(run)
+        it = catalog.CATALOG.get(g.instance_type)
+        if it is not None and it.has_efa and not g.efa and run.nodes > 1:
+            i = cfg.node_groups.index(g)
+            out.append(f"nodeGroups[{i}].efa: false on {g.instance_type}, which has {it.efa_interfaces} EFA "
+                       f"interface(s), while {key} trains on {run.nodes} nodes: its all-reduce between nodes goes over "
+                       "TCP, far below the fabric's bandwidth; expected efa: true for a multi-node run (docs/efa.md)")
+    if cfg.storage.backend == "fsxLustre":
+        fsx_zone = cfg.job_group.availability_zone
+        where = fsx_zone or "the zone of the first private subnet"
+        for key, run in zip(keys, cfg.runs, strict=True):
+            g = cfg.group_of(run)
+            if g.availability_zone and g.availability_zone != fsx_zone:
+                out.append(f"storage.backend: fsxLustre lives in one subnet, in {where} (the group of {keys[0]}); "
+                           f"{key}'s group {g.name!r} is pinned to {g.availability_zone}, so its nodes mount it across "
+                           "zones (slower, and the traffic is billed); expected the runs' groups in one zone, or "
+                           "storage.backend efs (a mount target in every zone)")
+    return out
