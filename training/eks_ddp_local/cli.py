@@ -244,7 +244,10 @@ def run(o: argparse.Namespace, progress: Progress | None = None) -> RunResult:
             f"no worker killed (the job ended before step {o.kill_worker_at_step})" if job.kill_step is None else
             f"worker killed at step {job.kill_step}; the job did not recover" if job.recovery_s is None else
             f"worker killed at step {job.kill_step}, training resumed {job.recovery_s:.1f} s later "
-            + (f"from the checkpoint at step {job.resumed_step}" if job.resumed_step else "from scratch")))
+            + (f"from the checkpoint at step {job.resumed_step}" if job.resumed_step else "from scratch")
+            + (" (the step the kill was sent at is the last record the runner read: the workers, which log every "
+               "few steps and never wait for it, had trained on and snapshotted a later step; docs/trainer.md)"
+               if job.resumed_step and job.kill_step is not None and job.resumed_step > job.kill_step else "")))
     if o.kill_worker_after is not None:
         print("[local] recovery: " + ("no worker killed (the job ended first)" if job.killed_at is None else
                                       f"a worker was killed {o.kill_worker_after:g} s after the start"))
