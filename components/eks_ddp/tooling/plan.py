@@ -356,7 +356,28 @@ def queue_report(result: ProgramResult) -> str | None:
     waits and why, which would be preempted, at what size (tooling/contracts/queue.py ``explain``); else None."""
     from eks_ddp.tooling.contracts import queue
 
-    return queue.explain(render_manifests(result))
+    manifests = render_manifests(result)
+    text = queue.explain(manifests)
+    if text is None:
+        return None
+    autoscaler = any(r.type == "eks-ddp:autoscaler:ClusterAutoscaler" or "cluster-autoscaler" in
+                     str(r.inputs.get("chart", "")) for r in result.resources)
+    warnings = queue.wiring(manifests, kueue_managed(result), autoscaler)
+    return "\n".join([text, *(f"WARNING {w}" for w in warnings)])
+
+
+def kueue_managed(result: ProgramResult) -> list[dict[str, Any]] | None:
+    """The ``managedJobsNamespaceSelector`` of each Kueue the program installs (its Helm release's configuration,
+    infra/kueue.py ``manager_config``); None when it installs none (a Kueue of the cluster's own is not seen)."""
+    managed: list[dict[str, Any]] | None = None
+    for release in result.of_type("kubernetes:helm.sh/v3:Release"):
+        if "kueue" not in str(release.inputs.get("chart", "")):
+            continue
+        raw = ((release.inputs.get("values") or {}).get("managerConfig") or {}).get("controllerManagerConfigYaml")
+        config = yaml.safe_load(raw) if isinstance(raw, str) else None
+        selector = config.get("managedJobsNamespaceSelector") if isinstance(config, dict) else None
+        managed = [*(managed or []), selector] if isinstance(selector, dict) else managed
+    return managed
 
 
 def _eks_ddp_notes(result: ProgramResult, stack: str, root: Path) -> None:

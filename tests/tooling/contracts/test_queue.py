@@ -277,3 +277,23 @@ def test_the_plan_says_who_is_admitted_who_waits_and_who_would_be_preempted():
                            cq=cluster_queue(4))).splitlines()
     assert fixed[2].startswith("  training-low: waits: couldn't assign flavors to pod set main: "), fixed
     assert q.explain([m for m in plan(*jobs) if m["kind"] != "ClusterQueue"]) is None
+
+
+def test_queue_wiring_a_run_would_wait_for_in_vain_is_warned():
+    """Review L4/L5 (a library program): Kueue's managed_namespaces without the job's namespace, and a queue without
+    a cluster autoscaler, planned silently. Each is a warning in the plan's Queue section now; the controls (the
+    namespace managed, an autoscaler there, no Kueue seen) say nothing."""
+    manifests = plan(job("run-a", 2))
+    only = lambda *names: [{"matchExpressions": [  # noqa: E731  (Kueue's managedJobsNamespaceSelector)
+        {"key": "kubernetes.io/metadata.name", "operator": "In", "values": list(names)}]}]
+    [ns] = q.wiring(manifests, only("ml"), autoscaler=True)
+    assert ns == ("Job/run-a: in namespace 'training', which Kueue does not manage (its managedJobsNamespaceSelector): "
+                  "Kueue never admits it and its Job stays suspended; expected 'training' in "
+                  "KueueArgs.managed_namespaces")
+    assert q.wiring(manifests, only("ml", NS), autoscaler=True) == []
+    assert q.wiring(manifests, None, autoscaler=True) == []
+    [ca] = q.wiring(manifests, only(NS), autoscaler=False)
+    assert ca.startswith("ClusterQueue: its admission check gpu-capacity asks the cluster autoscaler for the GPU nodes "
+                         "(ProvisioningRequest), and the program has no ClusterAutoscaler"), ca
+    assert "provisioning_requests=True" in ca
+    assert q.wiring([m for m in manifests if m["kind"] != "ClusterQueue"], only("ml"), autoscaler=False) == []

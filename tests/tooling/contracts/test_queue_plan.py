@@ -81,3 +81,13 @@ def test_the_plan_says_which_of_the_byo_runs_is_admitted_and_which_waits(byo_res
     assert any(x.startswith("if ") and x.endswith("is already running, whole, when the others arrive:")
                for x in lines), text
     assert "ERROR" not in text
+
+
+def test_the_plan_reads_kueues_managed_namespaces_from_its_release(dev_result):
+    """plan.kueue_managed reads the selector the stack's Kueue release configures (the training namespace), so the
+    wiring warning compares against the real configuration; the dev stack, correctly wired, gets no warning."""
+    from eks_ddp.tooling.plan import kueue_managed, queue_report
+
+    assert kueue_managed(dev_result) == [{"matchExpressions": [
+        {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["training"]}]}]
+    assert "WARNING" not in (queue_report(dev_result) or "WARNING: no report")

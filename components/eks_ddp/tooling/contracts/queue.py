@@ -682,3 +682,33 @@ def explain(manifests: Sequence[Mapping[str, Any]]) -> str | None:
         out += [f"if {name} is already running, whole, when the others arrive:", *lines(first)]
     out += [f"ERROR {v}" for v in never_admitted(manifests)]
     return "\n".join(out)
+
+
+def wiring(manifests: Sequence[Mapping[str, Any]], managed: Sequence[Mapping[str, Any]] | None,
+           autoscaler: bool) -> list[str]:
+    """What a program's queue wiring leaves a queued run to wait for in vain, as warnings: a queued Job in a
+    namespace none of Kueue's ``managedJobsNamespaceSelector``s (``managed``, from its configuration; None: no Kueue
+    seen in the program) selects, which Kueue never picks up (``KueueArgs.managed_namespaces``), and a ClusterQueue
+    with admission checks (the ProvisioningRequest's all-or-nothing nodes) in a program without a cluster autoscaler,
+    which alone answers them and starts the GPU nodes (and without which GPU groups at 0 nodes never start)."""
+    plan = read_plan(manifests)
+    if not plan.cluster_queues:
+        return []
+    out = []
+    for i, job in enumerate(plan.jobs):
+        w = workload_of(job, i, plan.priorities)
+        if w.queue is None or managed is None:
+            continue
+        labels = {**plan.namespaces.get(w.namespace, {}), "kubernetes.io/metadata.name": w.namespace}
+        if not any(_selects(s, labels) for s in managed):
+            out.append(f"{w.subject}: in namespace {w.namespace!r}, which Kueue does not manage (its "
+                       "managedJobsNamespaceSelector): Kueue never admits it and its Job stays suspended; expected "
+                       f"{w.namespace!r} in KueueArgs.managed_namespaces")
+    if not autoscaler:
+        checks = sorted({name for cq in plan.cluster_queues.values() for name, _ in cq.checks})
+        asks = (f"its admission check {', '.join(checks)} asks the cluster autoscaler for the GPU nodes "
+                "(ProvisioningRequest), and " if checks else "")
+        out.append(f"ClusterQueue: {asks}the program has no ClusterAutoscaler: GPU groups at 0 nodes never start, so "
+                   "an admitted run's pods stay Pending; expected ClusterAutoscaler(ClusterAutoscalerArgs("
+                   + ("provisioning_requests=True))" if checks else "...))"))
+    return out
