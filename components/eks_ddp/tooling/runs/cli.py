@@ -1,5 +1,5 @@
-"""The ``eks-ddp`` command line: its subcommands over a local run's directory or a cluster run (the package docstring
-says what each does)."""
+"""The ``eks-ddp`` command line: its subcommands over a local run's directory or a cluster run (``eks-ddp --help``
+and ``eks-ddp <command> --help`` say what each does)."""
 
 from __future__ import annotations
 
@@ -143,6 +143,9 @@ def cmd_logs(o: argparse.Namespace) -> int:
     else:
         run_dir = run
     logs = run_dir / "logs"
+    if o.follow and isinstance(run, Path):  # just started: its agents' logs appear once they run
+        while not pods(logs) and runner_alive(run_dir) is not None:
+            time.sleep(FOLLOW_POLL_S)
     if not pods(logs):
         raise CliError(f"run {run_dir.name}: the kept logs are missing ({logs}: no agent's folder)")
     files = log_files(logs, o.rank)
@@ -240,7 +243,8 @@ def _aws_clients(region: str, profile: str | None):
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="eks-ddp", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="eks-ddp", description="One command per run, for a local run's directory and "
+                                "a cluster run alike, working after its pods and nodes are gone.")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("run", metavar="RUN", help="a run's directory, or a run id (local, or the stack's runs output)")
     common.add_argument("--runs", type=Path, default=DEFAULT_RUNS, help="where local runs are (eks-ddp-local --out; "
@@ -257,8 +261,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--rank", type=int, help="only this global rank's output")
     s.add_argument("--tail", type=int, help="only the last N lines of each file")
     s.set_defaults(func=cmd_logs)
-    s = sub.add_parser("cancel", parents=[common], help="stop the run (a cluster run: suspend its Job, mark it "
-                       "cancelled in the stack config)")
+    says = ("stop the run (a local run: SIGTERM to its runner, which stops what it started; a cluster run: the stack's "
+            "cancel line, which deletes its Job and sets its state to cancelled in the stack config)")
+    s = sub.add_parser("cancel", parents=[common], help=says, description=says[0].upper() + says[1:] + ".")
     s.set_defaults(func=cmd_cancel)
     s = sub.add_parser("fetch", parents=[common], help="a cluster run's results (S3) and kept logs")
     s.add_argument("--out", type=Path, help="local folder (default results/<runId>)")
@@ -279,12 +284,20 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     o = parser().parse_args(argv)
     try:
-        return o.func(o)
+        code = o.func(o)
+        sys.stdout.flush()  # here, where a closed pipe is caught below, not in the interpreter's exit
+        return code
     except CliError as e:
         print(f"eks-ddp {o.command}: {e}", file=sys.stderr)
         return e.code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `eks-ddp status | head`: the reader has gone; say nothing more, as cat and grep do
+        import os
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so that the interpreter's last flush does not fail again
+        return 141
 
 
 if __name__ == "__main__":
