@@ -76,6 +76,7 @@ cluster = eks_ddp.EksCluster("cluster", eks_ddp.EksClusterArgs(
     system_instance_type=c.system_instance_type, system_node_count=c.system_node_count,
     log_retention_days=c.log_retention_days, aws_profile=profile, admin_principal_arns=c.admin_principal_arns,
     viewer_principal_arns=c.viewer_principal_arns, stack_id=stack_id,
+    lustre_client=cfg.storage.backend == "fsxLustre",  # every node that can mount it: the layout Job runs on these
 ))
 irsa = dict(oidc_provider_arn=cluster.oidc_provider_arn, oidc_provider_url=cluster.oidc_provider_url)
 
@@ -90,6 +91,7 @@ gpu_groups = {g.name: eks_ddp.GpuNodeGroup(f"gpu-{g.name}", eks_ddp.GpuNodeGroup
     root_volume_gib=g.root_volume_gib, spot_instance_types=g.spot_instance_types, kubernetes_version=k8s_version,
     node_repair=cfg.observability.node_repair, release_version=c.ami_release_version,
     local_storage=g.local_storage, capacity_block_window=g.capacity_block_window,
+    lustre_client=cfg.storage.backend == "fsxLustre",
 ), opts=pulumi.ResourceOptions(depends_on=[cluster])) for g in cfg.node_groups}
 
 # skip_update_unreachable: a cluster out of reach keeps its objects, never failing `up` (tooling/preflight/live.py)

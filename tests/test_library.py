@@ -215,3 +215,60 @@ def test_components_expose_what_a_composing_program_needs():
     (sa,) = [r for r in result.of_type("kubernetes:core/v1:ServiceAccount") if r.inputs["metadata"]["name"]
              == seen["sa"]]
     assert seen["sa"] == "train-trainer" and sa and seen["run_dir"] == "/shared/runs/exp-1"
+
+
+def _complete_stack() -> str:
+    section = (ROOT / "docs" / "library.md").read_text().split("## A complete stack", 1)[1]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def _not_exported(program: str) -> list[str]:
+    """Imports of ``program`` from eks_ddp that are not the package's exported names (a submodule, or a name not
+    in ``eks_ddp.__all__``)."""
+    import ast
+
+    import eks_ddp
+
+    bad = []
+    for node in ast.walk(ast.parse(program)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("eks_ddp"):
+            bad += [f"{node.module}.{a.name}" for a in node.names
+                    if node.module != "eks_ddp" or a.name not in eks_ddp.__all__]
+        elif isinstance(node, ast.Import):
+            bad += [a.name for a in node.names if a.name.startswith("eks_ddp.")]
+    return bad
+
+
+def test_the_complete_stack_uses_exported_names_only():
+    assert _not_exported(_complete_stack()) == []
+    # The check catches what __main__.py does (its helpers are not exported): a negative control.
+    assert _not_exported("from eks_ddp.workloads.elastic_job import rdzv_client_labels\nimport eks_ddp.config\n"
+                         "from eks_ddp import Network, not_a_name\n") == [
+        "eks_ddp.workloads.elastic_job.rdzv_client_labels", "eks_ddp.config", "eks_ddp.not_a_name"]
+
+
+def test_the_complete_stack_plans_as_a_users_program(installed, tmp_path):
+    """docs/library.md's complete stack, network to job, as a user's __main__.py outside this repository, planned
+    under Pulumi's mocks with the installed package: every layer is there, each under its component."""
+    project = tmp_path / "user-project"
+    project.mkdir()
+    (project / "__main__.py").write_text(_complete_stack())
+    runner = textwrap.dedent(f"""
+        import json
+        from eks_ddp.tooling.mocks import run_program
+        result = run_program({{}}, program={str(project / "__main__.py")!r})
+        print(json.dumps({{"types": sorted({{r.type for r in result.resources}}), "follow": result.outputs["followTraining"],
+                          "jobs": [r.name for r in result.resources if r.type == "kubernetes:batch/v1:Job"]}}))
+    """)
+    out = subprocess.run([sys.executable, "-c", runner], cwd=project, capture_output=True, text=True, timeout=240,
+                         env={**os.environ, "PYTHONPATH": str(installed)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    import json
+
+    doc = json.loads(out.stdout.strip().splitlines()[-1])
+    for kind in ("eks-ddp:network:Network", "eks-ddp:cluster:EksCluster", "eks-ddp:gpu_nodegroup:GpuNodeGroup",
+                 "eks-ddp:addons:ClusterAddons", "eks-ddp:autoscaler:ClusterAutoscaler", "eks-ddp:efs:EfsStore",
+                 "eks-ddp:etcd:EtcdRendezvous", "eks-ddp:elastic_job:ElasticJob", "pulumi:providers:kubernetes",
+                 "aws:eks/nodeGroup:NodeGroup", "aws:efs/mountTarget:MountTarget", "kubernetes:batch/v1:Job"):
+        assert kind in doc["types"], (kind, doc["types"])
+    assert "kubectl -n training logs -f" in doc["follow"], doc

@@ -335,3 +335,23 @@ def test_the_program_logs_the_etcd_v2_warning_and_builds_the_same_stack(monkeypa
     old = run(set_path(stack_config("dev"), "eks-ddp:job.rdzvBackend", "etcd-v2"))
     assert [m for m in said if m.startswith("job.rdzvBackend: got 'etcd-v2'")]
     assert len(new.resources) > 10 and sorted(r.urn for r in old.resources) == sorted(r.urn for r in new.resources)
+
+
+def test_min_above_max_is_one_error_not_also_one_about_a_desired_size_never_set(dev):
+    """Review mistake 16: minSize 3, maxSize 2 also said 'desiredSize: got 0; expected between minSize (3) and maxSize
+    (2)' about a key the user never set; the minSize error is the one to fix. A desiredSize outside a valid range
+    is still refused (test_desired_outside_min_max)."""
+    cfg = set_path(set_path(dev, "eks-ddp:nodeGroups[0].minSize", 3), "eks-ddp:nodeGroups[0].maxSize", 2)
+    with pytest.raises(ConfigError) as info:
+        load(set_path(cfg, "eks-ddp:job.nodes", 1))
+    assert [p for p in info.value.problems if "nodeGroups[0]." in p] == [
+        "nodeGroups[0].minSize: got 3; expected <= maxSize (2)"], info.value.problems
+
+
+def test_a_graviton_system_type_says_why_it_is_refused(dev):
+    """Review mistake 28: m7g.large was refused without the reason (arm64); an unknown x86_64 type keeps the list."""
+    msg = rejects(set_path(dev, "eks-ddp:cluster.systemInstanceType", "m7g.large"), "cluster.systemInstanceType",
+                  "got 'm7g.large', a Graviton (arm64) type; expected an x86_64 type")
+    assert "AL2023_x86_64_STANDARD" in msg
+    other = rejects(set_path(dev, "eks-ddp:cluster.systemInstanceType", "m9.large"), "cluster.systemInstanceType")
+    assert "Graviton" not in other and "describe it under eks-ddp:catalog" in other

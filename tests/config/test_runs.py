@@ -141,6 +141,11 @@ def test_workload_has_exactly_one_of_module_and_script(workload, fragment):
     (custom(env=["A=1"]), "runs[0].workload.env: got ['A=1']", "an object"),
     (custom(data={"s3": "s3://my-data/wiki"}), "runs[0].workload.data.s3: got 's3://my-data/wiki'",
      "end it with '/': s3://my-data/wiki/"),
+    (custom(data={"s3": "s3://my-bucket/corpora/wiki.tar"}), "runs[0].workload.data.s3: got "
+     "'s3://my-bucket/corpora/wiki.tar'", "(wiki.tar names one object: the stage copies every object under a prefix; "
+     "give the folder that holds it, s3://my-bucket/corpora/, or put it in a folder of its own)"),
+    (custom(egress=["169.254.169.254/32:80"]), "runs[0].workload.egress[0].cidr: got '169.254.169.254/32'",
+     "expected a narrower CIDR, or 'internet:80' for public addresses"),
     (custom(data={"s3": "https://my-data.s3.amazonaws.com/wiki/"}), "runs[0].workload.data.s3", "an S3 prefix"),
     (custom(data={"s3": "s3://My_Bucket/wiki/"}), "runs[0].workload.data.s3", "an S3 prefix"),
     (custom(data="s3://my-data/wiki/"), "runs[0].workload.data: got 's3://my-data/wiki/'", "an object with keys s3, sha256"),
@@ -232,3 +237,10 @@ def test_a_workload_under_job_points_at_runs():
     raw = stack_config("dev")
     raw["eks-ddp:job"] = {**raw["eks-ddp:job"], "workload": custom()}
     rejects(raw, "job.workload: eks-ddp:job runs the bundled trainer", "under eks-ddp:runs")
+
+
+def test_the_stack_forms_egress_message_names_no_python_argument():
+    """Review mistake 29: the fix named Egress's except_, a Python argument the stack file has no key for."""
+    msg = rejects(with_runs({"runId": "a", "workload": custom(egress=["169.254.169.254/32:80"])}),
+                  "runs[0].workload.egress[0].cidr")
+    assert "except_" not in msg and "Egress.internet" not in msg, msg

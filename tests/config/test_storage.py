@@ -142,3 +142,35 @@ def test_no_run_asks_for_a_blocks_nodes_before_it_starts_and_none_after_it_ends(
     assert problems(block(), today=dt.date(2026, 12, 9)) == [
         "nodeGroups[0].capacityBlockEnd: the block ended at 2026-12-08T11:30:00Z; expected the window of a block "
         "that has not ended (set the new block's capacityReservationId, start and end)"]
+
+
+def test_a_multi_node_run_on_an_efa_type_with_efa_off_is_warned():
+    """Review mistake 30: 16 x p4de with efa false planned without a word. Valid (a user may want TCP), so a warning
+    (pulumi up and the plan print the config's warnings), naming the key, the type and the run."""
+    raw = edit(stack_config("p4de"), **{"nodeGroups[0].efa": False})
+    [warning] = [w for w in load(raw).warnings if ".efa:" in w]
+    assert warning.startswith("nodeGroups[0].efa: false on p4de.24xlarge, which has 4 EFA interface(s), while job "
+                              "trains on 2 nodes"), warning
+    assert "expected efa: true for a multi-node run" in warning
+    assert not [w for w in load(stack_config("p4de")).warnings if ".efa:" in w]  # efa on: nothing to say
+    one = edit(raw, **{"job.nodes": 1, "job.minNodes": 1})
+    assert not [w for w in load(one).warnings if ".efa:" in w]  # one node: no traffic between nodes
+
+
+def test_fsx_with_a_runs_group_pinned_to_another_zone_is_warned():
+    """Review mistake 5: FSx for Lustre is made in one subnet (the first run's group's zone); a run whose group is
+    pinned to another zone mounts it across zones."""
+    raw = edit(stack_config("p4de"), **{"storage.backend": "fsxLustre", "storage.fsxStorageCapacityGiB": 2400})
+    raw["eks-ddp:nodeGroups"] = [*raw["eks-ddp:nodeGroups"], {"name": "b", "instanceType": "g5.12xlarge", "minSize": 0,
+                                                            "maxSize": 2, "availabilityZone": "us-east-1b"}]
+    job = {k: v for k, v in raw.pop("eks-ddp:job").items()}
+    runs = [job, {"runId": "second", "nodeGroup": "b", "nodes": 2}]
+    cfg = load({**raw, "eks-ddp:runs": runs})
+    [warning] = [w for w in cfg.warnings if w.startswith("storage.backend")]
+    assert warning.startswith("storage.backend: fsxLustre lives in one subnet, in us-east-1a (the group of runs[0]); "
+                              "runs[1]'s group 'b' is pinned to us-east-1b"), warning
+    same = set_path({**raw, "eks-ddp:runs": runs}, "eks-ddp:nodeGroups[1].availabilityZone", "us-east-1a")
+    assert not [w for w in load(same).warnings if w.startswith("storage.backend")]
+    efs = {**edit(raw, **{"storage.backend": "efs"}), "eks-ddp:runs": runs}
+    efs.pop("eks-ddp:storage", None)
+    assert not [w for w in load(efs).warnings if w.startswith("storage.backend")]

@@ -264,13 +264,19 @@ def test_the_stage_role_lists_exactly_the_prefix_and_reads_only_under_it():
     from eks_ddp.infra.iam import read_prefix_policy
 
     doc = json.loads(read_prefix_policy(WIKI, "aws-cn"))
-    listing, read = doc["Statement"]
+    listing, read, decrypt = doc["Statement"]
     assert listing == {"Sid": "ListThePrefixOnly", "Effect": "Allow", "Action": "s3:ListBucket",
                        "Resource": "arn:aws-cn:s3:::my-data",
                        "Condition": {"StringEquals": {"s3:prefix": "corpora/wiki/"}}}
     assert read == {"Sid": "ReadUnderThePrefixOnly", "Effect": "Allow", "Action": "s3:GetObject",
                     "Resource": "arn:aws-cn:s3:::my-data/corpora/wiki/*"}
-    assert len(doc["Statement"]) == 2
+    # SSE-KMS objects under the prefix only, through S3 only: a bucket under a customer-managed key is readable
+    assert decrypt == {"Sid": "DecryptTheseObjectsThroughS3Only", "Effect": "Allow", "Action": "kms:Decrypt",
+                       "Resource": "*", "Condition": {"StringLike": {
+                           "kms:ViaService": "s3.*",
+                           "kms:EncryptionContext:aws:s3:arn": ["arn:aws-cn:s3:::my-data",
+                                                                "arn:aws-cn:s3:::my-data/corpora/wiki/*"]}}}
+    assert len(doc["Statement"]) == 3
 
 
 def test_the_program_gives_an_s3_run_its_stage_and_role():

@@ -13,6 +13,7 @@ import json
 import pytest
 
 from eks_ddp.core import k8s_versions
+from eks_ddp.core import storage as storage_rules
 from eks_ddp.infra.fsx import DRIVER_ACTIONS, FsxLustreStoreArgs
 from eks_ddp.infra.fsx import validate as validate_fsx
 from eks_ddp.tooling import contracts
@@ -315,3 +316,34 @@ def test_the_exported_cost_estimate_shows_the_backend_and_the_reservation(fsx_re
     [res] = [i for i in est["line_items"] if "cr-0123456789abcdef0" in i["name"]]
     assert res["idle_per_hour"] > 50 and est["idle_per_hour"] > 55  # the reservation, whether nodes run or not
     assert any(i["name"].startswith("kept FSx for Lustre") for i in est["after_destroy"])
+
+
+def test_the_file_system_waits_as_long_as_a_backup_of_its_capacity_takes(fsx_result):
+    """M1: the provider's default is 30 minutes for each of create, update and delete; the final backup on destroy
+    (and the restore on the up after it) of 2400 GiB gets 7 hours, so destroy does not give up with the network
+    half-deleted. Negative control: the provider's default is below every budget."""
+    fs = fsx_result.one(FS)
+    assert fs.custom_timeouts == {"create": "7h", "update": "7h", "delete": "7h"}  # restoring BACKUP
+    assert storage_rules.fsx_timeouts(2400, restoring=False) == {"create": "1h", "update": "7h", "delete": "7h"}
+    assert storage_rules.fsx_timeouts(1200, restoring=False)["delete"] == "5h"
+    assert storage_rules.fsx_backup_hours(48000) == 95
+    assert all(storage_rules.fsx_backup_hours(gib) > storage_rules.PROVIDER_DEFAULT_TIMEOUT_HOURS
+               for gib in (1200, 2400, 4800))
+    other = fsx_result.one("aws:ec2/securityGroup:SecurityGroup", "storage-lustre")
+    assert other.custom_timeouts == {}  # the mocks record only what a resource sets
+
+
+def test_a_restored_file_system_names_its_backup_in_a_tag(fsx_result, dev_result):
+    """Preflight tells fsxBackupId left in place after a restore from one set on a file system that already exists by
+    this tag (FSx does not report a file system's source backup); a file system not restored carries none."""
+    from eks_ddp.infra.fsx import RESTORED_FROM_TAG
+
+    assert fsx_result.one(FS).inputs["tags"][RESTORED_FROM_TAG] == BACKUP
+    fresh = run(set_path(stack_config("dev"), "eks-ddp:storage", {"backend": "fsxLustre"}))
+    assert RESTORED_FROM_TAG not in fresh.one(FS).inputs["tags"]
+
+
+def test_the_s3_data_repository_waits_longer_than_the_providers_ten_minutes(fsx_result):
+    """Its creation imports the prefix's metadata, its deletion precedes the file system's on destroy."""
+    dra = fsx_result.one("aws:fsx/dataRepositoryAssociation:DataRepositoryAssociation")
+    assert dra.custom_timeouts == {"create": "2h", "update": "1h", "delete": "1h"}

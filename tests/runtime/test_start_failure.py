@@ -14,10 +14,12 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from eks_ddp_runtime import startfail
+from eks_ddp_runtime.podfs import READ_ONLY_ENV
 from tests.runtime.test_torchrun_corpus import _finish, _launcher, _start, _worker_starts, etcd  # noqa: F401
 from tests.support.etcd_server import ROOT, trainer_env
 
@@ -133,3 +135,83 @@ def test_a_module_is_found_as_python_m_finds_it_without_importing_it(module, say
         assert ours.stdout.strip() == "ok"
     else:
         assert says.format(corpus=guarded) in ours.stdout, ours.stdout
+
+
+def _after_init(etcd: str, tmp_path, *flags: str) -> tuple[int, int, str, str, Path]:  # noqa: F811
+    """scripts/fails_after_init.py under the Job's agent command (2 workers, a budget of 20 restarts), from a copy of
+    the corpus whose folder is read-only as the pod's /app is (podfs.py): exit code, rounds, stdout, stderr, run dir."""
+    project, state, run_dir = tmp_path / "project", tmp_path / "state", tmp_path / "run"
+    shutil.copytree(CORPUS, project)
+    state.mkdir()
+    env = trainer_env({"EKS_DDP_RUN_DIR": str(run_dir), READ_ONLY_ENV: str(project)})
+    cmd = _launcher(etcd, ["scripts/fails_after_init.py", str(state), *flags], max_restarts=20)
+    proc = subprocess.Popen(cmd, cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    code, out, err = _finish(proc, timeout_s=200)
+    assert not (project / "checkpoints").exists()
+    rounds = (state / "rounds").read_text().count("round\n") if (state / "rounds").exists() else 0
+    return code, rounds, out, err, run_dir
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_failure_every_round_repeats_after_init_stops_the_run_in_three_rounds(etcd, tmp_path):  # noqa: F811
+    """The review's R1: rank 0 creates ./checkpoints after init_process_group, on the read-only root, in every round.
+    No start failure (it is past init), yet certain: the same OSError at the same line before any step. The agent
+    exits 2 after startfail.REPEATS rounds (it used to spend all 20 restarts), naming the error, the place and the
+    fix, in its log and in exit.json."""
+    code, rounds, _, err, run_dir = _after_init(etcd, tmp_path)
+    assert code == 2, err[-3000:]
+    assert rounds == startfail.REPEATS == 3, err[-3000:]
+    [line] = [x for x in err.splitlines() if "rounds in a row failed with the same error" in x]
+    assert "OSError: [Errno 30] Read-only file system" in line and "'checkpoints'" in line, line
+    assert "fails_after_init.py:37" in line and "exit 2" in line and "Fix the code or the path at" in line, line
+    assert "before any step completed" in line and "a restart or a resume would repeat it" in line, line
+    [exit_record] = run_dir.glob("logs/*/exit.json")
+    doc = json.loads(exit_record.read_text())
+    assert doc["exit_code"] == 2 and "a failure every round repeats" in doc["reason"], doc
+    assert "fails_after_init.py:37" in doc["reason"], doc
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("flags,code,starts", [
+    (["--fail-rounds", "2"], 0, 3),  # the same error twice, then gone: retried, and the run finishes
+    pytest.param(["--step-first", "--fail-rounds", "4"], 0, 5, marks=pytest.mark.long),  # after a step: retried
+])
+def test_a_failure_a_restart_can_fix_is_still_retried(flags, code, starts, etcd, tmp_path):  # noqa: F811
+    got, rounds, out, err, _ = _after_init(etcd, tmp_path, *flags)
+    assert got == code, err[-3000:]
+    assert rounds == starts, err[-3000:]
+    assert "rounds in a row failed" not in err and out.count("[user] rank 0 done") == 1, err[-3000:]
+
+
+def test_the_rule_over_consecutive_rounds(tmp_path):
+    def rec(name: str, *, message: str = "OSError: x", where: str | None = "/app/train.py:9", stepped: bool = False,
+            transient: bool = False) -> str:
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"message": {"message": message, "extraInfo": {"timestamp": "0", startfail.KEY: {
+            "before_first_step": False, "transient": transient, "stepped": stepped, "place": where}}}}))
+        return str(path)
+
+    peer = rec("peer", message="RuntimeError: Connection closed by peer", where="/x/c10d.py:1", transient=True)
+    one = {0: rec("a"), 1: peer}
+    assert startfail.round_failure(one, {0}) == ("OSError: x", "/app/train.py:9")  # a peer noticing does not hide it
+    assert startfail.round_failure(one, {0, 1}) == ("OSError: x", "/app/train.py:9")
+    assert startfail.round_failure({0: rec("b"), 1: rec("c", where="/app/train.py:10")}, {0}) is None  # two places
+    assert startfail.round_failure({0: rec("d", stepped=True)}, {0}) is None  # a step completed: training ran
+    (tmp_path / "peer.json.stepped").write_text("")
+    assert startfail.round_failure(one, {0}) is None  # ... in a peer too
+    assert startfail.round_failure({0: rec("e"), 1: str(tmp_path / "none.json")}, {1}) is None  # killed: no record
+    assert startfail.round_failure({0: rec("f", transient=True)}, {0}) is None
+    assert startfail.round_failure({0: rec("g", where=None)}, {0}) is None  # no place to compare
+
+    err, other = ("OSError: x", "/app/train.py:9"), ("OSError: y", "/app/train.py:9")
+    r = startfail.RepeatedFailure()
+    assert [r.add(1, err), r.add(2, err), r.add(3, err)] == [None, None, err]
+    r = startfail.RepeatedFailure()
+    assert [r.add(1, err), r.add(2, other), r.add(3, err), r.add(4, err)] == [None, None, None, None]  # not the same
+    r = startfail.RepeatedFailure()
+    assert [r.add(1, err), r.add(2, None), r.add(3, err), r.add(4, err)] == [None, None, None, None]  # broken chain
+    r = startfail.RepeatedFailure()
+    assert [r.add(1, err), r.add(3, err), r.add(4, err)] == [None, None, None]  # not consecutive starts

@@ -1,7 +1,8 @@
 """The AWS answers moto 5.2.5 lacks, in one place.
 
 - Service Quotas: moto knows only the "vpc" service's quotas, not EC2's vCPU quotas.
-- EC2 capacity reservations: moto implements neither create_ nor describe_capacity_reservations.
+- EC2 capacity reservations: moto implements neither create_ nor describe_capacity_reservations
+  (:func:`no_reservations_by_default` answers "none" for every client; :func:`add_reservations` gives one some).
 - EC2 placement groups: moto implements neither create_ nor describe_placement_groups.
 
 :class:`StubQuotas` stands in for the ``service-quotas`` client. :func:`add_reservations`
@@ -12,6 +13,7 @@ other EC2 call still goes to moto.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from botocore.awsrequest import AWSResponse
@@ -96,8 +98,31 @@ def add_reservations(ec2: Any, reservations: list[dict[str, Any]]) -> None:
         return AWSResponse("https://ec2.amazonaws.com/", 200, {}, None), {
             "CapacityReservations": [by_id[i] for i in ids], "ResponseMetadata": {"HTTPStatusCode": 200}}
 
-    # A before-call handler that returns (http, parsed) stands in for the HTTP request.
-    ec2.meta.events.register("before-call.ec2.DescribeCapacityReservations", answer)
+    # A before-call handler that returns (http, parsed) stands in for the HTTP request; first, ahead of the
+    # account-wide default of :func:`no_reservations_by_default`.
+    ec2.meta.events.register_first("before-call.ec2.DescribeCapacityReservations", answer)
+
+
+def _no_reservations(params: dict[str, Any], **_: Any) -> tuple[Any, dict[str, Any]]:
+    return AWSResponse("https://ec2.amazonaws.com/", 200, {}, None), {
+        "CapacityReservations": [], "ResponseMetadata": {"HTTPStatusCode": 200}}
+
+
+_DEFAULT_HANDLER = ("before-call.ec2.DescribeCapacityReservations", _no_reservations)
+
+
+@contextlib.contextmanager
+def no_reservations_by_default():
+    """Every EC2 client made meanwhile answers DescribeCapacityReservations with an account that has none (moto
+    does not implement it), unless :func:`add_reservations` gave it some: as moto does, through botocore's
+    ``BUILTIN_HANDLERS``, which every new session registers."""
+    from botocore.handlers import BUILTIN_HANDLERS
+
+    BUILTIN_HANDLERS.append(_DEFAULT_HANDLER)
+    try:
+        yield
+    finally:
+        BUILTIN_HANDLERS.remove(_DEFAULT_HANDLER)
 
 
 def add_placement_groups(ec2: Any, groups: dict[str, str]) -> None:

@@ -247,6 +247,31 @@ def test_a_custom_workload_has_no_per_run_figure_from_the_bundled_trainer():
     assert estimate(load_stack_config(dev, region="us-west-2", placeholders_ok=True)).as_dict()["per_run_known"]
 
 
+
+def test_an_own_image_stack_lists_neither_the_trainers_phases_nor_an_ecr_repository_it_does_not_make():
+    """Review MINOR 7: a stack whose runs all name their own image makes no ECR repository (__main__.py builds the
+    trainer's only when a run uses it) and does not run the trainer's evaluation: its estimate bills neither."""
+    from eks_ddp.config import load_stack_config
+    from eks_ddp.tooling.cost import estimate
+    from tests.support.util import BYO_OWN_ACCOUNT_IMAGE, stack_config
+
+    raw = {k: v for k, v in stack_config("dev").items() if k.startswith("eks-ddp:") and k != "eks-ddp:job"}
+    raw["eks-ddp:runs"] = [{"runId": "mine", "nodes": 1, "workload": {"image": BYO_OWN_ACCOUNT_IMAGE,
+                                                                          "module": "m.train"}}]
+    est = estimate(load_stack_config(raw, region="us-west-2", placeholders_ok=True))
+    names = [i.name for i in est.items]
+    assert not [n for n in names if "ECR" in n], names
+    [phases] = [a for a in est.assumptions if a.startswith("a run's GPU-node time: ")]
+    assert "training" not in phases.split(" (the tail")[0] and "start-up and evaluation" not in phases, phases
+    assert "node start-up" in phases and "plus your workload's own time" in phases, phases
+    assert not [a for a in est.assumptions if "ECR 5 GB" in a]
+    # Control: the bundled trainer's stack builds its image, so its repository is billed and its phases listed.
+    dev = {k: v for k, v in stack_config("dev").items() if k.startswith("eks-ddp:")}
+    bundled = estimate(load_stack_config(dev, region="us-west-2", placeholders_ok=True))
+    assert [i.name for i in bundled.items if "ECR" in i.name] == ["ECR image storage (assumed 5 GB)"]
+    assert any("start-up and evaluation" in a for a in bundled.assumptions)
+
+
 # --- the queue (Kueue) ----------------------------------------------------------------------------------------
 def _system_pods(stack: str) -> dict[str, dict[str, float]]:
     """The stack's own pods on the system nodes, from its rendered plan (as tests/infra/test_autoscaler.py does)."""

@@ -60,6 +60,7 @@ def test_dev_plan_prints_tree_counts_and_writes_manifests(tmp_path):
     assert lines[i + 1].startswith("  ")
     assert "aws:eks/nodeGroup:NodeGroup" in out and "kubernetes:batch/v1:Job" in out
     assert "kubeconfig: [secret]" in out
+    assert "## Queue: who is admitted, who waits" in out and "  training-run-1: admitted, 2 pod(s) on gpu-gpu" in out
     written = sorted(tmp_path.glob("*.yaml"))
     kinds = {yaml.safe_load(p.read_text())["kind"] for p in written}
     assert {"Job", "StatefulSet", "Service", "NetworkPolicy", "PersistentVolumeClaim"} <= kinds

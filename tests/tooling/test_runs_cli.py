@@ -15,6 +15,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -302,3 +303,59 @@ def test_the_console_script_is_declared_and_imports_no_torch():
     code = "import sys, eks_ddp.tooling.runs; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True).stdout.strip() == "False"
+
+
+def _eks_ddp(*args: str, **kw) -> subprocess.Popen:
+    """``eks-ddp ARGS`` as a process (the console script's module, with this tree's packages)."""
+    return subprocess.Popen([sys.executable, "-m", "eks_ddp.tooling.runs", *args], stdin=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, **kw)
+
+
+def test_cancel_help_says_what_cancel_does(capsys):
+    """It said "suspend its Job": the cancel line deletes the Job (suspending is no cancel under Kueue)."""
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    assert "cancel" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        cli.main(["cancel", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "suspend" not in text and "deletes its Job" in text and "SIGTERM to its runner" in text, text
+
+
+def test_status_into_a_closed_pipe_ends_quietly(tmp_path):
+    """`eks-ddp status RUN | head -0`: the reader is gone before the first line; no BrokenPipeError traceback,
+    SIGPIPE's status (141) as a shell reports it."""
+    run = failed_run(tmp_path / "run-9")
+    proc = _eks_ddp("status", str(run), stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    proc.stdout.close()  # head -0: closes its end at once
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 141 and "Traceback" not in err and "BrokenPipe" not in err, (proc.returncode, err)
+
+
+def test_follow_right_after_the_start_waits_for_the_logs(tmp_path):
+    """`eks-ddp logs RUN --follow` as the runner starts: no agent's folder yet. It waits while the runner lives
+    (it used to exit 1, "the kept logs are missing"), prints them as they come, and returns 0 when the run ends."""
+    run = tmp_path / "local-run"
+    run.mkdir()
+    # A stand-in runner: a live process whose command line names the local runner, as pids.json's runner has.
+    runner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "eks_ddp_local"])
+    try:
+        (run / "pids.json").write_text(json.dumps({"runner": runner.pid, "agents": [], "workers": [], "etcd": []}))
+        follow = _eks_ddp("logs", str(run), "--follow", stdout=subprocess.PIPE)
+        try:
+            time.sleep(1.5)
+            assert follow.poll() is None, follow.communicate()
+            agent = run / "logs" / "agent0"
+            agent.mkdir(parents=True)
+            (agent / "rank-0.log").write_text("step 1 loss 2.0\n")
+            time.sleep(1.5)
+        finally:
+            runner.kill()
+            runner.wait()
+        out, err = follow.communicate(timeout=30)
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+    assert follow.returncode == 0, err
+    assert "step 1 loss 2.0" in out, (out, err)

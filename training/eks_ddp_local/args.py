@@ -66,6 +66,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "(a lost node; with --min-agents below --agents the others finish the job)")
     arg("--kill-worker-after", type=float, metavar="S", help="SIGKILL one worker S seconds after the agents start (your "
         "own code too), to see it recover")
+    arg("--kill-agent-after", type=float, metavar="S", help="SIGKILL the last agent and its workers S seconds after the "
+        "agents start (your own code too): a lost node")
     arg("--timeout", type=float, default=900, help="seconds before the run is stopped (900)")
     args = p.parse_args(argv)
     args.user_args = user_args
@@ -86,6 +88,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if (args.module or args.script) and args.kill_worker_at_step is not None:
         p.error("--kill-worker-at-step: the step comes from the bundled trainer's records; with your own code use "
                 "--kill-worker-after SECONDS")
+    if (args.module or args.script) and args.kill_agent_at_step is not None:
+        p.error("--kill-agent-at-step: the step comes from the bundled trainer's records; with your own code use "
+                "--kill-agent-after SECONDS")
+    if args.kill_agent_at_step is not None and args.kill_agent_after is not None:
+        p.error("--kill-agent-after: not with --kill-agent-at-step; expected one of them")
     if args.model not in MODELS:
         p.error(f"--model {args.model}: unknown; expected one of {', '.join(sorted(MODELS))}")
     for name in ("agents", "nproc_per_node", "epochs", "global_batch_size", "bn_group"):
@@ -98,7 +105,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 RUN_FILE = "run.json"
 """The run's settings, in its folder: what ``--resume`` restarts it with."""
-_NOT_RESUMED = ("resume", "timeout", "kill_worker_at_step", "kill_agent_at_step", "kill_worker_after", "out")
+_NOT_RESUMED = ("resume", "timeout", "kill_worker_at_step", "kill_agent_at_step", "kill_worker_after", "kill_agent_after",
+                "out")
 
 
 def _resumed(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
@@ -112,4 +120,5 @@ def _resumed(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.N
         if key in out and key not in _NOT_RESUMED:
             out[key] = Path(value) if key == "data" and value is not None else value
     out["kill_worker_at_step"] = out["kill_agent_at_step"] = out["kill_worker_after"] = None  # not repeated
+    out["kill_agent_after"] = None
     return argparse.Namespace(**out)

@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(o: argparse.Namespace, progress: Progress | None = None) -> RunResult:
     from eks_ddp_local.job import LocalJob
-    from eks_ddp_local.procs import kill_tagged, send, start_reaper
+    from eks_ddp_local.procs import become_subreaper, kill_owned, send, start_reaper
     from eks_ddp_local.progress import Progress, format_duration
     from eks_ddp_trainer.plot import summarize
 
@@ -173,7 +173,9 @@ def run(o: argparse.Namespace, progress: Progress | None = None) -> RunResult:
     previous = {s: signal.signal(s, job.on_signal) for s in handled}
     reason, started = "not started", time.monotonic()
     etcd_dir = Path(tempfile.mkdtemp(prefix=f"eks-ddp-etcd-{job.run_id}-"))
-    reaper = start_reaper(job.run_id, [str(etcd_dir)])
+    become_subreaper()  # a worker orphaned by its agent's death stays in the runner's tree, where it is found
+    reaper = start_reaper([str(etcd_dir)])
+    job.reaper = reaper.pid
     try:
         with rendezvous(o.rdzv, etcd_dir) as endpoint:
             job.endpoint = endpoint
@@ -207,7 +209,8 @@ def run(o: argparse.Namespace, progress: Progress | None = None) -> RunResult:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-        kill_tagged(job.run_id, spare=[reaper.pid])  # etcd too, should stopping it have failed
+        job._scan()
+        kill_owned(job.owned, spare=[reaper.pid])  # etcd too, should stopping it have failed: only what it started
         shutil.rmtree(etcd_dir, ignore_errors=True)
         send(reaper.pid, signal.SIGKILL)
         reaper.wait()
@@ -220,8 +223,13 @@ def run(o: argparse.Namespace, progress: Progress | None = None) -> RunResult:
     # after losing some (an elastic job with --min-agents below --agents).
     ok = (job.stop_signal is None and not job.fatal and bool(codes)
           and (all(c == 0 for c in codes) or (finished and any(c == 0 for c in codes))))
-    if own:  # no metrics.json to look for: the agents' exit statuses are the verdict
-        ok = job.stop_signal is None and not job.fatal and bool(codes) and all(c == 0 for c in codes)
+    if own:  # no metrics.json: the agents' exit statuses, and the launcher's final marker after losing some
+        from eks_ddp_runtime.runlogs import FINAL_MARKER
+
+        marker = job.run_dir / FINAL_MARKER  # written by an agent whose run finished (eks_ddp_runtime/launch.py)
+        finished = marker.exists() and marker.stat().st_mtime >= time.time() - (time.monotonic() - started)
+        ok = (job.stop_signal is None and not job.fatal and bool(codes)
+              and (all(c == 0 for c in codes) or (finished and any(c == 0 for c in codes))))
     if not ok and job.stop_signal is None and job.cause is None:
         job.cause = job.first_error or f"agent exit statuses {codes}"
     returncode = (0 if ok else 128 + job.stop_signal if job.stop_signal else job.fatal_code
@@ -236,10 +244,17 @@ def run(o: argparse.Namespace, progress: Progress | None = None) -> RunResult:
             f"no worker killed (the job ended before step {o.kill_worker_at_step})" if job.kill_step is None else
             f"worker killed at step {job.kill_step}; the job did not recover" if job.recovery_s is None else
             f"worker killed at step {job.kill_step}, training resumed {job.recovery_s:.1f} s later "
-            + (f"from the checkpoint at step {job.resumed_step}" if job.resumed_step else "from scratch")))
+            + (f"from the checkpoint at step {job.resumed_step}" if job.resumed_step else "from scratch")
+            + (" (the step the kill was sent at is the last record the runner read: the workers, which log every "
+               "few steps and never wait for it, had trained on and snapshotted a later step; docs/trainer.md)"
+               if job.resumed_step and job.kill_step is not None and job.resumed_step > job.kill_step else "")))
     if o.kill_worker_after is not None:
         print("[local] recovery: " + ("no worker killed (the job ended first)" if job.killed_at is None else
                                       f"a worker was killed {o.kill_worker_after:g} s after the start"))
+    if o.kill_agent_after is not None:
+        print("[local] recovery: " + ("no agent killed (the job ended first)" if job.killed_at is None else
+                                      f"agent{len(job.agents) - 1} was killed {o.kill_agent_after:g} s after the start"
+                                      + ("; the others finished the job" if ok else "")))
     if not own:
         result.metrics, result.plot = summarize(job.run_dir, job.out / "training-curve.png",
                                                 kill_step=job.kill_step, title=f"eks-ddp local run {job.run_id}")
@@ -254,6 +269,7 @@ def run(o: argparse.Namespace, progress: Progress | None = None) -> RunResult:
               f"[local] resume it with: {resume_command(job.run_dir)}", flush=True)
     job._write_json("result.json", {
         "returncode": result.returncode, "agent_returncodes": codes, "reason": reason, "cause": job.cause,
+        "stopped_by": signal.Signals(job.stop_signal).name if job.stop_signal else None,
         "run_dir": job.run_dir, "kill_step": job.kill_step, "recovery_s": job.recovery_s,
         "resumed_step": job.resumed_step, "start_step": job.start_step, "metrics": result.metrics, "plot": result.plot})
     return result

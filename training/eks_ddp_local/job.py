@@ -26,12 +26,14 @@ from eks_ddp.core.launch_command import (
     module_command,
     script_command,
 )
+from eks_ddp.core.workload import DATA_DIR_REF, RUN_DIR_REF
 from eks_ddp_local.procs import (
+    Owned,
     alive,
     descendants,
     die_with_parent,
     executable_name,
-    kill_tagged,
+    kill_owned,
     proc_table,
     send,
     stop_agents,
@@ -95,6 +97,10 @@ class LocalJob:
         self.lines: queue.Queue[tuple[int, str | None]] = queue.Queue()
         self.started: dict[str, list[int]] = {"etcd": [], "agents": [], "workers": []}
         """pids of every process this run started, by role: written to pids.json as they appear."""
+        self.owned = Owned()
+        """Every process this run started or that descends from one (pid and start time): all the runner ends."""
+        self.reaper: int | None = None
+        """The reaper's pid (procs.start_reaper): the runner's child, but not the run's to end."""
         self.endpoint: str | None = None
         self.scratch: Path | None = None
         """The run's temporary folder (the runner's; its reaper removes it): the agents' FIFOs go there."""
@@ -116,6 +122,7 @@ class LocalJob:
 
     def _record(self, role: str, pids: list[int]) -> None:
         new = [p for p in pids if p not in self.started[role]]
+        self.owned.add(new)
         if new:
             self.started[role].extend(new)
             self._write_json("pids.json", self.pids())
@@ -130,9 +137,11 @@ class LocalJob:
         agent_pids = {a.pid for a in self.agents}
         workers = [p for a in self.agents for p in descendants(a.pid, table)]
         self._record("workers", workers)
-        etcd = [p for p in descendants(os.getpid(), table)
-                if p not in agent_pids and p not in workers and executable_name(p) == "etcd"]
+        mine = [p for p in descendants(os.getpid(), table) if p != self.reaper]
+        etcd = [p for p in mine if p not in agent_pids and p not in workers and executable_name(p) == "etcd"]
         self._record("etcd", etcd)
+        # Anything else below the runner (it is the subreaper of its tree: a worker whose agent died is here too).
+        self.owned.add(mine)
 
     def agent_command(self, endpoint: str, data_dir: Path | None) -> list[str]:
         agent = AgentOptions(
@@ -141,10 +150,15 @@ class LocalJob:
             rdzv_backend=self.o.rdzv, rdzv_endpoint=endpoint,
             rdzv_id=self.run_id, max_restarts=self.o.max_restarts, timeouts=LOCAL_TIMEOUTS, local_addr="127.0.0.1",
             tls=_client_tls(endpoint))
+        # $(EKS_DDP_RUN_DIR) and $(EKS_DDP_DATA_DIR) in your arguments become the paths, as the stack renders them
+        # (Workload.rendered_args), so the same args rehearse here.
+        user_args = [a.replace(RUN_DIR_REF, str(self.run_dir)) for a in self.o.user_args]
+        if data_dir is not None:
+            user_args = [a.replace(DATA_DIR_REF, str(data_dir)) for a in user_args]
         if self.o.module:  # the user's own code: the cluster's command for a module or script workload
-            return module_command(agent, self.o.module, list(self.o.user_args), python=sys.executable)
+            return module_command(agent, self.o.module, user_args, python=sys.executable)
         if self.o.script:
-            return script_command(agent, self.o.script, list(self.o.user_args), python=sys.executable)
+            return script_command(agent, self.o.script, user_args, python=sys.executable)
         trainer = TrainerConfig(
             data_dir=str(data_dir), run_dir=str(self.run_dir), epochs=self.o.epochs,
             global_batch_size=self.o.global_batch_size, bn_group=self.o.bn_group,
@@ -285,7 +299,7 @@ class LocalJob:
                               "to show recovery (the errors that follow are its peers noticing)")
         self.progress.note = "worker killed, recovering"
 
-    def _kill_agent(self, step: int) -> None:
+    def _kill_agent(self, step: int | None) -> None:
         """Lose a node: SIGKILL the last agent and its workers (the others re-form the rendezvous)."""
         target = self.agents[-1]
         workers = descendants(target.pid)
@@ -294,8 +308,8 @@ class LocalJob:
         for pid in workers:
             send(pid, signal.SIGKILL, group=True)
         self.killed_at, self.kill_step = time.monotonic(), step
-        self.progress.message(f"step {step}: SIGKILL agent{len(self.agents) - 1} (pid {target.pid}) and its "
-                              "workers: a lost node; the other agents continue without it")
+        self.progress.message(f"{'' if step is None else f'step {step}: '}SIGKILL agent{len(self.agents) - 1} "
+                              f"(pid {target.pid}) and its workers: a lost node; the other agents continue without it")
         self.progress.note = "agent lost, recovering"
 
     def supervise(self) -> str:
@@ -323,6 +337,9 @@ class LocalJob:
             after = self.o.kill_worker_after
             if after is not None and self.killed_at is None and now - self.agents_started >= after:
                 self._kill_worker(None)
+            after = self.o.kill_agent_after
+            if after is not None and self.killed_at is None and now - self.agents_started >= after:
+                self._kill_agent(None)
             if now >= next_scan:
                 self._scan()
                 etcd_gone = [p for p in self.started["etcd"] if not alive(p)]
@@ -347,10 +364,12 @@ class LocalJob:
         return self.started["workers"]
 
     def stop_all(self) -> None:
-        """Stop agents and workers (a second Ctrl-C cuts the grace period short), then anything else that
-        carries this run's id, such as a worker whose agent died before it was seen."""
+        """Stop agents and workers (a second Ctrl-C cuts the grace period short), then anything else this run
+        started (etcd aside: its context manager stops it), such as a worker whose agent died. Only what the run
+        started: a process of the user's that names the run's folder is not the run's (procs.Owned)."""
         seen = self.signals_seen
-        stop_agents(self.agents, self._workers, self.run_id, grace_s=GRACE_S, hurry=lambda: self.signals_seen > seen)
-        kill_tagged(self.run_id, spare=self.started["etcd"])
+        stop_agents(self.agents, self._workers, self.owned, grace_s=GRACE_S, hurry=lambda: self.signals_seen > seen)
+        self._scan()
+        kill_owned(self.owned, spare=[*self.started["etcd"], *([self.reaper] if self.reaper else [])])
 
 

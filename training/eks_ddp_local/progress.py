@@ -62,6 +62,8 @@ _EXCEPTION = re.compile(r"^(?:\[[^\]]*\]:?\s*)*((?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Er
 _TRAINER_USAGE = re.compile(r"eks_ddp_trainer\.train: error: (.*)$")
 _ENOSPC = ("No space left on device", "[Errno 28]")
 _START_FAILURE = "every worker failed before its first step with the same error:"
+_REPEATED = re.compile(r"(\d+) rounds in a row failed with the same error before any step completed: (.*) at (\S+); "
+                       r"a restart or a resume would repeat it")
 
 
 def root_cause(line: str) -> str | None:
@@ -81,7 +83,12 @@ def root_cause(line: str) -> str | None:
 
 def start_failure(line: str) -> str | None:
     """The cause, when ``line`` is the launcher's start failure (eks_ddp_runtime/startfail.py: every worker of an
-    agent failed the same way before its first step; the agent exits 2 without a restart); else None."""
+    agent failed the same way before its first step, or several rounds in a row failed with the same error at the
+    same place before any step completed; the agent exits 2 without a restart); else None."""
+    m = _REPEATED.search(line)
+    if m:
+        return (f"{m[2]} at {m[3]}, the same in {m[1]} rounds in a row before any step completed (a restart or a "
+                f"resume would repeat it): fix it there and start the run again")
     if _START_FAILURE not in line:
         return None
     error = line.split(_START_FAILURE, 1)[1].split("; a restart would repeat it", 1)[0].strip()

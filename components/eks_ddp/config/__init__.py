@@ -14,13 +14,14 @@ the stack file's JSON Schema (``python -m eks_ddp.tooling.config_docs --write``,
 from __future__ import annotations
 
 import copy
+import dataclasses
 import datetime as dt
 from collections.abc import Iterable
 from typing import Any
 
 from pydantic import ValidationError
 
-from eks_ddp.config.checks import catalog_problems, ignored_settings, validate
+from eks_ddp.config.checks import advice, catalog_problems, ignored_settings, validate
 from eks_ddp.config.messages import decode, null_problems, problems
 from eks_ddp.config.schema import (
     DEFAULT_KUBERNETES_VERSION,
@@ -71,7 +72,7 @@ def load_stack_config(raw: dict[str, Any], *, region: str | None, stack: str | N
         for name in added:
             catalog.unregister(name)
         raise ConfigError(bad)
-    return cfg
+    return dataclasses.replace(cfg, warnings=(*cfg.warnings, *advice(cfg)))
 
 
 def group_zone_problems(cfg: StackConfig, subnet_zones: Iterable[str]) -> list[str]:

@@ -31,9 +31,13 @@ RDZV_RUN_ID_MAX = 44 - len("rendezvous-")
 
 _EFS_ID = re.compile(r"^fs-[0-9a-f]{8,40}$")
 _FSX_BACKUP_ID = re.compile(r"^backup-[0-9a-f]{8,}$")  # FSx API reference, Backup.BackupId
+_FSX_FILE_SYSTEM_ID = re.compile(r"^fs-[0-9a-f]{8,}$")  # FSx API reference, FileSystem.FileSystemId
 _KMS_KEY_ARN = re.compile(r"^arn:aws[a-z-]*:kms:[a-z0-9-]+:\d{12}:key/[0-9a-f-]{36}$")
 _PLACEMENT_GROUP = re.compile(r"^[\x21-\x7e]{1,255}$")
 
+
+_GRAVITON = re.compile(r"^[a-z]+\d+g[a-z]*\.")
+"""An EC2 Graviton (arm64) type: a family whose generation digit is followed by 'g' (m7g, c6gn, t4g, r8gd)."""
 
 def _found(*problems: object) -> list[str]:
     """The messages among checks' results (``None``, ``False`` or empty: no problem)."""
@@ -131,7 +135,11 @@ def _check_cluster(c: ClusterConfig, placeholders_ok: bool = False) -> list[str]
                 p.append(f"cluster.{key}[{i}]: got {arn!r} a second time; expected each principal once, in "
                          "cluster.adminPrincipalArns or cluster.viewerPrincipalArns (one EKS access entry each)")
             seen.add(arn)
-    if c.system_instance_type not in catalog.cpu_types():
+    if c.system_instance_type not in catalog.cpu_types() and _GRAVITON.match(c.system_instance_type):
+        p.append(f"cluster.systemInstanceType: got {c.system_instance_type!r}, a Graviton (arm64) type; expected an "
+                 "x86_64 type (the system nodes run the x86_64 AMI, AL2023_x86_64_STANDARD, and the stack's images "
+                 "are built for amd64): " + ", ".join(catalog.cpu_types()))
+    elif c.system_instance_type not in catalog.cpu_types():
         p.append(f"cluster.systemInstanceType: got {c.system_instance_type!r}; expected one of "
                  + ", ".join(catalog.cpu_types()) + "; or describe it under eks-ddp:catalog (an x86_64 type with "
                  "gpus 0, its vcpus, memoryGiB and priceUsdPerHour)")
@@ -158,7 +166,7 @@ def _check_group(g: NodeGroupConfig, key: str, region: str) -> list[str]:
         rules.whole(f"{key}.maxSize", g.max_size),
         rules.root_volume_gib(f"{key}.rootVolumeGiB", g.root_volume_gib),
         g.min_size > g.max_size and f"{key}.minSize: got {g.min_size}; expected <= maxSize ({g.max_size})",
-        not g.min_size <= g.desired_size <= g.max_size
+        g.min_size <= g.max_size and not g.min_size <= g.desired_size <= g.max_size  # else minSize's error says it
         and f"{key}.desiredSize: got {g.desired_size}; expected between minSize ({g.min_size}) and maxSize "
             f"({g.max_size})",
         g.efa and it is not None and not it.has_efa
@@ -273,7 +281,13 @@ def _check_storage_backend(cfg: StackConfig) -> list[str]:
         if st.fsx_backup_id is not None and not _FSX_BACKUP_ID.match(st.fsx_backup_id):
             p.append(f"storage.fsxBackupId: got {st.fsx_backup_id!r}; expected an FSx backup id like "
                      "backup-0123456789abcdef0 (aws fsx describe-backups)")
-    elif st.fsx_backup_id is not None:
+        if st.fsx_replace is not None and not _FSX_FILE_SYSTEM_ID.match(st.fsx_replace):
+            p.append(f"storage.fsxReplace: got {st.fsx_replace!r}; expected the id of the stack's file system that "
+                     "this up may replace, like fs-0123456789abcdef0 (pulumi stack output fsxId)")
+    elif st.fsx_replace is not None:
+        p.append(f"storage.fsxReplace: got {st.fsx_replace!r} with storage.backend {st.backend!r}; expected none "
+                 "(it lets an up replace the stack's FSx for Lustre file system)")
+    if st.backend != "fsxLustre" and st.fsx_backup_id is not None:
         p.append(f"storage.fsxBackupId: got {st.fsx_backup_id!r} with storage.backend {st.backend!r}; expected none "
                  "(it restores an FSx for Lustre backup; an EFS file system is adopted with storage.fileSystemId)")
     t = st.efs_transitions
@@ -374,3 +388,30 @@ def catalog_problems(entries: tuple[CatalogEntryConfig, ...]) -> list[str]:
             bad.append(f"{key}.name: got {e.name!r} twice; expected each type once")
         p += bad
     return p
+
+
+def advice(cfg: StackConfig) -> list[str]:
+    """What a valid stack may not mean (``pulumi up`` and the plan print each as a warning): a multi-node run on an
+    EFA type with ``efa`` off, and, with FSx for Lustre, a run whose group is pinned to another zone than the file
+    system's."""
+    out = []
+    keys = [cfg.run_key(i) for i in range(len(cfg.runs))]
+    for key, run in zip(keys, cfg.runs, strict=True):
+        g = cfg.group_of(run)
+        it = catalog.CATALOG.get(g.instance_type)
+        if it is not None and it.has_efa and not g.efa and run.nodes > 1:
+            i = cfg.node_groups.index(g)
+            out.append(f"nodeGroups[{i}].efa: false on {g.instance_type}, which has {it.efa_interfaces} EFA "
+                       f"interface(s), while {key} trains on {run.nodes} nodes: its all-reduce between nodes goes over "
+                       "TCP, far below the fabric's bandwidth; expected efa: true for a multi-node run (docs/efa.md)")
+    if cfg.storage.backend == "fsxLustre":
+        fsx_zone = cfg.job_group.availability_zone
+        where = fsx_zone or "the zone of the first private subnet"
+        for key, run in zip(keys, cfg.runs, strict=True):
+            g = cfg.group_of(run)
+            if g.availability_zone and g.availability_zone != fsx_zone:
+                out.append(f"storage.backend: fsxLustre lives in one subnet, in {where} (the group of {keys[0]}); "
+                           f"{key}'s group {g.name!r} is pinned to {g.availability_zone}, so its nodes mount it across "
+                           "zones (slower, and the traffic is billed); expected the runs' groups in one zone, or "
+                           "storage.backend efs (a mount target in every zone)")
+    return out

@@ -179,6 +179,7 @@ class StorageConfig:
     fsx_storage_capacity_gib: Int = 1200
     fsx_throughput_per_tib: Int = 250
     fsx_backup_id: Str | None = None
+    fsx_replace: Str | None = None
     efs_transition_to_ia: Str = "AFTER_30_DAYS"
     efs_transition_to_archive: Str = "AFTER_90_DAYS"
     efs_transition_to_primary: Str = "AFTER_1_ACCESS"

@@ -248,7 +248,12 @@ def s3_prefix(key: str, value: Any) -> str | None:
     if not isinstance(value, str) or not S3_PREFIX.match(value):
         hint = ""
         if isinstance(value, str) and value.startswith("s3://") and not value.endswith("/"):
-            hint = f" (end it with '/': {value}/)"
+            folder, _, last = value.rpartition("/")
+            if "." in last and folder.count("/") >= 3:  # s3://bucket/.../name.ext: one object, not a folder
+                hint = (f" ({last} names one object: the stage copies every object under a prefix; give the folder "
+                        f"that holds it, {folder}/, or put it in a folder of its own)")
+            else:
+                hint = f" (end it with '/': {value}/)"
         return _got(key, value, "an S3 prefix such as s3://my-bucket/datasets/imagenet/ (a bucket name, then "
                                 f"folders, ending with '/'){hint}")
     return None

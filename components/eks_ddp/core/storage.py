@@ -12,6 +12,9 @@ FSX_THROUGHPUTS = (125, 250, 500, 1000)
 LUSTRE_PORTS = ((988, 988), (1018, 1023))
 """TCP ports Lustre clients and the file servers use (FSx for Lustre user guide, "File system access control with
 Amazon VPC": inbound 988 and 1018-1023 from the clients and from the file system's own security group)."""
+LUSTRE_VERSION = "2.15"
+"""Lustre version of the stack's FSx file system (``file_system_type_version``) and of the client the nodes install
+(``infra.node_user_data.lustre_client_script``): declared once, so the two cannot drift."""
 
 EFS_TRANSITION_DAYS = ("AFTER_1_DAY", "AFTER_7_DAYS", "AFTER_14_DAYS", "AFTER_30_DAYS", "AFTER_60_DAYS",
                        "AFTER_90_DAYS", "AFTER_180_DAYS", "AFTER_270_DAYS", "AFTER_365_DAYS")
@@ -19,6 +22,46 @@ EFS_TRANSITION_DAYS = ("AFTER_1_DAY", "AFTER_7_DAYS", "AFTER_14_DAYS", "AFTER_30
 EFS_TO_PRIMARY = ("AFTER_1_ACCESS",)
 """What ``TransitionToPrimaryStorageClass`` accepts."""
 
+PROVIDER_DEFAULT_TIMEOUT_HOURS = 0.5
+"""What the provider waits for a Lustre file system when no custom timeout is set (hashicorp/terraform-provider-aws
+``internal/service/fsx/lustre_file_system.go``, ``resourceLustreFileSystem``: ``Timeouts`` Create, Update and Delete
+``schema.DefaultTimeout(30 * time.Minute)``)."""
+FSX_BACKUP_HOURS_PER_TIB = 2
+FSX_TIMEOUT_BASE_HOURS = 1
+
+
+def fsx_backup_hours(capacity_gib: int) -> int:
+    """Hours budgeted for FSx to copy a file system of ``capacity_gib`` into a backup, or back out of one.
+
+    The FSx for Lustre user guide ("Working with backups") gives no rate, only that "the initial backup of a brand
+    new file system taken after loading TBs of data takes hours to complete"; a destroy's final backup is such a
+    first backup (the stack enables no automatic backups). The budget is 1 hour plus 2 hours per started TiB of
+    capacity, i.e. a full file system copied at about 150 MB/s (an assumed rate, not a documented one: the throughput
+    of the smallest file system, 1.2 TiB at 125 MB/s/TiB): 1200 GiB -> 5 h, 2400 GiB -> 7 h, 48000 GiB -> 95 h."""
+    tib = -(-capacity_gib // 1024)
+    return FSX_TIMEOUT_BASE_HOURS + FSX_BACKUP_HOURS_PER_TIB * tib
+
+
+def fsx_timeouts(capacity_gib: int, *, restoring: bool) -> dict[str, str]:
+    """The file system's ``customTimeouts`` (Go duration strings), each above the provider's 30 minutes:
+
+    * ``delete``: the final backup FSx takes before it deletes the file system (``skip_final_backup=False``); the
+      provider waits for it (``waitFileSystemDeleted(..., d.Timeout(schema.TimeoutDelete))``), and a destroy that
+      gives up there stops with the subnet, security group and VPC still standing behind the file system;
+    * ``update``: a capacity increase, which the provider waits out (storage optimization, hours);
+    * ``create``: a restore from a backup (``backup_id``) copies the backup back, as long as taking it;
+      a new, empty file system gets 1 hour."""
+    budget = f"{fsx_backup_hours(capacity_gib)}h"
+    return {"create": budget if restoring else f"{FSX_TIMEOUT_BASE_HOURS}h", "update": budget, "delete": budget}
+
+
+
+DATA_REPOSITORY_TIMEOUTS = {"create": "2h", "update": "1h", "delete": "1h"}
+"""An S3 data repository association's ``customTimeouts``. The provider waits 10 minutes for each by default
+(terraform-provider-aws ``internal/service/fsx/data_repository_association.go``, ``Timeouts``), while creating one with
+``batch_import_meta_data_on_create`` imports the metadata of every object under the prefix first (FSx for Lustre user
+guide, "Linking your file system to an Amazon S3 bucket"), and deleting one on destroy, before the file system's final
+backup, takes minutes of its own: a destroy that gave up there would stop with the file system and network standing."""
 
 def fsx_capacity_problem(key: str, gib: object) -> str | None:
     """PERSISTENT_2 SSD capacity: 1.2 TiB, 2.4 TiB or a multiple of 2.4 TiB (FSx API reference, CreateFileSystem,

@@ -130,7 +130,12 @@ class Egress:
                 return cls(cidr="0.0.0.0/0", except_=INTERNET_EXCEPT, ports=ports, protocol=protocol)
             return cls(cidr=where, ports=ports, protocol=protocol)
         except ValueError as err:
-            raise ValueError(str(err).replace("egress", key, 1)) from None
+            text = str(err).replace("egress", key, 1)
+            if "instance metadata service" in text:  # the stack form has no except_: name its own way out
+                text = (f"{key}.cidr: got {where!r}, which includes the instance metadata service (169.254.169.254: "
+                        f"the node's credentials); expected a narrower CIDR, or 'internet:{rest}' for public "
+                        "addresses (it leaves out every private and link-local range)")
+            raise ValueError(text) from None
 
     def record(self) -> dict[str, Any]:
         """The declaration as the training Job's ``eks-ddp/egress`` annotation lists it."""

@@ -40,6 +40,7 @@ from eks_ddp.core import catalog, k8s_versions, rules
 from eks_ddp.core.ownership import STACK_TAG, legacy_owner  # noqa: F401 (STACK_TAG: the owner tag, as cluster.STACK_TAG)
 from eks_ddp.core.types import UpgradePolicy
 from eks_ddp.infra.addon_version import addon_version
+from eks_ddp.infra.node_user_data import node_user_data
 
 LOG_TYPES = ("api", "audit", "authenticator", "controllerManager", "scheduler")
 """Every EKS control-plane log type."""
@@ -145,6 +146,9 @@ class EksClusterArgs:
     """CPU instance type of the system node group."""
     system_node_count: int = 2
     """Nodes in the system node group."""
+    lustre_client: bool = False
+    """Install the Lustre client on the system nodes at boot (``infra.node_user_data.lustre_client_script``): with FSx
+    for Lustre as shared storage, its layout Job mounts the file system there."""
     log_retention_days: int = 30
     """CloudWatch retention of the control-plane logs (one of CloudWatch's allowed values)."""
     aws_profile: str | None = None
@@ -425,6 +429,7 @@ class EksCluster(pulumi.ComponentResource):
             vpc_security_group_ids=[self.cluster_security_group_id, self.node_security_group_id],
             tag_specifications=[aws.ec2.LaunchTemplateTagSpecificationArgs(
                 resource_type="instance", tags={**self._tags, "Name": f"{args.cluster_name}-system"})],
+            user_data=node_user_data(lustre_client=args.lustre_client),
             update_default_version=True,
             tags=self._tags,
             opts=child)

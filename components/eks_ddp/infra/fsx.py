@@ -11,8 +11,13 @@ it. The workloads see exactly what they see on EFS: the same claims (``<claim>-d
   subnet and security group (EC2 refuses to delete a subnet or group an interface still uses, and an FSx file
   system cannot move to another VPC): with ``retain_on_destroy`` the delete takes a final backup
   (``skip_final_backup=False``, tagged ``eks-ddp/final-backup``) and the key stays, so a later ``up`` restores the
-  data with ``backup_id`` (``storage.fsxBackupId``). The destroy contract (``tooling.contracts.destroy``) checks
-  that nothing kept sits inside what destroy deletes;
+  data with ``backup_id`` (``storage.fsxBackupId``). Create, update and delete wait as long as a backup of the
+  capacity takes (``core.storage.fsx_timeouts``: hours, where the provider's default is 30 minutes). The destroy
+  contract (``tooling.contracts.destroy``) checks that nothing kept sits inside what destroy deletes. A restored file
+  system carries the backup's id in ``eks-ddp/restored-from``. No ``protect``: it would block ``pulumi destroy`` too;
+  instead preflight (``tooling.preflight.fsx``) refuses a change that would replace the file system with an empty one
+  unless ``storage.fsxReplace`` names it. The nodes that mount it install the Lustre client of ``LUSTRE_VERSION``
+  from their own user data (``infra.node_user_data``);
 * a security group admitting TCP 988 and 1018-1023 (``core.storage.LUSTRE_PORTS``) from the cluster's node
   security group and from itself (the file servers talk to each other), nothing else inbound; outbound open, as
   the EKS user guide's FSx page leaves it ("You can leave the outbound rules alone to allow All traffic"); and the
@@ -66,7 +71,16 @@ BACKUP_ID = re.compile(r"^backup-[0-9a-f]{8,}$")
 """FSx's backup id pattern (FSx API reference, ``Backup.BackupId``: ``^(backup-[0-9a-f]{8,})$``)."""
 FINAL_BACKUP_TAG = "eks-ddp/final-backup"
 """Tag of the final backup destroy takes (its value: the stack's storage name); ``aws fsx describe-backups`` finds it."""
-LUSTRE_VERSION = "2.15"
+LUSTRE_VERSION = storage_rules.LUSTRE_VERSION
+DEPLOYMENT_TYPE = "PERSISTENT_2"
+STORAGE_TYPE = "SSD"
+LUSTRE_SG_DESCRIPTION = "Lustre (TCP 988, 1018-1023) from cluster nodes and the file servers"
+"""The file system's security group's description: ForceNew on ``aws_security_group``, and the group's id is ForceNew
+on the file system, so preflight compares the live group's with it (``tooling.preflight.fsx``)."""
+RESTORED_FROM_TAG = "eks-ddp/restored-from"
+"""Tag of a file system created from a backup (its value: the backup id): FSx does not report a file system's source
+backup, and preflight needs it to tell ``storage.fsxBackupId`` left in place after a restore (fine) from one set on a
+file system that already exists (ignored by the provider: refused)."""
 MOUNT_OPTIONS = ("flock",)
 """The driver's static-provisioning example mounts with ``flock`` (POSIX locks across nodes)."""
 LAYOUT_ROOT = "/fsx"
@@ -171,7 +185,7 @@ class FsxLustreStore(pulumi.ComponentResource):
         keep = pulumi.ResourceOptions(parent=self, retain_on_delete=args.retain_on_destroy)  # the key: not in a VPC
 
         sg = aws.ec2.SecurityGroup(f"{name}-lustre", vpc_id=args.vpc_id,
-                                   description="Lustre (TCP 988, 1018-1023) from cluster nodes and the file servers",
+                                   description=LUSTRE_SG_DESCRIPTION,
                                    tags={**tags, "Name": f"{name}-lustre"}, opts=child)
         for source, ref in (("nodes", args.node_security_group_id), ("self", sg.id)):
             for low, high in storage_rules.LUSTRE_PORTS:
@@ -192,16 +206,17 @@ class FsxLustreStore(pulumi.ComponentResource):
         key = aws.kms.Key(f"{name}-fsx", description=f"FSx for Lustre encryption for {name}", enable_key_rotation=True,
                           deletion_window_in_days=30, tags=tags, opts=keep)
         fs = aws.fsx.LustreFileSystem(
-            f"{name}-fsx", deployment_type="PERSISTENT_2", storage_type="SSD",
+            f"{name}-fsx", deployment_type=DEPLOYMENT_TYPE, storage_type=STORAGE_TYPE,
             storage_capacity=args.storage_capacity_gib, per_unit_storage_throughput=args.throughput_per_tib,
             subnet_ids=args.subnet_id, security_group_ids=[sg.id], kms_key_id=key.arn,
             file_system_type_version=LUSTRE_VERSION, data_compression_type="LZ4",
             log_configuration=aws.fsx.LustreFileSystemLogConfigurationArgs(level="WARN_ERROR"),
             backup_id=args.backup_id, skip_final_backup=not args.retain_on_destroy,
             final_backup_tags={**tags, FINAL_BACKUP_TAG: name} if args.retain_on_destroy else None,
-            tags={**tags, "Name": f"{name}-shared"},
+            tags={**tags, "Name": f"{name}-shared", **({RESTORED_FROM_TAG: args.backup_id} if args.backup_id else {})},
             # backupId matters only at creation: dropping the key after a restore must not replace the file system
-            opts=pulumi.ResourceOptions(parent=self, ignore_changes=["backupId"]))
+            opts=pulumi.ResourceOptions(parent=self, ignore_changes=["backupId"], custom_timeouts=pulumi.CustomTimeouts(
+                **storage_rules.fsx_timeouts(args.storage_capacity_gib, restoring=args.backup_id is not None))))
 
         base = pulumi.Output.concat("eks-ddp/", args.namespace, f"/{args.claim_name}")
         associations = [aws.fsx.DataRepositoryAssociation(
@@ -211,7 +226,8 @@ class FsxLustreStore(pulumi.ComponentResource):
             s3=aws.fsx.DataRepositoryAssociationS3Args(
                 auto_import_policy=aws.fsx.DataRepositoryAssociationS3AutoImportPolicyArgs(
                     events=list(DATA_IMPORT_EVENTS))),
-            tags=tags, opts=child) for data_name, uri in args.data_repositories]
+            tags=tags, opts=pulumi.ResourceOptions(parent=self, custom_timeouts=pulumi.CustomTimeouts(
+                **storage_rules.DATA_REPOSITORY_TIMEOUTS))) for data_name, uri in args.data_repositories]
 
         role = aws.iam.Role(
             f"{name}-fsx-csi", description="FSx CSI driver controller (IRSA): describes file systems only",

@@ -44,13 +44,14 @@ Every property is set here, where it can be read and tested:
   NotReady or that the ``eks-node-monitoring-agent`` add-on reports unhealthy
   (``AcceleratedHardwareReady`` for GPU XID/ECC/NVLink faults). In a reservation or
   capacity block at most one node is repaired at a time (:func:`node_repair_config`).
+* The Lustre client (``lustre_client``, stacks on FSx for Lustre): installed by the node's own user data
+  (:mod:`eks_ddp.infra.node_user_data`).
 * Single-zone groups (EFA, a reservation, or an explicit ``availability_zone``)
   use only the private subnet of that zone; others use every private subnet.
 """
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -60,6 +61,7 @@ import pulumi_aws as aws
 
 from eks_ddp.core import catalog, k8s_versions, rules, scheduling
 from eks_ddp.core.types import CapacityType, LocalStorage
+from eks_ddp.infra.node_user_data import MEMLOCK_BYTES, node_config_user_data, node_user_data  # noqa: F401 (as before)
 
 GPU_AMI_TYPE = "AL2023_x86_64_NVIDIA"
 GPU_TAINT_KEY = "nvidia.com/gpu"
@@ -135,6 +137,9 @@ class GpuNodeGroupArgs:
     local_storage: LocalStorage = "RAID0"
     """``RAID0``: the type's NVMe instance store (catalog ``local_nvme_gb``) as one RAID0 array for images and
     scratch (nodeadm ``localStorage``); ``none``: everything on the root volume. No effect on a type without one."""
+    lustre_client: bool = False
+    """Install the Lustre client at boot (``infra.node_user_data.lustre_client_script``): the stack's shared storage is
+    FSx for Lustre, which the nodes mount (the AL2023 NVIDIA AMI has no Lustre client)."""
 
 
 def validate(args: GpuNodeGroupArgs) -> catalog.InstanceType:
@@ -361,7 +366,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
             instance_type=args.instance_type if capacity_block else None,
             tag_specifications=[aws.ec2.LaunchTemplateTagSpecificationArgs(
                 resource_type="instance", tags={**self._tags, "Name": f"{name}"})],
-            user_data=node_config_user_data(efa=args.efa, raid0=uses_raid0(args, it)),
+            user_data=node_user_data(efa=args.efa, raid0=uses_raid0(args, it), lustre_client=args.lustre_client),
             update_default_version=True,
             tags=self._tags,
             opts=child)
@@ -455,54 +460,3 @@ class GpuNodeGroup(pulumi.ComponentResource):
                                         referenced_security_group_id=sg.id, ip_protocol="-1",
                                         description="All traffic to EFA peers", opts=child)
         return sg
-
-
-# EFA registers memory with the NIC, which needs an unlimited RLIMIT_MEMLOCK. The trainer runs
-# non-root under Pod Security 'restricted' (no IPC_LOCK), so it cannot raise the limit itself:
-# nodeadm merges this into containerd's base runtime spec, the default rlimits of every container.
-# Managed node groups merge MIME parts of type application/node.eks.aws with their own config.
-#
-# Every number here passes through nodeadm's merge, which decodes JSON into Go float64 and writes
-# it back with Go's shortest float formatting; containerd then decodes the file into uint64
-# fields. RLIM_INFINITY (2^64-1) comes out as 18446744073709552000, which overflows uint64, so
-# containerd refuses the spec and the node never becomes Ready. 2^53-1 is the largest integer
-# that every float64 JSON path carries exactly; as bytes (8 PiB) it is unlimited in practice.
-MEMLOCK_BYTES = 2**53 - 1
-NOFILE_SOFT, NOFILE_HARD = 65536, 1048576  # nodeadm's own defaults, restated since the list is replaced whole
-
-_EFA_SPEC = f"""\
-  containerd:
-    baseRuntimeSpec:
-      process:
-        rlimits:
-          - type: RLIMIT_MEMLOCK
-            hard: {MEMLOCK_BYTES}
-            soft: {MEMLOCK_BYTES}
-          - type: RLIMIT_NOFILE
-            hard: {NOFILE_HARD}
-            soft: {NOFILE_SOFT}
-"""
-
-# The instance store as one RAID0 array under the kubelet's, containerd's and the pod logs' directories: nodeadm's
-# NodeConfig ``spec.instance.localStorage.strategy`` (awslabs/amazon-eks-ami nodeadm/api/v1alpha1/nodeconfig_types.go,
-# LocalStorageOptions: RAID0 | RAID10 | Mount) runs setup-local-disks raid0 (templates/al2023/runtime/bin/
-# setup-local-disks: mdadm RAID0 of every NVMe instance store disk, XFS, bind-mounted over /var/lib/kubelet,
-# /var/lib/containerd and /var/log/pods; no instance store disk: it exits 0 and changes nothing). Images are then
-# extracted onto NVMe instead of the gp3 root volume, and emptyDir scratch lives there too.
-_RAID0_SPEC = """\
-  instance:
-    localStorage:
-      strategy: RAID0
-"""
-
-
-def node_config_user_data(*, efa: bool, raid0: bool) -> str | None:
-    """Base64 launch-template user data: one NodeConfig MIME part (EFA nodes' memlock, the instance store as
-    RAID0), or None when neither applies."""
-    spec = (_EFA_SPEC if efa else "") + (_RAID0_SPEC if raid0 else "")
-    if not spec:
-        return None
-    text = ('MIME-Version: 1.0\nContent-Type: multipart/mixed; boundary="EKSDDP"\n\n--EKSDDP\n'
-            "Content-Type: application/node.eks.aws\n\napiVersion: node.eks.aws/v1alpha1\nkind: NodeConfig\n"
-            f"spec:\n{spec}\n--EKSDDP--\n")
-    return base64.b64encode(text.encode()).decode()

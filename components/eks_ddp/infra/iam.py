@@ -55,7 +55,23 @@ def read_prefix_policy(data: S3Data, partition: str = "aws") -> str:
         listing,
         {"Sid": "ReadUnderThePrefixOnly", "Effect": "Allow", "Action": "s3:GetObject",
          "Resource": f"{bucket_arn}/{data.prefix}*"},
+        decrypt_through_s3(bucket_arn, data.prefix),
     ]})
+
+
+def decrypt_through_s3(bucket_arn: str, prefix: str) -> dict:
+    """``kms:Decrypt`` for objects under ``prefix`` that S3 encrypted with a customer-managed KMS key (SSE-KMS), and
+    for nothing else: only when S3 asks on the role's behalf (``kms:ViaService`` ``s3.*``: AWS KMS developer guide,
+    "kms:ViaService") and only for this bucket's objects under the prefix, or the bucket itself when it uses an S3
+    Bucket Key (``kms:EncryptionContext:aws:s3:arn``: S3 user guide, "Using server-side encryption with AWS KMS
+    keys", "Encryption context": the object's ARN, or the bucket's ARN with a Bucket Key). The key's ARN is not
+    known (a data set's bucket may be another account's), hence ``Resource: *`` under those conditions; the key's own
+    policy must still allow this account (a cross-account key's owner grants that). Without it a GetObject of an
+    SSE-KMS object is refused (S3 user guide: "you need kms:Decrypt permission" to read it). SSE-S3 objects need
+    no KMS permission; this statement then grants nothing used."""
+    return {"Sid": "DecryptTheseObjectsThroughS3Only", "Effect": "Allow", "Action": "kms:Decrypt", "Resource": "*",
+            "Condition": {"StringLike": {"kms:ViaService": "s3.*",
+                                         "kms:EncryptionContext:aws:s3:arn": [bucket_arn, f"{bucket_arn}/{prefix}*"]}}}
 
 
 def stage_service_account(job_component_name: str) -> str:

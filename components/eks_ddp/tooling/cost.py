@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eks_ddp.config import StackConfig
+from eks_ddp.config.run_rules import stack_image_used
 from eks_ddp.core import catalog, k8s_versions, rules, scheduling
 
 PRICE_DATE = "2025-10-01"
@@ -335,7 +336,7 @@ def _items(cfg: StackConfig, day: dt.date, system_pods: Mapping[str, Mapping[str
         items.append(LineItem(f"EBS gp3 root volumes, '{g.name}' ({g.root_volume_gib} GiB each)", "GiB",
                               _gb_month("ebs_gp3_gb_month"), busy * g.root_volume_gib, g.min_size * g.root_volume_gib))
     items.append(storage_item(cfg))
-    if cfg.image.prebuilt is None:
+    if builds_image(cfg):
         items.append(LineItem(f"ECR image storage (assumed {ECR_ASSUMED_GB} GB)", "GB", _gb_month("ecr_gb_month"),
                               ECR_ASSUMED_GB, ECR_ASSUMED_GB))
     keys = kms_keys(cfg)
@@ -435,7 +436,7 @@ def after_destroy(cfg: StackConfig) -> list[LineItem]:
         out.append(LineItem(f"kept results bucket (assumed {RESULTS_ASSUMED_GB} GB)", "GB",
                             _gb_month("s3_standard_gb_month"), 0, RESULTS_ASSUMED_GB,
                             note="aws s3 rb s3://<bucket> --force (pulumi stack output results, before the destroy)"))
-    if cfg.image.retain_repository and cfg.image.prebuilt is None:
+    if cfg.image.retain_repository and builds_image(cfg):
         out.append(LineItem(f"kept ECR repository (assumed {ECR_ASSUMED_GB} GB)", "GB", _gb_month("ecr_gb_month"), 0,
                             ECR_ASSUMED_GB, note="aws ecr delete-repository --force --repository-name <name>"))
     for g in cfg.node_groups:
@@ -466,6 +467,16 @@ def throughput(cfg: StackConfig) -> tuple[float, str]:
 def scale_down_minutes(cfg: StackConfig) -> float:
     """Minutes a GPU node sits empty before the autoscaler removes it (``cluster.scaleDownUnneededTime``)."""
     return rules.duration_minutes(cfg.cluster.scale_down_unneeded_time)
+
+
+_ANY_WORKLOAD = ("node start-up", "image pull", "scale-down tail")
+"""The phases of :func:`timeline` that are not the bundled trainer's own (a run of your workload has them too)."""
+
+
+def builds_image(cfg: StackConfig) -> bool:
+    """The stack makes (and bills) an ECR repository: a run uses the stack's image and none is prebuilt; a stack
+    whose runs all name their own image makes none (``__main__.py``)."""
+    return cfg.image.prebuilt is None and stack_image_used(cfg)
 
 
 def timeline(cfg: StackConfig, rate: float) -> tuple[tuple[str, float], ...]:
@@ -500,10 +511,13 @@ def estimate(cfg: StackConfig, *, day: dt.date | None = None,
         f"images/s ({how})" if not cfg.job.workload.custom else
         "a run of your own workload: its duration is yours to know, so no per-run figure (the bundled trainer's "
         "throughput says nothing of it): multiply the $/hour while training by its hours",
-        "a run's GPU-node time: " + ", ".join(f"{k} {m:.1f} min" for k, m in phases)
+        "a run's GPU-node time: " + ", ".join(f"{k} {m:.1f} min" for k, m in phases
+                                               if not cfg.job.workload.custom or k in _ANY_WORKLOAD)
+        + (", plus your workload's own time" if cfg.job.workload.custom else "")
         + f" (the tail: cluster.scaleDownUnneededTime {cfg.cluster.scale_down_unneeded_time} plus ~"
         f"{SCALE_DOWN_TERMINATE_MINUTES} min to drain and terminate); data preparation runs on the system nodes",
-        f"sizes not fixed by the stack: {'' if fsx(cfg) else f'EFS {EFS_ASSUMED_GB} GB, '}ECR {ECR_ASSUMED_GB} GB, "
+        f"sizes not fixed by the stack: {'' if fsx(cfg) else f'EFS {EFS_ASSUMED_GB} GB, '}"
+        + (f"ECR {ECR_ASSUMED_GB} GB, " if builds_image(cfg) else "") +
         f"results {RESULTS_ASSUMED_GB} GB, control-plane logs {LOGS_ASSUMED_GB_PER_DAY:g} GB/day"
         + (f", container logs {CONTAINER_LOGS_ASSUMED_GB_PER_DAY:g} GB/day" if cfg.observability.cloudwatch else "")
         + f"; {HOURS_PER_MONTH} hours per month",

@@ -54,6 +54,8 @@ class Recorded:
     """The ``import_`` ID the resource was registered with (adopting an existing cloud resource)."""
     replace_on_changes: list[str] = field(default_factory=list)
     """Property paths registered with ``replace_on_changes``."""
+    custom_timeouts: dict[str, str] = field(default_factory=dict)
+    """The ``custom_timeouts`` resource option (``create``, ``update``, ``delete``: those set)."""
 
     @property
     def parent_type(self) -> str:
@@ -117,6 +119,12 @@ def _trigger(request) -> Any:
     return MessageToDict(request.replacement_trigger)
 
 
+def _timeouts(request) -> dict[str, str]:
+    """The request's ``custom_timeouts``, the ones set."""
+    t = request.customTimeouts
+    return {k: getattr(t, k) for k in ("create", "update", "delete") if getattr(t, k)}
+
+
 class _RecordingMonitor(_mocks.MockMonitor):
     """The mock monitor, keeping each registration's parent and inputs in order."""
 
@@ -140,6 +148,7 @@ class _RecordingMonitor(_mocks.MockMonitor):
                                           dependencies=list(request.dependencies),
                                           import_id=request.importId,
                                           replace_on_changes=list(request.replaceOnChanges),
+                                          custom_timeouts=_timeouts(request),
                                           replacement_trigger=_trigger(request)))
         return response
 

@@ -30,10 +30,8 @@ import yaml
 
 from eks_ddp.config import OFFLINE_PLAN_ENV, PROJECT
 from eks_ddp.core import k8s_versions
+from eks_ddp.tooling.manifests import render_manifests
 from eks_ddp.tooling.mocks import PROJECT_ROOT, ProgramResult, Recorded
-
-# Not manifests: providers, and Helm releases (their charts render in the cluster).
-_NOT_MANIFESTS = ("pulumi:providers:", "kubernetes:helm.sh/")
 
 
 class PlanError(Exception):
@@ -131,43 +129,6 @@ def placeholder_notes(config: dict[str, Any]) -> list[str]:
     except (AttributeError, TypeError, json.JSONDecodeError):
         return notes
     return [*notes, *(f"`pulumi up` rejects {p}" for p in public_access_cidrs("cluster.publicAccessCidrs", cidrs))]
-
-
-def render_manifests(result: ProgramResult) -> list[dict[str, Any]]:
-    """Kubernetes objects as they would be applied, from the recorded inputs."""
-    manifests = []
-    for r in result.resources:
-        if not r.type.startswith("kubernetes:") or r.type.startswith(_NOT_MANIFESTS) or not r.custom:
-            continue
-        manifests.append(_manifest(r))
-    return manifests
-
-
-def _manifest(r: Recorded) -> dict[str, Any]:
-    inputs = _ints(r.inputs)
-    body = {k: v for k, v in inputs.items() if k not in ("apiVersion", "kind", "metadata")}
-    metadata = dict(inputs.get("metadata") or {})
-    metadata.setdefault("name", r.name)
-    return {"apiVersion": inputs.get("apiVersion"), "kind": inputs.get("kind"), "metadata": metadata, **body}
-
-
-_SECRET_SIG = "4dabf18193072939515e22adb298388d"
-"""Pulumi's marker of a secret value on the wire (``{sig: ..., value: ...}``)."""
-
-
-def _ints(value: Any) -> Any:
-    """Whole-number floats back to ints: the engine's wire format carries every number as a float,
-    and the API server (and scanners) reject ``replicas: 1.0``. Secret envelopes (a Secret's stringData;
-    under mocks they hold placeholders) are opened to their value, as the API server receives it."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, dict) and _SECRET_SIG in value and "value" in value:
-        return _ints(value["value"])
-    if isinstance(value, dict):
-        return {k: _ints(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_ints(v) for v in value]
-    return value
 
 
 def _tree_lines(result: ProgramResult) -> list[str]:
@@ -336,6 +297,9 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(shown, (dict, list)):
             shown = json.dumps(shown, indent=2)
         print(f"{key}: {shown}")
+    if (queue_text := queue_report(result)) is not None:
+        print("\n## Queue: who is admitted, who waits (Kueue's rules, simulated offline)")
+        print(queue_text)
     if ours:
         _eks_ddp_notes(result, args.stack, args.project_dir)
     if args.out:
@@ -346,6 +310,35 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(f"\nwrote {len(paths)} Kubernetes manifests to {args.out}/")
     return 0
+
+
+def queue_report(result: ProgramResult) -> str | None:
+    """For a program with a Kueue queue (the stack's, or a library program's RunQueue): which run is admitted, which
+    waits and why, which would be preempted, at what size (tooling/contracts/queue.py ``explain``); else None."""
+    from eks_ddp.tooling.contracts import queue
+
+    manifests = render_manifests(result)
+    text = queue.explain(manifests)
+    if text is None:
+        return None
+    autoscaler = any(r.type == "eks-ddp:autoscaler:ClusterAutoscaler" or "cluster-autoscaler" in
+                     str(r.inputs.get("chart", "")) for r in result.resources)
+    warnings = queue.wiring(manifests, kueue_managed(result), autoscaler)
+    return "\n".join([text, *(f"WARNING {w}" for w in warnings)])
+
+
+def kueue_managed(result: ProgramResult) -> list[dict[str, Any]] | None:
+    """The ``managedJobsNamespaceSelector`` of each Kueue the program installs (its Helm release's configuration,
+    infra/kueue.py ``manager_config``); None when it installs none (a Kueue of the cluster's own is not seen)."""
+    managed: list[dict[str, Any]] | None = None
+    for release in result.of_type("kubernetes:helm.sh/v3:Release"):
+        if "kueue" not in str(release.inputs.get("chart", "")):
+            continue
+        raw = ((release.inputs.get("values") or {}).get("managerConfig") or {}).get("controllerManagerConfigYaml")
+        config = yaml.safe_load(raw) if isinstance(raw, str) else None
+        selector = config.get("managedJobsNamespaceSelector") if isinstance(config, dict) else None
+        managed = [*(managed or []), selector] if isinstance(selector, dict) else managed
+    return managed
 
 
 def _eks_ddp_notes(result: ProgramResult, stack: str, root: Path) -> None:

@@ -241,3 +241,59 @@ def test_quantities_read_and_print_as_kubernetes_does():
 def test_the_workload_name_is_kueues():
     """pkg/controller/jobframework/reconciler_test.go: Job test-job with UID test-job -> job-test-job-ce737."""
     assert q.workload_name("test-job", "test-job") == "job-test-job-ce737"
+
+
+# --- what the plan says -----------------------------------------------------------------------------------------
+def test_the_plan_says_who_is_admitted_who_waits_and_who_would_be_preempted():
+    """Two runs over one group's quota (4 GPUs): a low one of 4 nodes (minNodes 1) and a high one of 3. Arriving
+    together the high one is admitted whole and the low one at 1 of 4, where it stays; if the low one already runs
+    whole, the high one waits for it (preemption Never) or preempts it (LowerPriority)."""
+    jobs = (job("training-low", 4, min_nodes=1, priority="low"), job("training-high", 3, priority="high"))
+    never = q.explain(plan(*jobs, cq=cluster_queue(4))).splitlines()
+    together = never[:3]
+    assert together == [
+        "all runs arriving together (as one `pulumi up` creates them):",
+        "  training-high: admitted, 3 pod(s) on gpu-gpu; then waits for admission check(s) gpu-capacity",
+        "  training-low: admitted, 1 of 4 pod(s) on gpu-gpu; then waits for admission check(s) gpu-capacity; elastic "
+        "(minimum 1): it stays at 1 pod(s), Kueue does not grow an admitted Job"]
+    assert never[3:] == [
+        "if training-low is already running, whole, when the others arrive:",
+        "  training-high: waits: " + need("insufficient unused quota for cpu in flavor gpu-gpu, 9 more needed, "
+                                          "insufficient unused quota for memory in flavor gpu-gpu, 36Gi more needed, "
+                                          "insufficient unused quota for nvidia.com/gpu in flavor gpu-gpu, 3 more "
+                                          "needed"),
+        "  training-low: admitted, 4 pod(s) on gpu-gpu; then waits for admission check(s) gpu-capacity"]
+    lower = q.explain(plan(*jobs, cq=cluster_queue(4, preemption="LowerPriority"))).splitlines()
+    assert lower[:3] == together
+    assert lower[3:] == [
+        "if training-low is already running, whole, when the others arrive:",
+        "  training-high: admitted, 3 pod(s) on gpu-gpu; preempts training-low; then waits for admission check(s) "
+        "gpu-capacity",
+        "  training-low: preempted by training-high, then admitted again, 1 of 4 pod(s) on gpu-gpu; then waits for "
+        "admission check(s) gpu-capacity; elastic (minimum 1): it stays at 1 pod(s), Kueue does not grow an admitted "
+        "Job"]
+    # a fixed-size low run waits, named with Kueue's reason; no queue, no report
+    fixed = q.explain(plan(job("training-low", 4, priority="low"), job("training-high", 3, priority="high"),
+                           cq=cluster_queue(4))).splitlines()
+    assert fixed[2].startswith("  training-low: waits: couldn't assign flavors to pod set main: "), fixed
+    assert q.explain([m for m in plan(*jobs) if m["kind"] != "ClusterQueue"]) is None
+
+
+def test_queue_wiring_a_run_would_wait_for_in_vain_is_warned():
+    """Review L4/L5 (a library program): Kueue's managed_namespaces without the job's namespace, and a queue without
+    a cluster autoscaler, planned silently. Each is a warning in the plan's Queue section now; the controls (the
+    namespace managed, an autoscaler there, no Kueue seen) say nothing."""
+    manifests = plan(job("run-a", 2))
+    only = lambda *names: [{"matchExpressions": [  # noqa: E731  (Kueue's managedJobsNamespaceSelector)
+        {"key": "kubernetes.io/metadata.name", "operator": "In", "values": list(names)}]}]
+    [ns] = q.wiring(manifests, only("ml"), autoscaler=True)
+    assert ns == ("Job/run-a: in namespace 'training', which Kueue does not manage (its managedJobsNamespaceSelector): "
+                  "Kueue never admits it and its Job stays suspended; expected 'training' in "
+                  "KueueArgs.managed_namespaces")
+    assert q.wiring(manifests, only("ml", NS), autoscaler=True) == []
+    assert q.wiring(manifests, None, autoscaler=True) == []
+    [ca] = q.wiring(manifests, only(NS), autoscaler=False)
+    assert ca.startswith("ClusterQueue: its admission check gpu-capacity asks the cluster autoscaler for the GPU nodes "
+                         "(ProvisioningRequest), and the program has no ClusterAutoscaler"), ca
+    assert "provisioning_requests=True" in ca
+    assert q.wiring([m for m in manifests if m["kind"] != "ClusterQueue"], only("ml"), autoscaler=False) == []

@@ -64,3 +64,30 @@ def test_the_byo_plans_runs_over_quota_some_admitted_the_rest_queued_with_kueues
 
 def test_the_byo_plan_meets_the_queue_contract(byo_result):
     assert check(byo_result, only=("queue",)) == []
+
+
+def test_the_plan_says_which_of_the_byo_runs_is_admitted_and_which_waits(byo_result):
+    """What `eks-ddp-plan` prints under "## Queue" (plan.queue_report): every training run, admitted or waiting
+    with Kueue's reason, and what changes when a waiting run is already running."""
+    from eks_ddp.tooling.plan import queue_report
+
+    text = queue_report(byo_result) or ""
+    lines = text.splitlines()
+    assert lines[0] == "all runs arriving together (as one `pulumi up` creates them):", text
+    for name in TRAINING_JOBS:
+        assert any(line.startswith(f"  {name}: admitted, ") or line.startswith(f"  {name}: waits: couldn't assign")
+                   for line in lines), (name, text)
+    assert any(": waits: couldn't assign flavors to pod set main: insufficient unused quota" in x for x in lines), text
+    assert any(x.startswith("if ") and x.endswith("is already running, whole, when the others arrive:")
+               for x in lines), text
+    assert "ERROR" not in text
+
+
+def test_the_plan_reads_kueues_managed_namespaces_from_its_release(dev_result):
+    """plan.kueue_managed reads the selector the stack's Kueue release configures (the training namespace), so the
+    wiring warning compares against the real configuration; the dev stack, correctly wired, gets no warning."""
+    from eks_ddp.tooling.plan import kueue_managed, queue_report
+
+    assert kueue_managed(dev_result) == [{"matchExpressions": [
+        {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["training"]}]}]
+    assert "WARNING" not in (queue_report(dev_result) or "WARNING: no report")

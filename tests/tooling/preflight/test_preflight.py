@@ -171,9 +171,31 @@ def test_reservation_slots_do_not_count_again(aws):
     cfg = config(set_path(p4de_raw(), "eks-ddp:nodeGroups[0].maxSize", 3))
     ec2 = aws(cfg)
     add_reservations(ec2, [reservation(CR, "p4de.24xlarge", "us-east-1b", total=2)])
-    report = preflight.check(cfg, ec2=ec2, quotas=StubQuotas({"L-417A185B": 96}))
-    assert report.failures == []  # 1 node beyond the reservation: 96 vCPUs
+    # The quota already holds the reservation's 2 unused slots (192 vCPUs, since its creation), so the stack adds only
+    # the 1 node beyond it (96): 288 in all, not 192 + 288.
+    report = preflight.check(cfg, ec2=ec2, quotas=StubQuotas({"L-417A185B": 288}))
+    assert report.failures == []
     assert any(w.startswith("nodeGroups[0].maxSize: 3 nodes") for w in report.warnings)
+
+
+def test_unused_reserved_capacity_counts_against_the_quota_whosever_it_is(aws):
+    """Reserved capacity counts against the On-Demand quota even while unused (EC2 user guide, "On-Demand Capacity
+    Reservations"): this stack's reservation's free slots and another reservation's are added to what runs. The
+    case that passed before: 96 vCPUs asked beyond the reservation, 288 allowed, 192 + 96 reserved and unused."""
+    cfg = config(set_path(p4de_raw(), "eks-ddp:nodeGroups[0].maxSize", 3))
+    ec2 = aws(cfg)
+    add_reservations(ec2, [reservation(CR, "p4de.24xlarge", "us-east-1b", total=2),
+                           reservation("cr-0fedcba9876543210", "p4d.24xlarge", "us-east-1a", total=1),
+                           reservation("cr-0aaaaaaaaaaaaaaaa", "p4d.24xlarge", "us-east-1a", total=4, state="expired"),
+                           reservation("cr-0bbbbbbbbbbbbbbbb", "p5.48xlarge", "us-east-1a", total=1,
+                                       reservation_type="capacity-block")])
+    msg = only(preflight.check(cfg, ec2=ec2, quotas=StubQuotas({"L-417A185B": 288})))
+    assert msg.startswith("nodeGroups[0].maxSize: 96 vCPUs of 'Running On-Demand P instances' (L-417A185B)")
+    assert "on top of 288 vCPUs reserved but unused" in msg and "--desired-value 384" in msg
+    # negative control: without the other reservation the same stack fits (expired ones and blocks never count)
+    ec2 = aws(cfg)
+    add_reservations(ec2, [reservation(CR, "p4de.24xlarge", "us-east-1b", total=2)])
+    assert preflight.check(cfg, ec2=ec2, quotas=StubQuotas({"L-417A185B": 288})).failures == []
 
 
 @pytest.mark.parametrize(("path_value", "code", "name"), [

@@ -11,6 +11,9 @@ see exitcodes.py and the Job's pod failure policy):
 * **2** for a bad launcher setting, the rendezvous store's client settings included (rendezvous/etcd_backend.py), at start;
 * **2** when, in this agent's first round, every local worker failed with the same error before its first step (a
   module that cannot be imported, an exception at import): startfail.py; a retry would only repeat it;
+* **2** when startfail.REPEATS consecutive rounds of this agent failed with the same exception at the same place
+  before any step completed (a checkpoint folder on a read-only path, created after ``init_process_group``):
+  startfail.py ``RepeatedFailure``; a restart or a resume would repeat it;
 * **5** (BAD_INPUT) before any worker starts when the Job asks for its data set to be verified
   (``EKS_DDP_DATA_VERIFY``, dataset.py) and a file no longer matches the stage's manifest or pin;
 * **8** (SUPERSEDED) when a worker found its world replaced by a newer world that another rendezvous store holds
@@ -118,6 +121,8 @@ class Agent(LocalElasticAgent):
     """A worker exited with SUPERSEDED: another store's world holds the run directory (checkpoint.py's fences)."""
     starts: int = 0
     """Worker starts of this agent: a start failure counts in the first only."""
+    repeated: startfail.RepeatedFailure | None = None
+    """This agent's failed rounds, for a failure every round repeats (startfail.py)."""
     fatal_codes: frozenset[int] = fatal_codes({})
     _remaining_restarts: int  # torch's SimpleElasticAgent sets it (compat.require checks it exists)
     kept: KeptLogs | None = None
@@ -149,8 +154,12 @@ class Agent(LocalElasticAgent):
         if result.is_failed():
             restart = worker_group.spec.max_restarts - self._remaining_restarts
             fatal = sorted({f.exitcode for f in result.failures.values() if f.exitcode in self.fatal_codes})
-            cause = None if fatal or self.starts != 1 else startfail.start_failure(
-                getattr(self._pcontext, "error_files", None) or {}, {f.local_rank for f in result.failures.values()})
+            error_files = getattr(self._pcontext, "error_files", None) or {}
+            failed = {f.local_rank for f in result.failures.values()}
+            cause = None if fatal or self.starts != 1 else startfail.start_failure(error_files, failed)
+            if self.repeated is None:
+                self.repeated = startfail.RepeatedFailure()
+            repeated = self.repeated.add(self.starts, None if fatal else startfail.round_failure(error_files, failed))
             if not fatal and any(f.exitcode == SUPERSEDED for f in result.failures.values()):
                 self.superseded = True
                 self._remaining_restarts = 0
@@ -166,6 +175,16 @@ class Agent(LocalElasticAgent):
                 self._remaining_restarts = 0
                 log.error("every worker failed before its first step with the same error: %s; a restart would repeat "
                           "it: not restarting, exit %s (eks_ddp_runtime/startfail.py)", cause, USAGE)
+            elif repeated is not None:
+                message, where = repeated
+                self.fatal_code = USAGE
+                self.fatal_cause = (f"{message} (at {where}), the same in {self.repeated.repeats} rounds in a row "
+                                    "before any step completed")
+                self._remaining_restarts = 0
+                log.error("%s rounds in a row failed with the same error before any step completed: %s at %s; a "
+                          "restart or a resume would repeat it: not restarting, exit %s (eks_ddp_runtime/startfail.py)."
+                          " Fix the code or the path at %s and start the run again", self.repeated.repeats, message,
+                          where, USAGE, where)
             if self.kept is not None:
                 self.kept.record_failures(result.failures, restart, restarting=self._remaining_restarts > 0,
                                           fatal=set(self.fatal_codes))
@@ -248,6 +267,9 @@ def launch(config: launcher_api.LaunchConfig, entrypoint, args: list[str], kept:
         return 0
     for rank, failure in sorted(result.failures.items()):
         log.error("worker rank %s (local %s) failed: exitcode %s", rank, failure.local_rank, failure.exitcode)
+    if agent.fatal_cause is not None and agent.repeated is not None and agent.repeated.hit:
+        why.append(f"a failure every round repeats: {agent.fatal_cause}: not restarted")
+        return agent.fatal_code or USAGE
     if agent.fatal_cause is not None:
         why.append(f"every worker failed before its first step with {agent.fatal_cause}: not restarted")
         return agent.fatal_code or USAGE

@@ -22,6 +22,20 @@ can run before it, and no peer was involved yet, so the error is the worker's ow
 Each agent decides from its own workers only: the first to decide exits 2 and the Job fails (pod failure policy).
 Workers started as fresh processes (``EKS_DDP_FORK_WORKERS=0``, or a zygote unsafe to fork) write no record: their
 failures are retried as torchrun's are.
+
+**A repeated failure** (:func:`round_failure` and :class:`RepeatedFailure`, the agent's check over consecutive
+rounds): most scripts call ``init_process_group`` first and only then create their checkpoint folder, read a file or
+build the model, so a mistake there comes after the start marker and is no start failure. It is as certain, though:
+the same exception, raised at the same place, before any step completed, in every round. A worker marks
+``<error file>.stepped`` when its first optimizer step completes (torch's global
+``register_optimizer_step_post_hook``, called after every ``torch.optim`` optimizer's ``step``), and its record
+names the place (:func:`place`: the innermost frame outside this runtime). When :data:`REPEATS` consecutive rounds
+of an agent failed with one non-transient exception at one place and no worker of theirs completed a step, the agent
+exits 2: a restart, or a resume, would repeat it. Peers that fail noticing the failed one (torch's ``RuntimeError``:
+a closed connection) do not hide it. Still retried: an error once a step completed, a different error or place in
+the next round, a transient kind (:func:`transient`), a worker killed by a signal. A loop without a ``torch.optim``
+optimizer (its own update rule) never marks a step, so the same error at the same place in :data:`REPEATS` rounds
+stops it too, however long each round trained.
 """
 
 from __future__ import annotations
@@ -31,6 +45,7 @@ import functools
 import json
 import os
 import sys
+import sysconfig
 import time
 import traceback
 
@@ -39,11 +54,17 @@ ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
 KEY = "eks_ddp"
 """The runtime's part of the record, under torch's ``extraInfo``."""
 STARTED_SUFFIX = ".started"
+STEPPED_SUFFIX = ".stepped"
+"""Beside a worker's error file once an optimizer step of its completed (this round)."""
+REPEATS = 3
+"""Consecutive rounds of an agent that must fail with the same error at the same place, before any step completed,
+for it to stop (:class:`RepeatedFailure`): the first start and two restarts."""
 TRANSIENT_ERRNOS = frozenset({errno.EIO, errno.ENOSPC, errno.ESTALE, errno.EAGAIN, errno.EBUSY, errno.ENOMEM,
                               errno.ETIMEDOUT, errno.EHOSTUNREACH, errno.ENETUNREACH})
 """OSErrors a retry (or another node) can fix: the disk, the network, the shared file system."""
 
 _started = False
+_stepped = False
 
 
 def transient(e: BaseException) -> bool:
@@ -60,23 +81,65 @@ def transient(e: BaseException) -> bool:
     return isinstance(e, OSError) and e.errno in TRANSIENT_ERRNOS
 
 
-def _started_path() -> str | None:
+def _started_path(suffix: str = STARTED_SUFFIX) -> str | None:
     path = os.environ.get(ERROR_FILE_ENV, "")
-    return path + STARTED_SUFFIX if path and path != os.devnull else None
+    return path + suffix if path and path != os.devnull else None
+
+
+def place(e: BaseException) -> str | None:
+    """Where ``e`` was raised: ``file:line`` of the innermost frame of its traceback outside this runtime (whose
+    wrappers, the read-only root of podfs.py and the worker's runner, are not the user's place) and outside Python's
+    standard library (``os.makedirs`` is not the place; the line that called it is); None without one."""
+    paths = sysconfig.get_paths()
+    stdlib = [os.path.abspath(paths[k]) + os.sep for k in ("stdlib", "platstdlib")]
+    installed = [os.path.abspath(paths[k]) + os.sep for k in ("purelib", "platlib")]  # under stdlib outside a venv
+    runtime = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    for frame in reversed(traceback.extract_tb(e.__traceback__)):
+        name = os.path.abspath(frame.filename)
+        if frame.filename.startswith("<") or name.startswith(runtime) or (
+                name.startswith(tuple(stdlib)) and not name.startswith(tuple(installed))):
+            continue
+        return f"{frame.filename}:{frame.lineno}"
+    return None
+
+
+def _watch_steps() -> None:
+    """Mark this worker as having completed a step on its first optimizer step (torch.optim's global hook)."""
+    optimizer = sys.modules.get("torch.optim.optimizer")
+    register = getattr(optimizer, "register_optimizer_step_post_hook", None)
+    if register is None:
+        return
+
+    def stepped(*_args) -> None:
+        global _stepped
+        if _stepped:
+            return
+        _stepped = True
+        marker = _started_path(STEPPED_SUFFIX)
+        if marker is not None:
+            try:
+                with open(marker, "w") as f:
+                    f.write(str(time.time()))
+            except OSError:
+                pass
+
+    register(stepped)
 
 
 def watch() -> None:
     """In a worker, before the user's code runs: a call of ``torch.distributed.init_process_group`` (whichever name
     it is reached by, e.g. ``torch.distributed.init_process_group`` or through ``init_device_mesh``) marks this
     worker as started. A stale marker of an earlier start with the same error file is removed."""
-    global _started
-    _started = False
-    marker = _started_path()
-    if marker is not None:
-        try:
-            os.unlink(marker)
-        except OSError:
-            pass
+    global _started, _stepped
+    _started = _stepped = False
+    for suffix in (STARTED_SUFFIX, STEPPED_SUFFIX):
+        marker = _started_path(suffix)
+        if marker is not None:
+            try:
+                os.unlink(marker)
+            except OSError:
+                pass
+    _watch_steps()
     c10d = sys.modules.get("torch.distributed.distributed_c10d")
     original = getattr(c10d, "init_process_group", None)
     if original is None or getattr(original, "_eks_ddp_watch", False):
@@ -117,7 +180,8 @@ def record(e: BaseException, message: str | None = None) -> None:
     data = {"message": {"message": text[:2000], "extraInfo": {
         "py_callstack": "".join(traceback.format_exception(e))[-20000:],
         "timestamp": str(int(time.time())),
-        KEY: {"before_first_step": not _started, "transient": transient(e)}}}}
+        KEY: {"before_first_step": not _started, "transient": transient(e), "stepped": _stepped,
+              "place": place(e)}}}}
     try:
         with open(path, "w") as f:
             json.dump(data, f)
@@ -126,7 +190,8 @@ def record(e: BaseException, message: str | None = None) -> None:
 
 
 def read(path: str | None) -> dict | None:
-    """A worker's record: ``{"message", "before_first_step", "transient"}``; None when it wrote none."""
+    """A worker's record: ``{"message", "before_first_step", "transient", "stepped", "place"}``; None when it wrote
+    none (``stepped`` and ``place`` are False and None in a record of an older runtime)."""
     if not path or path == os.devnull:
         return None
     try:
@@ -135,7 +200,8 @@ def read(path: str | None) -> dict | None:
         message = data["message"]
         mine = message["extraInfo"][KEY]
         return {"message": str(message["message"]), "before_first_step": bool(mine["before_first_step"]),
-                "transient": bool(mine["transient"])}
+                "transient": bool(mine["transient"]), "stepped": bool(mine.get("stepped", False)),
+                "place": mine.get("place")}
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -160,3 +226,42 @@ def start_failure(error_files: dict[int, str], failed: set[int]) -> str | None:
             return None
         messages.add(rec["message"])
     return messages.pop() if len(messages) == 1 else None
+
+
+def round_failure(error_files: dict[int, str], failed: set[int]) -> tuple[str, str] | None:
+    """The error this round of an agent's workers failed with, as ``(message, place)``, when it can repeat in every
+    round: every failed worker left a record; those that are not transient name one message at one place; and no
+    local worker completed a step (its record or its ``.stepped`` marker says so). None otherwise: a worker killed
+    by a signal (no record), only transient errors, two different errors, or a step done."""
+    records = {local: read(path) for local, path in error_files.items()}
+    if not failed or any(records.get(local) is None for local in failed):
+        return None
+    seen: set[tuple[str, str]] = set()
+    for local, rec in records.items():
+        if os.path.exists(error_files[local] + STEPPED_SUFFIX) or (rec is not None and rec["stepped"]):
+            return None
+        if rec is not None and not rec["transient"]:
+            if rec["place"] is None:
+                return None
+            seen.add((rec["message"], rec["place"]))
+    return seen.pop() if len(seen) == 1 else None
+
+
+class RepeatedFailure:
+    """An agent's memory of its failed rounds: :meth:`add` returns the error once :data:`REPEATS` consecutive worker
+    starts (``n``, ``n + 1``, ...) failed with the same :func:`round_failure`."""
+
+    def __init__(self, repeats: int = REPEATS) -> None:
+        self.repeats = repeats
+        self._last: tuple[int, tuple[str, str] | None] | None = None
+        self._count = 0
+        self.hit = False
+        """Whether the last round made it :attr:`repeats` in a row."""
+
+    def add(self, start: int, error: tuple[str, str] | None) -> tuple[str, str] | None:
+        previous = self._last
+        same = previous is not None and error is not None and previous[0] == start - 1 and previous[1] == error
+        self._count = self._count + 1 if same else (1 if error is not None else 0)
+        self._last = (start, error)
+        self.hit = error is not None and self._count >= self.repeats
+        return error if self.hit else None

@@ -41,7 +41,7 @@ class PlanView:
 
     @classmethod
     def of(cls, result: ProgramResult) -> PlanView:
-        from eks_ddp.tooling.plan import render_manifests
+        from eks_ddp.tooling.manifests import render_manifests
 
         return cls(result=result, manifests=render_manifests(result))
 

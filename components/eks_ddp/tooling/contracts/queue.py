@@ -636,3 +636,79 @@ def report(manifests: Sequence[Mapping[str, Any]]) -> str | None:
     lines = [render(admission(manifests))]
     lines += [f"ERROR {v}" for v in never_admitted(manifests)]
     return "\n".join(x for x in lines if x)
+
+
+
+def _explained(name: str, o: Outcome, w: Workload | None) -> str:
+    """One run's outcome in plain words, with the size an elastic run is admitted at when below its nodes."""
+    if o.state == "admitted":
+        size = f"{o.count} pod(s)"
+        stays = ""
+        if w is not None and o.count < w.count:
+            size = f"{o.count} of {w.count} pod(s)"
+            stays = (f"; elastic (minimum {w.min_count}): it stays at {o.count} pod(s), Kueue does not grow an "
+                     "admitted Job")
+        preempts = f"; preempts {', '.join(o.preempts)}" if o.preempts else ""
+        checks = f"; then waits for admission check(s) {', '.join(o.checks)}" if o.checks else ""
+        again = f"preempted by {o.preempted_by}, then admitted again, " if o.preempted_by else "admitted, "
+        return f"{name}: {again}{size} on {o.flavor}{preempts}{checks}{stays}"
+    if o.state == "preempted":
+        return f"{name}: preempted by {o.preempted_by}, then waits: {o.message}"
+    return f"{name}: waits: {o.message}"
+
+
+def explain(manifests: Sequence[Mapping[str, Any]]) -> str | None:
+    """For a plan with a queue, in plain lines: which run Kueue admits, which waits and why (Kueue's own reason),
+    at what size an elastic run is admitted, and, for each run, what changes when it is already running as the
+    others arrive (it is preempted by a higher priority where the queue allows it, or they wait for it). None for a
+    plan without a ClusterQueue. The rules are Kueue's (:func:`schedule`)."""
+    if not any(m.get("kind") == "ClusterQueue" for m in manifests):
+        return None
+    plan = read_plan(manifests)
+    workloads = {w.name: w for w in (workload_of(j, i, plan.priorities) for i, j in enumerate(plan.jobs))}
+
+    def lines(outcomes: Mapping[str, Outcome]) -> list[str]:
+        return [f"  {_explained(n, outcomes[n], workloads.get(n))}" for n in sorted(outcomes)]
+
+    def gist(outcomes: Mapping[str, Outcome]) -> dict[str, tuple]:
+        return {n: (o.state, o.count, o.preempts) for n, o in outcomes.items()}
+
+    together = admission(manifests)
+    out = ["all runs arriving together (as one `pulumi up` creates them):", *lines(together)]
+    for name in sorted(together):
+        first = admission(manifests, running=[name])
+        if first.get(name) is None or gist(first) == gist(together):
+            continue
+        out += [f"if {name} is already running, whole, when the others arrive:", *lines(first)]
+    out += [f"ERROR {v}" for v in never_admitted(manifests)]
+    return "\n".join(out)
+
+
+def wiring(manifests: Sequence[Mapping[str, Any]], managed: Sequence[Mapping[str, Any]] | None,
+           autoscaler: bool) -> list[str]:
+    """What a program's queue wiring leaves a queued run to wait for in vain, as warnings: a queued Job in a
+    namespace none of Kueue's ``managedJobsNamespaceSelector``s (``managed``, from its configuration; None: no Kueue
+    seen in the program) selects, which Kueue never picks up (``KueueArgs.managed_namespaces``), and a ClusterQueue
+    with admission checks (the ProvisioningRequest's all-or-nothing nodes) in a program without a cluster autoscaler,
+    which alone answers them and starts the GPU nodes (and without which GPU groups at 0 nodes never start)."""
+    plan = read_plan(manifests)
+    if not plan.cluster_queues:
+        return []
+    out = []
+    for i, job in enumerate(plan.jobs):
+        w = workload_of(job, i, plan.priorities)
+        if w.queue is None or managed is None:
+            continue
+        labels = {**plan.namespaces.get(w.namespace, {}), "kubernetes.io/metadata.name": w.namespace}
+        if not any(_selects(s, labels) for s in managed):
+            out.append(f"{w.subject}: in namespace {w.namespace!r}, which Kueue does not manage (its "
+                       "managedJobsNamespaceSelector): Kueue never admits it and its Job stays suspended; expected "
+                       f"{w.namespace!r} in KueueArgs.managed_namespaces")
+    if not autoscaler:
+        checks = sorted({name for cq in plan.cluster_queues.values() for name, _ in cq.checks})
+        asks = (f"its admission check {', '.join(checks)} asks the cluster autoscaler for the GPU nodes "
+                "(ProvisioningRequest), and " if checks else "")
+        out.append(f"ClusterQueue: {asks}the program has no ClusterAutoscaler: GPU groups at 0 nodes never start, so "
+                   "an admitted run's pods stay Pending; expected ClusterAutoscaler(ClusterAutoscalerArgs("
+                   + ("provisioning_requests=True))" if checks else "...))"))
+    return out

@@ -9,7 +9,9 @@ For the stack's region it asks EC2 and Service Quotas whether
 - the type supports EFA where the group asks for it;
 - running + requested vCPUs fit the on-demand or spot vCPU quota of the type's
   class (G and VT, P, Standard), counting every group at ``maxSize`` (this
-  cluster's own running nodes are part of that, not on top of it);
+  cluster's own running nodes are part of that, not on top of it) and, for
+  on-demand, the unused slots of every active capacity reservation in the region
+  (reserved capacity counts against the quota even while unused);
 - a named capacity reservation exists, is active, matches the group's type and
   zone, and has at least ``desiredSize`` instances free; a capacity block's window
   (``capacityBlockStart``/``End``) is the block's own;
@@ -30,6 +32,10 @@ With an EKS client and the cluster name it also checks what the stack already ru
 (:mod:`eks_ddp.tooling.preflight.live`): the cluster name's owner, the version step, resizes
 against live desired sizes, and this cluster's own nodes (not counted twice).
 
+On an FSx for Lustre stack it also checks the backup ``storage.fsxBackupId`` restores, and refuses a change that
+would replace the live file system with an empty one unless ``storage.fsxReplace`` names it
+(:mod:`eks_ddp.tooling.preflight.fsx`).
+
 With ECR clients it also checks that every ECR image the stack names (``image.prebuilt``,
 ``runs[i].workload.image``) exists by its digest (:mod:`eks_ddp.tooling.preflight.images`).
 
@@ -39,7 +45,9 @@ ec2:DescribeInstanceTypeOfferings, ec2:DescribeInstanceTypes, ec2:DescribeInstan
 ec2:DescribeCapacityReservations, ec2:DescribePlacementGroups, ec2:DescribeVpcs, ec2:DescribeAddresses,
 servicequotas:GetServiceQuota,
 servicequotas:GetAWSDefaultServiceQuota; for stacks that name buckets (components/eks_ddp/tooling/preflight/s3.py) also
-sts:GetCallerIdentity, s3:ListBucket (HeadBucket), s3:GetEncryptionConfiguration, kms:DescribeKey.
+sts:GetCallerIdentity, s3:ListBucket (HeadBucket), s3:GetEncryptionConfiguration, kms:DescribeKey; for FSx for Lustre
+stacks (components/eks_ddp/tooling/preflight/fsx.py) also fsx:DescribeBackups, fsx:DescribeFileSystems,
+ec2:DescribeSecurityGroups.
 """
 
 

@@ -15,27 +15,16 @@ from eks_ddp.config import StackConfig, choose_zones
 from eks_ddp.core import catalog, k8s_versions
 from eks_ddp.infra.network import EKS_UNSUPPORTED_ZONE_IDS
 from eks_ddp.tooling import cli_version
+from eks_ddp.tooling.preflight import fsx as preflight_fsx
 from eks_ddp.tooling.preflight import images as preflight_images
 from eks_ddp.tooling.preflight import live as preflight_live
 from eks_ddp.tooling.preflight import s3 as preflight_s3
 from eks_ddp.tooling.preflight.capacity import CapacityChecks
-from eks_ddp.tooling.preflight.clients import clients, clients_sts, ecr_clients, logs_client
+from eks_ddp.tooling.preflight.clients import clients, clients_sts, ecr_clients, fsx_client, logs_client
 from eks_ddp.tooling.preflight.network_quotas import NetworkQuotaChecks
 from eks_ddp.tooling.preflight.s3 import S3Checks
+from eks_ddp.tooling.preflight.vcpu_quotas import QUOTAS, VcpuQuotaChecks, quota_class  # noqa: F401 (API)
 
-# EC2 vCPU quotas (Service Quotas, service code "ec2") per (quota class, market).
-# Codes as listed by `aws service-quotas list-service-quotas --service-code ec2`.
-QUOTAS: dict[tuple[str, str], tuple[str, str]] = {
-    ("G", "onDemand"): ("L-DB2E81BA", "Running On-Demand G and VT instances"),
-    ("P", "onDemand"): ("L-417A185B", "Running On-Demand P instances"),
-    ("G", "spot"): ("L-3819A6DF", "All G and VT Spot Instance Requests"),
-    ("P", "spot"): ("L-7212CCBC", "All P Spot Instance Requests"),
-    ("Standard", "onDemand"): ("L-1216C47A", "Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances"),
-    ("Standard", "spot"): ("L-34B43A08", "All Standard (A, C, D, H, I, M, R, T, Z) Spot Instance Requests"),
-}
-
-# Families whose first letter looks Standard/G/P but that have quotas of their own.
-_OWN_QUOTA_PREFIXES = ("inf", "trn", "dl", "hpc", "mac", "u-", "u7", "x", "f")
 # Errors after which the same service will not answer either: say so once, skip its other calls.
 _UNREACHABLE = ("EndpointConnectionError", "ConnectTimeoutError", "ConnectionClosedError", "ReadTimeoutError")
 
@@ -52,30 +41,11 @@ class Report:
         return not self.failures
 
 
-def quota_class(instance_type: str) -> str | None:
-    """EC2 vCPU quota class of any instance type ('G', 'P', 'Standard'), None for classes we do not track."""
-    family = instance_type.split(".", 1)[0].lower()
-    if family.startswith("vt") or family.startswith("g"):
-        return "G"
-    if family.startswith(_OWN_QUOTA_PREFIXES):
-        return None
-    if family.startswith("p"):
-        return "P"
-    if family[:1] in "acdhimrtz":
-        return "Standard"
-    return None
-
-
-def _market(capacity_type: str) -> str | None:
-    """Quota market of a node group; Capacity Blocks draw on no vCPU quota."""
-    return {"onDemand": "onDemand", "spot": "spot"}.get(capacity_type)
-
-
 def _join(items: Sequence[str] | None) -> str:
     return ", ".join(items) if items else "none"
 
 
-class _Checker(CapacityChecks, NetworkQuotaChecks, S3Checks):
+class _Checker(CapacityChecks, NetworkQuotaChecks, S3Checks, VcpuQuotaChecks):
     """One preflight pass: shared caches, and the guard that turns API errors into warnings."""
 
     def __init__(self, cfg: StackConfig, ec2: Any, quotas: Any, cluster_name: str | None = None):
@@ -223,101 +193,22 @@ class _Checker(CapacityChecks, NetworkQuotaChecks, S3Checks):
                 self.warn(f"nodeGroups[{i}].efa: the catalog gives {g.instance_type} {wanted} EFA interfaces, "
                           f"AWS reports at most {most}; the launch template may be rejected")
 
-    def check_quotas(self) -> None:
-        demand: dict[tuple[str, str], list[tuple[str, str, int, int]]] = {}
-        for i, g in enumerate(self.cfg.node_groups):
-            market, it = _market(g.capacity_type), catalog.CATALOG.get(g.instance_type)
-            if market is None or it is None:
-                continue
-            nodes = g.max_size
-            # Free slots of an on-demand reservation already count against the quota (AWS charges a
-            # reservation's vCPUs to it from creation), so only nodes beyond them are new demand.
-            reserved = self._reservations.get(i)
-            if reserved is not None:
-                nodes = max(0, nodes - int(reserved.get("AvailableInstanceCount", 0)))
-            if nodes:
-                demand.setdefault((it.quota_class, market), []).append(
-                    (f"nodeGroups[{i}].maxSize", g.instance_type, nodes, it.vcpus))
-        system = catalog.CATALOG.get(self.cfg.cluster.system_instance_type)
-        if system is not None:
-            demand.setdefault((system.quota_class, "onDemand"), []).append(
-                ("cluster.systemNodeCount", system.name, self.cfg.cluster.system_node_count, system.vcpus))
-        if not demand:
-            return
-        running = self.attempt("ec2", "DescribeInstances", "the vCPUs of running instances", self._running_vcpus)
-        for (qclass, market), parts in demand.items():
-            if (qclass, market) not in QUOTAS:
-                continue
-            code, name = QUOTAS[(qclass, market)]
-            limit = self.attempt("servicequotas", "GetServiceQuota", f"the '{name}' quota ({code})",
-                                 functools.partial(self._quota_value, code))
-            if limit is None:
-                continue
-            requested = sum(n * v for _, _, n, v in parts)
-            in_use = (running or {}).get((qclass, market), 0)
-            if in_use + requested <= limit:
-                continue
-            keys = " and ".join(k for k, _, _, _ in parts)
-            breakdown = " + ".join(f"{n} x {t} ({v} vCPUs)" for _, t, n, v in parts)
-            also = f" on top of {in_use} vCPUs already running" if in_use else ""
-            self.fail(f"{keys}: {requested} vCPUs of '{name}' ({code}) needed for {breakdown}{also}, but the quota "
-                      f"in {self.cfg.region} is {limit:g}; lower {keys}, or request an increase: aws service-quotas "
-                      f"request-service-quota-increase --region {self.cfg.region} --service-code ec2 "
-                      f"--quota-code {code} --desired-value {in_use + requested}")
-
     def _instance_types(self, instance_type: str) -> list[dict[str, Any]]:
         return self.ec2.describe_instance_types(InstanceTypes=[instance_type])["InstanceTypes"]
-
-    def _quota_value(self, code: str) -> float:
-        try:
-            return float(self.quotas.get_service_quota(ServiceCode="ec2", QuotaCode=code)["Quota"]["Value"])
-        except ClientError as err:
-            # Quotas never raised in this account may only have their AWS default.
-            if err.response.get("Error", {}).get("Code") != "NoSuchResourceException":
-                raise
-            return float(self.quotas.get_aws_default_service_quota(ServiceCode="ec2", QuotaCode=code)
-                         ["Quota"]["Value"])
-
-    def _running_vcpus(self) -> dict[tuple[str, str], int]:
-        """vCPUs of running/pending instances per (quota class, market)."""
-        totals: dict[tuple[str, str], int] = {}
-        pages = self.ec2.get_paginator("describe_instances").paginate(
-            Filters=[{"Name": "instance-state-name", "Values": ["pending", "running"]}])
-        for page in pages:
-            for res in page["Reservations"]:
-                for inst in res["Instances"]:
-                    qclass = quota_class(inst["InstanceType"])
-                    lifecycle = inst.get("InstanceLifecycle")
-                    # This cluster's own nodes are already in the demand (every group at maxSize).
-                    if qclass is None or lifecycle == "capacity-block" or preflight_live.is_own(inst,
-                                                                                               self.cluster_name):
-                        continue
-                    market = "spot" if lifecycle == "spot" else "onDemand"
-                    totals[(qclass, market)] = totals.get((qclass, market), 0) + self._vcpus_of(inst)
-        return totals
-
-    def _vcpus_of(self, inst: dict[str, Any]) -> int:
-        cpu = inst.get("CpuOptions") or {}
-        if cpu.get("CoreCount") and cpu.get("ThreadsPerCore"):
-            return int(cpu["CoreCount"]) * int(cpu["ThreadsPerCore"])
-        known = catalog.CATALOG.get(inst["InstanceType"])
-        if known is not None:
-            return known.vcpus
-        info = self.ec2.describe_instance_types(InstanceTypes=[inst["InstanceType"]])["InstanceTypes"]
-        return int(info[0]["VCpuInfo"]["DefaultVCpus"]) if info else 0
-
 
 def check(cfg: StackConfig, *, ec2: Any, quotas: Any, today: dt.date | None = None, eks: Any = None,
           cluster_name: str | None = None, stack_id: str | None = None, logs: Any = None,
           organization: str | None = None, ecr: Callable[[str], Any] | None = None, s3: Any = None, kms: Any = None,
-          sts: Any = None, caller_sts: Any = None, egress_ip: Callable[[], str | None] | None = None) -> Report:
+          sts: Any = None, caller_sts: Any = None, egress_ip: Callable[[], str | None] | None = None,
+          fsx: Any = None) -> Report:
     """Run every preflight check with the given boto3 ``ec2`` and ``service-quotas`` clients; with ``eks`` and
     ``cluster_name`` also the checks against what this stack already runs (:mod:`eks_ddp.tooling.preflight.live`);
     with ``s3`` (and ``kms``, ``sts``) the buckets the stack names (:mod:`eks_ddp.tooling.preflight.s3`).
     ``stack_id`` (``<organization>/<project>/<stack>``) is the cluster's owner tag. ``ecr(region)`` gives an
     ECR client of a region: with it, every ECR image the stack names must exist (:mod:`eks_ddp.tooling.preflight.images`).
     ``caller_sts`` (who runs this update) and ``egress_ip`` (this machine's public IP) check that this machine
-    reaches a live cluster's API endpoint."""
+    reaches a live cluster's API endpoint. With ``fsx`` (an FSx client) on an FSx for Lustre stack: the backup a
+    restore names, and what this ``up`` would do to the live file system (:mod:`eks_ddp.tooling.preflight.fsx`)."""
     c = _Checker(cfg, ec2, quotas, cluster_name)
     # Extended support bills the control plane $0.60/h instead of $0.10/h: say so before anything is created.
     notice = k8s_versions.support_notice(cfg.cluster.kubernetes_version, cfg.cluster.upgrade_policy,
@@ -338,7 +229,24 @@ def check(cfg: StackConfig, *, ec2: Any, quotas: Any, today: dt.date | None = No
         preflight_images.check_images(c, ecr)
     if s3 is not None:
         c.check_s3(s3, kms, sts)
+    if fsx is not None and preflight_fsx.needed(cfg):
+        preflight_fsx.check_backup(c, fsx)
+        vpc_id = _own_cluster_vpc(c, eks, cluster_name, stack_id) if eks is not None and cluster_name else None
+        if vpc_id:
+            preflight_fsx.check_live_file_system(c, fsx, ec2, vpc_id, zones)
     return c.report
+
+
+def _own_cluster_vpc(c: _Checker, eks: Any, cluster_name: str, stack_id: str | None) -> str | None:
+    """The VPC of this stack's live cluster (None: no cluster yet, or another stack's)."""
+    found = c.attempt("eks", "DescribeCluster", f"whether cluster {cluster_name} exists",
+                      lambda: preflight_live.describe_cluster(eks, cluster_name))
+    if not found:
+        return None
+    owner = (found.get("tags") or {}).get(preflight_live.STACK_TAG)
+    if owner is not None and stack_id is not None and owner not in (stack_id, preflight_live.legacy_owner(stack_id)):
+        return None
+    return (found.get("resourcesVpcConfig") or {}).get("vpcId")
 
 
 
@@ -365,6 +273,12 @@ def run_or_raise(cfg: StackConfig, *, profile: str | None = None, ec2: Any = Non
         ecr = ecr or ecr_clients(profile)
         logs = logs or logs_client(cfg.region, profile)
         egress_ip = preflight_live.checkip
+    fsx = None
+    if preflight_fsx.needed(cfg):
+        try:
+            fsx = fsx_client(cfg.region, profile)
+        except BotoCoreError as err:
+            pulumi.log.warn(f"preflight: could not create an FSx client ({err}); the file system was not checked")
     s3 = kms = sts = None
     if preflight_s3.needed(cfg):  # buckets named in the stack: data sets, extra buckets, the results bucket
         try:
@@ -373,7 +287,7 @@ def run_or_raise(cfg: StackConfig, *, profile: str | None = None, ec2: Any = Non
             pulumi.log.warn(f"preflight: could not create S3 clients ({err}); the buckets were not checked")
     report = check(cfg, ec2=ec2, quotas=quotas, eks=eks, cluster_name=cluster_name, stack_id=stack_id, logs=logs,
                    organization=organization, ecr=ecr, s3=s3, kms=kms, sts=sts, caller_sts=caller_sts,
-                   egress_ip=egress_ip)
+                   egress_ip=egress_ip, fsx=fsx)
     if too_old := cli_version.problem():
         report.failures.append(too_old)
     for message in report.warnings:

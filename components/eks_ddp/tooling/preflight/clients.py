@@ -47,3 +47,13 @@ def clients_sts(region: str, profile: str | None = None) -> Any:
 
     session = boto3.Session(profile_name=profile) if profile else boto3.Session()
     return session.client("sts", config=Config(region_name=region, connect_timeout=5, read_timeout=15))
+
+
+def fsx_client(region: str, profile: str | None = None) -> Any:
+    """An FSx client with the same short timeouts as :func:`clients` (the FSx for Lustre backend's checks)."""
+    import boto3
+    from botocore.config import Config
+
+    config = Config(region_name=region, connect_timeout=5, read_timeout=15,
+                    retries={"max_attempts": 3, "mode": "standard"})
+    return (boto3.Session(profile_name=profile) if profile else boto3.Session()).client("fsx", config=config)

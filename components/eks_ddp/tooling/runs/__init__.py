@@ -4,6 +4,8 @@
     eks-ddp logs RUN [--follow] [--rank N] [--tail N]
     eks-ddp cancel RUN
     eks-ddp fetch RUN [--out DIR]          results (S3) and kept logs of a cluster run
+    eks-ddp destroy-check [--stack S]      before `pulumi destroy`: what in the stack's VPC the state does not hold
+                                           and would block the delete (eks_ddp.tooling.destroy_check)
 
 ``RUN`` is a local run's directory (``eks-ddp-local``'s ``<out>/<run-id>``), a local run's id under ``--runs``
 (default ``demo-out``, eks-ddp-local's ``--out``), or a cluster run's ``runId`` from the stack's ``runs`` output

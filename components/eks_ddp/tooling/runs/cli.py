@@ -1,5 +1,5 @@
-"""The ``eks-ddp`` command line: its subcommands over a local run's directory or a cluster run (the package docstring
-says what each does)."""
+"""The ``eks-ddp`` command line: its subcommands over a local run's directory or a cluster run (``eks-ddp --help``
+and ``eks-ddp <command> --help`` say what each does)."""
 
 from __future__ import annotations
 
@@ -143,6 +143,9 @@ def cmd_logs(o: argparse.Namespace) -> int:
     else:
         run_dir = run
     logs = run_dir / "logs"
+    if o.follow and isinstance(run, Path):  # just started: its agents' logs appear once they run
+        while not pods(logs) and runner_alive(run_dir) is not None:
+            time.sleep(FOLLOW_POLL_S)
     if not pods(logs):
         raise CliError(f"run {run_dir.name}: the kept logs are missing ({logs}: no agent's folder)")
     files = log_files(logs, o.rank)
@@ -200,8 +203,48 @@ def cmd_fetch(o: argparse.Namespace) -> int:
     return code or (1 if missing else 0)
 
 
+def cmd_destroy_check(o: argparse.Namespace) -> int:
+    """What in the stack's VPC the state does not hold (eks_ddp.tooling.destroy_check); 1 when any of it blocks."""
+    from eks_ddp.tooling import destroy_check
+
+    if o.state is not None:
+        try:
+            state = json.loads(o.state.read_text())
+        except (OSError, ValueError) as e:
+            raise CliError(f"--state: got {str(o.state)!r} ({e}); expected the JSON of `pulumi stack export`", 2) from None
+    else:
+        argv = ["pulumi", "stack", "export", *(["--stack", o.stack] if o.stack else [])]
+        proc = kubectl.run_cmd(argv)
+        if proc.returncode != 0:
+            raise CliError(f"{' '.join(argv)}: {proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else ''}")
+        try:
+            state = json.loads(proc.stdout)
+        except ValueError:
+            raise CliError(f"{' '.join(argv)}: not JSON") from None
+    vpc, region = destroy_check.state_vpc_and_region(state)
+    vpc, region = o.vpc_id or vpc, o.region or region
+    if not vpc or not region:
+        raise CliError("the state names no VPC or no AWS region (a destroyed stack?); give --vpc-id and --region", 2)
+    ec2, elbv2 = _aws_clients(region, o.profile)
+    findings = destroy_check.find(ec2, elbv2, vpc, destroy_check.held_ids(state), region)
+    print(destroy_check.as_json(findings) if o.json else f"VPC {vpc} ({region}):\n"
+          + destroy_check.report(findings, show_all=o.all))
+    return 1 if any(f.blocks for f in findings) else 0
+
+
+def _aws_clients(region: str, profile: str | None):
+    import boto3
+    from botocore.config import Config
+
+    config = Config(region_name=region, connect_timeout=5, read_timeout=30, retries={"max_attempts": 3,
+                                                                                      "mode": "standard"})
+    session = boto3.Session(profile_name=profile) if profile else boto3.Session()
+    return session.client("ec2", config=config), session.client("elbv2", config=config)
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="eks-ddp", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="eks-ddp", description="One command per run, for a local run's directory and "
+                                "a cluster run alike, working after its pods and nodes are gone.")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("run", metavar="RUN", help="a run's directory, or a run id (local, or the stack's runs output)")
     common.add_argument("--runs", type=Path, default=DEFAULT_RUNS, help="where local runs are (eks-ddp-local --out; "
@@ -218,24 +261,43 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--rank", type=int, help="only this global rank's output")
     s.add_argument("--tail", type=int, help="only the last N lines of each file")
     s.set_defaults(func=cmd_logs)
-    s = sub.add_parser("cancel", parents=[common], help="stop the run (a cluster run: suspend its Job, mark it "
-                       "cancelled in the stack config)")
+    says = ("stop the run (a local run: SIGTERM to its runner, which stops what it started; a cluster run: the stack's "
+            "cancel line, which deletes its Job and sets its state to cancelled in the stack config)")
+    s = sub.add_parser("cancel", parents=[common], help=says, description=says[0].upper() + says[1:] + ".")
     s.set_defaults(func=cmd_cancel)
     s = sub.add_parser("fetch", parents=[common], help="a cluster run's results (S3) and kept logs")
     s.add_argument("--out", type=Path, help="local folder (default results/<runId>)")
     s.set_defaults(func=cmd_fetch)
+    s = sub.add_parser("destroy-check", help="before pulumi destroy: what in the stack's VPC the state does not hold "
+                       "(ENIs, VPC endpoints, security groups, load balancers) and would block the delete")
+    s.add_argument("--stack", help="the Pulumi stack (default: the selected one)")
+    s.add_argument("--state", type=Path, help="a saved `pulumi stack export` instead of asking pulumi")
+    s.add_argument("--vpc-id", help="the VPC (default: the state's)")
+    s.add_argument("--region", help="the AWS region (default: the state's AWS provider's)")
+    s.add_argument("--profile", help="the AWS profile (the stack's aws:profile)")
+    s.add_argument("--all", action="store_true", help="also what goes with its owner")
+    s.add_argument("--json", action="store_true", help="the findings as JSON")
+    s.set_defaults(func=cmd_destroy_check)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     o = parser().parse_args(argv)
     try:
-        return o.func(o)
+        code = o.func(o)
+        sys.stdout.flush()  # here, where a closed pipe is caught below, not in the interpreter's exit
+        return code
     except CliError as e:
         print(f"eks-ddp {o.command}: {e}", file=sys.stderr)
         return e.code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `eks-ddp status | head`: the reader has gone; say nothing more, as cat and grep do
+        import os
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so that the interpreter's last flush does not fail again
+        return 141
 
 
 if __name__ == "__main__":

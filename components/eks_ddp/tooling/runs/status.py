@@ -256,8 +256,10 @@ def local_status(run_dir: Path, name: str | None = None) -> Status:
         state, because = "running", f"the local runner (pid {runner_alive(run_dir)}) is running it"
     elif result is not None:
         code = result.get("returncode")
-        state = "succeeded" if code == 0 else "failed"
-        because = f"{RESULT_FILE}: exit status {code}"
+        stopped_by = result.get("stopped_by")
+        state = "succeeded" if code == 0 else "cancelled" if stopped_by else "failed"
+        because = f"{RESULT_FILE}: exit status {code}" + (
+            f", stopped by {stopped_by} (eks-ddp cancel, Ctrl-C or a closed terminal)" if stopped_by else "")
     elif any(a.exit_code == 0 for a in agents):
         state, because = "succeeded", "an agent exited 0: its workers finished"
     elif agents and all(a.exit_code is not None for a in agents):
@@ -273,7 +275,7 @@ def local_status(run_dir: Path, name: str | None = None) -> Status:
         status.logs_missing = f"{logs}: no agent's folder in it"
     else:
         status.cause, status.others = read_failures(logs)
-        if state == "succeeded":  # restarts along the way are not the run's cause
+        if state in ("succeeded", "cancelled"):  # restarts along the way, or the stop asked for, are no cause
             status.cause, status.others = None, []
     return status
 
