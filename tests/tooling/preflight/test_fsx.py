@@ -47,11 +47,16 @@ class Fsx:
                     yield page
         return _Pages()
 
-    def describe_backups(self, BackupIds):  # noqa: N803 (boto3's name)
-        answer = self._c.describe_backups(BackupIds=BackupIds)
+    def describe_backups(self, **kw):
+        answer = self._c.describe_backups(**kw)
         for b in answer["Backups"]:
+            b["Tags"] = self._c.list_tags_for_resource(ResourceARN=b["ResourceARN"])["Tags"] if "ResourceARN" in b \
+                else b.get("Tags", [])
             b.update(self.backups.get(b["BackupId"], {}))
         return answer
+
+    def create_backup(self, **kw):
+        return self._c.create_backup(**kw)
 
 
 class Eks:
@@ -208,21 +213,32 @@ def test_each_replace_forcing_change_is_refused_before_up(aws, change, expect):
     assert msg.startswith(expect) or expect in msg
     assert f"replace the stack's FSx file system {fs_id} with a new, EMPTY one" in msg
     assert f"pulumi config set --path storage.fsxReplace {fs_id}" in msg
-    # the opt-in names this file system: a warning that says where the data goes, no failure
+    # the opt-in names this file system: first a backup is taken, and nothing is replaced until it is AVAILABLE;
+    # then a warning that names it, no failure
+    [started] = fsx_failures(run_check(fsx_raw(fsxReplace=fs_id), ec2, fsx, vpc))
+    assert started.startswith("storage.fsxReplace: started backup backup-") and f"of {fs_id}" in started
+    backup = started.split("started backup ")[1].split(" ")[0]
+    [busy] = fsx_failures(run_check(fsx_raw(fsxReplace=fs_id), ec2, fsx, vpc))  # moto's backup stays CREATING
+    assert f"backup {backup} of {fs_id}, taken before the replacement, is CREATING" in busy
+    fsx.backups[backup] = {"Lifecycle": "AVAILABLE"}
     report = run_check(fsx_raw(fsxReplace=fs_id), ec2, fsx, vpc)
     assert fsx_failures(report) == []
     [warning] = [w for w in report.warnings if w.startswith("storage.fsxReplace:")]
-    assert f"replaces file system {fs_id}" in warning and "final backup" in warning
+    assert f"replaces file system {fs_id}" in warning and f"storage.fsxBackupId: {backup}" in warning
     # an opt-in naming another file system does not let it through
     assert len(fsx_failures(run_check(fsx_raw(fsxReplace="fs-0123456789abcdef0"), ec2, fsx, vpc))) == 1
 
 
-def test_an_opt_in_without_retain_on_destroy_says_the_data_is_not_backed_up(aws):
+def test_an_opt_in_without_retain_on_destroy_still_takes_a_backup_first(aws):
+    """Before, with retainOnDestroy false the opt-in only warned "deleted with NO backup" and let the up replace it."""
     ec2, client = aws
     vpc, fs_id = live(ec2, client, capacity=4800)
-    report = run_check(fsx_raw(fsxReplace=fs_id, retainOnDestroy=False), ec2, Fsx(client, ec2), vpc)
-    [warning] = [w for w in report.warnings if w.startswith("storage.fsxReplace:")]
-    assert "deleted with NO backup" in warning
+    [started] = fsx_failures(run_check(fsx_raw(fsxReplace=fs_id, retainOnDestroy=False), ec2, Fsx(client, ec2), vpc))
+    assert "started backup backup-" in started
+    backups = client.describe_backups(Filters=[{"Name": "file-system-id", "Values": [fs_id]}])["Backups"]
+    assert len(backups) == 1
+    tags = client.list_tags_for_resource(ResourceARN=backups[0]["ResourceARN"])["Tags"]
+    assert {"Key": "eks-ddp/pre-replace", "Value": fs_id} in tags
 
 
 def test_no_live_cluster_means_nothing_to_replace(aws):

@@ -16,16 +16,17 @@ decreases); and the security group is replaced (so its id changes) when its desc
 on ``aws_security_group``). Preflight finds the stack's file system (the ``eks-ddp/storage`` tag, in the live
 cluster's VPC) and compares what this ``up`` sends: the subnet's zone (the job group's), the capacity, the Lustre
 version, deployment and storage type, and the security group's description and VPC. A change is refused, naming the
-key, the live value and the new one, unless ``storage.fsxReplace`` names that file system's id: then it is a warning
-that says where the data goes (the replaced file system's final backup, with ``retainOnDestroy``) and how it comes
-back. The KMS key is the stack's own resource and no stack key changes it. ``storage.fsxBackupId`` set on a stack whose
+key, the live value and the new one, unless ``storage.fsxReplace`` names that file system's id: then preflight first
+takes a backup of it (``fsx:CreateBackup``, tagged ``eks-ddp/pre-replace``) and refuses until that backup is
+``AVAILABLE``; the ``up`` after that replaces it, with a warning naming the backup and how it comes back. The KMS key is the stack's own resource and no stack key changes it. ``storage.fsxBackupId`` set on a stack whose
 file system exists is refused unless it is the backup that file system was created from (the ``eks-ddp/restored-from``
 tag): the provider ignores it there (``ignore_changes``), so it would restore nothing.
 
 With preflight off (``eks-ddp:preflight false``), or when the FSx or EKS API cannot be asked (a warning says so),
 nothing refuses these changes: ``pulumi preview`` then shows ``replace`` on ``aws:fsx/lustreFileSystem``.
 
-IAM actions (read-only): fsx:DescribeBackups, fsx:DescribeFileSystems, ec2:DescribeSubnets, ec2:DescribeSecurityGroups.
+IAM actions: fsx:DescribeBackups, fsx:DescribeFileSystems, ec2:DescribeSubnets, ec2:DescribeSecurityGroups (read-only);
+with ``storage.fsxReplace`` set, also fsx:CreateBackup and fsx:TagResource (the backup taken before a replacement).
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ from typing import Any
 from eks_ddp.core.storage import LUSTRE_VERSION
 from eks_ddp.infra.fsx import (
     DEPLOYMENT_TYPE,
-    FINAL_BACKUP_TAG,
     LUSTRE_SG_DESCRIPTION,
     RESTORED_FROM_TAG,
     STORAGE_TYPE,
@@ -152,18 +152,50 @@ def check_live_file_system(c: Any, fsx: Any, ec2: Any, vpc_id: str, zones: tuple
                    "effect: remove it")
         return
     if st.fsx_replace == fs_id:
-        backup = (f"FSx takes a final backup of {fs_id} when Pulumi deletes it (tagged {FINAL_BACKUP_TAG}; find it "
-                  f"with aws fsx describe-backups --filters Name=file-system-id,Values={fs_id})"
-                  if st.retain_on_destroy else f"storage.retainOnDestroy is false: {fs_id} is deleted with NO backup")
+        backup = _backup_before_replacing(c, fsx, fs_id)
+        if backup is None:
+            return
         c.warn(f"storage.fsxReplace: this up replaces file system {fs_id} with a new, empty one ("
-               + "; ".join(changes) + f"). {backup}; docs/storage.md, \"Replacing the file system\", says how to "
-               "bring the data back. Remove storage.fsxReplace after this up")
+               + "; ".join(changes) + f"). Its data is in backup {backup['BackupId']} (taken before this up, tagged "
+               f"{PRE_REPLACE_TAG}); restore it with storage.fsxBackupId: {backup['BackupId']} as docs/storage.md, "
+               "\"Replacing the file system\", says. Remove storage.fsxReplace after this up")
         return
     for change in changes:
         c.fail(f"{change}: this up would replace the stack's FSx file system {fs_id} with a new, EMPTY one (the "
                "runs' data and checkpoints stay behind in a backup nothing restores). Keep the live value, or, to "
                f"replace it on purpose, pulumi config set --path storage.fsxReplace {fs_id} (docs/storage.md, "
                "\"Replacing the file system\")")
+
+
+PRE_REPLACE_TAG = "eks-ddp/pre-replace"
+"""Tag of the backup preflight takes of a file system before an ``up`` replaces it (its value: that file system's id)."""
+BACKUP_IN_PROGRESS = ("CREATING", "TRANSFERRING", "PENDING", "COPYING")
+"""A backup's ``Lifecycle`` values on its way to ``AVAILABLE`` (FSx API reference, ``Backup.Lifecycle``)."""
+
+
+def _backup_before_replacing(c: Any, fsx: Any, fs_id: str) -> dict[str, Any] | None:
+    """The AVAILABLE backup preflight took of ``fs_id`` for its replacement, or None after a failure that says why:
+    none yet (one is started now: ``fsx:CreateBackup``, tagged :data:`PRE_REPLACE_TAG`), or one still in progress.
+    The replacement goes ahead only once its data is in a backup, whatever ``retainOnDestroy`` says: the provider
+    deletes the old file system with the settings of the last ``up`` (its final backup may be off), and a final
+    backup is taken when the old one goes, after the new, empty one is in use."""
+    mine = [b for b in fsx.describe_backups(Filters=[{"Name": "file-system-id", "Values": [fs_id]}])["Backups"]
+            if _tags(b).get(PRE_REPLACE_TAG) == fs_id]
+    ready = [b for b in mine if b.get("Lifecycle") == "AVAILABLE"]
+    if ready:
+        return max(ready, key=lambda b: str(b.get("CreationTime")))
+    busy = [b for b in mine if b.get("Lifecycle") in BACKUP_IN_PROGRESS]
+    if busy:
+        b = busy[0]
+        c.fail(f"storage.fsxReplace: backup {b['BackupId']} of {fs_id}, taken before the replacement, is "
+               f"{b.get('Lifecycle')}; run pulumi up again once it is AVAILABLE (aws fsx describe-backups --backup-ids "
+               f"{b['BackupId']}): a file system of terabytes takes hours")
+        return None
+    started = fsx.create_backup(FileSystemId=fs_id, Tags=[{"Key": PRE_REPLACE_TAG, "Value": fs_id}])["Backup"]
+    c.fail(f"storage.fsxReplace: started backup {started['BackupId']} of {fs_id} before replacing it (nothing is "
+           "replaced before its data is in a backup); run pulumi up again once it is AVAILABLE (aws fsx "
+           f"describe-backups --backup-ids {started['BackupId']}): a file system of terabytes takes hours")
+    return None
 
 
 def _replacing_changes(c: Any, ec2: Any, fs: dict[str, Any], lustre: dict[str, Any],
