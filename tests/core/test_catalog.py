@@ -66,9 +66,14 @@ def test_the_reviews_types_are_accepted():
     assert cost.estimate(cfg).training_per_hour > 0  # L40S has a throughput estimate
 
 
-def test_arm64_and_unknown_system_types_point_at_the_catalog_key():
+def test_unknown_system_types_point_at_the_catalog_key_and_arm64_ones_say_why_not():
+    # A Graviton type cannot be added through the catalog (the system nodes run the x86_64 AMI): its message says
+    # that instead; an unknown x86_64 type can (the control).
     msg = rejects(set_path(stack_config("dev"), "eks-ddp:cluster.systemInstanceType", "m7g.large"),
-                  "cluster.systemInstanceType: got 'm7g.large'")
+                  "cluster.systemInstanceType: got 'm7g.large', a Graviton (arm64) type; expected an x86_64 type")
+    assert "eks-ddp:catalog" not in msg
+    msg = rejects(set_path(stack_config("dev"), "eks-ddp:cluster.systemInstanceType", "c9z.large"),
+                  "cluster.systemInstanceType: got 'c9z.large'")
     assert "eks-ddp:catalog" in msg
     rejects(set_path(stack_config("dev"), "eks-ddp:nodeGroups[0].instanceType", "g9x.12xlarge"),
             "nodeGroups[0].instanceType: got 'g9x.12xlarge'", "eks-ddp:catalog")
