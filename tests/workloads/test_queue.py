@@ -89,6 +89,21 @@ def test_the_validator_refuses_an_unknown_field(two_runs):
     assert any("'spec' was unexpected" in p for p in kueue_schema.problems(wpc))
 
 
+def test_the_retry_strategy_is_the_crds_and_outlasts_the_pods_ready_requeues(two_runs):
+    """The retry budget is set (the CRD's default of 3 deactivates a run after 3 returns to the queue) with the
+    CRD's own field names, and is larger than what waitForPodsReady's requeues alone spend (one attempt each)."""
+    from eks_ddp.infra.kueue import PODS_READY_REQUEUES
+    [config] = [body(r) for r in kueue_objects(two_runs) if r.type.endswith(":ProvisioningRequestConfig")]
+    assert kueue_schema.problems(config) == []
+    assert config["spec"]["retryStrategy"]["backoffLimitCount"] > PODS_READY_REQUEUES + 3
+    bad = copy.deepcopy(config)
+    bad["spec"]["retryStrategy"]["backoffLimit"] = bad["spec"]["retryStrategy"].pop("backoffLimitCount")
+    assert any("'backoffLimit' was unexpected" in p for p in kueue_schema.problems(bad))
+    bad = copy.deepcopy(config)
+    bad["spec"]["retryStrategy"]["backoffMaxSeconds"] = "10m"
+    assert kueue_schema.problems(bad) != []
+
+
 def test_the_validator_refuses_a_quota_for_an_uncovered_resource(two_runs):
     cq = the(two_runs, "ClusterQueue")[0]
     extra = copy.deepcopy(cq)  # one quota more than covered: the CRD's CEL rule
@@ -177,7 +192,8 @@ def test_gpu_admission_goes_through_the_provisioning_request_check_on_every_flav
         [config] = the(result, "ProvisioningRequestConfig")
         assert config["metadata"]["name"] == "gpu-atomic"
         assert config["spec"] == {"provisioningClassName": "best-effort-atomic-scale-up.autoscaling.x-k8s.io",
-                                  "managedResources": ["nvidia.com/gpu"]}
+                                  "managedResources": ["nvidia.com/gpu"], "retryStrategy": {
+                                      "backoffLimitCount": 10, "backoffBaseSeconds": 60, "backoffMaxSeconds": 600}}
         [lq] = the(result, "LocalQueue")
         assert (lq["metadata"]["name"], lq["metadata"]["namespace"], lq["spec"]) == \
             ("training", "training", {"clusterQueue": "eks-ddp"})
