@@ -25,7 +25,8 @@ from tests.tooling.test_runs_cli import fake  # noqa: F401  (the fake kubectl/pu
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "kueue"
 SCHEMA = json.loads((FIXTURES / "workload-v1beta2.schema.json").read_text())
-STATES = ("queued", "waiting-for-capacity", "admitted", "preempted", "evicted", "rejected", "deactivated")
+STATES = ("queued", "waiting-for-capacity", "admitted", "preempted", "evicted", "rejected", "deactivated",
+          "deactivated-by-kueue")
 JOB_UID = "6f1c9a52-2b1e-4f7e-9d38-0c2d4e5f6a7b"
 
 
@@ -79,7 +80,17 @@ def test_the_schema_check_refuses_a_misspelt_or_mistyped_field():
                                "due to prioritization in the ClusterQueue"),
     ("evicted", "evicted", "evicted (PodsReadyTimeout: Exceeded the PodsReady timeout"),
     ("rejected", "rejected", "admission check gpu-capacity Rejected: Capacity is not found"),
-    ("deactivated", "cancelled", "is deactivated (spec.active: false); Deactivated: The workload is deactivated"),
+    ("deactivated", "deactivated", "deactivated by hand (spec.active set to false, not by Kueue and not by eks-ddp "
+                                   "cancel, which deletes a queued run's Job) (Deactivated: The workload is "
+                                   "deactivated); its Job stays suspended until it is reactivated: kubectl -n training "
+                                   "patch workloads.kueue.x-k8s.io job-training-run-1-dff5c --type=merge -p "
+                                   "'{\"spec\":{\"active\":true}}'"),
+    ("deactivated-by-kueue", "deactivated", "deactivated by Kueue: its admission check (gpu-capacity, the "
+                                            "ProvisioningRequest for the whole run) was Rejected: the retry budget "
+                                            "(ProvisioningRequestConfig retryStrategy.backoffLimitCount) was spent, or "
+                                            "the autoscaler revoked the capacity (DeactivatedDueToAdmissionCheck: The "
+                                            "workload is deactivated due to Admission check(s): gpu-capacity, were "
+                                            "rejected)"),
 ])
 def test_each_workload_state_is_said_with_kueues_reason(state, expected, says):
     got, why = queue_state(workload(state), "training-run-1")
@@ -106,6 +117,30 @@ def test_the_state_follows_the_conditions_not_the_fixture_name():
     assert queue_state(workload("evicted"), "j")[1].endswith(
         "not requeued yet (PodsReadyTimeout: Exceeded the PodsReady timeout training/job-training-run-1-dff5c)")
     assert queue_state(None, "training-run-1")[0] == "queued"
+
+
+def test_a_run_kueue_deactivated_is_never_reported_as_cancelled():
+    """The bug: any ``spec.active: false`` was ``cancelled``. Each of Kueue's deactivation causes is said with its
+    meaning, also in the moment before ``spec.active`` flips (the DeactivationTarget condition), and an unknown
+    cause is passed on as Kueue wrote it."""
+    for cause, says in (("RequeuingLimitExceeded", "its pods were not all Ready within waitForPodsReady's timeout"),
+                        ("MaximumExecutionTimeExceeded", "it ran past its maximum execution time"),
+                        ("SomethingNew", "SomethingNew")):
+        wl = workload("deactivated-by-kueue")
+        for c in wl["status"]["conditions"]:
+            if c["type"] in ("Evicted", "Requeued"):
+                c["reason"] = f"DeactivatedDueTo{cause}"
+        state, why = queue_state(wl, "j")
+        assert state == "deactivated" and f"deactivated by Kueue: {says}" in why, why
+    wl = workload("rejected")
+    wl["status"]["conditions"].append({"type": "DeactivationTarget", "status": "True", "reason": "AdmissionCheck",
+                                       "message": "Admission check(s): gpu-capacity, were rejected",
+                                       "lastTransitionTime": "2026-11-29T03:04:00Z"})
+    state, why = queue_state(wl, "j")
+    assert state == "deactivated" and "by Kueue: its admission check" in why and "(being deactivated)" in why
+    jsonschema.validate(wl, SCHEMA)
+    for name in ("deactivated", "deactivated-by-kueue"):
+        assert queue_state(workload(name), "j")[0] != "cancelled"
 
 
 def _queued_job(suspend: bool = True, active: int = 0) -> dict:

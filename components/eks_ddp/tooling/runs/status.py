@@ -32,6 +32,23 @@ QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 """Kueue labels the Workload it makes for a Job with the Job's UID (v0.16.4 pkg/controller/jobframework/reconciler.go,
 ``wl.Labels[JobUIDLabel] = string(object.GetUID())``; constants.JobUIDLabel)."""
+CONSUME_ANNOTATION = "autoscaling.x-k8s.io/consume-provisioning-request"
+"""Kueue writes it into an admitted Job's pod template once the ProvisioningRequest is Provisioned (kueue v0.16.4
+pkg/controller/admissionchecks/provisioning/controller.go ``podSetUpdates``); the cluster autoscaler never scales up
+for a pod carrying it (kubernetes/autoscaler cluster-autoscaler/processors/provreq/pods_filter.go)."""
+KUEUE_DEACTIVATION_CAUSES = {
+    "AdmissionCheck": "its admission check (gpu-capacity, the ProvisioningRequest for the whole run) was Rejected: "
+                      "the retry budget (ProvisioningRequestConfig retryStrategy.backoffLimitCount) was spent, or "
+                      "the autoscaler revoked the capacity",
+    "RequeuingLimitExceeded": "its pods were not all Ready within waitForPodsReady's timeout once more than "
+                              "requeuingStrategy.backoffLimitCount allows (nodes EC2 did not deliver, or lost and "
+                              "not replaced)",
+    "MaximumExecutionTimeExceeded": "it ran past its maximum execution time",
+}
+"""What Kueue's deactivation causes mean for a run: the Evicted reason ``Deactivated`` + ``DueTo`` + the
+DeactivationTarget's reason (kueue v0.16.4 pkg/workload/workload.go ``Evict``/``ReasonWithCause``;
+pkg/controller/core/workload_controller.go ``reconcileCheckBasedEviction``, ``triggerDeactivation``,
+``reconcileMaxExecutionTime``)."""
 RESULT_FILE = "result.json"
 """The local runner's verdict (eks_ddp_local/cli.py)."""
 PIDS_FILE = "pids.json"
@@ -87,7 +104,8 @@ class AgentExit:
 class Status:
     run: str
     state: str
-    """running, succeeded, failed, cancelled or unknown."""
+    """running, succeeded, failed, cancelled or unknown; for a queued run also queued, waiting for capacity,
+    admitted, partially delivered, preempted, evicted, rejected or deactivated (``queue_state``)."""
     because: str
     """What says so (the final marker, result.json, the Job's condition, the agents' exit records)."""
     logs: Path | None = None
@@ -139,6 +157,37 @@ def _said(c: dict | None) -> str:
     return ": ".join(x for x in ((c or {}).get("reason"), (c or {}).get("message")) if x)
 
 
+def reactivate_command(workload: dict) -> str:
+    """What puts a deactivated Workload back in its queue (Kueue clears its requeue state then: workload_controller.go,
+    the Reactivated requeue)."""
+    meta = workload.get("metadata") or {}
+    return (f"kubectl -n {meta.get('namespace', '<namespace>')} patch workloads.kueue.x-k8s.io {meta.get('name', '?')} "
+            "--type=merge -p '{\"spec\":{\"active\":true}}'")
+
+
+def deactivation(workload: dict) -> str:
+    """Why a Workload is (being) deactivated: Kueue's cause (the Evicted reason ``DeactivatedDueTo<cause>``, or the
+    DeactivationTarget condition before the eviction), or someone's ``spec.active: false`` (reason ``Deactivated``
+    alone); and how to reactivate it."""
+    name = (workload.get("metadata") or {}).get("name", "?")
+    conds = _conditions(workload)
+    evicted = conds.get("Evicted") if (conds.get("Evicted") or {}).get("status") == "True" else None
+    target = conds.get("DeactivationTarget") if (conds.get("DeactivationTarget") or {}).get("status") == "True" \
+        else None
+    reason = str((evicted or {}).get("reason") or "")
+    cause = reason.removeprefix("DeactivatedDueTo") if reason.startswith("DeactivatedDueTo") else \
+        str((target or {}).get("reason") or "")
+    said = _said(evicted) if reason.startswith("Deactivated") else _said(target)
+    if cause:
+        why = f"deactivated by Kueue: {KUEUE_DEACTIVATION_CAUSES.get(cause, cause)}"
+    else:
+        why = ("deactivated by hand (spec.active set to false, not by Kueue and not by eks-ddp cancel, which deletes "
+               "a queued run's Job)")
+    pending = " (being deactivated)" if (workload.get("spec") or {}).get("active") is not False else ""
+    return (f"Workload {name} {why}{pending}" + (f" ({said})" if said else "") +
+            f"; its Job stays suspended until it is reactivated: {reactivate_command(workload)}")
+
+
 def queue_state(workload: dict | None, job: str) -> tuple[str, str]:
     """(state, why) of a queued Job from its Kueue Workload (``kueue.x-k8s.io/v1beta2``, v0.16.4
     apis/kueue/v1beta2/workload_types.go): ``queued`` (no quota reserved: the QuotaReserved condition's message is the
@@ -147,7 +196,9 @@ def queue_state(workload: dict | None, job: str) -> tuple[str, str]:
     ProvisioningRequest the cluster autoscaler fulfils for the whole run, still Pending or Retry: its message),
     ``admitted`` (Admitted True: Kueue unsuspends the Job), ``preempted`` / ``evicted`` (Evicted True, its reason
     Preempted or another: PodsReadyTimeout, AdmissionCheck, ClusterQueueStopped ...; Requeued says when it queues
-    again), ``cancelled`` (``spec.active: false``, Deactivated) and ``rejected`` (an admission check Rejected)."""
+    again), ``deactivated`` (``spec.active: false``, or about to be: DeactivationTarget; with Kueue's reason and the
+    command that reactivates it; never ``cancelled``: ``eks-ddp cancel`` deletes a queued run's Job) and ``rejected``
+    (an admission check Rejected)."""
     if workload is None:
         return "queued", (f"Job {job} is suspended and has no Kueue Workload yet (Kueue makes one when it sees the "
                           "Job: is its controller running? kubectl -n kueue-system get pods)")
@@ -156,9 +207,8 @@ def queue_state(workload: dict | None, job: str) -> tuple[str, str]:
     true = {t for t, c in conds.items() if c.get("status") == "True"}
     checks = (workload.get("status") or {}).get("admissionChecks") or []
     where = f"Workload {name}"
-    if (workload.get("spec") or {}).get("active") is False:
-        return "cancelled", f"{where} is deactivated (spec.active: false)" + (
-            f"; {_said(conds.get('Evicted'))}" if "Evicted" in true else "")
+    if (workload.get("spec") or {}).get("active") is False or "DeactivationTarget" in true:
+        return "deactivated", deactivation(workload)
     if "Evicted" in true:
         ev = conds["Evicted"]
         kind = "preempted" if ev.get("reason") == "Preempted" or "Preempted" in true else "evicted"
