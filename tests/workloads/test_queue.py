@@ -359,6 +359,37 @@ def test_every_training_job_is_queued_and_every_groups_gpus_are_its_flavors_quot
         assert quota[f"gpu-{g['name']}"]["nvidia.com/gpu"] == str(int(g["maxSize"]) * gpus), g["name"]
 
 
+def test_every_gpu_job_and_cronjob_template_carries_the_queue_name(dev_result, p4de_result, two_runs):
+    """The evaluation CronJob asks for a GPU: its jobTemplate is queued at its run's priority and suspended, so a Job
+    made from it goes through Kueue; the queue contract passes the plans (it reads CronJob templates)."""
+    from eks_ddp.tooling.contracts import PlanView
+    from eks_ddp.tooling.contracts.queue import never_admitted
+    seen = 0
+    for result in (dev_result, p4de_result, two_runs):
+        view = PlanView.of(result)
+        for m in view.kind("Job") + view.kind("CronJob"):
+            spec = m["spec"]["jobTemplate"] if m["kind"] == "CronJob" else m
+            pod = spec["spec"]["template"]["spec"]
+            if any("nvidia.com/gpu" in (c.get("resources") or {}).get("requests", {}) for c in pod["containers"]):
+                seen += m["kind"] == "CronJob"
+                assert spec["metadata"]["labels"].get("kueue.x-k8s.io/queue-name") == "training", m["metadata"]
+                assert spec["metadata"]["labels"].get("kueue.x-k8s.io/priority-class", "").startswith("eks-ddp-")
+                assert spec["spec"]["suspend"] is True
+        assert never_admitted(view.manifests) == []
+    assert seen >= 2  # dev's and p4de's evaluation CronJobs
+
+
+def test_unqueued_the_evaluation_cronjob_is_not_suspended_in_its_template():
+    result = run(two_groups_two_runs(enabled=False))
+    from eks_ddp.tooling.plan import render_manifests
+    cronjobs = [m for m in render_manifests(result) if m["kind"] == "CronJob"]
+    assert cronjobs
+    for m in cronjobs:
+        if m["kind"] == "CronJob":
+            assert "suspend" not in m["spec"]["jobTemplate"]["spec"]
+            assert "kueue.x-k8s.io/queue-name" not in m["spec"]["jobTemplate"]["metadata"]["labels"]
+
+
 def test_the_pinned_pulumi_kubernetes_previews_kinds_a_helm_release_brings():
     """The queue's kinds come from Kueue's Helm release in the same `up`: the pin (constraints.txt, pyproject.toml)
     and what is installed are at least the release that reads a release's CRDs at preview."""
