@@ -40,7 +40,8 @@
   (``pkg/controller/core/workload_controller.go`` ``reconcileNotReadyTimeout``). Requeues are bounded
   (``requeuingStrategy.backoffLimitCount`` :data:`PODS_READY_REQUEUES`; Kueue never resets the count during a
   Workload's life, ``pkg/workload/workload.go`` ``UpdateRequeueState``): one more deactivates the run (reason
-  ``DeactivatedDueToRequeuingLimitExceeded``).
+  ``DeactivatedDueToRequeuingLimitExceeded``). The tooling contract ``replacements``
+  (``tooling/contracts/replacements.py``) reports a plan that queues GPU runs through the check without this path.
   Kueue decodes this configuration strictly (``pkg/config/config.go``: ``serializer.EnableStrict``): a misspelt
   field stops the controller; tests/infra/test_kueue.py checks every field against the vendored Go types.
 * Webhooks: Kueue's mutating/validating webhooks are called by the EKS control plane, whose ENIs sit in the VPC's
