@@ -185,3 +185,34 @@ def test_the_newest_workload_of_the_job_is_read(fake, tmp_path, capsys):  # noqa
     fake.scenario(job=_queued_job(), running=[], workloads=[new, old])
     cli.main(["status", "run-1"])
     assert capsys.readouterr().out.startswith("run run-1: admitted")
+
+
+def _pod(name: str, phase: str, consumed: bool) -> dict:
+    annotations = {"autoscaling.x-k8s.io/consume-provisioning-request": "job-training-run-1-dff5c-gpu-capacity-1",
+                   "autoscaling.x-k8s.io/provisioning-class-name": "best-effort-atomic-scale-up.autoscaling.x-k8s.io"}
+    return {"metadata": {"name": name, "annotations": annotations if consumed else {}}, "status": {"phase": phase}}
+
+
+def test_pods_pending_on_a_consumed_request_are_named_with_the_fix(fake, tmp_path, capsys):  # noqa: F811
+    """An admitted run one of whose pods waits for a node that will never come (the autoscaler's pods filter):
+    'partially delivered', naming the pod, the request and the commands that requeue it now."""
+    fake.volume = tmp_path / "empty"
+    fake.volume.mkdir()
+    job = _queued_job(suspend=False, active=2)
+    job["spec"]["parallelism"] = 2
+    job["status"]["ready"] = 1
+    fake.scenario(job=job, running=["training-run-1-0-abc"], workloads=[workload("admitted")],
+                  pods=[_pod("training-run-1-0-abc", "Running", True), _pod("training-run-1-1-def", "Pending", True)])
+    assert cli.main(["status", "run-1"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("run run-1: partially delivered (1 pod(s) pending on a consumed ProvisioningRequest "
+                          "(training-run-1-1-def: autoscaling.x-k8s.io/consume-provisioning-request="
+                          "job-training-run-1-dff5c-gpu-capacity-1); 1 of 2 pod(s) ready."), out
+    assert ("kubectl -n training patch workloads.kueue.x-k8s.io job-training-run-1-dff5c --type=merge -p "
+            "'{\"spec\":{\"active\":false}}' && kubectl -n training patch workloads.kueue.x-k8s.io "
+            "job-training-run-1-dff5c --type=merge -p '{\"spec\":{\"active\":true}}'") in out
+    # Control: a Pending pod without the annotation (unqueued scale-up still to come) is just a running run.
+    fake.scenario(job=job, running=["training-run-1-0-abc"], workloads=[workload("admitted")],
+                  pods=[_pod("training-run-1-0-abc", "Running", True), _pod("training-run-1-1-def", "Pending", False)])
+    cli.main(["status", "run-1"])
+    assert capsys.readouterr().out.startswith("run run-1: running (Job training-run-1: 2 pod(s) active, 1 ready")

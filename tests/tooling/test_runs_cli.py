@@ -41,6 +41,8 @@ if args[:2] == ["get", "job"]:
     print(json.dumps(scenario["job"]))
 elif args[:2] == ["get", "workloads.kueue.x-k8s.io"]:
     print(json.dumps({"apiVersion": "v1", "kind": "List", "items": scenario.get("workloads", [])}))
+elif args[:2] == ["get", "pods"] and args[-2:] == ["-o", "json"]:
+    print(json.dumps({"apiVersion": "v1", "kind": "List", "items": scenario.get("pods", [])}))
 elif args[:2] == ["get", "pods"]:
     print(" ".join(scenario.get("running", [])))
 elif args[:1] == ["exec"]:

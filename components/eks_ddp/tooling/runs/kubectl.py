@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from eks_ddp.tooling.runs.status import JOB_UID_LABEL, QUEUE_NAME_LABEL, queue_state
+from eks_ddp.tooling.runs.status import JOB_UID_LABEL, QUEUE_NAME_LABEL, consumed_pending, queue_state
 from eks_ddp_runtime.contract import LOGS_SUBDIR
 from eks_ddp_runtime.runlogs import FINAL_MARKER
 
@@ -132,6 +132,10 @@ def job_state(run: ClusterRun) -> tuple[str, str] | None:
     if job.get("spec", {}).get("suspend"):
         return "cancelled", f"Job {run.job} is suspended (eks-ddp cancel)"
     s = job.get("status", {})
+    if QUEUE_NAME_LABEL in labels and s.get("ready", 0) < job.get("spec", {}).get("parallelism", 0):
+        pods = job_pods(run)
+        if consumed_pending(pods, job, None) is not None:  # the Workload is read only for the fix's command
+            return consumed_pending(pods, job, workload_of(run, str((job.get("metadata") or {}).get("uid", ""))))
     return "running", (f"Job {run.job}: {s.get('active', 0)} pod(s) active, {s.get('ready', 0)} ready, "
                        f"{s.get('failed', 0)} failed")
 
@@ -145,6 +149,14 @@ def workload_of(run: ClusterRun, job_uid: str) -> dict | None:
     items = json.loads(proc.stdout).get("items") or []
     items.sort(key=lambda w: str((w.get("metadata") or {}).get("creationTimestamp", "")))
     return items[-1] if items else None
+
+
+def job_pods(run: ClusterRun) -> list[dict]:
+    """The run's training pods, whole (their phase and annotations)."""
+    proc = run_cmd(run.kubectl("get", "pods", "-l", f"app.kubernetes.io/instance={run.job}", "-o", "json"))
+    if proc.returncode != 0:
+        raise CliError(f"kubectl get pods: {_last_line(proc.stderr)}")
+    return list(json.loads(proc.stdout).get("items") or [])
 
 
 def running_pod(run: ClusterRun) -> str | None:

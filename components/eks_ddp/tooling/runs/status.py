@@ -240,6 +240,32 @@ def queue_state(workload: dict | None, job: str) -> tuple[str, str]:
                                                       " (not yet tried by the scheduler)")
 
 
+def consumed_pending(pods: list[dict], job: dict, workload: dict | None) -> tuple[str, str] | None:
+    """(``partially delivered``, why and the fix) for an admitted queued Job some of whose pods are Pending while
+    carrying :data:`CONSUME_ANNOTATION`: the cluster autoscaler will never add a node for them (the pods filter), so
+    they wait for Kueue's waitForPodsReady eviction (infra/kueue.py); None when no pod is in that state."""
+    stuck = [p for p in pods if (p.get("status") or {}).get("phase") == "Pending"
+             and CONSUME_ANNOTATION in ((p.get("metadata") or {}).get("annotations") or {})]
+    if not stuck:
+        return None
+    status, spec = job.get("status") or {}, job.get("spec") or {}
+    wanted = spec.get("parallelism", len(pods))
+    request = stuck[0]["metadata"]["annotations"][CONSUME_ANNOTATION]
+    names = ", ".join(sorted(str((p.get("metadata") or {}).get("name")) for p in stuck))
+    why = (f"{len(stuck)} pod(s) pending on a consumed ProvisioningRequest ({names}: {CONSUME_ANNOTATION}={request}); "
+           f"{status.get('ready', 0)} of {wanted} pod(s) ready. The cluster autoscaler never adds a node for such a "
+           "pod (its ProvisioningRequest pods filter): the node was not delivered by EC2 or was lost and not "
+           "replaced. Kueue evicts the run and queues it again for a new request once waitForPodsReady's timeout "
+           "passes (since admission, or since the pod went missing)")
+    if workload is not None:
+        meta = workload.get("metadata") or {}
+        ns, name = meta.get("namespace", "<namespace>"), meta.get("name", "?")
+        patch = "kubectl -n {ns} patch workloads.kueue.x-k8s.io {name} --type=merge -p '{{\"spec\":{{\"active\":{v}}}}}'"
+        why += (f"; to requeue it now (its pods stop, training resumes from the last checkpoint): "
+                f"{patch.format(ns=ns, name=name, v='false')} && {patch.format(ns=ns, name=name, v='true')}")
+    return "partially delivered", why
+
+
 def is_run_dir(path: Path) -> bool:
     return path.is_dir() and any((path / m).exists() for m in RUN_MARKERS)
 
