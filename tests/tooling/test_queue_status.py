@@ -216,3 +216,42 @@ def test_pods_pending_on_a_consumed_request_are_named_with_the_fix(fake, tmp_pat
                   pods=[_pod("training-run-1-0-abc", "Running", True), _pod("training-run-1-1-def", "Pending", False)])
     cli.main(["status", "run-1"])
     assert capsys.readouterr().out.startswith("run run-1: running (Job training-run-1: 2 pod(s) active, 1 ready")
+
+
+def pending_summary() -> dict:
+    """A LocalQueue's PendingWorkloadsSummary (kueue v0.16.4 apis/visibility/v1beta2/types.go): another run first,
+    ours second."""
+    item = {"metadata": {"name": "job-training-run-0-aaaaa", "namespace": "training"}, "priority": 10000,
+            "localQueueName": "training", "positionInClusterQueue": 0, "positionInLocalQueue": 0}
+    ours = {**item, "metadata": {"name": "job-training-run-1-dff5c", "namespace": "training"}, "priority": 1000,
+            "positionInClusterQueue": 1, "positionInLocalQueue": 1}
+    return {"kind": "PendingWorkloadsSummary", "apiVersion": "visibility.kueue.x-k8s.io/v1beta2",
+            "metadata": {}, "items": [item, ours]}
+
+
+def test_a_queued_run_says_its_position_from_kueues_visibility_api(fake, tmp_path, capsys):  # noqa: F811
+    fake.volume = tmp_path / "empty"
+    fake.volume.mkdir()
+    fake.scenario(job=_queued_job(), running=[], workloads=[workload("queued")], pending=pending_summary())
+    cli.main(["status", "run-1"])
+    out = capsys.readouterr().out
+    assert "; position 2 in its ClusterQueue (1 workload(s) ahead), 2 in LocalQueue training, priority 1000)" in out
+    assert out.startswith("run run-1: queued (Workload job-training-run-1-dff5c waits in its queue (Pending: "
+                          "couldn't assign flavors"), out
+    assert ["kubectl", "get", "--raw", "/apis/visibility.kueue.x-k8s.io/v1beta2/namespaces/training/localqueues/"
+            "training/pendingworkloads"] in fake.calls()
+    # The visibility API away: the state is still said, and why the position is not.
+    fake.scenario(job=_queued_job(), running=[], workloads=[workload("queued")])
+    assert cli.main(["status", "run-1"]) == 0
+    assert "queue position unknown (kubectl get --raw /apis/visibility.kueue.x-k8s.io/v1beta2/namespaces/training/" \
+           "localqueues/training/pendingworkloads: Error from server (ServiceUnavailable)" in capsys.readouterr().out
+    # Not in the list (e.g. in its backoff), and a waiting-for-capacity run is not asked about (quota reserved).
+    summary = pending_summary()
+    summary["items"] = summary["items"][:1]
+    fake.scenario(job=_queued_job(), running=[], workloads=[workload("queued")], pending=summary)
+    cli.main(["status", "run-1"])
+    assert "not in the LocalQueue's pending list" in capsys.readouterr().out
+    before = len(fake.calls())
+    fake.scenario(job=_queued_job(), running=[], workloads=[workload("waiting-for-capacity")], pending=summary)
+    cli.main(["status", "run-1"])
+    assert not [c for c in fake.calls()[before:] if "--raw" in c]

@@ -45,6 +45,11 @@ elif args[:2] == ["get", "pods"] and args[-2:] == ["-o", "json"]:
     print(json.dumps({"apiVersion": "v1", "kind": "List", "items": scenario.get("pods", [])}))
 elif args[:2] == ["get", "pods"]:
     print(" ".join(scenario.get("running", [])))
+elif args[:2] == ["get", "--raw"]:
+    if scenario.get("pending") is None:
+        sys.exit(sys.stderr.write("Error from server (ServiceUnavailable): the server is currently unable to "
+                                  "handle the request\n") and 1)
+    print(json.dumps(scenario["pending"]))
 elif args[:1] == ["exec"]:
     cmd = args[args.index("--") + 1:]
     cmd[-1] = scenario["volume"]  # the run's directory in the pod -> the local stand-in

@@ -21,7 +21,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from eks_ddp.tooling.runs.status import JOB_UID_LABEL, QUEUE_NAME_LABEL, consumed_pending, queue_state
+from eks_ddp.tooling.runs.status import (
+    JOB_UID_LABEL,
+    QUEUE_NAME_LABEL,
+    consumed_pending,
+    pending_path,
+    queue_position,
+    queue_state,
+)
 from eks_ddp_runtime.contract import LOGS_SUBDIR
 from eks_ddp_runtime.runlogs import FINAL_MARKER
 
@@ -128,7 +135,11 @@ def job_state(run: ClusterRun) -> tuple[str, str] | None:
             return state, f"Job {run.job} {kind}" + (f" ({why})" if why else "")
     labels = (job.get("metadata") or {}).get("labels") or {}
     if QUEUE_NAME_LABEL in labels and (job.get("spec", {}).get("suspend") or not job.get("status", {}).get("active")):
-        return queue_state(workload_of(run, str((job.get("metadata") or {}).get("uid", ""))), run.job)
+        workload = workload_of(run, str((job.get("metadata") or {}).get("uid", "")))
+        state, why = queue_state(workload, run.job)
+        if state == "queued" and workload is not None:
+            why += f"; {position(run, labels[QUEUE_NAME_LABEL], workload)}"
+        return state, why
     if job.get("spec", {}).get("suspend"):
         return "cancelled", f"Job {run.job} is suspended (eks-ddp cancel)"
     s = job.get("status", {})
@@ -149,6 +160,20 @@ def workload_of(run: ClusterRun, job_uid: str) -> dict | None:
     items = json.loads(proc.stdout).get("items") or []
     items.sort(key=lambda w: str((w.get("metadata") or {}).get("creationTimestamp", "")))
     return items[-1] if items else None
+
+
+def position(run: ClusterRun, local_queue: str, workload: dict) -> str:
+    """The Workload's place in the queue from Kueue's visibility API; what went wrong instead, never an error (the
+    state is known without it)."""
+    path = pending_path(run.namespace, local_queue)
+    proc = run_cmd(["kubectl", "get", "--raw", path])
+    if proc.returncode != 0:
+        return f"queue position unknown (kubectl get --raw {path}: {_last_line(proc.stderr)})"
+    try:
+        summary = json.loads(proc.stdout)
+    except ValueError:
+        return f"queue position unknown (kubectl get --raw {path}: not JSON)"
+    return queue_position(summary, str((workload.get("metadata") or {}).get("name", "")))
 
 
 def job_pods(run: ClusterRun) -> list[dict]:

@@ -266,6 +266,29 @@ def consumed_pending(pods: list[dict], job: dict, workload: dict | None) -> tupl
     return "partially delivered", why
 
 
+VISIBILITY_API = "/apis/visibility.kueue.x-k8s.io/v1beta2"
+"""Kueue's visibility API (v0.16.4 apis/visibility/v1beta2/types.go; served by the controller through the chart's
+APIService ``v1beta2.visibility.kueue.x-k8s.io``): ``namespaces/<ns>/localqueues/<lq>/pendingworkloads``."""
+
+
+def pending_path(namespace: str, local_queue: str) -> str:
+    """The raw path of a LocalQueue's pending workloads (``kubectl get --raw``)."""
+    return f"{VISIBILITY_API}/namespaces/{namespace}/localqueues/{local_queue}/pendingworkloads"
+
+
+def queue_position(summary: dict, workload: str) -> str:
+    """Where ``workload`` stands in a ``PendingWorkloadsSummary``: its ``positionInClusterQueue`` and
+    ``positionInLocalQueue``, both counted from 0 (pkg/visibility/storage/pending_workloads_lq.go: the index in the
+    ClusterQueue's pending workloads, those it tries and those it set aside as inadmissible together, sorted in its
+    queueing order, priority then creation: pkg/cache/queue/cluster_queue.go ``Snapshot``)."""
+    for item in summary.get("items") or []:
+        if (item.get("metadata") or {}).get("name") == workload:
+            cq, lq = int(item.get("positionInClusterQueue", 0)), int(item.get("positionInLocalQueue", 0))
+            return (f"position {cq + 1} in its ClusterQueue ({cq} workload(s) ahead), {lq + 1} in LocalQueue "
+                    f"{item.get('localQueueName', '?')}, priority {item.get('priority', '?')}")
+    return "not in the LocalQueue's pending list (being admitted, or held back by a backoff)"
+
+
 def is_run_dir(path: Path) -> bool:
     return path.is_dir() and any((path / m).exists() for m in RUN_MARKERS)
 
