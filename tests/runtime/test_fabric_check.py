@@ -199,7 +199,28 @@ def test_every_efa_type_has_a_cited_floor():
     efa_types = {n for n in catalog.gpu_types() if catalog.CATALOG[n].has_efa}
     assert set(catalog.NETWORK_GBPS) == efa_types
     for name in efa_types:
-        assert catalog.fabric_floor_gbs(name) == pytest.approx(catalog.NETWORK_GBPS[name] / 8 / 4)
-        assert "Gbps" in catalog.fabric_floor_source(name)
-    assert catalog.fabric_floor_gbs("p4de.24xlarge") == 12.5
+        source = catalog.fabric_floor_source(name)
+        if name in catalog.PUBLISHED_BUSBW_GBS:
+            assert catalog.fabric_floor_gbs(name) == pytest.approx(catalog.PUBLISHED_BUSBW_GBS[name][0] * 0.6, abs=0.01)
+            assert "awsome-distributed-training" in source and "published" in source
+        else:
+            assert catalog.fabric_floor_gbs(name) == pytest.approx(catalog.NETWORK_GBPS[name] / 8 / 4)
+            assert "modelled" in source and "Gbps" in source
     assert catalog.fabric_floor_gbs("g4dn.xlarge") is None
+
+
+@pytest.mark.parametrize(("name", "published"), [("p4de.24xlarge", 76.79), ("p4d.24xlarge", 76.79),
+                                                 ("p5.48xlarge", 436.95)])
+def test_the_floor_fails_a_node_on_one_efa_card_of_four(name, published):
+    """The performance review's case: the old floor (line rate / 8 x 0.25 = 12.5 GB/s on p4de) passed a node whose
+    traffic runs over one EFA card of four (about a quarter of the published 76.8 GB/s); the floor near the published
+    figure fails it, and two cards of four, and passes a healthy pair (the published figure itself)."""
+    from eks_ddp.core import catalog
+
+    floor = catalog.fabric_floor_gbs(name)
+    one_card, two_cards = published / 4, published / 2
+    assert 12.5 < one_card  # the old p4de floor let it pass
+    ranks = [_rank("node-a", "efa", 4, 0), _rank("node-b", "efa", 4, 1)]
+    assert fc.evaluate(ranks, [_result(one_card)], require_efa=True, floor_busbw_gbs=floor)
+    assert fc.evaluate(ranks, [_result(two_cards)], require_efa=True, floor_busbw_gbs=floor)
+    assert fc.evaluate(ranks, [_result(published)], require_efa=True, floor_busbw_gbs=floor) == []
