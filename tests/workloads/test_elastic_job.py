@@ -413,7 +413,7 @@ def test_fabric_check_gates_the_training_job():
     assert f["nnodes"] == "2:2" and f["nproc-per-node"] == "8" and f["max-restarts"] == "0"
     assert f["rdzv-id"] == "$(JOB_UID)" and f["rdzv-endpoint"] == ETCD
     check_args = cmd[cmd.index("-m", 3) + 2:]
-    assert check_args == ["--run-dir=/shared/runs/r1", "--require-efa", "--min-busbw-gbs=12.5",
+    assert check_args == ["--run-dir=/shared/runs/r1", "--require-efa", "--min-busbw-gbs=46.07",
                           "--instance-type=p4de.24xlarge"]
     from eks_ddp_runtime.fabric_check import _parse
 
