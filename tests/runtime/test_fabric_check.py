@@ -117,6 +117,41 @@ def test_without_efa_only_the_floor_counts():
     assert fc.evaluate([_rank("n", "socket", 0)], [_result(1.0)], require_efa=False, floor_busbw_gbs=None) == []
 
 
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 8])
+def test_pair_rounds_cover_the_ring_with_disjoint_pairs(n):
+    rounds = fc.pair_rounds(n)
+    edges = [p for r in rounds for p in r]
+    assert sorted(tuple(sorted(p)) for p in edges) == sorted({tuple(sorted((i, (i + 1) % n))) for i in range(n)})
+    for r in rounds:
+        nodes = [x for p in r for x in p]
+        assert len(nodes) == len(set(nodes))
+    assert len(rounds) == (1 if n == 2 else 2 if n % 2 == 0 else 3)
+    assert fc.pair_rounds(1) == []
+
+
+def _pairs(n: int, slow: set[int], good: float = 76.0, bad: float = 19.0) -> list[fc.PairResult]:
+    return [fc.PairResult(node_ranks=[a, b], nodes=[f"node-{a}", f"node-{b}"], bytes=1 << 30, time_us=1.0,
+                          busbw_gbs=bad if {a, b} & slow else good)
+            for r in fc.pair_rounds(n) for a, b in r]
+
+
+def test_the_slow_node_is_named_from_its_pairs():
+    """One node on one EFA card of four among four: its two pairs are slow, its neighbours' other pairs are not, so
+    it alone is named; the whole job's peak (the sweep) would not show it."""
+    ranks = [_rank(f"node-{i}", "efa", 4, i) for i in range(4)]
+    named, reasons = fc.slow_nodes(_pairs(4, {2}), 46.07)
+    assert named == ["node-2"]
+    assert reasons == ["slow node node-2: every pair it was measured in is below the floor 46.07 GB/s "
+                       "(with node-1 19.00 GB/s, with node-3 19.00 GB/s)"]
+    assert fc.evaluate(ranks, [_result(76.0)], require_efa=True, floor_busbw_gbs=46.07,
+                       pairs=_pairs(4, {2})) == reasons
+    # Controls: all pairs healthy; no floor (no EFA); two nodes cannot tell which, the pair is named.
+    assert fc.slow_nodes(_pairs(4, set()), 46.07) == ([], [])
+    assert fc.slow_nodes(_pairs(4, {2}), None) == ([], [])
+    assert fc.slow_nodes(_pairs(2, {1}), 46.07) == ([], [
+        "slow pair node-0 - node-1: 19.00 GB/s below the floor 46.07 GB/s (one of the two, measured only together)"])
+
+
 def test_alone_without_torchrun_require_efa_fails_with_the_reason_and_exit_code(tmp_path):
     env = trainer_env()
     proc = subprocess.run([sys.executable, "-m", FABRIC_CHECK_MODULE, f"--run-dir={tmp_path}", "--require-efa"],
@@ -178,6 +213,9 @@ def test_two_agents_measure_write_fabric_json_and_fail_without_efa(tmp_path, etc
         assert r["algbw_gbs"] == pytest.approx(r["bytes"] / (r["time_us"] / 1e6) / 1e9, rel=0.02, abs=1e-4)
         assert r["busbw_gbs"] == pytest.approx(fc.bus_bandwidth(r["algbw_gbs"], 2), abs=1e-3)
     assert report["peak_busbw_gbs"] == max(r["busbw_gbs"] for r in report["results"]) > 0
+    [pair] = report["pairs"]  # two nodes: one pair, measured on its own at the largest size
+    assert pair["node_ranks"] == [0, 1] and pair["bytes"] == 2 << 20 and pair["busbw_gbs"] > 0
+    assert report["slow_nodes"] == []
     table = next(a.log() for a in agents if "FABRIC CHECK" in a.log())
     assert "busbw(GB/s)" in table and "FABRIC CHECK PASSED" in table
 
@@ -189,7 +227,7 @@ def test_two_agents_measure_write_fabric_json_and_fail_without_efa(tmp_path, etc
     assert report["passed"] is False
     assert [r.split(":")[0] for r in report["reasons"]] == [
         "no EFA devices in the pod on " + os.uname().nodename + " (/dev/infiniband/uverbs* missing)",
-        "transport is not OFI/EFA", "low bandwidth"]
+        "transport is not OFI/EFA", "low bandwidth", f"slow pair {os.uname().nodename} - {os.uname().nodename}"]
     print(f"[measure] fabric_check_two_runs={time.monotonic() - start:.1f}s")
 
 

@@ -4,7 +4,8 @@ Part of ElasticJob, kept in a module of its own; both build their pods with comp
 One agent per node of the job, shaped like a training pod (all GPUs, the EFA devices, the same NCCL/EFA
 environment), runs ``python -m eks_ddp_runtime.fabric_check`` under the training agent's torchrun flags (the
 shared builder in launch_command.py) with every node required and no restarts. The check fails on missing EFA
-devices, a non-EFA transport or a bus bandwidth below the catalog's floor; a failed check fails the Job,
+devices, a non-EFA transport or a bus bandwidth below the catalog's floor (the whole job's, or a pair of
+neighbouring nodes', naming the slow node by its Kubernetes node name); a failed check fails the Job,
 and so ``pulumi up``, before the training Job exists (it depends on this one).
 """
 
@@ -37,6 +38,7 @@ from eks_ddp.workloads.elastic_job.pods import (
     resources,
 )
 from eks_ddp.workloads.namespace import dns_egress
+from eks_ddp_runtime.contract import NODE_NAME_ENV
 
 
 def fabric_check_name(job: JobInfo) -> str:
@@ -100,7 +102,9 @@ def create_fabric_check(job: JobInfo, name: str, child: pulumi.ResourceOptions) 
     affinity = one_per_node(gate)
     template = job.pods.pod(
         labels, "fabric-check", pulumi.Output.from_input(endpoint).apply(lambda e: fabric_check_command_of(job, e)),
-        resources(str(cpu), f"{memory}Gi", devices), env={**AGENT_ENV, **nccl_env(it, efa)}, field_env=FIELD_ENV,
+        resources(str(cpu), f"{memory}Gi", devices), env={**AGENT_ENV, **nccl_env(it, efa)},
+        # The node's name, by which the check names a slow node (eks_ddp_runtime.contract NODE_NAME_ENV).
+        field_env={**FIELD_ENV, NODE_NAME_ENV: "spec.nodeName"},
         shm_gib=shm, affinity=affinity, subdomain=gate if c10d else None, rdzv_tls=True,
         image=job.agent_image,
         ports=[k8s.core.v1.ContainerPortArgs(name="rdzv", container_port=C10D_PORT)] if c10d else None)
