@@ -309,3 +309,38 @@ def test_the_console_script_is_declared_and_imports_no_torch():
     code = "import sys, eks_ddp.tooling.runs; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True).stdout.strip() == "False"
+
+
+FAILED_FABRIC = {"passed": False, "slow_nodes": ["ip-10-0-1-7.ec2.internal"], "reasons": [
+    "slow node ip-10-0-1-7.ec2.internal: every pair it was measured in is below the floor 46.07 GB/s "
+    "(with ip-10-0-1-5.ec2.internal 19.20 GB/s, with ip-10-0-1-9.ec2.internal 19.11 GB/s)"]}
+
+
+def test_a_failed_fabric_check_is_the_runs_status_and_names_the_slow_node(tmp_path, capsys):
+    """A run whose fabric check failed never trained: no agent records, only fabric.json (fabric_check.py's report).
+    The status says failed, why, and which node; a passed check is one line beside the training's state."""
+    run_dir = tmp_path / "run-1"
+    run_dir.mkdir()
+    (run_dir / "fabric.json").write_text(json.dumps(FAILED_FABRIC))
+    assert cli.main(["status", str(run_dir)]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("run run-1: failed (fabric.json: the fabric check failed, so training never started)\n"
+                          "fabric check: FAILED: slow node ip-10-0-1-7.ec2.internal: every pair it was measured in "
+                          "is below the floor 46.07 GB/s"), out
+    assert "(slow node(s): ip-10-0-1-7.ec2.internal)" in out
+    # Control: a passed check does not decide the state.
+    (run_dir / "fabric.json").write_text(json.dumps({"passed": True, "reasons": [], "slow_nodes": []}))
+    assert local_status(run_dir).state == "unknown" and local_status(run_dir).fabric == "passed"
+
+
+def test_the_tar_of_the_run_directory_carries_fabric_json_without_logs(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    assert subprocess.run(kubectl.tar_command(str(run_dir)), capture_output=True).returncode == 3
+    (run_dir / "fabric.json").write_text(json.dumps(FAILED_FABRIC))
+    proc = subprocess.run(kubectl.tar_command(str(run_dir)), capture_output=True)
+    assert proc.returncode == 0
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    kubectl._untar(proc.stdout, dest)
+    assert json.loads((dest / "fabric.json").read_text())["slow_nodes"] == ["ip-10-0-1-7.ec2.internal"]

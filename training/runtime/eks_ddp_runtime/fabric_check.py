@@ -41,10 +41,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .contract import NODE_NAME_ENV
+from .contract import FABRIC_JSON, NODE_NAME_ENV
 from .exitcodes import FABRIC_FAILED, exit_process
 
-FABRIC_JSON = "fabric.json"
 GPU_MAX_BYTES = 1 << 30
 CPU_MAX_BYTES = 4 << 20
 DTYPE_BYTES = 4  # float32

@@ -29,7 +29,7 @@ from eks_ddp.tooling.runs.status import (
     queue_position,
     queue_state,
 )
-from eks_ddp_runtime.contract import LOGS_SUBDIR
+from eks_ddp_runtime.contract import FABRIC_JSON, LOGS_SUBDIR
 from eks_ddp_runtime.runlogs import FINAL_MARKER
 
 TRAINER_UID = 1000
@@ -194,9 +194,11 @@ def running_pod(run: ClusterRun) -> str | None:
 
 
 def tar_command(run_dir: str) -> list[str]:
-    """Streams ``logs/`` (and the final marker, when there) of ``run_dir`` as a tar; exit 3 without ``logs/``."""
-    script = (f'cd "$1" || exit 4; test -d {LOGS_SUBDIR} || exit {_NO_LOGS}; '
-              f'exec tar -cf - {LOGS_SUBDIR} $(test -e {FINAL_MARKER} && echo {FINAL_MARKER})')
+    """Streams ``logs/`` (and the final marker and the fabric check's ``fabric.json``, when there) of ``run_dir`` as a
+    tar; exit 3 with neither ``logs/`` nor ``fabric.json``."""
+    script = (f'cd "$1" || exit 4; test -d {LOGS_SUBDIR} || test -e {FABRIC_JSON} || exit {_NO_LOGS}; '
+              f'exec tar -cf - $(test -d {LOGS_SUBDIR} && echo {LOGS_SUBDIR}) '
+              f'$(test -e {FINAL_MARKER} && echo {FINAL_MARKER}) $(test -e {FABRIC_JSON} && echo {FABRIC_JSON})')
     return ["sh", "-c", script, "sh", run_dir]
 
 
@@ -239,7 +241,7 @@ def _untar(data: bytes, dest: Path) -> None:
                 parts = Path(m.name).parts
                 if m.name.startswith("/") or ".." in parts or not (m.isfile() or m.isdir()):
                     continue
-                if parts and parts[0] not in (LOGS_SUBDIR, FINAL_MARKER):
+                if parts and parts[0] not in (LOGS_SUBDIR, FINAL_MARKER, FABRIC_JSON):
                     continue
                 members.append(m)
             if hasattr(tarfile, "data_filter"):  # Python's safe extraction filter (3.12, 3.11.4+)

@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eks_ddp_runtime.contract import LOGS_SUBDIR
+from eks_ddp_runtime.contract import FABRIC_JSON, LOGS_SUBDIR
 from eks_ddp_runtime.runlogs import (
     AGENT_LOG,
     EXIT_RECORD,
@@ -52,7 +52,7 @@ pkg/controller/core/workload_controller.go ``reconcileCheckBasedEviction``, ``tr
 RESULT_FILE = "result.json"
 """The local runner's verdict (eks_ddp_local/cli.py)."""
 PIDS_FILE = "pids.json"
-RUN_MARKERS = (LOGS_SUBDIR, FINAL_MARKER, RESULT_FILE, PIDS_FILE, "run.json")
+RUN_MARKERS = (LOGS_SUBDIR, FINAL_MARKER, RESULT_FILE, PIDS_FILE, "run.json", FABRIC_JSON)
 """What makes a folder a run's directory."""
 _LATE_SIGNALS = ("SIGTERM", "SIGINT")
 
@@ -113,6 +113,8 @@ class Status:
     cause: Failure | None = None
     others: list[Failure] = field(default_factory=list)
     agents: list[AgentExit] = field(default_factory=list)
+    fabric: str | None = None
+    """The fabric check's verdict from the run's ``fabric.json`` (the slow node named), when there is one."""
 
     def as_dict(self) -> dict:
         def f(x: Failure | None) -> dict | None:
@@ -120,10 +122,12 @@ class Status:
         return {"run": self.run, "state": self.state, "because": self.because,
                 "logs": str(self.logs) if self.logs else None, "logs_missing": self.logs_missing,
                 "cause": f(self.cause), "others": [f(o) for o in self.others],
-                "agents": [vars(a) for a in self.agents]}
+                "agents": [vars(a) for a in self.agents], "fabric": self.fabric}
 
     def render(self) -> str:
         out = [f"run {self.run}: {self.state} ({self.because})"]
+        if self.fabric:
+            out.append(f"fabric check: {self.fabric}")
         if self.logs_missing:
             out.append(f"cause: unknown: the kept logs are missing ({self.logs_missing})")
         elif self.cause is not None:
@@ -343,6 +347,15 @@ def runner_alive(run_dir: Path) -> int | None:
     return pid if "eks_ddp_local" in cmdline(pid) or "eks-ddp-local" in cmdline(pid) else None
 
 
+def fabric_verdict(doc: dict) -> str:
+    """One line from ``fabric.json`` (eks_ddp_runtime/fabric_check.py ``Report``): the verdict, its reasons, the slow
+    nodes."""
+    slow = [str(n) for n in doc.get("slow_nodes") or []]
+    reasons = "; ".join(str(r) for r in doc.get("reasons") or [])
+    return ("passed" if doc.get("passed") else "FAILED") + (f": {reasons}" if reasons else "") + (
+        f" (slow node(s): {', '.join(slow)})" if slow else "")
+
+
 def local_status(run_dir: Path, name: str | None = None) -> Status:
     """The state of a run from its directory (a local run's, or a cluster run's kept logs fetched here)."""
     name = name or run_dir.name
@@ -365,7 +378,12 @@ def local_status(run_dir: Path, name: str | None = None) -> Status:
         state, because = "unknown", "an agent left no exit record: still running, or killed without warning"
     else:
         state, because = "unknown", "no agent record"
-    status = Status(run=name, state=state, because=because, logs=logs, agents=agents)
+    fabric = _json(run_dir / FABRIC_JSON)
+    if fabric is not None and fabric.get("passed") is False and state == "unknown":
+        # The check failed before any training agent ran (its Job, not the training Job, failed).
+        state, because = "failed", f"{FABRIC_JSON}: the fabric check failed, so training never started"
+    status = Status(run=name, state=state, because=because, logs=logs, agents=agents,
+                    fabric=fabric_verdict(fabric) if fabric is not None else None)
     if not logs.is_dir():
         status.logs_missing = f"{logs}: no such folder"
     elif not agents:
