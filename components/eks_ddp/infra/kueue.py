@@ -82,6 +82,11 @@ RELEASE = "kueue"
 NAMESPACE = "kueue-system"
 IMAGE_REPOSITORY = "registry.k8s.io/kueue/kueue"
 IMAGE_DIGEST = "sha256:dd67ad37e1f960277cfada27d3a144b73c8edcf7ad679ad62eb723262b4d793d"
+"""The controller image ``registry.k8s.io/kueue/kueue:v0.16.4``. Read from Kueue's release record:
+kubernetes-sigs/kueue issue #9949 (the v0.16.4 release checklist), comment of 2026-03-19 (issuecomment-4091701278)
+quoting ``hack/releasing/wait_for_images.sh --prod v0.16.4``: "Image registry.k8s.io/kueue/kueue@sha256:dd67ad37...
+is available". preflight resolves it against registry.k8s.io before every ``up`` and fails naming this constant if it
+does not (tooling/preflight/pins.py)."""
 IMAGE_TAG = f"v{CHART_VERSION}@{IMAGE_DIGEST}"
 """The chart's ``controllerManager.manager.image.tag``: rendered after ``<repository>:``."""
 WEBHOOK_PORT = 9443

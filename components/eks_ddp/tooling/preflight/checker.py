@@ -17,6 +17,7 @@ from eks_ddp.infra.network import EKS_UNSUPPORTED_ZONE_IDS
 from eks_ddp.tooling import cli_version
 from eks_ddp.tooling.preflight import images as preflight_images
 from eks_ddp.tooling.preflight import live as preflight_live
+from eks_ddp.tooling.preflight import pins as preflight_pins
 from eks_ddp.tooling.preflight import s3 as preflight_s3
 from eks_ddp.tooling.preflight.capacity import CapacityChecks
 from eks_ddp.tooling.preflight.clients import clients, clients_sts, ecr_clients, logs_client
@@ -310,14 +311,16 @@ class _Checker(CapacityChecks, NetworkQuotaChecks, S3Checks):
 def check(cfg: StackConfig, *, ec2: Any, quotas: Any, today: dt.date | None = None, eks: Any = None,
           cluster_name: str | None = None, stack_id: str | None = None, logs: Any = None,
           organization: str | None = None, ecr: Callable[[str], Any] | None = None, s3: Any = None, kms: Any = None,
-          sts: Any = None, caller_sts: Any = None, egress_ip: Callable[[], str | None] | None = None) -> Report:
+          sts: Any = None, caller_sts: Any = None, egress_ip: Callable[[], str | None] | None = None,
+          registry: preflight_pins.Fetch | None = None) -> Report:
     """Run every preflight check with the given boto3 ``ec2`` and ``service-quotas`` clients; with ``eks`` and
     ``cluster_name`` also the checks against what this stack already runs (:mod:`eks_ddp.tooling.preflight.live`);
     with ``s3`` (and ``kms``, ``sts``) the buckets the stack names (:mod:`eks_ddp.tooling.preflight.s3`).
     ``stack_id`` (``<organization>/<project>/<stack>``) is the cluster's owner tag. ``ecr(region)`` gives an
     ECR client of a region: with it, every ECR image the stack names must exist (:mod:`eks_ddp.tooling.preflight.images`).
     ``caller_sts`` (who runs this update) and ``egress_ip`` (this machine's public IP) check that this machine
-    reaches a live cluster's API endpoint."""
+    reaches a live cluster's API endpoint. ``registry`` (one HTTP exchange): every image digest the project pins
+    must resolve in its registry (:mod:`eks_ddp.tooling.preflight.pins`)."""
     c = _Checker(cfg, ec2, quotas, cluster_name)
     # Extended support bills the control plane $0.60/h instead of $0.10/h: say so before anything is created.
     notice = k8s_versions.support_notice(cfg.cluster.kubernetes_version, cfg.cluster.upgrade_policy,
@@ -338,6 +341,8 @@ def check(cfg: StackConfig, *, ec2: Any, quotas: Any, today: dt.date | None = No
         preflight_images.check_images(c, ecr)
     if s3 is not None:
         c.check_s3(s3, kms, sts)
+    if registry is not None:
+        preflight_pins.check_pins(c, registry)
     return c.report
 
 
@@ -354,7 +359,9 @@ def run_or_raise(cfg: StackConfig, *, profile: str | None = None, ec2: Any = Non
     import pulumi
 
     caller_sts = egress_ip = None
+    registry: preflight_pins.Fetch | None = None
     if ec2 is None or quotas is None:
+        registry = preflight_pins.urllib_fetch  # the real registries, only with the real AWS clients
         try:
             made_ec2, made_quotas, made_eks = clients(cfg.region, profile)
             caller_sts = clients_sts(cfg.region, profile)
@@ -373,7 +380,7 @@ def run_or_raise(cfg: StackConfig, *, profile: str | None = None, ec2: Any = Non
             pulumi.log.warn(f"preflight: could not create S3 clients ({err}); the buckets were not checked")
     report = check(cfg, ec2=ec2, quotas=quotas, eks=eks, cluster_name=cluster_name, stack_id=stack_id, logs=logs,
                    organization=organization, ecr=ecr, s3=s3, kms=kms, sts=sts, caller_sts=caller_sts,
-                   egress_ip=egress_ip)
+                   egress_ip=egress_ip, registry=registry)
     if too_old := cli_version.problem():
         report.failures.append(too_old)
     for message in report.warnings:
