@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import re
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -93,7 +94,7 @@ def _token(fetch: Fetch, challenge: str, repo: str) -> str | None:
     if not realm:
         return None
     params.setdefault("scope", f"repository:{repo}:pull")
-    query = "&".join(f"{k}={urllib.request.quote(v, safe=':/,')}" for k, v in params.items())
+    query = "&".join(f"{k}={urllib.parse.quote(v, safe=':/,')}" for k, v in params.items())
     status, _, body = fetch("GET", f"{realm}?{query}", {})
     if status != 200:
         return None
