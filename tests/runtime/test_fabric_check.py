@@ -164,6 +164,17 @@ def test_alone_without_torchrun_require_efa_fails_with_the_reason_and_exit_code(
     assert "FABRIC CHECK FAILED: no EFA devices" in proc.stdout
 
 
+def test_node_only_checks_this_nodes_devices_without_a_peer_and_writes_no_report(tmp_path, monkeypatch):
+    """The gate of a pod that joins after the job's check passed (fabric_gate.py): no process group, no torch."""
+    monkeypatch.setenv("NODE_NAME", "ip-10-0-1-7.ec2.internal")
+    monkeypatch.setattr(fc, "count_efa_devices", lambda: 0)
+    assert fc.main([f"--run-dir={tmp_path}", "--node-only", "--require-efa"]) == FABRIC_FAILED
+    monkeypatch.setattr(fc, "count_efa_devices", lambda: 4)
+    assert fc.main([f"--run-dir={tmp_path}", "--node-only", "--require-efa"]) == 0
+    assert fc.main([f"--run-dir={tmp_path}", "--node-only"]) == 0
+    assert not (tmp_path / fc.FABRIC_JSON).exists()
+
+
 def test_alone_the_fabric_verdict_is_final_before_interpreter_shutdown(tmp_path):
     # As for the trainer (tests/runtime/test_exit_codes.py): shutdown made to abort must not change the Job's verdict.
     proc = subprocess.run([sys.executable, "-m", "tests.support.shutdown_abort_probe", FABRIC_CHECK_MODULE,
@@ -200,8 +211,12 @@ def test_two_agents_measure_write_fabric_json_and_fail_without_efa(tmp_path, etc
     run = tmp_path / "run"
     quick = {"iters": 3, "warmup": 1, "factor": 4, "max_bytes": 2 << 20}
     start = time.monotonic()
-    codes, agents = _run_agents(tmp_path, etcd_endpoint, FabricCheckOptions(run_dir=str(run), **quick), "fc-ok")
+    marker = tmp_path / ".fabric-passed"
+    codes, agents = _run_agents(tmp_path, etcd_endpoint, FabricCheckOptions(run_dir=str(run), pass_marker=str(marker),
+                                                                             **quick), "fc-ok")
     assert codes == [0, 0], "\n".join(a.log()[-3000:] for a in agents)
+    assert marker.exists()  # the gate of a pod that starts later checks only its node
+    marker.unlink()
     report = json.loads((run / fc.FABRIC_JSON).read_text())
     assert report["passed"] is True and report["reasons"] == []
     assert report["world_size"] == 2 and report["nodes"] == 2 and report["backend"] == "gloo"
@@ -221,8 +236,9 @@ def test_two_agents_measure_write_fabric_json_and_fail_without_efa(tmp_path, etc
 
     # The same agents asked for EFA on a machine without it: every agent fails, fabric.json says why.
     codes, agents = _run_agents(tmp_path, etcd_endpoint, FabricCheckOptions(
-        run_dir=str(run), require_efa=True, min_busbw_gbs=1e6, **quick), "fc-efa")
+        run_dir=str(run), require_efa=True, min_busbw_gbs=1e6, pass_marker=str(marker), **quick), "fc-efa")
     assert all(c != 0 for c in codes), codes
+    assert not marker.exists()
     report = json.loads((run / fc.FABRIC_JSON).read_text())
     assert report["passed"] is False
     assert [r.split(":")[0] for r in report["reasons"]] == [

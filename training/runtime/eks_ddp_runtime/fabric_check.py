@@ -277,7 +277,25 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--iters", type=int, default=20, help="timed all-reduces per size")
     p.add_argument("--warmup", type=int, default=5, help="untimed all-reduces per size")
     p.add_argument("--timeout-s", type=float, default=600.0, help="process-group timeout")
+    p.add_argument("--pass-marker", default=None, help="a file rank 0 creates when the check passed (the training "
+                   "pods' gate reads it: a pod that starts later checks only its own node)")
+    p.add_argument("--node-only", action="store_true", help="no process group: check this node alone (its EFA "
+                   "devices), for a pod that joins after the job's check passed; writes no fabric.json")
     return p.parse_args(argv)
+
+
+def node_only(args: argparse.Namespace) -> int:
+    """The check of one node that joins a job whose fabric already passed: what it can see without a peer."""
+    devices = count_efa_devices()
+    where = os.environ.get(NODE_NAME_ENV) or socket.gethostname()
+    if args.require_efa and devices == 0:
+        print(f"FABRIC CHECK FAILED (this node only): no EFA devices in the pod on {where} (/dev/infiniband/uverbs* "
+              "missing): the pod did not get vpc.amazonaws.com/efa devices, or the node has no EFA interfaces or "
+              "device plugin", file=sys.stderr)
+        return FABRIC_FAILED
+    print(f"FABRIC CHECK PASSED (this node only: {devices} EFA device(s) on {where}; the job's fabric passed "
+          "before it joined, its bandwidth is not measured)")
+    return 0
 
 
 def _nccl_log_setup() -> Path:
@@ -370,6 +388,8 @@ def _measure_pairs(torch: Any, dist: Any, device: Any, infos: list[RankInfo], nb
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
+    if args.node_only:
+        return node_only(args)
     log_path = _nccl_log_setup()
     started = time.monotonic()
 
@@ -431,6 +451,8 @@ def main(argv: list[str] | None = None) -> int:
             path = write_report(Path(args.run_dir), report)
             print(table(report))
             print(f"fabric_check: wrote {path}")
+            if report.passed and args.pass_marker:
+                Path(args.pass_marker).touch()
         if env.distributed:
             dist.barrier()  # nobody tears the group down while rank 0 still writes
     return 0 if report.passed else FABRIC_FAILED
