@@ -108,8 +108,8 @@ class EtcdRendezvousArgs:
     client_labels: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_CLIENT_LABELS))
     """Labels of the pods (in the same namespace) the NetworkPolicy admits on the client port."""
     more_client_labels: Sequence[Mapping[str, str]] = ()
-    """Further label sets admitted alike (one NetworkPolicy peer each): a store of one run admits that run's
-    training and fabric-check pods, each set naming its Job's pods."""
+    """Further label sets admitted alike (one NetworkPolicy peer each), each naming a Job's pods (a store of one run
+    admits that run's training pods, whose init container runs the fabric check)."""
     image: str = ETCD_IMAGE
     """etcd 3.5 image, pinned by digest."""
     tls_validity_hours: int = VALIDITY_HOURS

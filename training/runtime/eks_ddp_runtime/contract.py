@@ -11,7 +11,8 @@ DIVERGED = 4
 BAD_INPUT = 5
 """The data set or the checkpoints are unreadable (a named file is corrupt or missing)."""
 FABRIC_FAILED = 6
-"""The fabric check found the network unfit (no EFA, TCP transport, low bandwidth); the fabric-check Job's only."""
+"""The fabric check found the network unfit (no EFA, TCP transport, low bandwidth); the fabric check's only (it runs
+as the training pods' init container, and this code fails their Job)."""
 AGENT_LOST = 7
 """A worker found its agent (the launcher process that holds its lease) gone: nothing can renew the lease, so the
 worker stops instead of waiting for ever. Not fatal: a new agent restarts the work."""
