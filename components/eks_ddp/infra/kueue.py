@@ -115,8 +115,9 @@ controller restarts and (re)decides whether to run its provisioning admission ch
 FRAMEWORKS = ("batch/job",)
 PODS_READY_TIMEOUT = "45m"
 """``waitForPodsReady.timeout`` (and ``recoveryTimeout``): above the autoscaler's ``max-node-provision-time``
-(:data:`~eks_ddp.infra.autoscaler.MAX_NODE_PROVISION_TIME`, 25m) plus a multi-GB image pull on a fresh node, so a
-run whose nodes are only slow is never requeued; short enough that the nodes of a run that got too few bill at
+(:data:`~eks_ddp.infra.autoscaler.MAX_NODE_PROVISION_TIME`, 25m) plus a multi-GB image pull on a fresh node and the
+fabric check (the training pods' init container: a pod is not Ready before it passed), so a run whose nodes are
+only slow is never requeued; short enough that the nodes of a run that got too few bill at
 most this long per attempt."""
 PODS_READY_MIN_MINUTES = 35
 """The shortest timeout allowed: ``max-node-provision-time`` plus 10 minutes for the image."""
