@@ -194,10 +194,13 @@ def test_autoscaler_would_bring_up_the_job_group_for_training_and_evaluation(sta
         assert decision, (role, decision.reasons)
 
 
-def test_the_fabric_check_gate_also_brings_up_the_efa_group():
-    """`pulumi up` waits for the gate: a gate pod no group would serve would hang it."""
-    gate = next(spec for name, spec in pods("p4de").items() if name.endswith("-fabric"))
-    decision = scheduling.would_scale_up(gate, template("p4de"))
+def test_the_training_pod_with_its_fabric_check_still_brings_up_the_efa_group():
+    """The fabric check runs as the training pods' init container, sized like the trainer: the pod's requests
+    (the larger of the init container's and the containers') still fit the EFA group's nodes."""
+    train = named("p4de", "train")
+    assert [c["name"] for c in train["initContainers"]] == ["fabric-check"]
+    assert train["initContainers"][0]["resources"] == train["containers"][0]["resources"]
+    decision = scheduling.would_scale_up(train, template("p4de"))
     assert decision, decision.reasons
 
 

@@ -175,10 +175,67 @@ def test_the_manager_config_manages_labelled_jobs_of_the_training_namespace_only
                for h in hooks)
 
 
-def test_pods_ready_timeout_evicts_unready_admissions_but_never_a_shrunk_run():
-    config = kueue.manager_config(args(pods_ready_timeout="30m"))
-    assert config["waitForPodsReady"] == {"timeout": "30m", "blockAdmission": False, "recoveryTimeout": "0s"}
-    assert "waitForPodsReady" not in kueue.manager_config(args())  # off unless asked
+def test_pods_ready_is_on_by_default_and_requeues_a_run_that_lacks_or_lost_nodes_a_bounded_number_of_times():
+    """A run admitted through the ProvisioningRequest check never gets missing nodes back by itself (the pods filter,
+    kueue.py docstring): by default Kueue evicts and requeues it when its pods are not all Ready 45 minutes after
+    admission, or after one went away (recoveryTimeout; "0s", the old value, never recovers a lost node)."""
+    config = kueue.manager_config(args())
+    assert config["waitForPodsReady"] == {
+        "timeout": "45m", "blockAdmission": False, "recoveryTimeout": "45m",
+        "requeuingStrategy": {"timestamp": "Eviction", "backoffLimitCount": 3, "backoffBaseSeconds": 60,
+                              "backoffMaxSeconds": 600}}
+    assert kueue.manager_config(args(pods_ready_timeout="1h", pods_ready_requeues=5))["waitForPodsReady"][
+        "requeuingStrategy"]["backoffLimitCount"] == 5
+    assert "waitForPodsReady" not in kueue.manager_config(args(pods_ready_timeout=None))  # only when asked
+    # Above the autoscaler's own wait for a node, which the release passes it.
+    from eks_ddp.core.rules import duration_minutes
+    from eks_ddp.infra.autoscaler import MAX_NODE_PROVISION_TIME
+    assert duration_minutes(config["waitForPodsReady"]["timeout"]) > duration_minutes(MAX_NODE_PROVISION_TIME) + 10
+
+
+GO_TYPES = ROOT / "tests" / "fixtures" / "kueue" / "configuration_types.go"
+
+
+def go_fields() -> dict[str, dict[str, str]]:
+    """Struct name -> JSON field -> Go type, from Kueue's config types at v0.16.4 (vendored unchanged)."""
+    import re
+    out: dict[str, dict[str, str]] = {}
+    for m in re.finditer(r"^type (\w+) struct \{\n(.*?)^\}", GO_TYPES.read_text(), re.S | re.M):
+        fields = re.findall(r"^\s*\w+\s+([\w.*\[\]]+)\s+`json:\"([\w]+)", m.group(2), re.M)
+        out[m.group(1)] = {name: typ for typ, name in fields}
+    return out
+
+
+def unknown_config_fields(config: dict) -> list[str]:
+    """Fields of the manager config that Kueue's strict decoder (pkg/config/config.go: serializer.EnableStrict)
+    refuses, for the parts this stack sets below the top level."""
+    types = go_fields()
+    nested = {"waitForPodsReady": "WaitForPodsReady", "integrations": "Integrations", "webhook": "ControllerWebhook",
+              "health": "ControllerHealth", "metrics": "ControllerMetrics", "leaderElection": None,
+              "controller": "ControllerConfigurationSpec", "clientConnection": "ClientConnection"}
+    bad = [f".{k}" for k in config if k not in {**types["Configuration"], **types["ControllerManager"], "apiVersion": 1,
+                                              "kind": 1}]
+    for key, struct in nested.items():
+        if struct is None or key not in config:
+            continue
+        for k, v in config[key].items():
+            if k not in types[struct]:
+                bad.append(f".{key}.{k}")
+            elif types[struct][k].lstrip("*") in types and isinstance(v, dict):
+                sub = types[types[struct][k].lstrip("*")]
+                bad += [f".{key}.{k}.{x}" for x in v if x not in sub]
+    return sorted(bad)
+
+
+def test_every_manager_config_field_is_one_kueue_decodes():
+    assert {"WaitForPodsReady", "RequeuingStrategy", "Configuration"} <= set(go_fields())
+    assert unknown_config_fields(kueue.manager_config(args())) == []
+    # Negative control: a misspelt field anywhere the test looks.
+    bad = kueue.manager_config(args())
+    bad["waitForPodsReady"]["requeuingStrategy"]["backoffLimit"] = 3
+    bad["waitForPodsReady"]["recoverTimeout"] = "1m"
+    assert unknown_config_fields(bad) == [".waitForPodsReady.recoverTimeout",
+                                          ".waitForPodsReady.requeuingStrategy.backoffLimit"]
 
 
 def test_every_object_passes_the_strict_schema():
@@ -284,6 +341,8 @@ def test_the_policies_exist_before_the_release(result):
     ("service_cidrs", ["x"], "service_cidrs: got 'x'"),
     ("tolerations", [{"key": "a", "operator": "Maybe"}], "tolerations: got"),
     ("pods_ready_timeout", "30", "pods_ready_timeout: got '30'"),
+    ("pods_ready_timeout", "20m", "pods_ready_timeout: got '20m'; expected at least 35m"),
+    ("pods_ready_requeues", -1, "pods_ready_requeues: got -1; expected an integer from 0 to 10"),
 ])
 def test_each_bad_field_is_named(field, value, message):
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):

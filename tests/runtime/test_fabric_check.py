@@ -117,6 +117,41 @@ def test_without_efa_only_the_floor_counts():
     assert fc.evaluate([_rank("n", "socket", 0)], [_result(1.0)], require_efa=False, floor_busbw_gbs=None) == []
 
 
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 8])
+def test_pair_rounds_cover_the_ring_with_disjoint_pairs(n):
+    rounds = fc.pair_rounds(n)
+    edges = [p for r in rounds for p in r]
+    assert sorted(tuple(sorted(p)) for p in edges) == sorted({tuple(sorted((i, (i + 1) % n))) for i in range(n)})
+    for r in rounds:
+        nodes = [x for p in r for x in p]
+        assert len(nodes) == len(set(nodes))
+    assert len(rounds) == (1 if n == 2 else 2 if n % 2 == 0 else 3)
+    assert fc.pair_rounds(1) == []
+
+
+def _pairs(n: int, slow: set[int], good: float = 76.0, bad: float = 19.0) -> list[fc.PairResult]:
+    return [fc.PairResult(node_ranks=[a, b], nodes=[f"node-{a}", f"node-{b}"], bytes=1 << 30, time_us=1.0,
+                          busbw_gbs=bad if {a, b} & slow else good)
+            for r in fc.pair_rounds(n) for a, b in r]
+
+
+def test_the_slow_node_is_named_from_its_pairs():
+    """One node on one EFA card of four among four: its two pairs are slow, its neighbours' other pairs are not, so
+    it alone is named; the whole job's peak (the sweep) would not show it."""
+    ranks = [_rank(f"node-{i}", "efa", 4, i) for i in range(4)]
+    named, reasons = fc.slow_nodes(_pairs(4, {2}), 46.07)
+    assert named == ["node-2"]
+    assert reasons == ["slow node node-2: every pair it was measured in is below the floor 46.07 GB/s "
+                       "(with node-1 19.00 GB/s, with node-3 19.00 GB/s)"]
+    assert fc.evaluate(ranks, [_result(76.0)], require_efa=True, floor_busbw_gbs=46.07,
+                       pairs=_pairs(4, {2})) == reasons
+    # Controls: all pairs healthy; no floor (no EFA); two nodes cannot tell which, the pair is named.
+    assert fc.slow_nodes(_pairs(4, set()), 46.07) == ([], [])
+    assert fc.slow_nodes(_pairs(4, {2}), None) == ([], [])
+    assert fc.slow_nodes(_pairs(2, {1}), 46.07) == ([], [
+        "slow pair node-0 - node-1: 19.00 GB/s below the floor 46.07 GB/s (one of the two, measured only together)"])
+
+
 def test_alone_without_torchrun_require_efa_fails_with_the_reason_and_exit_code(tmp_path):
     env = trainer_env()
     proc = subprocess.run([sys.executable, "-m", FABRIC_CHECK_MODULE, f"--run-dir={tmp_path}", "--require-efa"],
@@ -127,6 +162,17 @@ def test_alone_without_torchrun_require_efa_fails_with_the_reason_and_exit_code(
     assert report["reasons"][0].startswith("no EFA devices in the pod")
     assert "transport is not OFI/EFA: gloo-tcp" in report["reasons"][1]
     assert "FABRIC CHECK FAILED: no EFA devices" in proc.stdout
+
+
+def test_node_only_checks_this_nodes_devices_without_a_peer_and_writes_no_report(tmp_path, monkeypatch):
+    """The gate of a pod that joins after the job's check passed (fabric_gate.py): no process group, no torch."""
+    monkeypatch.setenv("NODE_NAME", "ip-10-0-1-7.ec2.internal")
+    monkeypatch.setattr(fc, "count_efa_devices", lambda: 0)
+    assert fc.main([f"--run-dir={tmp_path}", "--node-only", "--require-efa"]) == FABRIC_FAILED
+    monkeypatch.setattr(fc, "count_efa_devices", lambda: 4)
+    assert fc.main([f"--run-dir={tmp_path}", "--node-only", "--require-efa"]) == 0
+    assert fc.main([f"--run-dir={tmp_path}", "--node-only"]) == 0
+    assert not (tmp_path / fc.FABRIC_JSON).exists()
 
 
 def test_alone_the_fabric_verdict_is_final_before_interpreter_shutdown(tmp_path):
@@ -165,8 +211,12 @@ def test_two_agents_measure_write_fabric_json_and_fail_without_efa(tmp_path, etc
     run = tmp_path / "run"
     quick = {"iters": 3, "warmup": 1, "factor": 4, "max_bytes": 2 << 20}
     start = time.monotonic()
-    codes, agents = _run_agents(tmp_path, etcd_endpoint, FabricCheckOptions(run_dir=str(run), **quick), "fc-ok")
+    marker = tmp_path / ".fabric-passed"
+    codes, agents = _run_agents(tmp_path, etcd_endpoint, FabricCheckOptions(run_dir=str(run), pass_marker=str(marker),
+                                                                             **quick), "fc-ok")
     assert codes == [0, 0], "\n".join(a.log()[-3000:] for a in agents)
+    assert marker.exists()  # the gate of a pod that starts later checks only its node
+    marker.unlink()
     report = json.loads((run / fc.FABRIC_JSON).read_text())
     assert report["passed"] is True and report["reasons"] == []
     assert report["world_size"] == 2 and report["nodes"] == 2 and report["backend"] == "gloo"
@@ -178,18 +228,22 @@ def test_two_agents_measure_write_fabric_json_and_fail_without_efa(tmp_path, etc
         assert r["algbw_gbs"] == pytest.approx(r["bytes"] / (r["time_us"] / 1e6) / 1e9, rel=0.02, abs=1e-4)
         assert r["busbw_gbs"] == pytest.approx(fc.bus_bandwidth(r["algbw_gbs"], 2), abs=1e-3)
     assert report["peak_busbw_gbs"] == max(r["busbw_gbs"] for r in report["results"]) > 0
+    [pair] = report["pairs"]  # two nodes: one pair, measured on its own at the largest size
+    assert pair["node_ranks"] == [0, 1] and pair["bytes"] == 2 << 20 and pair["busbw_gbs"] > 0
+    assert report["slow_nodes"] == []
     table = next(a.log() for a in agents if "FABRIC CHECK" in a.log())
     assert "busbw(GB/s)" in table and "FABRIC CHECK PASSED" in table
 
     # The same agents asked for EFA on a machine without it: every agent fails, fabric.json says why.
     codes, agents = _run_agents(tmp_path, etcd_endpoint, FabricCheckOptions(
-        run_dir=str(run), require_efa=True, min_busbw_gbs=1e6, **quick), "fc-efa")
+        run_dir=str(run), require_efa=True, min_busbw_gbs=1e6, pass_marker=str(marker), **quick), "fc-efa")
     assert all(c != 0 for c in codes), codes
+    assert not marker.exists()
     report = json.loads((run / fc.FABRIC_JSON).read_text())
     assert report["passed"] is False
     assert [r.split(":")[0] for r in report["reasons"]] == [
         "no EFA devices in the pod on " + os.uname().nodename + " (/dev/infiniband/uverbs* missing)",
-        "transport is not OFI/EFA", "low bandwidth"]
+        "transport is not OFI/EFA", "low bandwidth", f"slow pair {os.uname().nodename} - {os.uname().nodename}"]
     print(f"[measure] fabric_check_two_runs={time.monotonic() - start:.1f}s")
 
 
@@ -199,7 +253,28 @@ def test_every_efa_type_has_a_cited_floor():
     efa_types = {n for n in catalog.gpu_types() if catalog.CATALOG[n].has_efa}
     assert set(catalog.NETWORK_GBPS) == efa_types
     for name in efa_types:
-        assert catalog.fabric_floor_gbs(name) == pytest.approx(catalog.NETWORK_GBPS[name] / 8 / 4)
-        assert "Gbps" in catalog.fabric_floor_source(name)
-    assert catalog.fabric_floor_gbs("p4de.24xlarge") == 12.5
+        source = catalog.fabric_floor_source(name)
+        if name in catalog.PUBLISHED_BUSBW_GBS:
+            assert catalog.fabric_floor_gbs(name) == pytest.approx(catalog.PUBLISHED_BUSBW_GBS[name][0] * 0.6, abs=0.01)
+            assert "awsome-distributed-training" in source and "published" in source
+        else:
+            assert catalog.fabric_floor_gbs(name) == pytest.approx(catalog.NETWORK_GBPS[name] / 8 / 4)
+            assert "modelled" in source and "Gbps" in source
     assert catalog.fabric_floor_gbs("g4dn.xlarge") is None
+
+
+@pytest.mark.parametrize(("name", "published"), [("p4de.24xlarge", 76.79), ("p4d.24xlarge", 76.79),
+                                                 ("p5.48xlarge", 436.95)])
+def test_the_floor_fails_a_node_on_one_efa_card_of_four(name, published):
+    """The performance review's case: the old floor (line rate / 8 x 0.25 = 12.5 GB/s on p4de) passed a node whose
+    traffic runs over one EFA card of four (about a quarter of the published 76.8 GB/s); the floor near the published
+    figure fails it, and two cards of four, and passes a healthy pair (the published figure itself)."""
+    from eks_ddp.core import catalog
+
+    floor = catalog.fabric_floor_gbs(name)
+    one_card, two_cards = published / 4, published / 2
+    assert 12.5 < one_card  # the old p4de floor let it pass
+    ranks = [_rank("node-a", "efa", 4, 0), _rank("node-b", "efa", 4, 1)]
+    assert fc.evaluate(ranks, [_result(one_card)], require_efa=True, floor_busbw_gbs=floor)
+    assert fc.evaluate(ranks, [_result(two_cards)], require_efa=True, floor_busbw_gbs=floor)
+    assert fc.evaluate(ranks, [_result(published)], require_efa=True, floor_busbw_gbs=floor) == []

@@ -106,21 +106,24 @@ def test_p4de_plan_user_data_survives_nodeadms_merge(p4de_result):
 
 
 def test_p4de_plan_gates_training_on_the_fabric_check(p4de_result, dev_result):
+    """The check is the training pods' first phase (an init container), not a Job `pulumi up` awaits."""
     jobs = {r.name: r for r in p4de_result.of_type("kubernetes:batch/v1:Job")}
-    gate, train = jobs["training-fabric-check"], jobs["training-train"]
-    assert gate.urn in train.dependencies
-    assert "pulumi.com/skipAwait" not in gate.inputs["metadata"]["annotations"]
+    assert "training-fabric-check" not in jobs
+    train = jobs["training-train"]
+    assert [c["name"] for c in train.inputs["spec"]["template"]["spec"]["initContainers"]] == ["fabric-check"]
+    assert train.inputs["metadata"]["annotations"]["pulumi.com/skipAwait"] == "true"
     assert not [r for r in dev_result.of_type("kubernetes:batch/v1:Job") if "fabric" in r.name]
 
 
 def test_p4de_stack_can_skip_the_fabric_check_by_config():
-    """job.fabricCheck: false: no gate Job, and the training Job waits for nothing but data preparation."""
+    """job.fabricCheck: false: no gate, and the training Job waits for nothing but data preparation."""
     from tests.support.util import run, set_path, stack_config
 
     result = run(set_path(stack_config("p4de"), "eks-ddp:job.fabricCheck", False), stack="p4de")
     jobs = {r.name: r for r in result.of_type("kubernetes:batch/v1:Job")}
     assert "training-fabric-check" not in jobs
     assert not [u for u in jobs["training-train"].dependencies if "fabric" in u]
+    assert "initContainers" not in jobs["training-train"].inputs["spec"]["template"]["spec"]
 
 
 # --- --out never deletes or overwrites what it did not write (review U5) ------------------------------------

@@ -25,7 +25,8 @@ from tests.tooling.test_runs_cli import fake  # noqa: F401  (the fake kubectl/pu
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "kueue"
 SCHEMA = json.loads((FIXTURES / "workload-v1beta2.schema.json").read_text())
-STATES = ("queued", "waiting-for-capacity", "admitted", "preempted", "evicted", "rejected", "deactivated")
+STATES = ("queued", "waiting-for-capacity", "admitted", "preempted", "evicted", "rejected", "deactivated",
+          "deactivated-by-kueue")
 JOB_UID = "6f1c9a52-2b1e-4f7e-9d38-0c2d4e5f6a7b"
 
 
@@ -79,7 +80,17 @@ def test_the_schema_check_refuses_a_misspelt_or_mistyped_field():
                                "due to prioritization in the ClusterQueue"),
     ("evicted", "evicted", "evicted (PodsReadyTimeout: Exceeded the PodsReady timeout"),
     ("rejected", "rejected", "admission check gpu-capacity Rejected: Capacity is not found"),
-    ("deactivated", "cancelled", "is deactivated (spec.active: false); Deactivated: The workload is deactivated"),
+    ("deactivated", "deactivated", "deactivated by hand (spec.active set to false, not by Kueue and not by eks-ddp "
+                                   "cancel, which deletes a queued run's Job) (Deactivated: The workload is "
+                                   "deactivated); its Job stays suspended until it is reactivated: kubectl -n training "
+                                   "patch workloads.kueue.x-k8s.io job-training-run-1-dff5c --type=merge -p "
+                                   "'{\"spec\":{\"active\":true}}'"),
+    ("deactivated-by-kueue", "deactivated", "deactivated by Kueue: its admission check (gpu-capacity, the "
+                                            "ProvisioningRequest for the whole run) was Rejected: the retry budget "
+                                            "(ProvisioningRequestConfig retryStrategy.backoffLimitCount) was spent, or "
+                                            "the autoscaler revoked the capacity (DeactivatedDueToAdmissionCheck: The "
+                                            "workload is deactivated due to Admission check(s): gpu-capacity, were "
+                                            "rejected)"),
 ])
 def test_each_workload_state_is_said_with_kueues_reason(state, expected, says):
     got, why = queue_state(workload(state), "training-run-1")
@@ -106,6 +117,30 @@ def test_the_state_follows_the_conditions_not_the_fixture_name():
     assert queue_state(workload("evicted"), "j")[1].endswith(
         "not requeued yet (PodsReadyTimeout: Exceeded the PodsReady timeout training/job-training-run-1-dff5c)")
     assert queue_state(None, "training-run-1")[0] == "queued"
+
+
+def test_a_run_kueue_deactivated_is_never_reported_as_cancelled():
+    """The bug: any ``spec.active: false`` was ``cancelled``. Each of Kueue's deactivation causes is said with its
+    meaning, also in the moment before ``spec.active`` flips (the DeactivationTarget condition), and an unknown
+    cause is passed on as Kueue wrote it."""
+    for cause, says in (("RequeuingLimitExceeded", "its pods were not all Ready within waitForPodsReady's timeout"),
+                        ("MaximumExecutionTimeExceeded", "it ran past its maximum execution time"),
+                        ("SomethingNew", "SomethingNew")):
+        wl = workload("deactivated-by-kueue")
+        for c in wl["status"]["conditions"]:
+            if c["type"] in ("Evicted", "Requeued"):
+                c["reason"] = f"DeactivatedDueTo{cause}"
+        state, why = queue_state(wl, "j")
+        assert state == "deactivated" and f"deactivated by Kueue: {says}" in why, why
+    wl = workload("rejected")
+    wl["status"]["conditions"].append({"type": "DeactivationTarget", "status": "True", "reason": "AdmissionCheck",
+                                       "message": "Admission check(s): gpu-capacity, were rejected",
+                                       "lastTransitionTime": "2026-11-29T03:04:00Z"})
+    state, why = queue_state(wl, "j")
+    assert state == "deactivated" and "by Kueue: its admission check" in why and "(being deactivated)" in why
+    jsonschema.validate(wl, SCHEMA)
+    for name in ("deactivated", "deactivated-by-kueue"):
+        assert queue_state(workload(name), "j")[0] != "cancelled"
 
 
 def _queued_job(suspend: bool = True, active: int = 0) -> dict:
@@ -150,3 +185,73 @@ def test_the_newest_workload_of_the_job_is_read(fake, tmp_path, capsys):  # noqa
     fake.scenario(job=_queued_job(), running=[], workloads=[new, old])
     cli.main(["status", "run-1"])
     assert capsys.readouterr().out.startswith("run run-1: admitted")
+
+
+def _pod(name: str, phase: str, consumed: bool) -> dict:
+    annotations = {"autoscaling.x-k8s.io/consume-provisioning-request": "job-training-run-1-dff5c-gpu-capacity-1",
+                   "autoscaling.x-k8s.io/provisioning-class-name": "best-effort-atomic-scale-up.autoscaling.x-k8s.io"}
+    return {"metadata": {"name": name, "annotations": annotations if consumed else {}}, "status": {"phase": phase}}
+
+
+def test_pods_pending_on_a_consumed_request_are_named_with_the_fix(fake, tmp_path, capsys):  # noqa: F811
+    """An admitted run one of whose pods waits for a node that will never come (the autoscaler's pods filter):
+    'partially delivered', naming the pod, the request and the commands that requeue it now."""
+    fake.volume = tmp_path / "empty"
+    fake.volume.mkdir()
+    job = _queued_job(suspend=False, active=2)
+    job["spec"]["parallelism"] = 2
+    job["status"]["ready"] = 1
+    fake.scenario(job=job, running=["training-run-1-0-abc"], workloads=[workload("admitted")],
+                  pods=[_pod("training-run-1-0-abc", "Running", True), _pod("training-run-1-1-def", "Pending", True)])
+    assert cli.main(["status", "run-1"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("run run-1: partially delivered (1 pod(s) pending on a consumed ProvisioningRequest "
+                          "(training-run-1-1-def: autoscaling.x-k8s.io/consume-provisioning-request="
+                          "job-training-run-1-dff5c-gpu-capacity-1); 1 of 2 pod(s) ready."), out
+    assert ("kubectl -n training patch workloads.kueue.x-k8s.io job-training-run-1-dff5c --type=merge -p "
+            "'{\"spec\":{\"active\":false}}' && kubectl -n training patch workloads.kueue.x-k8s.io "
+            "job-training-run-1-dff5c --type=merge -p '{\"spec\":{\"active\":true}}'") in out
+    # Control: a Pending pod without the annotation (unqueued scale-up still to come) is just a running run.
+    fake.scenario(job=job, running=["training-run-1-0-abc"], workloads=[workload("admitted")],
+                  pods=[_pod("training-run-1-0-abc", "Running", True), _pod("training-run-1-1-def", "Pending", False)])
+    cli.main(["status", "run-1"])
+    assert capsys.readouterr().out.startswith("run run-1: running (Job training-run-1: 2 pod(s) active, 1 ready")
+
+
+def pending_summary() -> dict:
+    """A LocalQueue's PendingWorkloadsSummary (kueue v0.16.4 apis/visibility/v1beta2/types.go): another run first,
+    ours second."""
+    item = {"metadata": {"name": "job-training-run-0-aaaaa", "namespace": "training"}, "priority": 10000,
+            "localQueueName": "training", "positionInClusterQueue": 0, "positionInLocalQueue": 0}
+    ours = {**item, "metadata": {"name": "job-training-run-1-dff5c", "namespace": "training"}, "priority": 1000,
+            "positionInClusterQueue": 1, "positionInLocalQueue": 1}
+    return {"kind": "PendingWorkloadsSummary", "apiVersion": "visibility.kueue.x-k8s.io/v1beta2",
+            "metadata": {}, "items": [item, ours]}
+
+
+def test_a_queued_run_says_its_position_from_kueues_visibility_api(fake, tmp_path, capsys):  # noqa: F811
+    fake.volume = tmp_path / "empty"
+    fake.volume.mkdir()
+    fake.scenario(job=_queued_job(), running=[], workloads=[workload("queued")], pending=pending_summary())
+    cli.main(["status", "run-1"])
+    out = capsys.readouterr().out
+    assert "; position 2 in its ClusterQueue (1 workload(s) ahead), 2 in LocalQueue training, priority 1000)" in out
+    assert out.startswith("run run-1: queued (Workload job-training-run-1-dff5c waits in its queue (Pending: "
+                          "couldn't assign flavors"), out
+    assert ["kubectl", "get", "--raw", "/apis/visibility.kueue.x-k8s.io/v1beta2/namespaces/training/localqueues/"
+            "training/pendingworkloads"] in fake.calls()
+    # The visibility API away: the state is still said, and why the position is not.
+    fake.scenario(job=_queued_job(), running=[], workloads=[workload("queued")])
+    assert cli.main(["status", "run-1"]) == 0
+    assert "queue position unknown (kubectl get --raw /apis/visibility.kueue.x-k8s.io/v1beta2/namespaces/training/" \
+           "localqueues/training/pendingworkloads: Error from server (ServiceUnavailable)" in capsys.readouterr().out
+    # Not in the list (e.g. in its backoff), and a waiting-for-capacity run is not asked about (quota reserved).
+    summary = pending_summary()
+    summary["items"] = summary["items"][:1]
+    fake.scenario(job=_queued_job(), running=[], workloads=[workload("queued")], pending=summary)
+    cli.main(["status", "run-1"])
+    assert "not in the LocalQueue's pending list" in capsys.readouterr().out
+    before = len(fake.calls())
+    fake.scenario(job=_queued_job(), running=[], workloads=[workload("waiting-for-capacity")], pending=summary)
+    cli.main(["status", "run-1"])
+    assert not [c for c in fake.calls()[before:] if "--raw" in c]

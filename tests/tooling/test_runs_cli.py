@@ -42,8 +42,15 @@ if args[:2] == ["get", "job"]:
     print(json.dumps(scenario["job"]))
 elif args[:2] == ["get", "workloads.kueue.x-k8s.io"]:
     print(json.dumps({"apiVersion": "v1", "kind": "List", "items": scenario.get("workloads", [])}))
+elif args[:2] == ["get", "pods"] and args[-2:] == ["-o", "json"]:
+    print(json.dumps({"apiVersion": "v1", "kind": "List", "items": scenario.get("pods", [])}))
 elif args[:2] == ["get", "pods"]:
     print(" ".join(scenario.get("running", [])))
+elif args[:2] == ["get", "--raw"]:
+    if scenario.get("pending") is None:
+        sys.exit(sys.stderr.write("Error from server (ServiceUnavailable): the server is currently unable to "
+                                  "handle the request\n") and 1)
+    print(json.dumps(scenario["pending"]))
 elif args[:1] == ["exec"]:
     cmd = args[args.index("--") + 1:]
     cmd[-1] = scenario["volume"]  # the run's directory in the pod -> the local stand-in
@@ -359,3 +366,38 @@ def test_follow_right_after_the_start_waits_for_the_logs(tmp_path):
             runner.kill()
     assert follow.returncode == 0, err
     assert "step 1 loss 2.0" in out, (out, err)
+
+
+FAILED_FABRIC = {"passed": False, "slow_nodes": ["ip-10-0-1-7.ec2.internal"], "reasons": [
+    "slow node ip-10-0-1-7.ec2.internal: every pair it was measured in is below the floor 46.07 GB/s "
+    "(with ip-10-0-1-5.ec2.internal 19.20 GB/s, with ip-10-0-1-9.ec2.internal 19.11 GB/s)"]}
+
+
+def test_a_failed_fabric_check_is_the_runs_status_and_names_the_slow_node(tmp_path, capsys):
+    """A run whose fabric check failed never trained: no agent records, only fabric.json (fabric_check.py's report).
+    The status says failed, why, and which node; a passed check is one line beside the training's state."""
+    run_dir = tmp_path / "run-1"
+    run_dir.mkdir()
+    (run_dir / "fabric.json").write_text(json.dumps(FAILED_FABRIC))
+    assert cli.main(["status", str(run_dir)]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("run run-1: failed (fabric.json: the fabric check failed, so training never started)\n"
+                          "fabric check: FAILED: slow node ip-10-0-1-7.ec2.internal: every pair it was measured in "
+                          "is below the floor 46.07 GB/s"), out
+    assert "(slow node(s): ip-10-0-1-7.ec2.internal)" in out
+    # Control: a passed check does not decide the state.
+    (run_dir / "fabric.json").write_text(json.dumps({"passed": True, "reasons": [], "slow_nodes": []}))
+    assert local_status(run_dir).state == "unknown" and local_status(run_dir).fabric == "passed"
+
+
+def test_the_tar_of_the_run_directory_carries_fabric_json_without_logs(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    assert subprocess.run(kubectl.tar_command(str(run_dir)), capture_output=True).returncode == 3
+    (run_dir / "fabric.json").write_text(json.dumps(FAILED_FABRIC))
+    proc = subprocess.run(kubectl.tar_command(str(run_dir)), capture_output=True)
+    assert proc.returncode == 0
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    kubectl._untar(proc.stdout, dest)
+    assert json.loads((dest / "fabric.json").read_text())["slow_nodes"] == ["ip-10-0-1-7.ec2.internal"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import shlex
 
 import pulumi
 import pytest
@@ -95,10 +96,10 @@ def test_agent_command_is_the_shared_torchrun_builder():
 def test_agents_reach_the_store_with_the_client_certificate_mounted_read_only(fabric):
     # Review S1: the store requires a client certificate; the agents find it where their rdzv-conf says.
     result = run_job(instance_type="p4de.24xlarge", efa=True, fabric_check=True) if fabric else run_job()
-    job = result.one(JOB, FABRIC) if fabric else result.one(JOB, "training-train")
+    job = result.one(JOB, "training-train")
     pod = job.inputs["spec"]["template"]["spec"]
-    [c] = pod["containers"]
-    conf = dict(kv.split("=", 1) for kv in flags(c["command"])["rdzv-conf"].split(","))
+    c = pod["initContainers"][0] if fabric else pod["containers"][0]
+    conf = dict(kv.split("=", 1) for kv in flags(check_command(c) if fabric else c["command"])["rdzv-conf"].split(","))
     assert conf["protocol"] == "https"
     [vol] = [v for v in pod["volumes"] if "secret" in v]
     assert vol["secret"]["secretName"] == RDZV_TLS_SECRET and int(vol["secret"]["defaultMode"]) == 0o440
@@ -392,74 +393,89 @@ def test_rejects_bad_args(overrides, field):
 
 # --- the fabric-check gate -------------------------------------------------------------------------------
 
-FABRIC = "training-fabric-check"
+
+def gate_of(result) -> dict:
+    """The training pods' fabric-check init container."""
+    [init] = train_job(result).inputs["spec"]["template"]["spec"]["initContainers"]
+    assert init["name"] == "fabric-check"
+    return init
 
 
-def test_fabric_check_gates_the_training_job():
+def check_command(init: dict) -> list[str]:
+    """The job-wide check's launcher command inside the gate's ``sh -c`` (after the node-only branch)."""
+    assert init["command"][:2] == ["sh", "-c"]
+    return shlex.split(init["command"][2].split("fi; exec ", 1)[1])
+
+
+def node_only_command(init: dict) -> list[str]:
+    script = init["command"][2]
+    return shlex.split(script[script.index("then exec ") + len("then exec "):script.index("; fi;")])
+
+
+def test_fabric_check_is_the_training_pods_first_phase_and_nothing_waits_for_it():
+    """The check runs in the cluster, in the training Job's own pods: no Job of its own that Pulumi awaits (a queued
+    one made `pulumi up` wait in the queue), so the run is one Workload that keeps its place."""
     result = run_job(instance_type="p4de.24xlarge", efa=True, fabric_check=True, run_id="r1")
-    gate = result.one(JOB, FABRIC)
-    # Awaited by Pulumi (no skipAwait), re-run after a failure (replaceUnready), and training waits for it.
-    annotations = gate.inputs["metadata"]["annotations"]
-    assert "pulumi.com/skipAwait" not in annotations and annotations["pulumi.com/replaceUnready"] == "true"
-    assert gate.urn in train_job(result).dependencies
-    spec = gate.inputs["spec"]
-    assert spec["completionMode"] == "Indexed" and spec["completions"] == spec["parallelism"] == 2
-    assert spec["backoffLimit"] == 0
-    [container] = spec["template"]["spec"]["containers"]
-    cmd = container["command"]
+    assert [j.name for j in result.of_type(JOB) if "fabric" in j.name] == []
+    train = train_job(result)
+    assert train.inputs["metadata"]["annotations"]["pulumi.com/skipAwait"] == "true"
+    assert not [u for u in train.dependencies if "fabric" in u]
+    init = gate_of(result)
+    cmd = check_command(init)
     assert cmd[cmd.index("-m", 3) + 1] == "eks_ddp_runtime.fabric_check"
     f = flags(cmd)
-    # Every node of the job, and a failure is final (no worker restarts).
-    assert f["nnodes"] == "2:2" and f["nproc-per-node"] == "8" and f["max-restarts"] == "0"
-    assert f["rdzv-id"] == "$(JOB_UID)" and f["rdzv-endpoint"] == ETCD
+    # The nodes the run is admitted with (partial admission included), its own rendezvous, a failure is final.
+    assert f["nnodes"] == "1:2" and f["nproc-per-node"] == "8" and f["max-restarts"] == "0"
+    assert f["rdzv-id"] == "$(JOB_UID)-fabric" and f["rdzv-endpoint"] == ETCD
     check_args = cmd[cmd.index("-m", 3) + 2:]
-    assert check_args == ["--run-dir=/shared/runs/r1", "--require-efa", "--min-busbw-gbs=12.5",
-                          "--instance-type=p4de.24xlarge"]
+    assert check_args == ["--run-dir=/shared/runs/r1", "--require-efa", "--min-busbw-gbs=46.07",
+                          "--instance-type=p4de.24xlarge", "--pass-marker=/shared/runs/r1/.fabric-passed-$(JOB_UID)"]
     from eks_ddp_runtime.fabric_check import _parse
 
     assert _parse(check_args).min_busbw_gbs == catalog.fabric_floor_gbs("p4de.24xlarge")
-    # Shaped like a training pod: all GPUs and EFA devices, the same NCCL/EFA environment, one per node.
-    assert container["resources"]["limits"][GPU_RESOURCE] == "8"
-    assert container["resources"]["limits"][EFA_RESOURCE] == "4"
-    assert env_of(container)["NCCL_NET_PLUGIN"]["value"] == "ofi"
-    labels = spec["template"]["metadata"]["labels"]
-    assert DEFAULT_CLIENT_LABELS.items() <= labels.items()  # admitted by etcd's NetworkPolicy
-    anti = spec["template"]["spec"]["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-    assert anti[0]["labelSelector"]["matchLabels"] == {"app.kubernetes.io/instance": labels["app.kubernetes.io/instance"]}
+    # A pod that starts once the check passed checks only its node (no peer to measure against).
+    assert init["command"][2].startswith("if [ -e '/shared/runs/r1/.fabric-passed-$(JOB_UID)' ]; then exec ")
+    node = node_only_command(init)
+    assert node[:3] == ["python", "-m", "eks_ddp_runtime.fabric_check"] and "--node-only" in node
+    assert not any(a.startswith("--pass-marker") for a in node)
+    # Shaped like the trainer: all GPUs and EFA devices, the same NCCL/EFA environment and mounts, its node's name.
+    [trainer_c] = train.inputs["spec"]["template"]["spec"]["containers"]
+    assert init["resources"] == trainer_c["resources"] and init["resources"]["limits"][GPU_RESOURCE] == "8"
+    assert init["resources"]["limits"][EFA_RESOURCE] == "4"
+    assert init["volumeMounts"] == trainer_c["volumeMounts"] and init["image"] == trainer_c["image"]
+    env = env_of(init)
+    assert env["NCCL_NET_PLUGIN"]["value"] == "ofi"
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert env["JOB_UID"] == env_of(trainer_c)["JOB_UID"]  # what $(JOB_UID) expands from
 
 
-def test_fabric_check_has_its_own_network_policy():
+def test_a_failed_fabric_check_fails_the_training_job_before_training():
+    from eks_ddp_runtime.exitcodes import FABRIC_FAILED
+
     result = run_job(instance_type="p4de.24xlarge", efa=True, fabric_check=True)
-    gate_labels = result.one(JOB, FABRIC).inputs["spec"]["template"]["metadata"]["labels"]
-    [pol] = [p for p in result.of_type(NETPOL) if p.name == "training-fabric-netpol"]
-    selector = pol.inputs["spec"]["podSelector"]["matchLabels"]
-    assert selector.items() <= gate_labels.items()
-    ports = [p.get("port") for rule in pol.inputs["spec"]["egress"] for p in rule.get("ports", [])]
-    assert 2379 in ports and 53 in ports
+    rules = train_job(result).inputs["spec"]["podFailurePolicy"]["rules"]
+    assert rules[0] == {"action": "FailJob", "onExitCodes": {"containerName": "fabric-check", "operator": "In",
+                                                             "values": [FABRIC_FAILED]}}
+    # Control: without the check the policy has no such rule and the pods no init container.
+    plain = train_job(run_job(instance_type="p4de.24xlarge", efa=True))
+    assert not [r for r in plain.inputs["spec"]["podFailurePolicy"]["rules"]
+                if (r.get("onExitCodes") or {}).get("containerName") == "fabric-check"]
+    assert "initContainers" not in plain.inputs["spec"]["template"]["spec"]
 
 
-def test_fabric_check_with_c10d_gets_its_own_rendezvous_host():
+def test_fabric_check_with_c10d_uses_the_training_jobs_rendezvous_host():
     result = run_job(instance_type="p4de.24xlarge", efa=True, fabric_check=True, rdzv_backend="c10d",
                      rdzv_endpoint=None)
-    gate = result.one(JOB, FABRIC)
-    name = gate.inputs["metadata"]["name"]
-    assert flags(gate.inputs["spec"]["template"]["spec"]["containers"][0]["command"])["rdzv-endpoint"] \
-        .startswith(f"{name}-0.")
-    assert gate.inputs["spec"]["template"]["spec"]["subdomain"] == name
+    name = train_job(result).inputs["metadata"]["name"]
+    assert flags(check_command(gate_of(result)))["rdzv-endpoint"].startswith(f"{name}-0.")
 
 
 def test_no_fabric_check_unless_asked():
     result = run_job(instance_type="p4de.24xlarge", efa=True)
-    assert [j.name for j in result.of_type(JOB) if "fabric" in j.name] == []
+    assert "initContainers" not in train_job(result).inputs["spec"]["template"]["spec"]
     # Without EFA the check measures but requires neither EFA nor a floor.
-    result = run_job(fabric_check=True)
-    args = result.one(JOB, FABRIC).inputs["spec"]["template"]["spec"]["containers"][0]["command"]
+    args = check_command(gate_of(run_job(fabric_check=True)))
     assert "--require-efa" not in args and not any(a.startswith("--min-busbw-gbs") for a in args)
-
-
-def test_fabric_check_name_must_fit_a_label():
-    with pytest.raises(ValueError, match="^run_id"):
-        run_job(fabric_check=True, run_id="r" * 47)
 
 
 def test_data_prep_runs_on_the_system_nodes_not_the_gpu_nodes():
@@ -490,7 +506,7 @@ def test_immutable_job_fields_replace_the_job():
     completions, parallelism and selector changes: both awaited Jobs of a run list those fields for replacement."""
     result = run_job(instance_type="p4de.24xlarge", efa=True, fabric_check=True, run_id="r1")
     immutable = {"spec.completionMode", "spec.podFailurePolicy", "spec.successPolicy", "spec.backoffLimitPerIndex"}
-    for job in (train_job(result), result.one(JOB, FABRIC)):
+    for job in (train_job(result),):
         assert immutable <= set(job.replace_on_changes), (job.name, job.replace_on_changes)
         # and each listed field is one the Job really sets or Kubernetes defaults (paths in the provider's casing)
         assert {"completionMode", "podFailurePolicy"} <= set(job.inputs["spec"])

@@ -135,16 +135,20 @@ def test_training_command_is_valid_for_torchrun(name, manifests):
                                                                           cfg.job.model)
 
 
-def test_p4de_fabric_check_job_runs_the_check_with_torchrun_on_every_node(manifests):
+def test_p4de_fabric_check_runs_first_in_the_training_pods_with_torchrun_on_the_admitted_nodes(manifests):
+    import shlex
+
     cfg = stack("p4de")
     assert cfg.fabric_check_of(cfg.job)  # default with efa
-    [gate] = [m for m in manifests["p4de"] if m["kind"] == "Job"
-              and m["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/component") == "fabric-check"]
-    assert "pulumi.com/skipAwait" not in (gate["metadata"].get("annotations") or {})
-    [container] = gate["spec"]["template"]["spec"]["containers"]
-    args = get_args_parser().parse_args(container["command"][3:])
+    assert not [m for m in manifests["p4de"] if m["kind"] == "Job" and "fabric" in m["metadata"]["name"]]
+    job = training_job(manifests["p4de"])
+    assert job["metadata"]["annotations"]["pulumi.com/skipAwait"] == "true"  # pulumi up never waits for it
+    [init] = job["spec"]["template"]["spec"]["initContainers"]
+    assert init["name"] == "fabric-check" and init["command"][:2] == ["sh", "-c"]
+    command = shlex.split(init["command"][2].split("fi; exec ", 1)[1])
+    args = get_args_parser().parse_args(command[3:])
     assert args.module and args.training_script == "eks_ddp_runtime.fabric_check"
-    assert args.nnodes == f"{cfg.job.nodes}:{cfg.job.nodes}" and args.max_restarts == 0
+    assert args.nnodes == f"{cfg.job.min_nodes}:{cfg.job.nodes}" and args.max_restarts == 0
     assert args.nproc_per_node == "8"
 
     from eks_ddp_runtime.fabric_check import _parse
@@ -152,7 +156,7 @@ def test_p4de_fabric_check_job_runs_the_check_with_torchrun_on_every_node(manife
     check = _parse(args.training_script_args)
     assert check.require_efa and check.min_busbw_gbs == catalog.fabric_floor_gbs("p4de.24xlarge")
     assert check.run_dir == f"/shared/runs/{cfg.job.run_id}"
-    assert not [m for m in manifests["dev"] if "fabric" in m["metadata"]["name"]]
+    assert "initContainers" not in training_job(manifests["dev"])["spec"]["template"]["spec"]
 
 
 @pytest.mark.parametrize("name", STACKS)
@@ -166,7 +170,8 @@ def test_rendered_job_semantics_and_egress(name, manifests):
     assert spec["successPolicy"] == {"rules": [{"succeededCount": 1}]}
     assert spec["backoffLimit"] == stack(name).job.fault_budget >= 20
     assert "backoffLimitPerIndex" not in spec
-    [fail] = [r for r in spec["podFailurePolicy"]["rules"] if r["action"] == "FailJob"]
+    [fail] = [r for r in spec["podFailurePolicy"]["rules"] if r["action"] == "FailJob"
+              and r["onExitCodes"]["containerName"] == "trainer"]
     assert set(exitcodes.FATAL) <= set(fail["onExitCodes"]["values"])
     assert job["metadata"]["annotations"]["pulumi.com/deletionPropagationPolicy"] == "background"
     assert spec["activeDeadlineSeconds"] > 0

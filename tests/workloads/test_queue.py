@@ -1,5 +1,5 @@
 """Runs through Kueue (issue 38): the RunQueue's objects, valid for the pinned v0.16.4 CRDs (tests/support/
-kueue_schema.py, with negative controls), and the queued training and fabric-check Jobs.
+kueue_schema.py, with negative controls), and the queued training Jobs (the fabric check their first phase).
 
 Kueue's rules these tests hold the program to (v0.16.4 source):
 
@@ -24,7 +24,7 @@ from eks_ddp.core import catalog
 from eks_ddp.workloads.elastic_job.pods import pod_resources
 from tests.config.test_runs import with_runs
 from tests.support import kueue_schema
-from tests.support.util import run, set_path, stack_config
+from tests.support.util import run, stack_config
 
 KUEUE = "kubernetes:kueue.x-k8s.io/v1beta2:"
 JOB = "kubernetes:batch/v1:Job"
@@ -87,6 +87,21 @@ def test_the_validator_refuses_an_unknown_field(two_runs):
     wpc = the(two_runs, "WorkloadPriorityClass")[0]
     wpc["spec"] = {"value": 1}
     assert any("'spec' was unexpected" in p for p in kueue_schema.problems(wpc))
+
+
+def test_the_retry_strategy_is_the_crds_and_outlasts_the_pods_ready_requeues(two_runs):
+    """The retry budget is set (the CRD's default of 3 deactivates a run after 3 returns to the queue) with the
+    CRD's own field names, and is larger than what waitForPodsReady's requeues alone spend (one attempt each)."""
+    from eks_ddp.infra.kueue import PODS_READY_REQUEUES
+    [config] = [body(r) for r in kueue_objects(two_runs) if r.type.endswith(":ProvisioningRequestConfig")]
+    assert kueue_schema.problems(config) == []
+    assert config["spec"]["retryStrategy"]["backoffLimitCount"] > PODS_READY_REQUEUES + 3
+    bad = copy.deepcopy(config)
+    bad["spec"]["retryStrategy"]["backoffLimit"] = bad["spec"]["retryStrategy"].pop("backoffLimitCount")
+    assert any("'backoffLimit' was unexpected" in p for p in kueue_schema.problems(bad))
+    bad = copy.deepcopy(config)
+    bad["spec"]["retryStrategy"]["backoffMaxSeconds"] = "10m"
+    assert kueue_schema.problems(bad) != []
 
 
 def test_the_validator_refuses_a_quota_for_an_uncovered_resource(two_runs):
@@ -177,7 +192,8 @@ def test_gpu_admission_goes_through_the_provisioning_request_check_on_every_flav
         [config] = the(result, "ProvisioningRequestConfig")
         assert config["metadata"]["name"] == "gpu-atomic"
         assert config["spec"] == {"provisioningClassName": "best-effort-atomic-scale-up.autoscaling.x-k8s.io",
-                                  "managedResources": ["nvidia.com/gpu"]}
+                                  "managedResources": ["nvidia.com/gpu"], "retryStrategy": {
+                                      "backoffLimitCount": 10, "backoffBaseSeconds": 60, "backoffMaxSeconds": 600}}
         [lq] = the(result, "LocalQueue")
         assert (lq["metadata"]["name"], lq["metadata"]["namespace"], lq["spec"]) == \
             ("training", "training", {"clusterQueue": "eks-ddp"})
@@ -234,18 +250,36 @@ def test_a_run_with_min_nodes_equal_to_nodes_is_admitted_whole():
     assert j.inputs["spec"]["suspend"] is True  # queued all the same
 
 
-def test_the_fabric_check_goes_through_the_queue_whole(p4de_result):
-    [gate] = [j for j in p4de_result.of_type(JOB) if j.name.endswith("-fabric-check")]
-    meta = gate.inputs["metadata"]
-    assert gate.inputs["spec"]["suspend"] is True
-    assert meta["labels"]["kueue.x-k8s.io/queue-name"] == "training"
-    assert meta["labels"]["kueue.x-k8s.io/priority-class"] == "eks-ddp-normal"
-    assert "kueue.x-k8s.io/job-min-parallelism" not in meta["annotations"]  # every node or none
-    assert gate.ignore_changes == ["spec.suspend"]
-    # Control: without the queue the check is an ordinary Job.
-    plain = run(set_path(stack_config("p4de"), "eks-ddp:queue", {"enabled": False}), stack="p4de")
-    [gate] = [j for j in plain.of_type(JOB) if j.name.endswith("-fabric-check")]
-    assert "suspend" not in gate.inputs["spec"] and gate.ignore_changes == []
+def test_two_p4de_runs_over_quota_both_created_one_admitted_the_other_waits_and_nothing_is_awaited():
+    """Two p4de runs of 2 nodes on a group of maxSize 2, the fabric check on (EFA's default): both training Jobs are
+    created, queued and suspended, each running its fabric check as its own first phase; no queued Job is awaited by
+    `pulumi up` (a queued, awaited check made `up` wait in the queue, fail at its timeout, and lose its place); Kueue
+    admits one and the other waits with its reason."""
+    from eks_ddp.tooling.contracts.queue import admission, never_admitted
+    from eks_ddp.tooling.plan import render_manifests
+
+    p4de = stack_config("p4de")
+    first = dict(p4de["eks-ddp:job"], runId="p4de-a")
+    second = dict(p4de["eks-ddp:job"], runId="p4de-b", minNodes=2)  # fixed size: it cannot be admitted smaller
+    cfg = {k: v for k, v in p4de.items() if k != "eks-ddp:job"}
+    cfg["eks-ddp:runs"] = [first, second]
+    result = run(cfg, stack="p4de")
+    jobs = result.of_type(JOB)
+    queued = [j for j in jobs if "kueue.x-k8s.io/queue-name" in j.inputs["metadata"]["labels"]]
+    assert sorted(j.inputs["metadata"]["name"] for j in queued) == ["training-p4de-a", "training-p4de-b-p4de-b"]
+    for j in queued:
+        assert j.inputs["spec"]["suspend"] is True
+        assert j.inputs["metadata"]["annotations"]["pulumi.com/skipAwait"] == "true"
+        [init] = j.inputs["spec"]["template"]["spec"]["initContainers"]
+        assert init["name"] == "fabric-check"
+    assert not [j for j in jobs if "fabric" in j.name]
+    manifests = render_manifests(result)
+    outcomes = admission(manifests)
+    states = sorted(o.state for o in outcomes.values())
+    assert states == ["admitted", "pending"], outcomes
+    [waiting] = [o for o in outcomes.values() if o.state == "pending"]
+    assert "insufficient unused quota for nvidia.com/gpu in flavor gpu-a100" in waiting.message
+    assert never_admitted(manifests) == []
 
 
 def test_cancel_deletes_a_queued_job_and_suspends_an_unqueued_one(two_runs):
@@ -309,8 +343,8 @@ def test_every_queued_pod_asks_only_for_covered_resources_and_a_full_group_fits_
         [rg] = cq["spec"]["resourceGroups"]
         quota = {f["name"]: {r["name"]: r["nominalQuota"] for r in f["resources"]} for f in rg["flavors"]}
         queued = [j for j in result.of_type(JOB) if "kueue.x-k8s.io/queue-name" in j.inputs["metadata"]["labels"]]
-        # two_runs: two trainings and b's fabric check (its group has EFA); p4de: its training and fabric check
-        assert len(queued) == (3 if result is two_runs else 2)
+        # two_runs: two trainings (b's runs the fabric check first: its group has EFA); p4de: its training
+        assert len(queued) == (2 if result is two_runs else 1)
         for j in queued:
             pod = j.inputs["spec"]["template"]["spec"]
             flavor = f"gpu-{pod['nodeSelector']['eks-ddp/node-group']}"
@@ -341,6 +375,37 @@ def test_every_training_job_is_queued_and_every_groups_gpus_are_its_flavors_quot
     for g in groups:
         gpus = catalog.lookup(g["instanceType"]).gpus
         assert quota[f"gpu-{g['name']}"]["nvidia.com/gpu"] == str(int(g["maxSize"]) * gpus), g["name"]
+
+
+def test_every_gpu_job_and_cronjob_template_carries_the_queue_name(dev_result, p4de_result, two_runs):
+    """The evaluation CronJob asks for a GPU: its jobTemplate is queued at its run's priority and suspended, so a Job
+    made from it goes through Kueue; the queue contract passes the plans (it reads CronJob templates)."""
+    from eks_ddp.tooling.contracts import PlanView
+    from eks_ddp.tooling.contracts.queue import never_admitted
+    seen = 0
+    for result in (dev_result, p4de_result, two_runs):
+        view = PlanView.of(result)
+        for m in view.kind("Job") + view.kind("CronJob"):
+            spec = m["spec"]["jobTemplate"] if m["kind"] == "CronJob" else m
+            pod = spec["spec"]["template"]["spec"]
+            if any("nvidia.com/gpu" in (c.get("resources") or {}).get("requests", {}) for c in pod["containers"]):
+                seen += m["kind"] == "CronJob"
+                assert spec["metadata"]["labels"].get("kueue.x-k8s.io/queue-name") == "training", m["metadata"]
+                assert spec["metadata"]["labels"].get("kueue.x-k8s.io/priority-class", "").startswith("eks-ddp-")
+                assert spec["spec"]["suspend"] is True
+        assert never_admitted(view.manifests) == []
+    assert seen >= 2  # dev's and p4de's evaluation CronJobs
+
+
+def test_unqueued_the_evaluation_cronjob_is_not_suspended_in_its_template():
+    result = run(two_groups_two_runs(enabled=False))
+    from eks_ddp.tooling.plan import render_manifests
+    cronjobs = [m for m in render_manifests(result) if m["kind"] == "CronJob"]
+    assert cronjobs
+    for m in cronjobs:
+        if m["kind"] == "CronJob":
+            assert "suspend" not in m["spec"]["jobTemplate"]["spec"]
+            assert "kueue.x-k8s.io/queue-name" not in m["spec"]["jobTemplate"]["metadata"]["labels"]
 
 
 def test_the_pinned_pulumi_kubernetes_previews_kinds_a_helm_release_brings():

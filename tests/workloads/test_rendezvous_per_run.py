@@ -34,14 +34,14 @@ def two_runs():
 
 
 def _pods_by_run(result) -> dict[str, list[dict]]:
-    """Each run's training and fabric-check pod templates (rendered), by runId."""
+    """Each run's training pod template (rendered; its init container runs the fabric check), by runId."""
     out: dict[str, list[dict]] = {"a": [], "b": []}
     for m in render_manifests(result):
         if m["kind"] != "Job":
             continue
         name = m["metadata"]["name"]
         owner = "b" if name.startswith("training-b-") else "a"
-        if name.endswith("-fabric") or m["metadata"]["labels"].get("app.kubernetes.io/component") == "train":
+        if m["metadata"]["labels"].get("app.kubernetes.io/component") == "train":
             out[owner].append(m["spec"]["template"])
     return out
 
@@ -50,15 +50,17 @@ def test_two_runs_get_two_stores_and_each_runs_pods_mount_only_their_own_certifi
     stores = sorted(r.name for r in two_runs.of_type(STORE))
     assert stores == ["rendezvous", "rendezvous-b"]
     pods = _pods_by_run(two_runs)
-    assert [len(pods["a"]), len(pods["b"])] == [2, 2]  # training + fabric check of each run
+    assert [len(pods["a"]), len(pods["b"])] == [1, 1]  # each run's training pods, the fabric check their first phase
     secrets = {"a": "rendezvous-etcd-tls-client-tls", "b": "rendezvous-b-etcd-tls-client-tls"}
     endpoints = {"a": "rendezvous-etcd.training.svc", "b": "rendezvous-b-etcd.training.svc"}
     for run_id, templates in pods.items():
         for t in templates:
             mounted = {v["secret"]["secretName"] for v in t["spec"]["volumes"] if "secret" in v}
             assert mounted == {secrets[run_id]}, (run_id, mounted)
-            command = " ".join(t["spec"]["containers"][0]["command"])
-            assert f"--rdzv-endpoint={endpoints[run_id]}" in command, command
+            [init] = t["spec"]["initContainers"]  # the fabric check reaches the run's own store too
+            for c in (t["spec"]["containers"][0], init):
+                command = " ".join(c["command"])
+                assert f"--rdzv-endpoint={endpoints[run_id]}" in command, command
 
 
 def test_each_store_admits_only_its_runs_pods_and_each_run_reaches_only_its_store(two_runs):
@@ -77,15 +79,14 @@ def test_each_store_admits_only_its_runs_pods_and_each_run_reaches_only_its_stor
         peers = [p["podSelector"]["matchLabels"] for rule in d["spec"]["ingress"] for p in rule["from"]]
         admitted = {run_id for run_id, labels in everyone if any(_matches(p, labels) for p in peers)}
         assert admitted == {owner[d["metadata"]["name"]]}, (d["metadata"]["name"], peers)
-        # every pod of that run (training and fabric check) is admitted
+        # every pod of that run (training, whose init container runs the fabric check) is admitted
         assert all(any(_matches(p, t["metadata"]["labels"]) for p in peers) for t in pods[owner[d["metadata"]["name"]]])
     assert sorted(checked) == sorted(owner)
     checked = []
     services = {d["metadata"]["name"]: d["spec"]["selector"] for d in docs
                 if d["kind"] == "Service" and d["metadata"]["name"] in owner}
     for d in docs:
-        if d["kind"] != "NetworkPolicy" or d["metadata"]["name"] not in ("training-train", "training-b-train",
-                                                                         "training-a-fabric", "training-b-b-fabric"):
+        if d["kind"] != "NetworkPolicy" or d["metadata"]["name"] not in ("training-train", "training-b-train"):
             continue
         checked.append(d["metadata"]["name"])
         run_id = "b" if "-b-" in d["metadata"]["name"] else "a"
@@ -96,7 +97,7 @@ def test_each_store_admits_only_its_runs_pods_and_each_run_reaches_only_its_stor
         assert reached == {run_id}, (d["metadata"]["name"], to_etcd)
         # the selector is the store Service's own, the label set the VPC CNI policy agent resolves a ClusterIP for
         assert any(s == services[next(n for n, o in owner.items() if o == run_id)] for s in to_etcd)
-    assert len(checked) == 4, checked
+    assert len(checked) == 2, checked
 
 
 def test_the_one_run_stacks_keep_their_store_names(dev_result, p4de_result):

@@ -210,14 +210,20 @@ class FabricCheckOptions:
     factor: int | None = None
     iters: int | None = None
     warmup: int | None = None
+    pass_marker: str | None = None
+    """A file rank 0 creates when the check passed."""
+    node_only: bool = False
+    """Check this node alone (no process group): a pod that joins after the job's check passed."""
 
     def args(self) -> list[str]:
         out = [f"--run-dir={self.run_dir}"]
         if self.require_efa:
             out.append("--require-efa")
+        if self.node_only:
+            out.append("--node-only")
         for flag, value in (("--min-busbw-gbs", self.min_busbw_gbs), ("--instance-type", self.instance_type),
                             ("--max-bytes", self.max_bytes), ("--factor", self.factor), ("--iters", self.iters),
-                            ("--warmup", self.warmup)):
+                            ("--warmup", self.warmup), ("--pass-marker", self.pass_marker)):
             if value is not None:
                 out.append(f"{flag}={value}")
         return out

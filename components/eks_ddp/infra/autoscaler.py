@@ -93,6 +93,9 @@ The loop records activity every scan (10 s)."""
 MAX_FAILING_TIME = "10m"
 """``--max-failing-time``: /health-check answers 500 once no loop has succeeded for this long (a loop
 that fails every time, e.g. on AWS API errors, is restarted; upstream default 15m)."""
+MAX_NODE_PROVISION_TIME = "25m"
+"""``--max-node-provision-time``: p4de/p5 nodes can take longer than the default 15 min to boot and register their
+devices. Kueue's ``waitForPodsReady`` timeout (``infra/kueue.py``) must lie above it."""
 NAMESPACE = "kube-system"
 SERVICE_ACCOUNT = "cluster-autoscaler"
 # Requests measured from upstream's examples (100m / 300Mi for clusters of this size); the limit leaves room
@@ -248,8 +251,7 @@ def helm_values(args: ClusterAutoscalerArgs, role_arn: pulumi.Input[str]) -> dic
             "scale-down-delay-after-add": args.scale_down_unneeded_time,
             # Among groups that fit a Pending pod, the one wasting the least CPU/memory.
             "expander": "least-waste",
-            # p4de/p5 nodes can take longer than the default 15 min to boot and register their devices.
-            "max-node-provision-time": "25m",
+            "max-node-provision-time": MAX_NODE_PROVISION_TIME,
             # A main loop that stops recording activity or success turns /health-check red, and the chart's
             # liveness probe restarts the pod (metrics/liveness.go). It cannot see a start that never reaches
             # the loop (informer sync blocked by missing RBAC): PINS keeps the chart's RBAC matching the image.

@@ -25,6 +25,25 @@
   (``ServerSupportsProvisioningRequest``, a REST mapping lookup), else logs "Skipping provisioning controller
   setup" and never retries. Hence ``provisioning_request_crd``: the release depends on the CRD, and a pod annotation
   that names it rolls the controller when it appears later.
+* ``waitForPodsReady`` (:data:`PODS_READY`), on by default, because under the ProvisioningRequest check nothing
+  else gives an admitted run its missing nodes. Once the request is Provisioned, Kueue writes
+  ``autoscaling.x-k8s.io/consume-provisioning-request`` into the Job's pod template (kubernetes-sigs/kueue v0.16.4
+  ``pkg/controller/admissionchecks/provisioning/controller.go`` ``podSetUpdates``, merged by
+  ``pkg/controller/jobframework/reconciler.go`` through ``podset.FromUpdate``), so every later pod carries it,
+  replacements included, and the cluster autoscaler never scales up for such a pod (kubernetes/autoscaler
+  ``cluster-autoscaler/processors/provreq/pods_filter.go`` ``ProvisioningRequestPodsFilter``: "didn't trigger
+  scale-up, because it's consuming ProvisioningRequest"). On AWS, Provisioned only means the group's desired size
+  was raised; instances EC2 does not deliver are dropped from it again. With the timeout, a run whose pods are not
+  all Ready :data:`PODS_READY_TIMEOUT` after admission (nodes never delivered), or not again that long after one
+  went away (``recoveryTimeout``: a node lost and not replaced), is evicted (reason ``PodsReadyTimeout``): its pods
+  go, the nodes that came scale down, and it queues again for a fresh ProvisioningRequest for the whole run
+  (``pkg/controller/core/workload_controller.go`` ``reconcileNotReadyTimeout``). Requeues are bounded
+  (``requeuingStrategy.backoffLimitCount`` :data:`PODS_READY_REQUEUES`; Kueue never resets the count during a
+  Workload's life, ``pkg/workload/workload.go`` ``UpdateRequeueState``): one more deactivates the run (reason
+  ``DeactivatedDueToRequeuingLimitExceeded``). The tooling contract ``replacements``
+  (``tooling/contracts/replacements.py``) reports a plan that queues GPU runs through the check without this path.
+  Kueue decodes this configuration strictly (``pkg/config/config.go``: ``serializer.EnableStrict``): a misspelt
+  field stops the controller; tests/infra/test_kueue.py checks every field against the vendored Go types.
 * Webhooks: Kueue's mutating/validating webhooks are called by the EKS control plane, whose ENIs sit in the VPC's
   subnets; they have ``failurePolicy: Fail`` (the chart's, kept). While the controller is down, creating a Job in a
   managed namespace is refused by the API server ("failed calling webhook mjob.kb.io"), and so is any change to a
@@ -52,7 +71,7 @@ import pulumi_kubernetes as k8s
 import yaml
 
 from eks_ddp.core import rules
-from eks_ddp.infra.autoscaler import PROVREQ_CRD_NAME
+from eks_ddp.infra.autoscaler import MAX_NODE_PROVISION_TIME, PROVREQ_CRD_NAME
 
 CHART = "oci://registry.k8s.io/kueue/charts/kueue"
 """Where Kueue publishes its chart (``charts/kueue/README.md``: ``helm install kueue oci://registry.k8s.io/kueue/charts/kueue``)."""
@@ -63,6 +82,11 @@ RELEASE = "kueue"
 NAMESPACE = "kueue-system"
 IMAGE_REPOSITORY = "registry.k8s.io/kueue/kueue"
 IMAGE_DIGEST = "sha256:dd67ad37e1f960277cfada27d3a144b73c8edcf7ad679ad62eb723262b4d793d"
+"""The controller image ``registry.k8s.io/kueue/kueue:v0.16.4``. Read from Kueue's release record:
+kubernetes-sigs/kueue issue #9949 (the v0.16.4 release checklist), comment of 2026-03-19 (issuecomment-4091701278)
+quoting ``hack/releasing/wait_for_images.sh --prod v0.16.4``: "Image registry.k8s.io/kueue/kueue@sha256:dd67ad37...
+is available". preflight resolves it against registry.k8s.io before every ``up`` and fails naming this constant if it
+does not (tooling/preflight/pins.py)."""
 IMAGE_TAG = f"v{CHART_VERSION}@{IMAGE_DIGEST}"
 """The chart's ``controllerManager.manager.image.tag``: rendered after ``<repository>:``."""
 WEBHOOK_PORT = 9443
@@ -89,6 +113,30 @@ PROVREQ_ANNOTATION = "eks-ddp/provisioning-request-crd"
 """Pod annotation naming the ProvisioningRequest CRD Kueue started with: it changes when the CRD comes or goes, so the
 controller restarts and (re)decides whether to run its provisioning admission check."""
 FRAMEWORKS = ("batch/job",)
+PODS_READY_TIMEOUT = "45m"
+"""``waitForPodsReady.timeout`` (and ``recoveryTimeout``): above the autoscaler's ``max-node-provision-time``
+(:data:`~eks_ddp.infra.autoscaler.MAX_NODE_PROVISION_TIME`, 25m) plus a multi-GB image pull on a fresh node and the
+fabric check (the training pods' init container: a pod is not Ready before it passed), so a run whose nodes are
+only slow is never requeued; short enough that the nodes of a run that got too few bill at
+most this long per attempt."""
+PODS_READY_MIN_MINUTES = 35
+"""The shortest timeout allowed: ``max-node-provision-time`` plus 10 minutes for the image."""
+PODS_READY_REQUEUES = 3
+"""``requeuingStrategy.backoffLimitCount``: a run is requeued for its pods' readiness at most this often in its
+Workload's life (each costs one ProvisioningRequest attempt, ``workloads/queue.py`` ``PROVISIONING_RETRY``)."""
+PODS_READY_BACKOFF = {"backoffBaseSeconds": 60, "backoffMaxSeconds": 600}
+"""The requeue's backoff: 60 s x 2^(n-1), at most 10 minutes (Kueue's defaults are 60 s and 3600 s)."""
+
+
+def pods_ready(timeout: str, requeues: int) -> dict:
+    """Kueue's ``waitForPodsReady`` (config.kueue.x-k8s.io/v1beta2 ``WaitForPodsReady`` and ``RequeuingStrategy``,
+    ``apis/config/v1beta2/configuration_types.go`` at v0.16.4)."""
+    return {"timeout": timeout, "blockAdmission": False, "recoveryTimeout": timeout,
+            "requeuingStrategy": {"timestamp": "Eviction", "backoffLimitCount": requeues, **PODS_READY_BACKOFF}}
+
+
+PODS_READY = pods_ready(PODS_READY_TIMEOUT, PODS_READY_REQUEUES)
+"""The stack's ``waitForPodsReady`` (module docstring)."""
 
 
 def selector_labels() -> dict[str, str]:
@@ -116,15 +164,12 @@ class KueueArgs:
     ProvisioningRequest admission check controller runs. None: no all-or-nothing admission check."""
     depends_on: Sequence[pulumi.Resource] = ()
     """Anything else the release must wait for (the system node group)."""
-    pods_ready_timeout: str | None = None
-    """Kueue's ``waitForPodsReady.timeout`` (Go duration), or None (off). On AWS the ProvisioningRequest check is
-    all-or-nothing only towards the group's max size (module docstring of ``infra/autoscaler.py``): the request is
-    Provisioned, and the run admitted, once the Auto Scaling group's desired size is raised, and instances EC2 cannot
-    supply never come. With a timeout, an admitted workload whose pods are not all Ready by then is evicted and
-    requeued (its pods deleted, so the nodes that did come are scaled down), which makes "holds none" hold for EC2
-    shortfalls too. Pick it above the autoscaler's ``max-node-provision-time`` (25m) plus image pull. Recovery
-    checking is off (``recoveryTimeout: 0s``): a running elastic run that loses a node shrinks instead of being
-    suspended."""
+    pods_ready_timeout: str | None = PODS_READY_TIMEOUT
+    """Kueue's ``waitForPodsReady.timeout`` and ``recoveryTimeout`` (Go duration, at least
+    :data:`PODS_READY_MIN_MINUTES` minutes), or None: off, and then an admitted run never gets back a node it did
+    not receive or lost (module docstring)."""
+    pods_ready_requeues: int = PODS_READY_REQUEUES
+    """How often a run may be requeued for its pods' readiness before Kueue deactivates it (0 to 10)."""
 
 
 def validate(args: KueueArgs) -> None:
@@ -138,7 +183,14 @@ def validate(args: KueueArgs) -> None:
         *[rules.ipv4_cidr("vpc_cidrs", c) for c in args.vpc_cidrs],
         *[rules.ipv4_cidr("service_cidrs", c) for c in args.service_cidrs],
         None if args.pods_ready_timeout is None else rules.scale_down_time("pods_ready_timeout",
-                                                                           args.pods_ready_timeout),
+                                                                           args.pods_ready_timeout) or (
+            None if rules.duration_minutes(args.pods_ready_timeout) >= PODS_READY_MIN_MINUTES else
+            f"pods_ready_timeout: got {args.pods_ready_timeout!r}; expected at least {PODS_READY_MIN_MINUTES}m (the "
+            f"autoscaler's max-node-provision-time {MAX_NODE_PROVISION_TIME} plus an image pull): a shorter one "
+            "requeues runs whose nodes are only still booting"),
+        None if isinstance(args.pods_ready_requeues, int) and not isinstance(args.pods_ready_requeues, bool) and
+        0 <= args.pods_ready_requeues <= 10 else
+        f"pods_ready_requeues: got {args.pods_ready_requeues!r}; expected an integer from 0 to 10",
         *[None if isinstance(t, Mapping) and t.get("operator", "Equal") in ("Equal", "Exists") else
           f"tolerations: got {t!r}; expected a mapping with key/operator (Equal|Exists)/value/effect"
           for t in args.tolerations],
@@ -164,8 +216,8 @@ def manager_config(args: KueueArgs) -> dict:
         "managedJobsNamespaceSelector": {"matchExpressions": [
             {"key": "kubernetes.io/metadata.name", "operator": "In", "values": sorted(args.managed_namespaces)}]},
         "integrations": {"frameworks": list(FRAMEWORKS)},
-        **({"waitForPodsReady": {"timeout": args.pods_ready_timeout, "blockAdmission": False,
-                                 "recoveryTimeout": "0s"}} if args.pods_ready_timeout else {}),
+        **({"waitForPodsReady": pods_ready(args.pods_ready_timeout, args.pods_ready_requeues)}
+           if args.pods_ready_timeout else {}),
     }
 
 

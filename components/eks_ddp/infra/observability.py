@@ -81,9 +81,11 @@ DCGM_EXPORTER_VERSION = "4.8.2"
 DCGM_EXPORTER_IMAGE = "nvcr.io/nvidia/k8s/dcgm-exporter"
 DCGM_EXPORTER_TAG = ("4.5.3-4.8.2-distroless"
                      "@sha256:60d3b00ac80b4ae77f94dae2f943685605585ad9e92fdccda3154d009ae317cc")
-"""The chart's own image tag, pinned by digest. The digest is the one public pins of this tag agree on; it was not
-read from nvcr.io here (no registry access): check it with ``crane digest nvcr.io/nvidia/k8s/dcgm-exporter:<tag>``
-when bumping."""
+"""The chart's own image tag, pinned by digest. Read from: not from nvcr.io by this project (no registry access where
+it is built), but the digest public pins of this tag agree on (several projects pin
+``dcgm-exporter:4.5.3-4.8.2-distroless@sha256:60d3b00a...``); preflight resolves it against nvcr.io before every
+``up`` and fails naming this constant if it does not (tooling/preflight/pins.py). Check it with
+``crane digest nvcr.io/nvidia/k8s/dcgm-exporter:<tag>`` when bumping."""
 DCGM_EXPORTER_NAMESPACE = "kube-system"
 DCGM_EXPORTER_RELEASE = "dcgm-exporter"
 DCGM_EXPORTER_PORT = 9400

@@ -51,7 +51,11 @@ from eks_ddp.workloads.namespace import priority_class_guard, restricted_contain
 ETCD_IMAGE = ("quay.io/coreos/etcd:v3.5.18"
               "@sha256:d0a641d5fbcc89678c931a61b7de7b8a1cf097149f135c9c73bc81d076a1494b")
 """etcd 3.5 (the agents speak its v3 API, which 3.6 keeps), pinned by tag and digest. The image
-is distroless (no shell): probes use HTTP, not exec."""
+is distroless (no shell): probes use HTTP, not exec. The digest is the tag's OCI image index (multi-arch). Read from:
+not from quay.io by this project (no registry access where it is built), but the index digest third parties record
+for ``quay.io/coreos/etcd:v3.5.18`` (a registry cache's recorded-manifest test fixture, media type
+``application/vnd.oci.image.index.v1+json``, and several projects' pins agree); preflight resolves it against quay.io
+before every ``up`` and fails naming this constant if it does not (tooling/preflight/pins.py)."""
 
 CLIENT_PORT = 2379
 PEER_PORT = 2380
@@ -104,8 +108,8 @@ class EtcdRendezvousArgs:
     client_labels: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_CLIENT_LABELS))
     """Labels of the pods (in the same namespace) the NetworkPolicy admits on the client port."""
     more_client_labels: Sequence[Mapping[str, str]] = ()
-    """Further label sets admitted alike (one NetworkPolicy peer each): a store of one run admits that run's
-    training and fabric-check pods, each set naming its Job's pods."""
+    """Further label sets admitted alike (one NetworkPolicy peer each), each naming a Job's pods (a store of one run
+    admits that run's training pods, whose init container runs the fabric check)."""
     image: str = ETCD_IMAGE
     """etcd 3.5 image, pinned by digest."""
     tls_validity_hours: int = VALIDITY_HOURS

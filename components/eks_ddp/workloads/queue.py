@@ -23,7 +23,8 @@ preview could not tell whether such a kind is namespaced. :data:`MIN_PULUMI_KUBE
   on every GPU flavor, with its ``ProvisioningRequestConfig`` ``gpu-atomic`` (class
   ``best-effort-atomic-scale-up.autoscaling.x-k8s.io``, managed resource ``nvidia.com/gpu``): a run is admitted only
   once the cluster autoscaler has provisioned nodes for all its admitted pods at once (the request's count is the
-  admitted count: pkg/controller/admissionchecks/provisioning/controller.go, ``ptr.Deref(psa.Count, ps.Count)``);
+  admitted count: pkg/controller/admissionchecks/provisioning/controller.go, ``ptr.Deref(psa.Count, ps.Count)``),
+  with an explicit ``retryStrategy`` (:data:`PROVISIONING_RETRY`, sized below) instead of the CRD's default of 3;
 - the ``LocalQueue`` ``training`` in the namespace (what a Job's ``kueue.x-k8s.io/queue-name`` label names);
 - ``WorkloadPriorityClass`` ``eks-ddp-low`` (100), ``eks-ddp-normal`` (1000), ``eks-ddp-high`` (10000).
 """
@@ -53,6 +54,26 @@ ADMISSION_CHECK = "gpu-capacity"
 PROVISIONING_CONFIG = "gpu-atomic"
 PROVISIONING_CONTROLLER = "kueue.x-k8s.io/provisioning-request"
 ATOMIC_SCALE_UP = "best-effort-atomic-scale-up.autoscaling.x-k8s.io"
+PROVISIONING_RETRY: Mapping[str, int] = {"backoffLimitCount": 10, "backoffBaseSeconds": 60, "backoffMaxSeconds": 600}
+"""The ProvisioningRequestConfig's ``retryStrategy`` (CRD ``kueue.x-k8s.io_provisioningrequestconfigs.yaml`` at
+v0.16.4: ``backoffLimitCount``, ``backoffBaseSeconds``, ``backoffMaxSeconds``; without it the default 3 / 60 / 1800).
+
+What spends an attempt (kubernetes-sigs/kueue v0.16.4 ``pkg/controller/admissionchecks/provisioning/controller.go``
+``syncCheckStates``): a request the autoscaler marks ``Failed``, and one whose booking expired before the workload
+was admitted, become ``Retry`` while ``attempt <= backoffLimitCount``, else ``Rejected``; a Rejected check
+deactivates the workload (``pkg/controller/core/workload_controller.go`` ``reconcileCheckBasedEviction``: Evicted
+reason ``DeactivatedDueToAdmissionCheck``). ``CapacityRevoked`` is Rejected at once, whatever the budget.
+
+Why these numbers. Waiting for EC2 spends nothing: the best-effort-atomic class only answers ``Provisioned=False``
+("CA will try to find it later") and the autoscaler marks a request Failed after 7 days unprovisioned
+(kubernetes/autoscaler ``processors/provreq/processor.go`` ``defaultExpirationTime``). What does spend attempts is a
+run sent back to the queue after it was provisioned: a preemption (its last request is booking-expired by its next
+quota reservation) and a ``waitForPodsReady`` requeue (``infra/kueue.py`` :data:`~eks_ddp.infra.kueue.PODS_READY`:
+at most 3 per Workload, each after a 45-minute wait, so its request has expired too). 10 attempts cover those 3
+and 6 preemptions with one to spare; the backoff before attempt n is 60 s x 2^(n-1), at most 10 minutes (the
+review's figure: long enough not to churn the autoscaler, short beside a node's ~4 minutes to boot), 75 minutes
+over all 10. The 11th such return deactivates the run: bounded, and reported as ``deactivated`` by ``eks-ddp
+status`` with Kueue's reason (docs/day-two.md "A run Kueue deactivated")."""
 PRIORITY_VALUES: Mapping[str, int] = {"low": 100, "normal": 1000, "high": 10000}
 """Each ``Priority``'s WorkloadPriorityClass value: the higher value is admitted first (and preempts, if allowed)."""
 NODE_GROUP_LABEL = "eks-ddp/node-group"
@@ -157,7 +178,8 @@ class RunQueue(pulumi.ComponentResource):
         }
         if a.all_or_nothing:
             config = cr("provisioning-config", "ProvisioningRequestConfig", PROVISIONING_CONFIG, {"spec": {
-                "provisioningClassName": ATOMIC_SCALE_UP, "managedResources": [GPU_RESOURCE]}})
+                "provisioningClassName": ATOMIC_SCALE_UP, "managedResources": [GPU_RESOURCE],
+                "retryStrategy": dict(PROVISIONING_RETRY)}})
             check = cr("admission-check", "AdmissionCheck", ADMISSION_CHECK, {"spec": {
                 "controllerName": PROVISIONING_CONTROLLER, "parameters": {
                     "apiGroup": "kueue.x-k8s.io", "kind": "ProvisioningRequestConfig", "name": PROVISIONING_CONFIG}}},

@@ -10,7 +10,7 @@ import pytest
 from eks_ddp.tooling import contracts
 
 EXPECTED = {"network", "image-pull", "image-digest", "rendezvous", "s3", "storage", "fsx", "destroy", "provisioning",
-            "queue"}
+            "queue", "replacements"}
 
 
 def test_every_contract_is_registered():

@@ -153,6 +153,31 @@ def test_queue_wiring_errors_are_reported():
     assert v.message.endswith("Workload namespace doesn't match ClusterQueue selector")
 
 
+def cronjob(name: str, *, queued: bool) -> dict[str, Any]:
+    """A suspended CronJob whose jobTemplate is a one-GPU Job (the evaluation CronJob's shape)."""
+    j = job(name, 1, queued=queued)
+    return {"apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": name, "namespace": NS},
+            "spec": {"suspend": True, "schedule": "0 0 1 1 *", "jobTemplate": {
+                "metadata": {"labels": j["metadata"]["labels"]}, "spec": j["spec"]}}}
+
+
+def test_a_gpu_cronjob_template_without_the_queue_name_bypasses_the_queue():
+    """The contract used to read kind Job only: an evaluation CronJob asking for a GPU without the label passed."""
+    [v] = q.never_admitted(plan(job("run-a", 1), cronjob("run-a-evaluate", queued=False)))
+    assert v.subject == "CronJob/run-a-evaluate"
+    assert v.message.startswith("requests nvidia.com/gpu without the label kueue.x-k8s.io/queue-name in its "
+                                "jobTemplate (every Job made from it)")
+    # Control: queued and suspended in the template, it passes, and it takes no part in the admission simulation.
+    queued = plan(job("run-a", 1), cronjob("run-a-evaluate", queued=True))
+    assert q.never_admitted(queued) == []
+    assert set(q.admission(queued)) == {"run-a"}
+    # The template is held to the queue's other rules too: one that fits no flavor is a plan error.
+    bad = cronjob("run-a-evaluate", queued=True)
+    bad["spec"]["jobTemplate"]["spec"]["template"]["spec"]["tolerations"] = []
+    [v] = q.never_admitted(plan(job("run-a", 1), bad))
+    assert v.subject == "CronJob/run-a-evaluate" and "untolerated taint" in v.message
+
+
 # --- order ---------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("first", "second", "admitted"), [("low", "high", "run-b"), ("high", "low", "run-a")])
 def test_the_higher_priority_is_admitted_first_whatever_the_creation_order(first, second, admitted):

@@ -11,7 +11,8 @@ DIVERGED = 4
 BAD_INPUT = 5
 """The data set or the checkpoints are unreadable (a named file is corrupt or missing)."""
 FABRIC_FAILED = 6
-"""The fabric check found the network unfit (no EFA, TCP transport, low bandwidth); the fabric-check Job's only."""
+"""The fabric check found the network unfit (no EFA, TCP transport, low bandwidth); the fabric check's only (it runs
+as the training pods' init container, and this code fails their Job)."""
 AGENT_LOST = 7
 """A worker found its agent (the launcher process that holds its lease) gone: nothing can renew the lease, so the
 worker stops instead of waiting for ever. Not fatal: a new agent restarts the work."""
@@ -37,6 +38,10 @@ DATA_PIN_ENV = "EKS_DDP_DATA_PIN"
 """The data set the bundled trainer's loaders accept."""
 CIFAR10_PIN = "cifar-10"
 """The pin of the official CIFAR-10 files (their published checksums)."""
+FABRIC_JSON = "fabric.json"
+"""The fabric check's report in the run's directory (fabric_check.py ``Report``), which ``eks-ddp status`` reads."""
+NODE_NAME_ENV = "NODE_NAME"
+"""The fabric check pod's Kubernetes node (downward API ``spec.nodeName``): how fabric_check.py names a slow node."""
 FATAL_CODES_ENV = "EKS_DDP_FATAL_EXIT_CODES"
 """A workload's own fatal worker exit codes, comma-separated: the launcher stops at once on these too."""
 RESULTS_URL_ENV = "EKS_DDP_RESULTS_URL"

@@ -14,9 +14,13 @@ the same agent command line as training), one process per GPU. It
    ``time`` (the slowest rank's mean per iteration), algorithm bandwidth ``algbw = bytes / time``
    and bus bandwidth ``busbw = algbw * 2 (n - 1) / n`` for n ranks, the figure comparable with the
    hardware's link speed whatever the rank count;
-4. fails (exit code :data:`FABRIC_FAILED`) when ``--require-efa`` and a rank has no EFA device or
-   did not get the OFI/EFA transport, or when the peak bus bandwidth is below ``--min-busbw-gbs``
-   (the instance type's floor, passed by the Job from the catalog).
+4. measures each pair of neighbouring nodes on their own (:func:`pair_rounds`: the ring 0-1, 1-2, ..., n-1 - 0,
+   in rounds of disjoint pairs, one all-reduce of the largest size per pair over a process group of the
+   two nodes' ranks), so one slow node cannot hide in the whole job's figure: a node all of whose pairs are below
+   the floor is named (:func:`slow_nodes`; with two nodes the pair is named, it cannot tell which);
+5. fails (exit code :data:`FABRIC_FAILED`) when ``--require-efa`` and a rank has no EFA device or
+   did not get the OFI/EFA transport, or when the peak bus bandwidth, or a pair's, is below ``--min-busbw-gbs``
+   (the instance type's floor, passed by the Job from the catalog: near AWS's published two-node figure).
 
 Rank 0 writes ``fabric.json`` to ``--run-dir`` (atomically) and prints a table; every rank exits
 with the same code, so torchrun, the Job and ``pulumi up`` all see the verdict.
@@ -37,9 +41,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .contract import FABRIC_JSON, NODE_NAME_ENV
 from .exitcodes import FABRIC_FAILED, exit_process
 
-FABRIC_JSON = "fabric.json"
 GPU_MAX_BYTES = 1 << 30
 CPU_MAX_BYTES = 4 << 20
 DTYPE_BYTES = 4  # float32
@@ -64,6 +68,23 @@ class RankInfo:
     efa_devices: int = 0
     cuda_bad_fork: bool = False
     """This process was forked from one that had initialised CUDA: it can never use a GPU (launch.py)."""
+    node: str | None = None
+    """The Kubernetes node (``NODE_NAME``, the downward API's ``spec.nodeName``), when the pod was given it."""
+
+    @property
+    def where(self) -> str:
+        return self.node or self.host
+
+
+@dataclass
+class PairResult:
+    """One pair of nodes measured on their own: an all-reduce of ``bytes`` over both nodes' ranks."""
+
+    node_ranks: list[int]
+    nodes: list[str]
+    bytes: int
+    time_us: float
+    busbw_gbs: float
 
 
 @dataclass
@@ -94,6 +115,8 @@ class Report:
     duration_s: float = 0.0
     torch_version: str = ""
     nccl_version: str | None = None
+    pairs: list[PairResult] = field(default_factory=list)
+    slow_nodes: list[str] = field(default_factory=list)
 
 
 def sweep(min_bytes: int, max_bytes: int, factor: int = 2) -> list[int]:
@@ -131,13 +154,62 @@ def parse_nccl_log(text: str) -> tuple[str, str | None, str | None]:
     return "unknown", network, provider
 
 
+def pair_rounds(nodes: int) -> list[list[tuple[int, int]]]:
+    """The ring of ``nodes`` nodes (0-1, 1-2, ..., n-1 - 0; one pair for two nodes) in rounds of disjoint pairs, so
+    every node is measured with both its neighbours and no link carries two pairs at once."""
+    if nodes < 2:
+        return []
+    if nodes == 2:
+        return [[(0, 1)]]
+    edges = [(i, (i + 1) % nodes) for i in range(nodes)]
+    rounds: list[list[tuple[int, int]]] = []
+    for a, b in edges:
+        for r in rounds:
+            if not any({a, b} & set(p) for p in r):
+                r.append((a, b))
+                break
+        else:
+            rounds.append([(a, b)])
+    return rounds
+
+
+def slow_nodes(pairs: list[PairResult], floor_busbw_gbs: float | None) -> tuple[list[str], list[str]]:
+    """(nodes all of whose measured pairs are below the floor, reasons naming them and the pairs no node explains)."""
+    if floor_busbw_gbs is None or not pairs:
+        return [], []
+    slow = [p for p in pairs if p.busbw_gbs < floor_busbw_gbs]
+    if not slow:
+        return [], []
+    # By node rank: two pods may share a host name (one machine in tests), never a node rank.
+    by_node: dict[int, list[PairResult]] = {}
+    name: dict[int, str] = {}
+    for p in pairs:
+        for rank, node in zip(p.node_ranks, p.nodes, strict=True):
+            by_node.setdefault(rank, []).append(p)
+            name[rank] = node
+    named = sorted(r for r, ps in by_node.items() if len(ps) > 1 and all(p in slow for p in ps))
+    reasons = []
+    for r in named:
+        figures = ", ".join(f"with {name[o]} {p.busbw_gbs:.2f} GB/s" for o, p in sorted(
+            (next(x for x in p.node_ranks if x != r), p) for p in by_node[r]))
+        reasons.append(f"slow node {name[r]}: every pair it was measured in is below the floor "
+                       f"{floor_busbw_gbs:.2f} GB/s ({figures})")
+    for p in slow:
+        if not set(p.node_ranks) & set(named):
+            alone = len(by_node[p.node_ranks[0]]) == 1
+            reasons.append(f"slow pair {p.nodes[0]} - {p.nodes[1]}: {p.busbw_gbs:.2f} GB/s below the floor "
+                           f"{floor_busbw_gbs:.2f} GB/s (one of the two"
+                           + (", measured only together)" if alone else ", not slow with its other neighbour)"))
+    return [name[r] for r in named], reasons
+
+
 def count_efa_devices(dev_dir: str = "/dev/infiniband") -> int:
     """EFA devices in this container: the uverbs character devices the EFA device plugin mounts."""
     return len(glob.glob(os.path.join(dev_dir, "uverbs*")))
 
 
 def evaluate(ranks: list[RankInfo], results: list[SizeResult], *, require_efa: bool,
-             floor_busbw_gbs: float | None) -> list[str]:
+             floor_busbw_gbs: float | None, pairs: list[PairResult] | None = None) -> list[str]:
     """Reasons the fabric is not fit for training (empty: it passed)."""
     reasons = []
     if require_efa:
@@ -155,6 +227,7 @@ def evaluate(ranks: list[RankInfo], results: list[SizeResult], *, require_efa: b
     if floor_busbw_gbs is not None and peak < floor_busbw_gbs:
         reasons.append(f"low bandwidth: peak all-reduce bus bandwidth {peak:.2f} GB/s is below the floor "
                        f"{floor_busbw_gbs:.2f} GB/s for this instance type")
+    reasons += slow_nodes(pairs or [], floor_busbw_gbs)[1]
     return reasons
 
 
@@ -167,6 +240,8 @@ def table(report: Report) -> str:
     lines.append(f"ranks={report.world_size} nodes={report.nodes} backend={report.backend} "
                  f"transport={','.join(report.transports)} peak busbw={report.peak_busbw_gbs:.3f} GB/s "
                  f"floor={floor} GB/s")
+    for p in report.pairs:
+        lines.append(f"pair {p.nodes[0]} - {p.nodes[1]}: {_human(p.bytes)} busbw={p.busbw_gbs:.3f} GB/s")
     lines.append("FABRIC CHECK PASSED" if report.passed else "FABRIC CHECK FAILED: " + "; ".join(report.reasons))
     return "\n".join(lines)
 
@@ -202,7 +277,25 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--iters", type=int, default=20, help="timed all-reduces per size")
     p.add_argument("--warmup", type=int, default=5, help="untimed all-reduces per size")
     p.add_argument("--timeout-s", type=float, default=600.0, help="process-group timeout")
+    p.add_argument("--pass-marker", default=None, help="a file rank 0 creates when the check passed (the training "
+                   "pods' gate reads it: a pod that starts later checks only its own node)")
+    p.add_argument("--node-only", action="store_true", help="no process group: check this node alone (its EFA "
+                   "devices), for a pod that joins after the job's check passed; writes no fabric.json")
     return p.parse_args(argv)
+
+
+def node_only(args: argparse.Namespace) -> int:
+    """The check of one node that joins a job whose fabric already passed: what it can see without a peer."""
+    devices = count_efa_devices()
+    where = os.environ.get(NODE_NAME_ENV) or socket.gethostname()
+    if args.require_efa and devices == 0:
+        print(f"FABRIC CHECK FAILED (this node only): no EFA devices in the pod on {where} (/dev/infiniband/uverbs* "
+              "missing): the pod did not get vpc.amazonaws.com/efa devices, or the node has no EFA interfaces or "
+              "device plugin", file=sys.stderr)
+        return FABRIC_FAILED
+    print(f"FABRIC CHECK PASSED (this node only: {devices} EFA device(s) on {where}; the job's fabric passed "
+          "before it joined, its bandwidth is not measured)")
+    return 0
 
 
 def _nccl_log_setup() -> Path:
@@ -244,8 +337,59 @@ def _measure(torch: Any, dist: Any, device: Any, sizes: list[int], iters: int, w
     return results
 
 
+def _measure_pairs(torch: Any, dist: Any, device: Any, infos: list[RankInfo], nbytes: int, iters: int,
+                   warmup: int) -> list[PairResult]:
+    """Each round of :func:`pair_rounds` at once: every pair all-reduces over its own group, every rank creating
+    every group in the same order (``new_group`` is collective over the default group)."""
+    node_ranks = sorted({r.node_rank for r in infos})
+    members = {n: [r.rank for r in infos if r.node_rank == n] for n in node_ranks}
+    names = {n: next(r.where for r in infos if r.node_rank == n) for n in node_ranks}
+    me = dist.get_rank()
+    out: list[PairResult] = []
+    count = max(1, nbytes // DTYPE_BYTES)
+    for round_ in pair_rounds(len(node_ranks)):
+        mine = None
+        groups = []
+        for a, b in round_:
+            ranks = sorted(members[node_ranks[a]] + members[node_ranks[b]])
+            group = dist.new_group(ranks)
+            groups.append(((a, b), ranks, group))
+            if me in ranks:
+                mine = ((a, b), ranks, group)
+        seconds = 0.0
+        if mine is not None:
+            _, ranks, group = mine
+            buf = torch.ones(count, dtype=torch.float32, device=device)
+            for _ in range(warmup):
+                dist.all_reduce(buf, group=group)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            dist.barrier(group=group)
+            start = time.perf_counter()
+            for _ in range(iters):
+                dist.all_reduce(buf, group=group)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            elapsed = torch.tensor([(time.perf_counter() - start) / iters], dtype=torch.float64, device=device)
+            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=group)
+            seconds = float(elapsed.item())
+            del buf
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, (list(mine[0]) if mine else None, seconds))
+        for (a, b), ranks, _ in groups:
+            t = max(sec for pair, sec in gathered if pair == [a, b])
+            algbw = count * DTYPE_BYTES / t / 1e9
+            out.append(PairResult(node_ranks=[node_ranks[a], node_ranks[b]],
+                                  nodes=[names[node_ranks[a]], names[node_ranks[b]]], bytes=count * DTYPE_BYTES,
+                                  time_us=round(t * 1e6, 2),
+                                  busbw_gbs=round(bus_bandwidth(algbw, len(ranks)), 4)))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
+    if args.node_only:
+        return node_only(args)
     log_path = _nccl_log_setup()
     started = time.monotonic()
 
@@ -280,14 +424,18 @@ def main(argv: list[str] | None = None) -> int:
         mine = RankInfo(rank=env.rank, host=socket.gethostname(), node_rank=int(os.environ.get("GROUP_RANK", "0")),
                         local_rank=env.local_rank, backend=env.backend,
                         transport=transport, network=network, ofi_provider=provider,
-                        efa_devices=count_efa_devices(), cuda_bad_fork=bad_fork)
+                        efa_devices=count_efa_devices(), cuda_bad_fork=bad_fork,
+                        node=os.environ.get(NODE_NAME_ENV) or None)
         ranks: list[Any] = [None] * world
         if env.distributed:
             dist.all_gather_object(ranks, asdict(mine))
         else:
             ranks = [asdict(mine)]
         infos = [RankInfo(**r) for r in ranks]
-        reasons = evaluate(infos, results, require_efa=args.require_efa, floor_busbw_gbs=args.min_busbw_gbs)
+        pairs = _measure_pairs(torch, dist, env.device, infos, max_bytes, args.iters, args.warmup) \
+            if env.distributed else []
+        reasons = evaluate(infos, results, require_efa=args.require_efa, floor_busbw_gbs=args.min_busbw_gbs,
+                           pairs=pairs)
         nccl = None
         if env.backend == "nccl":
             nccl = ".".join(map(str, torch.cuda.nccl.version()))
@@ -297,11 +445,14 @@ def main(argv: list[str] | None = None) -> int:
             floor_busbw_gbs=args.min_busbw_gbs, peak_busbw_gbs=max((r.busbw_gbs for r in results), default=0.0),
             transports=sorted({r.transport for r in infos}), instance_type=args.instance_type, ranks=infos,
             results=results, iters=args.iters, warmup=args.warmup,
-            duration_s=round(time.monotonic() - started, 2), torch_version=torch.__version__, nccl_version=nccl)
+            duration_s=round(time.monotonic() - started, 2), torch_version=torch.__version__, nccl_version=nccl,
+            pairs=pairs, slow_nodes=slow_nodes(pairs, args.min_busbw_gbs)[0])
         if env.is_main:
             path = write_report(Path(args.run_dir), report)
             print(table(report))
             print(f"fabric_check: wrote {path}")
+            if report.passed and args.pass_marker:
+                Path(args.pass_marker).touch()
         if env.distributed:
             dist.barrier()  # nobody tears the group down while rank 0 still writes
     return 0 if report.passed else FABRIC_FAILED

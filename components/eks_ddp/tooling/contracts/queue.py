@@ -45,6 +45,11 @@ are Kueue's rules (v0.16.4, https://github.com/kubernetes-sigs/kueue/tree/v0.16.
   ``namespaceSelector`` leaves out (``Workload namespace doesn't match ClusterQueue selector``, scheduler.go
   ``nominate``), a min-parallelism the webhook refuses, and a workload that does not fit even alone in an empty
   queue at its minimum count. A Job holding GPUs without a queue name beside a ClusterQueue bypasses the queue.
+* **CronJobs** are held to the same rules through their ``jobTemplate``: the Job made from one carries the
+  template's labels and its spec (kubernetes/kubectl ``pkg/cmd/create/create_job.go`` ``createJobFromCronJob`` for
+  ``kubectl create job --from=cronjob``; kubernetes ``pkg/controller/cronjob/utils.go`` ``getJobFromTemplate2`` for
+  the CronJob controller), so a GPU template without the queue name makes GPU Jobs Kueue never sees. They are not
+  in :func:`admission`'s simulation: nothing exists until someone starts one.
 
 Two runs over the quota are not an error: one is admitted and the other waits, with the reason Kueue gives
 (:func:`admission`, reported by ``eks-ddp`` and the tests).
@@ -202,10 +207,12 @@ class Workload:
     order: int
     """Creation order (the queue's FIFO tie-break)."""
     annotations: Mapping[str, str] = field(default_factory=dict)
+    kind: str = "Job"
+    """What the plan holds: a Job, or a CronJob whose ``jobTemplate`` this is."""
 
     @property
     def subject(self) -> str:
-        return f"Job/{self.name}"
+        return f"{self.kind}/{self.name}"
 
     def total(self, count: int | None = None) -> dict[str, int]:
         n = self.count if count is None else count
@@ -229,7 +236,28 @@ def workload_of(job: Mapping[str, Any], order: int, priorities: Mapping[str, int
     return Workload(name=meta.get("name", "?"), namespace=meta.get("namespace", "default"),
                     queue=labels.get(QUEUE_NAME_LABEL), priority=int(priorities.get(pclass, 0)) if pclass else 0,
                     priority_class=pclass, count=count, min_count=min_count, pod_requests=scheduling.pod_requests(pod_spec, resource_value),
-                    pod_spec=pod_spec, order=order, annotations=dict(annotations))
+                    pod_spec=pod_spec, order=order, annotations=dict(annotations), kind=str(job.get(TEMPLATE_OF, "Job")))
+
+
+TEMPLATE_OF = "x-eks-ddp-template-of"
+"""Marks a Job built from a CronJob's template (:func:`cronjob_jobs`): its Workload's subject names the CronJob."""
+
+
+def cronjob_jobs(manifests: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], ...]:
+    """The Job each CronJob of the plan makes: its name and namespace, the ``jobTemplate``'s labels, annotations and
+    spec (module docstring, "CronJobs")."""
+    out = []
+    for m in manifests:
+        if m.get("kind") != "CronJob":
+            continue
+        meta, template = m.get("metadata") or {}, ((m.get("spec") or {}).get("jobTemplate") or {})
+        tmeta = template.get("metadata") or {}
+        out.append({"apiVersion": "batch/v1", "kind": "Job", TEMPLATE_OF: "CronJob",
+                    "metadata": {"name": meta.get("name", "?"), "namespace": meta.get("namespace", "default"),
+                                 "labels": dict(tmeta.get("labels") or {}),
+                                 "annotations": dict(tmeta.get("annotations") or {})},
+                    "spec": dict(template.get("spec") or {})})
+    return tuple(out)
 
 
 def workload_name(job_name: str, job_uid: str) -> str:
@@ -515,6 +543,8 @@ class PlanQueues:
     namespaces: Mapping[str, Mapping[str, str]]
     """Namespace -> its labels, for the Namespaces the plan makes."""
     jobs: tuple[Mapping[str, Any], ...]
+    templates: tuple[Mapping[str, Any], ...] = ()
+    """The Jobs the plan's CronJobs make (:func:`cronjob_jobs`): checked, not simulated."""
 
 
 def read_plan(manifests: Sequence[Mapping[str, Any]]) -> PlanQueues:
@@ -531,7 +561,7 @@ def read_plan(manifests: Sequence[Mapping[str, Any]]) -> PlanQueues:
         namespaces={m["metadata"]["name"]: {**(m["metadata"].get("labels") or {}),
                                             "kubernetes.io/metadata.name": m["metadata"]["name"]}
                     for m in kind("Namespace")},
-        jobs=tuple(kind("Job")))
+        jobs=tuple(kind("Job")), templates=cronjob_jobs(manifests))
 
 
 def _holds_gpus(w: Workload) -> bool:
@@ -569,16 +599,17 @@ def admission(manifests: Sequence[Mapping[str, Any]], running: Sequence[str] = (
 
 
 def never_admitted(manifests: Sequence[Mapping[str, Any]]) -> list[Violation]:
-    """The queued Jobs Kueue can never admit, and GPU Jobs that bypass a queue the plan has."""
+    """The queued Jobs (and CronJob templates) Kueue can never admit, and GPU ones that bypass a queue the plan has."""
     plan = read_plan(manifests)
     out: list[Violation] = []
-    for i, job in enumerate(plan.jobs):
+    for i, job in enumerate((*plan.jobs, *plan.templates)):
         w = workload_of(job, i, plan.priorities)
         if w.queue is None:
             if plan.cluster_queues and _holds_gpus(w):
-                out.append(Violation("queue", w.subject, f"requests {GPU} without the label {QUEUE_NAME_LABEL}: it "
-                                     "starts outside the queue and takes GPU nodes the queue counts as free; "
-                                     "expected it queued (label and spec.suspend: true)"))
+                where = "" if w.kind == "Job" else " in its jobTemplate (every Job made from it)"
+                out.append(Violation("queue", w.subject, f"requests {GPU} without the label {QUEUE_NAME_LABEL}"
+                                     f"{where}: it starts outside the queue and takes GPU nodes the queue counts as "
+                                     "free; expected it queued (label and spec.suspend: true)"))
             continue
         raw_min = w.annotations.get(MIN_PARALLELISM)
         if raw_min is not None and (w.min_count is None or not 0 < w.min_count < w.count):
@@ -606,7 +637,7 @@ def _at_min(job: Mapping[str, Any], w: Workload) -> dict[str, Any]:
     spec.update(parallelism=n, completions=n)
     meta = dict(job.get("metadata") or {})
     meta["annotations"] = {k: v for k, v in (meta.get("annotations") or {}).items() if k != MIN_PARALLELISM}
-    return {**job, "metadata": meta, "spec": spec}
+    return {**{k: v for k, v in job.items() if k != TEMPLATE_OF}, "kind": "Job", "metadata": meta, "spec": spec}
 
 
 @contract("queue")

@@ -18,6 +18,7 @@ from eks_ddp.tooling import cli_version
 from eks_ddp.tooling.preflight import fsx as preflight_fsx
 from eks_ddp.tooling.preflight import images as preflight_images
 from eks_ddp.tooling.preflight import live as preflight_live
+from eks_ddp.tooling.preflight import pins as preflight_pins
 from eks_ddp.tooling.preflight import s3 as preflight_s3
 from eks_ddp.tooling.preflight.capacity import CapacityChecks
 from eks_ddp.tooling.preflight.clients import clients, clients_sts, ecr_clients, fsx_client, logs_client
@@ -200,7 +201,7 @@ def check(cfg: StackConfig, *, ec2: Any, quotas: Any, today: dt.date | None = No
           cluster_name: str | None = None, stack_id: str | None = None, logs: Any = None,
           organization: str | None = None, ecr: Callable[[str], Any] | None = None, s3: Any = None, kms: Any = None,
           sts: Any = None, caller_sts: Any = None, egress_ip: Callable[[], str | None] | None = None,
-          fsx: Any = None) -> Report:
+          fsx: Any = None, registry: preflight_pins.Fetch | None = None) -> Report:
     """Run every preflight check with the given boto3 ``ec2`` and ``service-quotas`` clients; with ``eks`` and
     ``cluster_name`` also the checks against what this stack already runs (:mod:`eks_ddp.tooling.preflight.live`);
     with ``s3`` (and ``kms``, ``sts``) the buckets the stack names (:mod:`eks_ddp.tooling.preflight.s3`).
@@ -208,7 +209,9 @@ def check(cfg: StackConfig, *, ec2: Any, quotas: Any, today: dt.date | None = No
     ECR client of a region: with it, every ECR image the stack names must exist (:mod:`eks_ddp.tooling.preflight.images`).
     ``caller_sts`` (who runs this update) and ``egress_ip`` (this machine's public IP) check that this machine
     reaches a live cluster's API endpoint. With ``fsx`` (an FSx client) on an FSx for Lustre stack: the backup a
-    restore names, and what this ``up`` would do to the live file system (:mod:`eks_ddp.tooling.preflight.fsx`)."""
+    restore names, and what this ``up`` would do to the live file system (:mod:`eks_ddp.tooling.preflight.fsx`).
+    ``registry`` (one HTTP exchange): every image digest the project pins must resolve in its registry
+    (:mod:`eks_ddp.tooling.preflight.pins`)."""
     c = _Checker(cfg, ec2, quotas, cluster_name)
     # Extended support bills the control plane $0.60/h instead of $0.10/h: say so before anything is created.
     notice = k8s_versions.support_notice(cfg.cluster.kubernetes_version, cfg.cluster.upgrade_policy,
@@ -234,6 +237,8 @@ def check(cfg: StackConfig, *, ec2: Any, quotas: Any, today: dt.date | None = No
         vpc_id = _own_cluster_vpc(c, eks, cluster_name, stack_id) if eks is not None and cluster_name else None
         if vpc_id:
             preflight_fsx.check_live_file_system(c, fsx, ec2, vpc_id, zones)
+    if registry is not None:
+        preflight_pins.check_pins(c, registry)
     return c.report
 
 
@@ -262,7 +267,9 @@ def run_or_raise(cfg: StackConfig, *, profile: str | None = None, ec2: Any = Non
     import pulumi
 
     caller_sts = egress_ip = None
+    registry: preflight_pins.Fetch | None = None
     if ec2 is None or quotas is None:
+        registry = preflight_pins.urllib_fetch  # the real registries, only with the real AWS clients
         try:
             made_ec2, made_quotas, made_eks = clients(cfg.region, profile)
             caller_sts = clients_sts(cfg.region, profile)
@@ -287,7 +294,7 @@ def run_or_raise(cfg: StackConfig, *, profile: str | None = None, ec2: Any = Non
             pulumi.log.warn(f"preflight: could not create S3 clients ({err}); the buckets were not checked")
     report = check(cfg, ec2=ec2, quotas=quotas, eks=eks, cluster_name=cluster_name, stack_id=stack_id, logs=logs,
                    organization=organization, ecr=ecr, s3=s3, kms=kms, sts=sts, caller_sts=caller_sts,
-                   egress_ip=egress_ip, fsx=fsx)
+                   egress_ip=egress_ip, fsx=fsx, registry=registry)
     if too_old := cli_version.problem():
         report.failures.append(too_old)
     for message in report.warnings:

@@ -14,7 +14,7 @@ Everything is read from the run's kept logs (eks_ddp_runtime/runlogs.py) and the
 cluster run's Job status is asked of kubectl while the Job exists, and its kept logs are copied into
 ``results/<runId>/logs`` (``--cache``) off the run's shared volume.
 
-Exit status: 0 (for ``status``: succeeded, running or cancelled), 1 a failed run or a failed command, 2 a usage
+Exit status: 0 (for ``status``: any state but failed), 1 a failed run or a failed command, 2 a usage
 error or an unknown run (the known ones are listed). Imports no torch.
 """
 

@@ -21,8 +21,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from eks_ddp.tooling.runs.status import JOB_UID_LABEL, QUEUE_NAME_LABEL, queue_state
-from eks_ddp_runtime.contract import LOGS_SUBDIR
+from eks_ddp.tooling.runs.status import (
+    JOB_UID_LABEL,
+    QUEUE_NAME_LABEL,
+    consumed_pending,
+    pending_path,
+    queue_position,
+    queue_state,
+)
+from eks_ddp_runtime.contract import FABRIC_JSON, LOGS_SUBDIR
 from eks_ddp_runtime.runlogs import FINAL_MARKER
 
 TRAINER_UID = 1000
@@ -128,10 +135,18 @@ def job_state(run: ClusterRun) -> tuple[str, str] | None:
             return state, f"Job {run.job} {kind}" + (f" ({why})" if why else "")
     labels = (job.get("metadata") or {}).get("labels") or {}
     if QUEUE_NAME_LABEL in labels and (job.get("spec", {}).get("suspend") or not job.get("status", {}).get("active")):
-        return queue_state(workload_of(run, str((job.get("metadata") or {}).get("uid", ""))), run.job)
+        workload = workload_of(run, str((job.get("metadata") or {}).get("uid", "")))
+        state, why = queue_state(workload, run.job)
+        if state == "queued" and workload is not None:
+            why += f"; {position(run, labels[QUEUE_NAME_LABEL], workload)}"
+        return state, why
     if job.get("spec", {}).get("suspend"):
         return "cancelled", f"Job {run.job} is suspended (eks-ddp cancel)"
     s = job.get("status", {})
+    if QUEUE_NAME_LABEL in labels and s.get("ready", 0) < job.get("spec", {}).get("parallelism", 0):
+        pods = job_pods(run)
+        if consumed_pending(pods, job, None) is not None:  # the Workload is read only for the fix's command
+            return consumed_pending(pods, job, workload_of(run, str((job.get("metadata") or {}).get("uid", ""))))
     return "running", (f"Job {run.job}: {s.get('active', 0)} pod(s) active, {s.get('ready', 0)} ready, "
                        f"{s.get('failed', 0)} failed")
 
@@ -147,6 +162,28 @@ def workload_of(run: ClusterRun, job_uid: str) -> dict | None:
     return items[-1] if items else None
 
 
+def position(run: ClusterRun, local_queue: str, workload: dict) -> str:
+    """The Workload's place in the queue from Kueue's visibility API; what went wrong instead, never an error (the
+    state is known without it)."""
+    path = pending_path(run.namespace, local_queue)
+    proc = run_cmd(["kubectl", "get", "--raw", path])
+    if proc.returncode != 0:
+        return f"queue position unknown (kubectl get --raw {path}: {_last_line(proc.stderr)})"
+    try:
+        summary = json.loads(proc.stdout)
+    except ValueError:
+        return f"queue position unknown (kubectl get --raw {path}: not JSON)"
+    return queue_position(summary, str((workload.get("metadata") or {}).get("name", "")))
+
+
+def job_pods(run: ClusterRun) -> list[dict]:
+    """The run's training pods, whole (their phase and annotations)."""
+    proc = run_cmd(run.kubectl("get", "pods", "-l", f"app.kubernetes.io/instance={run.job}", "-o", "json"))
+    if proc.returncode != 0:
+        raise CliError(f"kubectl get pods: {_last_line(proc.stderr)}")
+    return list(json.loads(proc.stdout).get("items") or [])
+
+
 def running_pod(run: ClusterRun) -> str | None:
     proc = run_cmd(run.kubectl("get", "pods", "-l", f"app.kubernetes.io/instance={run.job}",
                                "--field-selector=status.phase=Running", "-o", "jsonpath={.items[*].metadata.name}"))
@@ -157,9 +194,11 @@ def running_pod(run: ClusterRun) -> str | None:
 
 
 def tar_command(run_dir: str) -> list[str]:
-    """Streams ``logs/`` (and the final marker, when there) of ``run_dir`` as a tar; exit 3 without ``logs/``."""
-    script = (f'cd "$1" || exit 4; test -d {LOGS_SUBDIR} || exit {_NO_LOGS}; '
-              f'exec tar -cf - {LOGS_SUBDIR} $(test -e {FINAL_MARKER} && echo {FINAL_MARKER})')
+    """Streams ``logs/`` (and the final marker and the fabric check's ``fabric.json``, when there) of ``run_dir`` as a
+    tar; exit 3 with neither ``logs/`` nor ``fabric.json``."""
+    script = (f'cd "$1" || exit 4; test -d {LOGS_SUBDIR} || test -e {FABRIC_JSON} || exit {_NO_LOGS}; '
+              f'exec tar -cf - $(test -d {LOGS_SUBDIR} && echo {LOGS_SUBDIR}) '
+              f'$(test -e {FINAL_MARKER} && echo {FINAL_MARKER}) $(test -e {FABRIC_JSON} && echo {FABRIC_JSON})')
     return ["sh", "-c", script, "sh", run_dir]
 
 
@@ -202,7 +241,7 @@ def _untar(data: bytes, dest: Path) -> None:
                 parts = Path(m.name).parts
                 if m.name.startswith("/") or ".." in parts or not (m.isfile() or m.isdir()):
                     continue
-                if parts and parts[0] not in (LOGS_SUBDIR, FINAL_MARKER):
+                if parts and parts[0] not in (LOGS_SUBDIR, FINAL_MARKER, FABRIC_JSON):
                     continue
                 members.append(m)
             if hasattr(tarfile, "data_filter"):  # Python's safe extraction filter (3.12, 3.11.4+)

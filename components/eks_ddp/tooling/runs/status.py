@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eks_ddp_runtime.contract import LOGS_SUBDIR
+from eks_ddp_runtime.contract import FABRIC_JSON, LOGS_SUBDIR
 from eks_ddp_runtime.runlogs import (
     AGENT_LOG,
     EXIT_RECORD,
@@ -32,10 +32,27 @@ QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 """Kueue labels the Workload it makes for a Job with the Job's UID (v0.16.4 pkg/controller/jobframework/reconciler.go,
 ``wl.Labels[JobUIDLabel] = string(object.GetUID())``; constants.JobUIDLabel)."""
+CONSUME_ANNOTATION = "autoscaling.x-k8s.io/consume-provisioning-request"
+"""Kueue writes it into an admitted Job's pod template once the ProvisioningRequest is Provisioned (kueue v0.16.4
+pkg/controller/admissionchecks/provisioning/controller.go ``podSetUpdates``); the cluster autoscaler never scales up
+for a pod carrying it (kubernetes/autoscaler cluster-autoscaler/processors/provreq/pods_filter.go)."""
+KUEUE_DEACTIVATION_CAUSES = {
+    "AdmissionCheck": "its admission check (gpu-capacity, the ProvisioningRequest for the whole run) was Rejected: "
+                      "the retry budget (ProvisioningRequestConfig retryStrategy.backoffLimitCount) was spent, or "
+                      "the autoscaler revoked the capacity",
+    "RequeuingLimitExceeded": "its pods were not all Ready within waitForPodsReady's timeout once more than "
+                              "requeuingStrategy.backoffLimitCount allows (nodes EC2 did not deliver, or lost and "
+                              "not replaced)",
+    "MaximumExecutionTimeExceeded": "it ran past its maximum execution time",
+}
+"""What Kueue's deactivation causes mean for a run: the Evicted reason ``Deactivated`` + ``DueTo`` + the
+DeactivationTarget's reason (kueue v0.16.4 pkg/workload/workload.go ``Evict``/``ReasonWithCause``;
+pkg/controller/core/workload_controller.go ``reconcileCheckBasedEviction``, ``triggerDeactivation``,
+``reconcileMaxExecutionTime``)."""
 RESULT_FILE = "result.json"
 """The local runner's verdict (eks_ddp_local/cli.py)."""
 PIDS_FILE = "pids.json"
-RUN_MARKERS = (LOGS_SUBDIR, FINAL_MARKER, RESULT_FILE, PIDS_FILE, "run.json")
+RUN_MARKERS = (LOGS_SUBDIR, FINAL_MARKER, RESULT_FILE, PIDS_FILE, "run.json", FABRIC_JSON)
 """What makes a folder a run's directory."""
 _LATE_SIGNALS = ("SIGTERM", "SIGINT")
 
@@ -87,7 +104,8 @@ class AgentExit:
 class Status:
     run: str
     state: str
-    """running, succeeded, failed, cancelled or unknown."""
+    """running, succeeded, failed, cancelled or unknown; for a queued run also queued, waiting for capacity,
+    admitted, partially delivered, preempted, evicted, rejected or deactivated (``queue_state``)."""
     because: str
     """What says so (the final marker, result.json, the Job's condition, the agents' exit records)."""
     logs: Path | None = None
@@ -95,6 +113,8 @@ class Status:
     cause: Failure | None = None
     others: list[Failure] = field(default_factory=list)
     agents: list[AgentExit] = field(default_factory=list)
+    fabric: str | None = None
+    """The fabric check's verdict from the run's ``fabric.json`` (the slow node named), when there is one."""
 
     def as_dict(self) -> dict:
         def f(x: Failure | None) -> dict | None:
@@ -102,10 +122,12 @@ class Status:
         return {"run": self.run, "state": self.state, "because": self.because,
                 "logs": str(self.logs) if self.logs else None, "logs_missing": self.logs_missing,
                 "cause": f(self.cause), "others": [f(o) for o in self.others],
-                "agents": [vars(a) for a in self.agents]}
+                "agents": [vars(a) for a in self.agents], "fabric": self.fabric}
 
     def render(self) -> str:
         out = [f"run {self.run}: {self.state} ({self.because})"]
+        if self.fabric:
+            out.append(f"fabric check: {self.fabric}")
         if self.logs_missing:
             out.append(f"cause: unknown: the kept logs are missing ({self.logs_missing})")
         elif self.cause is not None:
@@ -139,6 +161,37 @@ def _said(c: dict | None) -> str:
     return ": ".join(x for x in ((c or {}).get("reason"), (c or {}).get("message")) if x)
 
 
+def reactivate_command(workload: dict) -> str:
+    """What puts a deactivated Workload back in its queue (Kueue clears its requeue state then: workload_controller.go,
+    the Reactivated requeue)."""
+    meta = workload.get("metadata") or {}
+    return (f"kubectl -n {meta.get('namespace', '<namespace>')} patch workloads.kueue.x-k8s.io {meta.get('name', '?')} "
+            "--type=merge -p '{\"spec\":{\"active\":true}}'")
+
+
+def deactivation(workload: dict) -> str:
+    """Why a Workload is (being) deactivated: Kueue's cause (the Evicted reason ``DeactivatedDueTo<cause>``, or the
+    DeactivationTarget condition before the eviction), or someone's ``spec.active: false`` (reason ``Deactivated``
+    alone); and how to reactivate it."""
+    name = (workload.get("metadata") or {}).get("name", "?")
+    conds = _conditions(workload)
+    evicted = conds.get("Evicted") if (conds.get("Evicted") or {}).get("status") == "True" else None
+    target = conds.get("DeactivationTarget") if (conds.get("DeactivationTarget") or {}).get("status") == "True" \
+        else None
+    reason = str((evicted or {}).get("reason") or "")
+    cause = reason.removeprefix("DeactivatedDueTo") if reason.startswith("DeactivatedDueTo") else \
+        str((target or {}).get("reason") or "")
+    said = _said(evicted) if reason.startswith("Deactivated") else _said(target)
+    if cause:
+        why = f"deactivated by Kueue: {KUEUE_DEACTIVATION_CAUSES.get(cause, cause)}"
+    else:
+        why = ("deactivated by hand (spec.active set to false, not by Kueue and not by eks-ddp cancel, which deletes "
+               "a queued run's Job)")
+    pending = " (being deactivated)" if (workload.get("spec") or {}).get("active") is not False else ""
+    return (f"Workload {name} {why}{pending}" + (f" ({said})" if said else "") +
+            f"; its Job stays suspended until it is reactivated: {reactivate_command(workload)}")
+
+
 def queue_state(workload: dict | None, job: str) -> tuple[str, str]:
     """(state, why) of a queued Job from its Kueue Workload (``kueue.x-k8s.io/v1beta2``, v0.16.4
     apis/kueue/v1beta2/workload_types.go): ``queued`` (no quota reserved: the QuotaReserved condition's message is the
@@ -147,7 +200,9 @@ def queue_state(workload: dict | None, job: str) -> tuple[str, str]:
     ProvisioningRequest the cluster autoscaler fulfils for the whole run, still Pending or Retry: its message),
     ``admitted`` (Admitted True: Kueue unsuspends the Job), ``preempted`` / ``evicted`` (Evicted True, its reason
     Preempted or another: PodsReadyTimeout, AdmissionCheck, ClusterQueueStopped ...; Requeued says when it queues
-    again), ``cancelled`` (``spec.active: false``, Deactivated) and ``rejected`` (an admission check Rejected)."""
+    again), ``deactivated`` (``spec.active: false``, or about to be: DeactivationTarget; with Kueue's reason and the
+    command that reactivates it; never ``cancelled``: ``eks-ddp cancel`` deletes a queued run's Job) and ``rejected``
+    (an admission check Rejected)."""
     if workload is None:
         return "queued", (f"Job {job} is suspended and has no Kueue Workload yet (Kueue makes one when it sees the "
                           "Job: is its controller running? kubectl -n kueue-system get pods)")
@@ -156,9 +211,8 @@ def queue_state(workload: dict | None, job: str) -> tuple[str, str]:
     true = {t for t, c in conds.items() if c.get("status") == "True"}
     checks = (workload.get("status") or {}).get("admissionChecks") or []
     where = f"Workload {name}"
-    if (workload.get("spec") or {}).get("active") is False:
-        return "cancelled", f"{where} is deactivated (spec.active: false)" + (
-            f"; {_said(conds.get('Evicted'))}" if "Evicted" in true else "")
+    if (workload.get("spec") or {}).get("active") is False or "DeactivationTarget" in true:
+        return "deactivated", deactivation(workload)
     if "Evicted" in true:
         ev = conds["Evicted"]
         kind = "preempted" if ev.get("reason") == "Preempted" or "Preempted" in true else "evicted"
@@ -188,6 +242,55 @@ def queue_state(workload: dict | None, job: str) -> tuple[str, str]:
     reserved = conds.get("QuotaReserved")
     return "queued", f"{where} waits in its queue" + (f" ({_said(reserved)})" if reserved else
                                                       " (not yet tried by the scheduler)")
+
+
+def consumed_pending(pods: list[dict], job: dict, workload: dict | None) -> tuple[str, str] | None:
+    """(``partially delivered``, why and the fix) for an admitted queued Job some of whose pods are Pending while
+    carrying :data:`CONSUME_ANNOTATION`: the cluster autoscaler will never add a node for them (the pods filter), so
+    they wait for Kueue's waitForPodsReady eviction (infra/kueue.py); None when no pod is in that state."""
+    stuck = [p for p in pods if (p.get("status") or {}).get("phase") == "Pending"
+             and CONSUME_ANNOTATION in ((p.get("metadata") or {}).get("annotations") or {})]
+    if not stuck:
+        return None
+    status, spec = job.get("status") or {}, job.get("spec") or {}
+    wanted = spec.get("parallelism", len(pods))
+    request = stuck[0]["metadata"]["annotations"][CONSUME_ANNOTATION]
+    names = ", ".join(sorted(str((p.get("metadata") or {}).get("name")) for p in stuck))
+    why = (f"{len(stuck)} pod(s) pending on a consumed ProvisioningRequest ({names}: {CONSUME_ANNOTATION}={request}); "
+           f"{status.get('ready', 0)} of {wanted} pod(s) ready. The cluster autoscaler never adds a node for such a "
+           "pod (its ProvisioningRequest pods filter): the node was not delivered by EC2 or was lost and not "
+           "replaced. Kueue evicts the run and queues it again for a new request once waitForPodsReady's timeout "
+           "passes (since admission, or since the pod went missing)")
+    if workload is not None:
+        meta = workload.get("metadata") or {}
+        ns, name = meta.get("namespace", "<namespace>"), meta.get("name", "?")
+        patch = "kubectl -n {ns} patch workloads.kueue.x-k8s.io {name} --type=merge -p '{{\"spec\":{{\"active\":{v}}}}}'"
+        why += (f"; to requeue it now (its pods stop, training resumes from the last checkpoint): "
+                f"{patch.format(ns=ns, name=name, v='false')} && {patch.format(ns=ns, name=name, v='true')}")
+    return "partially delivered", why
+
+
+VISIBILITY_API = "/apis/visibility.kueue.x-k8s.io/v1beta2"
+"""Kueue's visibility API (v0.16.4 apis/visibility/v1beta2/types.go; served by the controller through the chart's
+APIService ``v1beta2.visibility.kueue.x-k8s.io``): ``namespaces/<ns>/localqueues/<lq>/pendingworkloads``."""
+
+
+def pending_path(namespace: str, local_queue: str) -> str:
+    """The raw path of a LocalQueue's pending workloads (``kubectl get --raw``)."""
+    return f"{VISIBILITY_API}/namespaces/{namespace}/localqueues/{local_queue}/pendingworkloads"
+
+
+def queue_position(summary: dict, workload: str) -> str:
+    """Where ``workload`` stands in a ``PendingWorkloadsSummary``: its ``positionInClusterQueue`` and
+    ``positionInLocalQueue``, both counted from 0 (pkg/visibility/storage/pending_workloads_lq.go: the index in the
+    ClusterQueue's pending workloads, those it tries and those it set aside as inadmissible together, sorted in its
+    queueing order, priority then creation: pkg/cache/queue/cluster_queue.go ``Snapshot``)."""
+    for item in summary.get("items") or []:
+        if (item.get("metadata") or {}).get("name") == workload:
+            cq, lq = int(item.get("positionInClusterQueue", 0)), int(item.get("positionInLocalQueue", 0))
+            return (f"position {cq + 1} in its ClusterQueue ({cq} workload(s) ahead), {lq + 1} in LocalQueue "
+                    f"{item.get('localQueueName', '?')}, priority {item.get('priority', '?')}")
+    return "not in the LocalQueue's pending list (being admitted, or held back by a backoff)"
 
 
 def is_run_dir(path: Path) -> bool:
@@ -244,6 +347,15 @@ def runner_alive(run_dir: Path) -> int | None:
     return pid if "eks_ddp_local" in cmdline(pid) or "eks-ddp-local" in cmdline(pid) else None
 
 
+def fabric_verdict(doc: dict) -> str:
+    """One line from ``fabric.json`` (eks_ddp_runtime/fabric_check.py ``Report``): the verdict, its reasons, the slow
+    nodes."""
+    slow = [str(n) for n in doc.get("slow_nodes") or []]
+    reasons = "; ".join(str(r) for r in doc.get("reasons") or [])
+    return ("passed" if doc.get("passed") else "FAILED") + (f": {reasons}" if reasons else "") + (
+        f" (slow node(s): {', '.join(slow)})" if slow else "")
+
+
 def local_status(run_dir: Path, name: str | None = None) -> Status:
     """The state of a run from its directory (a local run's, or a cluster run's kept logs fetched here)."""
     name = name or run_dir.name
@@ -268,7 +380,12 @@ def local_status(run_dir: Path, name: str | None = None) -> Status:
         state, because = "unknown", "an agent left no exit record: still running, or killed without warning"
     else:
         state, because = "unknown", "no agent record"
-    status = Status(run=name, state=state, because=because, logs=logs, agents=agents)
+    fabric = _json(run_dir / FABRIC_JSON)
+    if fabric is not None and fabric.get("passed") is False and state == "unknown":
+        # The check failed before any training agent ran (its Job, not the training Job, failed).
+        state, because = "failed", f"{FABRIC_JSON}: the fabric check failed, so training never started"
+    status = Status(run=name, state=state, because=because, logs=logs, agents=agents,
+                    fabric=fabric_verdict(fabric) if fabric is not None else None)
     if not logs.is_dir():
         status.logs_missing = f"{logs}: no such folder"
     elif not agents:

@@ -4,15 +4,16 @@
 
 1. the workload's data stage, which Pulumi *awaits*, so training never starts on a missing or half-written
    dataset: the CIFAR-10 download for ``Cifar10Data`` (stages.py), the S3 copy for ``S3Data``
-   (data_stage.py), nothing without data; with ``fabric_check`` also the fabric check (fabric_gate.py);
+   (data_stage.py), nothing without data;
 2. the training Job: an Indexed Job with one ``eks_ddp_runtime.launch`` agent per node (``--nnodes=min:max``)
    running the workload's module or script, which Pulumi does *not* await (``pulumi.com/skipAwait``); follow it
-   with the ``follow_command`` output;
+   with the ``follow_command`` output. With ``fabric_check`` its pods first run the fabric check, an init container
+   (fabric_gate.py), in the cluster: nothing of it is awaited by Pulumi;
 3. with ``workload.evaluate`` (the bundled trainer), a suspended CronJob that re-runs the test-set evaluation
    on demand (the ``evaluate_command`` output).
 
-With ``queue`` (``RunQueue.queued(priority)``) the training and fabric-check Jobs are created suspended in a Kueue
-LocalQueue and start when Kueue admits them (pods.py ``queued_job`` says what Kueue then owns).
+With ``queue`` (``RunQueue.queued(priority)``) the training Job (its fabric check included) is created suspended in a
+Kueue LocalQueue and starts when Kueue admits it (pods.py ``queued_job`` says what Kueue then owns).
 
 Its inputs are a few typed parts (args.py: Placement, Size, PerRunClaims | WholeVolume, EtcdStore | C10d,
 Results); the builders take the values computed from them once (info.py ``JobInfo``), and it builds Kubernetes
@@ -53,7 +54,8 @@ from eks_ddp.workloads.elastic_job.args import (  # noqa: F401 (API)
 )
 from eks_ddp.workloads.elastic_job.checks import claim_run_dir, validate
 from eks_ddp.workloads.elastic_job.data_stage import create_s3_stage
-from eks_ddp.workloads.elastic_job.fabric_gate import create_fabric_check
+from eks_ddp.workloads.elastic_job.fabric_gate import CONTAINER as FABRIC_CONTAINER
+from eks_ddp.workloads.elastic_job.fabric_gate import fabric_gate
 from eks_ddp.workloads.elastic_job.image_check import create_image_check
 from eks_ddp.workloads.elastic_job.info import FIELD_ENV, JobInfo, job_info
 from eks_ddp.workloads.elastic_job.pods import (  # noqa: F401 (TRAINER_UID, GPUDIRECT_RDMA_FAMILIES, NCCL_NET_PLUGIN: API)
@@ -84,6 +86,7 @@ from eks_ddp.workloads.elastic_job.stages import (  # noqa: F401 (EVAL_RUN_DIR_E
 )
 from eks_ddp.workloads.namespace import dns_egress
 from eks_ddp_runtime.contract import LOGS_SUBDIR, RESULTS_KMS_KEY_ENV, RESULTS_URL_ENV, USAGE
+from eks_ddp_runtime.exitcodes import FABRIC_FAILED
 
 TRAINER_FATAL_EXIT_CODES = FATAL_EXIT_CODES
 """The bundled trainer's fatal codes (config error, divergence, unreadable input): ``eks_ddp_runtime.contract.FATAL``.
@@ -105,11 +108,10 @@ def trainer_service_account(name: str) -> str:
 
 
 def rdzv_client_labels(name: str, run_id: str) -> list[dict[str, str]]:
-    """Label sets of ElasticJob ``name``'s pods that use the rendezvous store (its training Job's, then its
-    fabric check's; fabric_gate.py names that Job ``<job>-fabric``): known before the job exists, so a store of
-    the run's own (EtcdRendezvousArgs ``client_labels``, ``more_client_labels``) admits exactly them."""
-    job = f"{name}-{run_id}"
-    return [{**TRAINER_LABELS, "app.kubernetes.io/instance": instance} for instance in (job, f"{job}-fabric")]
+    """Label sets of ElasticJob ``name``'s pods that use the rendezvous store (its training Job's, whose init
+    container runs the fabric check too): known before the job exists, so a store of the run's own
+    (EtcdRendezvousArgs ``client_labels``, ``more_client_labels``) admits exactly them."""
+    return [{**TRAINER_LABELS, "app.kubernetes.io/instance": f"{name}-{run_id}"}]
 
 
 class ElasticJob(pulumi.ComponentResource):
@@ -164,10 +166,8 @@ class ElasticJob(pulumi.ComponentResource):
                 lambda v: f"{info.job_name}-0.{v[0]}.{v[1]}.svc.cluster.local:{C10D_PORT}")
         else:
             endpoint = a.rendezvous.endpoint
-        running = a.state == "run"
-        gates = create_fabric_check(info, name, child) if a.fabric_check and running else []
-        if running:
-            create_train_job(info, endpoint, [*prepare, *gates], child)
+        if a.state == "run":
+            create_train_job(info, endpoint, prepare, child)
         if a.workload.evaluate:
             create_evaluate_cronjob(info, name, child)
 
@@ -250,7 +250,8 @@ def train_command(info: JobInfo, endpoint: str) -> list[str]:
 
 def create_train_job(info: JobInfo, endpoint: pulumi.Input[str], after: list[pulumi.Resource],
                      child: pulumi.ResourceOptions) -> k8s.batch.v1.Job:
-    """The Indexed training Job, one agent per node, created after ``after`` (data stage, fabric check)."""
+    """The Indexed training Job, one agent per node (first the fabric check, with ``fabric_check``), created after
+    ``after`` (the data stage)."""
     a, it, name = info.spec, info.instance, info.name
     efa, size = a.placement.efa, a.size
     c10d = isinstance(a.rendezvous, C10d)
@@ -270,7 +271,8 @@ def create_train_job(info: JobInfo, endpoint: pulumi.Input[str], after: list[pul
         resources(str(cpu), f"{memory}Gi", devices), env=env, field_env=FIELD_ENV, shm_gib=shm,
         grace_seconds=60, affinity=one_per_node(info.job_name), subdomain=info.job_name if c10d else None,
         uploads=True, rdzv_tls=True, image=info.agent_image,
-        ports=[k8s.core.v1.ContainerPortArgs(name="rdzv", container_port=C10D_PORT)] if c10d else None)
+        ports=[k8s.core.v1.ContainerPortArgs(name="rdzv", container_port=C10D_PORT)] if c10d else None,
+        init=fabric_gate(info, endpoint) if a.fabric_check else None)
 
     # Failure handling (restartPolicy Never: a failed pod is replaced by a new pod of the same index, which
     # joins the running job at its next rendezvous round; the launcher never closes the rendezvous on a
@@ -284,7 +286,11 @@ def create_train_job(info: JobInfo, endpoint: pulumi.Input[str], after: list[pul
     #   finished run into Failed (FailedIndexes) however the other agents ended.
     # podReplacementPolicy Failed: a replacement starts only once the old pod is gone, so two agents of
     # one index never compete for a rendezvous slot.
+    # - the fabric check's verdict (its init container exits FABRIC_FAILED) fails the Job before training starts.
     failure_policy = k8s.batch.v1.PodFailurePolicyArgs(rules=[
+        *([k8s.batch.v1.PodFailurePolicyRuleArgs(action="FailJob", on_exit_codes=(
+            k8s.batch.v1.PodFailurePolicyOnExitCodesRequirementArgs(
+                container_name=FABRIC_CONTAINER, operator="In", values=[FABRIC_FAILED])))] if a.fabric_check else []),
         k8s.batch.v1.PodFailurePolicyRuleArgs(action="FailJob", on_exit_codes=(
             k8s.batch.v1.PodFailurePolicyOnExitCodesRequirementArgs(
                 container_name="trainer", operator="In", values=bug_exit_codes(a.workload)))),

@@ -226,7 +226,7 @@ class Results:
 
 @dataclass(frozen=True, kw_only=True)
 class Queued:
-    """The run's GPU Jobs (training, fabric check) wait in a Kueue LocalQueue (:class:`~eks_ddp.workloads.queue.
+    """The run's GPU Jobs (training, its fabric check included; the evaluation CronJob's) wait in a Kueue LocalQueue (:class:`~eks_ddp.workloads.queue.
     RunQueue`): created suspended, started by Kueue once the ClusterQueue's quota (and its capacity check) admits them."""
 
     local_queue: str
@@ -270,16 +270,15 @@ class ElasticJobArgs:
     """With ``S3Data``: the IAM role (IRSA) the S3 data stage's ServiceAccount ``<name>-stage`` assumes
     (``eks_ddp.infra.iam.data_stage_role``: list and read that prefix only); required then."""
     fabric_check: bool = False
-    """Run ``eks_ddp_runtime.fabric_check`` on every node of the job first, in a Job Pulumi awaits: the training Job
-    is created only after it passed (EFA transport when ``placement.efa``, the catalog's bandwidth floor)."""
+    """Run ``eks_ddp_runtime.fabric_check`` on every node of the job first, as the training pods' init container
+    (fabric_gate.py): EFA transport when ``placement.efa``, the catalog's bandwidth floor; a failed check fails the
+    training Job before training starts. Nothing of it is awaited by ``pulumi up``."""
     data_prep_timeout: str = "40m"
     """How long ``pulumi up`` waits for data preparation (fresh nodes pull a multi-GB image first); longer
     than the Job's own 30-minute deadline, so a stuck download surfaces as the Job's failure."""
-    fabric_check_timeout: str = "40m"
-    """How long ``pulumi up`` waits for the fabric check (nodes may be launching and pulling the image, and with a
-    queue, the check waiting for admission)."""
     queue: Queued | None = None
-    """``RunQueue.queued(priority)``: the training and fabric-check Jobs go through Kueue; None: they start at once."""
+    """``RunQueue.queued(priority)``: the training Job (its fabric check included) goes through Kueue; None: it starts
+    at once."""
 
     def __post_init__(self) -> None:
         check_rules(self)  # a bad value fails where the Args are built, naming the field

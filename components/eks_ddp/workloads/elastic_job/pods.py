@@ -9,7 +9,7 @@ stage, and the run's directory; or the whole claim), no service-account token, a
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -48,6 +48,16 @@ QUEUE_REPLACE = f'metadata.labels["{QUEUE_NAME_LABEL}"]'
 """Joining or leaving a queue replaces a Job: Kueue's webhook refuses a queue-name change on a running Job and the
 removal of a priority class at any time (pkg/controller/jobframework/validation.go: validateUpdateForQueueName,
 ValidateUpdateForWorkloadPriorityClassName)."""
+
+
+@dataclass(frozen=True)
+class InitContainer:
+    """An init container of a pod :meth:`PodFactory.pod` builds: its name, command, and downward-API variables besides
+    the container's."""
+
+    name: str
+    command: pulumi.Input[list[str]]
+    field_env: Mapping[str, str] = field(default_factory=dict)
 
 
 def queued_job(queue: Queued | None, nodes: int, min_nodes: int) -> tuple[dict[str, str], dict[str, str], list[str]]:
@@ -161,11 +171,14 @@ class PodFactory:
              affinity: k8s.core.v1.AffinityArgs | None = None, subdomain: pulumi.Input[str] | None = None,
              on_gpu_nodes: bool = True, uploads: bool = False, writes_data: bool = False,
              rdzv_tls: bool = False, image: pulumi.Input[str] | None = None,
-             service_account: pulumi.Input[str] | None = None) -> k8s.core.v1.PodTemplateSpecArgs:
+             service_account: pulumi.Input[str] | None = None,
+             init: InitContainer | None = None) -> k8s.core.v1.PodTemplateSpecArgs:
         """A hardened single-container pod of the trainer image with /shared, /tmp and /dev/shm; on the job's
         GPU nodes (their selector, tolerating their taints), or with ``on_gpu_nodes=False`` on the system nodes.
         ``uploads``: run as the ServiceAccount with the uploader role (the training pods only).
-        ``writes_data``: the data stage (the dataset read-write, no run directory). ``image``: default the stack's. ``service_account``: another than those two (the S3 data stage's)."""
+        ``writes_data``: the data stage (the dataset read-write, no run directory). ``image``: default the stack's. ``service_account``: another than those two (the S3 data stage's).
+        ``init``: an init container run first, as the container is (image, env, mounts, resources, security) with its
+        own name and command and more downward-API variables (the fabric check, fabric_gate.py)."""
         v1 = k8s.core.v1
         shared_mounts, shared_volumes = self.shared_volumes(writes_data)
         env_vars = [v1.EnvVarArgs(name=k, value=v) for k, v in {**CACHE_ENV, **(env or {})}.items()]
@@ -179,6 +192,14 @@ class PodFactory:
                            v1.VolumeMountArgs(name="dshm", mount_path="/dev/shm"),
                            *self.rdzv_tls_mounts(rdzv_tls)],
             security_context=restricted_container_security(TRAINER_UID))
+        init_containers = None
+        if init is not None:
+            init_containers = [v1.ContainerArgs(
+                name=init.name, image=container.image, image_pull_policy="IfNotPresent", command=init.command,
+                working_dir="/app", env=[*env_vars, *(v1.EnvVarArgs(name=k, value_from=v1.EnvVarSourceArgs(
+                    field_ref=v1.ObjectFieldSelectorArgs(field_path=path))) for k, path in init.field_env.items())],
+                resources=resources, volume_mounts=container.volume_mounts,
+                security_context=restricted_container_security(TRAINER_UID))]
         place = self.placement
         tolerations = [v1.TolerationArgs(key=key, operator="Exists", effect="NoSchedule")
                        for key in (GPU_RESOURCE, *([EFA_RESOURCE] if place.efa else []))] if on_gpu_nodes else None
@@ -195,7 +216,7 @@ class PodFactory:
                 # chowns an RWX volume without fsType): every NFS call runs as the access point's PosixUser
                 # 1000:1000, which is why uid 1000 can write there. It still owns the emptyDirs.
                 security_context=restricted_pod_security(TRAINER_UID, fs_group_change_policy="OnRootMismatch"),
-                containers=[container],
+                init_containers=init_containers, containers=[container],
                 volumes=[
                     *shared_volumes,
                     v1.VolumeArgs(name="tmp", empty_dir=v1.EmptyDirVolumeSourceArgs(size_limit="20Gi")),

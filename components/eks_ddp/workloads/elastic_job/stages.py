@@ -6,6 +6,12 @@
 
        kubectl -n <namespace> create job --from=cronjob/<name>-evaluate <name>-evaluate-$(date +%s)
 
+   It asks for a GPU, so with a queue its Job template carries the run's queue name and priority class and
+   ``suspend: true``: ``kubectl create job --from=cronjob`` copies the template's labels and spec (kubectl
+   ``pkg/cmd/create/create_job.go`` ``createJobFromCronJob``), and Kueue admits the Job like any run, through the
+   quota and the ProvisioningRequest check; without the label Kueue would ignore it
+   (``manageJobsWithoutQueueName: false``) and it would take a GPU node the queue counts as free.
+
 Both run the stack's image (the bundled trainer's) as ``<name>-worker``, which has no IAM role.
 """
 
@@ -16,7 +22,7 @@ from typing import TYPE_CHECKING
 import pulumi
 import pulumi_kubernetes as k8s
 
-from eks_ddp.workloads.elastic_job.pods import DATA_DIR, GPU_RESOURCE, PART_OF, pod_resources, resources
+from eks_ddp.workloads.elastic_job.pods import DATA_DIR, GPU_RESOURCE, PART_OF, pod_resources, queued_job, resources
 from eks_ddp_runtime.contract import CIFAR10_PIN as DATA_PIN  # the loaders accept only the official CIFAR-10 files
 from eks_ddp_runtime.contract import DATA_PIN_ENV
 
@@ -64,6 +70,8 @@ def create_evaluate_cronjob(job: JobInfo, name: str, child: pulumi.ResourceOptio
         ["python", "-m", "eks_ddp_trainer.evaluate", f"--data-dir={DATA_DIR}", f"--run-dir=$({EVAL_RUN_DIR_ENV})"],
         resources(str(cpu), f"{min(16, it.memory_gib // 2)}Gi", {GPU_RESOURCE: 1}),
         env={EVAL_RUN_DIR_ENV: job.run_dir, DATA_PIN_ENV: DATA_PIN})
+    queued = job.spec.queue is not None
+    queue_labels, _, _ = queued_job(job.spec.queue, 1, 1)  # one pod, admitted whole
     k8s.batch.v1.CronJob(
         f"{name}-evaluate",
         metadata=job.meta(job.evaluate_name, EVALUATE_LABELS),
@@ -72,8 +80,8 @@ def create_evaluate_cronjob(job: JobInfo, name: str, child: pulumi.ResourceOptio
             suspend=True, schedule="0 0 1 1 *", concurrency_policy="Forbid",
             successful_jobs_history_limit=1, failed_jobs_history_limit=1,
             job_template=k8s.batch.v1.JobTemplateSpecArgs(
-                metadata=k8s.meta.v1.ObjectMetaArgs(labels=EVALUATE_LABELS),
+                metadata=k8s.meta.v1.ObjectMetaArgs(labels={**EVALUATE_LABELS, **queue_labels}),
                 spec=k8s.batch.v1.JobSpecArgs(
-                    backoff_limit=1, active_deadline_seconds=3600, ttl_seconds_after_finished=24 * 3600,
+                    suspend=True if queued else None, backoff_limit=1, active_deadline_seconds=3600, ttl_seconds_after_finished=24 * 3600,
                     template=template))),
         opts=child)
