@@ -20,7 +20,7 @@ import pytest
 
 from eks_ddp.tooling.contracts.queue import workload_name
 from eks_ddp.tooling.runs import cli
-from eks_ddp.tooling.runs.status import JOB_UID_LABEL, QUEUE_NAME_LABEL, queue_state
+from eks_ddp.tooling.runs.status import JOB_UID_LABEL, QUEUE_NAME_LABEL, competition, queue_state
 from tests.tooling.test_runs_cli import fake  # noqa: F401  (the fake kubectl/pulumi fixture)
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "kueue"
@@ -255,3 +255,49 @@ def test_a_queued_run_says_its_position_from_kueues_visibility_api(fake, tmp_pat
     fake.scenario(job=_queued_job(), running=[], workloads=[workload("waiting-for-capacity")], pending=summary)
     cli.main(["status", "run-1"])
     assert not [c for c in fake.calls()[before:] if "--raw" in c]
+
+
+def _other_run(state: str, priority: int, name: str = "training-run-2", uid: str = "0b7e0000-0000-4000-8000-0000000000b2"
+               ) -> dict:
+    """A Workload of another run's Job in the same LocalQueue."""
+    wl = copy.deepcopy(workload(state))
+    wl["metadata"].update(name=f"job-{name}-a1b2c", labels={JOB_UID_LABEL: uid})
+    wl["metadata"]["ownerReferences"][0].update(name=name, uid=uid)
+    wl["spec"]["priority"] = priority
+    return wl
+
+
+def test_the_runs_a_run_competes_with_and_who_would_preempt_whom():
+    """Two runs over one group's quota: each status names the other, its state, its admitted size and priority, and
+    under LowerPriority who would preempt whom; under Never, that nobody is preempted. A second Workload of the same
+    Job (a requeue) is no other run; a run alone in its queue gets no line (the controls)."""
+    mine = workload("admitted")  # priority 1000, admitted with 2 pods
+    urgent = _other_run("queued", 2000)
+    said = competition(mine, [mine, urgent], "LowerPriority")
+    assert said == ("competes in LocalQueue training with: training-run-2 queued, priority 2000; this run would be "
+                    "preempted by training-run-2 (higher priority; ClusterQueue preemption LowerPriority)")
+    said = competition(mine, [mine, urgent], "Never")
+    assert said is not None and said.endswith("no run is preempted (ClusterQueue preemption Never): a waiting run "
+                                              "waits for an admitted one to end")
+    waiting = copy.deepcopy(workload("queued"))
+    waiting["spec"]["priority"] = 2000
+    running = _other_run("admitted", 1000)
+    said = competition(waiting, [waiting, running], "LowerPriority")
+    assert said == ("competes in LocalQueue training with: training-run-2 admitted with 2 pod(s), priority 1000; this "
+                    "run would preempt training-run-2 (lower priority; ClusterQueue preemption LowerPriority)")
+    assert competition(mine, [mine, workload("preempted")], "LowerPriority") is None  # the same Job's older Workload
+    assert competition(mine, [mine], "LowerPriority") is None
+
+
+def test_status_of_a_running_queued_run_names_the_run_that_would_preempt_it(fake, tmp_path, capsys):  # noqa: F811
+    fake.volume = tmp_path / "empty"
+    fake.volume.mkdir()
+    fake.scenario(job=_queued_job(suspend=False, active=2), running=[],
+                  workloads=[workload("admitted"), _other_run("queued", 2000)],
+                  clusterqueue={"spec": {"preemption": {"withinClusterQueue": "LowerPriority"}}})
+    cli.main(["status", "run-1"])
+    out = capsys.readouterr().out
+    assert out.startswith("run run-1: running (Job training-run-1: 2 pod(s) active"), out
+    assert ("competes in LocalQueue training with: training-run-2 queued, priority 2000; this run would be preempted "
+            "by training-run-2") in out, out
+    assert ["kubectl", "get", "clusterqueues.kueue.x-k8s.io", "eks-ddp", "-o", "json"] in fake.calls()

@@ -41,7 +41,16 @@ if args[:2] == ["get", "job"]:
         sys.exit(sys.stderr.write('Error from server (NotFound): jobs.batch "%s" not found\n' % args[2]) and 1)
     print(json.dumps(scenario["job"]))
 elif args[:2] == ["get", "workloads.kueue.x-k8s.io"]:
-    print(json.dumps({"apiVersion": "v1", "kind": "List", "items": scenario.get("workloads", [])}))
+    items = scenario.get("workloads", [])
+    if "-l" in args:  # key=value, as kubectl's label selector
+        key, _, value = args[args.index("-l") + 1].partition("=")
+        items = [w for w in items if (w.get("metadata", {}).get("labels") or {}).get(key) == value]
+    print(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
+elif args[:2] in (["get", "localqueues.kueue.x-k8s.io"], ["get", "clusterqueues.kueue.x-k8s.io"]):
+    doc = scenario.get(args[1].split(".")[0][:-1])  # localqueue / clusterqueue
+    if doc is None:
+        sys.exit(sys.stderr.write('Error from server (NotFound): %s "%s" not found\n' % (args[1], args[2])) and 1)
+    print(json.dumps(doc))
 elif args[:2] == ["get", "pods"] and args[-2:] == ["-o", "json"]:
     print(json.dumps({"apiVersion": "v1", "kind": "List", "items": scenario.get("pods", [])}))
 elif args[:2] == ["get", "pods"]:

@@ -24,6 +24,7 @@ from pathlib import Path
 from eks_ddp.tooling.runs.status import (
     JOB_UID_LABEL,
     QUEUE_NAME_LABEL,
+    competition,
     consumed_pending,
     pending_path,
     queue_position,
@@ -139,7 +140,7 @@ def job_state(run: ClusterRun) -> tuple[str, str] | None:
         state, why = queue_state(workload, run.job)
         if state == "queued" and workload is not None:
             why += f"; {position(run, labels[QUEUE_NAME_LABEL], workload)}"
-        return state, why
+        return state, why + _competing(run, workload)
     if job.get("spec", {}).get("suspend"):
         return "cancelled", f"Job {run.job} is suspended (eks-ddp cancel)"
     s = job.get("status", {})
@@ -147,8 +148,49 @@ def job_state(run: ClusterRun) -> tuple[str, str] | None:
         pods = job_pods(run)
         if consumed_pending(pods, job, None) is not None:  # the Workload is read only for the fix's command
             return consumed_pending(pods, job, workload_of(run, str((job.get("metadata") or {}).get("uid", ""))))
-    return "running", (f"Job {run.job}: {s.get('active', 0)} pod(s) active, {s.get('ready', 0)} ready, "
-                       f"{s.get('failed', 0)} failed")
+    running = (f"Job {run.job}: {s.get('active', 0)} pod(s) active, {s.get('ready', 0)} ready, "
+               f"{s.get('failed', 0)} failed")
+    if QUEUE_NAME_LABEL in labels:
+        running += _competing(run, workload_of(run, str((job.get("metadata") or {}).get("uid", ""))))
+    return "running", running
+
+
+def _competing(run: ClusterRun, workload: dict | None) -> str:
+    """``; <the other runs of its queue and who would preempt whom>`` (status.competition), or "" (no other run, no
+    Workload, or kubectl could not list them: the run's own state stands without it)."""
+    if workload is None:
+        return ""
+    proc = run_cmd(run.kubectl("get", "workloads.kueue.x-k8s.io", "-o", "json"))
+    if proc.returncode != 0:
+        return ""
+    try:
+        workloads = json.loads(proc.stdout).get("items") or []
+    except ValueError:
+        return ""
+    cq = ((workload.get("status") or {}).get("admission") or {}).get("clusterQueue")
+    if not cq:  # a waiting Workload: its LocalQueue names its ClusterQueue
+        local = run_cmd(run.kubectl("get", "localqueues.kueue.x-k8s.io", str((workload.get("spec") or {}).get(
+            "queueName", "")), "-o", "json"))
+        cq = _json_field(local, "spec", "clusterQueue")
+    policy = None
+    if cq:
+        policy = _json_field(run_cmd(["kubectl", "get", "clusterqueues.kueue.x-k8s.io", str(cq), "-o", "json"]),
+                             "spec", "preemption", "withinClusterQueue")
+    said = competition(workload, workloads, policy)
+    return f"; {said}" if said else ""
+
+
+def _json_field(proc: subprocess.CompletedProcess, *path: str) -> str | None:
+    """``path`` in the JSON a kubectl call printed; None when it failed, printed no JSON or lacks the field."""
+    if proc.returncode != 0:
+        return None
+    try:
+        doc = json.loads(proc.stdout)
+    except ValueError:
+        return None
+    for key in path:
+        doc = doc.get(key) if isinstance(doc, dict) else None
+    return doc if isinstance(doc, str) else None
 
 
 def workload_of(run: ClusterRun, job_uid: str) -> dict | None:

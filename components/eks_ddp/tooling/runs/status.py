@@ -244,6 +244,67 @@ def queue_state(workload: dict | None, job: str) -> tuple[str, str]:
                                                       " (not yet tried by the scheduler)")
 
 
+def _job_of(workload: dict) -> str:
+    owners = (workload.get("metadata") or {}).get("ownerReferences") or []
+    return next((o.get("name", "?") for o in owners if o.get("kind") == "Job"),
+                str((workload.get("metadata") or {}).get("name", "?")))
+
+
+def _admitted_pods(workload: dict) -> int | None:
+    admission = (workload.get("status") or {}).get("admission") or {}
+    counts = [int(a.get("count", 0)) for a in admission.get("podSetAssignments") or []]
+    return sum(counts) if counts else None
+
+
+PREEMPTING = ("LowerPriority", "LowerOrNewerEqualPriority")
+"""``withinClusterQueue`` policies under which a waiting workload evicts an admitted one of lower priority (kueue
+v0.16.4 ``pkg/scheduler/preemption/common/preemption_policy.go``)."""
+
+
+def competition(mine: dict, workloads: list[dict], within_cluster_queue: str | None) -> str | None:
+    """The other runs of ``mine``'s queue (the same LocalQueue, ``spec.queueName``; a Job's older Workloads are not
+    other runs): each one's state (``queue_state``), the pods it was admitted with (an elastic run admitted at fewer
+    than its maximum stays that size: Kueue admits a workload at one count, ``flavorassigner/podset_reducer.go``) and
+    its priority; then who would preempt whom under the ClusterQueue's ``withinClusterQueue`` policy
+    (:data:`PREEMPTING`: a waiting run of higher priority evicts an admitted one of lower priority,
+    ``preemption.go`` ``classicalPreemptions``; ``Never``: a waiting run waits until an admitted one ends). None when
+    the run has its queue to itself."""
+    def uid(w: dict) -> str:
+        return str(((w.get("metadata") or {}).get("labels") or {}).get(JOB_UID_LABEL, ""))
+
+    def prio(w: dict) -> int:
+        return int((w.get("spec") or {}).get("priority") or 0)
+
+    queue = (mine.get("spec") or {}).get("queueName")
+    others = [w for w in workloads if uid(w) != uid(mine) and (w.get("spec") or {}).get("queueName") == queue
+              and "Finished" not in {c.get("type") for c in (w.get("status") or {}).get("conditions") or []
+                                     if c.get("status") == "True"}]
+    if not others:
+        return None
+    states = {id(w): queue_state(w, _job_of(w))[0] for w in [mine, *others]}
+    parts = []
+    for w in sorted(others, key=_job_of):
+        pods = _admitted_pods(w)
+        parts.append(f"{_job_of(w)} {states[id(w)]}" + (f" with {pods} pod(s)" if pods is not None and
+                                                        states[id(w)] == "admitted" else "") + f", priority {prio(w)}")
+    text = f"competes in LocalQueue {queue} with: " + "; ".join(parts)
+    admitted = [w for w in others if states[id(w)] == "admitted"]
+    waiting = [w for w in others if states[id(w)] in ("queued", "waiting for capacity")]
+    if within_cluster_queue in PREEMPTING:
+        if states[id(mine)] == "admitted" and (over := [w for w in waiting if prio(w) > prio(mine)]):
+            text += (f"; this run would be preempted by {', '.join(sorted(map(_job_of, over)))} (higher priority; "
+                     f"ClusterQueue preemption {within_cluster_queue})")
+        if states[id(mine)] in ("queued", "waiting for capacity") and (
+                under := [w for w in admitted if prio(w) < prio(mine)]):
+            text += (f"; this run would preempt {', '.join(sorted(map(_job_of, under)))} (lower priority; "
+                     f"ClusterQueue preemption {within_cluster_queue})")
+    elif within_cluster_queue == "Never":
+        text += "; no run is preempted (ClusterQueue preemption Never): a waiting run waits for an admitted one to end"
+    else:
+        text += "; the ClusterQueue's preemption policy could not be read"
+    return text
+
+
 def consumed_pending(pods: list[dict], job: dict, workload: dict | None) -> tuple[str, str] | None:
     """(``partially delivered``, why and the fix) for an admitted queued Job some of whose pods are Pending while
     carrying :data:`CONSUME_ANNOTATION`: the cluster autoscaler will never add a node for them (the pods filter), so
