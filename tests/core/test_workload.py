@@ -143,8 +143,9 @@ def test_the_bundled_stacks_render_the_train_command_they_always_had(stack):
     assert env["EKS_DDP_DATA_PIN"]["value"] == "cifar-10"
     assert env["EKS_DDP_RUN_DIR"]["value"] == f"/shared/runs/{cfg.job.run_id}"
     assert env["EKS_DDP_DATA_DIR"]["value"] == "/shared/data"
-    rules = job.inputs["spec"]["podFailurePolicy"]["rules"]
-    assert rules[0]["onExitCodes"]["values"] == [2, 3, 4, 5]
+    [trainer_rule] = [r for r in job.inputs["spec"]["podFailurePolicy"]["rules"]
+                      if (r.get("onExitCodes") or {}).get("containerName") == "trainer"]
+    assert trainer_rule["onExitCodes"]["values"] == [2, 3, 4, 5]
 
 
 # --- any workload: same pods, its own entrypoint ----------------------------------------------------
@@ -163,7 +164,8 @@ def test_a_custom_workload_gets_the_same_pods_with_its_own_command_image_env_and
     assert cmd[:3] == ["python", "-m", "eks_ddp_runtime.launch"]
     assert cmd[i:] == ["-m", "bert.train", "--lr", "0.1", "--out=/shared/runs/run-1"]
     assert cmd[:i] == trainer(bundled)["command"][:i]  # the same torchrun flags
-    assert c["image"] == OTHER_IMAGE and _pod(mine, "training-fabric-check")["containers"][0]["image"] == OTHER_IMAGE
+    [check] = _pod(mine)["initContainers"]  # the fabric check runs first in each training pod, in the same image
+    assert c["image"] == OTHER_IMAGE and check["image"] == OTHER_IMAGE
     env = env_of(c)
     assert env["MODE"]["value"] == "fast" and env["EKS_DDP_DATA_DIR"]["value"] == "/shared/data/wiki"
     assert env["EKS_DDP_RUN_DIR"]["value"] == "/shared/runs/run-1" and "EKS_DDP_DATA_PIN" not in env
@@ -173,7 +175,8 @@ def test_a_custom_workload_gets_the_same_pods_with_its_own_command_image_env_and
         assert c.get(key) == trainer(bundled).get(key), key
     for key in ("volumes", "tolerations", "nodeSelector", "affinity", "securityContext", "serviceAccountName"):
         assert _pod(mine).get(key) == _pod(bundled).get(key), key
-    policy = mine.one(JOB, "training-train").inputs["spec"]["podFailurePolicy"]["rules"]
+    policy = [r for r in mine.one(JOB, "training-train").inputs["spec"]["podFailurePolicy"]["rules"]
+              if (r.get("onExitCodes") or {}).get("containerName") == "trainer"]
     # 2 and the runtime's 3/4/5 stay fatal (the launcher exits with them whatever the workload; 5 is also its
     # verdict on S3 data that fails its manifest), and the launcher gets the same set, so it stops at once where
     # the pod failure policy fails the Job.
