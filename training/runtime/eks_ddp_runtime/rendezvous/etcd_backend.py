@@ -540,19 +540,9 @@ class EtcdV3Backend(RendezvousBackend):
 
     def _beat(self, c: EtcdV3Client, node: Any) -> None:
         nid = node_id(node)
+        if self._renew_only(c, nid):
+            return  # the lease never lapsed: the key stayed, so no peer can have dropped this node
         sent = datetime.datetime.now(datetime.timezone.utc)  # noqa: UP017
-        mine = self._mine.get(nid)
-        if mine is not None:
-            try:
-                alive = c.lease_keepalive(mine.lease) > 0
-            except EtcdAnswerError as e:
-                if e.code != 5:  # NOT_FOUND: expired; anything else is an answer to pass on
-                    raise
-                alive = False
-            if alive:
-                mine.renewed(sent)  # the lease never lapsed: the key stayed, so no peer can have dropped this node
-                return
-            del self._mine[nid]
         # No live lease (first beat, or it expired while this agent could not reach the store): a new one, with
         # the core read in the same transaction, so what this agent learns of its membership postdates the key.
         lease = c.lease_grant(self.heartbeat_ttl)
@@ -638,20 +628,23 @@ class EtcdV3Backend(RendezvousBackend):
         self._unused[nid] = (lease, sent, granted)
         return lease, sent
 
-    def _renew_only(self, c: EtcdV3Client, nid: str) -> None:
-        """Renew node ``nid``'s heartbeat lease if this backend holds a live one; nothing else (no grant, no write)."""
+    def _renew_only(self, c: EtcdV3Client, nid: str) -> bool:
+        """Renew node ``nid``'s heartbeat lease if this backend holds a live one; nothing else (no grant, no write).
+        Whether it was renewed; an expired one is forgotten (the next write carrying the node's heartbeat makes a new
+        key)."""
         mine = self._mine.get(nid)
         if mine is None:
-            return
+            return False
         sent = datetime.datetime.now(datetime.timezone.utc)  # noqa: UP017
         try:
             if c.lease_keepalive(mine.lease) > 0:
                 mine.renewed(sent)
-                return
+                return True
         except EtcdAnswerError as e:
             if e.code != 5:  # NOT_FOUND: expired; anything else is an answer to pass on
                 raise
-        del self._mine[nid]  # expired: the next write that carries this node's heartbeat makes a new key
+        del self._mine[nid]
+        return False
 
     def _current(self):
         """Not set: the state the store holds now. No key (it vanished under the compare-and-set: the store came back
