@@ -213,14 +213,7 @@ def cmd_destroy_check(o: argparse.Namespace) -> int:
         except (OSError, ValueError) as e:
             raise CliError(f"--state: got {str(o.state)!r} ({e}); expected the JSON of `pulumi stack export`", 2) from None
     else:
-        argv = ["pulumi", "stack", "export", *(["--stack", o.stack] if o.stack else [])]
-        proc = kubectl.run_cmd(argv)
-        if proc.returncode != 0:
-            raise CliError(f"{' '.join(argv)}: {proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else ''}")
-        try:
-            state = json.loads(proc.stdout)
-        except ValueError:
-            raise CliError(f"{' '.join(argv)}: not JSON") from None
+        state = kubectl.pulumi_json("export", stack=o.stack)
     vpc, region = destroy_check.state_vpc_and_region(state)
     vpc, region = o.vpc_id or vpc, o.region or region
     if not vpc or not region:

@@ -66,6 +66,19 @@ def _last_line(err: str | bytes) -> str:
     return lines[-1] if lines else "(no message)"
 
 
+def pulumi_json(*args: str, stack: str | None = None):
+    """What ``pulumi stack ARGS [--stack STACK]`` prints, parsed as JSON; CliError naming the command when it fails
+    or prints something else."""
+    argv = ["pulumi", "stack", *args, *(["--stack", stack] if stack else [])]
+    proc = run_cmd(argv)
+    if proc.returncode != 0:
+        raise CliError(f"{' '.join(argv)}: {_last_line(proc.stderr)}")
+    try:
+        return json.loads(proc.stdout)
+    except ValueError:
+        raise CliError(f"{' '.join(argv)}: not JSON") from None
+
+
 def stack_outputs(stack: str | None = None, outputs_file: Path | None = None) -> dict:
     """The stack's outputs: from ``outputs_file`` (saved ``pulumi stack output --json``) or from pulumi itself."""
     if outputs_file is not None:
@@ -75,14 +88,7 @@ def stack_outputs(stack: str | None = None, outputs_file: Path | None = None) ->
             raise CliError(f"--outputs: got {str(outputs_file)!r} ({e}); expected the JSON of "
                            "`pulumi stack output --json`", 2) from None
     else:
-        argv = ["pulumi", "stack", "output", "--json", *(["--stack", stack] if stack else [])]
-        proc = run_cmd(argv)
-        if proc.returncode != 0:
-            raise CliError(f"{' '.join(argv)}: {_last_line(proc.stderr)}")
-        try:
-            doc = json.loads(proc.stdout)
-        except ValueError:
-            raise CliError(f"{' '.join(argv)}: not JSON") from None
+        doc = pulumi_json("output", "--json", stack=stack)
     if not isinstance(doc, dict):
         raise CliError("stack outputs: expected a JSON object", 2)
     return doc
