@@ -10,20 +10,17 @@ import json
 
 import boto3
 import pytest
-from moto import mock_aws
 
 from eks_ddp.tooling import destroy_check
 from eks_ddp.tooling.runs import main
+from tests.support.moto_account import fake_account
 
 REGION = "us-west-2"
 
 
 @pytest.fixture
 def aws(monkeypatch):
-    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SECURITY_TOKEN", "AWS_SESSION_TOKEN"):
-        monkeypatch.setenv(var, "testing")
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
-    with mock_aws():
+    with fake_account(monkeypatch):
         yield boto3.client("ec2", region_name=REGION), boto3.client("elbv2", region_name=REGION)
 
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import boto3
 import pytest
-from moto import mock_aws
 
 from eks_ddp.core.storage import LUSTRE_VERSION
 from eks_ddp.infra.fsx import LUSTRE_SG_DESCRIPTION, RESTORED_FROM_TAG
 from eks_ddp.tooling import preflight
+from tests.support.moto_account import fake_account
 from tests.support.stub_quotas import StubQuotas
 from tests.support.util import set_path, stack_config
 from tests.tooling.preflight.test_preflight import config
@@ -82,10 +82,7 @@ class Eks:
 
 @pytest.fixture
 def aws(monkeypatch):
-    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SECURITY_TOKEN", "AWS_SESSION_TOKEN"):
-        monkeypatch.setenv(var, "testing")
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
-    with mock_aws():
+    with fake_account(monkeypatch):
         yield boto3.client("ec2", region_name=REGION), boto3.client("fsx", region_name=REGION)
 
 

@@ -10,11 +10,11 @@ import json
 
 import boto3
 import pytest
-from moto import mock_aws
 
 from eks_ddp.tooling import preflight
 from eks_ddp.tooling.preflight import checker as preflight_checker
 from eks_ddp.tooling.preflight import images as preflight_images
+from tests.support.moto_account import fake_account
 from tests.support.stub_quotas import StubQuotas, client_error
 from tests.support.util import BYO_OTHER_ACCOUNT_IMAGE, BYO_OWN_ACCOUNT_IMAGE, byo_stack_config, set_path, stack_config
 from tests.tooling.preflight.test_preflight import config
@@ -26,10 +26,7 @@ MANIFEST = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.docker.
 @pytest.fixture
 def aws(monkeypatch):
     """moto's EC2 and ECR; yields the ECR client factory preflight takes and a push helper."""
-    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SECURITY_TOKEN", "AWS_SESSION_TOKEN"):
-        monkeypatch.setenv(var, "testing")
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
-    with mock_aws():
+    with fake_account(monkeypatch):
         yield lambda region: boto3.client("ecr", region_name=region)
 
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import boto3
 import pytest
-from moto import mock_aws
 
 from eks_ddp.config import choose_zones
 from eks_ddp.tooling import preflight
 from eks_ddp.tooling.preflight import checker as preflight_checker
 from eks_ddp.tooling.preflight import live as preflight_live
+from tests.support.moto_account import fake_account
 from tests.support.stub_quotas import StubQuotas, add_reservations, reservation
 from tests.support.util import set_path, stack_config
 from tests.tooling.preflight.test_preflight import CR, config, p4de_raw
@@ -20,10 +20,7 @@ from tests.tooling.preflight.test_preflight import CR, config, p4de_raw
 @pytest.fixture
 def aws(monkeypatch):
     """Fake credentials and a moto account (EC2 and EKS); yields a factory of EC2 clients for a config's region."""
-    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SECURITY_TOKEN", "AWS_SESSION_TOKEN"):
-        monkeypatch.setenv(var, "testing")
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
-    with mock_aws():
+    with fake_account(monkeypatch):
         yield lambda cfg: boto3.client("ec2", region_name=cfg.region)
 
 NAME = "eks-ddp-dev"
