@@ -140,13 +140,10 @@ def _eks_ddp(*args: str) -> list[str]:
     return [sys.executable, "-m", "eks_ddp.tooling.runs", *args]
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_the_runner_ends_only_what_it_started_and_cancel_and_follow_exit_0(tmp_path):
-    """A user's process that names the run's folder (a TensorBoard, a plotting script), ``eks-ddp logs --follow``
-    and ``eks-ddp cancel`` are the user's, not the run's: the runner, stopping, ends only the processes it started
-    (procs.Owned), so each outlives the run or exits with its own status, and the run reads ``cancelled``. (The
-    runner used to SIGKILL every python process whose command line held the run id: exit 137 for all three.)"""
+def _run_wait_for(tmp_path: Path, *runner_flags: str) -> tuple[dict[str, str], Path, Path, subprocess.Popen]:
+    """The local runner on the corpus's scripts/wait_for.py (it writes ``<flags>/started``, then waits for
+    ``<flags>/finish``), run from a copy of the corpus with ``runner_flags``, its output in ``tmp_path/runner.log``;
+    returns (its environment, the flags folder, its --out folder, the runner)."""
     project = tmp_path / "project"
     shutil.copytree(CORPUS, project)
     flags = tmp_path / "flags"
@@ -156,8 +153,19 @@ def test_the_runner_ends_only_what_it_started_and_cancel_and_follow_exit_0(tmp_p
     out = tmp_path / "out"
     with open(tmp_path / "runner.log", "w") as log:
         runner = subprocess.Popen([sys.executable, "-m", "eks_ddp_local", "--out", str(out), "--timeout", "200",
-                                   "--agents", "1", "--script", "scripts/wait_for.py", "--", str(flags)],
+                                   *runner_flags, "--script", "scripts/wait_for.py", "--", str(flags)],
                                   cwd=project, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    return env, flags, out, runner
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_runner_ends_only_what_it_started_and_cancel_and_follow_exit_0(tmp_path):
+    """A user's process that names the run's folder (a TensorBoard, a plotting script), ``eks-ddp logs --follow``
+    and ``eks-ddp cancel`` are the user's, not the run's: the runner, stopping, ends only the processes it started
+    (procs.Owned), so each outlives the run or exits with its own status, and the run reads ``cancelled``. (The
+    runner used to SIGKILL every python process whose command line held the run id: exit 137 for all three.)"""
+    env, flags, out, runner = _run_wait_for(tmp_path, "--agents", "1")
     mine: list[subprocess.Popen] = []
     try:
         deadline = time.monotonic() + 150
@@ -245,18 +253,7 @@ def test_your_code_survives_a_lost_agent_and_the_run_succeeds(tmp_path):
     """`--kill-agent-after S` with your own code (the review's by-hand kill -9 of an agent): with --min-agents 1 the
     other agent finishes; the runner says so and exits 0, as `eks-ddp status` says succeeded (it used to say FAILED,
     exit 1, blaming the error the survivor had recovered from)."""
-    project = tmp_path / "project"
-    shutil.copytree(CORPUS, project)
-    flags = tmp_path / "flags"
-    flags.mkdir()
-    env = trainer_env()
-    env.pop("CUDA_VISIBLE_DEVICES", None)
-    out = tmp_path / "out"
-    with open(tmp_path / "runner.log", "w") as log:
-        runner = subprocess.Popen([sys.executable, "-m", "eks_ddp_local", "--out", str(out), "--timeout", "200",
-                                   "--agents", "2", "--min-agents", "1", "--kill-agent-after", "1", "--script",
-                                   "scripts/wait_for.py", "--", str(flags)],
-                                  cwd=project, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    env, flags, out, runner = _run_wait_for(tmp_path, "--agents", "2", "--min-agents", "1", "--kill-agent-after", "1")
     try:
         deadline = time.monotonic() + 150
         while "SIGKILL agent1" not in (tmp_path / "runner.log").read_text():
