@@ -127,8 +127,11 @@ class SimAgent:
         return self.result
 
     def lose(self) -> None:
+        """A node lost: nothing of it calls the store again, its lease renewals included, so its heartbeat key
+        lapses one TTL later, as a dead node's does."""
         self.alive = False
         self.handler._stop_heartbeats()
+        self.handler._state_holder._backend.stop_renewing()
 
 
 class Worker:

@@ -138,32 +138,44 @@ def test_a_dead_agent_reads_as_expired_once_its_lease_lapses_and_only_then(etcd_
     # Agent 2 dies: its lease is gone (revoked here; expiry after the drop window on a real loss).
     _client(etcd_endpoint).lease_revoke(backends[2]._mine[node_id(nodes[2])].lease)
     seen = pickle.loads(backends[0].get_state()[0])
-    assert seen.last_heartbeats[nodes[2]] == EPOCH  # torch's _sanitize drops it
-    assert seen.last_heartbeats[nodes[1]] > EPOCH
+    assert nodes[2] not in seen.participants and nodes[2] not in seen.last_heartbeats  # what torch's _sanitize drops
+    assert seen.last_heartbeats[nodes[1]] > EPOCH and nodes[1] in seen.participants
 
 
 def test_a_drop_lands_only_while_the_dropped_agents_key_is_gone(etcd_endpoint):  # noqa: F811
-    """The lease argument: a peer removes an agent from the state only by a compare-and-set that also requires the
-    agent's heartbeat key to be absent. An agent that renewed in between (its key is back) stays."""
+    """The lease argument: an agent is out of the state only while its heartbeat key is gone (the merged view leaves
+    it out), and a peer's write of the core that leaves it out lands only while the key is still gone. An agent
+    that renewed in between (its key is back) is in the state again, and the write that would drop it fails."""
     backends, nodes = _world(etcd_endpoint, 3)
     victim, peer = nodes[2], backends[0]
     _client(etcd_endpoint).lease_revoke(backends[2]._mine[node_id(victim)].lease)
     got = peer.get_state()
     state = pickle.loads(got[0])
-    assert state.last_heartbeats[victim] == EPOCH
+    assert victim not in state.participants
     # The victim comes back (its next heartbeat finds its lease gone and makes a new key) before the peer writes.
-    _beats(backends[2], victim, 1)
-    del state.participants[victim], state.last_heartbeats[victim]
+    backends[2].set_state(*_own_beat(backends[2], victim))
+    assert victim in pickle.loads(peer.get_state()[0]).participants
+    state.closed = True  # a write of the core, built on the read that left the victim out
     bits, _, ok = peer.set_state(pickle.dumps(state), got[1])
     assert not ok and victim in pickle.loads(bits).participants
     assert pickle.loads(bits).last_heartbeats[victim] > EPOCH
-    # Negative control: with the key gone at the write, the same drop lands.
+    # Negative control: with the key gone at the write, the same write lands, and the core no longer lists it.
     _client(etcd_endpoint).lease_revoke(backends[2]._mine[node_id(victim)].lease)
     got = peer.get_state()
     state = pickle.loads(got[0])
-    del state.participants[victim], state.last_heartbeats[victim]
+    state.closed = True
     bits, _, ok = peer.set_state(pickle.dumps(state), got[1])
     assert ok and victim not in pickle.loads(bits).participants
+    assert node_id(victim) not in peer._core.decode()
+
+
+def _own_beat(backend: EtcdV3Backend, node: _NodeDesc) -> tuple[bytes, int]:
+    """torch's keep-alive op on the agent's own last read: its node's heartbeat time now."""
+    got = backend.get_state()
+    assert got is not None
+    state = pickle.loads(got[0])
+    state.last_heartbeats[node] = _now()
+    return pickle.dumps(state), got[1]
 
 
 def test_a_heartbeat_lease_lives_the_drop_window_after_the_last_renewal(etcd_endpoint):  # noqa: F811
@@ -219,6 +231,7 @@ def test_agents_arriving_spread_within_the_last_call_of_one_another_form_one_rou
     assert worlds == [4, 4, 4, 4], worlds
 
     monkeypatch.setattr(rendezvous.ElasticHandler, "next_rendezvous", _without_converge, raising=True)
+    monkeypatch.setattr(EtcdV3Backend, "_claim_for", lambda self, new, core: None)  # every move a write of the core
     worlds = _spread_join(_agents(etcd_endpoint, f"spread-{uuid.uuid4().hex[:8]}", 4, 4), 0.6)
     assert worlds != [4, 4, 4, 4], worlds  # torch's rule: a first world of 1-2, the rest later
 
@@ -246,10 +259,10 @@ def test_a_peers_time_from_an_older_read_never_brings_it_back(etcd_endpoint):  #
     stale = pickle.loads(got[0])
     assert stale.last_heartbeats[peer] > EPOCH
     _client(etcd_endpoint).lease_revoke(backends[2]._mine[node_id(peer)].lease)
-    assert pickle.loads(me.get_state()[0]).last_heartbeats[peer] == EPOCH
+    assert peer not in pickle.loads(me.get_state()[0]).last_heartbeats
     stale.last_heartbeats[nodes[0]] = _now()  # this agent's own beat, on the older read
     bits, _, _ = me.set_state(pickle.dumps(stale), got[1])
-    assert pickle.loads(bits).last_heartbeats[peer] == EPOCH
+    assert peer not in pickle.loads(bits).last_heartbeats
     assert not _client(etcd_endpoint).get_prefix(me.heartbeats + node_id(peer).encode())
 
 
@@ -301,7 +314,7 @@ def test_a_keepalive_that_loses_its_compare_and_set_still_renews_its_lease(etcd_
     backends, nodes = _world(etcd_endpoint, 2)
     got = backends[0].get_state()
     state = pickle.loads(got[0])
-    _update(backends[1], lambda s: s.wait_list.add(_NodeDesc("10.0.9.9", 9, 0)))  # the core moves on: got is stale
+    _update(backends[1], lambda s: setattr(s, "closed", True))  # the core moves on: got is stale
     state.last_heartbeats[nodes[0]] = _now()
     state.wait_list.add(_NodeDesc("10.0.9.8", 8, 0))  # a change of the core: a compare-and-set, which loses
     recorder = _Recorder(monkeypatch, backends[0])
@@ -311,26 +324,36 @@ def test_a_keepalive_that_loses_its_compare_and_set_still_renews_its_lease(etcd_
     assert [p for p, _, _ in recorder.calls].count("lease/keepalive") == 1, recorder.calls
 
 
-def test_a_joining_agent_grants_one_lease_for_many_lost_attempts_and_revokes_none(etcd_endpoint, monkeypatch):  # noqa: F811
-    """Each lost attempt of a joining agent granted a lease for its new heartbeat key and revoked it: two more
-    writes to the store per attempt while the fleet re-forms. Now the lease is kept for the next attempt."""
-    backends, _ = _world(etcd_endpoint, 2)
-    joiner = _backend(etcd_endpoint, backends[0].key.decode().rsplit("/", 1)[1])
-    node = _NodeDesc("10.0.8.1", 801, 0)
-    recorder = _Recorder(monkeypatch, joiner)
-    for _ in range(3):
-        got = joiner.get_state()
+def _arrive(etcd, n_joiners: int, monkeypatch) -> tuple[list[bool], list[list[str]], set[_NodeDesc]]:
+    """A world of 2, then ``n_joiners`` newcomers that all read the state, then all write their arrival (each adds
+    itself to the wait list): whether each first attempt landed, each one's requests, the wait list after."""
+    backends, _ = _world(etcd, 2)
+    run_id = backends[0].key.decode().rsplit("/", 1)[1]
+    joiners = [_backend(etcd, run_id) for _ in range(n_joiners)]
+    nodes = [_NodeDesc(f"10.0.8.{i + 1}", 801 + i, 0) for i in range(n_joiners)]
+    reads = [j.get_state() for j in joiners]
+    recorders = [_Recorder(monkeypatch, j) for j in joiners]
+    landed = []
+    for joiner, node, got in zip(joiners, nodes, reads, strict=True):
         state = pickle.loads(got[0])
-        _update(backends[1], lambda s: s.wait_list.add(_NodeDesc("10.0.9.9", len(s.wait_list) + 1, 0)))
         state.wait_list.add(node)
         state.last_heartbeats[node] = _now()
-        _, _, ok = joiner.set_state(pickle.dumps(state), got[1])
-        assert not ok
-    calls = [p for p, _, _ in recorder.calls]
-    assert calls.count("lease/grant") == 1 and calls.count("lease/revoke") == 0, calls
-    _update(joiner, lambda s: (s.wait_list.add(node), s.last_heartbeats.__setitem__(node, _now())))
+        landed.append(joiner.set_state(pickle.dumps(state), got[1])[2])
     monkeypatch.undo()
-    assert node_id(node) in joiner._mine and node_id(node) in joiner.live
+    return landed, [[p for p, _, _ in r.calls] for r in recorders], pickle.loads(backends[0].get_state()[0]).wait_list
+
+
+def test_newcomers_arriving_together_each_land_with_one_put_on_one_lease(etcd_endpoint, monkeypatch):  # noqa: F811
+    """Each newcomer's arrival is a claim on its own key (claims.py): one lease granted, one put, and it lands on the
+    first attempt whatever the others wrote since its read. Negative control: as one compare-and-set of the shared
+    state (the design before), every arrival after the first loses against the others' writes."""
+    landed, calls, waiting = _arrive(etcd_endpoint, 3, monkeypatch)
+    assert landed == [True, True, True] and len(waiting) == 3
+    for c in calls:
+        assert c.count("lease/grant") == 1 and c.count("lease/revoke") == 0 and c.count("kv/txn") <= 2, c
+    monkeypatch.setattr(EtcdV3Backend, "_claim_for", lambda self, new, core: None)
+    landed, _, _ = _arrive(etcd_endpoint, 3, monkeypatch)
+    assert landed == [True, False, False], landed
 
 
 def test_a_store_answering_3_s_late_lets_no_renewed_lease_lapse(etcd_endpoint, monkeypatch):  # noqa: F811

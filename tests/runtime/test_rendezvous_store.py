@@ -27,7 +27,7 @@ import pytest
 from eks_ddp_local.etcd_server import make_tls, start_etcd
 from eks_ddp_runtime.rendezvous import handler as rendezvous
 from eks_ddp_runtime.rendezvous import state as rdzv_state
-from eks_ddp_runtime.rendezvous.etcd_backend import EPOCH
+from eks_ddp_runtime.rendezvous.etcd_backend import EPOCH, node_id
 from eks_ddp_runtime.rendezvous.etcd_client import EtcdV3Client, b64
 from tests.support.etcd_server import client_tls, etcd_endpoint  # noqa: F401  (pytest fixture)
 
@@ -258,14 +258,24 @@ def test_a_malformed_state_in_the_store_reads_as_a_wiped_store(etcd):
         assert backend.get_state() is None
         assert client.get(_state_key(run_id)) is None
     # A valid state written by another agent reads as that state; heartbeat times come from the heartbeat keys, not
-    # the state (none exist here: every node reads as expired, EPOCH).
+    # the state: a node whose key exists reads as alive (a time after the epoch), and one without a key (its lease
+    # expired) is in no list at all (claims.merge: what torch's _sanitize would drop).
     state = _sample_state()
     client.put(_state_key(run_id), rdzv_state.to_json(state))
+    lease = client.lease_grant(60)
+    for node in state.last_heartbeats:
+        client.put(backend.heartbeats + node_id(node).encode(), b"", lease=lease)
     bits, token = backend.get_state()
     read = vars(pickle.loads(bits))
     assert {k: v for k, v in read.items() if k != "last_heartbeats"} == \
         {k: v for k, v in vars(state).items() if k != "last_heartbeats"} and isinstance(token, int)
-    assert read["last_heartbeats"] == dict.fromkeys(state.last_heartbeats, EPOCH)
+    assert set(read["last_heartbeats"]) == set(state.last_heartbeats)
+    assert all(t > EPOCH for t in read["last_heartbeats"].values())
+    client.lease_revoke(lease)
+    gone = vars(pickle.loads(backend.get_state()[0]))
+    assert (gone["participants"], gone["wait_list"], gone["redundancy_list"], gone["last_heartbeats"]) == ({}, set(),
+                                                                                                         set(), {})
+    assert (gone["round"], gone["complete"]) == (state.round + 1, False)  # nobody left in the round: the next one
 
 
 # -- compare-and-set and retries (K7) ----------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import json
 import logging
 import math
 import os
@@ -55,6 +56,7 @@ from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousBackend, Token, _RendezvousState
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
+from . import claims as rdzv_claims
 from . import etcd_client
 from . import state as rdzv_state
 from .cert_check import certificate_problem
@@ -82,6 +84,10 @@ EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)  # noqa: UP0
 """The heartbeat time of a node whose key is gone (torch's ``_sanitize`` drops it), and every time in the core."""
 CAS_JITTER_S = 0.05
 """After a lost compare-and-set an agent waits up to this long (uniformly) before torch's holder tries again."""
+CLOSE_DEFER_S = 0.5
+"""A round is closed (ranks assigned, one write of the core) by its first participant in torch's node order; every
+other participant that finds the last call over waits this long plus up to as long again (uniformly) and closes it
+only if the core has not moved meanwhile, so one write closes a round instead of one attempt per agent."""
 REQUEST_PATTERN = """
 What one agent sends to etcd (the bench's 128- and 1,000-agent simulation follows this table; k = keep_alive_interval,
 N = agents, S = the core's size, ~85 bytes per node + ~140 (eks_ddp.core.rendezvous_store.core_bytes); every request
@@ -383,6 +389,23 @@ def node_id(node: Any) -> str:
     return f"{node.addr}|{node.pid}|{node.local_id}"
 
 
+def _node_of(nid: str) -> Any:
+    """The ``_NodeDesc`` a heartbeat key names (:func:`node_id`); None for a name that is not one."""
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc
+
+    addr, _, rest = nid.rpartition("|")
+    addr, _, pid = addr.rpartition("|")
+    if not addr or not pid.isdigit() or not rest.isdigit():
+        return None
+    return _NodeDesc(addr, int(pid), int(rest))
+
+
+def _without_deadline(core: bytes) -> bytes:
+    doc = json.loads(core)
+    doc["deadline"] = None
+    return json.dumps(doc, sort_keys=True).encode()
+
+
 class EtcdV3Backend(RendezvousBackend):
     """torch's rendezvous state over etcd v3: the *core* in one key written by compare-and-set on its
     ``mod_revision`` (the token), each node's heartbeat a key of its own on an etcd lease; every call through
@@ -406,8 +429,26 @@ class EtcdV3Backend(RendezvousBackend):
         """Its ``mod_revision`` (0: none known)."""
         self.live: set[str] = set()
         """Node ids whose heartbeat key existed at the last read."""
-        self._live_max_create = 0
+        self._live_max_mod = 0
+        """Highest ``mod_revision`` among the heartbeat keys at the last read (a key created or given a new claim
+        since then has a higher one)."""
+        self._claims: dict[str, rdzv_claims.Claim] = {}
+        """The claims on the heartbeat keys at the last read, by node id (claims.py)."""
+        self._my_claims: dict[str, bytes] = {}
+        """This backend's own nodes' latest claims: written again on a heartbeat key made anew."""
+        self._merged: bytes | None = None
+        """The state last handed to torch's holder (core merged with the claims), heartbeat times at the epoch."""
+        self.min_nodes = 1
+        self.max_nodes = 2**31
+        """torch's ``min_nodes`` and ``max_nodes`` (claims.merge)."""
+        """torch's ``min_nodes``: a forming round has a deadline once this many take part (claims.merge)."""
+        self.last_call_s = 30.0
+        """The last call this agent's arrival asks for (the handler sets it per round: the first round's is longer)."""
+        self.claim_writes = 0
+        """Claims put on this backend's heartbeat keys (the bench counts them)."""
         self._mine: dict[str, _Beat] = {}
+        self._own: set[str] = set()
+        """Node ids this backend has made heartbeat keys for."""
         self._unused: dict[str, tuple[int, datetime.datetime, float]] = {}
         self._renewer: _Renewer | None = None
         """Leases granted for a node's new heartbeat key by an attempt that lost: (lease, sent, monotonic grant)."""
@@ -452,19 +493,21 @@ class EtcdV3Backend(RendezvousBackend):
             # One read-only transaction: nothing but a count comes back while the core and the set of heartbeat
             # keys are what this backend last saw (steady state: O(1) bytes, no WAL entry). Same count and no key
             # created since the last read: the same set (keys only vanish or appear).
+            # Same count and no key created or given a new claim since the last read: the same keys and claims
+            # (keys only vanish, appear or change).
             ok, responses = c.txn([compare(self.key, "MOD", self._rev)],
                                   [op_range(self.heartbeats, prefix=True, count_only=True),
                                    op_range(self.heartbeats, prefix=True, keys_only=True, limit=1,
-                                            min_create_revision=self._live_max_create + 1)],
-                                  [op_range(self.key), op_range(self.heartbeats, prefix=True, keys_only=True)])
+                                            min_mod_revision=self._live_max_mod + 1)],
+                                  [op_range(self.key), op_range(self.heartbeats, prefix=True)])
             if ok:
                 total = etcd_client.as_int(responses[0].get("count"))
-                created = len(etcd_client.kvs_of(responses[1]))
-                if total == len(self.live) and created == 0:
+                changed = len(etcd_client.kvs_of(responses[1]))
+                if total == len(self.live) and changed == 0:
                     return self._view(), self._rev
-                _, responses = c.txn([], [op_range(self.key), op_range(self.heartbeats, prefix=True, keys_only=True)])
+                _, responses = c.txn([], [op_range(self.key), op_range(self.heartbeats, prefix=True)])
         else:
-            _, responses = c.txn([], [op_range(self.key), op_range(self.heartbeats, prefix=True, keys_only=True)])
+            _, responses = c.txn([], [op_range(self.key), op_range(self.heartbeats, prefix=True)])
         return self._absorb(c, responses[0], responses[1])
 
     def _absorb(self, c: EtcdV3Client, core_response: dict[str, Any], beats_response: dict[str, Any]
@@ -474,10 +517,15 @@ class EtcdV3Backend(RendezvousBackend):
         kv = kvs[0] if kvs else None
         beats = etcd_client.kvs_of(beats_response)
         self.live = {b.key[len(self.heartbeats):].decode(errors="replace") for b in beats}
-        self._live_max_create = max((b.create_revision for b in beats), default=0)
+        self._live_max_mod = max((b.mod_revision for b in beats), default=0)
+        self._claims = {}
+        for b in beats:
+            claim = rdzv_claims.decode(b.value)
+            if claim is not None:
+                self._claims[b.key[len(self.heartbeats):].decode(errors="replace")] = claim
         if kv is None:
             self._core, self._rev, self.incarnation = None, 0, (0, 0)
-            return None
+            return (self._view(), ABSENT) if self._claims else None
         try:
             rdzv_state.from_json(kv.value)
         except rdzv_state.StateError as e:
@@ -488,12 +536,31 @@ class EtcdV3Backend(RendezvousBackend):
         self.incarnation = (kv.create_revision, kv.lease)
         return self._view(), self._rev
 
+    def _merge(self, extra: tuple[str, rdzv_claims.Claim] | None = None) -> Any:
+        """The core (the empty state when there is none) merged with the claims of the live keys (claims.py), and
+        ``extra``, a claim of one of this backend's nodes, as if it were written."""
+        core = rdzv_state.from_json(self._core) if self._core is not None else _RendezvousState()
+        # This backend's own nodes count as live whatever the read said: whether a node of its own whose key lapsed
+        # is dropped is torch's _sanitize's call on its last renewal's time (handler._HealingStateHolder), and its
+        # next heartbeat makes the key again, as before claims.
+        claims, live = dict(self._claims), set(self.live) | self._own
+        for nid in self._own - set(self.live):
+            mine = rdzv_claims.decode(self._my_claims.get(nid, b""))
+            if mine is not None:
+                claims[nid] = mine
+        if extra is not None:
+            claims[extra[0]] = extra[1]
+            live.add(extra[0])
+        nodes = {nid: _node_of(nid) for nid in live}
+        return rdzv_claims.merge(core, {nodes[n]: c for n, c in claims.items()},
+                                 {n for n in nodes.values() if n is not None}, self.min_nodes, self.max_nodes)
+
     def _view(self) -> bytes:
-        """The state torch's holder reads: the core with each node's heartbeat time filled in (its own nodes:
-        when their last renewal was sent; others: now when their key exists, :data:`EPOCH` when it is gone, so
-        torch's ``_sanitize`` drops exactly the nodes whose lease expired)."""
-        assert self._core is not None
-        state = rdzv_state.from_json(self._core)
+        """The state torch's holder reads: the core merged with the claims (claims.py), each node's heartbeat time
+        filled in (its own nodes: when their last renewal was sent; others: now, as only nodes whose key exists are
+        listed; torch's ``_sanitize`` drops a node whose lease expired, which merge() left out already)."""
+        state = self._merge()
+        self._merged = rdzv_state.to_json(state)
         now = datetime.datetime.now(datetime.timezone.utc)  # noqa: UP017  (Python 3.10: make test-compat)
         for node in list(state.last_heartbeats):
             nid = node_id(node)
@@ -517,14 +584,14 @@ class EtcdV3Backend(RendezvousBackend):
         # A heartbeat is this backend's to write when its time grew since the last read and the node is one of its
         # own, or new to the state (torch adds only its own node). A peer's time from an older read (a holder that
         # synced before the peer's key went) is never taken for a heartbeat: that would bring the peer back.
-        known = {node_id(n) for n in rdzv_state.from_json(self._core).last_heartbeats} if self._core else set()
+        known = self._known()
         beats = [n for n, t in times.items() if (n not in self._reported or t > self._reported[n])
                  and (node_id(n) in self._mine or node_id(n) not in known)]
         for node in new.last_heartbeats:
             new.last_heartbeats[node] = EPOCH
         core = rdzv_state.to_json(new)
         current = type(token) is int and token > 0 and token == self._rev and self._core is not None
-        if current and core == self._core:
+        if current and core == self._merged:
             # Only heartbeats changed: renew their leases (no write to the core, no WAL entry in etcd). With the
             # renewer running, a live lease of this backend's is its business: only a missing or expired one is
             # made here.
@@ -536,7 +603,74 @@ class EtcdV3Backend(RendezvousBackend):
             if got is None:
                 return self._current()
             return got[0], got[1], got[1] == token
+        if self._merged is not None or self._core is None:
+            claim = self._claim_for(new, core)
+            if claim is not None:
+                return self._put_claim(c, *claim)
         return self._cas(c, new, core, token, beats)
+
+    def _known(self) -> set[str]:
+        """Node ids the store's state names (the core's and the merged view's): a node not among them is new, and
+        only its own agent can have added it."""
+        known: set[str] = set()
+        for value in (self._core, self._merged):
+            if value is not None:
+                known |= {node_id(n) for n in rdzv_state.from_json(value).last_heartbeats}
+        return known | set(self._claims)
+
+    def _claim_for(self, new: Any, core: bytes) -> tuple[str, rdzv_claims.Claim] | None:
+        """The claim of one of this backend's nodes that makes the merged state exactly ``new`` (its deadline aside:
+        merge() decides it from the arrivals), or None when no single claim does (a round closed, the rendezvous
+        closed, anything else): that change goes through compare-and-set on the core."""
+        base = rdzv_state.from_json(self._merged) if self._merged is not None else _RendezvousState()
+        listed = (set(new.participants) | new.wait_list | new.redundancy_list | set(base.participants)
+                  | base.wait_list | base.redundancy_list)
+        known = self._known()
+        own = sorted({node_id(n) for n in listed} & (set(self._mine) | ({node_id(n) for n in listed} - known)))
+        if len(own) != 1:
+            return None
+        nid = own[0]
+        wanted = _without_deadline(core)
+        ask = rdzv_claims.now() + datetime.timedelta(seconds=self.last_call_s)
+        if new.deadline is not None:
+            ask = max(ask, new.deadline)
+        for claim in (rdzv_claims.Claim(new.round, "participant", ask), rdzv_claims.Claim(new.round, "waiting"),
+                      rdzv_claims.Claim(new.round, "redundant"), rdzv_claims.Claim(base.round, "gone")):
+            merged = self._merge((nid, claim))
+            merged.last_heartbeats = dict.fromkeys(merged.last_heartbeats, EPOCH)
+            if _without_deadline(rdzv_state.to_json(merged)) == wanted:
+                return nid, claim
+        return None
+
+    def _put_claim(self, c: EtcdV3Client, nid: str, claim: rdzv_claims.Claim):
+        """Write ``claim`` on node ``nid``'s heartbeat key (one put of ~70 bytes on its lease; a new lease when it has
+        none), reading the core and the heartbeat keys in the same transaction."""
+        value = claim.encode()
+        self._my_claims[nid] = value
+        for _ in range(2):
+            mine = self._mine.get(nid)
+            fresh = None
+            if mine is None or mine.expired:
+                fresh = self._unused_lease(c, nid)
+            lease = fresh[0] if fresh is not None else mine.lease  # type: ignore[union-attr]
+            self.claim_writes += 1
+            try:
+                _, responses = c.txn([], [op_put(self.heartbeats + nid.encode(), value, lease=lease),
+                                          op_range(self.key), op_range(self.heartbeats, prefix=True)])
+            except EtcdAnswerError as e:
+                if e.code != 5:  # NOT_FOUND: the lease expired under us; a new one, once
+                    raise
+                self._mine.pop(nid, None)
+                self._unused.pop(nid, None)
+                continue
+            if fresh is not None:
+                self._own.add(nid)
+                self._mine[nid] = _Beat(*fresh)
+                self._unused.pop(nid, None)
+            got = self._absorb(c, responses[1], responses[2])
+            assert got is not None  # the key just written carries a claim
+            return got[0], got[1], True
+        raise etcd_client.EtcdError(f"etcd put of the claim on {nid}: its new lease is not found either")
 
     def _beat(self, c: EtcdV3Client, node: Any) -> None:
         nid = node_id(node)
@@ -546,8 +680,9 @@ class EtcdV3Backend(RendezvousBackend):
         # No live lease (first beat, or it expired while this agent could not reach the store): a new one, with
         # the core read in the same transaction, so what this agent learns of its membership postdates the key.
         lease = c.lease_grant(self.heartbeat_ttl)
-        _, responses = c.txn([], [op_put(self.heartbeats + nid.encode(), b"", lease=lease), op_range(self.key),
-                                  op_range(self.heartbeats, prefix=True, keys_only=True)])
+        _, responses = c.txn([], [op_put(self.heartbeats + nid.encode(), self._my_claims.get(nid, b""), lease=lease),
+                                  op_range(self.key), op_range(self.heartbeats, prefix=True)])
+        self._own.add(nid)
         self._mine[nid] = _Beat(lease, sent)
         self._absorb(c, responses[1], responses[2])
 
@@ -556,19 +691,28 @@ class EtcdV3Backend(RendezvousBackend):
         if token is not None and token != ABSENT and revision is None:  # not a token of this backend: not current
             self._get(c)
             return self._current()
+        # A read (no raft entry) before the write: a token that is already stale costs the store nothing.
+        self._get(c)
+        if (revision or ABSENT) != self._rev or (new.complete and not new.closed and self._leave_close(c, new)):
+            for node in beats:  # a keep-alive renews this agent's own leases whatever became of its write
+                self._renew_only(c, node_id(node))
+            return self._current()
         nids = {node_id(n) for n in new.last_heartbeats}
-        old = rdzv_state.from_json(self._core) if self._core is not None and revision == self._rev else None
+        old = rdzv_state.from_json(self._merged) if self._merged is not None and revision == self._rev else None
         beat_ids = {node_id(n) for n in beats}
         # A node dropped by another agent is dropped only while its heartbeat key is still gone: a node that
         # renewed meanwhile (its key is back) fails the transaction and stays (docs/rendezvous.md).
         dropped = [] if old is None else sorted({node_id(n) for n in old.last_heartbeats} - nids - beat_ids
                                                 - set(self._mine))
         compares = [compare(self.heartbeats + d.encode(), "CREATE", 0) for d in dropped]
+        # ...and only while no claim changed since the read it was built from (a node that arrived meanwhile is in
+        # the next read's merge, and a round is not closed without it).
+        compares.append(compare(self.heartbeats, "MOD", self._live_max_mod + 1, "LESS", prefix=True))
         # The send time before the grants: etcd counts a lease's TTL from its grant, so a time taken after it would
         # make the lease look younger than it is (the lease in fence.py must never outlast the key).
         fresh = {nid: self._unused_lease(c, nid) for nid in sorted(beat_ids) if nid not in self._mine}
         puts = [op_put(self.heartbeats + nid.encode(), b"", lease=lease) for nid, (lease, _) in fresh.items()]
-        reads = [op_range(self.key), op_range(self.heartbeats, prefix=True, keys_only=True)]
+        reads = [op_range(self.key), op_range(self.heartbeats, prefix=True)]
         state_lease = 0
         if revision is None:
             state_lease = c.lease_grant(self._ttl_s)
@@ -603,8 +747,10 @@ class EtcdV3Backend(RendezvousBackend):
             time.sleep(random.uniform(0, CAS_JITTER_S))
             return self._current()
         for nid, (lease, sent) in fresh.items():
+            self._own.add(nid)
             self._mine[nid] = _Beat(lease, sent)
             self._unused.pop(nid, None)
+            self._my_claims.pop(nid, None)  # its membership is in the core now
         kvs = etcd_client.kvs_of(responses[-2])
         if not kvs:  # the put applied and the key is gone within the same transaction: impossible
             raise etcd_client.EtcdError("etcd txn: the state key written is not there")
@@ -613,6 +759,26 @@ class EtcdV3Backend(RendezvousBackend):
             if node_id(node) not in fresh:
                 self._beat(c, node)
         return self._view(), self._rev, True
+
+    def _leave_close(self, c: EtcdV3Client, new: Any) -> bool:
+        """For a write that closes the forming round (just read again): True to not write it. Not when a node that
+        arrived since torch's read is missing from it (torch re-reads and decides again); and left to the round's
+        first participant in torch's node order: any other waits :data:`CLOSE_DEFER_S` (jittered), reads again and
+        writes only if nothing moved meanwhile, so one write closes a round, not one attempt per agent."""
+        if self._merged is None:
+            return False
+        base = rdzv_state.from_json(self._merged)
+        if base.complete or base.round != new.round:
+            return False
+        if set(base.participants) - set(new.participants):
+            return True
+        first = min(new.participants, key=lambda n: (n.addr, n.pid, n.local_id))
+        if node_id(first) in self._mine:
+            return False
+        seen = (self._rev, self._live_max_mod, len(self.live))
+        time.sleep(CLOSE_DEFER_S * (1 + random.random()))
+        self._get(c)
+        return (self._rev, self._live_max_mod, len(self.live)) != seen
 
     def _unused_lease(self, c: EtcdV3Client, nid: str) -> tuple[int, datetime.datetime]:
         """A lease for node ``nid``'s new heartbeat key, with the wall time sent before it was granted (the key's

@@ -122,7 +122,7 @@ def kvs_of(response: dict[str, Any]) -> list[KeyValue]:
 
 
 def op_range(key: bytes, *, prefix: bool = False, keys_only: bool = False, count_only: bool = False,
-             min_create_revision: int = 0, limit: int = 0) -> dict[str, Any]:
+             min_create_revision: int = 0, min_mod_revision: int = 0, limit: int = 0) -> dict[str, Any]:
     """A ``RangeRequest``; ``count_only`` answers ``count`` alone (no keys; filters do not change the count),
     ``min_create_revision`` keeps only keys created at or after that revision, applied before ``limit`` (rpc.proto
     ``RangeRequest``; etcd server/etcdserver/txn ``executeRange`` fetches the whole range when a filter is set)."""
@@ -135,6 +135,8 @@ def op_range(key: bytes, *, prefix: bool = False, keys_only: bool = False, count
         body["count_only"] = True
     if min_create_revision:
         body["min_create_revision"] = str(int(min_create_revision))
+    if min_mod_revision:
+        body["min_mod_revision"] = str(int(min_mod_revision))
     if limit:
         body["limit"] = str(int(limit))
     return {"request_range": body}
@@ -156,12 +158,17 @@ def op_delete(key: bytes, *, range_end: bytes | None = None) -> dict[str, Any]:
     return {"request_delete_range": body}
 
 
-def compare(key: bytes, target: str, value: int | bytes, result: str = "EQUAL") -> dict[str, Any]:
-    """A ``Compare`` on ``target`` (``MOD``, ``CREATE``, ``VERSION``, ``VALUE``, ``LEASE``) of ``key``."""
+def compare(key: bytes, target: str, value: int | bytes, result: str = "EQUAL", *, prefix: bool = False
+            ) -> dict[str, Any]:
+    """A ``Compare`` on ``target`` (``MOD``, ``CREATE``, ``VERSION``, ``VALUE``, ``LEASE``) of ``key``, or with
+    ``prefix`` of every key under it (rpc.proto ``Compare.range_end``, etcd 3.3+: true when it holds for each key)."""
     field = {"MOD": "mod_revision", "CREATE": "create_revision", "VERSION": "version", "VALUE": "value",
              "LEASE": "lease"}[target]
-    return {"key": b64(key), "target": target, "result": result,
+    body = {"key": b64(key), "target": target, "result": result,
             field: b64(value) if isinstance(value, bytes) else str(int(value))}
+    if prefix:
+        body["range_end"] = b64(prefix_end(key))
+    return body
 
 
 class EtcdV3Client:

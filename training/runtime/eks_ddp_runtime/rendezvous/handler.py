@@ -204,6 +204,9 @@ class ElasticHandler(DynamicRendezvousHandler):
             long = RendezvousTimeout(t.join, timedelta(seconds=self.first_round_s), t.close, t.heartbeat)
             executor._settings = dataclasses.replace(short, timeout=long)
         executor.converge = not first  # a _ConvergingOpExecutor (_create)
+        backend = self._state_holder._backend
+        if isinstance(backend, EtcdV3Backend):  # the last call this agent's arrival asks for (claims.py)
+            backend.last_call_s = executor._settings.timeout.last_call.total_seconds()
         lease = self._state_holder.lease
         if lease is not None:
             lease.leaving()  # this node's workers are stopped: nothing of the last round commits any more
@@ -288,6 +291,8 @@ def _create(params: RendezvousParameters, *, key_prefix: str = KEY_PREFIX, store
     s = handler._settings
     # A node's heartbeat key lives as long as torch's drop window after its last renewal (etcd_backend.py).
     backend.heartbeat_ttl_s = (s.keep_alive_interval * s.keep_alive_max_attempt).total_seconds()
+    backend.min_nodes, backend.max_nodes = s.min_nodes, s.max_nodes
+    backend.last_call_s = s.timeout.last_call.total_seconds()
     handler.retry = retry
     handler.first_round_s = first_round_s
     handler._state_holder._cache_duration = SYNC_POLL_S
