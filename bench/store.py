@@ -147,6 +147,7 @@ WANTED = {
     "sent_bytes": "etcd_network_client_grpc_sent_bytes_total",
     "cpu_seconds": "process_cpu_seconds_total",
     "rss_bytes": "process_resident_memory_bytes",
+    "lease_expired": "etcd_debugging_server_lease_expired_total",
 }
 """What the benches read from /metrics (label sets summed)."""
 

@@ -134,13 +134,37 @@ class SimAgent:
         self.handler._state_holder._backend.stop_renewing()
 
 
+def _delay_requests(path: Path) -> None:
+    """Every store request of this process waits the seconds ``path`` holds (read at each call; 0 or unreadable: no
+    wait) before it is sent, and still succeeds: a slow store, not a failed one."""
+    from eks_ddp_runtime.rendezvous import etcd_client
+
+    original = etcd_client.EtcdV3Client.call
+
+    def call(self, route: str, body: dict[str, Any]) -> dict[str, Any]:
+        try:
+            seconds = float(path.read_text().strip() or 0)
+        except (OSError, ValueError):
+            seconds = 0.0
+        if seconds > 0:
+            time.sleep(seconds)
+        return original(self, route, body)
+    etcd_client.EtcdV3Client.call = call  # type: ignore[method-assign]
+
+
 class Worker:
     """One process's share of the agents, commanded over stdin/stdout (one JSON object a line)."""
 
     def __init__(self, a: argparse.Namespace) -> None:
         os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
         Counting.install()
+        if a.latency_file:
+            _delay_requests(Path(a.latency_file))
         from eks_ddp_runtime.rendezvous import handler
+        from eks_ddp_runtime.rendezvous.etcd_backend import EtcdV3Backend
+
+        if a.design == "core":  # the design before claims: every move a compare-and-set of the one state key
+            EtcdV3Backend._claim_for = lambda self, new, core: None  # type: ignore[method-assign]
 
         handler.register()
         conf = dict(item.split("=", 1) for item in a.conf.split(",") if item)
@@ -222,14 +246,15 @@ class Worker:
 class Sim:
     """``procs`` worker processes holding ``n`` agents of one run on one store."""
 
-    def __init__(self, etcd: Any, n: int, procs: int) -> None:
-        from eks_ddp.core.launch_command import CLUSTER_TIMEOUTS, RdzvTls
+    def __init__(self, etcd: Any, n: int, procs: int, *, design: str = "claims", latency_file: Path | None = None,
+                 per_proc: list[int] | None = None) -> None:
+        from eks_ddp.core.launch_command import RdzvTls, cluster_timeouts
 
         tls = RdzvTls.of(etcd.tls)
-        conf = f"{CLUSTER_TIMEOUTS.conf()},{tls.conf()}"
+        conf = f"{cluster_timeouts(n).conf()},{tls.conf()}"  # the Job's timeouts for a run of n nodes
         run_id = f"sim-{uuid.uuid4().hex[:8]}"
         self.n = n
-        sizes = [n // procs + (1 if i < n % procs else 0) for i in range(procs)]
+        sizes = per_proc or [n // procs + (1 if i < n % procs else 0) for i in range(procs)]
         self.procs: list[subprocess.Popen] = []
         first = 0
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
@@ -238,7 +263,8 @@ class Sim:
                 continue
             self.procs.append(subprocess.Popen(
                 [sys.executable, str(Path(__file__)), "--worker", f"--endpoint={etcd.endpoint}", f"--conf={conf}",
-                 f"--run-id={run_id}", f"--max-nodes={n}", f"--first={first}", f"--count={size}"],
+                 f"--run-id={run_id}", f"--max-nodes={n}", f"--first={first}", f"--count={size}", f"--design={design}",
+                 f"--latency-file={latency_file or ''}"],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, start_new_session=True))
             first += size
         for p in self.procs:
@@ -312,7 +338,15 @@ def _delta(a: dict[str, Any], b: dict[str, Any], seconds: float, n: int) -> dict
     return out
 
 
-def one_size(n: int, procs: int, tmp: Path, window_s: float, timeout_s: float) -> dict[str, Any]:
+def _store_work(a: dict[str, float], b: dict[str, float]) -> dict[str, int]:
+    """What the store did between two scrapes: raft proposals, WAL bytes, leases it expired."""
+    return {"proposals": int(b["proposals_applied"] - a["proposals_applied"]),
+            "wal_bytes": int(b["wal_write_bytes"] - a["wal_write_bytes"]),
+            "leases_expired": int(b["lease_expired"] - a["lease_expired"])}
+
+
+def one_size(n: int, procs: int, tmp: Path, window_s: float, timeout_s: float, design: str = "claims"
+             ) -> dict[str, Any]:
     from store import RenderedEtcd, rates
 
     etcd = RenderedEtcd(tmp / "etcd")
@@ -320,9 +354,9 @@ def one_size(n: int, procs: int, tmp: Path, window_s: float, timeout_s: float) -
     out: dict[str, Any] = {"nodes": n, "procs": min(procs, n), "load_avg_1m_at_start": round(os.getloadavg()[0], 2)}
     sim = None
     try:
-        sim = Sim(etcd, n, min(procs, n))
-        t = time.time()
-        out["rendezvous"] = _formed(sim.join(timeout_s), n, t)
+        sim = Sim(etcd, n, min(procs, n), design=design)
+        t, before = time.time(), etcd.scrape()
+        out["rendezvous"] = {**_formed(sim.join(timeout_s), n, t), **_store_work(before, etcd.scrape())}
         print(n, "rendezvous", json.dumps(out["rendezvous"]), flush=True)
         if not out["rendezvous"]["ok"]:
             return out
@@ -351,9 +385,11 @@ def one_size(n: int, procs: int, tmp: Path, window_s: float, timeout_s: float) -
             if live - k < 1:
                 break
             victims = list(range(n - (n - live) - k, n - (n - live)))  # the last live agents
+            before = etcd.scrape()
             sim.all({"op": "lose", "agents": victims})
             t = time.time()
-            out[label] = {"from": live, "lost": k, **_formed(sim.join(timeout_s), live - k, t)}
+            out[label] = {"from": live, "lost": k, **_formed(sim.join(timeout_s), live - k, t),
+                          **_store_work(before, etcd.scrape())}
             print(n, label, json.dumps(out[label]), flush=True)
             if not out[label]["ok"]:
                 break
@@ -383,6 +419,9 @@ def main() -> int:
     p.add_argument("--window-s", type=float, default=20.0)
     p.add_argument("--timeout-s", type=float, default=300.0)
     p.add_argument("--label", default="current")
+    p.add_argument("--design", choices=("claims", "core"), default="claims",
+                   help="core: every rendezvous move a compare-and-set of the one state key (the design before claims)")
+    p.add_argument("--latency-file", default="", help=argparse.SUPPRESS)
     p.add_argument("--out", default=str(HERE / "store_sim.json"))
     a = p.parse_args()
     if a.worker:
@@ -393,10 +432,10 @@ def main() -> int:
 
     os.chdir(ROOT)
     tmp = Path(tempfile.mkdtemp(prefix="bench-sim-"))
-    res: dict[str, Any] = {"label": a.label, "date": time.strftime("%Y-%m-%d %H:%M %Z"), "machine": machine(),
+    res: dict[str, Any] = {"label": a.label, "design": a.design, "date": time.strftime("%Y-%m-%d %H:%M %Z"), "machine": machine(),
                            "sizes": []}
     for n in [int(x) for x in a.nodes.split(",") if x]:
-        res["sizes"].append(one_size(n, a.procs, tmp / f"n{n}", a.window_s, a.timeout_s))
+        res["sizes"].append(one_size(n, a.procs, tmp / f"n{n}", a.window_s, a.timeout_s, a.design))
         Path(a.out).write_text(json.dumps(res, indent=2) + "\n")
     return 0
 
