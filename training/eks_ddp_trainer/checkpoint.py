@@ -384,21 +384,23 @@ def _superseded_why(run_dir: str | os.PathLike, generation: int) -> str | None:
     return None
 
 
-_stale_said: set[tuple[int, str]] = set()
+deferrals = fence.Deferrals(stream="stdout")
+"""The trainer's deferred commits and waits on the run's store, said once per episode (eks_ddp_runtime.fence)."""
 
 
 def commit_gate(run_dir: str | os.PathLike, generation: int | None, what: str) -> Callable[[], None]:
     """A check for right before a rename: raises CommitRefused when the agent's lease does not allow ``what``
-    (eks_ddp_runtime.fence.commit_allowed) or a newer world than ``generation`` has fenced ``run_dir``."""
+    (eks_ddp_runtime.fence.lease) or a newer world than ``generation`` has fenced ``run_dir`` (or the run's store
+    did not answer that check). A kind of commit's refusals are said once per episode (:data:`deferrals`)."""
     def gate() -> None:
         why = None if generation is None else _superseded_why(run_dir, generation)
-        if generation is not None and why is not None:
-            if (generation, why[:20]) not in _stale_said:
-                _stale_said.add((generation, why[:20]))
-                print(f"[fence] {what}: commit deferred: {why}", flush=True)
+        if why is None:
+            ok, lease_why = fence.lease()
+            why = None if ok else lease_why
+        if why is not None:
+            deferrals.refused(what, why)
             raise CommitRefused(what)
-        if not fence.commit_allowed(what):
-            raise CommitRefused(what)
+        deferrals.allowed(what)
     return gate
 
 
@@ -635,7 +637,7 @@ def _store_fence(store: fence_store.FenceStore, run_dir: str | os.PathLike, base
             generation = int(now["generation"]) + 1
         raise FenceError(f"{fence_dir(run_dir)}: no free fence name in 1000 tries")
     except fence_store.StoreUnavailable as e:
-        print(f"[fence] fence of a new world deferred: {e}", flush=True)
+        deferrals.refused("fence of a new world", str(e), said="deferred")
         return None
 
 
