@@ -150,17 +150,18 @@ def save_checkpoint(run_dir: str | os.PathLike, state: dict[str, Any], *, keep: 
         raise ValueError(f"keep_checkpoints: got {keep}; expected >= 1")
     step = int(state["step"])
     generation = (state.get("fence") or {}).get("generation")
-    buf = io.BytesIO()
-    torch.save({"format": FORMAT, **state}, buf)
-    d = ckpt_dir(run_dir)
-    d.mkdir(parents=True, exist_ok=True)
     gate = commit_gate(run_dir, generation, f"checkpoint step {step}")
     # The gate first: a world that may not commit touches nothing in the folder (another world's rank 0 may be
-    # writing its own temp file there right now).
+    # writing its own temp file there right now), and a refused try costs no serialisation (a pending checkpoint is
+    # tried again every second while the store is away: training/eks_ddp_trainer/commits.py).
     try:
         gate()
     except CommitRefused:
         return None
+    buf = io.BytesIO()
+    torch.save({"format": FORMAT, **state}, buf)
+    d = ckpt_dir(run_dir)
+    d.mkdir(parents=True, exist_ok=True)
     # This writer's own temp files only (left by an earlier try that was killed between write and rename):
     # the tag holds the generation, the host and the pid, so no other writer on any node has the same names.
     tag = writer_tag(generation)
