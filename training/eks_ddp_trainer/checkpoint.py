@@ -153,7 +153,7 @@ def save_checkpoint(run_dir: str | os.PathLike, state: dict[str, Any], *, keep: 
     gate = commit_gate(run_dir, generation, f"checkpoint step {step}")
     # The gate first: a world that may not commit touches nothing in the folder (another world's rank 0 may be
     # writing its own temp file there right now), and a refused try costs no serialisation (a pending checkpoint is
-    # tried again every second while the store is away: training/eks_ddp_trainer/commits.py).
+    # tried again every half second while the store is away: training/eks_ddp_trainer/commits.py).
     try:
         gate()
     except CommitRefused:

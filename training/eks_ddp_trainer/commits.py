@@ -26,7 +26,7 @@ from pathlib import Path
 from eks_ddp_trainer import checkpoint as ckpt
 from eks_ddp_trainer.snapshot import HostCopy
 
-RETRY_S = 1.0
+RETRY_S = 0.5
 """How soon a refused checkpoint is tried again (each try reads the run's store once or twice)."""
 
 
