@@ -61,17 +61,21 @@ class Checkpoints:
             replaced = self._pending
             self._pending = (step, copy)
             if replaced is not None:
-                if self._episode is None:
-                    self._episode = [time.monotonic(), 0, replaced[0]]
-                    print(f"[train] step {step}: durable checkpoint replaces step {replaced[0]}'s, not yet committed "
-                          f"({self._waiting_for()}); at most one checkpoint waits, the newest (said once until one "
-                          "lands)", flush=True)
-                self._episode[1] += 1
+                self._dropped(replaced[0], step)
             if not self._busy:
                 self._busy = True
                 self._thread = threading.Thread(target=self._run, name="checkpoint-writer", daemon=True)
                 self._thread.start()
             self._cond.notify_all()
+
+    def _dropped(self, old: int, new: int) -> None:
+        """Checkpoint ``old`` gives way to ``new`` before it landed (called under the lock); said once per episode."""
+        if self._episode is None:
+            self._episode = [time.monotonic(), 0, old]
+            print(f"[train] step {new}: durable checkpoint replaces step {old}'s, not yet committed "
+                  f"({self._waiting_for()}); at most one checkpoint waits, the newest (said once until one lands)",
+                  flush=True)
+        self._episode[1] += 1
 
     def _waiting_for(self) -> str:
         if ckpt.deferrals.deferring("checkpoint"):
@@ -109,6 +113,7 @@ class Checkpoints:
                         if self._pending is None:
                             self._cond.wait(RETRY_S)
                         if self._pending is not None:
+                            self._dropped(step, self._pending[0])
                             break
                 else:
                     self._landed(step)
