@@ -150,17 +150,18 @@ def save_checkpoint(run_dir: str | os.PathLike, state: dict[str, Any], *, keep: 
         raise ValueError(f"keep_checkpoints: got {keep}; expected >= 1")
     step = int(state["step"])
     generation = (state.get("fence") or {}).get("generation")
-    buf = io.BytesIO()
-    torch.save({"format": FORMAT, **state}, buf)
-    d = ckpt_dir(run_dir)
-    d.mkdir(parents=True, exist_ok=True)
     gate = commit_gate(run_dir, generation, f"checkpoint step {step}")
     # The gate first: a world that may not commit touches nothing in the folder (another world's rank 0 may be
-    # writing its own temp file there right now).
+    # writing its own temp file there right now), and a refused try costs no serialisation (a pending checkpoint is
+    # tried again every half second while the store is away: training/eks_ddp_trainer/commits.py).
     try:
         gate()
     except CommitRefused:
         return None
+    buf = io.BytesIO()
+    torch.save({"format": FORMAT, **state}, buf)
+    d = ckpt_dir(run_dir)
+    d.mkdir(parents=True, exist_ok=True)
     # This writer's own temp files only (left by an earlier try that was killed between write and rename):
     # the tag holds the generation, the host and the pid, so no other writer on any node has the same names.
     tag = writer_tag(generation)
@@ -384,21 +385,23 @@ def _superseded_why(run_dir: str | os.PathLike, generation: int) -> str | None:
     return None
 
 
-_stale_said: set[tuple[int, str]] = set()
+deferrals = fence.Deferrals(stream="stdout")
+"""The trainer's deferred commits and waits on the run's store, said once per episode (eks_ddp_runtime.fence)."""
 
 
 def commit_gate(run_dir: str | os.PathLike, generation: int | None, what: str) -> Callable[[], None]:
     """A check for right before a rename: raises CommitRefused when the agent's lease does not allow ``what``
-    (eks_ddp_runtime.fence.commit_allowed) or a newer world than ``generation`` has fenced ``run_dir``."""
+    (eks_ddp_runtime.fence.lease) or a newer world than ``generation`` has fenced ``run_dir`` (or the run's store
+    did not answer that check). A kind of commit's refusals are said once per episode (:data:`deferrals`)."""
     def gate() -> None:
         why = None if generation is None else _superseded_why(run_dir, generation)
-        if generation is not None and why is not None:
-            if (generation, why[:20]) not in _stale_said:
-                _stale_said.add((generation, why[:20]))
-                print(f"[fence] {what}: commit deferred: {why}", flush=True)
+        if why is None:
+            ok, lease_why = fence.lease()
+            why = None if ok else lease_why
+        if why is not None:
+            deferrals.refused(what, why)
             raise CommitRefused(what)
-        if not fence.commit_allowed(what):
-            raise CommitRefused(what)
+        deferrals.allowed(what)
     return gate
 
 
@@ -635,7 +638,7 @@ def _store_fence(store: fence_store.FenceStore, run_dir: str | os.PathLike, base
             generation = int(now["generation"]) + 1
         raise FenceError(f"{fence_dir(run_dir)}: no free fence name in 1000 tries")
     except fence_store.StoreUnavailable as e:
-        print(f"[fence] fence of a new world deferred: {e}", flush=True)
+        deferrals.refused("fence of a new world", str(e), said="deferred")
         return None
 
 

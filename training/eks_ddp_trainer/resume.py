@@ -36,8 +36,10 @@ def choose_checkpoint(env: DistEnv, run_dir: Path, start_over: bool) -> tuple[di
             except ckpt.CheckpointError as e:
                 chosen[1] = str(e)
             except fence_store.StoreUnavailable as e:  # the run's store: tried again, in short collectives
-                print(f"[fence] choosing the checkpoint waits for the run's store: {e}", flush=True)
+                ckpt.deferrals.refused("choosing the checkpoint", str(e), said="waits for the run's store")
                 chosen[3] = True
+            else:
+                ckpt.deferrals.allowed("choosing the checkpoint", said="done")
         if env.distributed:
             dist.broadcast_object_list(chosen, src=0)
         if not chosen[3]:
@@ -69,6 +71,8 @@ def fence_world(env: DistEnv, run_dir: Path, restored: dict[str, Any] | None,
             try:
                 generation = ckpt.write_fence(run_dir, base, round_, lineage)
                 box[0] = -1 if generation is None else generation
+                if generation is not None:
+                    ckpt.deferrals.allowed("fence of a new world", said="taken")
             except ckpt.ReplacedElsewhere as e:
                 elsewhere, box[0] = e, REPLACED_ELSEWHERE
         if env.distributed:
@@ -91,7 +95,10 @@ def hold_until_leased(env: DistEnv, run_dir: Path, generation: int, what: str) -
     while True:
         ok = torch.ones(1, dtype=torch.int64, device=env.device)
         if env.is_main:
-            ok[0] = int(ckpt._superseded_why(run_dir, generation) is None and fence.commit_allowed(what))
+            try:
+                ckpt.commit_gate(run_dir, generation, what)()
+            except ckpt.CommitRefused:
+                ok[0] = 0
         if env.distributed:
             dist.broadcast(ok, src=0)
         if int(ok.item()):

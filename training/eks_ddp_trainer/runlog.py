@@ -83,7 +83,9 @@ class RunLog:
             self._wake.wait(0.5)  # also every half second: records refused earlier are retried
             self._wake.clear()
             try:
-                self.flush(wait=False)
+                if not self.flush(wait=False):
+                    # Refused: checked again in half a second, not at every record (each check reads the run's store).
+                    self._stop.wait(0.5)
             except BaseException as e:  # handed to the training thread at its next record
                 self._error = e
                 with self._state:
@@ -94,8 +96,8 @@ class RunLog:
                     self._writing = False
                     return
 
-    def flush(self, wait: bool) -> None:
-        """Append the records made so far, when this world may (with ``wait``: once it may)."""
+    def flush(self, wait: bool) -> bool:
+        """Append the records made so far, when this world may (with ``wait``: once it may); False when refused."""
         from .checkpoint import CommitRefused
 
         with self._lock:
@@ -105,7 +107,7 @@ class RunLog:
                         self.gate()
                 except CommitRefused:
                     if not wait:
-                        return
+                        return False
                     time.sleep(0.5)
                     continue
                 batch = list(self._pending)
@@ -113,6 +115,7 @@ class RunLog:
                     f.write("".join(line for _, line in batch))
                 while self._pending and self._pending[0][0] <= batch[-1][0]:
                     self._pending.popleft()
+        return True
 
     def close(self) -> None:
         self._stop.set()

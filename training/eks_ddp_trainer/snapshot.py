@@ -143,12 +143,6 @@ class BackgroundWriter:
         self._thread = threading.Thread(target=run, daemon=True)
         self._thread.start()
 
-    def done_within(self, timeout_s: float) -> bool:
-        """Whether the write in flight (if any) finishes within ``timeout_s``; its error surfaces on ``wait``."""
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-        return not self.busy()
-
     def wait(self) -> None:
         if self._thread is not None:
             self._thread.join()

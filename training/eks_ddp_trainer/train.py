@@ -45,6 +45,7 @@ from eks_ddp_runtime import exitcodes
 from eks_ddp_runtime.dist import DistEnv, all_reduce_sum, barrier, process_age_s, process_group
 from eks_ddp_trainer import checkpoint as ckpt
 from eks_ddp_trainer import snapshot
+from eks_ddp_trainer.commits import Checkpoints
 from eks_ddp_trainer.config import TrainerConfig
 from eks_ddp_trainer.data import (
     DataError,
@@ -79,8 +80,6 @@ from eks_ddp_trainer.runlog import HISTORY_FILE, RunLog  # noqa: F401  (HISTORY_
 from eks_ddp_trainer.train_args import parse_args
 from eks_ddp_trainer.wrap import compile_cache_dir, compiled_step, full_share, wrap_ddp
 
-SAVE_GRACE_S = 1.0
-"""Seconds a due durable checkpoint waits for the previous write before it is skipped (a slow shared volume)."""
 _AGE_AFTER_IMPORTS = process_age_s()
 
 
@@ -222,7 +221,7 @@ class Training:
             print(f"[train] warning: {world} processes share {plan.groups_per_step} BatchNorm groups per step; "
                   f"{world - plan.groups_per_step} idle each step (raise --global-batch-size or lower --bn-group)",
                   flush=True)
-        self.durable = snapshot.BackgroundWriter()
+        self.durable = Checkpoints(self.run_dir, args.keep_checkpoints)
 
     def full_state(self, final: bool = False) -> dict[str, Any]:
         return {
@@ -246,25 +245,10 @@ class Training:
             raise TrainerError(exitcodes.DIVERGED, f"step {pos['step']}: non-finite weights; not checkpointed")
         if not self.env.is_main:
             return
-        # Rank 0 writes a CPU copy on a side thread; the peers do not wait for the shared volume. A save due while
-        # the previous one is still being written gets SAVE_GRACE_S for it, then is skipped (the per-step node-local
-        # snapshots cover recovery meanwhile): a slow volume costs training at most that much per checkpoint
-        # interval. The final save waits.
-        if not final and not self.durable.done_within(SAVE_GRACE_S):
-            print(f"[train] step {pos['step']}: durable checkpoint skipped, the previous write is still running "
-                  "(slow shared volume)", flush=True)
-            return
-        copy = snapshot.HostCopy(self.full_state(final))
-        run_dir, keep = self.run_dir, self.args.keep_checkpoints
-
-        def write() -> None:
-            copy.wait()  # the device-to-host copies land before anything is serialised
-            # Refused (None) while this world may not commit (checkpoint.commit_gate): deferred to the next one
-            # due; the final one is retried until it may (a replaced world waits until it is stopped).
-            while ckpt.save_checkpoint(run_dir, copy.state, keep=keep) is None and final:
-                time.sleep(0.5)
-
-        self.durable.submit(write)
+        # Rank 0 hands a CPU copy to its committer (training/eks_ddp_trainer/commits.py) and goes on: neither a slow
+        # shared volume nor a run's store that does not answer the fence's check holds a step. At most one checkpoint
+        # waits (a newer one replaces it); the final one is waited for in finish().
+        self.durable.submit(pos["step"], snapshot.HostCopy(self.full_state(final)))
 
     def finished(self) -> bool:
         step = self.pos["step"]

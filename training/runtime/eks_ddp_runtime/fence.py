@@ -21,7 +21,7 @@ at once when it sees itself absent from the state (dropped, or a store that came
 appended) a worker calls :func:`commit_allowed`: false when the lease has expired or names another round than
 the one the worker was started for. The worker logs one line, defers that commit and keeps going: a store
 outage of any length costs no agent and no training, only commits, which resume when the heartbeat lands
-again. Under any other launcher (torchrun, a plain ``python``) there is no lease file and every commit is
+again, with one more line saying how long they waited (:class:`Deferrals`: once per episode, not per check). Under any other launcher (torchrun, a plain ``python``) there is no lease file and every commit is
 allowed, so users' own training code can call it unconditionally.
 
 A stall between the check and the rename (a paused process) can still put a commit after the lease's end;
@@ -35,6 +35,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import shutil
 import stat
 import sys
@@ -43,8 +44,8 @@ import threading
 import time
 from datetime import datetime, timezone
 
-__all__ = ["LEASE_FILE_ENV", "ROUND_ENV", "Lease", "agent_lease", "commit_allowed", "lease", "published", "under_lease",
-           "wait_for_lease"]
+__all__ = ["LEASE_FILE_ENV", "ROUND_ENV", "Deferrals", "Lease", "agent_lease", "commit_allowed", "lease", "published",
+           "under_lease", "wait_for_lease"]
 
 LEASE_FILE_ENV = "EKS_DDP_LEASE_FILE"
 """Where the agent publishes its lease (set by the launcher for its workers; absent: no lease, no fencing)."""
@@ -141,7 +142,6 @@ class Lease:
 
 # ------------------------------------------------------------------------------------------------ worker side
 
-_refused: set[str] = set()
 _checked_dirs: set[str] = set()
 
 
@@ -220,20 +220,65 @@ def _check_private(directory: str) -> None:
     _checked_dirs.add(directory)
 
 
+class Deferrals:
+    """Says a deferral once per episode: the first refusal of a kind of commit (the first word of ``what``:
+    "checkpoint", "history", ...) in one line with its reason, nothing for the refusals that follow (a commit is
+    checked again every half second or every step for as long as the store or the lease is away), and one line
+    when that kind is allowed again, with how long it waited, how many checks were refused and why. ``stream``:
+    the name of the ``sys`` stream the lines go to (looked up when one is said)."""
+
+    def __init__(self, prefix: str = "[fence]", stream: str = "stderr") -> None:
+        self.prefix, self.stream = prefix, stream
+        self._open: dict[str, list] = {}  # kind -> [since (monotonic), refused checks, distinct reasons]
+        self._lock = threading.Lock()
+
+    def _say(self, line: str) -> None:
+        print(f"{self.prefix} {line}", file=getattr(sys, self.stream), flush=True)
+
+    def refused(self, what: str, why: str, said: str = "commit deferred") -> None:
+        kind, reason = what.split(" ")[0], _reason(why)
+        with self._lock:
+            episode = self._open.get(kind)
+            if episode is None:
+                self._open[kind] = [time.monotonic(), 1, [reason]]
+            else:
+                episode[1] += 1
+                if reason not in episode[2] and len(episode[2]) < 5:
+                    episode[2].append(reason)
+                return
+        self._say(f"{what}: {said}: {why} (said once until it resumes)")
+
+    def allowed(self, what: str, detail: str = "", said: str = "commits resume") -> None:
+        kind = what.split(" ")[0]
+        with self._lock:
+            episode = self._open.pop(kind, None)
+        if episode is not None:
+            since, n, reasons = episode
+            self._say(f"{what}: {said} after {time.monotonic() - since:.1f} s deferred ({n} check"
+                      f"{'s' if n != 1 else ''} refused: {'; '.join(reasons)}){f'; {detail}' if detail else ''}")
+
+    def deferring(self, what: str) -> bool:
+        """Whether ``what``'s kind is in an episode of refusals."""
+        return what.split(" ")[0] in self._open
+
+
+def _reason(why: str) -> str:
+    """A reason without its figures (seconds, addresses), so that one cause counts once in a summary."""
+    return re.sub(r"\d[\d.:]*", "#", why.split(" (")[0])[:80]
+
+
+_deferrals = Deferrals()
+
+
 def commit_allowed(what: str) -> bool:
     """Whether ``what`` (e.g. "checkpoint step 120") may be committed now; call it right before the atomic
-    rename. Logs one line when a kind of commit is first refused and one when it is allowed again; never
-    raises. Always True outside the launcher."""
+    rename. Logs one line when a kind of commit is first refused and one, with how long it waited, when it is
+    allowed again (:class:`Deferrals`); never raises. Always True outside the launcher."""
     ok, why = lease()
-    kind = what.split(" ")[0]
     if ok:
-        if kind in _refused:
-            _refused.discard(kind)
-            print(f"[fence] {what}: commits resume ({why})", file=sys.stderr, flush=True)
+        _deferrals.allowed(what, why)
         return True
-    if kind not in _refused:
-        _refused.add(kind)
-        print(f"[fence] {what}: commit deferred: {why}", file=sys.stderr, flush=True)
+    _deferrals.refused(what, why)
     return False
 
 
