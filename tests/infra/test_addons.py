@@ -46,6 +46,7 @@ def test_nvidia_device_plugin_pinned_tolerates_taint_and_selects_gpu_nodes(plain
     values = rel["values"]
     assert GPU_TOLERATION in values["tolerations"]
     assert values["nodeSelector"] == {"eks-ddp/pool": "gpu"}
+    assert values["image"] == {"repository": "nvcr.io/nvidia/k8s-device-plugin", "tag": "v0.17.2"}
     term = values["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     assert term == [{"matchExpressions": [{"key": "eks-ddp/pool", "operator": "In", "values": ["gpu"]}]}]
 
@@ -58,7 +59,8 @@ def test_efa_plugin_pinned_when_efa(with_efa):
     rel = _release(with_efa, "aws-efa-k8s-device-plugin").inputs
     assert rel["version"] == addons_mod.EFA_DEVICE_PLUGIN_VERSION
     assert rel["repositoryOpts"]["repo"] == "https://aws.github.io/eks-charts"
-    assert rel["values"] == {"tolerations": [GPU_TOLERATION], "nodeSelector": {"eks-ddp/pool": "gpu"}}
+    assert rel["values"] == {"tolerations": [GPU_TOLERATION], "nodeSelector": {"eks-ddp/pool": "gpu"}, "image": {
+        "repository": "602401143452.dkr.ecr.us-west-2.amazonaws.com/eks/aws-efa-k8s-device-plugin", "tag": "v0.5.20"}}
 
 
 def test_metrics_server_is_a_pinned_eks_addon(plain):
@@ -109,7 +111,7 @@ def test_efa_plugin_image_comes_from_the_partitions_own_registry(region, reposit
                       opts=pulumi.ResourceOptions(providers={"kubernetes": provider}))
 
     result = run_program({}, program=program, region=region, mocks=RecordingMocks(region=region))
-    assert _release(result, "aws-efa-k8s-device-plugin").inputs["values"]["image"] == {"repository": repository}
+    assert _release(result, "aws-efa-k8s-device-plugin").inputs["values"]["image"] == {"repository": repository, "tag": "v0.5.20"}
     part = "aws-cn" if region.startswith("cn-") else "aws-us-gov"
     account = repository.split(".", 1)[0]
     repo_arn = f"arn:{part}:ecr:{region}:{account}:repository/eks/aws-efa-k8s-device-plugin"

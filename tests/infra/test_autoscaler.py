@@ -96,8 +96,10 @@ def test_autoscaler_release_pinned_on_the_system_nodes_discovering_this_cluster(
     assert v["cloudProvider"] == "aws" and v["awsRegion"] == stack_config(stack)["aws:region"]
     version = stack_config(stack)["eks-ddp:cluster"].get("kubernetesVersion", "1.35")
     assert v["image"] == {"repository": "registry.k8s.io/autoscaling/cluster-autoscaler",
-                          "tag": autoscaler.IMAGE_TAGS[version]}
+                          "tag": autoscaler.PINS[version].image_reference}
     assert autoscaler.IMAGE_TAGS[version].startswith(f"v{version}.")
+    assert v["image"]["tag"].startswith(f"{autoscaler.IMAGE_TAGS[version]}@sha256:") == (
+        autoscaler.PINS[version].image_digest is not None)
     assert v["nodeSelector"] == {"eks-ddp/pool": "system"}
     assert v["autoDiscovery"] == {"clusterName": cluster_name(stack), "tags": [
         "k8s.io/cluster-autoscaler/enabled", f"k8s.io/cluster-autoscaler/{cluster_name(stack)}"]}

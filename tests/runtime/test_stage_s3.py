@@ -64,7 +64,7 @@ def test_every_object_is_copied_verified_and_a_rerun_is_a_no_op(s3, tmp_path):
     c = Counting(s3)
     assert stage_s3.stage(c, "s3://data/wiki/", tmp_path / "wiki", log=lambda *_: None) == 2
     files = sorted(str(p.relative_to(tmp_path / "wiki")) for p in (tmp_path / "wiki").rglob("*") if p.is_file())
-    assert files == [dataset.MANIFEST, "a.txt", "sub/b.bin"]
+    assert files == [dataset.MANIFEST, dataset.VERIFIED, "a.txt", "sub/b.bin"]
     assert (tmp_path / "wiki/a.txt").read_bytes() == b"alpha"
     manifest = json.loads((tmp_path / "wiki" / dataset.MANIFEST).read_text())
     assert manifest["uri"] == "s3://data/wiki/"
@@ -323,7 +323,7 @@ def test_the_launcher_verifies_the_data_set_before_any_worker_starts(s3, tmp_pat
     digest = hashlib.sha256((root / dataset.MANIFEST).read_bytes()).hexdigest()
     ok, ran = _launch(tmp_path, root, f"sha256:{digest}")
     assert ok.returncode == 0 and ran, ok.stderr[-3000:]
-    assert "verified: 2 files" in ok.stderr and "(pinned)" in ok.stderr
+    assert "verified by its marker" in ok.stderr and ": 2 files" in ok.stderr and "(pinned)" in ok.stderr
     # Negative control: one file changed after staging; the worker never starts.
     (root / "a.txt").write_bytes(b"ALPHA")
     changed, ran = _launch(tmp_path, root, "manifest")

@@ -22,9 +22,10 @@ step (``dynamic=False``: static shapes, the fastest kernels). :func:`full_share`
 another shape (an epoch's short last step, a process without a sample in the step) runs the same module
 eagerly instead of compiling a second graph, so no process ever compiles in the middle of training while
 its peers wait in the all-reduce. Inductor's FX-graph and AOT-autograd caches are on (torch's
-default) and kept in ``TORCHINDUCTOR_CACHE_DIR``: when that is not set, ``<run-dir>/compile-cache`` on the
-run's volume (/shared on the cluster), so a restarted worker, a rescheduled pod and every node of the run
-reuse the compiled artifacts instead of generating code again.
+default) and kept in ``TORCHINDUCTOR_CACHE_DIR``: on the cluster the training Job sets it on the run's volume,
+keyed by torch version and model (``<run-dir>/compile-cache/torch-<version>/<model>``, components/eks_ddp/core/
+workload.py ``compile_cache_env``); when it is not set (a local run), ``<run-dir>/compile-cache``. So a restarted
+worker, a rescheduled pod and every node of the run reuse the compiled artifacts instead of generating code again.
 """
 
 from __future__ import annotations

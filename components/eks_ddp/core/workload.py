@@ -292,6 +292,26 @@ def dataset_name(uri: str) -> str:
     return label or "data"
 
 
+TRAINER_TORCH_VERSION = "2.14.1"
+"""The torch the stack's trainer image is built with (docker/Dockerfile ``ARG TORCH_VERSION``; a test keeps them
+equal): the compile cache's key."""
+COMPILE_CACHE_SUBDIR = "compile-cache"
+
+
+def compile_cache_env(w: Workload, run_dir: str) -> dict[str, str]:
+    """Where the bundled trainer's ``--compile`` keeps Inductor's and Triton's caches on the cluster: the run's
+    directory on the shared volume, keyed by torch version and model (``<run dir>/compile-cache/torch-<version>/
+    <model>``), so a restarted pod or a replacement node loads the compiled kernels instead of compiling while the
+    world waits. Empty (the pod-local ``/tmp`` defaults stay) for a workload that does not compile with the stack's
+    image: a user's image sets its own in ``workload.env`` (docs/own-workloads.md)."""
+    if w.module != TRAIN_MODULE or w.image is not None or "--compile" not in w.args:
+        return {}
+    default = TrainerConfig.__dataclass_fields__["model"].default
+    model = next((a.split("=", 1)[1] for a in w.args if a.startswith("--model=")), default)
+    root = f"{run_dir}/{COMPILE_CACHE_SUBDIR}/torch-{TRAINER_TORCH_VERSION}/{model}"
+    return {"TORCHINDUCTOR_CACHE_DIR": root, "TRITON_CACHE_DIR": f"{root}/triton"}
+
+
 def cifar10_workload(*, epochs: int = 10, global_batch_size: int = 1024, model: ModelName = "airnet",
                      learning_rate: float | None = None, compile: bool = False) -> Workload:
     """The bundled CIFAR-10 trainer (``-m eks_ddp_trainer.train``) with exactly the flags the stack has always run

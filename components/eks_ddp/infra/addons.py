@@ -31,6 +31,13 @@ NVIDIA_DEVICE_PLUGIN_CHART = "nvidia-device-plugin"
 NVIDIA_DEVICE_PLUGIN_REPO = "https://nvidia.github.io/k8s-device-plugin"
 NVIDIA_DEVICE_PLUGIN_VERSION = "0.17.2"
 """Chart version (no leading 'v' in NVIDIA's index)."""
+NVIDIA_DEVICE_PLUGIN_IMAGE_REPOSITORY = "nvcr.io/nvidia/k8s-device-plugin"
+NVIDIA_DEVICE_PLUGIN_IMAGE_TAG = f"v{NVIDIA_DEVICE_PLUGIN_VERSION}"
+"""The image the chart runs by default (NVIDIA/k8s-device-plugin ``deployments/helm/nvidia-device-plugin/values.yaml``:
+``image.repository: nvcr.io/nvidia/k8s-device-plugin``, ``tag: ""`` "whose default is the chart appVersion"),
+rendered explicitly. Pinned by tag only: no public record of this tag's digest could be read here, so none is
+invented; preflight resolves the tag against nvcr.io before ``up``, logs the digest the nodes will pull, and fails
+when the tag does not resolve (tooling/preflight/pins.py ``TAGGED``)."""
 
 EFA_DEVICE_PLUGIN_CHART = "aws-efa-k8s-device-plugin"
 EFA_DEVICE_PLUGIN_REPO = "https://aws.github.io/eks-charts"
@@ -38,6 +45,18 @@ EFA_DEVICE_PLUGIN_VERSION = "v0.5.20"
 """Chart version as eks-charts publishes it (with a leading 'v')."""
 
 EFA_PLUGIN_REPOSITORY = "eks/aws-efa-k8s-device-plugin"
+EFA_PLUGIN_DEFAULT_IMAGE_REPOSITORY = f"602401143452.dkr.ecr.us-west-2.amazonaws.com/{EFA_PLUGIN_REPOSITORY}"
+"""The chart's ``image.repository`` (aws/eks-charts ``stable/aws-efa-k8s-device-plugin/values.yaml``)."""
+EFA_PLUGIN_IMAGE_TAG = EFA_DEVICE_PLUGIN_VERSION
+"""The image tag rendered for the pinned chart (its appVersion, which its values.yaml sets as ``image.tag``).
+Pinned by tag only: the image sits in EKS's private registry, which publishes no digests this project could read;
+preflight resolves the tag there with the caller's ECR credentials before ``up`` (the registry answers anonymous
+requests with a Basic challenge), logs the digest, and fails when it does not resolve (tooling/preflight/pins.py)."""
+
+
+def efa_plugin_image(region: str) -> str:
+    """``<repository>:<tag>`` of the EFA plugin image a stack in ``region`` renders."""
+    return f"{efa_plugin_image_repository(region) or EFA_PLUGIN_DEFAULT_IMAGE_REPOSITORY}:{EFA_PLUGIN_IMAGE_TAG}"
 
 
 def efa_plugin_image_repository(region: str) -> str | None:
@@ -103,15 +122,17 @@ class ClusterAddons(pulumi.ComponentResource):
                 opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.gpu_node_groups)))
 
         nvidia = release("nvidia-device-plugin", "nvidia-device-plugin", NVIDIA_DEVICE_PLUGIN_CHART,
-                         NVIDIA_DEVICE_PLUGIN_VERSION, NVIDIA_DEVICE_PLUGIN_REPO, gpu_daemonset_values())
+                         NVIDIA_DEVICE_PLUGIN_VERSION, NVIDIA_DEVICE_PLUGIN_REPO,
+                         {**gpu_daemonset_values(), "image": {"repository": NVIDIA_DEVICE_PLUGIN_IMAGE_REPOSITORY,
+                                                              "tag": NVIDIA_DEVICE_PLUGIN_IMAGE_TAG}})
         self.release_names = [nvidia.name]
 
         if args.efa:
             # The chart builds its own instance-type affinity; it reads only these two scheduling values.
             values = {k: v for k, v in gpu_daemonset_values().items() if k in ("tolerations", "nodeSelector")}
             region = aws.get_region(opts=pulumi.InvokeOptions(parent=self)).region
-            if repository := efa_plugin_image_repository(region):
-                values["image"] = {"repository": repository}
+            repository, tag = efa_plugin_image(region).rsplit(":", 1)
+            values["image"] = {"repository": repository, "tag": tag}
             efa = release("efa-device-plugin", "aws-efa-k8s-device-plugin", EFA_DEVICE_PLUGIN_CHART,
                           EFA_DEVICE_PLUGIN_VERSION, EFA_DEVICE_PLUGIN_REPO, values)
             self.release_names.append(efa.name)

@@ -62,6 +62,15 @@ class AutoscalerPin:
     """cluster-autoscaler chart version: its ClusterRole must grant what the image lists and watches."""
     image_tag: str
     """Autoscaler image tag of the same minor as the cluster (it simulates that minor's scheduler)."""
+    image_digest: str | None = None
+    """The tag's digest (its multi-arch index) where one could be read from a public record, each cited where it is
+    set; None: the tag alone is rendered, and preflight resolves it to a digest against registry.k8s.io before
+    ``up`` and fails when it does not resolve (tooling/preflight/pins.py ``TAGGED``)."""
+
+    @property
+    def image_reference(self) -> str:
+        """The chart's ``image.tag``: ``<tag>@<digest>`` where a digest is pinned, else the tag."""
+        return f"{self.image_tag}@{self.image_digest}" if self.image_digest else self.image_tag
 
 
 PINS: dict[str, AutoscalerPin] = {
@@ -74,10 +83,19 @@ PINS: dict[str, AutoscalerPin] = {
     # From 1.35 the image locks --enable-dynamic-resource-allocation to true and waits for the
     # resource.k8s.io informers to sync before its first loop: the chart must grant list/watch on
     # resourceslices, deviceclasses and resourceclaims. 9.54.0 (appVersion 1.35.0) is the first that does.
-    "1.35": AutoscalerPin(chart_version="9.54.1", image_tag="v1.35.2"),
+    # Digest read from: not from registry.k8s.io by this project (no registry access where it is built), but from
+    # third-party public pins of this tag that agree (a project's tool-pin decision record, which says its image
+    # digests were resolved against the registry, and two of its cluster scripts pinning
+    # registry.k8s.io/autoscaling/cluster-autoscaler:v1.35.2@sha256:aac369dc...). preflight resolves it against
+    # registry.k8s.io before every `up` and fails naming this pin if it does not (tooling/preflight/pins.py).
+    "1.35": AutoscalerPin(chart_version="9.54.1", image_tag="v1.35.2",
+                          image_digest="sha256:aac369dc283927a623deb1af54696efcc722ae79255aa07788422e495bab887d"),
     # No chart has appVersion 1.36 yet; the newest one grants everything the 1.36 image lists and watches
     # with eks-ddp's flags (tests/infra/test_autoscaler_rbac.py).
-    "1.36": AutoscalerPin(chart_version="9.59.0", image_tag="v1.36.1"),
+    # Digest read from: the same third-party decision record as 1.35's (one source, not the registry).
+    # preflight resolves it against registry.k8s.io before every `up` and fails naming this pin if it does not.
+    "1.36": AutoscalerPin(chart_version="9.59.0", image_tag="v1.36.1",
+                          image_digest="sha256:461388d03eb5b55db58941ee7a81d9a619dd15302b01cbab9f5a9946715994b4"),
 }
 """Kubernetes minor -> the autoscaler chart and image pinned for it."""
 IMAGE_TAGS: dict[str, str] = {v: p.image_tag for v, p in PINS.items()}
@@ -239,7 +257,7 @@ def helm_values(args: ClusterAutoscalerArgs, role_arn: pulumi.Input[str]) -> dic
         "awsRegion": args.region,
         "autoDiscovery": {"clusterName": args.cluster_name,
                           "tags": ["k8s.io/cluster-autoscaler/enabled", owner_tag(args.cluster_name)]},
-        "image": {"repository": IMAGE_REPOSITORY, "tag": image_tag(args.kubernetes_version)},
+        "image": {"repository": IMAGE_REPOSITORY, "tag": pin(args.kubernetes_version).image_reference},
         "rbac": {"serviceAccount": {"create": True, "name": SERVICE_ACCOUNT,
                                     "annotations": {"eks.amazonaws.com/role-arn": role_arn}}},
         "nodeSelector": dict(args.node_selector),

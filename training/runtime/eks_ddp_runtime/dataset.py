@@ -19,6 +19,18 @@ S3 stage verifies the same way on a rerun: a file missing, changed, added or rep
 :class:`DataError` naming it, and the process exits with ``exitcodes.BAD_INPUT`` (5), which fails the Job at once.
 A loader that wants the check at the moment it reads can use :meth:`Manifest.read` (bytes returned only after
 they matched).
+
+**Verified once per manifest.** Hashing the whole set at every pod start costs its size in reads per pod (1 TB x
+128 pods before the first step, and again before a replacement joins). So a full check that passes leaves a
+**marker**, ``<data dir>/.eks-ddp-verified.json``: the SHA-256 of the manifest it checked against and a fingerprint
+of every file's metadata at that moment (path, size, inode, mtime and ctime, taken before the hashing and
+unchanged after it). The marker is written beside the directory and renamed into place (whole or not at all), only
+after the full check, by whoever can write the volume: the S3 stage, which hashes every file as it stages it (and
+on a rerun), or a reader with a writable mount. A later check (every training pod: they mount the data read-only)
+reads the manifest, the marker and the files' metadata, not their bytes, and trusts the marker only if it names this
+manifest's SHA-256 (so a changed manifest, or a pin the manifest does not match, is checked in full or refused)
+and the fingerprint is unchanged: a file rewritten, replaced, added, removed or touched (any write, rename, chmod
+or ``utime`` moves ctime, which no user call can set back) sends it back to the full check.
 """
 
 from __future__ import annotations
@@ -40,6 +52,8 @@ from .contract import DATA_VERIFY_ENV as VERIFY_ENV
 
 MANIFEST = ".eks-ddp-manifest.json"
 """The manifest's name inside the data directory (a dot file: a loader listing the directory does not see it)."""
+VERIFIED = ".eks-ddp-verified.json"
+"""The marker a full check that passed leaves in the data directory (see the module's docstring)."""
 FORMAT = 1
 _PIN = re.compile(r"^sha256:([0-9a-f]{64})$")
 _HEX = re.compile(r"^[0-9a-f]{64}$")
@@ -80,7 +94,7 @@ def manifest_bytes(uri: str, objects: list[dict[str, Any]]) -> bytes:
 
 def _relative(path: str) -> PurePosixPath | None:
     rel = PurePosixPath(path)
-    if not path or rel.is_absolute() or ".." in rel.parts or str(rel) != path or rel.name == MANIFEST:
+    if not path or rel.is_absolute() or ".." in rel.parts or str(rel) != path or rel.name in (MANIFEST, VERIFIED):
         return None
     return rel
 
@@ -158,14 +172,50 @@ class Manifest:
                     continue
                 if not stat.S_ISREG(st.st_mode):
                     raise DataError(f"{p}: not a regular file (a link or special file) in a staged data set")
-                if rel != MANIFEST:
+                if rel not in (MANIFEST, VERIFIED):
                     found[rel] = st
         return found
+
+    def verified(self) -> bool:
+        """Whether a marker vouches for this manifest and every file is as it was when the marker was written.
+        Reads the marker and the files' metadata, never their bytes; raises DataError as :meth:`present` does."""
+        try:
+            doc = json.loads((self.root / VERIFIED).read_bytes())
+        except (OSError, ValueError):
+            return False
+        if not isinstance(doc, dict) or doc.get("manifest_sha256") != self.digest:
+            return False
+        return doc.get("files_sha256") == fingerprint(self.present())
+
+    def mark_verified(self, found: Mapping[str, os.stat_result]) -> bool:
+        """Leave the marker for this manifest and the files' metadata ``found`` (taken before they were hashed):
+        True if written, False where the volume is read-only to this process (a training pod's mount)."""
+        blob = json.dumps({"format": FORMAT, "manifest_sha256": self.digest, "files_sha256": fingerprint(found),
+                           "files": len(found)}, sort_keys=True).encode()
+        tmp = self.root.parent / f".{self.root.name}{VERIFIED}.{os.urandom(6).hex()}.tmp"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(blob)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.root / VERIFIED)
+        except OSError:  # read-only (EROFS), or not ours to write (EACCES): the next check hashes again
+            tmp.unlink(missing_ok=True)
+            return False
+        return True
+
+    def check(self, workers: int | None = None) -> tuple[int, int, bool]:
+        """:meth:`verify`, unless a marker vouches for this manifest and the files are unchanged since it was
+        written (then nothing of the data is read). Returns (files, bytes, whether the marker was trusted)."""
+        if self.verified():
+            return len(self.entries), sum(e.size for e in self.entries.values()), True
+        return (*self.verify(workers), False)
 
     def verify(self, workers: int | None = None) -> tuple[int, int]:
         """Check every file: none missing, none added, each of the listed size and SHA-256 (hashed on up to
         ``workers`` threads: hashlib releases the GIL). Returns (files, bytes); raises DataError naming the
-        first file (by path) that fails."""
+        first file (by path) that fails. When all pass and no file's metadata moved while they were hashed, leaves
+        the marker (:meth:`mark_verified`) where the volume is writable."""
         found = self.present()
         if extra := sorted(set(found) - set(self.entries)):
             raise DataError(f"{self.root / extra[0]}: not listed in {self.root / MANIFEST} ({len(extra)} unlisted "
@@ -179,7 +229,18 @@ class Manifest:
             digests = list(pool.map(lambda p: sha256_file(self.root / p), paths))
         for path, sha in zip(paths, digests, strict=True):
             self._match(path, self.entries[path], self.entries[path].size, sha)
+        if fingerprint(self.present()) == fingerprint(found):
+            self.mark_verified(found)
         return len(paths), sum(e.size for e in self.entries.values())
+
+
+def fingerprint(found: Mapping[str, os.stat_result]) -> str:
+    """SHA-256 over every file's path, size, inode, mtime and ctime (sorted by path): what the marker vouches for."""
+    h = hashlib.sha256()
+    for path in sorted(found):
+        st = found[path]
+        h.update(json.dumps([path, st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns]).encode() + b"\n")
+    return h.hexdigest()
 
 
 def write_once(root: Path, blob: bytes) -> bool:
@@ -218,7 +279,9 @@ def check_environment(environ: Mapping[str, str] | None = None, *, log: Any = pr
         raise DataError(f"{DATA_DIR_ENV}: not set, but {VERIFY_ENV}={value} asks for the data set to be verified")
     manifest = Manifest.load(Path(env[DATA_DIR_ENV]), pin)
     start = time.monotonic()
-    files, size = manifest.verify()
-    log(f"data set {manifest.root} verified: {files} files, {size / 1e6:.1f} MB, manifest sha256 {manifest.digest}"
-        f"{' (pinned)' if pin else ''}, in {time.monotonic() - start:.1f} s")
+    files, size, marked = manifest.check()
+    how = (f"by its marker {manifest.root / VERIFIED} (checked in full once for this manifest; no file changed "
+           "since, nothing re-read)" if marked else "in full (every file hashed)")
+    log(f"data set {manifest.root} verified {how}: {files} files, {size / 1e6:.1f} MB, manifest sha256 "
+        f"{manifest.digest}{' (pinned)' if pin else ''}, in {time.monotonic() - start:.1f} s")
     return manifest

@@ -8,11 +8,13 @@ one, else its ETag when that is an MD5 (single-part, not SSE-KMS) or the multipa
 MD5s); an SSE-KMS object without an S3 checksum has only its size to check, so a file already in place is
 downloaded again rather than trusted. When every object is in place it writes the data set's manifest
 ``DEST/.eks-ddp-manifest.json`` once (dataset.py: every key, path, size, ETag and SHA-256) and logs its SHA-256,
-the pin for the run's ``workload.data.sha256``.
+the pin for the run's ``workload.data.sha256``, then the verified marker (dataset.py ``VERIFIED``): every file was
+hashed as it was staged, so the training pods' check reads the marker and the files' metadata, not the data.
 
 A rerun (or another run's stage of the same directory) finds the manifest and verifies against it, downloading
 nothing: the prefix must list exactly the manifest's objects (keys, sizes, ETags), every file must still match
-its size and SHA-256, and no file may have been added. A staged data set is never changed in place: a prefix
+its size and SHA-256 (re-hashed only when no marker vouches for this manifest and the files' unchanged metadata),
+and no file may have been added. A staged data set is never changed in place: a prefix
 whose content changed is refused (stage it under a new name, or delete DEST to stage it again). With a pin
 (``--pin`` or ``EKS_DDP_DATA_VERIFY=sha256:<hex>``, which the Job sets) the manifest must also hash to it, before
 it is written and on every rerun.
@@ -140,10 +142,11 @@ def _reverify(dest: Path, uri: str, objects: list[dict[str, Any]], pin: str | No
             raise BadInput(f"{uri}: {len(changed)} object(s) changed since the data set was staged into {dest} "
                            f"(first: {changed[0]}); a staged data set is never changed in place: stage the new "
                            f"content under another name, or delete {dest} to stage it again")
-        files, size = manifest.verify()
+        files, size, marked = manifest.check()
     except DataError as err:
         raise BadInput(str(err)) from None
-    log(f"[stage] {uri}: already staged in {dest} ({files} objects, {size / 1e6:.1f} MB re-hashed, all match "
+    how = "verified earlier for this manifest, unchanged since" if marked else "re-hashed"
+    log(f"[stage] {uri}: already staged in {dest} ({files} objects, {size / 1e6:.1f} MB {how}, all match "
         f"the manifest, sha256 {manifest.digest}), nothing to do")
 
 
@@ -197,10 +200,14 @@ def stage(client: Any, uri: str, dest: Path, *, pin: str | None = None, log: Any
         if p not in listed and p.is_file() and (_PART.match(p.name) or p == dest / LEGACY_MARKER):
             p.unlink(missing_ok=True)
     try:
-        if extra := sorted(set(dataset.Manifest(dest, blob).present()) - {r["path"] for r in rows}):
+        manifest = dataset.Manifest(dest, blob)
+        found = manifest.present()
+        if extra := sorted(set(found) - {r["path"] for r in rows}):
             raise DataError(f"{dest / extra[0]}: in the data directory but not under {uri} ({len(extra)} such "
                             f"file(s)); delete them (or {dest}) and stage again")
         dataset.write_once(dest, blob)
+        # Every file was hashed above, as it was staged: the training pods' check reads this marker instead.
+        manifest.mark_verified(found)
     except DataError as err:
         raise BadInput(str(err)) from None
     log(f"[stage] {uri}: {len(objects)} objects in {dest} ({fetched} downloaded, all verified); manifest "

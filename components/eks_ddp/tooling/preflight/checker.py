@@ -36,6 +36,8 @@ class Report:
 
     failures: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    """What preflight resolved and the deployment will use (each image pinned by tag: the digest it resolved to)."""
 
     @property
     def ok(self) -> bool:
@@ -201,7 +203,8 @@ def check(cfg: StackConfig, *, ec2: Any, quotas: Any, today: dt.date | None = No
           cluster_name: str | None = None, stack_id: str | None = None, logs: Any = None,
           organization: str | None = None, ecr: Callable[[str], Any] | None = None, s3: Any = None, kms: Any = None,
           sts: Any = None, caller_sts: Any = None, egress_ip: Callable[[], str | None] | None = None,
-          fsx: Any = None, registry: preflight_pins.Fetch | None = None) -> Report:
+          fsx: Any = None, registry: preflight_pins.Fetch | None = None,
+          registry_credentials: preflight_pins.Credentials | None = None) -> Report:
     """Run every preflight check with the given boto3 ``ec2`` and ``service-quotas`` clients; with ``eks`` and
     ``cluster_name`` also the checks against what this stack already runs (:mod:`eks_ddp.tooling.preflight.live`);
     with ``s3`` (and ``kms``, ``sts``) the buckets the stack names (:mod:`eks_ddp.tooling.preflight.s3`).
@@ -210,8 +213,9 @@ def check(cfg: StackConfig, *, ec2: Any, quotas: Any, today: dt.date | None = No
     ``caller_sts`` (who runs this update) and ``egress_ip`` (this machine's public IP) check that this machine
     reaches a live cluster's API endpoint. With ``fsx`` (an FSx client) on an FSx for Lustre stack: the backup a
     restore names, and what this ``up`` would do to the live file system (:mod:`eks_ddp.tooling.preflight.fsx`).
-    ``registry`` (one HTTP exchange): every image digest the project pins must resolve in its registry
-    (:mod:`eks_ddp.tooling.preflight.pins`)."""
+    ``registry`` (one HTTP exchange): every image digest the project pins must resolve in its registry, and every
+    image pinned by tag only must resolve to a digest (:mod:`eks_ddp.tooling.preflight.pins`; ECR's registries
+    with ``registry_credentials``)."""
     c = _Checker(cfg, ec2, quotas, cluster_name)
     # Extended support bills the control plane $0.60/h instead of $0.10/h: say so before anything is created.
     notice = k8s_versions.support_notice(cfg.cluster.kubernetes_version, cfg.cluster.upgrade_policy,
@@ -238,7 +242,8 @@ def check(cfg: StackConfig, *, ec2: Any, quotas: Any, today: dt.date | None = No
         if vpc_id:
             preflight_fsx.check_live_file_system(c, fsx, ec2, vpc_id, zones)
     if registry is not None:
-        preflight_pins.check_pins(c, registry)
+        c.report.notes += [f"preflight: the image pinned by tag {line}" for line in
+                           preflight_pins.check_pins(c, registry, credentials=registry_credentials)]
     return c.report
 
 
@@ -294,11 +299,14 @@ def run_or_raise(cfg: StackConfig, *, profile: str | None = None, ec2: Any = Non
             pulumi.log.warn(f"preflight: could not create S3 clients ({err}); the buckets were not checked")
     report = check(cfg, ec2=ec2, quotas=quotas, eks=eks, cluster_name=cluster_name, stack_id=stack_id, logs=logs,
                    organization=organization, ecr=ecr, s3=s3, kms=kms, sts=sts, caller_sts=caller_sts,
-                   egress_ip=egress_ip, fsx=fsx, registry=registry)
+                   egress_ip=egress_ip, fsx=fsx, registry=registry,
+                   registry_credentials=preflight_pins.ecr_credentials(ecr) if registry and ecr else None)
     if too_old := cli_version.problem():
         report.failures.append(too_old)
     for message in report.warnings:
         pulumi.log.warn(message)
+    for message in report.notes:
+        pulumi.log.info(message)
     if report.failures:
         raise pulumi.RunError(
             f"preflight found {len(report.failures)} problem(s) in {cfg.region}; nothing was created:\n"

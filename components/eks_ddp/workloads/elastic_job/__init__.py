@@ -39,7 +39,15 @@ from eks_ddp.core.launch_command import (
     module_command,
     script_command,
 )
-from eks_ddp.core.workload import FATAL_CODES_ENV, FATAL_EXIT_CODES, Cifar10Data, Egress, S3Data, Workload
+from eks_ddp.core.workload import (
+    FATAL_CODES_ENV,
+    FATAL_EXIT_CODES,
+    Cifar10Data,
+    Egress,
+    S3Data,
+    Workload,
+    compile_cache_env,
+)
 from eks_ddp.workloads.elastic_job.args import (  # noqa: F401 (API)
     DEFAULT_FAULT_BUDGET,
     C10d,
@@ -259,7 +267,9 @@ def create_train_job(info: JobInfo, endpoint: pulumi.Input[str], after: list[pul
     devices = {GPU_RESOURCE: it.gpus, **({EFA_RESOURCE: it.efa_interfaces} if efa else {})}
     # EFA needs an unlimited RLIMIT_MEMLOCK to register memory; a non-root container cannot raise it
     # (and 'restricted' forbids IPC_LOCK), so it comes from the node's container runtime.
-    env = {**a.workload.env, **AGENT_ENV, **nccl_env(it, efa), **info.workload_env()}
+    # The compile cache on the run's volume (outlives the pod), under what the workload sets itself.
+    env = {**compile_cache_env(a.workload, info.run_dir), **a.workload.env, **AGENT_ENV, **nccl_env(it, efa),
+           **info.workload_env()}
     # The launcher stops at once on the codes the pod failure policy fails the Job on (no restarts spent).
     env[FATAL_CODES_ENV] = ",".join(map(str, bug_exit_codes(a.workload)))
     if a.results is not None:
