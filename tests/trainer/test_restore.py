@@ -55,6 +55,9 @@ def _scenario(name: str, base: Path, rank: int, env: DistEnv, opened: list[str])
     got = restore.restore_state(env, run, False, snaps, IDENT)
     dist.barrier()
     st = got.state
+    if st is not None:
+        torch.set_rng_state(st["rng"]["torch"])  # what the trainer does with it (it crashed on a view once)
+        random.setstate(st["rng"]["python"])
     same = (st is not None and torch.equal(st["model"]["w"], torch.full((3,), float(st["step"])))
             and st["model"]["mask"].tolist() == [True, False] and st["model"]["empty"].shape == (0, 4)
             and st["optimizer"]["state"][0]["momentum"].dtype == torch.bfloat16

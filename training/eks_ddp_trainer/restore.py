@@ -287,5 +287,8 @@ def broadcast_state(env: DistEnv, state: dict[str, Any] | None, src: int) -> dic
     views = []
     for dtype, shape, off, nbytes in received["layout"]:
         dt = getattr(torch, dtype)
-        views.append(flat[off:off + nbytes].view(dt).reshape(shape) if nbytes else torch.empty(shape, dtype=dt))
+        # Each tensor gets storage of its own: some consumers (torch.set_rng_state) need a tensor that owns it.
+        views.append(flat[off:off + nbytes].view(dt).reshape(shape).clone() if nbytes else
+                     torch.empty(shape, dtype=dt))
+    del flat
     return _join(received["skeleton"], views)
