@@ -182,6 +182,20 @@ def test_resources_come_from_the_catalog_with_headroom():
         assert shm < memory
 
 
+def test_dev_shm_is_sized_from_the_instances_memory_inside_the_pods_request():
+    """/dev/shm holds the node's one snapshot (twice the state while it is replaced): a quarter of the pod's memory
+    request, which it counts against, so a p4de node snapshots up to 108 GiB of state (docs/capacity-and-cost.md)."""
+    _, memory, shm = pod_resources(catalog.lookup("p4de.24xlarge"))
+    assert (memory, shm, shm // 2) == (864, 216, 108)
+    assert pod_resources(catalog.lookup("g4dn.xlarge"))[1:] == (12, 3)
+    result = run_job(instance_type="p4de.24xlarge")
+    c, spec = trainer(result), train_job(result).inputs["spec"]["template"]["spec"]
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes[mounts["/dev/shm"]]["emptyDir"] == {"medium": "Memory", "sizeLimit": "216Gi"}
+    assert c["resources"]["requests"]["memory"] == "864Gi"  # the shm is inside it, not on top
+
+
 def test_only_the_training_job_skips_await_and_it_waits_for_data():
     result = run_job()
     train, prepare = train_job(result), prepare_job(result)

@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(o: argparse.Namespace, progress: Progress | None = None) -> RunResult:
-    from eks_ddp_local.job import LocalJob
+    from eks_ddp_local.job import LocalJob, shm_root
     from eks_ddp_local.procs import become_subreaper, kill_owned, send, start_reaper
     from eks_ddp_local.progress import Progress, format_duration
     from eks_ddp_trainer.plot import summarize
@@ -173,8 +173,11 @@ def run(o: argparse.Namespace, progress: Progress | None = None) -> RunResult:
     previous = {s: signal.signal(s, job.on_signal) for s in handled}
     reason, started = "not started", time.monotonic()
     etcd_dir = Path(tempfile.mkdtemp(prefix=f"eks-ddp-etcd-{job.run_id}-"))
+    # The run's node-local snapshots and the agents' lease folders live in memory (/dev/shm) as on the cluster,
+    # in one folder of this run's that the runner, or its reaper should the runner be killed, removes.
+    job.shm = Path(tempfile.mkdtemp(prefix=f"eks-ddp-local-{job.run_id}-", dir=shm_root()))
     become_subreaper()  # a worker orphaned by its agent's death stays in the runner's tree, where it is found
-    reaper = start_reaper([str(etcd_dir)])
+    reaper = start_reaper([str(etcd_dir), str(job.shm)])
     job.reaper = reaper.pid
     try:
         with rendezvous(o.rdzv, etcd_dir) as endpoint:
@@ -212,6 +215,7 @@ def run(o: argparse.Namespace, progress: Progress | None = None) -> RunResult:
         job._scan()
         kill_owned(job.owned, spare=[reaper.pid])  # etcd too, should stopping it have failed: only what it started
         shutil.rmtree(etcd_dir, ignore_errors=True)
+        shutil.rmtree(job.shm, ignore_errors=True)
         send(reaper.pid, signal.SIGKILL)
         reaper.wait()
         progress.close()

@@ -41,6 +41,7 @@ from eks_ddp_local.procs import (
 )
 from eks_ddp_local.progress import History, Progress, Record, exception_line, root_cause, start_failure
 from eks_ddp_runtime.contract import USAGE
+from eks_ddp_runtime.fence import LEASE_ROOT_ENV
 from eks_ddp_runtime.podfs import READ_ONLY_ENV
 from eks_ddp_runtime.runlogs import FIFO_DIR_ENV, LOG_DIR_ENV, LOG_NAME_ENV
 from eks_ddp_trainer.config import TrainerConfig
@@ -103,6 +104,8 @@ class LocalJob:
         """The reaper's pid (procs.start_reaper): the runner's child, but not the run's to end."""
         self.endpoint: str | None = None
         self.scratch: Path | None = None
+        self.shm: Path | None = None
+        """This run's folder in memory for its snapshots and lease folders (cli.py), removed when the run ends."""
         """The run's temporary folder (the runner's; its reaper removes it): the agents' FIFOs go there."""
         self.stop_signal: int | None = None
         self.signals_seen = 0
@@ -177,6 +180,9 @@ class LocalJob:
             read_only = [os.getcwd(), *([os.path.dirname(os.path.abspath(self.o.script))] if self.o.script else []),
                          *([str(data_dir)] if data_dir is not None else [])]
             env[READ_ONLY_ENV] = os.pathsep.join(dict.fromkeys(read_only))
+        if self.shm is not None:  # the run's own folder in memory (cli.py): nothing of it outlives the run
+            env[SNAPSHOT_DIR_ENV] = str(self.shm)
+            env[LEASE_ROOT_ENV] = str(self.shm)
         workers = self.o.agents * self.o.nproc_per_node
         # N agents x M workers share this machine's cores; torch's default (all cores each) oversubscribes.
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // workers))
@@ -373,3 +379,10 @@ class LocalJob:
         kill_owned(self.owned, spare=[*self.started["etcd"], *([self.reaper] if self.reaper else [])])
 
 
+SNAPSHOT_DIR_ENV = "EKS_DDP_SNAPSHOT_DIR"
+"""eks_ddp_trainer.snapshot.DIR_ENV, named here so that the runner does not import torch (a test keeps them equal)."""
+
+
+def shm_root() -> str | None:
+    """/dev/shm when this machine has a writable one (memory, as the training pod's), else the temp folder."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None

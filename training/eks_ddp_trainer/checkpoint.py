@@ -27,6 +27,7 @@ assumptions, as tested.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import logging
@@ -168,6 +169,7 @@ def save_checkpoint(run_dir: str | os.PathLike, state: dict[str, Any], *, keep: 
     for stale in d.glob(f".ckpt-*.tmp-{tag}"):
         stale.unlink(missing_ok=True)
     path = ckpt_path(run_dir, step)
+    data = buf.getvalue()
     time.sleep(float(os.environ.get(SLOW_SAVE_ENV, "0")))
     pause = _pause_hook(step)
 
@@ -175,9 +177,10 @@ def save_checkpoint(run_dir: str | os.PathLike, state: dict[str, Any], *, keep: 
         if pause is not None:
             pause()
         gate()  # after any pause: right before the rename
+        write_meta(path, data, generation)  # what a restore decides from (restore.py), before the file it describes
 
     try:
-        atomic_write_bytes(path, buf.getvalue(), before_replace=before_replace, tag=tag)
+        atomic_write_bytes(path, data, before_replace=before_replace, tag=tag)
     except CommitRefused:
         return None
     if generation is not None and _superseded_why(run_dir, generation) is not None:
@@ -187,6 +190,7 @@ def save_checkpoint(run_dir: str | os.PathLike, state: dict[str, Any], *, keep: 
     older = [p for p in list_checkpoints(run_dir) if _step_of(p) < step]
     for old in older[:max(0, len(older) - (keep - 1))]:
         old.unlink(missing_ok=True)
+        meta_path(old).unlink(missing_ok=True)
     if generation is not None:
         _remove_replaced_worlds_temps(d, int(generation))
     return path
@@ -670,7 +674,15 @@ def _step_of(path: Path) -> int:
 
 
 def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    state = torch.load(path, map_location=map_location, weights_only=True)
+    return _checked(torch.load(path, map_location=map_location, weights_only=True), path)
+
+
+def load_checkpoint_bytes(data: bytes, name: str) -> dict[str, Any]:
+    """A checkpoint's state from bytes already read (and checked against their SHA-256): one read of the file."""
+    return _checked(torch.load(io.BytesIO(data), map_location="cpu", weights_only=True), name)
+
+
+def _checked(state: Any, path: Any) -> dict[str, Any]:
     if not isinstance(state, dict) or any(k not in state for k in REQUIRED):
         raise ValueError(f"{path}: not an eks-ddp checkpoint (missing keys)")
     if state["format"] != FORMAT:
@@ -713,5 +725,41 @@ def load_latest(run_dir: str | os.PathLike, map_location: str | torch.device = "
         raise CheckpointError("no readable checkpoint; unreadable: " + "; ".join(reasons))
     if set_aside:
         for path in bad:
-            path.rename(path.with_name(path.name + UNREADABLE_SUFFIX))
+            set_aside_file(path)
     return found
+
+
+# ---------------------------------------------------------------------------------------------- metadata sidecars
+
+META_SUFFIX = ".meta.json"
+
+
+def meta_path(path: Path) -> Path:
+    """The metadata sidecar of checkpoint ``path``: ``ckpt-<step>.pt.meta.json``."""
+    return path.with_name(path.name + META_SUFFIX)
+
+
+def write_meta(path: Path, data: bytes, generation: Any) -> None:
+    """The sidecar of the checkpoint about to be renamed to ``path``: its step, generation, size and SHA-256, so a
+    restore chooses what to resume from without opening any checkpoint, and checks the one it reads."""
+    meta = {"format": FORMAT, "step": _step_of(path), "generation": int(generation or 0), "size": len(data),
+            "sha256": hashlib.sha256(data).hexdigest()}
+    atomic_write_bytes(meta_path(path), json.dumps(meta).encode(), tag=writer_tag(generation))
+
+
+def read_meta(path: Path) -> dict[str, Any] | None:
+    """The sidecar of checkpoint ``path``, or None (a checkpoint written before sidecars, or a sidecar that does not
+    parse or names another step: the checkpoint is then checked by loading it, as before)."""
+    try:
+        meta = json.loads(meta_path(path).read_text())
+        if not isinstance(meta, dict) or meta.get("step") != _step_of(path) or meta.get("format") != FORMAT:
+            return None
+        return {k: meta[k] for k in ("step", "generation", "size", "sha256")}
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def set_aside_file(path: Path) -> None:
+    """Rename an unreadable checkpoint to ``*.unreadable`` (never deleted), and drop its sidecar."""
+    path.rename(path.with_name(path.name + UNREADABLE_SUFFIX))
+    meta_path(path).unlink(missing_ok=True)

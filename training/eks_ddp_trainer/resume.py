@@ -1,5 +1,5 @@
-"""Which durable checkpoint a (re)started trainer resumes from (rank 0 chooses, every rank loads the same
-file), the fence its world writes before it trains, and the wait for a lease before the final commits."""
+"""The fence a (re)started trainer's world writes before it trains, and the wait for a lease before the final
+commits. What it resumes from: restore.py."""
 
 from __future__ import annotations
 
@@ -11,48 +11,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from eks_ddp_runtime import exitcodes, fence, fence_store
+from eks_ddp_runtime import fence
 from eks_ddp_runtime.dist import DistEnv
 from eks_ddp_trainer import checkpoint as ckpt
-from eks_ddp_trainer.guards import TrainerError
-
-
-def choose_checkpoint(env: DistEnv, run_dir: Path, start_over: bool) -> tuple[dict[str, Any] | None,
-                                                                              ckpt.Lineage | None]:
-    """Rank 0 picks the newest valid checkpoint on the run directory's lineage (checkpoint.py: the states the
-    newest fence allows) and every rank loads that same file; returns it (or None) and the lineage, which every
-    rank then applies to its node-local snapshot.
-
-    Unreadable checkpoints are set aside (renamed, never deleted) with a warning naming them. If
-    checkpoints exist and none is readable, the run fails with BAD_INPUT unless ``start_over``.
-    """
-    while True:
-        chosen: list[Any] = [None, None, None, False]
-        if env.is_main:
-            try:
-                lineage = chosen[2] = ckpt.read_lineage(run_dir)
-                found = ckpt.load_latest(run_dir, set_aside=True, allow_none_valid=start_over, lineage=lineage)
-                chosen[0] = str(found[1]) if found else None
-            except ckpt.CheckpointError as e:
-                chosen[1] = str(e)
-            except fence_store.StoreUnavailable as e:  # the run's store: tried again, in short collectives
-                ckpt.deferrals.refused("choosing the checkpoint", str(e), said="waits for the run's store")
-                chosen[3] = True
-            else:
-                ckpt.deferrals.allowed("choosing the checkpoint", said="done")
-        if env.distributed:
-            dist.broadcast_object_list(chosen, src=0)
-        if not chosen[3]:
-            break
-        time.sleep(1.0)
-    if chosen[1]:
-        raise TrainerError(exitcodes.BAD_INPUT, f"{chosen[1]} (--start-over trains from scratch instead)")
-    if not chosen[0]:
-        return None, chosen[2]
-    try:
-        return ckpt.load_checkpoint(Path(chosen[0]), map_location="cpu"), chosen[2]
-    except Exception as e:
-        raise TrainerError(exitcodes.BAD_INPUT, f"{chosen[0]}: unreadable on rank {env.rank}: {e}") from e
 
 
 def fence_world(env: DistEnv, run_dir: Path, restored: dict[str, Any] | None,

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import logging
 import os
 import tempfile
@@ -37,9 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
-from eks_ddp_runtime.dist import DistEnv
 from eks_ddp_trainer import checkpoint as ckpt
 from eks_ddp_trainer.guards import tensors_finite
 
@@ -152,24 +151,38 @@ class BackgroundWriter:
             raise e
 
 
-class Snapshots:
-    """This rank's node-local snapshot file of one run."""
+SNAPSHOT_NAME = "node.snap"
+"""The node's one snapshot file of a run, inside the run's folder under the snapshot root."""
+_MAGIC = b"EKSDDPS1"
+_HEADER_MAX = 1 << 20
 
-    def __init__(self, run_dir: Path, rank: int, root: str | None = None) -> None:
+
+class Snapshots:
+    """The node's snapshot file of one run: one copy per node, written by its local rank 0 (``writer``).
+
+    The file is a small JSON header (step, generation, run identity, size and SHA-256 of the payload) followed by the
+    ``torch.save`` payload, replaced atomically as a whole: :meth:`meta` reads the header alone (what a restore
+    decides from), :meth:`read` the payload, checked against the header's checksum."""
+
+    def __init__(self, run_dir: Path, rank: int = 0, root: str | None = None, *, writer: bool = True) -> None:
         root = os.environ.get(DIR_ENV) if root is None else root
         self.enabled = root != "off"
+        self.writes = writer
         if root is None:
             root = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
         key = hashlib.sha256(str(Path(run_dir).resolve()).encode()).hexdigest()[:16]
-        self.path = Path(root) / f"eks-ddp-{key}" / f"rank-{rank}.pt"
+        self.path = Path(root) / f"eks-ddp-{key}" / SNAPSHOT_NAME
         self.writer = BackgroundWriter()
         self._buffers: Any = None
         self._next_at = float("-inf")
+        self.refused: str | None = None
+        """Why this node's copy was refused (it does not fit the snapshot folder's file system), once it was."""
 
     def offer(self, state: Callable[[], dict[str, Any]], *, final: bool = False) -> bool:
         """Snapshot ``state()`` unless the previous write is still running or the copy budget is spent;
-        whether it was taken. ``final``: always, after waiting for the previous write (the run's last step)."""
-        if not self.enabled:
+        whether it was taken. ``final``: always, after waiting for the previous write (the run's last step).
+        Only the node's writer (local rank 0) takes them: the state is replicated, one copy per node is enough."""
+        if not self.enabled or not self.writes:
             return False
         if final:
             self.writer.wait()
@@ -196,54 +209,112 @@ class Snapshots:
             return
         buf = io.BytesIO()
         torch.save({"format": ckpt.FORMAT, **cpu}, buf)
+        payload = buf.getvalue()
+        header = json.dumps({"format": ckpt.FORMAT, "step": int(cpu["step"]),
+                             "generation": ckpt.generation_of(cpu),
+                             "identity": (cpu.get("config") or {}).get("identity", {}),
+                             "size": len(payload), "sha256": hashlib.sha256(payload).hexdigest()}).encode()
+        blob = _MAGIC + len(header).to_bytes(8, "little") + header + payload
+        why = self._does_not_fit(len(blob))
+        if why is not None:
+            self._turn_off(cpu.get("step"), why)
+            return
         try:
-            ckpt.atomic_write_bytes(self.path, buf.getvalue())
+            ckpt.atomic_write_bytes(self.path, blob)
         except OSError as e:
-            # A full or failing node-local disk (/dev/shm is small on some nodes) loses a shortcut, not the run:
-            # training goes on with durable checkpoints only.
-            self.enabled = False
-            log.error("step %s: node-local snapshot %s failed (%s); snapshots are off for the rest of this run",
-                      cpu.get("step"), self.path, e)
+            # A full or failing node-local disk loses a shortcut, not the run: training goes on with durable
+            # checkpoints only.
+            self._turn_off(cpu.get("step"), f"{e}")
 
-    def read(self, identity: dict[str, Any], lineage: ckpt.Lineage | None = None) -> dict[str, Any] | None:
-        """The snapshot of this run, or None (none, unreadable, another run's, or off ``lineage``: written by a
-        world that a newer one replaced, after the state the newer one restored; checkpoint.py)."""
-        if not self.enabled or not self.path.exists():
+    def _does_not_fit(self, size: int) -> str | None:
+        """Why a copy of ``size`` bytes cannot be written next to the current one (the atomic replace holds both),
+        naming the size and the limit; None when it fits."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            st = os.statvfs(self.path.parent)
+        except OSError:
+            return None
+        free, total = st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+        if size <= free:
+            return None
+        return (f"the node's copy of the state ({_gib(size)}) does not fit {self.path.parent.parent} "
+                f"({_gib(free)} free of {_gib(total)}; the replace needs the old and the new copy at once)")
+
+    def _turn_off(self, step: Any, why: str) -> None:
+        self.enabled = False
+        self.refused = why
+        # stdout: the run's log (kubectl logs, the local runner's agent log), where users look.
+        print(f"[snapshot] step {step}: node-local snapshot {self.path} not written: {why}; snapshots are off for "
+              "the rest of this world, recovery falls back to the durable checkpoints (docs/trainer.md, "
+              "\"Node-local snapshots\")", flush=True)
+        log.error("step %s: node-local snapshot %s not written (%s)", step, self.path, why)
+
+    def meta(self, identity: dict[str, Any], lineage: ckpt.Lineage | None = None) -> dict[str, Any] | None:
+        """The header of this node's snapshot of this run, or None (none, unreadable, another run's, or off
+        ``lineage``: written by a world that a newer one replaced, after the state the newer one restored;
+        checkpoint.py). Reads a few hundred bytes, never the state."""
+        if not self.enabled:
             return None
         try:
-            state = ckpt.load_checkpoint(self.path)
+            with open(self.path, "rb") as f:
+                head = f.read(16)
+                if len(head) < 16 or head[:8] != _MAGIC:
+                    raise ValueError("not an eks-ddp snapshot")
+                n = int.from_bytes(head[8:], "little")
+                if n > _HEADER_MAX:
+                    raise ValueError(f"header of {n} bytes")
+                meta = json.loads(f.read(n))
+            if not isinstance(meta, dict) or meta.get("format") != ckpt.FORMAT:
+                raise ValueError("unknown header")
+            meta["offset"] = 16 + n
+        except FileNotFoundError:
+            return None
         except Exception as e:  # a snapshot is only a shortcut: fall back to the durable checkpoint
             log.warning("unreadable snapshot %s: %s", self.path, e)
             return None
-        if not ckpt.on_lineage(lineage, state):
+        state_like = {"step": meta["step"], "fence": {"generation": meta["generation"]}}
+        if not ckpt.on_lineage(lineage, state_like):
             log.warning("snapshot %s (world %s, step %s) is not on the run's lineage %s: not used", self.path,
-                        ckpt.generation_of(state), state["step"], lineage)
+                        meta["generation"], meta["step"], lineage)
             return None
-        return state if ckpt.same_run(state["config"].get("identity", {}), identity) == {} else None
+        return meta if ckpt.same_run(meta.get("identity") or {}, identity) == {} else None
+
+    def read(self, identity: dict[str, Any], lineage: ckpt.Lineage | None = None) -> dict[str, Any] | None:
+        """The snapshot of this run (:meth:`meta`'s conditions), its payload checked against the header's size and
+        SHA-256; None when any check fails."""
+        meta = self.meta(identity, lineage)
+        if meta is None:
+            return None
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(meta["offset"])
+                payload = f.read()
+            if len(payload) != meta["size"] or hashlib.sha256(payload).hexdigest() != meta["sha256"]:
+                raise ValueError(f"size or SHA-256 differs from its header ({len(payload)} bytes, header "
+                                 f"{meta['size']})")
+            state = ckpt.load_checkpoint_bytes(payload, str(self.path))
+        except Exception as e:
+            log.warning("unreadable snapshot %s: %s", self.path, e)
+            return None
+        if int(state["step"]) != int(meta["step"]) or ckpt.generation_of(state) != int(meta["generation"]):
+            log.warning("snapshot %s: its header (step %s, world %s) does not match its state: not used", self.path,
+                        meta["step"], meta["generation"])
+            return None
+        return state
+
+    def set_aside(self) -> None:
+        """Remove this node's copy after it failed its check (every rank of the node reads the same file)."""
+        self.path.unlink(missing_ok=True)
 
     def remove(self) -> None:
         self.writer.wait()
-        self.path.unlink(missing_ok=True)
+        if self.writes:
+            self.path.unlink(missing_ok=True)
         try:
-            self.path.parent.rmdir()  # the run's folder, once the last rank on this node is done
+            self.path.parent.rmdir()  # the run's folder, once the node's writer is done
         except OSError:
             pass
 
 
-def agree(env: DistEnv, mine: dict[str, Any] | None, durable_step: int) -> dict[str, Any] | None:
-    """The newest snapshot held by any rank, sent to all; None when none is newer than ``durable_step``."""
-    step = int(mine["step"]) if mine is not None else -1
-    if not env.distributed:
-        return mine if step > durable_step else None
-    dev = env.device
-    best = torch.tensor([step], device=dev)
-    dist.all_reduce(best, op=dist.ReduceOp.MAX)
-    newest = int(best.item())
-    if newest <= durable_step:
-        return None
-    holder = torch.tensor([env.rank if step == newest else env.world_size], device=dev)
-    dist.all_reduce(holder, op=dist.ReduceOp.MIN)
-    src = int(holder.item())
-    box = [mine if env.rank == src else None]
-    dist.broadcast_object_list(box, src=src)
-    return box[0]
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"

@@ -75,7 +75,8 @@ from eks_ddp_trainer.model import (
     sync_batchnorm,
 )
 from eks_ddp_trainer.recipe import FP16_INIT_SCALE, LR_END, LR_PEAK, LR_START, RECIPES, build_optimizer, lr_factor
-from eks_ddp_trainer.resume import choose_checkpoint, fence_world, hold_until_leased
+from eks_ddp_trainer.restore import restore_state
+from eks_ddp_trainer.resume import fence_world, hold_until_leased
 from eks_ddp_trainer.runlog import HISTORY_FILE, RunLog  # noqa: F401  (HISTORY_FILE: the history's name, as train.HISTORY_FILE)
 from eks_ddp_trainer.train_args import parse_args
 from eks_ddp_trainer.wrap import compile_cache_dir, compiled_step, full_share, wrap_ddp
@@ -148,14 +149,13 @@ class Training:
     def restore(self) -> None:
         """The newest state of this run (a node-local snapshot or the durable checkpoint), or a fresh start."""
         args, env, opt = self.args, self.env, self.opt
-        state, lineage = choose_checkpoint(env, self.run_dir, args.start_over)
-        self.lineage = lineage  # what this world's base is chosen from: its fence records it
-        # A node-local snapshot newer than the durable checkpoint (any rank's: the states are replicas) wins, unless
-        # a world that was replaced wrote it (off the lineage: checkpoint.py).
-        self.snaps = snapshot.Snapshots(self.run_dir, env.rank)
-        newer = snapshot.agree(env, self.snaps.read(self.identity, lineage),
-                               int(state["step"]) if state is not None else 0)
-        self.state = state = newer if newer is not None else state
+        # One copy per node (its local rank 0 writes it). Which copy to resume from is decided from metadata, one
+        # rank reads it and sends it to the others as tensors (restore.py); a node-local snapshot written by a
+        # replaced world is off the lineage and never used (checkpoint.py).
+        self.snaps = snapshot.Snapshots(self.run_dir, env.rank, writer=env.local_rank == 0)
+        restored = restore_state(env, self.run_dir, args.start_over, self.snaps, self.identity)
+        self.lineage = restored.lineage  # what this world's base is chosen from: its fence records it
+        self.state = state = restored.state
         if state is None:
             if isinstance(self.model, AirNet):
                 # Only on a fresh start: a resumed model's whitening comes from its checkpoint, and computing it (a

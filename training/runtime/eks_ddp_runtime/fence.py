@@ -44,11 +44,14 @@ import threading
 import time
 from datetime import datetime, timezone
 
-__all__ = ["LEASE_FILE_ENV", "ROUND_ENV", "Deferrals", "Lease", "agent_lease", "commit_allowed", "lease", "published",
-           "under_lease", "wait_for_lease"]
+__all__ = ["LEASE_FILE_ENV", "LEASE_ROOT_ENV", "ROUND_ENV", "Deferrals", "Lease", "agent_lease", "commit_allowed",
+           "lease", "published", "under_lease", "wait_for_lease"]
 
 LEASE_FILE_ENV = "EKS_DDP_LEASE_FILE"
 """Where the agent publishes its lease (set by the launcher for its workers; absent: no lease, no fencing)."""
+LEASE_ROOT_ENV = "EKS_DDP_LEASE_ROOT"
+"""Where the agent's lease folder is made (default /dev/shm): the local runner points it into a folder of its own
+run, which it and its reaper remove whatever becomes of the agent."""
 ROUND_ENV = "EKS_DDP_RDZV_ROUND"
 """The rendezvous round the worker was started for (set by the launcher in each worker's environment)."""
 
@@ -64,7 +67,8 @@ class Lease:
 
     def __init__(self, root: str | None = None) -> None:
         if root is None:
-            root = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+            root = os.environ.get(LEASE_ROOT_ENV) or (
+                "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None)
         self.dir = tempfile.mkdtemp(prefix="eks-ddp-lease-", dir=root)  # mode 0700, owned by this user
         self.path = os.path.join(self.dir, "lease.json")
         self.window_s = self.margin_s = 0.0

@@ -90,12 +90,19 @@ def pod_resources(it: catalog.InstanceType) -> tuple[int, int, int]:
     """(CPU cores, memory GiB, /dev/shm GiB) for one training pod on a whole node of type ``it``.
 
     Leaves a tenth of the vCPUs (at least 1) and a quarter of the memory to the kubelet, the OS and the
-    node daemons (VPC CNI, kube-proxy, EFS CSI, device plugins). /dev/shm (NCCL's intra-node transport)
-    is memory-backed and counts against the pod's memory limit.
+    node daemons (VPC CNI, kube-proxy, EFS CSI, device plugins). /dev/shm is memory-backed and counts against the
+    pod's memory request and limit (the same number): it holds NCCL's intra-node buffers (small) and the node's
+    one snapshot of the training state (training/eks_ddp_trainer/snapshot.py), which needs twice the state while it
+    is replaced. So it is sized from the instance's memory, SHM_SHARE of the pod's (p4de.24xlarge: 216 of 864 GiB),
+    the rest left to the processes; a state over half of it is not snapshotted, and the run's log says so.
     """
     cpu = it.vcpus - max(1, it.vcpus // 10)
     memory = it.memory_gib * 3 // 4
-    return cpu, memory, min(2 * it.gpus, max(1, memory // 4))
+    return cpu, memory, max(1, int(memory * SHM_SHARE))
+
+
+SHM_SHARE = 0.25
+"""The share of the training pod's memory request that /dev/shm may fill (pod_resources)."""
 
 
 NCCL_NET_PLUGIN = "ofi"
