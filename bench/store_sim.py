@@ -165,6 +165,8 @@ class Worker:
 
         if a.design == "core":  # the design before claims: every move a compare-and-set of the one state key
             EtcdV3Backend._claim_for = lambda self, new, core: None  # type: ignore[method-assign]
+        if a.no_renewer:  # leases renewed only by torch's keep-alive op, between its reads (the design before)
+            EtcdV3Backend.start_renewing = lambda self: None  # type: ignore[method-assign]
 
         handler.register()
         conf = dict(item.split("=", 1) for item in a.conf.split(",") if item)
@@ -247,7 +249,7 @@ class Sim:
     """``procs`` worker processes holding ``n`` agents of one run on one store."""
 
     def __init__(self, etcd: Any, n: int, procs: int, *, design: str = "claims", latency_file: Path | None = None,
-                 per_proc: list[int] | None = None) -> None:
+                 per_proc: list[int] | None = None, renewer: bool = True) -> None:
         from eks_ddp.core.launch_command import RdzvTls, cluster_timeouts
 
         tls = RdzvTls.of(etcd.tls)
@@ -264,7 +266,7 @@ class Sim:
             self.procs.append(subprocess.Popen(
                 [sys.executable, str(Path(__file__)), "--worker", f"--endpoint={etcd.endpoint}", f"--conf={conf}",
                  f"--run-id={run_id}", f"--max-nodes={n}", f"--first={first}", f"--count={size}", f"--design={design}",
-                 f"--latency-file={latency_file or ''}"],
+                 f"--latency-file={latency_file or ''}", *([] if renewer else ["--no-renewer"])],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, start_new_session=True))
             first += size
         for p in self.procs:
@@ -422,6 +424,7 @@ def main() -> int:
     p.add_argument("--design", choices=("claims", "core"), default="claims",
                    help="core: every rendezvous move a compare-and-set of the one state key (the design before claims)")
     p.add_argument("--latency-file", default="", help=argparse.SUPPRESS)
+    p.add_argument("--no-renewer", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", default=str(HERE / "store_sim.json"))
     a = p.parse_args()
     if a.worker:

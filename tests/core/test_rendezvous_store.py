@@ -42,8 +42,10 @@ def test_the_quota_holds_the_models_history_with_room_for_fragmentation():
         raft = (s.snapshot_count + model.CATCH_UP_ENTRIES) * (core_bytes(n) + model.REVISION_OVERHEAD)
         assert raft + (model.BASE_MEMORY_MIB << 20) <= s.memory_limit_mib << 20, s
         assert s.cpu_request_m * model.REQUESTS_PER_CORE_S / 1000 >= s.requests_per_s, s
-    # Where one store stops: beyond ~700 agents the history of 20 re-forms of O(N^2) bytes outgrows etcd's 8 GiB.
-    assert not store_size(1000).holds and store_size(1000).quota_bytes == model.MAX_QUOTA_BYTES
+    # A re-form's history is O(N) (claims): 1,000 agents keep the smallest quota; where one store stops is its CPU
+    # (5 requests per agent per second, at most 4 cores), past 1,600 agents.
+    assert store_size(1000).holds and store_size(1000).quota_bytes == 512 << 20
+    assert store_size(1600).holds and not store_size(1700).holds and store_size(1700).requests_per_s > 2 * model.REQUESTS_PER_CORE_S
 
 
 def test_small_fleets_keep_the_smallest_store():

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -77,3 +78,47 @@ def test_one_lost_agents_reform_costs_the_store_linear_work_in_n(tmp_path: Path)
     # The negative control: every write carrying the whole state (its size grows with N) and lost writes repeated.
     assert core[16]["wal_bytes"] > 3.2 * core[8]["wal_bytes"], core
     assert core[16]["wal_bytes"] > 3 * claims[16]["wal_bytes"], (core, claims)
+
+
+def _slow_store(tmp: Path, latencies: tuple[float, ...], renewer: bool = True) -> list[dict[str, Any]]:
+    """4 agents in 4 processes form a world and train (monitor loop on); then every store request of every agent is
+    answered ``latency`` seconds late (and still succeeds) for 25 s, each latency in turn: per latency, the leases
+    etcd expired, the agents that left their world (a worker restart) and the worlds afterwards."""
+    sim_mod, store = _bench("store_sim"), _bench("store")
+    etcd = store.RenderedEtcd(tmp / f"etcd-slow-{renewer}")
+    etcd.start()
+    delay = tmp / f"latency-{renewer}"
+    delay.write_text("0")
+    out = []
+    try:
+        sim = sim_mod.Sim(etcd, 4, 4, latency_file=delay, renewer=renewer)
+        try:
+            assert all(r["ok"] and r["world"] == 4 for r in sim.join(60))
+            sim.all({"op": "monitor", "on": True})
+            for latency in latencies:
+                before, stats = etcd.scrape(), sim.stats()
+                delay.write_text(str(latency))
+                time.sleep(25)
+                delay.write_text("0")
+                time.sleep(3)
+                after = sim.stats()
+                out.append({"latency_s": latency, "leases_expired": sim_mod._store_work(before, etcd.scrape())[
+                    "leases_expired"], "restarts": after["restarts"] - stats["restarts"],
+                    "worlds": sorted({(r["round"], r["world"]) for r in after["rounds"]})})
+            return out
+        finally:
+            sim.close()
+    finally:
+        etcd.stop()
+
+
+@pytest.mark.long  # 2 x 25 s of a slow store, and the control: make test-long
+def test_a_store_answering_late_for_25_s_drops_no_one(tmp_path: Path) -> None:
+    """Every store request of every agent answered 1.2 s, then 3 s late for 25 s (an fsync stall, a throttled store
+    pod): no lease expires, no agent leaves its world, no worker restarts (each agent renews its own lease from a
+    timer of its own, renewals overlapping; rendezvous/etcd_backend.py _Renewer). Negative control: leases renewed
+    only by torch's keep-alive op between its reads (the design before) lapse at 1.2 s, and agents leave."""
+    for r in _slow_store(tmp_path, (1.2, 3.0)):
+        assert (r["leases_expired"], r["restarts"], r["worlds"]) == (0, 0, [(0, 4)]), r
+    control = _slow_store(tmp_path, (1.2,), renewer=False)[0]
+    assert control["leases_expired"] > 0 and control["restarts"] > 0, control

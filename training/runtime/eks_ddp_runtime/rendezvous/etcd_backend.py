@@ -99,15 +99,16 @@ revision, the same at 4 and 12 agents.
 
 | when | request | etcd's WAL | bytes written |
 |---|---|---|---|
-| every k (torch's keep-alive timer), steady state | ``txn`` compare core mod_revision; ranges of the heartbeat prefix: ``count_only``, and keys created since the last read (``limit`` 1); read-only | none | 0 |
+| every k (torch's keep-alive timer), steady state | ``txn`` compare core mod_revision; ranges of the heartbeat prefix: ``count_only``, and keys created or changed since the last read (``min_mod_revision``, ``limit`` 1); read-only | none | 0 |
 | every k, right after | the same read-only ``txn`` (with the renewer running, the op renews nothing itself) | none | 0 |
 | every 0.5 s (``RENEW_EVERY_S``, the renewer's own timer; overlapping while the store answers late) | ``lease/keepalive`` of the agent's heartbeat lease | none (a renewal is not a raft entry in etcd 3.5) | 0 |
 | every ~0.5 s (the monitor loop, ``num_nodes_waiting``; state cache 0.25 s) | the same read-only ``txn`` | none | 0 |
 | every 300 s | ``lease/keepalive`` of the state key's lease | none | 0 |
 | a heartbeat lease found expired | ``lease/grant`` + ``txn`` put own heartbeat key, read core and heartbeat keys | 2 entries | ~100 |
-| a membership change (join, leave, drop, complete; ~3 per agent per re-form) | ``txn`` compare-and-set of the core (+ ``lease/grant`` on a first join) | 1 entry (also when it loses) | S |
+| the agent's own move (join a forming round, wait, stand by, leave; ~3 per agent per re-form) | ``txn`` put of its claim on its own heartbeat key (~70 bytes; + ``lease/grant`` on a first join), reading the core and heartbeat keys | 1 entry, never lost to another agent's write | ~150 |
+| closing a round (ranks) or the rendezvous; any change claims cannot express | a read-only check, then ``txn`` compare-and-set of the core (its revision, and no heartbeat key changed since the read); a round is closed by its first participant, others wait ``CLOSE_DEFER_S`` and write only if nothing moved | 1 entry (also when it loses) | S |
 | a lost compare-and-set | the reply carries the core and heartbeat keys; wait U(0, 50 ms), retry | | |
-| the core or the heartbeat set changed since the last read | one more read: core + heartbeat keys (keys only) | none | 0 (reads S + N x ~60) |
+| the core, the heartbeat set or a claim changed since the last read | one more read: core + heartbeat keys with their claims | none | 0 (reads S + N x ~130) |
 | per round (c10d store: rank 0's MASTER_ADDR/PORT, ranks, barriers) | 3-5 small puts/txns on the state's lease | 3-5 entries | < 1 KiB |
 
 Steady state: ~5 requests/s per agent (k = 1 s), none of them a write; the store's writes grow only with

@@ -36,6 +36,11 @@ itself included. Two rules fix this:
    long first-round wait (``first_round_timeout``, for image pulls) applies only to an agent that never
    completed a round, so survivors re-form with the short ``last_call_timeout``.
 
+**A re-form costs the store O(N)** (claims.py): an agent's own move (join, wait, stand by, leave) is a claim on its
+own heartbeat key, which no other agent's write can make fail; every agent reads the core merged with the claims,
+and only closing a round writes the core, once. torch's compare-and-set of the whole state for every move cost about
+N^2 attempts per re-form.
+
 **Heartbeats cost the store no write** (etcd_backend.py, its ``REQUEST_PATTERN`` table). torch writes every
 agent's heartbeat into the one state every ``keep_alive_interval``: N writes per second of a value that holds N
 agents, O(N^2) bytes for the store and compare-and-set contention on one key. Here each agent's heartbeat is a key
