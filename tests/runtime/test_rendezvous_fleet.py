@@ -441,3 +441,27 @@ def test_an_agent_judges_itself_by_its_leases_answers_not_by_the_age_of_its_last
     assert node in state.participants and state.last_heartbeats[node] == old
     backend._mine[node_id(node)].expired = True  # a renewal answered: lease not found
     assert node not in sanitized().participants
+
+
+def test_a_newcomer_whose_key_lapsed_is_back_on_the_wait_list_with_its_next_heartbeat(etcd_endpoint):  # noqa: F811
+    """A newcomer's place on the wait list is its claim, on its own key: when the key lapses (a store that could not
+    renew it) peers no longer see it waiting, and its next heartbeat makes the key again with the same claim, so it
+    is not silently left off the wait list (review of 2026-12-07, MINOR)."""
+    backends, _ = _world(etcd_endpoint, 2)
+    newcomer = _backend(etcd_endpoint, backends[0].key.decode().rsplit("/", 1)[1])
+    node = _NodeDesc("10.0.8.1", 801, 0)
+    _update(newcomer, lambda s: (s.wait_list.add(node), s.last_heartbeats.__setitem__(node, _now())))
+    assert node in pickle.loads(backends[0].get_state()[0]).wait_list
+    _client(etcd_endpoint).lease_revoke(newcomer._mine[node_id(node)].lease)
+    assert node not in pickle.loads(backends[0].get_state()[0]).wait_list  # its key is gone: not waiting
+    newcomer._mine[node_id(node)].expired = True  # what its renewer learns from etcd's "lease not found"
+    bits, token = _own_beat(newcomer, node)
+    assert newcomer.set_state(bits, token)[2]
+    assert node in pickle.loads(backends[0].get_state()[0]).wait_list
+    # Negative control: a key made anew without the claim (an empty value) leaves the newcomer off the wait list.
+    _client(etcd_endpoint).lease_revoke(newcomer._mine[node_id(node)].lease)
+    newcomer._mine[node_id(node)].expired = True
+    newcomer._my_claims.clear()
+    bits, token = _own_beat(newcomer, node)
+    newcomer.set_state(bits, token)
+    assert node not in pickle.loads(backends[0].get_state()[0]).wait_list
