@@ -12,7 +12,38 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Protocol
 
-from eks_ddp_runtime.contract import DATA_SUBDIR, RUNS_SUBDIR, SHARED_ROOT  # noqa: F401 (API: the shared volume's paths)
+from eks_ddp_runtime.contract import DATA_DIR_ENV, DATA_SUBDIR, RUN_DIR_ENV, RUNS_SUBDIR, SHARED_ROOT
+
+__all__ = [  # the builder, and the contract's shared-volume paths that its callers take from here
+    "AGENT_ENV",
+    "CLUSTER_TIMEOUTS",
+    "CLUSTER_TLS",
+    "DATA_SUBDIR",
+    "DEFAULT_MAX_RESTARTS",
+    "ETCD_BACKEND",
+    "FABRIC_CHECK_MODULE",
+    "LAUNCHER_BACKENDS",
+    "LAUNCHER_MODULE",
+    "LOCAL_TIMEOUTS",
+    "DATA_DIR_REF",
+    "PEER_DEADLINE_S",
+    "RDZV_TLS_DIR",
+    "RUN_DIR_REF",
+    "RUNS_SUBDIR",
+    "SHARED_ROOT",
+    "TRAIN_MODULE",
+    "AgentOptions",
+    "FabricCheckOptions",
+    "RdzvTimeouts",
+    "RdzvTls",
+    "TrainerFlags",
+    "cluster_timeouts",
+    "fabric_check_command",
+    "job_command",
+    "module_command",
+    "script_command",
+    "torchrun_args",
+]
 
 LAUNCHER_MODULE = "eks_ddp_runtime.launch"
 """The agent: torchrun with the Job's exit-code contract and the store-tolerant rendezvous (training/runtime/eks_ddp_runtime/launch.py,
@@ -25,6 +56,11 @@ LAUNCHER_BACKENDS = {"etcd": ETCD_BACKEND, "etcd-v2": ETCD_BACKEND, ETCD_BACKEND
 name, for one release); torch's own ``etcd``/``etcd-v2`` backends are never rendered."""
 TRAIN_MODULE = "eks_ddp_trainer.train"
 """The trainer, run by torchrun as ``-m eks_ddp_trainer.train`` from the image's WORKDIR."""
+RUN_DIR_REF = f"$({RUN_DIR_ENV})"
+"""``$(EKS_DDP_RUN_DIR)`` in a workload's arguments: the run's directory, as the kubelet expands it in the Job (the
+local runner replaces it itself)."""
+DATA_DIR_REF = f"$({DATA_DIR_ENV})"
+"""``$(EKS_DDP_DATA_DIR)`` in a workload's arguments: the staged data set's directory."""
 
 
 
