@@ -3,7 +3,8 @@
 Runs with the GPU machine's own interpreter (Python 3.12, torch 2.11 to 2.14) and nothing else installed: no Pulumi,
 boto3 or cryptography, no install of this project, no network. It puts this checkout on the import path and
 ``.gpu-bundle/bin`` (the etcd server, from ``make gpu-check-bundle``) on PATH, maps ``eks_ddp_runtime`` to
-training/runtime itself (its etcd client is the standard library's HTTP), and loads components/eks_ddp/core/launch_command.py by path (the ``components`` package imports Pulumi). Each item has a bar; the
+training/runtime itself (its etcd client is the standard library's HTTP), the agents' command line included
+(``eks_ddp_runtime.launch_command``: nothing of the Pulumi library is imported). Each item has a bar; the
 verdict (exit code) fails when an item fails or misses its bar. ``gpu-check.json`` and ``gpu-check.md`` in ``--out``
 are rewritten after every item, so a run cut short keeps what it measured.
 
@@ -63,20 +64,9 @@ AIRBENCH_ARGS: list[str] = []
 """Extra flags for bench/airbench94_loop.py (a toy-size rehearsal of the items on a CPU sets them)."""
 
 
-def _load_by_path(name: str, path: Path):
-    """Import one file as a module without its package's ``__init__`` (components/eks_ddp/__init__.py imports Pulumi)."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def torchrun_command():
-    """components/eks_ddp/core/launch_command.py (stdlib only): the cluster's agent command line."""
-    return _load_by_path("eks_ddp_gpu_check_launch_command", ROOT / "components" / "eks_ddp" / "core" / "launch_command.py")
+    """``eks_ddp_runtime.launch_command`` (stdlib only): the cluster's agent command line."""
+    return importlib.import_module("eks_ddp_runtime.launch_command")
 
 
 def prepare_environment(bundle: Path, shim: Path) -> dict[str, str]:

@@ -3,7 +3,7 @@
     .venv/bin/python bench/recovery.py [--repeats 3] [--only worker_kill,...] [--baseline DIR] [--out FILE]
 
 Each agent runs ``python -m eks_ddp_runtime.launch`` with CLUSTER_TIMEOUTS, DEFAULT_MAX_RESTARTS and AGENT_ENV, the
-command and environment components/eks_ddp/core/launch_command.py renders into the EKS Job (tests/runtime/test_resilience.py uses the
+command and environment training/runtime/eks_ddp_runtime/launch_command.py renders into the EKS Job (tests/runtime/test_resilience.py uses the
 same). Faults:
 
 * ``worker_kill``: SIGKILL of one trainer process;
@@ -50,7 +50,7 @@ from pathlib import Path
 
 from common import ROOT, machine, synthetic
 
-from eks_ddp.core.launch_command import AGENT_ENV, CLUSTER_TIMEOUTS, DEFAULT_MAX_RESTARTS
+from eks_ddp_runtime.launch_command import AGENT_ENV, CLUSTER_TIMEOUTS, DEFAULT_MAX_RESTARTS
 from eks_ddp_trainer.config import TrainerConfig
 from tests.support import netns, store_faults
 from tests.support.etcd_server import (

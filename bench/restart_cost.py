@@ -2,7 +2,7 @@
 
     PYTHONPATH=<runtime> .venv/bin/python bench/restart_cost.py [--repeats 2] [--forms script,module] [--out FILE]
 
-Two agents run the Job's agent command (components/eks_ddp/core/launch_command.py: CLUSTER_TIMEOUTS, DEFAULT_MAX_RESTARTS, AGENT_ENV,
+Two agents run the Job's agent command (training/runtime/eks_ddp_runtime/launch_command.py: CLUSTER_TIMEOUTS, DEFAULT_MAX_RESTARTS, AGENT_ENV,
 a real etcd with client certificates) for training/examples/ddp_minimal.py, either by path (a ``script:``
 workload) or as ``-m training.examples.ddp_minimal`` (a ``module:`` workload), with a checkpoint every 10 steps
 and 0.1 s per step. Once training runs at full size, one worker of agent1 is SIGKILLed; the figure is the seconds
@@ -26,7 +26,8 @@ from pathlib import Path
 
 from common import ROOT, machine
 
-from eks_ddp.core.launch_command import (
+from eks_ddp_local.etcd_server import start_etcd
+from eks_ddp_runtime.launch_command import (
     AGENT_ENV,
     CLUSTER_TIMEOUTS,
     DEFAULT_MAX_RESTARTS,
@@ -34,7 +35,6 @@ from eks_ddp.core.launch_command import (
     RdzvTls,
     torchrun_args,
 )
-from eks_ddp_local.etcd_server import start_etcd
 
 SCRIPT = ROOT / "training" / "examples" / "ddp_minimal.py"
 

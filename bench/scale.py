@@ -4,7 +4,7 @@ flags, on this machine.
     .venv/bin/python bench/scale.py [--nodes 4,8,12,16] [--soak-s 200] [--label before] [--out FILE]
 
 Each agent runs ``python -m eks_ddp_runtime.launch <flags> training/examples/ddp_minimal.py`` with the flags
-``components/eks_ddp/core/launch_command.py`` renders into the EKS Job (``script_command`` with ``cluster_timeouts(N)``,
+``training/runtime/eks_ddp_runtime/launch_command.py`` renders into the EKS Job (``script_command`` with ``cluster_timeouts(N)``,
 ``DEFAULT_MAX_RESTARTS``, ``minNodes`` 1 (the stack's default) and the agent environment ``AGENT_ENV``), one gloo
 worker each (a user's own script: a tiny model, a step every 0.5 s, no checkpoint during the bench). The store is
 etcd 3.5 started with ``etcd_args`` as rendered for the store's pod (bench/store.py; TLS with client certificates).
@@ -49,7 +49,7 @@ from typing import Any
 from common import ROOT, machine
 from store import RenderedEtcd, rates
 
-from eks_ddp.core.launch_command import (
+from eks_ddp_runtime.launch_command import (
     AGENT_ENV,
     DEFAULT_MAX_RESTARTS,
     AgentOptions,

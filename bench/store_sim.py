@@ -4,7 +4,7 @@
 
 Each simulated agent is the real thing minus its workers: the handler the launcher builds
 (``--rdzv-backend=eks-etcd``, torch's registry with training/runtime/eks_ddp_runtime/rendezvous/handler.py's ``register``;
-rdzv-conf ``CLUSTER_TIMEOUTS`` and the TLS client files, as ``components/eks_ddp/core/launch_command.py`` renders them), driven
+rdzv-conf ``CLUSTER_TIMEOUTS`` and the TLS client files, as ``training/runtime/eks_ddp_runtime/launch_command.py`` renders them), driven
 the way torch's agent drives it (``torch.distributed.elastic.agent.server.api.SimpleElasticAgent``):
 
 * a round: ``next_rendezvous()`` then torch's own ``SimpleElasticAgent._assign_worker_ranks`` on the store it returns
@@ -250,7 +250,7 @@ class Sim:
 
     def __init__(self, etcd: Any, n: int, procs: int, *, design: str = "claims", latency_file: Path | None = None,
                  per_proc: list[int] | None = None, renewer: bool = True) -> None:
-        from eks_ddp.core.launch_command import RdzvTls, cluster_timeouts
+        from eks_ddp_runtime.launch_command import RdzvTls, cluster_timeouts
 
         tls = RdzvTls.of(etcd.tls)
         conf = f"{cluster_timeouts(n).conf()},{tls.conf()}"  # the Job's timeouts for a run of n nodes

@@ -23,9 +23,9 @@ from pathlib import Path
 
 from common import ROOT, machine, synthetic
 
-from eks_ddp.core.launch_command import AGENT_ENV, DEFAULT_MAX_RESTARTS, cluster_timeouts
 from eks_ddp.core.rendezvous_store import store_size
 from eks_ddp.workloads.etcd import etcd_args
+from eks_ddp_runtime.launch_command import AGENT_ENV, DEFAULT_MAX_RESTARTS, cluster_timeouts
 from eks_ddp_runtime.rendezvous.etcd_client import EtcdV3Client
 from eks_ddp_trainer.config import TrainerConfig
 from tests.support.etcd_server import Job, RestartableEtcd

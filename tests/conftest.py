@@ -20,9 +20,10 @@ _REPO = Path(__file__).resolve().parent.parent
 for _name, _folder in (("eks_ddp", "components/eks_ddp"), ("eks_ddp_trainer", "training/eks_ddp_trainer"),
                        ("eks_ddp_local", "training/eks_ddp_local")):
     # A runtime-only interpreter (make test-compat's venv, the GPU machines) has only eks_ddp_runtime installed and
-    # no Pulumi: eks_ddp/__init__ imports every Pulumi component, but eks_ddp.core.launch_command (the agents' command
-    # line) is pure Python. Each package is registered by its folder without running its __init__, so its pure
-    # modules import and a Pulumi module still fails.
+    # no Pulumi; the agents' command line is the runtime's own (eks_ddp_runtime.launch_command), but the tests' helpers
+    # use pure modules of the other packages (the local runner's etcd server, the trainer's config), and
+    # eks_ddp/__init__ imports every Pulumi component. Each package is registered by its folder without running its
+    # __init__, so its pure modules import and a Pulumi module still fails.
     if _name not in sys.modules and (importlib.util.find_spec("pulumi") is None
                                      or importlib.util.find_spec(_name) is None):
         _pkg = types.ModuleType(_name)

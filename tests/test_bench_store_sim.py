@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from eks_ddp.core.launch_command import CLUSTER_TIMEOUTS, RdzvTls
 from eks_ddp_local.etcd_server import make_tls
+from eks_ddp_runtime.launch_command import CLUSTER_TIMEOUTS, RdzvTls
 
 ROOT = Path(__file__).resolve().parents[1]
 

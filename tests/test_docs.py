@@ -258,7 +258,7 @@ def test_trainer_docstring_shows_the_command_the_cluster_runs():
     import shlex
 
     import eks_ddp_trainer.train as train
-    from eks_ddp.core.launch_command import AGENT_ENV, AgentOptions, job_command
+    from eks_ddp_runtime.launch_command import AGENT_ENV, AgentOptions, job_command
     from eks_ddp_trainer.config import TrainerConfig
 
     doc = train.__doc__

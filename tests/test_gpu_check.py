@@ -237,6 +237,6 @@ def test_the_check_and_what_it_imports_compile_under_python_3_12():
     if py312 is None:
         pytest.skip("no Python 3.12 on this machine")
     proc = subprocess.run([str(py312), "-m", "compileall", "-q", "-x", "__pycache__", str(ROOT / "bench"),
-                           str(ROOT / "training"), str(ROOT / "components" / "eks_ddp" / "core" / "launch_command.py")], capture_output=True,
+                           str(ROOT / "training")], capture_output=True,
                           text=True, timeout=300, env={**os.environ, "PYTHONPYCACHEPREFIX": "/tmp/eks-ddp-pyc312"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]

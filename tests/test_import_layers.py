@@ -62,12 +62,20 @@ PLANTED = [  # (contract, file, the planted lines, what the report says, the imp
     ("runtime-alone", "training/runtime/eks_ddp_runtime/exitcodes.py", "from eks_ddp.core import rules\n",
      "the runtime (in users' images) imports none of the other packages and no Pulumi BROKEN",
      "eks_ddp_runtime.exitcodes -> eks_ddp.core.rules (l.1)"),
+    ("runtime-alone", "training/runtime/eks_ddp_runtime/launch_command.py",
+     "from eks_ddp_trainer.config import TrainerConfig\n",
+     "the runtime (in users' images) imports none of the other packages and no Pulumi BROKEN",
+     "eks_ddp_runtime.launch_command -> eks_ddp_trainer.config (l.1)"),
     ("trainer-in-the-image", "training/eks_ddp_trainer/recipe.py", "import eks_ddp.core.cidr\n",
      "imports neither the library nor the local runner BROKEN", "eks_ddp_trainer.recipe -> eks_ddp.core.cidr (l.1)"),
+    # The import the runner used to make: the library's re-export of the runtime's builder, pure as it is.
+    ("local-runner", "training/eks_ddp_local/job.py", "from eks_ddp.core.launch_command import AGENT_ENV\n",
+     "the local runner imports nothing of the library (the agents' command line is the runtime's) and no Pulumi BROKEN",
+     "eks_ddp_local.job -> eks_ddp.core.launch_command (l.1)"),
 ]
 
 
-@pytest.mark.parametrize("contract,path,line,says,chain", PLANTED, ids=[p[0] for p in PLANTED])
+@pytest.mark.parametrize("contract,path,line,says,chain", PLANTED, ids=[f"{p[0]}:{Path(p[1]).stem}" for p in PLANTED])
 def test_a_planted_violation_breaks_its_contract(tree_copy, contract, path, line, says, chain):
     root, shim = tree_copy
     target = root / path

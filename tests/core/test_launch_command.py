@@ -1,11 +1,11 @@
-"""The agents' command line (components/eks_ddp/core/launch_command.py), as a pure function: the flags the
+"""The agents' command line (training/runtime/eks_ddp_runtime/launch_command.py), as a pure function: the flags the
 launcher gets, and what a run's ``rdzvBackend`` becomes there."""
 
 from __future__ import annotations
 
 import pytest
 
-from eks_ddp.core.launch_command import (
+from eks_ddp_runtime.launch_command import (
     ETCD_BACKEND,
     AgentOptions,
     FabricCheckOptions,
@@ -53,3 +53,25 @@ def test_c10d_is_passed_through_without_certificates_and_an_unknown_value_is_ref
     assert f["rdzv-backend"] == "c10d" and "ssl_cert" not in f["rdzv-conf"]
     with pytest.raises(ValueError, match="rdzv_backend: got 'zk'; expected 'etcd' or 'c10d'"):
         torchrun_args(agent("zk"))
+
+
+def test_the_library_name_re_exports_the_runtime_builder():
+    """``eks_ddp.core.launch_command`` keeps programs written against it working: every name of the runtime's module,
+    as the same object (nothing is defined twice)."""
+    import eks_ddp.core.launch_command as library
+    import eks_ddp_runtime.launch_command as runtime
+
+    assert library.__all__ == runtime.__all__
+    for name in library.__all__:
+        assert getattr(library, name) is getattr(runtime, name), name
+
+
+def test_the_runtime_builder_takes_any_trainer_flags():
+    """job_command needs only the config's flags(): the runtime imports nothing of the bundled trainer."""
+
+    class Flags:
+        def flags(self) -> list[str]:
+            return ["--epochs=1"]
+
+    cmd = job_command(agent("etcd"), Flags())
+    assert cmd[-3:] == ["-m", "eks_ddp_trainer.train", "--epochs=1"]

@@ -89,7 +89,7 @@ def test_a_p4de_stack_of_128_nodes_plans_a_store_the_model_says_holds():
 
 
 def test_the_last_call_grows_with_the_fleet_and_two_nodes_keep_the_measured_timing():
-    from eks_ddp.core.launch_command import CLUSTER_TIMEOUTS, cluster_timeouts
+    from eks_ddp_runtime.launch_command import CLUSTER_TIMEOUTS, cluster_timeouts
 
     assert cluster_timeouts(2) == cluster_timeouts(8) == CLUSTER_TIMEOUTS  # bench/recovery.py's figures
     assert [cluster_timeouts(n).last_call for n in (1, 8, 9, 32, 33, 128, 1000)] == [1, 1, 2, 2, 3, 3, 3]

@@ -11,9 +11,9 @@ import pytest
 
 from eks_ddp.config import load_stack_config
 from eks_ddp.core import catalog
-from eks_ddp.core.launch_command import CLUSTER_TIMEOUTS, AgentOptions, job_command
 from eks_ddp.core.workload import Cifar10Data, Egress, S3Data, Workload, dataset_name
 from eks_ddp.tooling.mocks import run_program
+from eks_ddp_runtime.launch_command import CLUSTER_TIMEOUTS, AgentOptions, job_command
 from eks_ddp_trainer.config import TrainerConfig
 from tests.support.job_args import job_args
 from tests.support.util import run, stack_config

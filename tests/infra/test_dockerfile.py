@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from eks_ddp.core.launch_command import LAUNCHER_MODULE, TRAIN_MODULE, AgentOptions, job_command
 from eks_ddp.infra.image import DOCKERFILE, source_files
+from eks_ddp_runtime.launch_command import LAUNCHER_MODULE, TRAIN_MODULE, AgentOptions, job_command
 from eks_ddp_trainer.config import TrainerConfig
 from tests.support.util import ROOT
 

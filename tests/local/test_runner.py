@@ -23,12 +23,12 @@ from pathlib import Path
 
 import pytest
 
-from eks_ddp.core.launch_command import AGENT_ENV, LOCAL_TIMEOUTS, AgentOptions, RdzvTls, job_command
 from eks_ddp_local import cli as local
 from eks_ddp_local import procs
 from eks_ddp_local.job import LocalJob
 from eks_ddp_local.procs import alive, descendants, listening
 from eks_ddp_local.progress import History, Progress
+from eks_ddp_runtime.launch_command import AGENT_ENV, LOCAL_TIMEOUTS, AgentOptions, RdzvTls, job_command
 from eks_ddp_trainer.config import TrainerConfig
 from eks_ddp_trainer.plot import metrics_table, plot_history, read_history, read_test_accuracy
 from tests.support.util import ROOT

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from eks_ddp.core.launch_command import AGENT_ENV, CLUSTER_TIMEOUTS, LAUNCHER_MODULE, AgentOptions, torchrun_args
 from eks_ddp_local.procs import worker_pids
+from eks_ddp_runtime.launch_command import AGENT_ENV, CLUSTER_TIMEOUTS, LAUNCHER_MODULE, AgentOptions, torchrun_args
 from tests.support.etcd_server import Agent, _processes, client_tls, etcd_endpoint, trainer_env  # noqa: F401
 
 LOOP = """import os, time

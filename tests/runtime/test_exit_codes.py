@@ -2,7 +2,7 @@
 
 The Job's pod failure policy acts on the agent's exit status (training/runtime/eks_ddp_runtime/exitcodes.py, components/eks_ddp/workloads/elastic_job/__init__.py):
 0 done, 3/4/5 FATAL (fail the Job at once), 1 a spent fault budget (retried). Alone, ``python -m eks_ddp_trainer.train``
-is what a user runs first; under ``python -m eks_ddp_runtime.launch`` (the Job's own flags from components/eks_ddp/core/launch_command.py,
+is what a user runs first; under ``python -m eks_ddp_runtime.launch`` (the Job's own flags from training/runtime/eks_ddp_runtime/launch_command.py,
 a real etcd) the agent must hand the worker's code to the pod, whether workers are forked or fresh processes.
 """
 
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from eks_ddp.core.launch_command import CLUSTER_TIMEOUTS, AgentOptions, job_command
 from eks_ddp_runtime import exitcodes
+from eks_ddp_runtime.launch_command import CLUSTER_TIMEOUTS, AgentOptions, job_command
 from eks_ddp_trainer.config import TrainerConfig
 from eks_ddp_trainer.data import TRAIN_FILES, batches_root, write_synthetic_cifar
 from tests.support.etcd_server import ROOT, Job, client_tls, etcd_endpoint, jobs, kill_workers_in_a_row, trainer_env  # noqa: F401

@@ -17,15 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from eks_ddp.core.launch_command import (
+from eks_ddp_runtime import fabric_check as fc
+from eks_ddp_runtime.exitcodes import FABRIC_FAILED
+from eks_ddp_runtime.launch_command import (
     FABRIC_CHECK_MODULE,
     LOCAL_TIMEOUTS,
     AgentOptions,
     FabricCheckOptions,
     fabric_check_command,
 )
-from eks_ddp_runtime import fabric_check as fc
-from eks_ddp_runtime.exitcodes import FABRIC_FAILED
 from tests.support.etcd_server import ROOT, TORCHRUN, Agent, _processes, client_tls, etcd_endpoint, trainer_env  # noqa: F401
 
 # NCCL 2.2x INIT/NET lines as they appear with NCCL_DEBUG=INFO (host:pid:tid prefix), aws-ofi-nccl's included.

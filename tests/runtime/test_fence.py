@@ -26,7 +26,7 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
 from eks_ddp_runtime import fence
 from tests.support.etcd_server import ROOT, trainer_env
 
-INTERVAL, ATTEMPTS = 1, 4  # the cluster's keep_alive_interval and keep_alive_max_attempt (components/eks_ddp/core/launch_command.py)
+INTERVAL, ATTEMPTS = 1, 4  # the cluster's keep_alive_interval and keep_alive_max_attempt (training/runtime/eks_ddp_runtime/launch_command.py)
 ME, PEER = _NodeDesc("10.0.0.1", 100, 0), _NodeDesc("10.0.0.2", 200, 0)
 
 

@@ -4,7 +4,7 @@ The agent runs the rendezvous heartbeat (a thread doing a TLS request every seco
 are forked from the zygote, a fresh interpreter that imports torch and runs no thread of its own
 (eks_ddp_runtime/workers.py). Each fork records, in the forking process just before it forks, its pid and
 thread counts (``workers.FORKED_FROM``, an ``os.register_at_fork`` hook), and the worker reads that record.
-Every agent is ``python -m eks_ddp_runtime.launch`` with the Job's flags (components/eks_ddp/core/launch_command.py) and a real etcd.
+Every agent is ``python -m eks_ddp_runtime.launch`` with the Job's flags (training/runtime/eks_ddp_runtime/launch_command.py) and a real etcd.
 The positive case (workers forked by a one-thread zygote while the agent runs its heartbeat thread) rides along in
 tests/runtime/test_launcher_cuda.py's first launcher run; here are its negative controls.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from eks_ddp.core.launch_command import CLUSTER_TIMEOUTS, AgentOptions, module_command
+from eks_ddp_runtime.launch_command import CLUSTER_TIMEOUTS, AgentOptions, module_command
 from tests.support.etcd_server import ROOT, client_tls, etcd_endpoint, trainer_env  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.slow

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from eks_ddp.core.launch_command import CLUSTER_TIMEOUTS, AgentOptions, RdzvTls, script_command
 from eks_ddp_local.etcd_server import start_etcd
+from eks_ddp_runtime.launch_command import CLUSTER_TIMEOUTS, AgentOptions, RdzvTls, script_command
 from eks_ddp_runtime.rendezvous import handler as rendezvous
 from tests.support.etcd_server import ROOT, client_tls, trainer_env
 

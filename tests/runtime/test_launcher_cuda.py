@@ -4,7 +4,7 @@ torch's launcher asks ``torch.accelerator.is_available()`` in the agent before i
 initialises CUDA unless NVML answers, and a worker forked from such an agent dies in ``torch.cuda.set_device``
 ("Cannot re-initialize CUDA in forked subprocess"). The venv's torch is a CUDA build, so the poison shows on a
 machine without a GPU: torch's own bad-fork flag is set in the worker. Every agent here is
-``python -m eks_ddp_runtime.launch`` with the Job's flags from components/eks_ddp/core/launch_command.py and a real etcd.
+``python -m eks_ddp_runtime.launch`` with the Job's flags from training/runtime/eks_ddp_runtime/launch_command.py and a real etcd.
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from eks_ddp.core.launch_command import (
+from eks_ddp_runtime.launch import no_nvidia_driver
+from eks_ddp_runtime.launch_command import (
     CLUSTER_TIMEOUTS,
     AgentOptions,
     FabricCheckOptions,
     fabric_check_command,
     module_command,
 )
-from eks_ddp_runtime.launch import no_nvidia_driver
 from tests.support.etcd_server import ROOT, client_tls, etcd_endpoint, trainer_env  # noqa: F401  (fixture)
 
 needs_cuda_build = pytest.mark.skipif(not torch.cuda._is_compiled(), reason="torch without CUDA cannot poison a fork")

@@ -497,7 +497,7 @@ def test_the_handler_is_built_and_waits_while_the_store_is_down(tmp_path):
 
 
 def test_the_cluster_rides_out_ten_minutes_of_store_outage():
-    from eks_ddp.core.launch_command import CLUSTER_TIMEOUTS, LOCAL_TIMEOUTS
+    from eks_ddp_runtime.launch_command import CLUSTER_TIMEOUTS, LOCAL_TIMEOUTS
 
     assert CLUSTER_TIMEOUTS.store_retry >= 600 and f"store_retry_timeout={CLUSTER_TIMEOUTS.store_retry}" in \
         CLUSTER_TIMEOUTS.conf()

@@ -66,7 +66,7 @@ class _Etcd:
         cls._tmp.cleanup()
 
     def conf(self) -> dict[str, str]:
-        """The Job's rdzv-conf for this store (components/eks_ddp/core/launch_command.py: https and the three certificate files)."""
+        """The Job's rdzv-conf for this store (training/runtime/eks_ddp_runtime/launch_command.py: https and the three certificate files)."""
         tls = client_tls(self.etcd)
         return {"protocol": "https", "ca_cert": tls.ca_cert, "ssl_cert": tls.cert, "ssl_cert_key": tls.key,
                 "read_timeout": "5", "store_retry_timeout": "5"}

@@ -1,7 +1,7 @@
 """Real faults against the cluster's agent command: real etcd 3.5.1, two real agents, gloo on CPU.
 
 Every agent runs ``python -m eks_ddp_runtime.launch`` with CLUSTER_TIMEOUTS and AGENT_ENV, exactly the command
-and environment components/eks_ddp/core/launch_command.py renders into the EKS Job. Where a test starts one agent of a
+and environment training/runtime/eks_ddp_runtime/launch_command.py renders into the EKS Job. Where a test starts one agent of a
 two-node job on purpose, the first-round wait (300 s on the cluster, for image pulls) is shortened;
 nothing else differs. Timings are asserted with room for a loaded CI machine; bench/recovery.py measures
 the same faults (median of 3) and the full 20-kill series.
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from eks_ddp.core.launch_command import AGENT_ENV, CLUSTER_TIMEOUTS, DEFAULT_MAX_RESTARTS, PEER_DEADLINE_S
 from eks_ddp_runtime import exitcodes, watchdog
+from eks_ddp_runtime.launch_command import AGENT_ENV, CLUSTER_TIMEOUTS, DEFAULT_MAX_RESTARTS, PEER_DEADLINE_S
 from eks_ddp_trainer import checkpoint as ckpt
 from eks_ddp_trainer.config import TrainerConfig
 from eks_ddp_trainer.data import write_synthetic_cifar

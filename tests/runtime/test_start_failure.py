@@ -1,6 +1,6 @@
 """A start failure stops the run at once; real faults are still retried (eks_ddp_runtime/startfail.py).
 
-Real launchers with the Job's agent command (components/eks_ddp/core/launch_command.py, a real etcd with client
+Real launchers with the Job's agent command (training/runtime/eks_ddp_runtime/launch_command.py, a real etcd with client
 certificates, workers forked from the zygote) and a fault budget of 20 restarts: a script whose import fails in
 every worker must exit 2 (the usage error's code, fatal in the Job's pod failure policy) after one worker start,
 naming the exception, where it used to spend the whole budget. The controls fail once and then succeed: every worker

@@ -6,7 +6,7 @@ a sibling module, ``if __name__ == "__main__"`` guards, ``sys.exit`` with 0, Non
 ``os._exit(0)``, an uncaught exception, a SIGTERM handler, and a real gloo all-reduce across 2 processes.
 
 Each case runs twice, with the same flags (one node of 2 workers, no restarts) and the Job's environment
-(components/eks_ddp/core/launch_command.py ``AGENT_ENV``): the venv's real ``torchrun`` (c10d rendezvous), and the Job's agent command
+(training/runtime/eks_ddp_runtime/launch_command.py ``AGENT_ENV``): the venv's real ``torchrun`` (c10d rendezvous), and the Job's agent command
 (``python -m eks_ddp_runtime.launch``, the eks-etcd rendezvous on a real etcd with client certificates, workers
 forked from the zygote as on the cluster). The lines the user's code prints must be the same, and the run must
 succeed or fail alike; the launcher's exit code follows its contract on top (exitcodes.py: 2 and 3-5 are passed
@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from eks_ddp.core.launch_command import CLUSTER_TIMEOUTS, AgentOptions, module_command, script_command
 from eks_ddp_local.etcd_server import free_port, start_etcd
+from eks_ddp_runtime.launch_command import CLUSTER_TIMEOUTS, AgentOptions, module_command, script_command
 from tests.support.etcd_server import ROOT, TORCHRUN, client_tls, trainer_env
 
 CORPUS = ROOT / "tests" / "fixtures" / "corpus"

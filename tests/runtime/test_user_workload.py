@@ -1,6 +1,6 @@
 """A user's own training script (training/examples/ddp_minimal.py, not the bundled trainer) under the real launcher.
 
-Two agents run ``python -m eks_ddp_runtime.launch`` with the cluster's flags (components/eks_ddp/core/launch_command.py:
+Two agents run ``python -m eks_ddp_runtime.launch`` with the cluster's flags (training/runtime/eks_ddp_runtime/launch_command.py:
 CLUSTER_TIMEOUTS, DEFAULT_MAX_RESTARTS, AGENT_ENV) against a real etcd with client certificates, from a folder
 outside the repository; a worker is SIGKILLed mid-run, and the script resumes from its own checkpoint in
 ``EKS_DDP_RUN_DIR``, the agents exiting 0.
@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from eks_ddp.core.launch_command import (
+from eks_ddp_local.procs import worker_pids
+from eks_ddp_runtime.launch_command import (
     AGENT_ENV,
     CLUSTER_TIMEOUTS,
     DEFAULT_MAX_RESTARTS,
@@ -28,7 +29,6 @@ from eks_ddp.core.launch_command import (
     AgentOptions,
     torchrun_args,
 )
-from eks_ddp_local.procs import worker_pids
 from tests.support.etcd_server import ROOT, Agent, _processes, client_tls, etcd_endpoint, trainer_env  # noqa: F401
 
 SCRIPT = ROOT / "training" / "examples" / "ddp_minimal.py"

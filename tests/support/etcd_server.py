@@ -21,7 +21,9 @@ from typing import Any
 
 import pytest
 
-from eks_ddp.core.launch_command import (
+from eks_ddp_local.etcd_server import TlsFiles, start_etcd
+from eks_ddp_local.procs import worker_pids
+from eks_ddp_runtime.launch_command import (
     AGENT_ENV,
     LOCAL_TIMEOUTS,
     AgentOptions,
@@ -29,8 +31,6 @@ from eks_ddp.core.launch_command import (
     RdzvTls,
     job_command,
 )
-from eks_ddp_local.etcd_server import TlsFiles, start_etcd
-from eks_ddp_local.procs import worker_pids
 from eks_ddp_trainer.config import TrainerConfig
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from eks_ddp.core.launch_command import CLUSTER_TIMEOUTS, AgentOptions, RdzvTimeouts, job_command
+from eks_ddp_runtime.launch_command import CLUSTER_TIMEOUTS, AgentOptions, RdzvTimeouts, job_command
 from eks_ddp_trainer.config import TrainerConfig
 from tests.support.etcd_server import ROOT, Agent, Job, RestartableEtcd, client_tls, trainer_env
 
@@ -76,7 +76,7 @@ CommandFor = Callable[[str, str, str], list[str]]
 
 
 def cluster_command(trainer: TrainerConfig, timeouts: RdzvTimeouts = CLUSTER_TIMEOUTS) -> CommandFor:
-    """The cluster's agent command (components/eks_ddp/core/launch_command.py) for one node of a two-node job."""
+    """The cluster's agent command (training/runtime/eks_ddp_runtime/launch_command.py) for one node of a two-node job."""
     def build(endpoint: str, rdzv_id: str, addr: str) -> list[str]:
         opts = AgentOptions(min_nodes=1, max_nodes=2, nproc_per_node=1, rdzv_backend="etcd",
                             rdzv_endpoint=endpoint, rdzv_id=rdzv_id, local_addr=addr, timeouts=timeouts,

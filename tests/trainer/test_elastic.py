@@ -2,7 +2,7 @@
 
 Each agent is a separate process group standing in for a node (``--nnodes=1:2``,
 ``--nproc-per-node=1``, same ``--rdzv-id``), launched with the command line that
-components/eks_ddp/core/launch_command.py builds for the cluster, with LOCAL_TIMEOUTS.
+training/runtime/eks_ddp_runtime/launch_command.py builds for the cluster, with LOCAL_TIMEOUTS.
 """
 
 from __future__ import annotations

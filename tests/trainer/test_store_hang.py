@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from eks_ddp.core.launch_command import AGENT_ENV, CLUSTER_TIMEOUTS, DEFAULT_MAX_RESTARTS
+from eks_ddp_runtime.launch_command import AGENT_ENV, CLUSTER_TIMEOUTS, DEFAULT_MAX_RESTARTS
 from eks_ddp_trainer import checkpoint as ckpt
 from eks_ddp_trainer.config import TrainerConfig
 from eks_ddp_trainer.data import write_synthetic_cifar

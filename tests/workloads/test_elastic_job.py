@@ -9,7 +9,6 @@ import pulumi
 import pytest
 
 from eks_ddp.core import catalog
-from eks_ddp.core.launch_command import AGENT_ENV, CLUSTER_TIMEOUTS, CLUSTER_TLS
 from eks_ddp.core.workload import cifar10_workload
 from eks_ddp.tooling.mocks import ProgramResult, Recorded, run_program
 from eks_ddp.workloads.elastic_job import (
@@ -23,6 +22,7 @@ from eks_ddp.workloads.elastic_job import (
     pod_resources,
 )
 from eks_ddp.workloads.etcd import DEFAULT_CLIENT_LABELS, store_selector
+from eks_ddp_runtime.launch_command import AGENT_ENV, CLUSTER_TIMEOUTS, CLUSTER_TLS
 from tests.support.job_args import job_args
 
 IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/eks-ddp-trainer@sha256:" + "ab" * 32
@@ -508,7 +508,7 @@ def test_data_prep_runs_on_the_system_nodes_not_the_gpu_nodes():
 def test_component_default_fault_budget_fits_spot_capacity():
     """A program that imports ElasticJob without setting max_restarts gets the same >= 20-fault budget as
     the stack config, not torchrun's 3 (the 4th spot interruption would end the run)."""
-    from eks_ddp.core.launch_command import DEFAULT_MAX_RESTARTS
+    from eks_ddp_runtime.launch_command import DEFAULT_MAX_RESTARTS
 
     assert DEFAULT_MAX_RESTARTS >= 20
     assert flags(trainer(run_job())["command"])["max-restarts"] == str(DEFAULT_MAX_RESTARTS)

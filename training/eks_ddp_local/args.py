@@ -7,7 +7,7 @@ import json
 import re
 from pathlib import Path
 
-from eks_ddp.core.launch_command import DEFAULT_MAX_RESTARTS
+from eks_ddp_runtime.launch_command import DEFAULT_MAX_RESTARTS
 
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 

@@ -4,7 +4,7 @@
                              [--kill-worker-at-step N] [--resume RUN_DIR]
 
 The job is the one the EKS ElasticJob runs: the agents' command line comes from
-``eks_ddp.core.launch_command.job_command`` (the cluster's builder, here with LOCAL_TIMEOUTS and
+``eks_ddp_runtime.launch_command.job_command`` (the cluster's builder, here with LOCAL_TIMEOUTS and
 ``--local-addr=127.0.0.1``), the rendezvous is a real etcd (v3 API) on a free
 loopback port (started and stopped here; ``--rdzv c10d`` needs none) and the trainer is
 ``eks_ddp_trainer.train``. Uses CIFAR-10 from ``--data`` when present, else writes a small
@@ -187,7 +187,7 @@ def run(o: argparse.Namespace, progress: Progress | None = None) -> RunResult:
             command = job.agent_command(endpoint, data)
             progress.message(f"run {job.run_id}: {o.agents} agents x {o.nproc_per_node} worker(s), rendezvous "
                              f"{o.rdzv} at {endpoint}; full logs in {job.logs}")
-            progress.message("agent command (the cluster job's, from components/eks_ddp/core/launch_command.py): "
+            progress.message("agent command (the cluster job's, from training/runtime/eks_ddp_runtime/launch_command.py): "
                              + shlex.join(command))
             progress.started = time.monotonic()
             try:

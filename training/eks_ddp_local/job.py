@@ -1,5 +1,5 @@
 """One local run of the elastic job (``python -m eks_ddp_local``): etcd, N torchrun agents, their logs, the
-optional worker or agent kill, and the cleanup. The agents' command line is the cluster's (components/eks_ddp/core/launch_command.py).
+optional worker or agent kill, and the cleanup. The agents' command line is the cluster's (training/runtime/eks_ddp_runtime/launch_command.py).
 """
 
 from __future__ import annotations
@@ -17,16 +17,6 @@ import threading
 import time
 from pathlib import Path
 
-from eks_ddp.core.launch_command import (
-    AGENT_ENV,
-    LOCAL_TIMEOUTS,
-    AgentOptions,
-    RdzvTls,
-    job_command,
-    module_command,
-    script_command,
-)
-from eks_ddp.core.workload import DATA_DIR_REF, RUN_DIR_REF
 from eks_ddp_local.procs import (
     Owned,
     alive,
@@ -42,6 +32,17 @@ from eks_ddp_local.procs import (
 from eks_ddp_local.progress import History, Progress, Record, exception_line, root_cause, start_failure
 from eks_ddp_runtime.contract import USAGE
 from eks_ddp_runtime.fence import LEASE_ROOT_ENV
+from eks_ddp_runtime.launch_command import (
+    AGENT_ENV,
+    DATA_DIR_REF,
+    LOCAL_TIMEOUTS,
+    RUN_DIR_REF,
+    AgentOptions,
+    RdzvTls,
+    job_command,
+    module_command,
+    script_command,
+)
 from eks_ddp_runtime.podfs import READ_ONLY_ENV
 from eks_ddp_runtime.runlogs import FIFO_DIR_ENV, LOG_DIR_ENV, LOG_NAME_ENV
 from eks_ddp_trainer.config import TrainerConfig

@@ -20,7 +20,6 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from eks_ddp.core import rules
-from eks_ddp.core.launch_command import TRAIN_MODULE
 from eks_ddp_runtime.contract import (  # noqa: F401 (API) the runtime's contract, defined once (stdlib only)
     AGENT_LOST,
     DATA_DIR_ENV,
@@ -30,10 +29,8 @@ from eks_ddp_runtime.contract import (  # noqa: F401 (API) the runtime's contrac
     SUPERSEDED,
 )
 from eks_ddp_runtime.contract import FATAL as FATAL_EXIT_CODES
+from eks_ddp_runtime.launch_command import DATA_DIR_REF, RUN_DIR_REF, TRAIN_MODULE
 from eks_ddp_trainer.config import ModelName, TrainerConfig
-
-RUN_DIR_REF = f"$({RUN_DIR_ENV})"
-DATA_DIR_REF = f"$({DATA_DIR_ENV})"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -129,7 +129,7 @@ class EtcdRendezvous(pulumi.ComponentResource):
     endpoint: pulumi.Output[str]
     """``<service>.<namespace>.svc.cluster.local:2379``, resolved once the member is ready."""
     client_tls_secret: pulumi.Output[str]
-    """Name of the Secret (tls.crt, tls.key, ca.crt) the agents mount at eks_ddp.core.launch_command.RDZV_TLS_DIR."""
+    """Name of the Secret (tls.crt, tls.key, ca.crt) the agents mount at eks_ddp_runtime.launch_command.RDZV_TLS_DIR."""
     service_name: str
     pod_labels: dict[str, str]
     server_selector: dict[str, str]

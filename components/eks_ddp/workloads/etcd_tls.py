@@ -12,7 +12,7 @@ kept in the stack's state as secrets, never in the program's output) and signs:
   certificate (etcd server/embed/serve.go ``serveCtx.serve``: ``dtls := tlscfg.Clone()``; etcd-io/etcd#16590), and
   with ``--client-cert-auth`` etcd refuses it otherwise ("tls: bad certificate", HTTP 503 on every ``/v3/`` call);
 * one client certificate (``CN=eks-ddp-trainer``), mounted read-only into the training and fabric-check
-  pods at ``eks_ddp.core.launch_command.RDZV_TLS_DIR``.
+  pods at ``eks_ddp_runtime.launch_command.RDZV_TLS_DIR``.
 
 Both are Kubernetes Secrets of type ``kubernetes.io/tls`` with ``ca.crt``. The CA's private key never
 enters the cluster.

@@ -31,14 +31,6 @@ import json
 import pulumi
 import pulumi_kubernetes as k8s
 
-from eks_ddp.core.launch_command import (
-    AGENT_ENV,
-    SHARED_ROOT,
-    AgentOptions,
-    cluster_timeouts,
-    module_command,
-    script_command,
-)
 from eks_ddp.core.workload import (
     FATAL_CODES_ENV,
     FATAL_EXIT_CODES,
@@ -95,6 +87,14 @@ from eks_ddp.workloads.elastic_job.stages import (  # noqa: F401 (EVAL_RUN_DIR_E
 from eks_ddp.workloads.namespace import dns_egress
 from eks_ddp_runtime.contract import LOGS_SUBDIR, RESULTS_KMS_KEY_ENV, RESULTS_URL_ENV, USAGE
 from eks_ddp_runtime.exitcodes import FABRIC_FAILED
+from eks_ddp_runtime.launch_command import (
+    AGENT_ENV,
+    SHARED_ROOT,
+    AgentOptions,
+    cluster_timeouts,
+    module_command,
+    script_command,
+)
 
 TRAINER_FATAL_EXIT_CODES = FATAL_EXIT_CODES
 """The bundled trainer's fatal codes (config error, divergence, unreadable input): ``eks_ddp_runtime.contract.FATAL``.
@@ -202,7 +202,7 @@ class ElasticJob(pulumi.ComponentResource):
                                "evaluate_command": self.evaluate_command})
 
     def train_command(self, endpoint: str) -> list[str]:
-        """The agent's command line, from the one shared builder (components/eks_ddp/core/launch_command.py)."""
+        """The agent's command line, from the one shared builder (training/runtime/eks_ddp_runtime/launch_command.py)."""
         return train_command(self.info, endpoint)
 
     def commands(self, results_url: pulumi.Input[str], *, region: str, profile: str | None, state_key: str
@@ -242,7 +242,7 @@ def create_headless_service(info: JobInfo, child: pulumi.ResourceOptions) -> pul
 
 
 def train_command(info: JobInfo, endpoint: str) -> list[str]:
-    """The agent's command line, from the one shared builder (components/eks_ddp/core/launch_command.py)."""
+    """The agent's command line, from the one shared builder (training/runtime/eks_ddp_runtime/launch_command.py)."""
     a = info.spec
     agent = AgentOptions(
         min_nodes=a.size.min_nodes, max_nodes=a.size.nodes, nproc_per_node=info.instance.gpus,

@@ -24,9 +24,9 @@ from typing import Any, ClassVar, Protocol
 import pulumi
 
 from eks_ddp.core import catalog, rules
-from eks_ddp.core.launch_command import DEFAULT_MAX_RESTARTS
 from eks_ddp.core.types import RdzvBackend, RunState
 from eks_ddp.core.workload import Cifar10Data, Workload, cifar10_workload
+from eks_ddp_runtime.launch_command import DEFAULT_MAX_RESTARTS
 
 DEFAULT_FAULT_BUDGET = 20
 """Pod failures a run absorbs by default: spot capacity can take a node many times in one run."""

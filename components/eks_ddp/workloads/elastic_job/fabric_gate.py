@@ -3,7 +3,7 @@
 Part of ElasticJob, kept in a module of its own; the pods are built by components/eks_ddp/workloads/elastic_job/pods.py.
 Each training pod first runs an init container ``fabric-check``, shaped like the trainer (the same image, all GPUs,
 the EFA devices, the same NCCL/EFA environment and mounts): ``python -m eks_ddp_runtime.fabric_check`` under the
-training agent's launcher flags (the shared builder in launch_command.py), over the nodes the run was admitted with
+training agent's launcher flags (the shared builder, eks_ddp_runtime.launch_command), over the nodes the run was admitted with
 (``--nnodes=<minNodes>:<nodes>``, its own rendezvous id ``<Job UID>-fabric``), no restarts. The check fails on
 missing EFA devices, a non-EFA transport, or a bus bandwidth below the catalog's floor (the whole job's, or a pair
 of neighbouring nodes', naming the slow node); its exit code :data:`~eks_ddp_runtime.exitcodes.FABRIC_FAILED` fails
@@ -23,10 +23,10 @@ import shlex
 import pulumi
 
 from eks_ddp.core import catalog
-from eks_ddp.core.launch_command import AgentOptions, FabricCheckOptions, cluster_timeouts, fabric_check_command
 from eks_ddp.workloads.elastic_job.info import JobInfo
 from eks_ddp.workloads.elastic_job.pods import InitContainer
 from eks_ddp_runtime.contract import NODE_NAME_ENV
+from eks_ddp_runtime.launch_command import AgentOptions, FabricCheckOptions, cluster_timeouts, fabric_check_command
 
 CONTAINER = "fabric-check"
 """The init container's name (the pod failure policy's ``containerName``)."""

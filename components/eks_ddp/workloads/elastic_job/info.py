@@ -15,12 +15,12 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from eks_ddp.core import catalog
-from eks_ddp.core.launch_command import AGENT_ENV, RUNS_SUBDIR, SHARED_ROOT
 from eks_ddp.core.workload import DATA_DIR_ENV, DATA_VERIFY_ENV, RUN_DIR_ENV, Cifar10Data, S3Data
 from eks_ddp.workloads.elastic_job.args import ElasticJobArgs, EtcdStore
 from eks_ddp.workloads.elastic_job.pods import CACHE_ENV, DATA_DIR, TRAINER_LABELS, PodFactory, meta, nccl_env
 from eks_ddp.workloads.etcd import etcd_client_egress, store_selector, store_service_of
 from eks_ddp_runtime.contract import CIFAR10_PIN, DATA_PIN_ENV, RESULTS_KMS_KEY_ENV, RESULTS_URL_ENV
+from eks_ddp_runtime.launch_command import AGENT_ENV, RUNS_SUBDIR, SHARED_ROOT
 
 FIELD_ENV = {"POD_IP": "status.podIP", "JOB_UID": "metadata.labels['batch.kubernetes.io/controller-uid']"}
 """The agents' downward-API variables: ``--local-addr`` and ``--rdzv-id`` read them."""

@@ -15,11 +15,11 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from eks_ddp.core import catalog
-from eks_ddp.core.launch_command import DATA_SUBDIR, RDZV_TLS_DIR, SHARED_ROOT
 from eks_ddp.core.workload import INTERNET_EXCEPT
 from eks_ddp.workloads.elastic_job.args import EtcdStore, Placement, Queued, Rendezvous, Storage, WholeVolume
 from eks_ddp.workloads.etcd import DEFAULT_CLIENT_LABELS
 from eks_ddp.workloads.namespace import restricted_container_security, restricted_pod_security
+from eks_ddp_runtime.launch_command import DATA_SUBDIR, RDZV_TLS_DIR, SHARED_ROOT
 
 TRAINER_UID = 1000
 """The trainer image's user and group."""
