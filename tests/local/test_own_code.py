@@ -22,6 +22,7 @@ import pytest
 from eks_ddp_local.args import parse_args
 from eks_ddp_local.procs import alive
 from tests.support.etcd_server import trainer_env
+from tests.support.shm import run_shm
 from tests.support.util import ROOT
 
 CORPUS = ROOT / "tests" / "fixtures" / "corpus"
@@ -51,6 +52,7 @@ def test_your_own_module_runs_under_the_launcher_and_etcd(tmp_path):
     [run] = (tmp_path / "out").iterdir()
     result = json.loads((run / "result.json").read_text())
     assert result["returncode"] == 0 and result["agent_returncodes"] == [0, 0]
+    assert run_shm(run.name) == []  # the agents' lease folders were in the run's /dev/shm folder: removed with it
 
 
 @pytest.mark.long  # make test-long: the corpus's usage-error case keeps exit 2 at once in make test

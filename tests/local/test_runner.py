@@ -31,6 +31,7 @@ from eks_ddp_local.progress import History, Progress
 from eks_ddp_runtime.launch_command import AGENT_ENV, LOCAL_TIMEOUTS, AgentOptions, RdzvTls, job_command
 from eks_ddp_trainer.config import TrainerConfig
 from eks_ddp_trainer.plot import metrics_table, plot_history, read_history, read_test_accuracy
+from tests.support.shm import run_shm
 from tests.support.util import ROOT
 
 STEP = "[train] epoch=2 step=25 loss=1.2749 acc=0.804 img_s=603 world=2 lr=0.1562"
@@ -293,13 +294,20 @@ def test_bad_model_is_one_line_and_starts_nothing(tmp_path):
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("sig", [pytest.param(signal.SIGHUP, marks=pytest.mark.long), signal.SIGKILL])
 def test_runner_killed_leaves_no_process_and_no_temp_dir(tmp_path, sig):
-    """A closed terminal (SIGHUP) or SIGKILL of the runner: etcd, agents and workers die with it."""
+    """A closed terminal (SIGHUP) or SIGKILL of the runner: etcd, agents and workers die with it, and nothing of the
+    run's stays in /dev/shm (its node-local snapshot and the agents' lease folders: memory, until a reboot)."""
     out = tmp_path / "out"
     proc, lines = _runner(out, "--agents", "2", "--epochs", "200")
     try:
         _wait_for(proc, lines, "[train] epoch=")
         run_id = _run_dir(out).name
         assert list(Path(tempfile.gettempdir()).glob(f"eks-ddp-etcd-{run_id}-*"))
+        deadline = time.monotonic() + 30
+        while not [p for d in run_shm(run_id) for p in d.glob("eks-ddp-*/node.snap")] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        [shm] = run_shm(run_id)
+        assert list(shm.glob("eks-ddp-*/node.snap")) and list(shm.glob("eks-ddp-lease-*")), \
+            sorted(str(p.relative_to(shm)) for p in shm.rglob("*"))
         os.kill(proc.pid, sig)
         proc.wait(timeout=60)
     finally:
@@ -307,9 +315,11 @@ def test_runner_killed_leaves_no_process_and_no_temp_dir(tmp_path, sig):
     pids = _assert_nothing_left(out)  # waits up to 10 s, then asserts every pid gone and the etcd port closed
     assert len(pids["agents"]) == 2 and len(pids["workers"]) >= 2 and len(pids["etcd"]) == 1
     deadline = time.monotonic() + 10
-    while list(Path(tempfile.gettempdir()).glob(f"eks-ddp-etcd-{run_id}-*")) and time.monotonic() < deadline:
+    while ((list(Path(tempfile.gettempdir()).glob(f"eks-ddp-etcd-{run_id}-*")) or run_shm(run_id))
+           and time.monotonic() < deadline):
         time.sleep(0.1)
     assert not list(Path(tempfile.gettempdir()).glob(f"eks-ddp-etcd-{run_id}-*"))
+    assert run_shm(run_id) == []
 
 
 def _failed_line(lines: list[str]) -> str:

@@ -410,3 +410,27 @@ def test_the_tar_of_the_run_directory_carries_fabric_json_without_logs(tmp_path)
     dest.mkdir()
     kubectl._untar(proc.stdout, dest)
     assert json.loads((dest / "fabric.json").read_text())["slow_nodes"] == ["ip-10-0-1-7.ec2.internal"]
+
+
+def test_status_names_a_node_whose_snapshot_does_not_fit_with_its_size_and_the_limit(tmp_path, capsys, monkeypatch):
+    """The trainer says once, in the rank's log, that the node's copy of the state does not fit /dev/shm
+    (snapshot.py); `eks-ddp status` reads the kept logs and shows it, per pod, with the size and the limit."""
+    import torch
+
+    from eks_ddp_trainer import snapshot
+
+    snaps = snapshot.Snapshots(tmp_path / "trained", root=str(tmp_path / "shm"))
+    monkeypatch.setattr(snapshot.os, "statvfs", lambda _: os.statvfs_result((4096, 4096, 262144, 1000, 1000,
+                                                                             0, 0, 0, 0, 255)))
+    snaps._write({"step": 12, "model": {"w": torch.zeros(4 << 20)}})  # 16 MiB, 3.9 MiB free
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("[snapshot] step 12: ") and "does not fit" in line, line  # the trainer's own line
+    run = failed_run(tmp_path / "run-9")
+    with open(run / "logs" / "pod-b" / "rank-2.log", "a") as f:
+        f.write(f"[eks-ddp] ---- round 0 ----\n{line}\nstep 13 loss 1.3\n")
+    s = local_status(run)
+    assert len(s.snapshots_off) == 1 and s.snapshots_off[0].startswith("pod-b, step 12: the node's copy of the state "
+                                                                       "(0.02 GiB) does not fit "), s.snapshots_off
+    assert "(0.00 GiB free of 1.00 GiB;" in s.snapshots_off[0] and "(logs/pod-b/rank-2.log)" in s.snapshots_off[0]
+    assert f"node-local snapshots off: {s.snapshots_off[0]}" in s.render()
+    assert local_status(failed_run(tmp_path / "run-10")).snapshots_off == []  # control: no such line, nothing said

@@ -20,8 +20,9 @@ from eks_ddp_trainer import checkpoint as ckpt
 from eks_ddp_trainer import snapshot
 from eks_ddp_trainer.config import TrainerConfig
 from eks_ddp_trainer.data import write_synthetic_cifar
-from tests.support.etcd_server import Job, etcd_endpoint, jobs  # noqa: F401  (pytest fixtures)
+from tests.support.etcd_server import Job, etcd_endpoint, jobs, trainer_env  # noqa: F401  (pytest fixtures)
 from tests.support.fence_store import store_records
+from tests.support.opens import audit_env, opens_after
 
 pytestmark = pytest.mark.slow
 
@@ -45,6 +46,23 @@ def _starts_after(job: Job, t: float) -> list[dict]:
 def _report(name: str, seconds: float) -> None:
     # Also visible with -s; the benchmark records the figures in bench/RESULTS.md.
     print(f"[measure] {name}={seconds:.2f}s")
+
+
+def _counted(opens_file: Path) -> dict[str, str]:
+    """The Job's env with every process's opens of committed checkpoints counted into ``opens_file``."""
+    return audit_env(opens_file, trainer_env()["PYTHONPATH"])
+
+
+def _assert_restore_reads(opens_file: Path, start: dict, since: float) -> int:
+    """The whole world opened the committed durable checkpoints at most once to restart, and not at all when it
+    resumed from a node-local snapshot; how many times (reported for bench/RESULTS.md, "Restore reads")."""
+    opened = [o for o in opens_after(opens_file, since) if o[0] <= start["time"]]
+    print(f"[measure] committed_checkpoint_opens={len(opened)} resumed_step={start['resumed_step']} "
+          f"from={start.get('resumed_from')}")
+    assert len(opened) <= 1, opened
+    if start.get("resumed_from") != "durable":
+        assert opened == [], (start, opened)
+    return len(opened)
 
 
 def _assert_finished(job: Job, world: int | None = None) -> dict:
@@ -74,7 +92,9 @@ def test_two_agents_complete_and_loss_falls(tmp_path, etcd_endpoint, jobs, data_
 
 
 def test_worker_sigkill_resumes_from_a_snapshot_with_one_restart(tmp_path, etcd_endpoint, jobs, data_dir):  # noqa: F811
-    job = Job(tmp_path, etcd_endpoint, replace(_trainer(data_dir, tmp_path / "run"), log_every=1))
+    opens = tmp_path / "opens.txt"
+    job = Job(tmp_path, etcd_endpoint, replace(_trainer(data_dir, tmp_path / "run"), log_every=1),
+              env=_counted(opens))
     jobs.append(job)
     job.wait_step(6, 90)
     job.wait_for(lambda: ckpt.list_checkpoints(job.run_dir), 30, "a first checkpoint")
@@ -92,6 +112,8 @@ def test_worker_sigkill_resumes_from_a_snapshot_with_one_restart(tmp_path, etcd_
     assert start["resumed_step"] > 0, "must resume from a checkpoint, not from scratch"
     # From the peers' node-local snapshots, not the last durable checkpoint (every 5 steps): <= 1 step redone.
     assert last - start["resumed_step"] <= 1, (last, start["resumed_step"])
+    _assert_restore_reads(opens, start, killed_at)  # the durable checkpoint is older: not opened at all
+    assert start["resumed_from"] == "snapshot"
     assert max(r["restart"] for r in job.history() if r.get("kind") == "start") == 1
     assert "exitcode: -9" in job.agents[1].log()
     next_step = next(r for r in job.history() if r.get("kind") == "step" and r["time"] > start["time"])
@@ -101,7 +123,8 @@ def test_worker_sigkill_resumes_from_a_snapshot_with_one_restart(tmp_path, etcd_
 
 
 def test_losing_a_whole_agent_continues_at_world_one(tmp_path, etcd_endpoint, jobs, data_dir):  # noqa: F811
-    job = Job(tmp_path, etcd_endpoint, _trainer(data_dir, tmp_path / "run"))
+    opens = tmp_path / "opens.txt"
+    job = Job(tmp_path, etcd_endpoint, _trainer(data_dir, tmp_path / "run"), env=_counted(opens))
     jobs.append(job)
     job.wait_for(lambda: [r for r in job.history() if r.get("kind") == "step" and r["world"] == 2 and r["step"] >= 6],
                  90, "world-2 training past step 6")
@@ -113,6 +136,7 @@ def test_losing_a_whole_agent_continues_at_world_one(tmp_path, etcd_endpoint, jo
     assert job.agents[0].wait(150) == 0, job.logs()
     assert job.agents[1].proc.wait(10) == -signal.SIGKILL
     assert (start["world"], start["resumed_step"] > 0) == (1, True)
+    _assert_restore_reads(opens, start, killed_at)  # the survivor's node holds a snapshot: 0 unless it is older
     next_step = next(r for r in job.history() if r.get("kind") == "step" and r["time"] > start["time"])
     assert next_step["world"] == 1
     _report("agent_loss_to_start", start["time"] - killed_at)

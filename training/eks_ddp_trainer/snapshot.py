@@ -1,11 +1,18 @@
 """Node-local snapshots of the training state, and background writers, so that a crash redoes <= 1 step.
 
 Durable checkpoints on the shared volume come every ``--checkpoint-every`` steps; resuming from them alone
-redoes up to that many steps. So after an optimizer step each rank copies the full state (the same dict
-a checkpoint holds) to CPU and a background thread writes it to a node-local file (``/dev/shm``, keyed by
-the run directory and the rank), atomically. At most one write is in flight: a step whose predecessor is
-still being written is skipped, the point being the newest available state, not every state. The worker
-that dies loses nothing its peers do not still have on their own nodes: all ranks hold the same state.
+redoes up to that many steps. So after an optimizer step the node's local rank 0 copies the full state (the same
+dict a checkpoint holds) to CPU and a background thread writes it to the node's one snapshot file
+(``/dev/shm/eks-ddp-<run key>/node.snap``: a JSON header with step, generation, run identity, size and SHA-256,
+then the ``torch.save`` payload), atomically. The state is replicated, so one copy per node is enough: the node's
+other ranks write nothing. At most one write is in flight: a step whose predecessor is still being written is
+skipped, the point being the newest available state, not every state. The worker that dies loses nothing its
+peers do not still have on their own nodes.
+
+The replace holds the old and the new copy at once, so a node snapshots a state of at most half its ``/dev/shm``
+(a quarter of the training pod's memory request: components/eks_ddp/workloads/elastic_job/pods.py). A copy that
+does not fit is not written: the run's log gets one line, ``[snapshot] step N: node-local snapshot ... not written:
+the node's copy of the state (X GiB) does not fit ...``, and snapshots stay off for that world.
 
 Cost on a GPU (bench/snapshot_cost.py). The copies go into pinned host buffers allocated once and reused
 (the writer is idle whenever they are refilled), queued on the training stream, and the training thread
@@ -18,9 +25,13 @@ a crash redoes at most a few steps and the copies cost <= 3% of step time. The f
 Every copy to the host (these snapshots and the durable checkpoints alike) is a HostCopy: its ``wait``
 returns once the device-to-host copies have landed, and nothing is serialised before that.
 
-On (re)start every rank reads its own snapshot, the ranks agree on the newest step (all_reduce MAX), and
-the lowest rank that holds it broadcasts it to all; when no snapshot is newer than the durable checkpoint
-the run resumes from that as before. A non-finite state is never written (checked in the writer thread).
+On (re)start (restore.py) every rank reads only its node's snapshot header (:meth:`Snapshots.meta`), and the copy
+to resume from is chosen from those headers and the durable checkpoints' sidecars: the newest, a snapshot at an
+equal step. The lowest rank whose node holds the newest snapshot reads it (:meth:`Snapshots.read`, checked against
+its header) and sends it to the others as tensors (``restore.broadcast_state``); when no snapshot is as new as the
+durable checkpoint, rank 0 reads that (one open; a damaged one is set aside and the next considered).
+
+A non-finite state is never written (checked in the writer thread).
 """
 
 from __future__ import annotations

@@ -155,6 +155,7 @@ class Training:
         self.snaps = snapshot.Snapshots(self.run_dir, env.rank, writer=env.local_rank == 0)
         restored = restore_state(env, self.run_dir, args.start_over, self.snaps, self.identity)
         self.lineage = restored.lineage  # what this world's base is chosen from: its fence records it
+        self.resumed_from = restored.source
         self.state = state = restored.state
         if state is None:
             if isinstance(self.model, AirNet):
@@ -212,7 +213,8 @@ class Training:
         self.log.gate = ckpt.commit_gate(self.run_dir, self.world_gen, "history record")
         self.log.record("train", f"start world={world} resumed_step={pos['step']} run_dir={self.run_dir}",
                         kind="start", fence=self.world_gen, rdzv_round=rdzv_round,
-                        world=world, resumed_step=pos["step"], restart=int(restarts.item()), run_dir=str(self.run_dir),
+                        world=world, resumed_step=pos["step"], resumed_from=self.resumed_from,
+                        restart=int(restarts.item()), run_dir=str(self.run_dir),
                         startup_s=process_age_s(), imported_s=_AGE_AFTER_IMPORTS, group_ready_s=age_at_pg,
                         data_s=round(self.t_data, 3), precision=self.precision.name, backend=env.backend,
                         model=args.model, global_batch=plan.global_batch, bn_group=plan.group,

@@ -115,6 +115,9 @@ class Status:
     agents: list[AgentExit] = field(default_factory=list)
     fabric: str | None = None
     """The fabric check's verdict from the run's ``fabric.json`` (the slow node named), when there is one."""
+    snapshots_off: list[str] = field(default_factory=list)
+    """Per pod whose node-local snapshot was not written (it does not fit /dev/shm, or the write failed): the
+    trainer's reason, with its size and the limit (``read_snapshot_refusals``)."""
 
     def as_dict(self) -> dict:
         def f(x: Failure | None) -> dict | None:
@@ -122,12 +125,14 @@ class Status:
         return {"run": self.run, "state": self.state, "because": self.because,
                 "logs": str(self.logs) if self.logs else None, "logs_missing": self.logs_missing,
                 "cause": f(self.cause), "others": [f(o) for o in self.others],
-                "agents": [vars(a) for a in self.agents], "fabric": self.fabric}
+                "agents": [vars(a) for a in self.agents], "fabric": self.fabric,
+                "snapshots_off": self.snapshots_off}
 
     def render(self) -> str:
         out = [f"run {self.run}: {self.state} ({self.because})"]
         if self.fabric:
             out.append(f"fabric check: {self.fabric}")
+        out += [f"node-local snapshots off: {line}" for line in self.snapshots_off]
         if self.logs_missing:
             out.append(f"cause: unknown: the kept logs are missing ({self.logs_missing})")
         elif self.cause is not None:
@@ -397,6 +402,40 @@ def read_agents(logs: Path) -> list[AgentExit]:
     return out
 
 
+SNAPSHOT_REFUSED = "[snapshot] step "
+"""How the trainer's one line for a node-local snapshot it did not write begins (eks_ddp_trainer/snapshot.py
+``Snapshots._turn_off``: ``[snapshot] step N: node-local snapshot PATH not written: WHY; snapshots are off ...``);
+tests/tooling/test_runs_cli.py feeds this reader the trainer's own line."""
+_NOT_WRITTEN, _OFF = " not written: ", "; snapshots are off"
+
+
+def read_snapshot_refusals(logs: Path) -> list[str]:
+    """Per pod, the first line in its rank logs that says its node-local snapshot was not written: ``POD, step N:
+    WHY (logs/POD/FILE)``. Stops at a pod's first such line; reads a pod's logs to the end when there is none."""
+    out = []
+    for pod in pods(logs):
+        for path in sorted(pod.glob("rank-*.log*")):
+            line = _first_refusal(path)
+            if line is not None:
+                step, _, rest = line[len(SNAPSHOT_REFUSED):].partition(":")
+                why = rest.partition(_NOT_WRITTEN)[2].partition(_OFF)[0]
+                out.append(f"{pod.name}, step {step}: {why} ({LOGS_SUBDIR}/{pod.name}/{path.name})")
+                break
+    return out
+
+
+def _first_refusal(path: Path) -> str | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                at = line.find(SNAPSHOT_REFUSED)
+                if at >= 0 and _NOT_WRITTEN in line:  # a prefix (a timestamp) before it is allowed
+                    return line[at:].rstrip("\n")
+    except OSError:
+        return None
+    return None
+
+
 def runner_alive(run_dir: Path) -> int | None:
     """The local runner's pid while it still runs this run (pids.json; a reused pid does not count)."""
     from eks_ddp_local.procs import alive, cmdline
@@ -452,6 +491,7 @@ def local_status(run_dir: Path, name: str | None = None) -> Status:
     elif not agents:
         status.logs_missing = f"{logs}: no agent's folder in it"
     else:
+        status.snapshots_off = read_snapshot_refusals(logs)
         status.cause, status.others = read_failures(logs)
         if state in ("succeeded", "cancelled"):  # restarts along the way, or the stop asked for, are no cause
             status.cause, status.others = None, []
