@@ -2,7 +2,7 @@
 
 The trainer's parser is generated from it (train_args.py: a field ``global_batch_size`` is the flag
 ``--global-batch-size``, its docstring the flag's help, a ``Literal`` its choices, a ``bool`` a switch), and the
-library renders a job's flags from it (``TrainerConfig.flags()``, called by ``eks_ddp.core.launch_command.job_command``),
+library renders a job's flags from it (``TrainerConfig.flags()``, called by ``eks_ddp_runtime.launch_command.job_command``),
 so the flags the cluster passes are the flags the trainer reads, with one set of defaults. Standard library only:
 the infrastructure library imports this module without torch.
 """

@@ -1,6 +1,6 @@
 """Elastic DDP training of a CIFAR-10 classifier; the torchrun target.
 
-On each node the cluster's job pod runs this line (built by components/eks_ddp/core/launch_command.py ``job_command``;
+On each node the cluster's job pod runs this line (built by training/runtime/eks_ddp_runtime/launch_command.py ``job_command``;
 ``python -m eks_ddp_runtime.launch`` is torchrun with the Job's exit-code contract and an etcd rendezvous
 that survives etcd restarting)::
 
