@@ -148,18 +148,22 @@ def test_one_store_call_sends_one_request():
 
 
 def _state(etcd: str, tls: RdzvTls, run_id: str):
-    from eks_ddp_runtime.rendezvous import state as rdzv_state
-    from eks_ddp_runtime.rendezvous.etcd_client import EtcdV3Client
+    """The rendezvous state as every agent reads it: the core merged with the agents' claims (rendezvous/claims.py)."""
+    import pickle
 
-    host, port = etcd.split(":")
-    context = ssl.create_default_context(cafile=tls.ca_cert)
-    context.load_cert_chain(tls.cert, tls.key)
-    client = EtcdV3Client(host, int(port), read_timeout=5, context=context)
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+
+    from eks_ddp_runtime.rendezvous.etcd_backend import EtcdV3Backend, Retrier
+
+    params = RendezvousParameters(backend=rendezvous.BACKEND, endpoint=etcd, run_id=run_id, min_nodes=1, max_nodes=1,
+                                  protocol="https", ca_cert=str(tls.ca_cert), ssl_cert=str(tls.cert),
+                                  ssl_cert_key=str(tls.key), read_timeout="5")
+    retry = Retrier(params, 10.0)
     try:
-        kv = client.get(f"{rendezvous.KEY_PREFIX}/{run_id}".encode())
+        got = EtcdV3Backend(retry, run_id, rendezvous.BACKEND).get_state()
     finally:
-        client.close()
-    return None if kv is None else rdzv_state.from_json(kv.value)
+        retry.client().close()
+    return None if got is None else pickle.loads(got[0])
 
 
 @pytest.mark.slow
@@ -252,7 +256,6 @@ def test_an_agent_with_an_expired_certificate_exits_2_at_once_naming_it(etcd, tm
 def test_a_certificate_about_to_expire_is_named_once_not_at_every_reconnect(etcd, caplog):
     """The check runs whenever the store's client is set up again; with a certificate near its end every agent
     logged the warning every 5 s. Once per certificate now; a second certificate is named too (the control)."""
-    import ssl
 
     from eks_ddp_runtime.rendezvous import cert_check
 
