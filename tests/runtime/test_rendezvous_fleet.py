@@ -465,3 +465,23 @@ def test_a_newcomer_whose_key_lapsed_is_back_on_the_wait_list_with_its_next_hear
     bits, token = _own_beat(newcomer, node)
     newcomer.set_state(bits, token)
     assert node not in pickle.loads(backends[0].get_state()[0]).wait_list
+
+
+def test_every_agent_of_a_closed_round_gets_the_world_size_it_was_closed_with(etcd_endpoint):  # noqa: F811
+    """A peer whose lease lapses right after the round closed is gone from the state an agent reads next; torch's
+    handler takes the world's size from that read, so agents that read before and after it disagree (worlds of 125-128
+    in one round at 128 simulated agents on an overloaded machine) and their rank assignment waits for ranks nobody
+    has. The agents' handler takes the size the round was closed with, from the core. Control: torch's own."""
+    from types import SimpleNamespace
+
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
+
+    backends, nodes = _world(etcd_endpoint, 3)
+    _client(etcd_endpoint).lease_revoke(backends[2]._mine[node_id(nodes[2])].lease)
+    state = pickle.loads(backends[0].get_state()[0])
+    assert state.complete and nodes[2] not in state.participants
+    handler = rendezvous.ElasticHandler.__new__(rendezvous.ElasticHandler)
+    handler._state_holder = SimpleNamespace(state=state, _backend=backends[0])
+    handler._this_node = nodes[0]
+    assert handler._get_world() == (state.participants[nodes[0]], 3)
+    assert DynamicRendezvousHandler._get_world(handler) == (state.participants[nodes[0]], 2)  # torch's: smaller

@@ -225,6 +225,20 @@ class ElasticHandler(DynamicRendezvousHandler):
                 lease.joined(self._state_holder.state.round, self._this_node, self._state_holder.state)
         return info
 
+    def _get_world(self) -> tuple[int, int]:
+        """This node's rank and the world's size as the round was closed: the size is the count of participants in
+        the core written when the round closed, the same for every agent, where torch takes the count in this agent's
+        own view, which is smaller for an agent that read after a peer's lease lapsed (seen at 128 simulated agents
+        on an overloaded machine: worlds of 125-128 in one round, and their rank assignment waited for ranks nobody
+        had)."""
+        rank, size = super()._get_world()
+        backend = self._state_holder._backend
+        if isinstance(backend, EtcdV3Backend):
+            closed = backend.closed_world(self._state_holder.state.round)
+            if closed is not None and closed > rank:
+                size = closed
+        return rank, size
+
     def num_nodes_waiting(self) -> int:
         try:
             with self._heartbeat_lock, self.retry.impatient():
@@ -276,7 +290,7 @@ def _create(params: RendezvousParameters, *, key_prefix: str = KEY_PREFIX, store
     if store is None:
         store = EtcdV3Store(retry, backend, params.run_id)
     handler = create_handler(store, backend, params)
-    compat.require(handler, "_state_holder", "_op_executor", "_heartbeat_lock", "_this_node", "_stop_heartbeats",
+    compat.require(handler, "_state_holder", "_op_executor", "_heartbeat_lock", "_this_node", "_stop_heartbeats", "_get_world",
                    "_keep_alive", "_settings")
     compat.require(handler._state_holder, "_sanitize", "_settings", "_dead_nodes", "_cache_duration", "_backend",
                    "_state")
