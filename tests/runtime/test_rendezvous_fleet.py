@@ -485,3 +485,37 @@ def test_every_agent_of_a_closed_round_gets_the_world_size_it_was_closed_with(et
     handler._this_node = nodes[0]
     assert handler._get_world() == (state.participants[nodes[0]], 3)
     assert DynamicRendezvousHandler._get_world(handler) == (state.participants[nodes[0]], 2)  # torch's: smaller
+
+
+def test_a_store_outage_is_said_once_and_its_end_once(caplog, monkeypatch):
+    """The monitor loop asks the store about every second; while the store is away each agent said so every 30 s
+    (and each of 128 agents at once). Now once when the outage starts and once when the store answers again, with
+    the count of checks that failed meanwhile."""
+    import contextlib
+    import logging
+    import threading
+    from types import SimpleNamespace
+
+    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
+
+    answers = [False] * 40 + [True] * 3  # 40 failed checks, then the store answers
+    state = _RendezvousState()
+
+    def sync():
+        if not answers.pop(0):
+            raise RendezvousConnectionError("etcd get_state: the store did not answer")
+
+    handler = rendezvous.ElasticHandler.__new__(rendezvous.ElasticHandler)
+    handler._heartbeat_lock = threading.Lock()
+    handler.retry = SimpleNamespace(impatient=contextlib.nullcontext, outage_s=lambda: 5.0, timeout_s=600.0)
+    handler._state_holder = SimpleNamespace(sync=sync, state=state)
+    handler._this_node = _NodeDesc("10.0.0.1", 1, 0)
+    clock = iter(range(0, 10**6, 31))  # each check 31 s after the one before: a long outage (the old rate limit: 30 s)
+    monkeypatch.setattr(handler_module.time, "monotonic", lambda: float(next(clock)))
+    with caplog.at_level(logging.WARNING, logger=handler_module.log.name):
+        waiting = [handler.num_nodes_waiting() for _ in range(43)]
+    assert waiting == [0] * 43
+    lines = [r.getMessage() for r in caplog.records if r.name == handler_module.log.name]
+    assert len([m for m in lines if "unreachable" in m]) == 1, lines
+    assert [m for m in lines if "answers again" in m] == ["rendezvous store answers again (40 checks failed during "
+                                                          "the outage)"], lines

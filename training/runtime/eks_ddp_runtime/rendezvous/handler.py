@@ -195,7 +195,8 @@ class ElasticHandler(DynamicRendezvousHandler):
     retry: Retrier
     joined = False
     """True once this agent completed a round: it is a survivor, never a first-round newcomer."""
-    _last_outage_log = 0.0
+    _outage_said = False
+    _outage_checks = 0
 
     def next_rendezvous(self):
         with self._heartbeat_lock:
@@ -250,10 +251,14 @@ class ElasticHandler(DynamicRendezvousHandler):
                 log.error("the rendezvous store has not answered for %.0f s (store_retry_timeout=%.0f)",
                           outage, self.retry.timeout_s)
                 raise
-            if time.monotonic() - self._last_outage_log > 30:
-                self._last_outage_log = time.monotonic()
+            if not self._outage_said:  # once per outage; its end is said with a summary
+                self._outage_said, self._outage_checks = True, 0
                 log.warning("rendezvous store unreachable for %.0f s (%s); workers keep training", outage, e)
+            self._outage_checks += 1
             return 0
+        if self._outage_said:
+            self._outage_said = False
+            log.warning("rendezvous store answers again (%d checks failed during the outage)", self._outage_checks)
         if self.joined and not state.closed and self._this_node not in state.participants:
             log.warning("this node is no longer a participant of the rendezvous (the store restarted empty, or "
                         "dropped it while unreachable): restarting its workers into a round with every live node")
