@@ -44,7 +44,7 @@ def test_the_quota_holds_the_models_history_with_room_for_fragmentation():
         assert s.cpu_request_m * model.REQUESTS_PER_CORE_S / 1000 >= s.requests_per_s, s
     # A re-form's history is O(N) (claims): 1,000 agents keep the smallest quota; where one store stops is its CPU
     # (5 requests per agent per second, at most 4 cores), past 1,600 agents.
-    assert store_size(1000).holds and store_size(1000).quota_bytes == 512 << 20
+    assert store_size(1000).holds and store_size(1000).quota_bytes == model.MIN_QUOTA_BYTES
     assert store_size(1600).holds and not store_size(1700).holds and store_size(1700).requests_per_s > 2 * model.REQUESTS_PER_CORE_S
 
 

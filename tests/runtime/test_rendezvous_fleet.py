@@ -232,6 +232,7 @@ def test_agents_arriving_spread_within_the_last_call_of_one_another_form_one_rou
 
     monkeypatch.setattr(rendezvous.ElasticHandler, "next_rendezvous", _without_converge, raising=True)
     monkeypatch.setattr(EtcdV3Backend, "_claim_for", lambda self, new, core: None)  # every move a write of the core
+    monkeypatch.setattr(EtcdV3Backend, "_leave_close", lambda self, c, new: False)  # any participant closes at once
     worlds = _spread_join(_agents(etcd_endpoint, f"spread-{uuid.uuid4().hex[:8]}", 4, 4), 0.6)
     assert worlds != [4, 4, 4, 4], worlds  # torch's rule: a first world of 1-2, the rest later
 

@@ -323,7 +323,11 @@ def test_a_write_that_finds_the_state_gone_adopts_the_empty_store_not_its_own_vi
     assert holder.state.complete and holder.state.participants
     holder.state.last_heartbeats[handler._this_node] = datetime.now(timezone.utc)  # noqa: UP017  (3.10)
     holder.mark_dirty()  # the pending write
-    _client(etcd).delete(_state_key(run_id))  # the store came back empty
+    from eks_ddp_runtime.rendezvous.etcd_client import prefix_end
+
+    beats = holder._backend.heartbeats
+    _client(etcd).delete(_state_key(run_id))  # the store came back empty: the state and every heartbeat key
+    _client(etcd).delete(beats, range_end=prefix_end(beats))
     assert holder.sync() is False
     assert vars(holder.state) == vars(_RendezvousState()), "the holder kept its own stale state"
     assert _client(etcd).get(_state_key(run_id)) is None

@@ -88,6 +88,8 @@ CLOSE_DEFER_S = 0.5
 """A round is closed (ranks assigned, one write of the core) by its first participant in torch's node order; every
 other participant that finds the last call over waits this long plus up to as long again (uniformly) and closes it
 only if the core has not moved meanwhile, so one write closes a round instead of one attempt per agent."""
+CLOSE_POLL_S = 0.05
+"""How often such a participant reads the state while it waits (a read, no raft entry)."""
 REQUEST_PATTERN = """
 What one agent sends to etcd (the bench's 128- and 1,000-agent simulation follows this table; k = keep_alive_interval,
 N = agents, S = the core's size, ~85 bytes per node + ~140 (eks_ddp.core.rendezvous_store.core_bytes); every request
@@ -610,6 +612,20 @@ class EtcdV3Backend(RendezvousBackend):
                 return self._put_claim(c, *claim)
         return self._cas(c, new, core, token, beats)
 
+    def _claims_of(self, new: Any) -> dict[str, bytes]:
+        """The claim of each of this agent's nodes that ``new`` lists (or that it listed before), as ``new`` has it."""
+        out = {}
+        for node in {*new.participants, *new.wait_list, *new.redundancy_list, *new.last_heartbeats}:
+            nid = node_id(node)
+            if nid not in self._own and nid not in self._unused:
+                continue
+            role = ("participant" if node in new.participants else "waiting" if node in new.wait_list
+                    else "redundant" if node in new.redundancy_list else "gone")
+            out[nid] = rdzv_claims.Claim(new.round, role).encode()
+        for nid in self._own:
+            out.setdefault(nid, rdzv_claims.Claim(new.round, "gone").encode())
+        return out
+
     def _known(self) -> set[str]:
         """Node ids the store's state names (the core's and the merged view's): a node not among them is new, and
         only its own agent can have added it."""
@@ -712,7 +728,13 @@ class EtcdV3Backend(RendezvousBackend):
         # The send time before the grants: etcd counts a lease's TTL from its grant, so a time taken after it would
         # make the lease look younger than it is (the lease in fence.py must never outlast the key).
         fresh = {nid: self._unused_lease(c, nid) for nid in sorted(beat_ids) if nid not in self._mine}
-        puts = [op_put(self.heartbeats + nid.encode(), b"", lease=lease) for nid, (lease, _) in fresh.items()]
+        # This agent's own nodes get a claim that says what the core written here says of them, in the same
+        # transaction: a claim left from an earlier move (it left the round, say) would otherwise take them out of the
+        # state that the write puts them in.
+        claims = self._claims_of(new)
+        leases = {**{nid: b.lease for nid, b in self._mine.items() if not b.expired}, **{n: f[0] for n, f in fresh.items()}}
+        puts = [op_put(self.heartbeats + nid.encode(), claims[nid], lease=leases[nid])
+                for nid in sorted(claims) if nid in leases]
         reads = [op_range(self.key), op_range(self.heartbeats, prefix=True)]
         state_lease = 0
         if revision is None:
@@ -727,9 +749,12 @@ class EtcdV3Backend(RendezvousBackend):
         try:
             ok, responses = c.txn(compares, [put, *puts, *reads], reads)
         except EtcdAnswerError as e:
-            if e.code != 5 or not fresh:  # NOT_FOUND: a kept lease is gone (the store came back empty meanwhile)
+            if e.code != 5:  # NOT_FOUND: a kept lease is gone (it lapsed, or the store came back empty meanwhile)
                 raise
             self._unused.clear()
+            for nid in [n for n in leases if n in self._mine]:
+                if not self._renew_only(c, nid):
+                    self._mine.pop(nid, None)
             self._get(c)
             return self._current()
         if not ok:
@@ -751,7 +776,8 @@ class EtcdV3Backend(RendezvousBackend):
             self._own.add(nid)
             self._mine[nid] = _Beat(lease, sent)
             self._unused.pop(nid, None)
-            self._my_claims.pop(nid, None)  # its membership is in the core now
+
+        self._my_claims.update({nid: value for nid, value in claims.items() if nid in leases})
         kvs = etcd_client.kvs_of(responses[-2])
         if not kvs:  # the put applied and the key is gone within the same transaction: impossible
             raise etcd_client.EtcdError("etcd txn: the state key written is not there")
@@ -785,9 +811,13 @@ class EtcdV3Backend(RendezvousBackend):
         if node_id(first) in self._mine:
             return False
         seen = (self._rev, self._live_max_mod, len(self.live))
-        time.sleep(CLOSE_DEFER_S * (1 + random.random()))
-        self._get(c)
-        return (self._rev, self._live_max_mod, len(self.live)) != seen
+        until = time.monotonic() + CLOSE_DEFER_S * (1 + random.random())
+        while time.monotonic() < until:  # a read (no raft entry) every CLOSE_POLL_S: done as soon as it closed
+            time.sleep(CLOSE_POLL_S)
+            self._get(c)
+            if (self._rev, self._live_max_mod, len(self.live)) != seen:
+                return True
+        return False
 
     def _unused_lease(self, c: EtcdV3Client, nid: str) -> tuple[int, datetime.datetime]:
         """A lease for node ``nid``'s new heartbeat key, with the wall time sent before it was granted (the key's
