@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 from eks_ddp_runtime.contract import FABRIC_JSON, LOGS_SUBDIR
@@ -105,7 +106,7 @@ class Status:
     run: str
     state: str
     """running, succeeded, failed, cancelled or unknown; for a queued run also queued, waiting for capacity,
-    admitted, partially delivered, preempted, evicted, rejected or deactivated (``queue_state``)."""
+    admitted, nodes provisioned, booting, partially delivered, preempted, evicted, rejected or deactivated (``queue_state``)."""
     because: str
     """What says so (the final marker, result.json, the Job's condition, the agents' exit records)."""
     logs: Path | None = None
@@ -310,11 +311,61 @@ def competition(mine: dict, workloads: list[dict], within_cluster_queue: str | N
     return text
 
 
-def consumed_pending(pods: list[dict], job: dict, workload: dict | None) -> tuple[str, str] | None:
-    """(``partially delivered``, why and the fix) for an admitted queued Job some of whose pods are Pending while
-    carrying :data:`CONSUME_ANNOTATION`: the cluster autoscaler will never add a node for them (the pods filter), so
-    they wait for Kueue's waitForPodsReady eviction (infra/kueue.py); None when no pod is in that state."""
-    stuck = [p for p in pods if (p.get("status") or {}).get("phase") == "Pending"
+def _on_no_node(pod: dict) -> bool:
+    """Not yet bound to a node: ``spec.nodeName`` empty and PodScheduled not True (kubernetes/kubernetes
+    pkg/apis/core/types.go: the scheduler binds by setting ``nodeName``; the kubelet then pulls images and runs init
+    containers, which the fabric check is one of, with the pod still ``Pending``)."""
+    if (pod.get("spec") or {}).get("nodeName"):
+        return False
+    scheduled = next((c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == "PodScheduled"),
+                     None)
+    return (scheduled or {}).get("status") != "True"
+
+
+def _age_minutes(stamp: str | None, now: datetime) -> float | None:
+    try:
+        then = datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return (now - then).total_seconds() / 60
+
+
+def max_node_provision_minutes() -> float:
+    """The autoscaler's ``--max-node-provision-time`` (infra/autoscaler.py :data:`MAX_NODE_PROVISION_TIME`): how long
+    a provisioned node may take to register before the autoscaler gives it up. Imported here, not at module level:
+    the infra module brings the AWS provider, which ``eks-ddp status`` otherwise never loads."""
+    from eks_ddp.core.rules import duration_minutes
+    from eks_ddp.infra.autoscaler import MAX_NODE_PROVISION_TIME
+
+    return duration_minutes(MAX_NODE_PROVISION_TIME)
+
+
+EVICTION_WAIT = "5m"
+"""How long the printed requeue command waits for Kueue to evict the deactivated Workload before reactivating it."""
+
+
+def requeue_command(workload: dict) -> str:
+    """Deactivate, wait for Kueue's eviction (condition ``Evicted``, kueue v0.16.4 apis/kueue/v1beta2/workload_types.go
+    ``WorkloadEvicted``; the fixtures' Evicted/DeactivatedDueTo... conditions), then reactivate: a reactivation
+    before the eviction lands would leave the Workload admitted on the consumed request, and nothing requeued."""
+    meta = workload.get("metadata") or {}
+    ns, name = meta.get("namespace", "<namespace>"), meta.get("name", "?")
+    patch = "kubectl -n {ns} patch workloads.kueue.x-k8s.io {name} --type=merge -p '{{\"spec\":{{\"active\":{v}}}}}'"
+    wait = (f"kubectl -n {ns} wait --for=condition=Evicted --timeout={EVICTION_WAIT} "
+            f"workloads.kueue.x-k8s.io/{name}")
+    return f"{patch.format(ns=ns, name=name, v='false')} && {wait} && {patch.format(ns=ns, name=name, v='true')}"
+
+
+def consumed_pending(pods: list[dict], job: dict, workload: dict | None, now: datetime | None = None,
+                     provision_minutes: float | None = None) -> tuple[str, str] | None:
+    """(state, why and the fix) for an admitted queued Job some of whose pods are Pending on no node while carrying
+    :data:`CONSUME_ANNOTATION`: the cluster autoscaler will never add a node for them (the pods filter), so they
+    wait for Kueue's waitForPodsReady eviction (infra/kueue.py); None when no pod is in that state. A pod already on
+    a node (pulling its image, running its init containers: the fabric check) is starting, not stuck. While the
+    Workload's Admitted condition is younger than the autoscaler's max node provisioning time, the nodes may still
+    be booting: ``nodes provisioned, booting``, with no fix offered (a requeue would discard a healthy start);
+    after it, ``partially delivered``."""
+    stuck = [p for p in pods if (p.get("status") or {}).get("phase") == "Pending" and _on_no_node(p)
              and CONSUME_ANNOTATION in ((p.get("metadata") or {}).get("annotations") or {})]
     if not stuck:
         return None
@@ -322,17 +373,22 @@ def consumed_pending(pods: list[dict], job: dict, workload: dict | None) -> tupl
     wanted = spec.get("parallelism", len(pods))
     request = stuck[0]["metadata"]["annotations"][CONSUME_ANNOTATION]
     names = ", ".join(sorted(str((p.get("metadata") or {}).get("name")) for p in stuck))
-    why = (f"{len(stuck)} pod(s) pending on a consumed ProvisioningRequest ({names}: {CONSUME_ANNOTATION}={request}); "
-           f"{status.get('ready', 0)} of {wanted} pod(s) ready. The cluster autoscaler never adds a node for such a "
+    said = (f"{len(stuck)} pod(s) pending on a consumed ProvisioningRequest, on no node yet ({names}: "
+            f"{CONSUME_ANNOTATION}={request}); {status.get('ready', 0)} of {wanted} pod(s) ready")
+    admitted = _conditions(workload or {}).get("Admitted") or {}
+    if admitted.get("status") == "True":
+        age = _age_minutes(admitted.get("lastTransitionTime"), now or datetime.now(UTC))
+        limit = max_node_provision_minutes() if provision_minutes is None else provision_minutes
+        if age is not None and age < limit:
+            return "nodes provisioned, booting", (
+                f"{said}. Admitted {age:.0f} min ago, within the autoscaler's max node provisioning time "
+                f"({limit:.0f} min): the nodes may still be registering; nothing to do yet")
+    why = (f"{said}. The cluster autoscaler never adds a node for such a "
            "pod (its ProvisioningRequest pods filter): the node was not delivered by EC2 or was lost and not "
            "replaced. Kueue evicts the run and queues it again for a new request once waitForPodsReady's timeout "
            "passes (since admission, or since the pod went missing)")
     if workload is not None:
-        meta = workload.get("metadata") or {}
-        ns, name = meta.get("namespace", "<namespace>"), meta.get("name", "?")
-        patch = "kubectl -n {ns} patch workloads.kueue.x-k8s.io {name} --type=merge -p '{{\"spec\":{{\"active\":{v}}}}}'"
-        why += (f"; to requeue it now (its pods stop, training resumes from the last checkpoint): "
-                f"{patch.format(ns=ns, name=name, v='false')} && {patch.format(ns=ns, name=name, v='true')}")
+        why += f"; to requeue it now (its pods stop, training resumes from the last checkpoint): {requeue_command(workload)}"
     return "partially delivered", why
 
 
