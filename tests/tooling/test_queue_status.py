@@ -288,6 +288,19 @@ def test_a_queued_run_says_its_position_from_kueues_visibility_api(fake, tmp_pat
     fake.scenario(job=_queued_job(), running=[], workloads=[workload("waiting-for-capacity")], pending=summary)
     cli.main(["status", "run-1"])
     assert not [c for c in fake.calls()[before:] if "--raw" in c]
+    capsys.readouterr()
+    # A preempted run Kueue requeued waits in the queue again: it has a position too.
+    fake.scenario(job=_queued_job(), running=[], workloads=[workload("preempted")], pending=pending_summary())
+    cli.main(["status", "run-1"])
+    out = capsys.readouterr().out
+    assert out.startswith("run run-1: preempted (") and "requeued: it waits in the queue again; position 2 in its " \
+        "ClusterQueue (1 workload(s) ahead)" in out, out
+    # Control: an evicted run not requeued yet (Requeued False) is not asked about.
+    before = len(fake.calls())
+    fake.scenario(job=_queued_job(), running=[], workloads=[workload("evicted")], pending=pending_summary())
+    cli.main(["status", "run-1"])
+    assert capsys.readouterr().out.startswith("run run-1: evicted (")
+    assert not [c for c in fake.calls()[before:] if "--raw" in c]
 
 
 def _other_run(state: str, priority: int, name: str = "training-run-2", uid: str = "0b7e0000-0000-4000-8000-0000000000b2"

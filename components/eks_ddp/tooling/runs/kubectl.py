@@ -29,6 +29,7 @@ from eks_ddp.tooling.runs.status import (
     pending_path,
     queue_position,
     queue_state,
+    requeued,
 )
 from eks_ddp_runtime.contract import FABRIC_JSON, LOGS_SUBDIR
 from eks_ddp_runtime.runlogs import FINAL_MARKER
@@ -144,7 +145,7 @@ def job_state(run: ClusterRun) -> tuple[str, str] | None:
     if QUEUE_NAME_LABEL in labels and (job.get("spec", {}).get("suspend") or not job.get("status", {}).get("active")):
         workload = workload_of(run, str((job.get("metadata") or {}).get("uid", "")))
         state, why = queue_state(workload, run.job)
-        if state == "queued" and workload is not None:
+        if workload is not None and (state == "queued" or state in ("preempted", "evicted") and requeued(workload)):
             why += f"; {position(run, labels[QUEUE_NAME_LABEL], workload)}"
         return state, why + _competing(run, workload)
     if job.get("spec", {}).get("suspend"):

@@ -250,6 +250,12 @@ def queue_state(workload: dict | None, job: str) -> tuple[str, str]:
                                                       " (not yet tried by the scheduler)")
 
 
+def requeued(workload: dict) -> bool:
+    """The Workload's ``Requeued`` condition is True (kueue v0.16.4 apis/kueue/v1beta2/workload_types.go
+    ``WorkloadRequeued``): an evicted or preempted run waits in its queue again, so it has a queue position."""
+    return (_conditions(workload).get("Requeued") or {}).get("status") == "True"
+
+
 def _job_of(workload: dict) -> str:
     owners = (workload.get("metadata") or {}).get("ownerReferences") or []
     return next((o.get("name", "?") for o in owners if o.get("kind") == "Job"),
