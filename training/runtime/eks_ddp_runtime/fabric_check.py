@@ -23,7 +23,8 @@ the same agent command line as training), one process per GPU. It
    (the instance type's floor, passed by the Job from the catalog: near AWS's published two-node figure).
 
 Rank 0 writes ``fabric.json`` to ``--run-dir`` (atomically) and prints a table; every rank exits
-with the same code, so torchrun, the Job and ``pulumi up`` all see the verdict.
+with the same code, so torchrun and the training Job (the check is its pods' init container: the pod failure policy
+fails the Job on :data:`FABRIC_FAILED`) see the verdict; ``pulumi up`` does not wait for it.
 """
 
 from __future__ import annotations

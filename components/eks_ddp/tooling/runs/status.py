@@ -544,7 +544,7 @@ def local_status(run_dir: Path, name: str | None = None) -> Status:
         state, because = "unknown", "no agent record"
     fabric = _json(run_dir / FABRIC_JSON)
     if fabric is not None and fabric.get("passed") is False and state == "unknown":
-        # The check failed before any training agent ran (its Job, not the training Job, failed).
+        # The check (the training pods' init container) failed before any training agent ran.
         state, because = "failed", f"{FABRIC_JSON}: the fabric check failed, so training never started"
     status = Status(run=name, state=state, because=because, logs=logs, agents=agents,
                     fabric=fabric_verdict(fabric) if fabric is not None else None)
