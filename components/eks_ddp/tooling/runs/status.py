@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from eks_ddp_runtime.contract import FABRIC_JSON, LOGS_SUBDIR
+from eks_ddp_runtime.fabric_check import NODE_REPORT_PREFIX
 from eks_ddp_runtime.runlogs import (
     AGENT_LOG,
     EXIT_RECORD,
@@ -116,6 +117,8 @@ class Status:
     agents: list[AgentExit] = field(default_factory=list)
     fabric: str | None = None
     """The fabric check's verdict from the run's ``fabric.json`` (the slow node named), when there is one."""
+    late_nodes: list[str] = field(default_factory=list)
+    """Per late node whose node-only check failed (``fabric-node-<node>.json``): the node and its reason."""
     snapshots_off: list[str] = field(default_factory=list)
     """Per pod whose node-local snapshot was not written (it does not fit /dev/shm, or the write failed): the
     trainer's reason, with its size and the limit (``read_snapshot_refusals``)."""
@@ -126,13 +129,14 @@ class Status:
         return {"run": self.run, "state": self.state, "because": self.because,
                 "logs": str(self.logs) if self.logs else None, "logs_missing": self.logs_missing,
                 "cause": f(self.cause), "others": [f(o) for o in self.others],
-                "agents": [vars(a) for a in self.agents], "fabric": self.fabric,
+                "agents": [vars(a) for a in self.agents], "fabric": self.fabric, "late_nodes": self.late_nodes,
                 "snapshots_off": self.snapshots_off}
 
     def render(self) -> str:
         out = [f"run {self.run}: {self.state} ({self.because})"]
         if self.fabric:
             out.append(f"fabric check: {self.fabric}")
+        out += [f"late node failed: {line}" for line in self.late_nodes]
         out += [f"node-local snapshots off: {line}" for line in self.snapshots_off]
         if self.logs_missing:
             out.append(f"cause: unknown: the kept logs are missing ({self.logs_missing})")
@@ -518,6 +522,18 @@ def fabric_verdict(doc: dict) -> str:
         f" (slow node(s): {', '.join(slow)})" if slow else "")
 
 
+def late_node_failures(run_dir: Path) -> list[str]:
+    """``NODE: REASON`` per ``fabric-node-<node>.json`` (eks_ddp_runtime/fabric_check.py ``write_node_report``): a
+    node that joined after the job's check passed and failed its node-only check."""
+    out = []
+    for path in sorted(run_dir.glob(f"{NODE_REPORT_PREFIX}*.json")):
+        doc = _json(path) or {}
+        node = str(doc.get("node") or path.stem.removeprefix(NODE_REPORT_PREFIX))
+        out.append(f"{node}: " + ("; ".join(str(r) for r in doc.get("reasons") or []) or "no reason recorded")
+                   + f" ({path.name})")
+    return out
+
+
 def local_status(run_dir: Path, name: str | None = None) -> Status:
     """The state of a run from its directory (a local run's, or a cluster run's kept logs fetched here)."""
     name = name or run_dir.name
@@ -547,7 +563,8 @@ def local_status(run_dir: Path, name: str | None = None) -> Status:
         # The check (the training pods' init container) failed before any training agent ran.
         state, because = "failed", f"{FABRIC_JSON}: the fabric check failed, so training never started"
     status = Status(run=name, state=state, because=because, logs=logs, agents=agents,
-                    fabric=fabric_verdict(fabric) if fabric is not None else None)
+                    fabric=fabric_verdict(fabric) if fabric is not None else None,
+                    late_nodes=late_node_failures(run_dir))
     if not logs.is_dir():
         status.logs_missing = f"{logs}: no such folder"
     elif not agents:
