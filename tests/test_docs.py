@@ -272,3 +272,51 @@ def test_trainer_docstring_shows_the_command_the_cluster_runs():
         TrainerConfig(data_dir="/shared/data", run_dir="/shared/runs/RUN_ID"))
     assert command == expected
     assert env == AGENT_ENV
+
+
+def _queue_figures() -> dict[str, int]:
+    import dataclasses
+
+    from eks_ddp.core.rules import duration_minutes
+    from eks_ddp.infra import kueue
+    from eks_ddp.infra.autoscaler import ClusterAutoscalerArgs
+    from eks_ddp.workloads.queue import PROVISIONING_RETRY
+
+    tail = next(f.default for f in dataclasses.fields(ClusterAutoscalerArgs) if f.name == "scale_down_unneeded_time")
+    return {"retries": PROVISIONING_RETRY["backoffLimitCount"], "requeues": kueue.PODS_READY_REQUEUES,
+            "timeout": round(duration_minutes(kueue.PODS_READY_TIMEOUT)), "tail": round(duration_minutes(str(tail)))}
+
+
+_PREEMPTIONS = re.compile(r"survives (\d+)\s+preemptions \((\d+) retries less the (\d+) requeues\)")
+_LIFETIME = re.compile(r"worst case of a run that never gets all its nodes is\s+(\d+) × \((\d+) \+ (\d+)\) = (\d+) "
+                       r"minutes")
+
+
+def queue_figures_said(day_two: str, capacity: str) -> list[str]:
+    """What the docs' preemption bound and lifetime worst case say against the constants; [] when they agree."""
+    n = _queue_figures()
+    want_pre = (n["retries"] - n["requeues"], n["retries"], n["requeues"])
+    want_life = (n["requeues"] + 1, n["timeout"], n["tail"], (n["requeues"] + 1) * (n["timeout"] + n["tail"]))
+    pre, life = _PREEMPTIONS.search(_prose(day_two)), _LIFETIME.search(_prose(capacity))
+    out = []
+    if pre is None or tuple(map(int, pre.groups())) != want_pre:
+        out.append(f"day-two.md preemptions: got {pre and pre.groups()}; expected {want_pre}")
+    if life is None or tuple(map(int, life.groups())) != want_life:
+        out.append(f"capacity-and-cost.md lifetime: got {life and life.groups()}; expected {want_life}")
+    return out
+
+
+def test_the_docs_preemption_bound_and_lifetime_worst_case_follow_the_constants():
+    """day-two.md's preemptions a run survives = PROVISIONING_RETRY backoffLimitCount - PODS_READY_REQUEUES; the
+    lifetime worst case in capacity-and-cost.md = (requeues + 1) attempts x (waitForPodsReady timeout + the
+    autoscaler's scale-down tail). The negative control: the old 'about 7' wording and a stale figure are refused."""
+    day_two, capacity = (ROOT / "docs" / "day-two.md").read_text(), (ROOT / "docs" / "capacity-and-cost.md").read_text()
+    assert queue_figures_said(day_two, capacity) == []
+    assert len(queue_figures_said("after about 7 preemptions", capacity)) == 1
+    assert len(queue_figures_said(day_two, capacity.replace("= 220 minutes", "= 165 minutes"))) == 1
+    # workloads/queue.py's PROVISIONING_RETRY docstring says the same numbers.
+    source = (ROOT / "components" / "eks_ddp" / "workloads" / "queue.py").read_text()
+    said = re.search(r"(\d+) retries cover those (\d+)\s+and (\d+) preemptions", source)
+    n = _queue_figures()
+    assert said is not None and tuple(map(int, said.groups())) == (n["retries"], n["requeues"],
+                                                                  n["retries"] - n["requeues"])

@@ -175,6 +175,45 @@ def test_node_only_checks_this_nodes_devices_without_a_peer_and_writes_no_report
     assert not (tmp_path / fc.FABRIC_JSON).exists()
 
 
+def _gate(tmp_path: Path, admission: str | None, marker_request: str | None) -> str:
+    """Run the training pods' gate script (fabric_gate.gate_command, queued) as the kubelet and sh would: the
+    kubelet expands $(JOB_UID) and $(FABRIC_ADMISSION) ("" for a pod without the annotation), sh runs it with a
+    ``python`` that only says which check it was asked for. Returns 'node-only' or 'full'."""
+    from eks_ddp.workloads.elastic_job.args import Queued
+    from eks_ddp.workloads.elastic_job.fabric_gate import gate_command
+    from eks_ddp.workloads.elastic_job.info import job_info
+    from tests.support.job_args import job_args
+    from tests.workloads.test_elastic_job import ETCD, GPU_NODES, IMAGE, RDZV_TLS_SECRET
+
+    run = tmp_path / "run"
+    run.mkdir(parents=True, exist_ok=True)
+    if marker_request is not None:
+        (run / f".fabric-passed-uid-1-{marker_request}").touch()
+    args = job_args(namespace="training", image=IMAGE, pvc_name="shared", instance_type="p4de.24xlarge", efa=True,
+                    node_selector=GPU_NODES, nodes=2, min_nodes=1, rdzv_endpoint=ETCD, rdzv_tls_secret=RDZV_TLS_SECRET,
+                    fabric_check=True, run_id="r1", queue=Queued(local_queue="training", priority_class="eks-ddp-normal"))
+    script = gate_command(job_info("training", args, trainer_sa="t", worker_sa="w"), ETCD)[2]
+    assert "/shared/runs/r1/.fabric-passed-$(JOB_UID)-$(FABRIC_ADMISSION)" in script
+    script = script.replace("/shared/runs/r1", str(run)).replace("$(JOB_UID)", "uid-1")
+    script = script.replace("$(FABRIC_ADMISSION)", admission or "")
+    fake = tmp_path / "bin"
+    fake.mkdir(exist_ok=True)
+    (fake / "python").write_text('#!/bin/sh\ncase "$*" in *--node-only*) echo node-only;; *) echo full;; esac\n')
+    (fake / "python").chmod(0o755)
+    env = {"PATH": f"{fake}:/usr/bin:/bin", "FABRIC_ADMISSION": admission or ""}
+    return subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True, timeout=30,
+                          check=True).stdout.strip()
+
+
+def test_a_marker_of_another_admission_leads_to_the_full_check(tmp_path):
+    """Kueue readmits an evicted Job (same UID) with a new ProvisioningRequest (<workload>-<check>-<attempt>): the
+    marker of attempt 1 must not let attempt 2's new nodes skip the bandwidth check."""
+    assert _gate(tmp_path / "a", "wl-gpu-capacity-1", "wl-gpu-capacity-1") == "node-only"  # same admission: a late pod
+    assert _gate(tmp_path / "b", "wl-gpu-capacity-2", "wl-gpu-capacity-1") == "full"
+    assert _gate(tmp_path / "c", None, "") == "full"  # no annotation: never trusts a marker
+    assert _gate(tmp_path / "d", "wl-gpu-capacity-1", None) == "full"
+
+
 def test_alone_the_fabric_verdict_is_final_before_interpreter_shutdown(tmp_path):
     # As for the trainer (tests/runtime/test_exit_codes.py): shutdown made to abort must not change the Job's verdict.
     proc = subprocess.run([sys.executable, "-m", "tests.support.shutdown_abort_probe", FABRIC_CHECK_MODULE,

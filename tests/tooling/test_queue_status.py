@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import json
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import jsonschema
@@ -20,7 +21,7 @@ import pytest
 
 from eks_ddp.tooling.contracts.queue import workload_name
 from eks_ddp.tooling.runs import cli
-from eks_ddp.tooling.runs.status import JOB_UID_LABEL, QUEUE_NAME_LABEL, competition, queue_state
+from eks_ddp.tooling.runs.status import JOB_UID_LABEL, QUEUE_NAME_LABEL, competition, consumed_pending, queue_state
 from tests.tooling.test_runs_cli import fake  # noqa: F401  (the fake kubectl/pulumi fixture)
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "kueue"
@@ -187,35 +188,67 @@ def test_the_newest_workload_of_the_job_is_read(fake, tmp_path, capsys):  # noqa
     assert capsys.readouterr().out.startswith("run run-1: admitted")
 
 
-def _pod(name: str, phase: str, consumed: bool) -> dict:
+def _pod(name: str, phase: str, consumed: bool, node: str | None = None) -> dict:
+    """A training pod; ``node``: bound to it (the scheduler set spec.nodeName and PodScheduled True)."""
     annotations = {"autoscaling.x-k8s.io/consume-provisioning-request": "job-training-run-1-dff5c-gpu-capacity-1",
                    "autoscaling.x-k8s.io/provisioning-class-name": "best-effort-atomic-scale-up.autoscaling.x-k8s.io"}
-    return {"metadata": {"name": name, "annotations": annotations if consumed else {}}, "status": {"phase": phase}}
+    scheduled = {"type": "PodScheduled", "status": "True" if node else "False",
+                 **({} if node else {"reason": "Unschedulable"})}
+    return {"metadata": {"name": name, "annotations": annotations if consumed else {}},
+            "spec": {"nodeName": node} if node else {}, "status": {"phase": phase, "conditions": [scheduled]}}
 
 
 def test_pods_pending_on_a_consumed_request_are_named_with_the_fix(fake, tmp_path, capsys):  # noqa: F811
     """An admitted run one of whose pods waits for a node that will never come (the autoscaler's pods filter):
-    'partially delivered', naming the pod, the request and the commands that requeue it now."""
+    'partially delivered', naming the pod, the request and the commands that requeue it now: deactivate, wait for
+    Kueue's eviction, reactivate."""
     fake.volume = tmp_path / "empty"
     fake.volume.mkdir()
     job = _queued_job(suspend=False, active=2)
     job["spec"]["parallelism"] = 2
     job["status"]["ready"] = 1
+    running = _pod("training-run-1-0-abc", "Running", True, node="ip-10-0-1-5.ec2.internal")
     fake.scenario(job=job, running=["training-run-1-0-abc"], workloads=[workload("admitted")],
-                  pods=[_pod("training-run-1-0-abc", "Running", True), _pod("training-run-1-1-def", "Pending", True)])
+                  pods=[running, _pod("training-run-1-1-def", "Pending", True)])
     assert cli.main(["status", "run-1"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("run run-1: partially delivered (1 pod(s) pending on a consumed ProvisioningRequest "
-                          "(training-run-1-1-def: autoscaling.x-k8s.io/consume-provisioning-request="
+    assert out.startswith("run run-1: partially delivered (1 pod(s) pending on a consumed ProvisioningRequest, on no "
+                          "node yet (training-run-1-1-def: autoscaling.x-k8s.io/consume-provisioning-request="
                           "job-training-run-1-dff5c-gpu-capacity-1); 1 of 2 pod(s) ready."), out
     assert ("kubectl -n training patch workloads.kueue.x-k8s.io job-training-run-1-dff5c --type=merge -p "
-            "'{\"spec\":{\"active\":false}}' && kubectl -n training patch workloads.kueue.x-k8s.io "
+            "'{\"spec\":{\"active\":false}}' && kubectl -n training wait --for=condition=Evicted --timeout=5m "
+            "workloads.kueue.x-k8s.io/job-training-run-1-dff5c && kubectl -n training patch workloads.kueue.x-k8s.io "
             "job-training-run-1-dff5c --type=merge -p '{\"spec\":{\"active\":true}}'") in out
     # Control: a Pending pod without the annotation (unqueued scale-up still to come) is just a running run.
     fake.scenario(job=job, running=["training-run-1-0-abc"], workloads=[workload("admitted")],
-                  pods=[_pod("training-run-1-0-abc", "Running", True), _pod("training-run-1-1-def", "Pending", False)])
+                  pods=[running, _pod("training-run-1-1-def", "Pending", False)])
     cli.main(["status", "run-1"])
     assert capsys.readouterr().out.startswith("run run-1: running (Job training-run-1: 2 pod(s) active, 1 ready")
+    # Control: a Pending pod already on its node (pulling its image, running the fabric-check init container) is
+    # starting, not stuck: no fix that would discard a healthy start.
+    fake.scenario(job=job, running=["training-run-1-0-abc"], workloads=[workload("admitted")],
+                  pods=[running, _pod("training-run-1-1-def", "Pending", True, node="ip-10-0-1-6.ec2.internal")])
+    cli.main(["status", "run-1"])
+    out = capsys.readouterr().out
+    assert out.startswith("run run-1: running (Job training-run-1: 2 pod(s) active, 1 ready") and "active" in out
+    assert "--for=condition=Evicted" not in out
+    # Control: admitted within the autoscaler's max node provisioning time, the nodes may still be booting.
+    from eks_ddp.infra.autoscaler import MAX_NODE_PROVISION_TIME
+
+    assert MAX_NODE_PROVISION_TIME == "25m"
+    young = workload("admitted")
+    recent = (datetime.now(UTC) - timedelta(minutes=5)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    for c in young["status"]["conditions"]:
+        c["lastTransitionTime"] = recent
+    fake.scenario(job=job, running=["training-run-1-0-abc"], workloads=[young],
+                  pods=[running, _pod("training-run-1-1-def", "Pending", True)])
+    cli.main(["status", "run-1"])
+    out = capsys.readouterr().out
+    assert out.startswith("run run-1: nodes provisioned, booting (1 pod(s) pending on a consumed ProvisioningRequest"), out
+    assert "within the autoscaler's max node provisioning time (25 min)" in out and "--for=condition" not in out
+    # ... and at 26 minutes they are partially delivered.
+    assert consumed_pending([_pod("p", "Pending", True)], job, young,
+                            now=datetime.now(UTC) + timedelta(minutes=21))[0] == "partially delivered"
 
 
 def pending_summary() -> dict:
@@ -254,6 +287,19 @@ def test_a_queued_run_says_its_position_from_kueues_visibility_api(fake, tmp_pat
     before = len(fake.calls())
     fake.scenario(job=_queued_job(), running=[], workloads=[workload("waiting-for-capacity")], pending=summary)
     cli.main(["status", "run-1"])
+    assert not [c for c in fake.calls()[before:] if "--raw" in c]
+    capsys.readouterr()
+    # A preempted run Kueue requeued waits in the queue again: it has a position too.
+    fake.scenario(job=_queued_job(), running=[], workloads=[workload("preempted")], pending=pending_summary())
+    cli.main(["status", "run-1"])
+    out = capsys.readouterr().out
+    assert out.startswith("run run-1: preempted (") and "requeued: it waits in the queue again; position 2 in its " \
+        "ClusterQueue (1 workload(s) ahead)" in out, out
+    # Control: an evicted run not requeued yet (Requeued False) is not asked about.
+    before = len(fake.calls())
+    fake.scenario(job=_queued_job(), running=[], workloads=[workload("evicted")], pending=pending_summary())
+    cli.main(["status", "run-1"])
+    assert capsys.readouterr().out.startswith("run run-1: evicted (")
     assert not [c for c in fake.calls()[before:] if "--raw" in c]
 
 

@@ -412,6 +412,31 @@ def test_the_tar_of_the_run_directory_carries_fabric_json_without_logs(tmp_path)
     assert json.loads((dest / "fabric.json").read_text())["slow_nodes"] == ["ip-10-0-1-7.ec2.internal"]
 
 
+def test_a_late_nodes_failed_check_is_listed_and_copied_beside_a_passed_fabric_json(tmp_path, monkeypatch):
+    """A node that joined after the job's check passed and failed its node-only check writes
+    fabric-node-<node>.json (fabric_check.node_only): status no longer says only 'passed', and the tar carries it.
+    The control: without that file nothing is listed."""
+    from eks_ddp_runtime import fabric_check as fc
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "fabric.json").write_text(json.dumps({"passed": True, "reasons": [], "slow_nodes": []}))
+    assert local_status(run_dir).late_nodes == []
+    monkeypatch.setenv("NODE_NAME", "ip-10-0-1-9.ec2.internal")
+    monkeypatch.setattr(fc, "count_efa_devices", lambda: 0)
+    assert fc.main([f"--run-dir={run_dir}", "--node-only", "--require-efa"]) == fc.FABRIC_FAILED
+    text = local_status(run_dir).render()
+    assert "fabric check: passed" in text
+    assert "late node failed: ip-10-0-1-9.ec2.internal: no EFA devices in the pod on ip-10-0-1-9.ec2.internal" in text
+    assert "(fabric-node-ip-10-0-1-9.ec2.internal.json)" in text
+    proc = subprocess.run(kubectl.tar_command(str(run_dir)), capture_output=True)
+    assert proc.returncode == 0
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    kubectl._untar(proc.stdout, dest)
+    assert json.loads((dest / "fabric-node-ip-10-0-1-9.ec2.internal.json").read_text())["passed"] is False
+
+
 def test_status_names_a_node_whose_snapshot_does_not_fit_with_its_size_and_the_limit(tmp_path, capsys, monkeypatch):
     """The trainer says once, in the rank's log, that the node's copy of the state does not fit /dev/shm
     (snapshot.py); `eks-ddp status` reads the kept logs and shows it, per pod, with the size and the limit."""

@@ -463,6 +463,25 @@ def test_fabric_check_is_the_training_pods_first_phase_and_nothing_waits_for_it(
     assert env["JOB_UID"] == env_of(trainer_c)["JOB_UID"]  # what $(JOB_UID) expands from
 
 
+def test_under_the_queue_the_pass_marker_is_keyed_to_the_admission():
+    """A Kueue eviction and readmission keeps the Job's UID but moves the run to new nodes: the marker names the
+    admission's ProvisioningRequest (the pod's consume-provisioning-request annotation, through the downward API),
+    and a pod without one runs the full check. The control: outside the queue the marker stays the Job's."""
+    from eks_ddp.workloads.elastic_job.args import Queued
+
+    queued = run_job(instance_type="p4de.24xlarge", efa=True, fabric_check=True, run_id="r1",
+                     queue=Queued(local_queue="training", priority_class="eks-ddp-normal"))
+    init = gate_of(queued)
+    marker = "/shared/runs/r1/.fabric-passed-$(JOB_UID)-$(FABRIC_ADMISSION)"
+    assert env_of(init)["FABRIC_ADMISSION"]["valueFrom"]["fieldRef"]["fieldPath"] == \
+        "metadata.annotations['autoscaling.x-k8s.io/consume-provisioning-request']"
+    assert init["command"][2].startswith(f"if [ -n \"$FABRIC_ADMISSION\" ] && [ -e '{marker}' ]; then exec ")
+    assert f"--pass-marker={marker}" in check_command(init)
+    plain = gate_of(run_job(instance_type="p4de.24xlarge", efa=True, fabric_check=True, run_id="r1"))
+    assert "FABRIC_ADMISSION" not in env_of(plain)
+    assert plain["command"][2].startswith("if [ -e '/shared/runs/r1/.fabric-passed-$(JOB_UID)' ]; then exec ")
+
+
 def test_a_failed_fabric_check_fails_the_training_job_before_training():
     from eks_ddp_runtime.exitcodes import FABRIC_FAILED
 

@@ -69,8 +69,9 @@ Why these numbers. Waiting for EC2 spends nothing: the best-effort-atomic class 
 (kubernetes/autoscaler ``processors/provreq/processor.go`` ``defaultExpirationTime``). What does spend attempts is a
 run sent back to the queue after it was provisioned: a preemption (its last request is booking-expired by its next
 quota reservation) and a ``waitForPodsReady`` requeue (``infra/kueue.py`` :data:`~eks_ddp.infra.kueue.PODS_READY`:
-at most 3 per Workload, each after a 45-minute wait, so its request has expired too). 10 attempts cover those 3
-and 6 preemptions with one to spare; the backoff before attempt n is 60 s x 2^(n-1), at most 10 minutes (the
+at most 3 per Workload, each after a 45-minute wait, so its request has expired too). 10 retries cover those 3
+and 7 preemptions (``backoffLimitCount`` less ``PODS_READY_REQUEUES``: the number docs/day-two.md states,
+tests/test_docs.py ties the two); the backoff before attempt n is 60 s x 2^(n-1), at most 10 minutes (the
 review's figure: long enough not to churn the autoscaler, short beside a node's ~4 minutes to boot), 75 minutes
 over all 10. The 11th such return deactivates the run: bounded, and reported as ``deactivated`` by ``eks-ddp
 status`` with Kueue's reason (docs/day-two.md "A run Kueue deactivated")."""

@@ -23,7 +23,8 @@ the same agent command line as training), one process per GPU. It
    (the instance type's floor, passed by the Job from the catalog: near AWS's published two-node figure).
 
 Rank 0 writes ``fabric.json`` to ``--run-dir`` (atomically) and prints a table; every rank exits
-with the same code, so torchrun, the Job and ``pulumi up`` all see the verdict.
+with the same code, so torchrun and the training Job (the check is its pods' init container: the pod failure policy
+fails the Job on :data:`FABRIC_FAILED`) see the verdict; ``pulumi up`` does not wait for it.
 """
 
 from __future__ import annotations
@@ -263,6 +264,25 @@ def write_report(run_dir: Path, report: Report) -> Path:
     return path
 
 
+NODE_REPORT_PREFIX = "fabric-node-"
+"""A late node's failed node-only check: ``<run dir>/fabric-node-<node>.json`` (``eks-ddp status`` lists it)."""
+
+
+def write_node_report(run_dir: Path, node: str, reason: str) -> Path | None:
+    """The failed node-only check's verdict, atomically, beside ``fabric.json`` (which stays the job's check's);
+    None when the run directory cannot be written (the exit code still fails the pod)."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        path = run_dir / f"{NODE_REPORT_PREFIX}{node}.json"
+        fd, tmp = tempfile.mkstemp(dir=run_dir, prefix=".fabric-node.", suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            json.dump({"passed": False, "node": node, "reasons": [reason], "node_only": True}, f, indent=2)
+        os.replace(tmp, path)
+        return path
+    except OSError:
+        return None
+
+
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m eks_ddp_runtime.fabric_check", description=__doc__.split("\n\n")[0])
     p.add_argument("--run-dir", required=True, help="where fabric.json is written (the training run's directory)")
@@ -280,7 +300,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--pass-marker", default=None, help="a file rank 0 creates when the check passed (the training "
                    "pods' gate reads it: a pod that starts later checks only its own node)")
     p.add_argument("--node-only", action="store_true", help="no process group: check this node alone (its EFA "
-                   "devices), for a pod that joins after the job's check passed; writes no fabric.json")
+                   "devices), for a pod that joins after the job's check passed; writes no fabric.json, and on failure "
+                   "fabric-node-<node>.json")
     return p.parse_args(argv)
 
 
@@ -289,9 +310,10 @@ def node_only(args: argparse.Namespace) -> int:
     devices = count_efa_devices()
     where = os.environ.get(NODE_NAME_ENV) or socket.gethostname()
     if args.require_efa and devices == 0:
-        print(f"FABRIC CHECK FAILED (this node only): no EFA devices in the pod on {where} (/dev/infiniband/uverbs* "
-              "missing): the pod did not get vpc.amazonaws.com/efa devices, or the node has no EFA interfaces or "
-              "device plugin", file=sys.stderr)
+        reason = (f"no EFA devices in the pod on {where} (/dev/infiniband/uverbs* missing): the pod did not get "
+                  "vpc.amazonaws.com/efa devices, or the node has no EFA interfaces or device plugin")
+        print(f"FABRIC CHECK FAILED (this node only): {reason}", file=sys.stderr)
+        write_node_report(Path(args.run_dir), where, reason)
         return FABRIC_FAILED
     print(f"FABRIC CHECK PASSED (this node only: {devices} EFA device(s) on {where}; the job's fabric passed "
           "before it joined, its bandwidth is not measured)")

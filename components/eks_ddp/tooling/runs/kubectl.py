@@ -29,8 +29,10 @@ from eks_ddp.tooling.runs.status import (
     pending_path,
     queue_position,
     queue_state,
+    requeued,
 )
 from eks_ddp_runtime.contract import FABRIC_JSON, LOGS_SUBDIR
+from eks_ddp_runtime.fabric_check import NODE_REPORT_PREFIX
 from eks_ddp_runtime.runlogs import FINAL_MARKER
 
 TRAINER_UID = 1000
@@ -144,7 +146,7 @@ def job_state(run: ClusterRun) -> tuple[str, str] | None:
     if QUEUE_NAME_LABEL in labels and (job.get("spec", {}).get("suspend") or not job.get("status", {}).get("active")):
         workload = workload_of(run, str((job.get("metadata") or {}).get("uid", "")))
         state, why = queue_state(workload, run.job)
-        if state == "queued" and workload is not None:
+        if workload is not None and (state == "queued" or state in ("preempted", "evicted") and requeued(workload)):
             why += f"; {position(run, labels[QUEUE_NAME_LABEL], workload)}"
         return state, why + _competing(run, workload)
     if job.get("spec", {}).get("suspend"):
@@ -242,11 +244,13 @@ def running_pod(run: ClusterRun) -> str | None:
 
 
 def tar_command(run_dir: str) -> list[str]:
-    """Streams ``logs/`` (and the final marker and the fabric check's ``fabric.json``, when there) of ``run_dir`` as a
-    tar; exit 3 with neither ``logs/`` nor ``fabric.json``."""
+    """Streams ``logs/`` (and the final marker, the fabric check's ``fabric.json`` and a late node's failed
+    ``fabric-node-<node>.json``, when there) of ``run_dir`` as a tar; exit 3 with neither ``logs/`` nor ``fabric.json``."""
+    nodes = f"{NODE_REPORT_PREFIX}*.json"
     script = (f'cd "$1" || exit 4; test -d {LOGS_SUBDIR} || test -e {FABRIC_JSON} || exit {_NO_LOGS}; '
               f'exec tar -cf - $(test -d {LOGS_SUBDIR} && echo {LOGS_SUBDIR}) '
-              f'$(test -e {FINAL_MARKER} && echo {FINAL_MARKER}) $(test -e {FABRIC_JSON} && echo {FABRIC_JSON})')
+              f'$(test -e {FINAL_MARKER} && echo {FINAL_MARKER}) $(test -e {FABRIC_JSON} && echo {FABRIC_JSON}) '
+              f'$(for f in {nodes}; do test -e "$f" && echo "$f"; done)')
     return ["sh", "-c", script, "sh", run_dir]
 
 
@@ -289,7 +293,8 @@ def _untar(data: bytes, dest: Path) -> None:
                 parts = Path(m.name).parts
                 if m.name.startswith("/") or ".." in parts or not (m.isfile() or m.isdir()):
                     continue
-                if parts and parts[0] not in (LOGS_SUBDIR, FINAL_MARKER, FABRIC_JSON):
+                if parts and parts[0] not in (LOGS_SUBDIR, FINAL_MARKER, FABRIC_JSON) and not (
+                        len(parts) == 1 and parts[0].startswith(NODE_REPORT_PREFIX) and parts[0].endswith(".json")):
                     continue
                 members.append(m)
             if hasattr(tarfile, "data_filter"):  # Python's safe extraction filter (3.12, 3.11.4+)

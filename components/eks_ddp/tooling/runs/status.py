@@ -14,9 +14,11 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 from eks_ddp_runtime.contract import FABRIC_JSON, LOGS_SUBDIR
+from eks_ddp_runtime.fabric_check import NODE_REPORT_PREFIX
 from eks_ddp_runtime.runlogs import (
     AGENT_LOG,
     EXIT_RECORD,
@@ -105,7 +107,7 @@ class Status:
     run: str
     state: str
     """running, succeeded, failed, cancelled or unknown; for a queued run also queued, waiting for capacity,
-    admitted, partially delivered, preempted, evicted, rejected or deactivated (``queue_state``)."""
+    admitted, nodes provisioned, booting, partially delivered, preempted, evicted, rejected or deactivated (``queue_state``)."""
     because: str
     """What says so (the final marker, result.json, the Job's condition, the agents' exit records)."""
     logs: Path | None = None
@@ -115,6 +117,8 @@ class Status:
     agents: list[AgentExit] = field(default_factory=list)
     fabric: str | None = None
     """The fabric check's verdict from the run's ``fabric.json`` (the slow node named), when there is one."""
+    late_nodes: list[str] = field(default_factory=list)
+    """Per late node whose node-only check failed (``fabric-node-<node>.json``): the node and its reason."""
     snapshots_off: list[str] = field(default_factory=list)
     """Per pod whose node-local snapshot was not written (it does not fit /dev/shm, or the write failed): the
     trainer's reason, with its size and the limit (``read_snapshot_refusals``)."""
@@ -125,13 +129,14 @@ class Status:
         return {"run": self.run, "state": self.state, "because": self.because,
                 "logs": str(self.logs) if self.logs else None, "logs_missing": self.logs_missing,
                 "cause": f(self.cause), "others": [f(o) for o in self.others],
-                "agents": [vars(a) for a in self.agents], "fabric": self.fabric,
+                "agents": [vars(a) for a in self.agents], "fabric": self.fabric, "late_nodes": self.late_nodes,
                 "snapshots_off": self.snapshots_off}
 
     def render(self) -> str:
         out = [f"run {self.run}: {self.state} ({self.because})"]
         if self.fabric:
             out.append(f"fabric check: {self.fabric}")
+        out += [f"late node failed: {line}" for line in self.late_nodes]
         out += [f"node-local snapshots off: {line}" for line in self.snapshots_off]
         if self.logs_missing:
             out.append(f"cause: unknown: the kept logs are missing ({self.logs_missing})")
@@ -249,6 +254,12 @@ def queue_state(workload: dict | None, job: str) -> tuple[str, str]:
                                                       " (not yet tried by the scheduler)")
 
 
+def requeued(workload: dict) -> bool:
+    """The Workload's ``Requeued`` condition is True (kueue v0.16.4 apis/kueue/v1beta2/workload_types.go
+    ``WorkloadRequeued``): an evicted or preempted run waits in its queue again, so it has a queue position."""
+    return (_conditions(workload).get("Requeued") or {}).get("status") == "True"
+
+
 def _job_of(workload: dict) -> str:
     owners = (workload.get("metadata") or {}).get("ownerReferences") or []
     return next((o.get("name", "?") for o in owners if o.get("kind") == "Job"),
@@ -310,11 +321,61 @@ def competition(mine: dict, workloads: list[dict], within_cluster_queue: str | N
     return text
 
 
-def consumed_pending(pods: list[dict], job: dict, workload: dict | None) -> tuple[str, str] | None:
-    """(``partially delivered``, why and the fix) for an admitted queued Job some of whose pods are Pending while
-    carrying :data:`CONSUME_ANNOTATION`: the cluster autoscaler will never add a node for them (the pods filter), so
-    they wait for Kueue's waitForPodsReady eviction (infra/kueue.py); None when no pod is in that state."""
-    stuck = [p for p in pods if (p.get("status") or {}).get("phase") == "Pending"
+def _on_no_node(pod: dict) -> bool:
+    """Not yet bound to a node: ``spec.nodeName`` empty and PodScheduled not True (kubernetes/kubernetes
+    pkg/apis/core/types.go: the scheduler binds by setting ``nodeName``; the kubelet then pulls images and runs init
+    containers, which the fabric check is one of, with the pod still ``Pending``)."""
+    if (pod.get("spec") or {}).get("nodeName"):
+        return False
+    scheduled = next((c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == "PodScheduled"),
+                     None)
+    return (scheduled or {}).get("status") != "True"
+
+
+def _age_minutes(stamp: str | None, now: datetime) -> float | None:
+    try:
+        then = datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return (now - then).total_seconds() / 60
+
+
+def max_node_provision_minutes() -> float:
+    """The autoscaler's ``--max-node-provision-time`` (infra/autoscaler.py :data:`MAX_NODE_PROVISION_TIME`): how long
+    a provisioned node may take to register before the autoscaler gives it up. Imported here, not at module level:
+    the infra module brings the AWS provider, which ``eks-ddp status`` otherwise never loads."""
+    from eks_ddp.core.rules import duration_minutes
+    from eks_ddp.infra.autoscaler import MAX_NODE_PROVISION_TIME
+
+    return duration_minutes(MAX_NODE_PROVISION_TIME)
+
+
+EVICTION_WAIT = "5m"
+"""How long the printed requeue command waits for Kueue to evict the deactivated Workload before reactivating it."""
+
+
+def requeue_command(workload: dict) -> str:
+    """Deactivate, wait for Kueue's eviction (condition ``Evicted``, kueue v0.16.4 apis/kueue/v1beta2/workload_types.go
+    ``WorkloadEvicted``; the fixtures' Evicted/DeactivatedDueTo... conditions), then reactivate: a reactivation
+    before the eviction lands would leave the Workload admitted on the consumed request, and nothing requeued."""
+    meta = workload.get("metadata") or {}
+    ns, name = meta.get("namespace", "<namespace>"), meta.get("name", "?")
+    patch = "kubectl -n {ns} patch workloads.kueue.x-k8s.io {name} --type=merge -p '{{\"spec\":{{\"active\":{v}}}}}'"
+    wait = (f"kubectl -n {ns} wait --for=condition=Evicted --timeout={EVICTION_WAIT} "
+            f"workloads.kueue.x-k8s.io/{name}")
+    return f"{patch.format(ns=ns, name=name, v='false')} && {wait} && {patch.format(ns=ns, name=name, v='true')}"
+
+
+def consumed_pending(pods: list[dict], job: dict, workload: dict | None, now: datetime | None = None,
+                     provision_minutes: float | None = None) -> tuple[str, str] | None:
+    """(state, why and the fix) for an admitted queued Job some of whose pods are Pending on no node while carrying
+    :data:`CONSUME_ANNOTATION`: the cluster autoscaler will never add a node for them (the pods filter), so they
+    wait for Kueue's waitForPodsReady eviction (infra/kueue.py); None when no pod is in that state. A pod already on
+    a node (pulling its image, running its init containers: the fabric check) is starting, not stuck. While the
+    Workload's Admitted condition is younger than the autoscaler's max node provisioning time, the nodes may still
+    be booting: ``nodes provisioned, booting``, with no fix offered (a requeue would discard a healthy start);
+    after it, ``partially delivered``."""
+    stuck = [p for p in pods if (p.get("status") or {}).get("phase") == "Pending" and _on_no_node(p)
              and CONSUME_ANNOTATION in ((p.get("metadata") or {}).get("annotations") or {})]
     if not stuck:
         return None
@@ -322,17 +383,22 @@ def consumed_pending(pods: list[dict], job: dict, workload: dict | None) -> tupl
     wanted = spec.get("parallelism", len(pods))
     request = stuck[0]["metadata"]["annotations"][CONSUME_ANNOTATION]
     names = ", ".join(sorted(str((p.get("metadata") or {}).get("name")) for p in stuck))
-    why = (f"{len(stuck)} pod(s) pending on a consumed ProvisioningRequest ({names}: {CONSUME_ANNOTATION}={request}); "
-           f"{status.get('ready', 0)} of {wanted} pod(s) ready. The cluster autoscaler never adds a node for such a "
+    said = (f"{len(stuck)} pod(s) pending on a consumed ProvisioningRequest, on no node yet ({names}: "
+            f"{CONSUME_ANNOTATION}={request}); {status.get('ready', 0)} of {wanted} pod(s) ready")
+    admitted = _conditions(workload or {}).get("Admitted") or {}
+    if admitted.get("status") == "True":
+        age = _age_minutes(admitted.get("lastTransitionTime"), now or datetime.now(UTC))
+        limit = max_node_provision_minutes() if provision_minutes is None else provision_minutes
+        if age is not None and age < limit:
+            return "nodes provisioned, booting", (
+                f"{said}. Admitted {age:.0f} min ago, within the autoscaler's max node provisioning time "
+                f"({limit:.0f} min): the nodes may still be registering; nothing to do yet")
+    why = (f"{said}. The cluster autoscaler never adds a node for such a "
            "pod (its ProvisioningRequest pods filter): the node was not delivered by EC2 or was lost and not "
            "replaced. Kueue evicts the run and queues it again for a new request once waitForPodsReady's timeout "
            "passes (since admission, or since the pod went missing)")
     if workload is not None:
-        meta = workload.get("metadata") or {}
-        ns, name = meta.get("namespace", "<namespace>"), meta.get("name", "?")
-        patch = "kubectl -n {ns} patch workloads.kueue.x-k8s.io {name} --type=merge -p '{{\"spec\":{{\"active\":{v}}}}}'"
-        why += (f"; to requeue it now (its pods stop, training resumes from the last checkpoint): "
-                f"{patch.format(ns=ns, name=name, v='false')} && {patch.format(ns=ns, name=name, v='true')}")
+        why += f"; to requeue it now (its pods stop, training resumes from the last checkpoint): {requeue_command(workload)}"
     return "partially delivered", why
 
 
@@ -456,6 +522,18 @@ def fabric_verdict(doc: dict) -> str:
         f" (slow node(s): {', '.join(slow)})" if slow else "")
 
 
+def late_node_failures(run_dir: Path) -> list[str]:
+    """``NODE: REASON`` per ``fabric-node-<node>.json`` (eks_ddp_runtime/fabric_check.py ``write_node_report``): a
+    node that joined after the job's check passed and failed its node-only check."""
+    out = []
+    for path in sorted(run_dir.glob(f"{NODE_REPORT_PREFIX}*.json")):
+        doc = _json(path) or {}
+        node = str(doc.get("node") or path.stem.removeprefix(NODE_REPORT_PREFIX))
+        out.append(f"{node}: " + ("; ".join(str(r) for r in doc.get("reasons") or []) or "no reason recorded")
+                   + f" ({path.name})")
+    return out
+
+
 def local_status(run_dir: Path, name: str | None = None) -> Status:
     """The state of a run from its directory (a local run's, or a cluster run's kept logs fetched here)."""
     name = name or run_dir.name
@@ -482,10 +560,11 @@ def local_status(run_dir: Path, name: str | None = None) -> Status:
         state, because = "unknown", "no agent record"
     fabric = _json(run_dir / FABRIC_JSON)
     if fabric is not None and fabric.get("passed") is False and state == "unknown":
-        # The check failed before any training agent ran (its Job, not the training Job, failed).
+        # The check (the training pods' init container) failed before any training agent ran.
         state, because = "failed", f"{FABRIC_JSON}: the fabric check failed, so training never started"
     status = Status(run=name, state=state, because=because, logs=logs, agents=agents,
-                    fabric=fabric_verdict(fabric) if fabric is not None else None)
+                    fabric=fabric_verdict(fabric) if fabric is not None else None,
+                    late_nodes=late_node_failures(run_dir))
     if not logs.is_dir():
         status.logs_missing = f"{logs}: no such folder"
     elif not agents:

@@ -12,8 +12,18 @@ the training Job through its pod failure policy before any training starts.
 Because the check is part of the training Job, it is one Workload in the queue: ``pulumi up`` never waits for it
 (the training Job is not awaited), the run keeps its place while it waits for quota, and a second run over quota is
 created and waits like any run. A pod that starts after the check passed (a replacement, a node that came late)
-finds the marker rank 0 wrote (``<run dir>/.fabric-passed-<Job UID>``) and checks only its own node (its EFA
-devices): its bandwidth needs a peer, and every peer is training (docs/efa.md).
+finds the marker rank 0 wrote and checks only its own node (its EFA devices): its bandwidth needs a peer, and every
+peer is training (docs/efa.md).
+
+The marker is keyed to the admission, not only to the Job: a Kueue eviction and readmission keeps the Job's UID but
+puts the run on new nodes, which must be measured again. Under the queue it is
+``<run dir>/.fabric-passed-<Job UID>-<request>``, ``<request>`` the pod's
+``autoscaling.x-k8s.io/consume-provisioning-request`` annotation (through the downward API into
+:data:`ADMISSION_ENV`): Kueue makes a new ProvisioningRequest per admission attempt, named
+``<workload>-<check>-<attempt>`` (kubernetes-sigs/kueue pkg/controller/admissionchecks/provisioning/controller.go
+``ProvisioningRequestName``), and writes its name into the pod template. A queued pod without the annotation (a
+queue without the provisioning check) runs the full check. Outside the queue nothing readmits a Job, and the marker
+is ``<run dir>/.fabric-passed-<Job UID>``.
 """
 
 from __future__ import annotations
@@ -32,9 +42,16 @@ CONTAINER = "fabric-check"
 """The init container's name (the pod failure policy's ``containerName``)."""
 
 
+ADMISSION_ENV = "FABRIC_ADMISSION"
+"""The gate's copy of the pod's ``autoscaling.x-k8s.io/consume-provisioning-request`` annotation ("" when absent)."""
+ADMISSION_FIELD = "metadata.annotations['autoscaling.x-k8s.io/consume-provisioning-request']"
+
+
 def pass_marker(job: JobInfo) -> str:
-    """The file the check's rank 0 creates when it passed (``$(JOB_UID)``: the kubelet expands it)."""
-    return f"{job.run_dir}/.fabric-passed-$(JOB_UID)"
+    """The file the check's rank 0 creates when it passed (``$(JOB_UID)``, ``$(FABRIC_ADMISSION)``: the kubelet
+    expands them): keyed to the admission under the queue (module docstring)."""
+    key = f"$(JOB_UID)-$({ADMISSION_ENV})" if job.spec.queue is not None else "$(JOB_UID)"
+    return f"{job.run_dir}/.fabric-passed-{key}"
 
 
 def fabric_check_options(job: JobInfo, *, node_only: bool = False) -> FabricCheckOptions:
@@ -58,7 +75,8 @@ def fabric_check_command_of(job: JobInfo, endpoint: str) -> list[str]:
 def gate_command(job: JobInfo, endpoint: str) -> list[str]:
     """``sh -c``: the node-only check once the job's check passed, else the job's check."""
     node = ["python", "-m", "eks_ddp_runtime.fabric_check", *fabric_check_options(job, node_only=True).args()]
-    script = (f"if [ -e {shlex.quote(pass_marker(job))} ]; then exec {shlex.join(node)}; fi; "
+    admitted = f'[ -n "${ADMISSION_ENV}" ] && ' if job.spec.queue is not None else ""
+    script = (f"if {admitted}[ -e {shlex.quote(pass_marker(job))} ]; then exec {shlex.join(node)}; fi; "
               f"exec {shlex.join(fabric_check_command_of(job, endpoint))}")
     return ["sh", "-c", script]
 
@@ -67,4 +85,5 @@ def fabric_gate(job: JobInfo, endpoint: pulumi.Input[str]) -> InitContainer:
     """The training pods' init container that runs the check (module docstring)."""
     return InitContainer(name=CONTAINER,
                          command=pulumi.Output.from_input(endpoint).apply(lambda e: gate_command(job, e)),
-                         field_env={NODE_NAME_ENV: "spec.nodeName"})
+                         field_env={NODE_NAME_ENV: "spec.nodeName",
+                                    **({ADMISSION_ENV: ADMISSION_FIELD} if job.spec.queue is not None else {})})
