@@ -53,8 +53,9 @@ ETCD_IMAGE = ("quay.io/coreos/etcd:v3.5.18"
 """etcd 3.5 (the agents speak its v3 API, which 3.6 keeps), pinned by tag and digest. The image
 is distroless (no shell): probes use HTTP, not exec. The digest is the tag's OCI image index (multi-arch). Read from:
 not from quay.io by this project (no registry access where it is built), but the index digest third parties record
-for ``quay.io/coreos/etcd:v3.5.18`` (a registry cache's recorded-manifest test fixture, media type
-``application/vnd.oci.image.index.v1+json``, and several projects' pins agree); preflight resolves it against quay.io
+for ``quay.io/coreos/etcd:v3.5.18``: github.com/aceeric/ociregistry ``impl/serialize/serialize_test.go`` (a registry
+cache's recorded manifest, media type ``application/vnd.oci.image.index.v1+json``, with the index's bytes), and
+several projects' pins agree; preflight resolves it against quay.io
 before every ``up`` and fails naming this constant if it does not (tooling/preflight/pins.py)."""
 
 CLIENT_PORT = 2379
