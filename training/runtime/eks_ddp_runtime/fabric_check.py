@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .contract import FABRIC_JSON, NODE_NAME_ENV
+from .contract import FABRIC_JSON, FABRIC_NODE_REPORT_PREFIX, NODE_NAME_ENV
 from .exitcodes import FABRIC_FAILED, exit_process
 
 GPU_MAX_BYTES = 1 << 30
@@ -264,8 +264,7 @@ def write_report(run_dir: Path, report: Report) -> Path:
     return path
 
 
-NODE_REPORT_PREFIX = "fabric-node-"
-"""A late node's failed node-only check: ``<run dir>/fabric-node-<node>.json`` (``eks-ddp status`` lists it)."""
+NODE_REPORT_PREFIX = FABRIC_NODE_REPORT_PREFIX
 
 
 def write_node_report(run_dir: Path, node: str, reason: str) -> Path | None:

@@ -31,8 +31,7 @@ from eks_ddp.tooling.runs.status import (
     queue_state,
     requeued,
 )
-from eks_ddp_runtime.contract import FABRIC_JSON, LOGS_SUBDIR
-from eks_ddp_runtime.fabric_check import NODE_REPORT_PREFIX
+from eks_ddp_runtime.contract import FABRIC_JSON, FABRIC_NODE_REPORT_PREFIX, LOGS_SUBDIR
 from eks_ddp_runtime.runlogs import FINAL_MARKER
 
 TRAINER_UID = 1000
@@ -246,7 +245,7 @@ def running_pod(run: ClusterRun) -> str | None:
 def tar_command(run_dir: str) -> list[str]:
     """Streams ``logs/`` (and the final marker, the fabric check's ``fabric.json`` and a late node's failed
     ``fabric-node-<node>.json``, when there) of ``run_dir`` as a tar; exit 3 with neither ``logs/`` nor ``fabric.json``."""
-    nodes = f"{NODE_REPORT_PREFIX}*.json"
+    nodes = f"{FABRIC_NODE_REPORT_PREFIX}*.json"
     script = (f'cd "$1" || exit 4; test -d {LOGS_SUBDIR} || test -e {FABRIC_JSON} || exit {_NO_LOGS}; '
               f'exec tar -cf - $(test -d {LOGS_SUBDIR} && echo {LOGS_SUBDIR}) '
               f'$(test -e {FINAL_MARKER} && echo {FINAL_MARKER}) $(test -e {FABRIC_JSON} && echo {FABRIC_JSON}) '
@@ -294,7 +293,7 @@ def _untar(data: bytes, dest: Path) -> None:
                 if m.name.startswith("/") or ".." in parts or not (m.isfile() or m.isdir()):
                     continue
                 if parts and parts[0] not in (LOGS_SUBDIR, FINAL_MARKER, FABRIC_JSON) and not (
-                        len(parts) == 1 and parts[0].startswith(NODE_REPORT_PREFIX) and parts[0].endswith(".json")):
+                        len(parts) == 1 and parts[0].startswith(FABRIC_NODE_REPORT_PREFIX) and parts[0].endswith(".json")):
                     continue
                 members.append(m)
             if hasattr(tarfile, "data_filter"):  # Python's safe extraction filter (3.12, 3.11.4+)

@@ -17,8 +17,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from eks_ddp_runtime.contract import FABRIC_JSON, LOGS_SUBDIR
-from eks_ddp_runtime.fabric_check import NODE_REPORT_PREFIX
+from eks_ddp_runtime.contract import FABRIC_JSON, FABRIC_NODE_REPORT_PREFIX, LOGS_SUBDIR
 from eks_ddp_runtime.runlogs import (
     AGENT_LOG,
     EXIT_RECORD,
@@ -526,9 +525,9 @@ def late_node_failures(run_dir: Path) -> list[str]:
     """``NODE: REASON`` per ``fabric-node-<node>.json`` (eks_ddp_runtime/fabric_check.py ``write_node_report``): a
     node that joined after the job's check passed and failed its node-only check."""
     out = []
-    for path in sorted(run_dir.glob(f"{NODE_REPORT_PREFIX}*.json")):
+    for path in sorted(run_dir.glob(f"{FABRIC_NODE_REPORT_PREFIX}*.json")):
         doc = _json(path) or {}
-        node = str(doc.get("node") or path.stem.removeprefix(NODE_REPORT_PREFIX))
+        node = str(doc.get("node") or path.stem.removeprefix(FABRIC_NODE_REPORT_PREFIX))
         out.append(f"{node}: " + ("; ".join(str(r) for r in doc.get("reasons") or []) or "no reason recorded")
                    + f" ({path.name})")
     return out
