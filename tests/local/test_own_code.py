@@ -251,6 +251,7 @@ def test_the_stacks_run_dir_reference_in_your_arguments_becomes_the_runs_folder(
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+@pytest.mark.long  # ~41 s, 30 of them the local first round's wait for the killed agent: make test-long
 def test_your_code_survives_a_lost_agent_and_the_run_succeeds(tmp_path):
     """`--kill-agent-after S` with your own code (the review's by-hand kill -9 of an agent): with --min-agents 1 the
     other agent finishes; the runner says so and exits 0, as `eks-ddp status` says succeeded (it used to say FAILED,

@@ -214,6 +214,11 @@ class TorchHandlerOnEtcdV3Test(_SuiteOnEtcd):
 
     __test__ = True
 
+    @pytest.mark.long  # 18 s of upstream's fixed waits (make test-long); the redundancy list itself is in make test:
+    # test_redundancy_list here and tests/runtime/test_launcher_contract.py's spare agent
+    def test_redundancy_transition_to_wait_list_then_join_rendezvous(self) -> None:
+        super().test_redundancy_transition_to_wait_list_then_join_rendezvous()
+
 
 @pytest.mark.slow
 class AgentHandlerOnEtcdV3Test(_SuiteOnEtcd):
