@@ -787,13 +787,13 @@ class EtcdV3Backend(RendezvousBackend):
                 self._beat(c, node)
         return self._view(), self._rev, True
 
-    def closed_world(self, rnd: int) -> int | None:
-        """How many took part in round ``rnd`` when it was closed (the core as last read), or None when the core
-        does not hold that round closed."""
+    def closed_round(self, rnd: int) -> dict[Any, int] | None:
+        """The participants of round ``rnd`` and their ranks as the round was closed (the core as last read), or
+        None when the core does not hold that round closed."""
         if self._core is None:
             return None
         core = rdzv_state.from_json(self._core)
-        return len(core.participants) if core.complete and core.round == rnd else None
+        return dict(core.participants) if core.complete and core.round == rnd else None
 
     def _leave_close(self, c: EtcdV3Client, new: Any) -> bool:
         """For a write that closes the forming round (just read again): True to not write it. Not when a node that

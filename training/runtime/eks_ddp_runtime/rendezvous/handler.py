@@ -232,12 +232,18 @@ class ElasticHandler(DynamicRendezvousHandler):
         own view, which is smaller for an agent that read after a peer's lease lapsed (seen at 128 simulated agents
         on an overloaded machine: worlds of 125-128 in one round, and their rank assignment waited for ranks nobody
         had)."""
-        rank, size = super()._get_world()
         backend = self._state_holder._backend
-        if isinstance(backend, EtcdV3Backend):
-            closed = backend.closed_world(self._state_holder.state.round)
-            if closed is not None and closed > rank:
-                size = closed
+        if not isinstance(backend, EtcdV3Backend):
+            return super()._get_world()
+        state = self._state_holder.state
+        closed = backend.closed_round(state.round)
+        if self._this_node not in state.participants and closed is not None and self._this_node in closed:
+            # Its own lease lapsed between the round's close and this read (an overloaded node): the round was
+            # closed with it, so its rank is the core's (torch's own read raised KeyError here, seen at 128 agents).
+            return closed[self._this_node], len(closed)
+        rank, size = super()._get_world()
+        if closed is not None and len(closed) > rank:
+            size = len(closed)
         return rank, size
 
     def num_nodes_waiting(self) -> int:
