@@ -352,7 +352,10 @@ class _Renewer:
                     if mine.expired or self.inflight.get(nid, 0) >= self.most:
                         continue
                     self.inflight[nid] = self.inflight.get(nid, 0) + 1
-                self.pool.submit(self._renew, nid, mine)
+                try:
+                    self.pool.submit(self._renew, nid, mine)
+                except RuntimeError:  # the pool was shut down (close(), or the interpreter exiting): stop ticking
+                    return
             if self.stop.wait(self.interval()):
                 return
 
