@@ -96,3 +96,14 @@ def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(_LONGEST_FIRST)}
     tests = Path(__file__).resolve().parent
     items.sort(key=lambda item: rank.get(Path(str(item.fspath)).resolve().relative_to(tests).as_posix(), len(rank)))  # stable: order within a file kept
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    """A small synthetic CIFAR-10 (480 training images) that one test module's jobs share (the fault suites:
+    tests/runtime/test_resilience.py, tests/trainer/test_elastic.py, tests/trainer/test_store_hang.py)."""
+    from eks_ddp_trainer.data import write_synthetic_cifar
+
+    d = tmp_path_factory.mktemp("cifar")
+    write_synthetic_cifar(d, n_train=480, n_test=100, seed=0)
+    return d

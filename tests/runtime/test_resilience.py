@@ -21,18 +21,10 @@ from eks_ddp_runtime import exitcodes, watchdog
 from eks_ddp_runtime.launch_command import AGENT_ENV, CLUSTER_TIMEOUTS, DEFAULT_MAX_RESTARTS, PEER_DEADLINE_S
 from eks_ddp_trainer import checkpoint as ckpt
 from eks_ddp_trainer.config import TrainerConfig
-from eks_ddp_trainer.data import write_synthetic_cifar
 from tests.support.etcd_server import Job, RestartableEtcd, etcd_endpoint, jobs, restartable_etcd  # noqa: F401
 
 pytestmark = pytest.mark.slow
 ONE_AGENT_FIRST = dataclasses.replace(CLUSTER_TIMEOUTS, first_round=2)
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("cifar")
-    write_synthetic_cifar(d, n_train=480, n_test=100, seed=0)
-    return d
 
 
 def _trainer(data_dir: Path, run_dir: Path, epochs: int = 4, **kw) -> TrainerConfig:

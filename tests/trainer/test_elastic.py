@@ -19,19 +19,11 @@ import pytest
 from eks_ddp_trainer import checkpoint as ckpt
 from eks_ddp_trainer import snapshot
 from eks_ddp_trainer.config import TrainerConfig
-from eks_ddp_trainer.data import write_synthetic_cifar
 from tests.support.etcd_server import Job, etcd_endpoint, jobs, trainer_env  # noqa: F401  (pytest fixtures)
 from tests.support.fence_store import store_records
 from tests.support.opens import audit_env, opens_after
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("cifar")
-    write_synthetic_cifar(d, n_train=480, n_test=100, seed=0)
-    return d
 
 
 def _trainer(data_dir: Path, run_dir: Path, epochs: int = 6) -> TrainerConfig:
