@@ -164,7 +164,7 @@ class Worker:
         from eks_ddp_runtime.rendezvous.etcd_backend import EtcdV3Backend
 
         if a.design == "core":  # the design before claims: every move a compare-and-set of the one state key
-            EtcdV3Backend._claim_for = lambda self, new, core: None  # type: ignore[method-assign]
+            EtcdV3Backend._claim_for = lambda self, new, core, known: None  # type: ignore[method-assign]
         if a.no_renewer:  # leases renewed only by torch's keep-alive op, between its reads (the design before)
             EtcdV3Backend.start_renewing = lambda self: None  # type: ignore[method-assign]
 

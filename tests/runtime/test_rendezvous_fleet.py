@@ -231,7 +231,7 @@ def test_agents_arriving_spread_within_the_last_call_of_one_another_form_one_rou
     assert worlds == [4, 4, 4, 4], worlds
 
     monkeypatch.setattr(rendezvous.ElasticHandler, "next_rendezvous", _without_converge, raising=True)
-    monkeypatch.setattr(EtcdV3Backend, "_claim_for", lambda self, new, core: None)  # every move a write of the core
+    monkeypatch.setattr(EtcdV3Backend, "_claim_for", lambda self, new, core, known: None)  # every move a write of the core
     monkeypatch.setattr(EtcdV3Backend, "_leave_close", lambda self, c, new: False)  # any participant closes at once
     worlds = _spread_join(_agents(etcd_endpoint, f"spread-{uuid.uuid4().hex[:8]}", 4, 4), 0.6)
     assert worlds != [4, 4, 4, 4], worlds  # torch's rule: a first world of 1-2, the rest later
@@ -352,7 +352,7 @@ def test_newcomers_arriving_together_each_land_with_one_put_on_one_lease(etcd_en
     assert landed == [True, True, True] and len(waiting) == 3
     for c in calls:
         assert c.count("lease/grant") == 1 and c.count("lease/revoke") == 0 and c.count("kv/txn") <= 2, c
-    monkeypatch.setattr(EtcdV3Backend, "_claim_for", lambda self, new, core: None)
+    monkeypatch.setattr(EtcdV3Backend, "_claim_for", lambda self, new, core, known: None)
     landed, _, _ = _arrive(etcd_endpoint, 3, monkeypatch)
     assert landed == [True, False, False], landed
 

@@ -610,7 +610,7 @@ class EtcdV3Backend(RendezvousBackend):
                 return self._current()
             return got[0], got[1], got[1] == token
         if self._merged is not None or self._core is None:
-            claim = self._claim_for(new, core)
+            claim = self._claim_for(new, core, known)
             if claim is not None:
                 return self._put_claim(c, *claim)
         return self._cas(c, new, core, token, beats)
@@ -638,14 +638,13 @@ class EtcdV3Backend(RendezvousBackend):
                 known |= {node_id(n) for n in rdzv_state.from_json(value).last_heartbeats}
         return known | set(self._claims)
 
-    def _claim_for(self, new: Any, core: bytes) -> tuple[str, rdzv_claims.Claim] | None:
+    def _claim_for(self, new: Any, core: bytes, known: set[str]) -> tuple[str, rdzv_claims.Claim] | None:
         """The claim of one of this backend's nodes that makes the merged state exactly ``new`` (its deadline aside:
         merge() decides it from the arrivals), or None when no single claim does (a round closed, the rendezvous
         closed, anything else): that change goes through compare-and-set on the core."""
         base = rdzv_state.from_json(self._merged) if self._merged is not None else _RendezvousState()
         listed = (set(new.participants) | new.wait_list | new.redundancy_list | set(base.participants)
                   | base.wait_list | base.redundancy_list)
-        known = self._known()
         own = sorted({node_id(n) for n in listed} & (set(self._mine) | ({node_id(n) for n in listed} - known)))
         if len(own) != 1:
             return None
