@@ -235,16 +235,12 @@ class ElasticHandler(DynamicRendezvousHandler):
         backend = self._state_holder._backend
         if not isinstance(backend, EtcdV3Backend):
             return super()._get_world()
-        state = self._state_holder.state
-        closed = backend.closed_round(state.round)
-        if self._this_node not in state.participants and closed is not None and self._this_node in closed:
-            # Its own lease lapsed between the round's close and this read (an overloaded node): the round was
-            # closed with it, so its rank is the core's (torch's own read raised KeyError here, seen at 128 agents).
+        closed = backend.closed_round(self._state_holder.state.round)
+        if closed is not None and self._this_node in closed:
+            # The core's ranks are the ones merged into this agent's view; the core still has them when its own lease
+            # lapsed between the round's close and this read (torch's own read raised KeyError, seen at 128 agents).
             return closed[self._this_node], len(closed)
-        rank, size = super()._get_world()
-        if closed is not None and len(closed) > rank:
-            size = len(closed)
-        return rank, size
+        return super()._get_world()
 
     def num_nodes_waiting(self) -> int:
         try:
